@@ -1,0 +1,473 @@
+//! Configuration: one TOML file. Every error is one line that names the field.
+
+use crate::reactor::IdleMode;
+use serde::{Deserialize, Deserializer};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub reactors: ReactorConfig,
+    #[serde(default)]
+    pub tcp: TcpConfig,
+    #[serde(default)]
+    pub discovery: DiscoveryConfig,
+    #[serde(default)]
+    pub listeners: Vec<ListenerConfig>,
+    #[serde(default)]
+    pub subsystems: Vec<SubsystemConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ReactorConfig {
+    /// Number of reactor threads (ignored when `cores` is given).
+    #[serde(default = "one")]
+    pub count: usize,
+    /// Cores to pin reactors to, one reactor per entry.
+    #[serde(default)]
+    pub cores: Vec<usize>,
+    #[serde(default = "adaptive")]
+    pub idle: IdleMode,
+}
+
+fn one() -> usize {
+    1
+}
+fn adaptive() -> IdleMode {
+    IdleMode::Adaptive
+}
+
+impl Default for ReactorConfig {
+    fn default() -> Self {
+        ReactorConfig {
+            count: 1,
+            cores: Vec::new(),
+            idle: IdleMode::Adaptive,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TcpConfig {
+    #[serde(default = "d_qd")]
+    pub max_queue_depth: u16,
+    #[serde(default = "d_ioq")]
+    pub max_io_queues: u16,
+    #[serde(default = "d_icd", deserialize_with = "size")]
+    pub in_capsule_data: u64,
+    #[serde(default = "d_mio", deserialize_with = "size")]
+    pub max_io_size: u64,
+    #[serde(default = "d_h2c", deserialize_with = "size")]
+    pub max_h2c_data: u64,
+    #[serde(default = "d_mio", deserialize_with = "size")]
+    pub max_r2t_length: u64,
+    #[serde(default = "d_true")]
+    pub c2h_success: bool,
+}
+
+fn d_qd() -> u16 {
+    128
+}
+fn d_ioq() -> u16 {
+    127
+}
+fn d_icd() -> u64 {
+    8192
+}
+fn d_mio() -> u64 {
+    1 << 20
+}
+fn d_h2c() -> u64 {
+    128 << 10
+}
+fn d_true() -> bool {
+    true
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        TcpConfig {
+            max_queue_depth: d_qd(),
+            max_io_queues: d_ioq(),
+            in_capsule_data: d_icd(),
+            max_io_size: d_mio(),
+            max_h2c_data: d_h2c(),
+            max_r2t_length: d_mio(),
+            c2h_success: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    /// Extra discovery-only port on every listener address (8009 by convention).
+    pub port: Option<u16>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerConfig {
+    pub address: String,
+    #[serde(default = "d_port")]
+    pub port: u16,
+}
+
+fn d_port() -> u16 {
+    4420
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SubsystemConfig {
+    pub nqn: String,
+    #[serde(default = "d_serial")]
+    pub serial: String,
+    #[serde(default = "d_model")]
+    pub model: String,
+    #[serde(default)]
+    pub allow_any_host: bool,
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    #[serde(default)]
+    pub namespaces: Vec<NamespaceConfig>,
+}
+
+fn d_serial() -> String {
+    "KVT0000000000001".into()
+}
+fn d_model() -> String {
+    "kvtarget".into()
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Ram,
+    Uring,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceConfig {
+    pub nsid: u32,
+    pub backend: Backend,
+    pub path: Option<PathBuf>,
+    #[serde(default, deserialize_with = "opt_size")]
+    pub size: Option<u64>,
+    #[serde(default = "d_bs")]
+    pub block_size: u32,
+}
+
+fn d_bs() -> u32 {
+    4096
+}
+
+/// Parses "4096", "64KiB", "256MiB", "1GiB", "2TiB" (also K/M/G/T, KB/MB/... as
+/// binary units, which is what storage people mean here).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (e.g. 4096, 64KiB, 1GiB)"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(format!("`{s}` has an unknown unit (use KiB, MiB, GiB, TiB)")),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("`{s}` is too large"))
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SizeRepr {
+    Int(u64),
+    Str(String),
+}
+
+fn size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    match SizeRepr::deserialize(d)? {
+        SizeRepr::Int(n) => Ok(n),
+        SizeRepr::Str(s) => parse_size(&s).map_err(serde::de::Error::custom),
+    }
+}
+
+fn opt_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    size(d).map(Some)
+}
+
+impl Config {
+    /// Parses and validates; the error is a single line naming the field.
+    pub fn parse(text: &str) -> Result<Config, String> {
+        let cfg: Config = toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|sp| text[..sp.start.min(text.len())].lines().count().max(1));
+            let msg = e.message().replace('\n', " ");
+            match line {
+                Some(l) => format!("line {l}: {msg}"),
+                None => msg,
+            }
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn load(path: &std::path::Path) -> Result<Config, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Config::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    pub fn reactor_cores(&self) -> Vec<Option<usize>> {
+        if !self.reactors.cores.is_empty() {
+            return self.reactors.cores.iter().map(|&c| Some(c)).collect();
+        }
+        let ncpu = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        (0..self.reactors.count).map(|i| Some(i % ncpu)).collect()
+    }
+
+    pub fn listen_addrs(&self) -> Result<Vec<SocketAddr>, String> {
+        self.listeners
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let ip: IpAddr = l.address.parse().map_err(|_| {
+                    format!("listeners[{i}].address: `{}` is not an IP address", l.address)
+                })?;
+                Ok(SocketAddr::new(ip, l.port))
+            })
+            .collect()
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let r = &self.reactors;
+        if r.cores.is_empty() && !(1..=256).contains(&r.count) {
+            return Err(format!("reactors.count: must be 1..=256 (got {})", r.count));
+        }
+        let ncpu = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        for (i, &c) in r.cores.iter().enumerate() {
+            if c >= ncpu {
+                return Err(format!(
+                    "reactors.cores[{i}]: core {c} does not exist (this machine has {ncpu})"
+                ));
+            }
+        }
+        let t = &self.tcp;
+        if !(2..=1024).contains(&t.max_queue_depth) {
+            return Err(format!("tcp.max_queue_depth: must be 2..=1024 (got {})", t.max_queue_depth));
+        }
+        if !(1..=1024).contains(&t.max_io_queues) {
+            return Err(format!("tcp.max_io_queues: must be 1..=1024 (got {})", t.max_io_queues));
+        }
+        if t.in_capsule_data % 16 != 0 || t.in_capsule_data > 128 << 10 {
+            return Err(format!(
+                "tcp.in_capsule_data: must be a multiple of 16 up to 128KiB (got {})",
+                t.in_capsule_data
+            ));
+        }
+        if !t.max_io_size.is_power_of_two() || !(4096..=(32 << 20)).contains(&t.max_io_size) {
+            return Err(format!(
+                "tcp.max_io_size: must be a power of two from 4KiB to 32MiB (got {})",
+                t.max_io_size
+            ));
+        }
+        if t.max_h2c_data % 4 != 0 || !(4096..=(16 << 20)).contains(&t.max_h2c_data) {
+            return Err(format!(
+                "tcp.max_h2c_data: must be a multiple of 4 from 4KiB to 16MiB (got {})",
+                t.max_h2c_data
+            ));
+        }
+        if t.max_r2t_length < 4096 || t.max_r2t_length > u32::MAX as u64 {
+            return Err(format!("tcp.max_r2t_length: must be at least 4KiB (got {})", t.max_r2t_length));
+        }
+        if self.listeners.is_empty() {
+            return Err("listeners: at least one [[listeners]] entry is needed".into());
+        }
+        let addrs = self.listen_addrs()?;
+        for (i, a) in addrs.iter().enumerate() {
+            if addrs[..i].contains(a) {
+                return Err(format!("listeners[{i}]: {a} is listed twice"));
+            }
+            if Some(a.port()) == self.discovery.port {
+                return Err(format!(
+                    "discovery.port: {} is also listeners[{i}].port",
+                    a.port()
+                ));
+            }
+        }
+        for (i, s) in self.subsystems.iter().enumerate() {
+            let f = format!("subsystems[{i}]");
+            validate_nqn(&s.nqn).map_err(|e| format!("{f}.nqn: {e}"))?;
+            if s.nqn == crate::wire::nvme::DISCOVERY_NQN {
+                return Err(format!("{f}.nqn: the discovery NQN is reserved"));
+            }
+            if self.subsystems[..i].iter().any(|o| o.nqn == s.nqn) {
+                return Err(format!("{f}.nqn: `{}` is defined twice", s.nqn));
+            }
+            if s.serial.is_empty() || s.serial.len() > 20 || !s.serial.is_ascii() {
+                return Err(format!("{f}.serial: 1 to 20 ASCII characters (got `{}`)", s.serial));
+            }
+            if s.model.is_empty() || s.model.len() > 40 || !s.model.is_ascii() {
+                return Err(format!("{f}.model: 1 to 40 ASCII characters (got `{}`)", s.model));
+            }
+            for (j, h) in s.hosts.iter().enumerate() {
+                validate_nqn(h).map_err(|e| format!("{f}.hosts[{j}]: {e}"))?;
+            }
+            for (j, n) in s.namespaces.iter().enumerate() {
+                let f = format!("{f}.namespaces[{j}]");
+                if n.nsid == 0 || n.nsid > crate::target::admin::MAX_NAMESPACES {
+                    return Err(format!(
+                        "{f}.nsid: must be 1..={} (got {})",
+                        crate::target::admin::MAX_NAMESPACES,
+                        n.nsid
+                    ));
+                }
+                if s.namespaces[..j].iter().any(|o| o.nsid == n.nsid) {
+                    return Err(format!("{f}.nsid: {} is used twice in {}", n.nsid, s.nqn));
+                }
+                if !n.block_size.is_power_of_two() || !(512..=4096).contains(&n.block_size) {
+                    return Err(format!("{f}.block_size: must be 512, 1024, 2048 or 4096 (got {})", n.block_size));
+                }
+                if let Some(sz) = n.size {
+                    if sz == 0 || sz % n.block_size as u64 != 0 {
+                        return Err(format!(
+                            "{f}.size: must be a non-zero multiple of block_size {} (got {sz})",
+                            n.block_size
+                        ));
+                    }
+                }
+                match n.backend {
+                    Backend::Ram => {
+                        if n.size.is_none() {
+                            return Err(format!("{f}.size: required for the ram backend"));
+                        }
+                        if n.path.is_some() {
+                            return Err(format!("{f}.path: the ram backend takes no path"));
+                        }
+                    }
+                    Backend::Uring => {
+                        if n.path.is_none() {
+                            return Err(format!("{f}.path: required for the uring backend"));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// NVMe Qualified Name rules (NVMe Base 2.0 §4.5): "nqn." followed by a domain
+/// date and name, or the UUID form; at most 223 bytes of UTF-8.
+pub fn validate_nqn(nqn: &str) -> Result<(), String> {
+    if nqn.len() > crate::wire::nvme::NQN_MAX_LEN {
+        return Err(format!("`{nqn}` is longer than 223 bytes"));
+    }
+    let ok = nqn.starts_with("nqn.") && nqn.len() > 4 && !nqn.contains(char::is_whitespace);
+    if !ok {
+        return Err(format!("`{nqn}` is not an NQN (expected nqn.yyyy-mm.domain:name)"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[reactors]
+count = 1
+idle = "adaptive"
+
+[discovery]
+port = 8009
+
+[[listeners]]
+address = "127.0.0.1"
+port = 4420
+
+[[subsystems]]
+nqn = "nqn.2026-11.io.kvtarget:kv0"
+allow_any_host = true
+
+[[subsystems.namespaces]]
+nsid = 1
+backend = "uring"
+path = "/tmp/x.img"
+size = "1GiB"
+block_size = 4096
+"#;
+
+    #[test]
+    fn default_config_file_parses() {
+        let text = include_str!("../config/default.toml");
+        let c = Config::parse(text).unwrap();
+        assert_eq!(c.listeners[0].port, 4420);
+        assert_eq!(c.discovery.port, Some(8009));
+    }
+
+    #[test]
+    fn every_example_config_parses() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/config");
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "toml") {
+                Config::load(&p).unwrap_or_else(|e| panic!("{e}"));
+            }
+        }
+    }
+
+    #[test]
+    fn good_config() {
+        let c = Config::parse(GOOD).unwrap();
+        assert_eq!(c.subsystems[0].namespaces[0].size, Some(1 << 30));
+        assert_eq!(c.tcp.max_io_size, 1 << 20);
+    }
+
+    fn err(text: &str) -> String {
+        let e = Config::parse(text).unwrap_err();
+        assert!(!e.contains('\n'), "one line: {e}");
+        e
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        assert!(err(&GOOD.replace("4096\n", "1000\n")).contains("namespaces[0].block_size"));
+        assert!(err(&GOOD.replace("\"1GiB\"", "\"1 parsec\"")).contains("unknown unit"));
+        assert!(err(&GOOD.replace("nqn.2026-11.io.kvtarget:kv0", "kv0")).contains("subsystems[0].nqn"));
+        assert!(err(&GOOD.replace("127.0.0.1", "localhost-ish")).contains("listeners[0].address"));
+        assert!(err(&GOOD.replace("\"uring\"", "\"floppy\"")).contains("floppy"));
+        assert!(err(&GOOD.replace("idle", "idel")).contains("idel"));
+        assert!(err(&GOOD.replace("path = \"/tmp/x.img\"\n", "")).contains("namespaces[0].path"));
+        assert!(err(&GOOD.replace("port = 8009", "port = 4420")).contains("discovery.port"));
+        assert!(err(&GOOD.replace("nsid = 1", "nsid = 0")).contains("nsid"));
+        let e = err(&GOOD.replace("count = 1", "count = \"one\""));
+        assert!(e.starts_with("line 3"), "{e}");
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64KiB"), Ok(65536));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999TiB").is_err());
+    }
+}

@@ -1,0 +1,616 @@
+//! kvtarget's own NVMe/TCP host: blocking, pipelined, small. Used by integration
+//! tests and by `kvtarget perf`; interoperability is proven against the Linux host,
+//! not this.
+
+use crate::wire::nvme::{
+    self, admin_opc, cns, fctype, io_opc, ConnectCommand, ConnectData, Cqe, DataDirection,
+    GetLogPage, IdentifyController, IdentifyNamespace, PropertyCommand, SglDescriptor, Sqe, Status,
+};
+use crate::wire::tcp::{self as pdu, DataHeader, Digests, ICReq, ParseLimits, Pdu};
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("I/O: {0}")]
+    Io(#[from] io::Error),
+    #[error("NVMe status: {0}")]
+    Status(Status, Cqe),
+    #[error("protocol: {0}")]
+    Protocol(String),
+    #[error("target terminated the connection: fes {fes:#x} fei {fei}")]
+    Terminated { fes: u16, fei: u32 },
+    #[error("timed out waiting for the target")]
+    Timeout,
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// A finished command.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    pub cqe: Cqe,
+    pub data: Vec<u8>,
+}
+
+impl Completion {
+    pub fn status(&self) -> Status {
+        self.cqe.status()
+    }
+    pub fn ok(self) -> Result<Completion> {
+        if self.status().is_success() {
+            Ok(self)
+        } else {
+            Err(Error::Status(self.status(), self.cqe))
+        }
+    }
+}
+
+struct Pending {
+    write: Option<Vec<u8>>,
+    read: Vec<u8>,
+    read_got: usize,
+}
+
+/// One NVMe/TCP queue (one TCP connection).
+pub struct QueueConn {
+    sock: TcpStream,
+    digests: Digests,
+    rbuf: Vec<u8>,
+    rlen: usize,
+    out: Vec<u8>,
+    pending: HashMap<u16, Pending>,
+    done: Vec<Completion>,
+    next_cid: u16,
+    pub maxh2cdata: u32,
+    /// In-capsule data this queue may use (bytes).
+    pub icd_limit: usize,
+    pub timeout: Duration,
+}
+
+impl QueueConn {
+    /// Connects the socket and exchanges ICReq/ICResp.
+    pub fn open(addr: SocketAddr, digests: Digests, timeout: Duration) -> Result<QueueConn> {
+        let sock = TcpStream::connect_timeout(&addr, timeout)?;
+        sock.set_nodelay(true)?;
+        sock.set_read_timeout(Some(Duration::from_millis(50)))?;
+        let mut q = QueueConn {
+            sock,
+            digests: Digests::default(),
+            rbuf: vec![0; 4 << 20],
+            rlen: 0,
+            out: Vec::new(),
+            pending: HashMap::new(),
+            done: Vec::new(),
+            next_cid: 1,
+            maxh2cdata: 0,
+            icd_limit: 8192,
+            timeout,
+        };
+        let mut b = Vec::new();
+        pdu::encode_icreq(
+            &mut b,
+            &ICReq {
+                pfv: 0,
+                hpda: 0,
+                digests,
+                maxr2t: 0,
+            },
+        );
+        q.sock.write_all(&b)?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            q.fill(deadline)?;
+            match pdu::parse(&q.rbuf[..q.rlen], Digests::default(), ParseLimits { max_data: 0 }) {
+                Ok(Some((Pdu::ICResp(r), n))) => {
+                    if r.pfv != 0 || r.cpda != 0 || r.digests != digests || r.maxh2cdata < 4096 || r.maxh2cdata % 4 != 0 {
+                        return Err(Error::Protocol(format!("bad ICResp {r:?}")));
+                    }
+                    q.maxh2cdata = r.maxh2cdata;
+                    q.digests = digests;
+                    q.consume(n);
+                    return Ok(q);
+                }
+                Ok(Some((Pdu::TermReq { fes, fei, .. }, _))) => return Err(Error::Terminated { fes, fei }),
+                Ok(Some((p, _))) => return Err(Error::Protocol(format!("expected ICResp, got {p:?}"))),
+                Ok(None) => continue,
+                Err(e) => return Err(Error::Protocol(e.to_string())),
+            }
+        }
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.rbuf.copy_within(n..self.rlen, 0);
+        self.rlen -= n;
+    }
+
+    fn fill(&mut self, deadline: Instant) -> Result<()> {
+        if Instant::now() > deadline {
+            return Err(Error::Timeout);
+        }
+        if self.rlen == self.rbuf.len() {
+            return Err(Error::Protocol("PDU larger than the receive buffer".into()));
+        }
+        match self.sock.read(&mut self.rbuf[self.rlen..]) {
+            Ok(0) => Err(Error::Io(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "target closed the connection",
+            ))),
+            Ok(n) => {
+                self.rlen += n;
+                Ok(())
+            }
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Writes raw bytes (for tests that send malformed PDUs).
+    pub fn send_raw(&mut self, b: &[u8]) -> Result<()> {
+        self.sock.write_all(b)?;
+        Ok(())
+    }
+
+    pub fn digests(&self) -> Digests {
+        self.digests
+    }
+
+    fn alloc_cid(&mut self) -> u16 {
+        loop {
+            let c = self.next_cid;
+            self.next_cid = self.next_cid.wrapping_add(1);
+            if !self.pending.contains_key(&c) {
+                return c;
+            }
+        }
+    }
+
+    /// Sends a command. `data_out` is host-to-controller data (in-capsule when it
+    /// fits, otherwise sent on R2T); `data_in_len` the controller-to-host length.
+    /// The SQE's CID is replaced; the CID used is returned.
+    pub fn submit(&mut self, mut sqe: Sqe, data_out: Option<Vec<u8>>, data_in_len: usize) -> Result<u16> {
+        let cid = self.alloc_cid();
+        sqe.set_cid(cid);
+        let mut capsule_data: &[u8] = &[];
+        let mut keep = None;
+        match (&data_out, DataDirection::of(&sqe)) {
+            (Some(d), _) if !d.is_empty() => {
+                let in_capsule = d.len() <= self.icd_limit;
+                sqe.set_sgl(SglDescriptor {
+                    address: 0,
+                    length: d.len() as u32,
+                    type_byte: if in_capsule {
+                        SglDescriptor::IN_CAPSULE
+                    } else {
+                        SglDescriptor::TRANSPORT
+                    },
+                });
+                if in_capsule {
+                    capsule_data = d;
+                } else {
+                    keep = data_out.clone();
+                }
+            }
+            _ if data_in_len > 0 => sqe.set_sgl(SglDescriptor {
+                address: 0,
+                length: data_in_len as u32,
+                type_byte: SglDescriptor::TRANSPORT,
+            }),
+            _ => {}
+        }
+        self.out.clear();
+        pdu::encode_capsule_cmd(&mut self.out, &sqe, capsule_data, self.digests);
+        self.sock.write_all(&self.out)?;
+        self.pending.insert(
+            cid,
+            Pending {
+                write: keep,
+                read: vec![0; data_in_len],
+                read_got: 0,
+            },
+        );
+        Ok(cid)
+    }
+
+    /// Outstanding commands.
+    pub fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Waits for the next completion of any outstanding command.
+    pub fn wait_any(&mut self) -> Result<Completion> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if let Some(c) = self.done.pop() {
+                return Ok(c);
+            }
+            self.pump(deadline)?;
+        }
+    }
+
+    /// Waits for command `cid`.
+    pub fn wait_for(&mut self, cid: u16) -> Result<Completion> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if let Some(i) = self.done.iter().position(|c| c.cqe.cid == cid) {
+                return Ok(self.done.swap_remove(i));
+            }
+            self.pump(deadline)?;
+        }
+    }
+
+    /// Submits and waits; the completion may carry an error status.
+    pub fn execute(&mut self, sqe: Sqe, data_out: Option<Vec<u8>>, data_in_len: usize) -> Result<Completion> {
+        let cid = self.submit(sqe, data_out, data_in_len)?;
+        self.wait_for(cid)
+    }
+
+    /// Reads and handles PDUs until at least one arrives.
+    fn pump(&mut self, deadline: Instant) -> Result<()> {
+        loop {
+            let buf = std::mem::take(&mut self.rbuf);
+            let parsed = pdu::parse(&buf[..self.rlen], self.digests, ParseLimits { max_data: 4 << 20 });
+            let outcome = match parsed {
+                Ok(None) => None,
+                Err(e) => Some(Err(Error::Protocol(e.to_string()))),
+                Ok(Some((p, n))) => Some(self.handle(p).map(|a| (a, n))),
+            };
+            self.rbuf = buf;
+            match outcome {
+                None => self.fill(deadline)?,
+                Some(Err(e)) => return Err(e),
+                Some(Ok((action, n))) => {
+                    self.consume(n);
+                    if let Some((hdr, cid)) = action {
+                        self.send_h2c(hdr, cid)?;
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, p: Pdu) -> Result<Option<(DataHeader, u16)>> {
+        match p {
+            Pdu::CapsuleResp(cqe) => {
+                let Some(pd) = self.pending.remove(&cqe.cid) else {
+                    return Err(Error::Protocol(format!("response for unknown cid {}", cqe.cid)));
+                };
+                let mut data = pd.read;
+                data.truncate(pd.read_got.max(if cqe.status().is_success() { data.len() } else { 0 }));
+                self.done.push(Completion { cqe, data });
+                Ok(None)
+            }
+            Pdu::C2HData { hdr, success, data, data_digest_error, last } => {
+                if data_digest_error {
+                    return Err(Error::Protocol("C2HData digest error".into()));
+                }
+                let Some(pd) = self.pending.get_mut(&hdr.cccid) else {
+                    return Err(Error::Protocol(format!("data for unknown cid {}", hdr.cccid)));
+                };
+                let off = hdr.offset as usize;
+                let Some(dst) = pd.read.get_mut(off..off + data.len()) else {
+                    return Err(Error::Protocol("C2HData beyond the buffer".into()));
+                };
+                dst.copy_from_slice(data);
+                pd.read_got = pd.read_got.max(off + data.len());
+                if success {
+                    if !last {
+                        return Err(Error::Protocol("SUCCESS without LAST_PDU".into()));
+                    }
+                    let pd = self.pending.remove(&hdr.cccid).ok_or(Error::Timeout)?;
+                    self.done.push(Completion {
+                        cqe: Cqe::new(hdr.cccid, Status::SUCCESS),
+                        data: pd.read,
+                    });
+                }
+                Ok(None)
+            }
+            Pdu::R2T(hdr) => Ok(Some((hdr, hdr.cccid))),
+            Pdu::TermReq { fes, fei, .. } => Err(Error::Terminated { fes, fei }),
+            other => Err(Error::Protocol(format!("unexpected PDU {other:?}"))),
+        }
+    }
+
+    fn send_h2c(&mut self, r2t: DataHeader, cid: u16) -> Result<()> {
+        let Some(pd) = self.pending.get(&cid) else {
+            return Err(Error::Protocol(format!("R2T for unknown cid {cid}")));
+        };
+        let Some(data) = pd.write.as_ref() else {
+            return Err(Error::Protocol("R2T for a command without data".into()));
+        };
+        let (start, len) = (r2t.offset as usize, r2t.length as usize);
+        let Some(window) = data.get(start..start + len) else {
+            return Err(Error::Protocol("R2T outside the data".into()));
+        };
+        self.out.clear();
+        let chunk = self.maxh2cdata as usize;
+        let mut off = 0;
+        while off < len {
+            let n = (len - off).min(chunk);
+            let flags = if off + n == len { pdu::flags::LAST_PDU } else { 0 };
+            let hdr = DataHeader {
+                cccid: cid,
+                ttag: r2t.ttag,
+                offset: (start + off) as u32,
+                length: n as u32,
+            };
+            pdu::encode_data_pdu(&mut self.out, true, &hdr, &window[off..off + n], flags, self.digests, 0);
+            off += n;
+        }
+        self.sock.write_all(&self.out)?;
+        Ok(())
+    }
+
+    /// Fabrics Connect on this queue; returns the controller ID.
+    pub fn fabrics_connect(&mut self, cmd: &ConnectCommand, data: &ConnectData) -> Result<u16> {
+        let sqe = cmd.encode(0);
+        let c = self.execute(sqe, Some(data.encode()), 0)?.ok()?;
+        Ok(c.cqe.result as u16)
+    }
+}
+
+/// What to connect to and how.
+#[derive(Debug, Clone)]
+pub struct HostOptions {
+    pub addr: SocketAddr,
+    pub subnqn: String,
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    pub digests: Digests,
+    pub kato_ms: u32,
+    /// Queue size (entries, 1-based) for every queue.
+    pub queue_size: u16,
+    pub timeout: Duration,
+}
+
+impl HostOptions {
+    pub fn new(addr: SocketAddr, subnqn: &str) -> HostOptions {
+        HostOptions {
+            addr,
+            subnqn: subnqn.to_string(),
+            hostnqn: "nqn.2014-08.org.nvmexpress:uuid:6b767461-7267-6574-0000-000000000001".into(),
+            hostid: *b"kvtarget-host-01",
+            digests: Digests::default(),
+            kato_ms: 0,
+            queue_size: 128,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A host-side controller: the admin queue plus what Identify said.
+pub struct HostController {
+    pub admin: QueueConn,
+    pub cntlid: u16,
+    pub opts: HostOptions,
+    pub id: IdentifyController,
+}
+
+impl HostController {
+    /// Connects the admin queue, enables the controller and reads Identify.
+    pub fn connect(opts: &HostOptions) -> Result<HostController> {
+        let mut admin = QueueConn::open(opts.addr, opts.digests, opts.timeout)?;
+        let cntlid = admin.fabrics_connect(
+            &ConnectCommand {
+                recfmt: 0,
+                qid: 0,
+                sqsize: 31,
+                cattr: 0,
+                kato: opts.kato_ms,
+            },
+            &ConnectData {
+                hostid: opts.hostid,
+                cntlid: 0xFFFF,
+                subnqn: opts.subnqn.clone(),
+                hostnqn: opts.hostnqn.clone(),
+            },
+        )?;
+        let mut c = HostController {
+            admin,
+            cntlid,
+            opts: opts.clone(),
+            id: IdentifyController::default(),
+        };
+        let _cap = c.property_get(nvme::prop::CAP, true)?;
+        c.property_set(nvme::prop::CC, (6 << 16) | (4 << 20) | 1)?;
+        let deadline = Instant::now() + opts.timeout;
+        while c.property_get(nvme::prop::CSTS, false)? & 1 == 0 {
+            if Instant::now() > deadline {
+                return Err(Error::Timeout);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        c.id = c.identify_controller()?;
+        Ok(c)
+    }
+
+    pub fn property_get(&mut self, offset: u32, eight: bool) -> Result<u64> {
+        let sqe = PropertyCommand {
+            eight_bytes: eight,
+            offset,
+            value: 0,
+        }
+        .encode(fctype::PROPERTY_GET, 0);
+        Ok(self.admin.execute(sqe, None, 0)?.ok()?.cqe.result)
+    }
+
+    pub fn property_set(&mut self, offset: u32, value: u64) -> Result<()> {
+        let sqe = PropertyCommand {
+            eight_bytes: false,
+            offset,
+            value,
+        }
+        .encode(fctype::PROPERTY_SET, 0);
+        self.admin.execute(sqe, None, 0)?.ok()?;
+        Ok(())
+    }
+
+    pub fn identify(&mut self, cns_v: u8, nsid: u32) -> Result<Vec<u8>> {
+        let mut sqe = Sqe::new(admin_opc::IDENTIFY, 0, nsid);
+        sqe.set_cdw(10, cns_v as u32);
+        Ok(self.admin.execute(sqe, None, nvme::IDENTIFY_LEN)?.ok()?.data)
+    }
+
+    pub fn identify_controller(&mut self) -> Result<IdentifyController> {
+        Ok(IdentifyController::decode(&self.identify(cns::CONTROLLER, 0)?))
+    }
+
+    pub fn identify_namespace(&mut self, nsid: u32) -> Result<IdentifyNamespace> {
+        Ok(IdentifyNamespace::decode(&self.identify(cns::NAMESPACE, nsid)?))
+    }
+
+    pub fn active_namespaces(&mut self) -> Result<Vec<u32>> {
+        Ok(nvme::decode_ns_list(&self.identify(cns::ACTIVE_NS_LIST, 0)?))
+    }
+
+    pub fn get_log_page(&mut self, lid: u8, nsid: u32, len: usize, offset: u64) -> Result<Vec<u8>> {
+        let sqe = GetLogPage {
+            lid,
+            lsp: 0,
+            rae: false,
+            len,
+            offset,
+        }
+        .encode(0, nsid);
+        Ok(self.admin.execute(sqe, None, len)?.ok()?.data)
+    }
+
+    /// Reads the whole discovery log the way nvme-cli does: header, then all.
+    pub fn discovery_log(&mut self) -> Result<Vec<nvme::DiscoveryEntry>> {
+        let hdr = self.get_log_page(nvme::lid::DISCOVERY, 0, nvme::DISCOVERY_LOG_HEADER_LEN, 0)?;
+        let numrec = u64::from_le_bytes(hdr[8..16].try_into().map_err(|_| Error::Protocol("short log".into()))?);
+        let len = nvme::DISCOVERY_LOG_HEADER_LEN + numrec.min(256) as usize * nvme::DISCOVERY_LOG_ENTRY_LEN;
+        let full = self.get_log_page(nvme::lid::DISCOVERY, 0, len, 0)?;
+        Ok(nvme::decode_discovery_log(&full).1)
+    }
+
+    pub fn set_features(&mut self, fid: u8, cdw11: u32) -> Result<u32> {
+        let mut sqe = Sqe::new(admin_opc::SET_FEATURES, 0, 0);
+        sqe.set_cdw(10, fid as u32);
+        sqe.set_cdw(11, cdw11);
+        Ok(self.admin.execute(sqe, None, 0)?.ok()?.cqe.result as u32)
+    }
+
+    pub fn keep_alive(&mut self) -> Result<()> {
+        self.admin
+            .execute(Sqe::new(admin_opc::KEEP_ALIVE, 0, 0), None, 0)?
+            .ok()?;
+        Ok(())
+    }
+
+    /// Asks for `n` I/O queues; returns how many were granted.
+    pub fn set_queue_count(&mut self, n: u16) -> Result<u16> {
+        let r = self.set_features(nvme::fid::NUMBER_OF_QUEUES, ((n - 1) as u32) << 16 | (n - 1) as u32)?;
+        Ok((r & 0xFFFF) as u16 + 1)
+    }
+
+    /// Connects I/O queue `qid` on its own connection.
+    pub fn io_queue(&self, qid: u16) -> Result<IoQueue> {
+        let mut q = QueueConn::open(self.opts.addr, self.opts.digests, self.opts.timeout)?;
+        q.icd_limit = (self.id.ioccsz as usize * 16).saturating_sub(64);
+        q.fabrics_connect(
+            &ConnectCommand {
+                recfmt: 0,
+                qid,
+                sqsize: self.opts.queue_size - 1,
+                cattr: 0,
+                kato: 0,
+            },
+            &ConnectData {
+                hostid: self.opts.hostid,
+                cntlid: self.cntlid,
+                subnqn: self.opts.subnqn.clone(),
+                hostnqn: self.opts.hostnqn.clone(),
+            },
+        )?;
+        Ok(IoQueue { q })
+    }
+
+    /// Orderly shutdown: CC.SHN normal, then close.
+    pub fn shutdown(mut self) -> Result<()> {
+        self.property_set(nvme::prop::CC, (6 << 16) | (4 << 20) | 1 | (1 << 14))?;
+        Ok(())
+    }
+}
+
+/// An I/O queue with NVM command helpers.
+pub struct IoQueue {
+    pub q: QueueConn,
+}
+
+impl IoQueue {
+    fn rw_sqe(opc: u8, nsid: u32, slba: u64, nlb: u32) -> Sqe {
+        let mut s = Sqe::new(opc, 0, nsid);
+        s.set_cdw(10, slba as u32);
+        s.set_cdw(11, (slba >> 32) as u32);
+        s.set_cdw(12, nlb.saturating_sub(1));
+        s
+    }
+
+    pub fn submit_read(&mut self, nsid: u32, slba: u64, nlb: u32, block_size: u32) -> Result<u16> {
+        self.q.submit(Self::rw_sqe(io_opc::READ, nsid, slba, nlb), None, (nlb * block_size) as usize)
+    }
+
+    pub fn submit_write(&mut self, nsid: u32, slba: u64, data: Vec<u8>, block_size: u32, fua: bool) -> Result<u16> {
+        let nlb = (data.len() / block_size as usize) as u32;
+        let mut s = Self::rw_sqe(io_opc::WRITE, nsid, slba, nlb);
+        if fua {
+            s.set_cdw(12, s.cdw(12) | 1 << 30);
+        }
+        self.q.submit(s, Some(data), 0)
+    }
+
+    pub fn read(&mut self, nsid: u32, slba: u64, nlb: u32, block_size: u32) -> Result<Vec<u8>> {
+        let cid = self.submit_read(nsid, slba, nlb, block_size)?;
+        Ok(self.q.wait_for(cid)?.ok()?.data)
+    }
+
+    pub fn write(&mut self, nsid: u32, slba: u64, data: Vec<u8>, block_size: u32) -> Result<()> {
+        let cid = self.submit_write(nsid, slba, data, block_size, false)?;
+        self.q.wait_for(cid)?.ok()?;
+        Ok(())
+    }
+
+    pub fn flush(&mut self, nsid: u32) -> Result<()> {
+        self.q.execute(Sqe::new(io_opc::FLUSH, 0, nsid), None, 0)?.ok()?;
+        Ok(())
+    }
+
+    pub fn write_zeroes(&mut self, nsid: u32, slba: u64, nlb: u32, deallocate: bool) -> Result<()> {
+        let mut s = Self::rw_sqe(io_opc::WRITE_ZEROES, nsid, slba, nlb);
+        if deallocate {
+            s.set_cdw(12, s.cdw(12) | 1 << 25);
+        }
+        self.q.execute(s, None, 0)?.ok()?;
+        Ok(())
+    }
+
+    /// Dataset Management, deallocate, one range per (slba, nlb).
+    pub fn deallocate(&mut self, nsid: u32, ranges: &[(u64, u32)]) -> Result<()> {
+        let mut data = vec![0u8; ranges.len() * nvme::DSM_RANGE_LEN];
+        for (i, &(slba, nlb)) in ranges.iter().enumerate() {
+            nvme::DsmRange {
+                attributes: 0,
+                nlb,
+                slba,
+            }
+            .encode(&mut data[i * 16..(i + 1) * 16]);
+        }
+        let mut s = Sqe::new(io_opc::DATASET_MANAGEMENT, 0, nsid);
+        s.set_cdw(10, ranges.len() as u32 - 1);
+        s.set_cdw(11, nvme::DSM_ATTR_DEALLOCATE);
+        self.q.execute(s, Some(data), 0)?.ok()?;
+        Ok(())
+    }
+
+    /// Fabrics Disconnect of this I/O queue.
+    pub fn disconnect(mut self) -> Result<()> {
+        let mut s = Sqe::new(admin_opc::FABRICS, 0, 0);
+        s.0[4] = fctype::DISCONNECT;
+        self.q.execute(s, None, 0)?.ok()?;
+        Ok(())
+    }
+}

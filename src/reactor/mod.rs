@@ -1,0 +1,545 @@
+//! Reactors: one pinned thread per configured core that owns queue pairs and device
+//! channels and polls them.
+//!
+//! Loop: drain the inbox (bounded lock-free ring), poll sockets (epoll, zero
+//! timeout while busy), poll device completions, run ready async tasks, fire timers,
+//! flush socket writes. In `busy` mode it never sleeps; in `adaptive` mode it sleeps
+//! in epoll after a run of empty polls, woken by sockets, device completion fds,
+//! the inbox eventfd, or the next timer.
+
+pub mod signals;
+pub mod sys;
+
+use crate::bdev::{IoChannel, IoCompletion};
+use crate::mem::{BufPool, IoBuf};
+use crate::target::Namespace;
+use crossbeam_queue::{ArrayQueue, SegQueue};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::future::Future;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use sys::{Epoll, EventFd, EPOLLIN, EPOLLOUT, EPOLLRDHUP};
+
+/// Reactor idle policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IdleMode {
+    /// Spin forever: lowest latency, burns the core.
+    Busy,
+    /// Spin while there is work, then sleep in epoll.
+    Adaptive,
+}
+
+/// Empty polls before an adaptive reactor goes to sleep.
+const SPIN_BEFORE_SLEEP: u32 = 2000;
+/// Longest sleep, so housekeeping still runs on an idle reactor.
+const MAX_SLEEP_MS: i32 = 100;
+/// How often queue pairs get housekeeping (keep-alive checks, teardown).
+const HOUSEKEEPING_EVERY: Duration = Duration::from_millis(100);
+/// Inbox capacity per reactor: a full inbox is back-pressure for the sender.
+pub const INBOX_CAPACITY: usize = 4096;
+
+/// Epoll token space: connection ids are small; these mark the rest.
+const TOKEN_WAKE: u64 = u64::MAX;
+const TOKEN_CHANNEL: u64 = 1 << 63;
+
+/// What a queue pair needs from its reactor while handling an event.
+pub struct IoCtx<'a> {
+    pub channels: &'a mut ChannelCache,
+    pub bufs: &'a mut BufPool,
+    pub conn_id: u32,
+    pub now: Instant,
+}
+
+impl IoCtx<'_> {
+    /// The device tag for operation `slot` of this connection.
+    pub fn tag(&self, slot: u16) -> u64 {
+        (self.conn_id as u64) << 32 | slot as u64
+    }
+}
+
+/// A transport queue pair owned by one reactor (a TCP connection, later an RDMA QP).
+pub trait QueuePair: Send {
+    /// The fd the reactor watches for readability.
+    fn fd(&self) -> RawFd;
+    /// Called when the fd is readable (or on hangup/error).
+    fn on_readable(&mut self, ctx: &mut IoCtx);
+    /// A device operation this queue pair submitted has finished.
+    fn on_io_complete(&mut self, slot: u16, result: Result<(), i32>, buf: Option<IoBuf>, ctx: &mut IoCtx);
+    /// Writes what is queued; returns true while output remains (wants EPOLLOUT).
+    fn flush(&mut self) -> bool;
+    /// Periodic checks (keep-alive, controller teardown).
+    fn housekeeping(&mut self, ctx: &mut IoCtx);
+    /// Starts an orderly close (target shutdown).
+    fn begin_shutdown(&mut self);
+    /// Closed and no device operation outstanding: the reactor may drop it.
+    fn finished(&self) -> bool;
+    fn describe(&self) -> String;
+}
+
+/// Per-reactor device channels, opened on first use of each namespace.
+#[derive(Default)]
+pub struct ChannelCache {
+    channels: HashMap<u64, (Arc<Namespace>, Box<dyn IoChannel>)>,
+    /// Channels whose completion fd still needs registering with epoll.
+    new_fds: Vec<(u64, RawFd)>,
+}
+
+impl ChannelCache {
+    pub fn get(&mut self, ns: &Arc<Namespace>) -> Result<&mut dyn IoChannel, i32> {
+        if !self.channels.contains_key(&ns.key) {
+            let ch = ns.dev.open_channel().map_err(|e| {
+                tracing::error!(nsid = ns.nsid, dev = %ns.dev.describe(), "cannot open device channel: {e}");
+                e.raw_os_error().unwrap_or(libc::EIO)
+            })?;
+            if let Some(fd) = ch.completion_fd() {
+                self.new_fds.push((ns.key, fd));
+            }
+            self.channels.insert(ns.key, (ns.clone(), ch));
+        }
+        match self.channels.get_mut(&ns.key) {
+            Some((_, ch)) => Ok(ch.as_mut()),
+            None => Err(libc::EIO),
+        }
+    }
+
+    fn flush_submissions(&mut self) {
+        for (_, ch) in self.channels.values_mut() {
+            ch.flush_submissions();
+        }
+    }
+
+    fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
+        self.channels
+            .values_mut()
+            .map(|(_, ch)| ch.poll(out))
+            .sum()
+    }
+
+    fn in_flight(&self) -> usize {
+        self.channels.values().map(|(_, ch)| ch.in_flight()).sum()
+    }
+}
+
+/// Messages a reactor accepts from other threads.
+pub enum Message {
+    /// Adopt a new queue pair.
+    Adopt(Box<dyn QueuePair>),
+    /// Run a closure on the reactor thread.
+    Call(Box<dyn FnOnce(&mut Reactor) + Send>),
+    /// Close every queue pair, drain device I/O, and exit.
+    Shutdown,
+}
+
+/// The shared side of a reactor: how other threads reach it.
+pub struct ReactorShared {
+    pub id: usize,
+    inbox: ArrayQueue<Message>,
+    wake: EventFd,
+    sleeping: AtomicBool,
+    /// Nanoseconds spent in polls that found work / found none.
+    pub busy_ns: AtomicU64,
+    pub idle_ns: AtomicU64,
+    pub queue_pairs: AtomicU64,
+}
+
+impl ReactorShared {
+    /// Sends a message; a full inbox gives it back (back-pressure, never a drop).
+    pub fn send(&self, msg: Message) -> Result<(), Message> {
+        self.inbox.push(msg)?;
+        if self.sleeping.load(Ordering::Acquire) {
+            self.wake.signal();
+        }
+        Ok(())
+    }
+}
+
+type TimerFn = Box<dyn FnOnce(&mut Reactor) + Send>;
+type Runnable = async_task::Runnable;
+
+pub struct Reactor {
+    pub shared: Arc<ReactorShared>,
+    idle: IdleMode,
+    epoll: Epoll,
+    conns: Vec<Option<Box<dyn QueuePair>>>,
+    wants_out: Vec<bool>,
+    free_ids: Vec<u32>,
+    channels: ChannelCache,
+    bufs: BufPool,
+    tasks: Arc<SegQueue<Runnable>>,
+    timers: BinaryHeap<Reverse<(Instant, u64)>>,
+    timer_fns: HashMap<u64, TimerFn>,
+    next_timer: u64,
+    shutting_down: Option<Instant>,
+    exit: bool,
+}
+
+/// Longest a shutdown waits for queue pairs to drain.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+impl Reactor {
+    pub fn new(id: usize, idle: IdleMode) -> std::io::Result<Reactor> {
+        let shared = Arc::new(ReactorShared {
+            id,
+            inbox: ArrayQueue::new(INBOX_CAPACITY),
+            wake: EventFd::new()?,
+            sleeping: AtomicBool::new(false),
+            busy_ns: AtomicU64::new(0),
+            idle_ns: AtomicU64::new(0),
+            queue_pairs: AtomicU64::new(0),
+        });
+        let epoll = Epoll::new()?;
+        epoll.add(shared.wake.raw(), EPOLLIN, TOKEN_WAKE)?;
+        Ok(Reactor {
+            shared,
+            idle,
+            epoll,
+            conns: Vec::new(),
+            wants_out: Vec::new(),
+            free_ids: Vec::new(),
+            channels: ChannelCache::default(),
+            bufs: BufPool::new(64),
+            tasks: Arc::new(SegQueue::new()),
+            timers: BinaryHeap::new(),
+            timer_fns: HashMap::new(),
+            next_timer: 0,
+            shutting_down: None,
+            exit: false,
+        })
+    }
+
+    /// Starts the reactor on its own thread, pinned to `core` if given.
+    pub fn spawn(
+        id: usize,
+        idle: IdleMode,
+        core: Option<usize>,
+    ) -> std::io::Result<(Arc<ReactorShared>, std::thread::JoinHandle<()>)> {
+        // The reactor is built on its own thread: device channels it will own
+        // (io_uring instances) never cross threads.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let h = std::thread::Builder::new()
+            .name(format!("reactor{id}"))
+            .spawn(move || {
+                if let Some(c) = core {
+                    if !core_affinity::set_for_current(core_affinity::CoreId { id: c }) {
+                        tracing::warn!(reactor = id, core = c, "could not pin reactor to core");
+                    }
+                }
+                match Reactor::new(id, idle) {
+                    Ok(mut r) => {
+                        if tx.send(Ok(r.shared.clone())).is_ok() {
+                            r.run();
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                    }
+                }
+            })?;
+        let shared = rx
+            .recv()
+            .map_err(|_| std::io::Error::other("reactor thread died during start"))??;
+        Ok((shared, h))
+    }
+
+    /// Spawns a future onto this reactor's run queue.
+    pub fn spawn_local<F>(&mut self, fut: F)
+    where
+        F: Future<Output = ()> + 'static,
+    {
+        let q = self.tasks.clone();
+        let shared = self.shared.clone();
+        let schedule = move |r: Runnable| {
+            q.push(r);
+            if shared.sleeping.load(Ordering::Acquire) {
+                shared.wake.signal();
+            }
+        };
+        let (runnable, task) = async_task::spawn_local(fut, schedule);
+        task.detach();
+        runnable.schedule();
+    }
+
+    /// Runs `f` on this reactor after `after`.
+    pub fn add_timer(&mut self, after: Duration, f: impl FnOnce(&mut Reactor) + Send + 'static) {
+        let id = self.next_timer;
+        self.next_timer += 1;
+        self.timers.push(Reverse((Instant::now() + after, id)));
+        self.timer_fns.insert(id, Box::new(f));
+    }
+
+    pub fn queue_pair_count(&self) -> usize {
+        self.conns.iter().filter(|c| c.is_some()).count()
+    }
+
+    fn adopt(&mut self, qp: Box<dyn QueuePair>) {
+        let id = match self.free_ids.pop() {
+            Some(id) => id,
+            None => {
+                self.conns.push(None);
+                self.wants_out.push(false);
+                (self.conns.len() - 1) as u32
+            }
+        };
+        if let Err(e) = self.epoll.add(qp.fd(), EPOLLIN | EPOLLRDHUP, id as u64) {
+            tracing::error!("cannot watch {}: {e}", qp.describe());
+            self.free_ids.push(id);
+            return;
+        }
+        tracing::debug!(reactor = self.shared.id, conn = id, "adopted {}", qp.describe());
+        self.conns[id as usize] = Some(qp);
+        self.wants_out[id as usize] = false;
+        self.shared.queue_pairs.fetch_add(1, Ordering::Relaxed);
+        if let Some(t) = self.shutting_down {
+            let _ = t;
+            if let Some(Some(c)) = self.conns.get_mut(id as usize) {
+                c.begin_shutdown();
+            }
+        }
+    }
+
+    fn drain_inbox(&mut self) -> bool {
+        let mut any = false;
+        while let Some(m) = self.shared.inbox.pop() {
+            any = true;
+            match m {
+                Message::Adopt(qp) => self.adopt(qp),
+                Message::Call(f) => f(self),
+                Message::Shutdown => {
+                    if self.shutting_down.is_none() {
+                        self.shutting_down = Some(Instant::now());
+                        for c in self.conns.iter_mut().flatten() {
+                            c.begin_shutdown();
+                        }
+                    }
+                }
+            }
+        }
+        any
+    }
+
+    fn with_conn(&mut self, id: u32, f: impl FnOnce(&mut dyn QueuePair, &mut IoCtx)) {
+        let Some(Some(c)) = self.conns.get_mut(id as usize) else {
+            return;
+        };
+        let mut ctx = IoCtx {
+            channels: &mut self.channels,
+            bufs: &mut self.bufs,
+            conn_id: id,
+            now: Instant::now(),
+        };
+        f(c.as_mut(), &mut ctx);
+    }
+
+    fn register_channel_fds(&mut self) {
+        for (key, fd) in std::mem::take(&mut self.channels.new_fds) {
+            if let Err(e) = self.epoll.add(fd, EPOLLIN, TOKEN_CHANNEL | key) {
+                tracing::warn!("cannot watch device completions: {e}");
+            }
+        }
+    }
+
+    fn housekeeping(&mut self) {
+        for id in 0..self.conns.len() as u32 {
+            self.with_conn(id, |c, ctx| c.housekeeping(ctx));
+        }
+        self.add_timer(HOUSEKEEPING_EVERY, |r| r.housekeeping());
+    }
+
+    fn fire_timers(&mut self) -> bool {
+        let now = Instant::now();
+        let mut any = false;
+        while let Some(Reverse((when, id))) = self.timers.peek().copied() {
+            if when > now {
+                break;
+            }
+            self.timers.pop();
+            if let Some(f) = self.timer_fns.remove(&id) {
+                f(self);
+                any = true;
+            }
+        }
+        any
+    }
+
+    fn next_timer_ms(&self) -> i32 {
+        match self.timers.peek() {
+            Some(Reverse((when, _))) => {
+                let d = when.saturating_duration_since(Instant::now());
+                (d.as_millis() as i32).clamp(0, MAX_SLEEP_MS)
+            }
+            None => MAX_SLEEP_MS,
+        }
+    }
+
+    fn flush_and_reap(&mut self) {
+        for id in 0..self.conns.len() {
+            let Some(Some(c)) = self.conns.get_mut(id) else {
+                continue;
+            };
+            let want = c.flush();
+            if c.finished() {
+                let fd = c.fd();
+                let _ = self.epoll.delete(fd);
+                tracing::debug!(reactor = self.shared.id, conn = id, "released {}", c.describe());
+                self.conns[id] = None;
+                self.free_ids.push(id as u32);
+                self.shared.queue_pairs.fetch_sub(1, Ordering::Relaxed);
+                continue;
+            }
+            if want != self.wants_out[id] {
+                let ev = EPOLLIN | EPOLLRDHUP | if want { EPOLLOUT } else { 0 };
+                if self.epoll.modify(c.fd(), ev, id as u64).is_ok() {
+                    self.wants_out[id] = want;
+                }
+            }
+        }
+    }
+
+    /// The poll loop. Returns after a Shutdown message once every queue pair has
+    /// drained (or the grace period ran out).
+    pub fn run(&mut self) {
+        self.add_timer(HOUSEKEEPING_EVERY, |r| r.housekeeping());
+        let mut events = Vec::with_capacity(128);
+        let mut completions: Vec<IoCompletion> = Vec::with_capacity(256);
+        let mut empty_polls = 0u32;
+        let mut last = Instant::now();
+        while !self.exit {
+            let mut busy = self.drain_inbox();
+
+            let mut timeout = 0;
+            if self.idle == IdleMode::Adaptive && empty_polls >= SPIN_BEFORE_SLEEP {
+                self.shared.sleeping.store(true, Ordering::Release);
+                // Re-check after announcing sleep so a racing sender's wake-up is
+                // not lost.
+                if self.shared.inbox.is_empty() && self.tasks.is_empty() && self.channels.in_flight() == 0 {
+                    timeout = self.next_timer_ms();
+                } else if self.shared.inbox.is_empty() && self.tasks.is_empty() {
+                    // Device I/O outstanding: its completion fd wakes us (RAM
+                    // completes inline, so never sleeps here long).
+                    timeout = 1;
+                }
+            }
+            if let Err(e) = self.epoll.wait(&mut events, timeout) {
+                tracing::error!("epoll_wait: {e}");
+            }
+            self.shared.sleeping.store(false, Ordering::Release);
+            for &(token, _ev) in &events {
+                if token == TOKEN_WAKE {
+                    self.shared.wake.drain();
+                } else if token & TOKEN_CHANNEL != 0 {
+                    // Completions are reaped below for every channel.
+                } else {
+                    busy = true;
+                    self.with_conn(token as u32, |c, ctx| c.on_readable(ctx));
+                }
+            }
+
+            self.channels.flush_submissions();
+            completions.clear();
+            if self.channels.poll(&mut completions) > 0 {
+                busy = true;
+                for c in completions.drain(..) {
+                    let conn = (c.tag >> 32) as u32;
+                    let slot = c.tag as u16;
+                    let (result, buf) = (c.result, c.buf);
+                    let mut buf = buf;
+                    let mut handled = false;
+                    self.with_conn(conn, |qp, ctx| {
+                        handled = true;
+                        qp.on_io_complete(slot, result, buf.take(), ctx)
+                    });
+                    if let Some(b) = buf {
+                        self.bufs.put(b);
+                    }
+                    if !handled {
+                        tracing::warn!(conn, slot, "completion for a queue pair that is gone");
+                    }
+                }
+            }
+            self.channels.flush_submissions();
+            self.register_channel_fds();
+
+            while let Some(r) = self.tasks.pop() {
+                r.run();
+                busy = true;
+            }
+            busy |= self.fire_timers();
+            self.flush_and_reap();
+
+            let now = Instant::now();
+            let spent = now.duration_since(last).as_nanos() as u64;
+            last = now;
+            if busy {
+                empty_polls = 0;
+                self.shared.busy_ns.fetch_add(spent, Ordering::Relaxed);
+            } else {
+                empty_polls = empty_polls.saturating_add(1);
+                self.shared.idle_ns.fetch_add(spent, Ordering::Relaxed);
+            }
+
+            if let Some(since) = self.shutting_down {
+                let drained = self.queue_pair_count() == 0 && self.channels.in_flight() == 0;
+                if drained || since.elapsed() > SHUTDOWN_GRACE {
+                    if !drained {
+                        tracing::warn!(
+                            reactor = self.shared.id,
+                            "shutdown grace period over with {} queue pairs open",
+                            self.queue_pair_count()
+                        );
+                    }
+                    self.exit = true;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    #[test]
+    fn messages_tasks_and_timers_run_on_the_reactor() {
+        let (shared, h) = Reactor::spawn(0, IdleMode::Adaptive, None).unwrap();
+        let (tx, rx) = mpsc::channel::<&'static str>();
+        let tx2 = tx.clone();
+        let tx3 = tx.clone();
+        assert!(shared
+            .send(Message::Call(Box::new(move |r: &mut Reactor| {
+                tx.send("call").unwrap();
+                r.spawn_local(async move {
+                    tx2.send("task").unwrap();
+                });
+                r.add_timer(Duration::from_millis(20), move |_| {
+                    tx3.send("timer").unwrap();
+                });
+            })))
+            .is_ok());
+        let got: Vec<_> = (0..3)
+            .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
+            .collect();
+        assert_eq!(got, vec!["call", "task", "timer"]);
+        assert!(shared.send(Message::Shutdown).is_ok());
+        h.join().unwrap();
+    }
+
+    #[test]
+    fn sleeping_reactor_wakes_for_messages() {
+        let (shared, h) = Reactor::spawn(1, IdleMode::Adaptive, None).unwrap();
+        // Let it go idle and fall asleep.
+        std::thread::sleep(Duration::from_millis(300));
+        let (tx, rx) = mpsc::channel();
+        assert!(shared
+            .send(Message::Call(Box::new(move |_| tx.send(()).unwrap())))
+            .is_ok());
+        rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert!(shared.send(Message::Shutdown).is_ok());
+        h.join().unwrap();
+        assert!(shared.idle_ns.load(Ordering::Relaxed) > 0);
+    }
+}

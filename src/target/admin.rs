@@ -1,0 +1,545 @@
+//! Admin command set: Identify, Get/Set Features, Get Log Page, Keep Alive,
+//! Asynchronous Event Request, Abort. All of it is synchronous control-path work
+//! against shared target state; the transport moves the data.
+
+use super::controller::{cap_register, Controller, ERROR_LOG_ENTRIES, MAX_AERS, VERSION};
+use super::{Target, IEEE_OUI};
+use crate::wire::nvme::{
+    self, admin_opc, cns, fid, io_opc, lid, GetLogPage, IdentifyController, IdentifyNamespace,
+    SmartLog, Sqe, Status, ERROR_LOG_ENTRY_LEN,
+};
+use std::sync::atomic::Ordering;
+
+/// What an admin command produced.
+#[derive(Debug, PartialEq, Eq)]
+pub enum AdminOutcome {
+    /// Complete now with this status, DW0 result and optional controller-to-host
+    /// data.
+    Done {
+        status: Status,
+        result: u32,
+        data: Option<Vec<u8>>,
+    },
+    /// An Asynchronous Event Request: held until an event occurs.
+    AsyncEventHeld,
+}
+
+impl AdminOutcome {
+    fn status(s: Status) -> AdminOutcome {
+        AdminOutcome::Done {
+            status: s,
+            result: 0,
+            data: None,
+        }
+    }
+    fn ok(result: u32) -> AdminOutcome {
+        AdminOutcome::Done {
+            status: Status::SUCCESS,
+            result,
+            data: None,
+        }
+    }
+    fn data(d: Vec<u8>) -> AdminOutcome {
+        AdminOutcome::Done {
+            status: Status::SUCCESS,
+            result: 0,
+            data: Some(d),
+        }
+    }
+}
+
+/// Maximum namespaces per subsystem (NN, MNAN).
+pub const MAX_NAMESPACES: u32 = 1024;
+/// Keep-alive granularity reported in KAS, in 100 ms units.
+const KAS_100MS: u16 = 10;
+
+/// Executes one admin command. `outstanding_aers` is how many AERs the admin queue
+/// already holds.
+pub fn execute(target: &Target, ctrl: &Controller, sqe: &Sqe, outstanding_aers: usize) -> AdminOutcome {
+    // Any admin command is proof of life for keep-alive purposes (traffic-based
+    // keep-alive is what the Linux target does too).
+    ctrl.keep_alive();
+    let discovery = ctrl.is_discovery();
+    match sqe.opcode() {
+        admin_opc::IDENTIFY => identify(target, ctrl, sqe),
+        admin_opc::GET_LOG_PAGE => get_log_page(target, ctrl, sqe),
+        admin_opc::SET_FEATURES => set_features(target, ctrl, sqe),
+        admin_opc::GET_FEATURES => get_features(ctrl, sqe),
+        admin_opc::KEEP_ALIVE => AdminOutcome::ok(0),
+        admin_opc::ASYNC_EVENT_REQUEST => {
+            if outstanding_aers >= MAX_AERS {
+                AdminOutcome::status(Status::ASYNC_EVENT_LIMIT)
+            } else {
+                AdminOutcome::AsyncEventHeld
+            }
+        }
+        // Nothing we run can be aborted mid-flight: report "not aborted" (DW0 bit 0).
+        admin_opc::ABORT if !discovery => AdminOutcome::ok(1),
+        _ => AdminOutcome::status(Status::INVALID_OPCODE),
+    }
+}
+
+fn identify(target: &Target, ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
+    let cns_v = (sqe.cdw(10) & 0xFF) as u8;
+    let csi = (sqe.cdw(11) >> 24) as u8;
+    let nsid = sqe.nsid();
+    if ctrl.is_discovery() && cns_v != cns::CONTROLLER {
+        return AdminOutcome::status(Status::INVALID_FIELD);
+    }
+    match cns_v {
+        cns::CONTROLLER => AdminOutcome::data(identify_controller(target, ctrl).encode()),
+        cns::NAMESPACE => {
+            if nsid == 0 || nsid == 0xFFFF_FFFF || nsid > MAX_NAMESPACES {
+                return AdminOutcome::status(Status::INVALID_NAMESPACE);
+            }
+            match ctrl.subsys.namespace(nsid) {
+                Some(ns) => AdminOutcome::data(identify_namespace(&ns).encode()),
+                // An inactive NSID in range returns a zeroed structure.
+                None => AdminOutcome::data(vec![0; nvme::IDENTIFY_LEN]),
+            }
+        }
+        cns::ACTIVE_NS_LIST | cns::CSI_ACTIVE_NS_LIST => {
+            if nsid >= 0xFFFF_FFFE || (cns_v == cns::CSI_ACTIVE_NS_LIST && csi != 0) {
+                return AdminOutcome::status(if nsid >= 0xFFFF_FFFE {
+                    Status::INVALID_NAMESPACE
+                } else {
+                    Status::INVALID_FIELD
+                });
+            }
+            let mut ids: Vec<u32> = ctrl
+                .subsys
+                .namespace_snapshot()
+                .iter()
+                .map(|n| n.nsid)
+                .collect();
+            ids.sort_unstable();
+            AdminOutcome::data(nvme::encode_ns_list(ids.into_iter(), nsid))
+        }
+        cns::NS_DESCRIPTOR_LIST => match ctrl.subsys.namespace(nsid) {
+            Some(ns) => AdminOutcome::data(nvme::encode_ns_descriptors(&ns.eui64, &ns.nguid, &ns.uuid)),
+            None => AdminOutcome::status(Status::INVALID_NAMESPACE),
+        },
+        // NVM command set specific structures: all fields zero is correct for a
+        // namespace without protection information or extended LBA formats.
+        cns::CSI_NAMESPACE if csi == 0 => match ctrl.subsys.namespace(nsid) {
+            Some(_) => AdminOutcome::data(vec![0; nvme::IDENTIFY_LEN]),
+            None => AdminOutcome::status(Status::INVALID_NAMESPACE),
+        },
+        cns::CSI_CONTROLLER if csi == 0 => AdminOutcome::data(vec![0; nvme::IDENTIFY_LEN]),
+        _ => AdminOutcome::status(Status::INVALID_FIELD),
+    }
+}
+
+/// Identify Controller as the host sees it.
+pub fn identify_controller(target: &Target, ctrl: &Controller) -> IdentifyController {
+    let lim = &target.limits;
+    let discovery = ctrl.is_discovery();
+    let mdts = (lim.max_io_size / 4096).max(1).trailing_zeros() as u8;
+    let mut id = IdentifyController {
+        vid: 0,
+        ssvid: 0,
+        serial: ctrl.subsys.serial.clone(),
+        model: ctrl.subsys.model.clone(),
+        firmware: target.firmware.clone(),
+        ieee_oui: IEEE_OUI,
+        mdts,
+        cntlid: ctrl.cntlid,
+        version: VERSION,
+        cntrltype: if discovery { 2 } else { 1 },
+        acl: 3,
+        aerl: (MAX_AERS - 1) as u8,
+        // Extended data for Get Log Page (offsets, 32-bit NUMD).
+        lpa: 0x04,
+        elpe: (ERROR_LOG_ENTRIES - 1) as u8,
+        kas: KAS_100MS,
+        sqes: 0x66,
+        cqes: 0x44,
+        maxcmd: lim.max_queue_depth,
+        // SGLs supported, byte aligned; SGL offsets supported (in-capsule data).
+        sgls: 0x1 | 1 << 20,
+        subnqn: ctrl.subsys.nqn.clone(),
+        ioccsz: (nvme::SQE_LEN as u32 + lim.in_capsule_data) / 16,
+        iorcsz: (nvme::CQE_LEN / 16) as u32,
+        icdoff: 0,
+        fcatt: 0,
+        msdbd: 1,
+        ..Default::default()
+    };
+    if discovery {
+        id.serial = format!("{:016x}", target.started.elapsed().as_nanos() as u64 ^ 0x6b76);
+        id.serial.truncate(20);
+        id.maxcmd = lim.max_admin_queue_depth;
+    } else {
+        // May contain more than one controller: lets the host share namespaces
+        // across paths (native multipath).
+        id.cmic = 0x02;
+        // Firmware slot 1, read-only.
+        id.frmw = 0x03;
+        // Commands Supported and Effects log, and extended Get Log Page data.
+        id.lpa = 0x06;
+        id.nn = MAX_NAMESPACES;
+        id.mnan = MAX_NAMESPACES;
+        // Dataset Management and Write Zeroes.
+        id.oncs = 0x04 | 0x08;
+        // Volatile write cache present; Flush with NSID FFFFFFFFh supported.
+        id.vwc = 0x01 | 0x06;
+    }
+    id
+}
+
+/// Identify Namespace for an active namespace.
+pub fn identify_namespace(ns: &super::Namespace) -> IdentifyNamespace {
+    IdentifyNamespace {
+        nsze: ns.num_blocks,
+        ncap: ns.num_blocks,
+        nuse: ns.num_blocks,
+        nsfeat: 0,
+        lbads: ns.lbads(),
+        // May be attached to more than one controller.
+        nmic: 1,
+        // Deallocated blocks read as zeros; Write Zeroes may deallocate.
+        dlfeat: 0x01 | 0x08,
+        nvmcap: ns.num_blocks as u128 * ns.block_size as u128,
+        nguid: ns.nguid,
+        eui64: ns.eui64,
+        ..Default::default()
+    }
+}
+
+fn get_log_page(target: &Target, ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
+    let g = GetLogPage::parse(sqe);
+    let page = match (g.lid, ctrl.is_discovery()) {
+        (lid::DISCOVERY, true) => {
+            let entries = target.discovery_entries(&ctrl.hostnqn);
+            nvme::encode_discovery_log(target.genctr.load(Ordering::Relaxed), &entries)
+        }
+        (lid::ERROR_INFO, _) => {
+            let mut b = vec![0u8; ERROR_LOG_ENTRIES * ERROR_LOG_ENTRY_LEN];
+            for (i, e) in ctrl.error_entries().iter().enumerate() {
+                e.encode(&mut b[i * ERROR_LOG_ENTRY_LEN..(i + 1) * ERROR_LOG_ENTRY_LEN]);
+            }
+            b
+        }
+        (lid::SMART_HEALTH, false) => smart_log(ctrl).encode(),
+        (lid::FIRMWARE_SLOT, false) => {
+            let mut b = vec![0u8; 512];
+            b[0] = 1; // active slot 1
+            let fw = target.firmware.as_bytes();
+            let n = fw.len().min(8);
+            b[8..16].fill(b' ');
+            b[8..8 + n].copy_from_slice(&fw[..n]);
+            b
+        }
+        (lid::CHANGED_NS_LIST, false) => {
+            let mut b = vec![0u8; 4096];
+            if let Ok(mut regs) = ctrl.regs.lock() {
+                if regs.changed_ns.len() > 1024 {
+                    // More than 1024 changed: the first entry is FFFFFFFFh.
+                    b[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
+                } else {
+                    for (i, n) in regs.changed_ns.iter().enumerate() {
+                        b[i * 4..i * 4 + 4].copy_from_slice(&n.to_le_bytes());
+                    }
+                }
+                if !g.rae {
+                    regs.changed_ns.clear();
+                }
+            }
+            b
+        }
+        (lid::COMMANDS_SUPPORTED, false) => commands_supported_log(),
+        _ => return AdminOutcome::status(Status::INVALID_LOG_PAGE),
+    };
+    if g.offset % 4 != 0 || g.offset > page.len() as u64 {
+        return AdminOutcome::status(Status::INVALID_FIELD);
+    }
+    let start = g.offset as usize;
+    let mut out = vec![0u8; g.len];
+    let n = (page.len() - start).min(g.len);
+    out[..n].copy_from_slice(&page[start..start + n]);
+    AdminOutcome::data(out)
+}
+
+/// SMART / health for this controller's traffic. A virtual device has no media wear
+/// and no temperature sensor of its own; we report the host's first thermal zone
+/// where one exists, so the value is real, and 0 (not reported) otherwise.
+fn smart_log(ctrl: &Controller) -> SmartLog {
+    let c = &ctrl.counters;
+    // Data units are thousands of 512-byte units, rounded up.
+    let units = |bytes: u64| (bytes / 512).div_ceil(1000) as u128;
+    SmartLog {
+        critical_warning: 0,
+        temperature: host_temperature_kelvin().unwrap_or(0),
+        available_spare: 100,
+        spare_threshold: 10,
+        percent_used: 0,
+        data_units_read: units(c.read_bytes.load(Ordering::Relaxed)),
+        data_units_written: units(c.write_bytes.load(Ordering::Relaxed)),
+        host_reads: c.read_cmds.load(Ordering::Relaxed) as u128,
+        host_writes: c.write_cmds.load(Ordering::Relaxed) as u128,
+        power_cycles: 1,
+        power_on_hours: ctrl.uptime_hours() as u128,
+        unsafe_shutdowns: 0,
+        media_errors: c.media_errors.load(Ordering::Relaxed) as u128,
+        error_log_entries: ctrl.error_count() as u128,
+    }
+}
+
+fn host_temperature_kelvin() -> Option<u16> {
+    let s = std::fs::read_to_string("/sys/class/thermal/thermal_zone0/temp").ok()?;
+    let milli_c: i64 = s.trim().parse().ok()?;
+    u16::try_from(milli_c / 1000 + 273).ok()
+}
+
+fn commands_supported_log() -> Vec<u8> {
+    let mut b = vec![0u8; 4096];
+    let csupp = 1u32;
+    let lbcc = 1u32 << 1; // logical block content change
+    for opc in [
+        admin_opc::GET_LOG_PAGE,
+        admin_opc::IDENTIFY,
+        admin_opc::ABORT,
+        admin_opc::SET_FEATURES,
+        admin_opc::GET_FEATURES,
+        admin_opc::ASYNC_EVENT_REQUEST,
+        admin_opc::KEEP_ALIVE,
+    ] {
+        b[opc as usize * 4..opc as usize * 4 + 4].copy_from_slice(&csupp.to_le_bytes());
+    }
+    for (opc, eff) in [
+        (io_opc::FLUSH, csupp),
+        (io_opc::WRITE, csupp | lbcc),
+        (io_opc::READ, csupp),
+        (io_opc::WRITE_ZEROES, csupp | lbcc),
+        (io_opc::DATASET_MANAGEMENT, csupp | lbcc),
+    ] {
+        let off = 1024 + opc as usize * 4;
+        b[off..off + 4].copy_from_slice(&eff.to_le_bytes());
+    }
+    b
+}
+
+fn set_features(target: &Target, ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
+    let cdw10 = sqe.cdw(10);
+    let cdw11 = sqe.cdw(11);
+    let f = (cdw10 & 0xFF) as u8;
+    if cdw10 & (1 << 31) != 0 {
+        return AdminOutcome::status(Status::FEATURE_NOT_SAVEABLE);
+    }
+    let Ok(mut regs) = ctrl.regs.lock() else {
+        return AdminOutcome::status(Status::INTERNAL_ERROR);
+    };
+    match f {
+        fid::KEEP_ALIVE_TIMER => {
+            ctrl.kato_ms.store(cdw11, Ordering::Relaxed);
+            ctrl.keep_alive();
+            AdminOutcome::ok(0)
+        }
+        fid::ASYNC_EVENT_CONFIG => {
+            regs.async_event_config = cdw11;
+            AdminOutcome::ok(0)
+        }
+        _ if ctrl.is_discovery() => AdminOutcome::status(Status::INVALID_FIELD),
+        fid::NUMBER_OF_QUEUES => {
+            let nsqr = cdw11 & 0xFFFF;
+            let ncqr = cdw11 >> 16;
+            if nsqr == 0xFFFF || ncqr == 0xFFFF {
+                return AdminOutcome::status(Status::INVALID_FIELD);
+            }
+            if ctrl.connected_io_queues() > 0 {
+                return AdminOutcome::status(Status::COMMAND_SEQUENCE_ERROR);
+            }
+            let want = nsqr.min(ncqr) + 1;
+            let granted = want.min(target.limits.max_io_queues as u32) as u16;
+            regs.io_queues_granted = granted;
+            let g = (granted - 1) as u32;
+            AdminOutcome::ok(g | g << 16)
+        }
+        fid::VOLATILE_WRITE_CACHE => {
+            regs.volatile_write_cache = cdw11 & 1 != 0;
+            AdminOutcome::ok(0)
+        }
+        fid::ARBITRATION
+        | fid::POWER_MANAGEMENT
+        | fid::TEMPERATURE_THRESHOLD
+        | fid::ERROR_RECOVERY
+        | fid::INTERRUPT_COALESCING
+        | fid::WRITE_ATOMICITY => AdminOutcome::status(Status::FEATURE_NOT_CHANGEABLE),
+        _ => AdminOutcome::status(Status::INVALID_FIELD),
+    }
+}
+
+fn get_features(ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
+    let cdw10 = sqe.cdw(10);
+    let f = (cdw10 & 0xFF) as u8;
+    let sel = (cdw10 >> 8) & 0x7;
+    let Ok(regs) = ctrl.regs.lock() else {
+        return AdminOutcome::status(Status::INTERNAL_ERROR);
+    };
+    let discovery = ctrl.is_discovery();
+    // (current value, default value, changeable)
+    let (current, default, changeable) = match f {
+        fid::KEEP_ALIVE_TIMER => (ctrl.kato_ms.load(Ordering::Relaxed), 0, true),
+        fid::ASYNC_EVENT_CONFIG => (regs.async_event_config, 0, true),
+        _ if discovery => return AdminOutcome::status(Status::INVALID_FIELD),
+        fid::NUMBER_OF_QUEUES => {
+            let g = regs.io_queues_granted.max(1) as u32 - 1;
+            (g | g << 16, g | g << 16, true)
+        }
+        fid::VOLATILE_WRITE_CACHE => (regs.volatile_write_cache as u32, 1, true),
+        fid::ARBITRATION => (0, 0, false),
+        fid::POWER_MANAGEMENT => (0, 0, false),
+        fid::ERROR_RECOVERY => (0, 0, false),
+        fid::INTERRUPT_COALESCING => (0, 0, false),
+        fid::WRITE_ATOMICITY => (0, 0, false),
+        _ => return AdminOutcome::status(Status::INVALID_FIELD),
+    };
+    let value = match sel {
+        0 => current,
+        1 | 2 => default,
+        // Supported capabilities: bit 2 = changeable (not saveable, not per-ns).
+        3 => (changeable as u32) << 2,
+        _ => return AdminOutcome::status(Status::INVALID_FIELD),
+    };
+    AdminOutcome::ok(value)
+}
+
+/// The CAP register value this target reports.
+pub fn cap(target: &Target, ctrl: &Controller) -> u64 {
+    if ctrl.is_discovery() {
+        cap_register(target.limits.max_admin_queue_depth)
+    } else {
+        cap_register(target.limits.max_queue_depth)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bdev::ram::RamDevice;
+    use crate::target::{Namespace, Subsystem, SubsystemKind, TransportLimits};
+    use std::sync::Arc;
+
+    fn setup() -> (Target, Arc<Controller>) {
+        let t = Target::new(TransportLimits::default());
+        let s = Arc::new(Subsystem::new("nqn.s", SubsystemKind::Nvm, "SER", "MOD", true, vec![]));
+        let dev = RamDevice::new("r", 1 << 20).unwrap();
+        s.namespaces
+            .write()
+            .unwrap()
+            .push(Arc::new(Namespace::new("nqn.s", 3, dev, 4096)));
+        t.add_subsystem(s.clone());
+        let c = Arc::new(Controller::new(7, s, "nqn.h", [0; 16], 0, "t".into()));
+        (t, c)
+    }
+
+    fn data(o: AdminOutcome) -> Vec<u8> {
+        match o {
+            AdminOutcome::Done {
+                status,
+                data: Some(d),
+                ..
+            } if status.is_success() => d,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn status(o: AdminOutcome) -> Status {
+        match o {
+            AdminOutcome::Done { status, .. } => status,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn identify_controller_has_what_linux_needs() {
+        let (t, c) = setup();
+        let mut s = Sqe::new(admin_opc::IDENTIFY, 1, 0);
+        s.set_cdw(10, cns::CONTROLLER as u32);
+        let id = IdentifyController::decode(&data(execute(&t, &c, &s, 0)));
+        assert_eq!(id.icdoff, 0);
+        assert!(id.sgls & 0x3 != 0);
+        assert!(id.kas > 0);
+        assert_eq!(id.cntrltype, 1);
+        assert_eq!(id.cntlid, 7);
+        assert_eq!(id.mdts, 8);
+        assert_eq!(id.ioccsz, (64 + 8192) / 16);
+        assert_eq!(id.subnqn, "nqn.s");
+        assert_eq!(id.serial, "SER");
+    }
+
+    #[test]
+    fn identify_namespaces() {
+        let (t, c) = setup();
+        let mut s = Sqe::new(admin_opc::IDENTIFY, 1, 3);
+        let ns = IdentifyNamespace::decode(&data(execute(&t, &c, &s, 0)));
+        assert_eq!(ns.nsze, 256);
+        assert_eq!(ns.lbads, 12);
+        s = Sqe::new(admin_opc::IDENTIFY, 1, 4);
+        assert!(data(execute(&t, &c, &s, 0)).iter().all(|&b| b == 0));
+        s = Sqe::new(admin_opc::IDENTIFY, 1, 0);
+        assert_eq!(status(execute(&t, &c, &s, 0)), Status::INVALID_NAMESPACE);
+        s.set_cdw(10, cns::ACTIVE_NS_LIST as u32);
+        assert_eq!(nvme::decode_ns_list(&data(execute(&t, &c, &s, 0))), vec![3]);
+        let mut s = Sqe::new(admin_opc::IDENTIFY, 1, 3);
+        s.set_cdw(10, cns::NS_DESCRIPTOR_LIST as u32);
+        let d = nvme::decode_ns_descriptors(&data(execute(&t, &c, &s, 0)));
+        assert_eq!(d.len(), 4);
+        s.set_cdw(10, 0x42);
+        assert_eq!(status(execute(&t, &c, &s, 0)), Status::INVALID_FIELD);
+    }
+
+    #[test]
+    fn number_of_queues_is_clamped() {
+        let (t, c) = setup();
+        let mut s = Sqe::new(admin_opc::SET_FEATURES, 1, 0);
+        s.set_cdw(10, fid::NUMBER_OF_QUEUES as u32);
+        s.set_cdw(11, 1000 | 1000 << 16);
+        match execute(&t, &c, &s, 0) {
+            AdminOutcome::Done { result, status, .. } => {
+                assert!(status.is_success());
+                assert_eq!(result & 0xFFFF, 126);
+            }
+            o => panic!("{o:?}"),
+        }
+        s.set_cdw(11, 0xFFFF);
+        assert_eq!(status(execute(&t, &c, &s, 0)), Status::INVALID_FIELD);
+    }
+
+    #[test]
+    fn log_pages_and_offsets() {
+        let (t, c) = setup();
+        let g = GetLogPage {
+            lid: lid::SMART_HEALTH,
+            lsp: 0,
+            rae: false,
+            len: 512,
+            offset: 0,
+        };
+        assert_eq!(data(execute(&t, &c, &g.encode(1, 0xFFFF_FFFF), 0)).len(), 512);
+        let g = GetLogPage {
+            lid: lid::ERROR_INFO,
+            len: 64,
+            offset: 64,
+            ..g
+        };
+        assert_eq!(data(execute(&t, &c, &g.encode(1, 0), 0)).len(), 64);
+        let g = GetLogPage {
+            offset: 1 << 20,
+            ..g
+        };
+        assert_eq!(status(execute(&t, &c, &g.encode(1, 0), 0)), Status::INVALID_FIELD);
+        let g = GetLogPage { lid: 0x70, ..g };
+        assert_eq!(status(execute(&t, &c, &g.encode(1, 0), 0)), Status::INVALID_LOG_PAGE);
+    }
+
+    #[test]
+    fn aer_limit_and_unknown_opcode() {
+        let (t, c) = setup();
+        let s = Sqe::new(admin_opc::ASYNC_EVENT_REQUEST, 1, 0);
+        assert_eq!(execute(&t, &c, &s, 0), AdminOutcome::AsyncEventHeld);
+        assert_eq!(status(execute(&t, &c, &s, MAX_AERS)), Status::ASYNC_EVENT_LIMIT);
+        let s = Sqe::new(0xC5, 1, 0);
+        assert_eq!(status(execute(&t, &c, &s, 0)), Status::INVALID_OPCODE);
+    }
+}

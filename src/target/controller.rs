@@ -1,0 +1,349 @@
+//! A controller: one host's association with one subsystem, created by an admin
+//! queue Connect and joined by that host's I/O queues.
+
+use super::Subsystem;
+use crate::wire::nvme::{self, cc, csts, ErrorLogEntry, Status};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Error log entries kept per controller (ELPE + 1).
+pub const ERROR_LOG_ENTRIES: usize = 64;
+/// Outstanding Async Event Requests allowed (AERL + 1).
+pub const MAX_AERS: usize = 4;
+
+/// Register and feature state changed only by admin commands.
+#[derive(Debug, Clone)]
+pub struct ControllerRegs {
+    pub cc: u32,
+    pub csts: u32,
+    /// I/O queues granted by Set Features Number of Queues (1-based count).
+    pub io_queues_granted: u16,
+    pub async_event_config: u32,
+    pub volatile_write_cache: bool,
+    /// Namespaces changed since the host last read the Changed Namespace List.
+    pub changed_ns: Vec<u32>,
+}
+
+/// I/O counters for the SMART log; relaxed atomics, updated on completion.
+#[derive(Debug, Default)]
+pub struct IoCounters {
+    pub read_cmds: AtomicU64,
+    pub write_cmds: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub media_errors: AtomicU64,
+}
+
+pub struct Controller {
+    pub cntlid: u16,
+    pub subsys: Arc<Subsystem>,
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    /// Peer address of the admin queue, for logs.
+    pub peer: String,
+    /// Keep-alive timeout in ms; 0 = disabled.
+    pub kato_ms: AtomicU32,
+    /// When the last Keep Alive (or other admin command) arrived, as ms since
+    /// `created`.
+    last_keep_alive_ms: AtomicU64,
+    created: Instant,
+    /// Set when the controller is torn down (keep-alive expiry, admin queue gone,
+    /// fatal error): every queue of it closes.
+    failed: AtomicBool,
+    pub regs: Mutex<ControllerRegs>,
+    /// Which I/O queue IDs are connected (index = qid).
+    io_queues: Mutex<Vec<bool>>,
+    pub counters: IoCounters,
+    errors: Mutex<VecDeque<ErrorLogEntry>>,
+    error_count: AtomicU64,
+}
+
+impl Controller {
+    pub fn new(
+        cntlid: u16,
+        subsys: Arc<Subsystem>,
+        hostnqn: &str,
+        hostid: [u8; 16],
+        kato_ms: u32,
+        peer: String,
+    ) -> Controller {
+        Controller {
+            cntlid,
+            subsys,
+            hostnqn: hostnqn.to_string(),
+            hostid,
+            peer,
+            kato_ms: AtomicU32::new(kato_ms),
+            last_keep_alive_ms: AtomicU64::new(0),
+            created: Instant::now(),
+            failed: AtomicBool::new(false),
+            regs: Mutex::new(ControllerRegs {
+                cc: 0,
+                csts: 0,
+                io_queues_granted: 0,
+                async_event_config: 0,
+                volatile_write_cache: true,
+                changed_ns: Vec::new(),
+            }),
+            io_queues: Mutex::new(Vec::new()),
+            counters: IoCounters::default(),
+            errors: Mutex::new(VecDeque::new()),
+            error_count: AtomicU64::new(0),
+        }
+    }
+
+    pub fn is_discovery(&self) -> bool {
+        self.subsys.kind == super::SubsystemKind::Discovery
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.created.elapsed().as_millis() as u64
+    }
+
+    /// Records host activity that resets the keep-alive timer.
+    pub fn keep_alive(&self) {
+        self.last_keep_alive_ms
+            .store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// True when the keep-alive timer has run out. Like the Linux target we allow a
+    /// grace period on top of KATO, since the host sends its keep-alive at KATO/2 at
+    /// best and the network adds delay.
+    pub fn keep_alive_expired(&self) -> bool {
+        let kato = self.kato_ms.load(Ordering::Relaxed) as u64;
+        if kato == 0 {
+            return false;
+        }
+        let idle = self
+            .now_ms()
+            .saturating_sub(self.last_keep_alive_ms.load(Ordering::Relaxed));
+        idle > kato + kato.min(5000)
+    }
+
+    pub fn fail(&self) {
+        self.failed.store(true, Ordering::Release);
+    }
+
+    pub fn is_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.regs
+            .lock()
+            .map(|r| r.csts & csts::RDY != 0)
+            .unwrap_or(false)
+    }
+
+    /// Registers I/O queue `qid`; fails if it is out of range or taken.
+    pub fn attach_io_queue(&self, qid: u16, max_io_queues: u16) -> Result<(), Status> {
+        let granted = self
+            .regs
+            .lock()
+            .map(|r| r.io_queues_granted)
+            .unwrap_or(0);
+        // A host that skipped Set Features Number of Queues gets the maximum.
+        let limit = if granted == 0 { max_io_queues } else { granted };
+        if qid == 0 || qid > limit {
+            return Err(Status::CONNECT_INVALID_PARAMETERS);
+        }
+        let Ok(mut q) = self.io_queues.lock() else {
+            return Err(Status::INTERNAL_ERROR);
+        };
+        if q.len() <= qid as usize {
+            q.resize(qid as usize + 1, false);
+        }
+        if q[qid as usize] {
+            return Err(Status::CONNECT_INVALID_PARAMETERS);
+        }
+        q[qid as usize] = true;
+        Ok(())
+    }
+
+    pub fn detach_io_queue(&self, qid: u16) {
+        if let Ok(mut q) = self.io_queues.lock() {
+            if let Some(slot) = q.get_mut(qid as usize) {
+                *slot = false;
+            }
+        }
+    }
+
+    pub fn connected_io_queues(&self) -> usize {
+        self.io_queues
+            .lock()
+            .map(|q| q.iter().filter(|&&b| b).count())
+            .unwrap_or(0)
+    }
+
+    /// Property Get.
+    pub fn get_property(&self, offset: u32, cap: u64) -> Result<u64, Status> {
+        let regs = self.regs.lock().map_err(|_| Status::INTERNAL_ERROR)?;
+        Ok(match offset {
+            nvme::prop::CAP => cap,
+            nvme::prop::VS => VERSION as u64,
+            nvme::prop::CC => regs.cc as u64,
+            nvme::prop::CSTS => regs.csts as u64,
+            nvme::prop::NSSR => 0,
+            _ => return Err(Status::INVALID_FIELD),
+        })
+    }
+
+    /// Property Set: only CC is writable. Enabling sets RDY, a shutdown request
+    /// completes at once (there is no volatile state a shutdown must wait for
+    /// beyond what Flush already covers), clearing EN resets the controller.
+    pub fn set_property(&self, offset: u32, value: u64) -> Result<(), Status> {
+        if offset != nvme::prop::CC {
+            return Err(Status::INVALID_FIELD);
+        }
+        let value = value as u32;
+        let mut regs = self.regs.lock().map_err(|_| Status::INTERNAL_ERROR)?;
+        let old = regs.cc;
+        if value & cc::EN != 0 && old & cc::EN == 0 {
+            // I/O queue entry sizes must be the standard 64/16 bytes if set.
+            let iosqes = (value >> cc::IOSQES_SHIFT) & 0xF;
+            let iocqes = (value >> cc::IOCQES_SHIFT) & 0xF;
+            if (iosqes != 0 && iosqes != 6) || (iocqes != 0 && iocqes != 4) {
+                regs.csts |= csts::CFS;
+                regs.cc = value;
+                return Ok(());
+            }
+            regs.csts |= csts::RDY;
+        } else if value & cc::EN == 0 && old & cc::EN != 0 {
+            regs.csts &= !(csts::RDY | csts::SHST_MASK);
+        }
+        if value & cc::SHN_MASK != 0 {
+            regs.csts = (regs.csts & !csts::SHST_MASK) | csts::SHST_COMPLETE;
+        } else if old & cc::SHN_MASK != 0 {
+            regs.csts &= !csts::SHST_MASK;
+        }
+        regs.cc = value;
+        Ok(())
+    }
+
+    /// Adds an Error Information log entry for a failed command.
+    pub fn record_error(&self, sqid: u16, cid: u16, status: Status, nsid: u32, lba: u64) {
+        let count = self.error_count.fetch_add(1, Ordering::Relaxed) + 1;
+        if let Ok(mut e) = self.errors.lock() {
+            if e.len() == ERROR_LOG_ENTRIES {
+                e.pop_back();
+            }
+            e.push_front(ErrorLogEntry {
+                error_count: count,
+                sqid,
+                cid,
+                status: status.to_field(),
+                param_location: 0xFFFF,
+                lba,
+                nsid,
+                trtype: nvme::trtype::TCP,
+            });
+        }
+    }
+
+    pub fn error_count(&self) -> u64 {
+        self.error_count.load(Ordering::Relaxed)
+    }
+
+    /// Error log entries, newest first.
+    pub fn error_entries(&self) -> Vec<ErrorLogEntry> {
+        self.errors
+            .lock()
+            .map(|e| e.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    pub fn uptime_hours(&self) -> u64 {
+        self.created.elapsed().as_secs() / 3600
+    }
+}
+
+/// NVMe version reported in VS: 1.4 (CNTRLTYPE and the fabrics fields we fill).
+pub const VERSION: u32 = 0x0001_0400;
+
+/// The CAP register for a queue depth limit.
+pub fn cap_register(max_queue_depth: u16) -> u64 {
+    let mqes = (max_queue_depth.max(2) - 1) as u64;
+    let cqr = 1u64 << 16; // contiguous queues required
+    let to = 30u64 << 24; // ready timeout: 15 s in 500 ms units
+    let css_nvm = 1u64 << 37; // NVM command set
+    mqes | cqr | to | css_nvm
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::target::SubsystemKind;
+
+    fn ctrl(kato: u32) -> Controller {
+        let s = Arc::new(Subsystem::new("nqn.s", SubsystemKind::Nvm, "S", "M", true, vec![]));
+        Controller::new(1, s, "nqn.h", [0; 16], kato, "test".into())
+    }
+
+    #[test]
+    fn enable_and_shutdown_sequence() {
+        let c = ctrl(0);
+        assert_eq!(c.get_property(nvme::prop::CSTS, 0).unwrap(), 0);
+        c.set_property(nvme::prop::CC, (6 << 16 | 4 << 20 | 1) as u64)
+            .unwrap();
+        assert_eq!(c.get_property(nvme::prop::CSTS, 0).unwrap() as u32 & csts::RDY, 1);
+        assert!(c.is_ready());
+        c.set_property(nvme::prop::CC, (6 << 16 | 4 << 20 | 1 | 1 << 14) as u64)
+            .unwrap();
+        let s = c.get_property(nvme::prop::CSTS, 0).unwrap() as u32;
+        assert_eq!(s & csts::SHST_MASK, csts::SHST_COMPLETE);
+        c.set_property(nvme::prop::CC, 0).unwrap();
+        assert_eq!(c.get_property(nvme::prop::CSTS, 0).unwrap(), 0);
+        assert_eq!(
+            c.set_property(nvme::prop::CSTS, 1),
+            Err(Status::INVALID_FIELD)
+        );
+        assert_eq!(c.get_property(0x1000, 0), Err(Status::INVALID_FIELD));
+    }
+
+    #[test]
+    fn bad_queue_entry_sizes_set_fatal_status() {
+        let c = ctrl(0);
+        c.set_property(nvme::prop::CC, (7 << 16 | 4 << 20 | 1) as u64)
+            .unwrap();
+        let s = c.get_property(nvme::prop::CSTS, 0).unwrap() as u32;
+        assert_eq!(s & csts::CFS, csts::CFS);
+        assert_eq!(s & csts::RDY, 0);
+    }
+
+    #[test]
+    fn io_queue_ids_are_bounded_and_unique() {
+        let c = ctrl(0);
+        c.regs.lock().unwrap().io_queues_granted = 2;
+        assert!(c.attach_io_queue(1, 8).is_ok());
+        assert!(c.attach_io_queue(1, 8).is_err());
+        assert!(c.attach_io_queue(2, 8).is_ok());
+        assert!(c.attach_io_queue(3, 8).is_err());
+        assert!(c.attach_io_queue(0, 8).is_err());
+        c.detach_io_queue(1);
+        assert!(c.attach_io_queue(1, 8).is_ok());
+        assert_eq!(c.connected_io_queues(), 2);
+    }
+
+    #[test]
+    fn keep_alive_disabled_never_expires() {
+        assert!(!ctrl(0).keep_alive_expired());
+        let c = ctrl(1);
+        c.keep_alive();
+        assert!(!c.keep_alive_expired());
+    }
+
+    #[test]
+    fn error_log_is_bounded_newest_first() {
+        let c = ctrl(0);
+        for i in 0..100u16 {
+            c.record_error(1, i, Status::LBA_OUT_OF_RANGE, 1, i as u64);
+        }
+        let e = c.error_entries();
+        assert_eq!(e.len(), ERROR_LOG_ENTRIES);
+        assert_eq!(e[0].cid, 99);
+        assert_eq!(e[0].error_count, 100);
+        assert_eq!(c.error_count(), 100);
+    }
+}

@@ -1,0 +1,274 @@
+//! Fabrics Connect: creates a controller (admin queue) or joins an existing one (I/O
+//! queue), with the access checks and the error details the host prints.
+
+use super::{Controller, SubsystemKind, Target};
+use crate::wire::nvme::{
+    ConnectCommand, ConnectData, Status, CONNECT_DATA_CNTLID_OFF, CONNECT_DATA_HOSTNQN_OFF,
+    CONNECT_DATA_SUBNQN_OFF, NQN_MAX_LEN,
+};
+use std::sync::Arc;
+
+/// Which queue of which controller a connection now is.
+#[derive(Clone)]
+pub enum QueueBinding {
+    Admin(Arc<Controller>),
+    Io { ctrl: Arc<Controller>, qid: u16 },
+}
+
+impl QueueBinding {
+    pub fn ctrl(&self) -> &Arc<Controller> {
+        match self {
+            QueueBinding::Admin(c) | QueueBinding::Io { ctrl: c, .. } => c,
+        }
+    }
+    pub fn qid(&self) -> u16 {
+        match self {
+            QueueBinding::Admin(_) => 0,
+            QueueBinding::Io { qid, .. } => *qid,
+        }
+    }
+}
+
+/// A refused Connect: the status and the DW0 that points at the offending field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectRefusal {
+    pub status: Status,
+    pub result: u32,
+    pub reason: String,
+}
+
+/// SQE byte offsets of Connect fields (IATTR 0).
+const SQE_QID_OFF: u16 = 42;
+const SQE_SQSIZE_OFF: u16 = 44;
+
+fn invalid(in_data: bool, offset: u16, reason: String) -> ConnectRefusal {
+    ConnectRefusal {
+        status: Status::CONNECT_INVALID_PARAMETERS,
+        // DW0: IPO in bits 15:0, IATTR in bit 16 (1 = the field is in the data).
+        result: offset as u32 | (in_data as u32) << 16,
+        reason,
+    }
+}
+
+/// Handles a Connect. On success returns the binding and the controller ID to put
+/// in DW0.
+pub fn connect(
+    target: &Target,
+    cmd: &ConnectCommand,
+    data: &ConnectData,
+    peer: &str,
+) -> Result<QueueBinding, ConnectRefusal> {
+    if cmd.recfmt != 0 {
+        return Err(ConnectRefusal {
+            status: Status::CONNECT_INCOMPATIBLE_FORMAT,
+            result: 0,
+            reason: format!("record format {} not supported", cmd.recfmt),
+        });
+    }
+    if data.hostnqn.is_empty() || data.hostnqn.len() > NQN_MAX_LEN {
+        return Err(invalid(true, CONNECT_DATA_HOSTNQN_OFF, "bad host NQN".into()));
+    }
+    let Some(subsys) = target.find_subsystem(&data.subnqn) else {
+        return Err(invalid(
+            true,
+            CONNECT_DATA_SUBNQN_OFF,
+            format!("no subsystem {}", data.subnqn),
+        ));
+    };
+    if !subsys.host_allowed(&data.hostnqn) {
+        return Err(ConnectRefusal {
+            status: Status::CONNECT_INVALID_HOST,
+            result: 0,
+            reason: format!("host {} is not allowed on {}", data.hostnqn, subsys.nqn),
+        });
+    }
+    let depth_limit = if cmd.qid == 0 {
+        target.limits.max_admin_queue_depth
+    } else {
+        target.limits.max_queue_depth
+    };
+    if cmd.sqsize == 0 || cmd.sqsize as u32 + 1 > depth_limit as u32 {
+        return Err(invalid(
+            false,
+            SQE_SQSIZE_OFF,
+            format!("queue size {} outside 2..={depth_limit}", cmd.sqsize as u32 + 1),
+        ));
+    }
+
+    if cmd.qid == 0 {
+        // Dynamic controller model: the host asks for "any" controller.
+        if data.cntlid != 0xFFFF {
+            return Err(invalid(
+                true,
+                CONNECT_DATA_CNTLID_OFF,
+                format!("static controller ID {:#x} requested; only dynamic (0xffff) is supported", data.cntlid),
+            ));
+        }
+        let Ok(mut ctrls) = subsys.controllers.lock() else {
+            return Err(ConnectRefusal {
+                status: Status::INTERNAL_ERROR,
+                result: 0,
+                reason: "controller table poisoned".into(),
+            });
+        };
+        let Some(cntlid) = subsys.alloc_cntlid(&ctrls) else {
+            return Err(ConnectRefusal {
+                status: Status::CONNECT_CONTROLLER_BUSY,
+                result: 0,
+                reason: "no controller IDs left".into(),
+            });
+        };
+        let ctrl = Arc::new(Controller::new(
+            cntlid,
+            subsys.clone(),
+            &data.hostnqn,
+            data.hostid,
+            cmd.kato,
+            peer.to_string(),
+        ));
+        ctrl.keep_alive();
+        ctrls.insert(cntlid, ctrl.clone());
+        return Ok(QueueBinding::Admin(ctrl));
+    }
+
+    if subsys.kind == SubsystemKind::Discovery {
+        return Err(invalid(false, SQE_QID_OFF, "discovery controllers have no I/O queues".into()));
+    }
+    let ctrl = subsys
+        .controllers
+        .lock()
+        .ok()
+        .and_then(|c| c.get(&data.cntlid).cloned());
+    let Some(ctrl) = ctrl else {
+        return Err(invalid(
+            true,
+            CONNECT_DATA_CNTLID_OFF,
+            format!("no controller {} in {}", data.cntlid, subsys.nqn),
+        ));
+    };
+    if ctrl.hostnqn != data.hostnqn {
+        return Err(invalid(
+            true,
+            CONNECT_DATA_HOSTNQN_OFF,
+            "host NQN differs from the controller's".into(),
+        ));
+    }
+    if ctrl.hostid != data.hostid {
+        return Err(invalid(true, 0, "host ID differs from the controller's".into()));
+    }
+    if ctrl.is_failed() || !ctrl.is_ready() {
+        return Err(ConnectRefusal {
+            status: Status::COMMAND_SEQUENCE_ERROR,
+            result: 0,
+            reason: format!("controller {} is not enabled", ctrl.cntlid),
+        });
+    }
+    if let Err(status) = ctrl.attach_io_queue(cmd.qid, target.limits.max_io_queues) {
+        let mut r = invalid(false, SQE_QID_OFF, format!("queue {} unavailable", cmd.qid));
+        r.status = status;
+        return Err(r);
+    }
+    Ok(QueueBinding::Io { ctrl, qid: cmd.qid })
+}
+
+/// Ends a queue's association: an admin queue takes its controller (and with it
+/// every I/O queue) down; an I/O queue frees its queue ID.
+pub fn disconnect(binding: &QueueBinding) {
+    match binding {
+        QueueBinding::Admin(ctrl) => {
+            ctrl.fail();
+            if let Ok(mut c) = ctrl.subsys.controllers.lock() {
+                c.remove(&ctrl.cntlid);
+            }
+        }
+        QueueBinding::Io { ctrl, qid } => ctrl.detach_io_queue(*qid),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::target::{Subsystem, TransportLimits};
+    use crate::wire::nvme::prop;
+
+    fn setup() -> Target {
+        let t = Target::new(TransportLimits::default());
+        t.add_subsystem(Arc::new(Subsystem::new(
+            "nqn.s",
+            SubsystemKind::Nvm,
+            "S",
+            "M",
+            false,
+            vec!["nqn.h".into()],
+        )));
+        t
+    }
+
+    fn cmd(qid: u16) -> ConnectCommand {
+        ConnectCommand {
+            recfmt: 0,
+            qid,
+            sqsize: 31,
+            cattr: 0,
+            kato: 5000,
+        }
+    }
+
+    fn data(sub: &str, host: &str, cntlid: u16) -> ConnectData {
+        ConnectData {
+            hostid: [1; 16],
+            cntlid,
+            subnqn: sub.into(),
+            hostnqn: host.into(),
+        }
+    }
+
+    #[test]
+    fn admin_then_io_queue() {
+        let t = setup();
+        let b = connect(&t, &cmd(0), &data("nqn.s", "nqn.h", 0xFFFF), "p").unwrap();
+        let ctrl = b.ctrl().clone();
+        // Not enabled yet: I/O queues are refused.
+        let e = connect(&t, &cmd(1), &data("nqn.s", "nqn.h", ctrl.cntlid), "p").err().unwrap();
+        assert_eq!(e.status, Status::COMMAND_SEQUENCE_ERROR);
+        ctrl.set_property(prop::CC, 0x460001).unwrap();
+        let io = connect(&t, &cmd(1), &data("nqn.s", "nqn.h", ctrl.cntlid), "p").unwrap();
+        assert_eq!(io.qid(), 1);
+        let dup = connect(&t, &cmd(1), &data("nqn.s", "nqn.h", ctrl.cntlid), "p").err().unwrap();
+        assert_eq!(dup.status, Status::CONNECT_INVALID_PARAMETERS);
+        assert_eq!(dup.result, 42);
+        disconnect(&b);
+        assert!(ctrl.is_failed());
+        let gone = connect(&t, &cmd(2), &data("nqn.s", "nqn.h", ctrl.cntlid), "p").err().unwrap();
+        assert_eq!(gone.result, 16 | 1 << 16);
+    }
+
+    #[test]
+    fn refusals_point_at_the_field() {
+        let t = setup();
+        let e = connect(&t, &cmd(0), &data("nqn.nope", "nqn.h", 0xFFFF), "p").err().unwrap();
+        assert_eq!(e.status, Status::CONNECT_INVALID_PARAMETERS);
+        assert_eq!(e.result, 256 | 1 << 16);
+        let e = connect(&t, &cmd(0), &data("nqn.s", "nqn.intruder", 0xFFFF), "p").err().unwrap();
+        assert_eq!(e.status, Status::CONNECT_INVALID_HOST);
+        let mut c = cmd(0);
+        c.sqsize = 0;
+        assert_eq!(connect(&t, &c, &data("nqn.s", "nqn.h", 0xFFFF), "p").err().unwrap().result, 44);
+        c.sqsize = 1000;
+        assert!(connect(&t, &c, &data("nqn.s", "nqn.h", 0xFFFF), "p").is_err());
+        c = cmd(0);
+        c.recfmt = 1;
+        assert_eq!(
+            connect(&t, &c, &data("nqn.s", "nqn.h", 0xFFFF), "p").err().unwrap().status,
+            Status::CONNECT_INCOMPATIBLE_FORMAT
+        );
+        // Anyone may reach discovery.
+        assert!(connect(
+            &t,
+            &cmd(0),
+            &data(crate::wire::nvme::DISCOVERY_NQN, "nqn.x", 0xFFFF),
+            "p"
+        )
+        .is_ok());
+    }
+}

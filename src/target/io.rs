@@ -1,0 +1,216 @@
+//! NVM command set I/O commands, decoded and checked into device operations.
+//! Pure functions: the transport owns buffers and submits what this returns.
+
+use super::Namespace;
+use crate::wire::nvme::{io_opc, DsmRange, Sqe, Status, DSM_ATTR_DEALLOCATE, DSM_RANGE_LEN};
+
+/// What a checked I/O command asks the device to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoPlan {
+    Read { offset: u64, len: usize },
+    Write { offset: u64, len: usize, fua: bool },
+    /// Flush this namespace, or every namespace (NSID FFFFFFFFh).
+    Flush { all: bool },
+    WriteZeroes { offset: u64, len: u64, deallocate: bool },
+    /// Dataset Management with the deallocate attribute: `ranges` descriptors in the
+    /// command's data.
+    Deallocate { ranges: usize },
+    /// A command that succeeds without device work (DSM hints without deallocate).
+    Nothing,
+}
+
+/// Data the host sends for a command with in-capsule or R2T data.
+pub fn host_data_len(sqe: &Sqe) -> usize {
+    sqe.sgl().length as usize
+}
+
+fn lba_range(ns: &Namespace, slba: u64, nlb: u64) -> Result<(u64, u64), Status> {
+    match slba.checked_add(nlb) {
+        Some(end) if end <= ns.num_blocks => {
+            Ok((slba * ns.block_size as u64, nlb * ns.block_size as u64))
+        }
+        _ => Err(Status::LBA_OUT_OF_RANGE),
+    }
+}
+
+/// Decodes and checks an I/O command against its namespace. `ns` is `None` when
+/// the NSID names no active namespace.
+pub fn plan(ns: Option<&Namespace>, sqe: &Sqe, max_io_size: u32) -> Result<IoPlan, Status> {
+    if sqe.fuse() != 0 {
+        return Err(Status::INVALID_FIELD);
+    }
+    let opc = sqe.opcode();
+    if opc == io_opc::FLUSH && sqe.nsid() == 0xFFFF_FFFF {
+        return Ok(IoPlan::Flush { all: true });
+    }
+    if !matches!(
+        opc,
+        io_opc::FLUSH | io_opc::WRITE | io_opc::READ | io_opc::WRITE_ZEROES | io_opc::DATASET_MANAGEMENT
+    ) {
+        return Err(Status::INVALID_OPCODE);
+    }
+    let Some(ns) = ns else {
+        return Err(Status::INVALID_NAMESPACE);
+    };
+    let sgl_len = sqe.sgl().length as usize;
+    match opc {
+        io_opc::FLUSH => Ok(IoPlan::Flush { all: false }),
+        io_opc::READ | io_opc::WRITE => {
+            let nlb = sqe.nlb() as u64;
+            let (offset, len) = lba_range(ns, sqe.slba(), nlb)?;
+            if len > max_io_size as u64 {
+                return Err(Status::INVALID_FIELD);
+            }
+            if sgl_len != len as usize {
+                return Err(Status::DATA_SGL_LENGTH_INVALID);
+            }
+            Ok(if opc == io_opc::READ {
+                IoPlan::Read {
+                    offset,
+                    len: len as usize,
+                }
+            } else {
+                IoPlan::Write {
+                    offset,
+                    len: len as usize,
+                    fua: sqe.fua(),
+                }
+            })
+        }
+        io_opc::WRITE_ZEROES => {
+            let (offset, len) = lba_range(ns, sqe.slba(), sqe.nlb() as u64)?;
+            Ok(IoPlan::WriteZeroes {
+                offset,
+                len,
+                deallocate: sqe.cdw(12) & (1 << 25) != 0,
+            })
+        }
+        _ => {
+            let ranges = (sqe.cdw(10) & 0xFF) as usize + 1;
+            if sgl_len < ranges * DSM_RANGE_LEN {
+                return Err(Status::DATA_SGL_LENGTH_INVALID);
+            }
+            if sqe.cdw(11) & DSM_ATTR_DEALLOCATE == 0 {
+                return Ok(IoPlan::Nothing);
+            }
+            Ok(IoPlan::Deallocate { ranges })
+        }
+    }
+}
+
+/// Decodes Dataset Management ranges into byte ranges, checking each one.
+pub fn dsm_ranges(ns: &Namespace, data: &[u8], ranges: usize) -> Result<Vec<(u64, u64)>, Status> {
+    let mut out = Vec::with_capacity(ranges);
+    for i in 0..ranges {
+        let Some(b) = data.get(i * DSM_RANGE_LEN..(i + 1) * DSM_RANGE_LEN) else {
+            return Err(Status::DATA_SGL_LENGTH_INVALID);
+        };
+        let r = DsmRange::decode(b);
+        if r.nlb == 0 {
+            continue;
+        }
+        out.push(lba_range(ns, r.slba, r.nlb as u64)?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bdev::ram::RamDevice;
+    use crate::wire::nvme::SglDescriptor;
+    use proptest::prelude::*;
+
+    fn ns() -> Namespace {
+        Namespace::new("nqn.s", 1, RamDevice::new("r", 1 << 20).unwrap(), 512)
+    }
+
+    fn rw(opc: u8, slba: u64, nlb: u32, sgl: u32) -> Sqe {
+        let mut s = Sqe::new(opc, 1, 1);
+        s.set_cdw(10, slba as u32);
+        s.set_cdw(11, (slba >> 32) as u32);
+        s.set_cdw(12, nlb - 1);
+        s.set_sgl(SglDescriptor {
+            address: 0,
+            length: sgl,
+            type_byte: SglDescriptor::TRANSPORT,
+        });
+        s
+    }
+
+    #[test]
+    fn read_write_checks() {
+        let n = ns();
+        assert_eq!(
+            plan(Some(&n), &rw(io_opc::READ, 2, 8, 4096), 1 << 20),
+            Ok(IoPlan::Read {
+                offset: 1024,
+                len: 4096
+            })
+        );
+        assert_eq!(
+            plan(Some(&n), &rw(io_opc::READ, 2047, 2, 1024), 1 << 20),
+            Err(Status::LBA_OUT_OF_RANGE)
+        );
+        assert_eq!(
+            plan(Some(&n), &rw(io_opc::WRITE, 0, 8, 512), 1 << 20),
+            Err(Status::DATA_SGL_LENGTH_INVALID)
+        );
+        assert_eq!(
+            plan(Some(&n), &rw(io_opc::WRITE, 0, 2048, 1 << 20), 4096),
+            Err(Status::INVALID_FIELD)
+        );
+        assert_eq!(
+            plan(None, &rw(io_opc::READ, 0, 1, 512), 1 << 20),
+            Err(Status::INVALID_NAMESPACE)
+        );
+        assert_eq!(
+            plan(Some(&n), &rw(0x99, 0, 1, 512), 1 << 20),
+            Err(Status::INVALID_OPCODE)
+        );
+        assert_eq!(
+            plan(Some(&n), &rw(io_opc::READ, u64::MAX, 2, 1024), 1 << 20),
+            Err(Status::LBA_OUT_OF_RANGE)
+        );
+    }
+
+    #[test]
+    fn dsm_ranges_checked() {
+        let n = ns();
+        let mut d = vec![0u8; 32];
+        DsmRange {
+            attributes: 0,
+            nlb: 8,
+            slba: 16,
+        }
+        .encode(&mut d[0..16]);
+        DsmRange {
+            attributes: 0,
+            nlb: 1,
+            slba: 4096,
+        }
+        .encode(&mut d[16..32]);
+        assert_eq!(dsm_ranges(&n, &d, 1), Ok(vec![(8192, 4096)]));
+        assert_eq!(dsm_ranges(&n, &d, 2), Err(Status::LBA_OUT_OF_RANGE));
+        assert_eq!(dsm_ranges(&n, &d[..16], 2), Err(Status::DATA_SGL_LENGTH_INVALID));
+    }
+
+    proptest! {
+        #[test]
+        fn plan_never_panics_and_stays_in_bounds(raw in proptest::array::uniform32(any::<u8>()), raw2 in proptest::array::uniform32(any::<u8>())) {
+            let n = ns();
+            let mut b = [0u8; 64];
+            b[..32].copy_from_slice(&raw);
+            b[32..].copy_from_slice(&raw2);
+            let sqe = Sqe(b);
+            if let Ok(p) = plan(Some(&n), &sqe, 1 << 20) {
+                let size = n.dev.size_bytes();
+                match p {
+                    IoPlan::Read { offset, len } | IoPlan::Write { offset, len, .. } => prop_assert!(offset + len as u64 <= size),
+                    IoPlan::WriteZeroes { offset, len, .. } => prop_assert!(offset + len <= size),
+                    _ => {}
+                }
+            }
+        }
+    }
+}

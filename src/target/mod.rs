@@ -1,0 +1,374 @@
+//! The NVMe-oF target model: subsystems, namespaces, controllers, discovery.
+//!
+//! These objects are shared by every reactor, so they are read-mostly: the data path
+//! reads namespaces through an `Arc` snapshot taken at queue connect, and touches
+//! controllers only through atomics. Mutexes here guard control-path state (admin
+//! commands, connect, configuration), never an I/O.
+
+pub mod admin;
+pub mod controller;
+pub mod fabrics;
+pub mod io;
+
+use crate::bdev::SharedDevice;
+use crate::wire::nvme::{self, DiscoveryEntry};
+pub use controller::Controller;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+/// IEEE OUI reported in Identify Controller. 0 would be "not reported"; we report
+/// none rather than borrow someone else's.
+pub const IEEE_OUI: [u8; 3] = [0, 0, 0];
+
+/// Transport limits shared by every listener of one transport.
+#[derive(Debug, Clone)]
+pub struct TransportLimits {
+    /// Maximum queue entries per I/O queue (MQES + 1, MAXCMD).
+    pub max_queue_depth: u16,
+    /// Maximum admin queue entries.
+    pub max_admin_queue_depth: u16,
+    /// Maximum number of I/O queues per controller.
+    pub max_io_queues: u16,
+    /// In-capsule data accepted on I/O queues (bytes).
+    pub in_capsule_data: u32,
+    /// Largest single transfer (bytes, a power of two ≥ 4 KiB): MDTS.
+    pub max_io_size: u32,
+    /// MAXH2CDATA advertised in ICResp.
+    pub max_h2c_data: u32,
+    /// Largest R2T we issue (bytes); a write larger than this needs several R2Ts.
+    pub max_r2t_len: u32,
+    /// Send C2HData with the SUCCESS flag and no CapsuleResp (as SPDK does).
+    pub c2h_success: bool,
+}
+
+impl Default for TransportLimits {
+    fn default() -> Self {
+        TransportLimits {
+            max_queue_depth: 128,
+            max_admin_queue_depth: 128,
+            max_io_queues: 127,
+            in_capsule_data: 8192,
+            max_io_size: 1 << 20,
+            max_h2c_data: 128 << 10,
+            max_r2t_len: 1 << 20,
+            c2h_success: true,
+        }
+    }
+}
+
+/// The admin queue always takes at least this much in-capsule data: the Linux host
+/// assumes 8 KiB there, and Connect carries 1 KiB.
+pub const ADMIN_IN_CAPSULE_DATA: u32 = 8192;
+
+/// A transport listener, as the discovery log describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listener {
+    pub addr: SocketAddr,
+    /// Discovery-only listeners (port 8009) do not list themselves as NVM ports.
+    pub discovery_only: bool,
+    pub portid: u16,
+}
+
+/// One namespace: a block device with a block size and identifiers.
+pub struct Namespace {
+    pub nsid: u32,
+    pub dev: SharedDevice,
+    pub block_size: u32,
+    pub num_blocks: u64,
+    pub uuid: [u8; 16],
+    pub nguid: [u8; 16],
+    pub eui64: [u8; 8],
+    /// Process-unique key for per-reactor channel caches.
+    pub key: u64,
+}
+
+static NEXT_NS_KEY: AtomicU64 = AtomicU64::new(1);
+
+impl Namespace {
+    /// Builds a namespace; identifiers are derived from the subsystem NQN and NSID
+    /// so they stay the same across restarts with the same configuration.
+    pub fn new(subnqn: &str, nsid: u32, dev: SharedDevice, block_size: u32) -> Namespace {
+        let num_blocks = dev.size_bytes() / block_size as u64;
+        let uuid = stable_uuid(&format!("{subnqn}/ns/{nsid}"));
+        let mut eui64 = [0u8; 8];
+        eui64.copy_from_slice(&uuid[8..16]);
+        Namespace {
+            nsid,
+            dev,
+            block_size,
+            num_blocks,
+            uuid,
+            nguid: uuid,
+            eui64,
+            key: NEXT_NS_KEY.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+    pub fn lbads(&self) -> u8 {
+        self.block_size.trailing_zeros() as u8
+    }
+}
+
+/// A name-based UUID (version 8, "custom"): two CRC32C passes over the name with
+/// different seeds stretched to 128 bits. Stable and unique enough for identifiers;
+/// not a security property.
+pub fn stable_uuid(name: &str) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for (i, chunk) in out.chunks_mut(4).enumerate() {
+        let mut h = crc32c::crc32c_append(0x9E37_79B9u32.wrapping_mul(i as u32 + 1), name.as_bytes());
+        h ^= h >> 15;
+        chunk.copy_from_slice(&h.to_le_bytes());
+    }
+    out[6] = (out[6] & 0x0F) | 0x80; // version 8
+    out[8] = (out[8] & 0x3F) | 0x80; // RFC 4122 variant
+    out
+}
+
+/// What kind of subsystem an NQN names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubsystemKind {
+    Nvm,
+    Discovery,
+}
+
+pub struct Subsystem {
+    pub nqn: String,
+    pub kind: SubsystemKind,
+    pub serial: String,
+    pub model: String,
+    pub allow_any_host: bool,
+    pub hosts: RwLock<Vec<String>>,
+    pub namespaces: RwLock<Vec<Arc<Namespace>>>,
+    pub controllers: Mutex<HashMap<u16, Arc<Controller>>>,
+    next_cntlid: AtomicU16,
+}
+
+impl Subsystem {
+    pub fn new(
+        nqn: &str,
+        kind: SubsystemKind,
+        serial: &str,
+        model: &str,
+        allow_any_host: bool,
+        hosts: Vec<String>,
+    ) -> Subsystem {
+        Subsystem {
+            nqn: nqn.to_string(),
+            kind,
+            serial: serial.to_string(),
+            model: model.to_string(),
+            allow_any_host,
+            hosts: RwLock::new(hosts),
+            namespaces: RwLock::new(Vec::new()),
+            controllers: Mutex::new(HashMap::new()),
+            next_cntlid: AtomicU16::new(1),
+        }
+    }
+
+    pub fn host_allowed(&self, hostnqn: &str) -> bool {
+        self.kind == SubsystemKind::Discovery
+            || self.allow_any_host
+            || self
+                .hosts
+                .read()
+                .map(|h| h.iter().any(|x| x == hostnqn))
+                .unwrap_or(false)
+    }
+
+    pub fn namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
+        self.namespaces
+            .read()
+            .ok()?
+            .iter()
+            .find(|n| n.nsid == nsid)
+            .cloned()
+    }
+
+    pub fn namespace_snapshot(&self) -> Vec<Arc<Namespace>> {
+        self.namespaces.read().map(|n| n.clone()).unwrap_or_default()
+    }
+
+    /// Allocates a controller ID in 1..=0xFFEF not in use (0xFFF0.. are reserved).
+    pub fn alloc_cntlid(&self, in_use: &HashMap<u16, Arc<Controller>>) -> Option<u16> {
+        for _ in 0..0xFFEF {
+            let id = self.next_cntlid.fetch_add(1, Ordering::Relaxed);
+            let id = if id == 0 || id >= 0xFFF0 {
+                self.next_cntlid.store(2, Ordering::Relaxed);
+                1
+            } else {
+                id
+            };
+            if !in_use.contains_key(&id) {
+                return Some(id);
+            }
+        }
+        None
+    }
+}
+
+/// The whole target: subsystems and listeners, shared by reactors and the control
+/// thread.
+pub struct Target {
+    pub subsystems: RwLock<Vec<Arc<Subsystem>>>,
+    pub discovery: Arc<Subsystem>,
+    pub listeners: RwLock<Vec<Listener>>,
+    pub limits: TransportLimits,
+    /// Discovery log generation counter; bumped on any change hosts would see.
+    pub genctr: AtomicU64,
+    pub started: Instant,
+    pub firmware: String,
+}
+
+impl Target {
+    pub fn new(limits: TransportLimits) -> Target {
+        let rev = option_env!("KVTARGET_GIT_REV").unwrap_or("");
+        let firmware = if rev.is_empty() {
+            env!("CARGO_PKG_VERSION").to_string()
+        } else {
+            rev.to_string()
+        };
+        Target {
+            subsystems: RwLock::new(Vec::new()),
+            discovery: Arc::new(Subsystem::new(
+                nvme::DISCOVERY_NQN,
+                SubsystemKind::Discovery,
+                "",
+                "kvtarget discovery",
+                true,
+                Vec::new(),
+            )),
+            listeners: RwLock::new(Vec::new()),
+            limits,
+            genctr: AtomicU64::new(1),
+            started: Instant::now(),
+            firmware,
+        }
+    }
+
+    pub fn add_subsystem(&self, s: Arc<Subsystem>) {
+        if let Ok(mut subs) = self.subsystems.write() {
+            subs.push(s);
+        }
+        self.genctr.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn find_subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+        if nqn == nvme::DISCOVERY_NQN {
+            return Some(self.discovery.clone());
+        }
+        self.subsystems
+            .read()
+            .ok()?
+            .iter()
+            .find(|s| s.nqn == nqn)
+            .cloned()
+    }
+
+    /// The discovery log a given host sees: only subsystems it may connect to (the
+    /// trap other targets fall into is listing everything), one entry per
+    /// subsystem and NVM listener, plus one per listener for this discovery
+    /// subsystem itself.
+    pub fn discovery_entries(&self, hostnqn: &str) -> Vec<DiscoveryEntry> {
+        let listeners = self.listeners.read().map(|l| l.clone()).unwrap_or_default();
+        let subs = self.subsystems.read().map(|s| s.clone()).unwrap_or_default();
+        let mut out = Vec::new();
+        let entry = |l: &Listener, nqn: &str, st: u8| DiscoveryEntry {
+            trtype: nvme::trtype::TCP,
+            adrfam: if l.addr.is_ipv4() {
+                nvme::adrfam::IPV4
+            } else {
+                nvme::adrfam::IPV6
+            },
+            subtype: st,
+            // Secure channel not required; SQ flow control may be disabled.
+            treq: 0x02 | 0x04,
+            portid: l.portid,
+            cntlid: 0xFFFF,
+            asqsz: 32,
+            eflags: 0,
+            trsvcid: l.addr.port().to_string(),
+            subnqn: nqn.to_string(),
+            traddr: l.addr.ip().to_string(),
+            sectype: 0,
+        };
+        for l in &listeners {
+            out.push(entry(l, nvme::DISCOVERY_NQN, nvme::subtype::CURRENT_DISCOVERY));
+        }
+        for s in subs.iter().filter(|s| s.host_allowed(hostnqn)) {
+            for l in listeners.iter().filter(|l| !l.discovery_only) {
+                out.push(entry(l, &s.nqn, nvme::subtype::NVME));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bdev::ram::RamDevice;
+
+    fn target() -> Target {
+        let t = Target::new(TransportLimits::default());
+        t.listeners.write().unwrap().push(Listener {
+            addr: "127.0.0.1:4420".parse().unwrap(),
+            discovery_only: false,
+            portid: 1,
+        });
+        t.listeners.write().unwrap().push(Listener {
+            addr: "127.0.0.1:8009".parse().unwrap(),
+            discovery_only: true,
+            portid: 2,
+        });
+        t.add_subsystem(Arc::new(Subsystem::new(
+            "nqn.a",
+            SubsystemKind::Nvm,
+            "S",
+            "M",
+            false,
+            vec!["nqn.host1".into()],
+        )));
+        t.add_subsystem(Arc::new(Subsystem::new(
+            "nqn.open",
+            SubsystemKind::Nvm,
+            "S",
+            "M",
+            true,
+            vec![],
+        )));
+        t
+    }
+
+    #[test]
+    fn discovery_lists_only_allowed_subsystems() {
+        let t = target();
+        let host1: Vec<_> = t
+            .discovery_entries("nqn.host1")
+            .into_iter()
+            .map(|e| (e.subnqn, e.trsvcid, e.subtype))
+            .collect();
+        assert!(host1.contains(&("nqn.a".into(), "4420".into(), 2)));
+        assert!(host1.contains(&("nqn.open".into(), "4420".into(), 2)));
+        // The discovery-only port is listed for discovery, not as an NVM port.
+        assert!(!host1.iter().any(|(n, p, _)| n == "nqn.a" && p == "8009"));
+        assert!(host1.contains(&(nvme::DISCOVERY_NQN.into(), "8009".into(), 3)));
+        let other = t.discovery_entries("nqn.stranger");
+        assert!(!other.iter().any(|e| e.subnqn == "nqn.a"));
+        assert!(other.iter().any(|e| e.subnqn == "nqn.open"));
+    }
+
+    #[test]
+    fn identifiers_are_stable_and_distinct() {
+        let dev = RamDevice::new("x", 1 << 20).unwrap();
+        let a = Namespace::new("nqn.a", 1, dev.clone(), 512);
+        let b = Namespace::new("nqn.a", 1, dev.clone(), 512);
+        let c = Namespace::new("nqn.a", 2, dev, 512);
+        assert_eq!(a.uuid, b.uuid);
+        assert_ne!(a.uuid, c.uuid);
+        assert_ne!(a.key, b.key);
+        assert_eq!(a.num_blocks, 2048);
+        assert_eq!(a.lbads(), 9);
+    }
+}

@@ -1,0 +1,1055 @@
+//! NVMe/TCP queue pairs: one TCP connection is one NVMe queue (admin or I/O).
+//!
+//! A connection is a state machine driven by its reactor: bytes in → PDUs →
+//! requests → device operations → completions → PDUs out. Each request lives in a
+//! slot (its index is the R2T transfer tag and the device operation tag), so
+//! nothing on this path allocates once buffers are warm.
+
+use crate::mem::IoBuf;
+use crate::reactor::{IoCtx, QueuePair};
+use crate::target::admin::{self, AdminOutcome};
+use crate::target::fabrics::{self, QueueBinding};
+use crate::target::io::{self as tio, IoPlan};
+use crate::target::{Namespace, Target, ADMIN_IN_CAPSULE_DATA};
+use crate::wire::nvme::{
+    admin_opc, fctype, ConnectCommand, ConnectData, Cqe, DataDirection, PropertyCommand,
+    SglDescriptor, Sqe, Status, CATTR_DISABLE_SQ_FLOW, CONNECT_DATA_LEN,
+};
+use crate::wire::tcp::{self as pdu, fes, DataHeader, Digests, ICResp, ParseLimits, Pdu, PduError};
+use crate::bdev::IoOp;
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Status for a command whose data failed its digest: the host retries it.
+const TRANSIENT_TRANSPORT_ERROR: Status = Status::generic(0x22);
+/// Stop reading new PDUs while this much output is queued (back-pressure).
+const MAX_PENDING_OUTPUT: usize = 8 << 20;
+/// Longest wait for the ICReq, and for a terminated connection to drain.
+const IC_TIMEOUT: Duration = Duration::from_secs(10);
+const TERMINATE_LINGER: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ConnState {
+    /// Waiting for ICReq.
+    AwaitIcReq,
+    Ready,
+    /// A TermReq was queued (or the peer went away): flush, then close.
+    Terminating,
+    Closed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReqState {
+    /// Waiting for host data through R2T/H2CData.
+    AwaitingData,
+    /// Waiting for an R2T slot (bounded outstanding R2Ts per connection).
+    AwaitingR2tSlot,
+    /// Device operations outstanding.
+    Executing,
+}
+
+struct Request {
+    sqe: Sqe,
+    state: ReqState,
+    /// Data buffer: host data for writes, device data for reads.
+    buf: Option<IoBuf>,
+    /// Controller-to-host data produced by an admin command.
+    reply: Option<Vec<u8>>,
+    /// Bytes of host data expected in total, and received so far.
+    h2c_len: usize,
+    h2c_received: usize,
+    /// The current R2T window [r2t_off, r2t_off + r2t_len).
+    r2t_off: usize,
+    r2t_len: usize,
+    plan: Option<IoPlan>,
+    ns: Option<Arc<Namespace>>,
+    /// Device operations still outstanding.
+    pending_ops: u32,
+    status: Status,
+    /// The data failed its digest; finish receiving, then fail the command.
+    data_error: bool,
+}
+
+pub struct TcpConnection {
+    sock: TcpStream,
+    peer: String,
+    target: Arc<Target>,
+    discovery_only: bool,
+    state: ConnState,
+    state_since: Instant,
+    digests: Digests,
+    /// Host PDU data alignment in bytes (from HPDA), 0 for none.
+    hpda_align: usize,
+    rbuf: Vec<u8>,
+    rstart: usize,
+    rend: usize,
+    wbuf: Vec<u8>,
+    wpos: usize,
+    binding: Option<QueueBinding>,
+    namespaces: Vec<Arc<Namespace>>,
+    sq_head: u16,
+    sqsize: u16,
+    sqflow_disabled: bool,
+    slots: Vec<Option<Request>>,
+    free_slots: Vec<u16>,
+    cids: CidSet,
+    aers: Vec<u16>,
+    r2t_active: usize,
+    r2t_waiting: std::collections::VecDeque<u16>,
+    max_r2t_active: usize,
+    dev_ops: usize,
+    limits: ParseLimits,
+    shutting_down: bool,
+}
+
+/// Which command IDs are outstanding, to refuse duplicates.
+struct CidSet(Vec<u64>);
+
+impl CidSet {
+    fn new() -> CidSet {
+        CidSet(vec![0; 1024])
+    }
+    fn insert(&mut self, cid: u16) -> bool {
+        let (w, b) = (cid as usize / 64, cid % 64);
+        let fresh = self.0[w] & (1 << b) == 0;
+        self.0[w] |= 1 << b;
+        fresh
+    }
+    fn remove(&mut self, cid: u16) {
+        self.0[cid as usize / 64] &= !(1 << (cid % 64));
+    }
+}
+
+impl TcpConnection {
+    pub fn new(sock: TcpStream, target: Arc<Target>, discovery_only: bool) -> std::io::Result<Self> {
+        sock.set_nonblocking(true)?;
+        sock.set_nodelay(true)?;
+        let peer = sock
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| "unknown".into());
+        let lim = &target.limits;
+        let max_data = (lim.max_h2c_data as usize)
+            .max(lim.in_capsule_data as usize)
+            .max(ADMIN_IN_CAPSULE_DATA as usize);
+        let rcap = max_data + 64 * 1024;
+        Ok(TcpConnection {
+            sock,
+            peer,
+            discovery_only,
+            state: ConnState::AwaitIcReq,
+            state_since: Instant::now(),
+            digests: Digests::default(),
+            hpda_align: 0,
+            rbuf: vec![0; rcap],
+            rstart: 0,
+            rend: 0,
+            wbuf: Vec::with_capacity(256 * 1024),
+            wpos: 0,
+            binding: None,
+            namespaces: Vec::new(),
+            sq_head: 0,
+            sqsize: 31,
+            sqflow_disabled: false,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            cids: CidSet::new(),
+            aers: Vec::new(),
+            r2t_active: 0,
+            r2t_waiting: Default::default(),
+            max_r2t_active: 32,
+            dev_ops: 0,
+            limits: ParseLimits { max_data },
+            shutting_down: false,
+            target,
+        })
+    }
+
+    fn qid(&self) -> u16 {
+        self.binding.as_ref().map(|b| b.qid()).unwrap_or(0)
+    }
+
+    fn is_admin(&self) -> bool {
+        matches!(self.binding, Some(QueueBinding::Admin(_)) | None)
+    }
+
+    fn set_state(&mut self, s: ConnState) {
+        if self.state != s {
+            self.state = s;
+            self.state_since = Instant::now();
+        }
+    }
+
+    /// Queues a C2HTermReq and stops processing input.
+    fn terminate(&mut self, err: PduError, offending: &[u8]) {
+        tracing::warn!(peer = %self.peer, qid = self.qid(), "terminating connection: {err}");
+        let hdr = &offending[..offending.len().min(pdu::TERM_REQ_MAX_DATA)];
+        pdu::encode_term_req(&mut self.wbuf, false, err.fes, err.fei, hdr);
+        self.set_state(ConnState::Terminating);
+    }
+
+    /// Closes now: the association ends, in-flight device I/O is still reaped.
+    fn close(&mut self) {
+        if self.state == ConnState::Closed {
+            return;
+        }
+        if let Some(b) = self.binding.take() {
+            let ctrl = b.ctrl();
+            if b.qid() == 0 {
+                tracing::info!(
+                    cntlid = ctrl.cntlid,
+                    host = %ctrl.hostnqn,
+                    subnqn = %ctrl.subsys.nqn,
+                    peer = %self.peer,
+                    "controller released"
+                );
+            }
+            fabrics::disconnect(&b);
+        }
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        self.set_state(ConnState::Closed);
+    }
+
+    fn read_socket(&mut self) -> bool {
+        // Compact when the unread tail is near the end.
+        if self.rstart > 0 && (self.rstart == self.rend || self.rbuf.len() - self.rend < 16 * 1024) {
+            self.rbuf.copy_within(self.rstart..self.rend, 0);
+            self.rend -= self.rstart;
+            self.rstart = 0;
+        }
+        let mut got_any = false;
+        while self.rend < self.rbuf.len() {
+            match self.sock.read(&mut self.rbuf[self.rend..]) {
+                Ok(0) => {
+                    tracing::debug!(peer = %self.peer, "peer closed the connection");
+                    self.close();
+                    return got_any;
+                }
+                Ok(n) => {
+                    self.rend += n;
+                    got_any = true;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::debug!(peer = %self.peer, "read: {e}");
+                    self.close();
+                    return got_any;
+                }
+            }
+        }
+        got_any
+    }
+
+    fn process_input(&mut self, ctx: &mut IoCtx) {
+        loop {
+            if !matches!(self.state, ConnState::AwaitIcReq | ConnState::Ready) {
+                return;
+            }
+            if self.wbuf.len() - self.wpos > MAX_PENDING_OUTPUT {
+                return;
+            }
+            let buf = std::mem::take(&mut self.rbuf);
+            let res = pdu::parse(&buf[self.rstart..self.rend], self.digests, self.limits);
+            let consumed = match res {
+                Ok(None) => {
+                    self.rbuf = buf;
+                    return;
+                }
+                Ok(Some((p, n))) => {
+                    self.handle_pdu(p, &buf[self.rstart..self.rstart + n], ctx);
+                    n
+                }
+                Err(e) => {
+                    let end = (self.rstart + pdu::TERM_REQ_MAX_DATA).min(self.rend);
+                    let offending = buf[self.rstart..end].to_vec();
+                    self.rbuf = buf;
+                    self.terminate(e, &offending);
+                    return;
+                }
+            };
+            self.rbuf = buf;
+            self.rstart += consumed;
+        }
+    }
+
+    fn handle_pdu(&mut self, p: Pdu, raw: &[u8], ctx: &mut IoCtx) {
+        let seq_err = |reason| PduError {
+            fes: fes::PDU_SEQUENCE_ERROR,
+            fei: 0,
+            reason,
+        };
+        match (self.state, p) {
+            (ConnState::AwaitIcReq, Pdu::ICReq(req)) => {
+                if req.pfv != 0 {
+                    return self.terminate(
+                        PduError {
+                            fes: fes::INVALID_HEADER_FIELD,
+                            fei: 8,
+                            reason: "unsupported PDU format version",
+                        },
+                        raw,
+                    );
+                }
+                if req.hpda > 31 {
+                    return self.terminate(
+                        PduError {
+                            fes: fes::INVALID_HEADER_FIELD,
+                            fei: 10,
+                            reason: "HPDA out of range",
+                        },
+                        raw,
+                    );
+                }
+                self.hpda_align = if req.hpda == 0 { 0 } else { (req.hpda as usize + 1) * 4 };
+                // Tell the host our limit before switching digests on for us.
+                pdu::encode_icresp(
+                    &mut self.wbuf,
+                    &ICResp {
+                        pfv: 0,
+                        cpda: 0,
+                        digests: req.digests,
+                        maxh2cdata: self.target.limits.max_h2c_data,
+                    },
+                );
+                self.digests = req.digests;
+                self.set_state(ConnState::Ready);
+            }
+            (ConnState::AwaitIcReq, _) => self.terminate(seq_err("expected ICReq first"), raw),
+            (_, Pdu::ICReq(_)) => self.terminate(seq_err("second ICReq"), raw),
+            (_, Pdu::TermReq { fes, fei, .. }) => {
+                tracing::warn!(peer = %self.peer, fes, fei, "host terminated the connection");
+                self.close();
+            }
+            (_, Pdu::CapsuleCmd { sqe, data, data_digest_error }) => {
+                self.on_command(sqe, data, data_digest_error, raw, ctx)
+            }
+            (_, Pdu::H2CData { hdr, data, data_digest_error, .. }) => {
+                self.on_h2c_data(hdr, data, data_digest_error, raw, ctx)
+            }
+            (_, Pdu::ICResp(_) | Pdu::CapsuleResp(_) | Pdu::C2HData { .. } | Pdu::R2T(_)) => self.terminate(
+                PduError {
+                    fes: fes::INVALID_HEADER_FIELD,
+                    fei: 0,
+                    reason: "controller-to-host PDU sent by the host",
+                },
+                raw,
+            ),
+        }
+    }
+
+    fn alloc_slot(&mut self, req: Request) -> Option<u16> {
+        let limit = self.sqsize as usize + 1;
+        match self.free_slots.pop() {
+            Some(i) => {
+                self.slots[i as usize] = Some(req);
+                Some(i)
+            }
+            None if self.slots.len() < limit => {
+                self.slots.push(Some(req));
+                Some((self.slots.len() - 1) as u16)
+            }
+            None => None,
+        }
+    }
+
+    fn advance_sq_head(&mut self) {
+        self.sq_head = if self.sq_head >= self.sqsize { 0 } else { self.sq_head + 1 };
+    }
+
+    /// Sends a CapsuleResp for a command that never got a slot.
+    fn respond_now(&mut self, cid: u16, status: Status, result: u64) {
+        let cqe = self.cqe(cid, status, result);
+        pdu::encode_capsule_resp(&mut self.wbuf, &cqe, self.digests);
+    }
+
+    fn cqe(&self, cid: u16, status: Status, result: u64) -> Cqe {
+        Cqe {
+            result,
+            sq_head: if self.sqflow_disabled { 0xFFFF } else { self.sq_head },
+            sq_id: self.qid(),
+            cid,
+            status: status.to_field(),
+        }
+    }
+
+    fn on_command(&mut self, sqe: Sqe, data: &[u8], data_error: bool, raw: &[u8], ctx: &mut IoCtx) {
+        let cid = sqe.cid();
+        self.advance_sq_head();
+        if !self.cids.insert(cid) {
+            // The host reused an outstanding CID: answer without disturbing the
+            // command that owns it.
+            tracing::warn!(peer = %self.peer, cid, "command id conflict");
+            return self.respond_now(cid, Status::CID_CONFLICT, 0);
+        }
+        let req = Request {
+            sqe,
+            state: ReqState::Executing,
+            buf: None,
+            reply: None,
+            h2c_len: 0,
+            h2c_received: 0,
+            r2t_off: 0,
+            r2t_len: 0,
+            plan: None,
+            ns: None,
+            pending_ops: 0,
+            status: Status::SUCCESS,
+            data_error,
+        };
+        let Some(slot) = self.alloc_slot(req) else {
+            self.cids.remove(cid);
+            return self.terminate(
+                PduError {
+                    fes: fes::PDU_SEQUENCE_ERROR,
+                    fei: 0,
+                    reason: "more commands outstanding than the queue size",
+                },
+                raw,
+            );
+        };
+        if let Err(status) = self.start_command(slot, data, ctx) {
+            self.finish(slot, status, 0, ctx);
+        }
+    }
+
+    /// Validates the command and its data descriptor, takes in-capsule data or
+    /// starts R2T, and executes once the data is complete.
+    fn start_command(&mut self, slot: u16, data: &[u8], ctx: &mut IoCtx) -> Result<(), Status> {
+        let Some(req) = self.slots[slot as usize].as_ref() else {
+            return Err(Status::INTERNAL_ERROR);
+        };
+        let sqe = req.sqe;
+        let is_fabrics = sqe.opcode() == admin_opc::FABRICS;
+        if self.binding.is_none() && !(is_fabrics && sqe.fctype() == fctype::CONNECT) {
+            return Err(Status::COMMAND_SEQUENCE_ERROR);
+        }
+        if sqe.fuse() != 0 {
+            return Err(Status::INVALID_FIELD);
+        }
+        // I/O commands are checked before any data moves, so a bad write never
+        // costs an R2T round trip.
+        if !self.is_admin() && !is_fabrics {
+            let ns = self.namespaces.iter().find(|n| n.nsid == sqe.nsid()).cloned();
+            let plan = tio::plan(ns.as_deref(), &sqe, self.target.limits.max_io_size)?;
+            if let Some(r) = self.slots[slot as usize].as_mut() {
+                r.plan = Some(plan);
+                r.ns = ns;
+            }
+        }
+        let sgl = sqe.sgl();
+        match DataDirection::of(&sqe) {
+            DataDirection::None => {}
+            DataDirection::Bidirectional => return Err(Status::INVALID_FIELD),
+            DataDirection::ControllerToHost => {
+                if sgl.length > 0 && sgl.type_byte != SglDescriptor::TRANSPORT {
+                    return Err(Status::SGL_DESCRIPTOR_TYPE_INVALID);
+                }
+                if !data.is_empty() {
+                    return Err(Status::INVALID_FIELD);
+                }
+                if sgl.length > self.target.limits.max_io_size.max(ADMIN_IN_CAPSULE_DATA) {
+                    return Err(Status::DATA_SGL_LENGTH_INVALID);
+                }
+            }
+            DataDirection::HostToController => {
+                let len = sgl.length as usize;
+                if len > 0 {
+                    match sgl.type_byte {
+                        SglDescriptor::IN_CAPSULE => {
+                            let icd_limit = if self.is_admin() {
+                                ADMIN_IN_CAPSULE_DATA
+                            } else {
+                                self.target.limits.in_capsule_data
+                            };
+                            if sgl.address != 0 {
+                                return Err(Status::SGL_OFFSET_INVALID);
+                            }
+                            if len > icd_limit as usize || data.len() != len {
+                                return Err(Status::DATA_SGL_LENGTH_INVALID);
+                            }
+                            let mut b = ctx.bufs.get(len);
+                            b.copy_from_slice(data);
+                            if let Some(r) = self.slots[slot as usize].as_mut() {
+                                r.buf = Some(b);
+                                r.h2c_len = len;
+                                r.h2c_received = len;
+                            }
+                        }
+                        SglDescriptor::TRANSPORT => {
+                            if !data.is_empty() {
+                                return Err(Status::INVALID_FIELD);
+                            }
+                            if len > self.target.limits.max_io_size as usize {
+                                return Err(Status::DATA_SGL_LENGTH_INVALID);
+                            }
+                            let b = ctx.bufs.get(len);
+                            if let Some(r) = self.slots[slot as usize].as_mut() {
+                                r.buf = Some(b);
+                                r.h2c_len = len;
+                                r.state = ReqState::AwaitingR2tSlot;
+                            }
+                            self.r2t_waiting.push_back(slot);
+                            self.issue_r2ts();
+                            return Ok(());
+                        }
+                        _ => return Err(Status::SGL_DESCRIPTOR_TYPE_INVALID),
+                    }
+                }
+            }
+        }
+        self.execute(slot, ctx)
+    }
+
+    /// Starts R2T transfers for waiting writes while under the limit.
+    fn issue_r2ts(&mut self) {
+        while self.r2t_active < self.max_r2t_active {
+            let Some(slot) = self.r2t_waiting.pop_front() else {
+                return;
+            };
+            self.r2t_active += 1;
+            self.send_next_r2t(slot);
+        }
+    }
+
+    fn send_next_r2t(&mut self, slot: u16) {
+        let max = self.target.limits.max_r2t_len as usize;
+        let Some(r) = self.slots[slot as usize].as_mut() else {
+            return;
+        };
+        r.state = ReqState::AwaitingData;
+        r.r2t_off = r.h2c_received;
+        r.r2t_len = (r.h2c_len - r.h2c_received).min(max);
+        let hdr = DataHeader {
+            cccid: r.sqe.cid(),
+            ttag: slot,
+            offset: r.r2t_off as u32,
+            length: r.r2t_len as u32,
+        };
+        pdu::encode_r2t(&mut self.wbuf, &hdr, self.digests);
+    }
+
+    fn on_h2c_data(&mut self, hdr: DataHeader, data: &[u8], digest_error: bool, raw: &[u8], ctx: &mut IoCtx) {
+        let slot = hdr.ttag;
+        let ok = match self.slots.get(slot as usize).and_then(|s| s.as_ref()) {
+            Some(r) => r.state == ReqState::AwaitingData && r.sqe.cid() == hdr.cccid,
+            None => false,
+        };
+        if !ok {
+            return self.terminate(
+                PduError {
+                    fes: fes::INVALID_HEADER_FIELD,
+                    fei: 10,
+                    reason: "H2CData for no outstanding R2T",
+                },
+                raw,
+            );
+        }
+        if data.len() > self.target.limits.max_h2c_data as usize {
+            return self.terminate(
+                PduError {
+                    fes: fes::DATA_LIMIT_EXCEEDED,
+                    fei: 16,
+                    reason: "H2CData larger than MAXH2CDATA",
+                },
+                raw,
+            );
+        }
+        let Some(r) = self.slots[slot as usize].as_mut() else {
+            return;
+        };
+        let off = hdr.offset as usize;
+        // Data must arrive in order within the current R2T window.
+        if off != r.h2c_received || off + data.len() > r.r2t_off + r.r2t_len {
+            return self.terminate(
+                PduError {
+                    fes: fes::DATA_OUT_OF_RANGE,
+                    fei: 12,
+                    reason: "H2CData outside the R2T window",
+                },
+                raw,
+            );
+        }
+        if let Some(b) = r.buf.as_mut() {
+            b[off..off + data.len()].copy_from_slice(data);
+        }
+        r.h2c_received += data.len();
+        r.data_error |= digest_error;
+        if r.h2c_received < r.r2t_off + r.r2t_len {
+            return;
+        }
+        if r.h2c_received < r.h2c_len {
+            return self.send_next_r2t(slot);
+        }
+        r.state = ReqState::Executing;
+        self.r2t_active -= 1;
+        self.issue_r2ts();
+        if let Err(status) = self.execute(slot, ctx) {
+            self.finish(slot, status, 0, ctx);
+        }
+    }
+
+    /// Runs a command whose data is complete.
+    fn execute(&mut self, slot: u16, ctx: &mut IoCtx) -> Result<(), Status> {
+        let Some(req) = self.slots[slot as usize].as_mut() else {
+            return Err(Status::INTERNAL_ERROR);
+        };
+        if req.data_error {
+            return Err(TRANSIENT_TRANSPORT_ERROR);
+        }
+        let sqe = req.sqe;
+        if sqe.opcode() == admin_opc::FABRICS {
+            return self.execute_fabrics(slot, &sqe, ctx);
+        }
+        let Some(binding) = self.binding.clone() else {
+            return Err(Status::COMMAND_SEQUENCE_ERROR);
+        };
+        let ctrl = binding.ctrl().clone();
+        if binding.qid() == 0 {
+            if !ctrl.is_ready() && !matches!(sqe.opcode(), admin_opc::KEEP_ALIVE) {
+                return Err(Status::COMMAND_SEQUENCE_ERROR);
+            }
+            match admin::execute(&self.target, &ctrl, &sqe, self.aers.len()) {
+                AdminOutcome::AsyncEventHeld => {
+                    // Held without a slot: it completes only when an event fires.
+                    self.free_slot(slot, ctx);
+                    self.aers.push(sqe.cid());
+                    Ok(())
+                }
+                AdminOutcome::Done { status, result, data } => {
+                    if let Some(d) = data {
+                        let want = sqe.sgl().length as usize;
+                        let mut d = d;
+                        d.truncate(want);
+                        if let Some(r) = self.slots[slot as usize].as_mut() {
+                            r.reply = Some(d);
+                        }
+                    }
+                    self.finish(slot, status, result as u64, ctx);
+                    Ok(())
+                }
+            }
+        } else {
+            self.execute_io(slot, ctx)
+        }
+    }
+
+    fn execute_fabrics(&mut self, slot: u16, sqe: &Sqe, ctx: &mut IoCtx) -> Result<(), Status> {
+        match sqe.fctype() {
+            fctype::CONNECT => {
+                if self.binding.is_some() {
+                    return Err(Status::COMMAND_SEQUENCE_ERROR);
+                }
+                let cmd = ConnectCommand::parse(sqe);
+                let data = self.slots[slot as usize]
+                    .as_ref()
+                    .and_then(|r| r.buf.as_ref())
+                    .and_then(|b| ConnectData::parse(&b[..b.len().min(CONNECT_DATA_LEN)]));
+                let Some(data) = data else {
+                    return Err(Status::DATA_SGL_LENGTH_INVALID);
+                };
+                if self.discovery_only && data.subnqn != crate::wire::nvme::DISCOVERY_NQN {
+                    tracing::warn!(peer = %self.peer, subnqn = %data.subnqn, "connect to an NVM subsystem on the discovery port refused");
+                    self.finish(slot, Status::CONNECT_INVALID_PARAMETERS, (256 | 1 << 16) as u64, ctx);
+                    return Ok(());
+                }
+                match fabrics::connect(&self.target, &cmd, &data, &self.peer) {
+                    Ok(binding) => {
+                        let ctrl = binding.ctrl().clone();
+                        self.sqsize = cmd.sqsize;
+                        self.sq_head = 0;
+                        self.sqflow_disabled = cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0;
+                        self.namespaces = ctrl.subsys.namespace_snapshot();
+                        if binding.qid() == 0 {
+                            tracing::info!(
+                                cntlid = ctrl.cntlid,
+                                host = %data.hostnqn,
+                                subnqn = %data.subnqn,
+                                peer = %self.peer,
+                                kato_ms = cmd.kato,
+                                "controller created"
+                            );
+                        } else {
+                            tracing::debug!(cntlid = ctrl.cntlid, qid = binding.qid(), sqsize = cmd.sqsize, "I/O queue connected");
+                        }
+                        self.binding = Some(binding);
+                        self.finish(slot, Status::SUCCESS, ctrl.cntlid as u64, ctx);
+                    }
+                    Err(refusal) => {
+                        tracing::warn!(
+                            peer = %self.peer,
+                            host = %data.hostnqn,
+                            subnqn = %data.subnqn,
+                            qid = cmd.qid,
+                            "connect refused: {}",
+                            refusal.reason
+                        );
+                        self.finish(slot, refusal.status, refusal.result as u64, ctx);
+                    }
+                }
+                Ok(())
+            }
+            fctype::PROPERTY_GET | fctype::PROPERTY_SET => {
+                let Some(QueueBinding::Admin(ctrl)) = self.binding.clone() else {
+                    return Err(Status::INVALID_OPCODE);
+                };
+                let p = PropertyCommand::parse(sqe);
+                ctrl.keep_alive();
+                if sqe.fctype() == fctype::PROPERTY_GET {
+                    let cap = admin::cap(&self.target, &ctrl);
+                    let v = ctrl.get_property(p.offset, cap)?;
+                    self.finish(slot, Status::SUCCESS, v, ctx);
+                } else {
+                    ctrl.set_property(p.offset, p.value)?;
+                    self.finish(slot, Status::SUCCESS, 0, ctx);
+                }
+                Ok(())
+            }
+            fctype::DISCONNECT => {
+                // Only meaningful on I/O queues: answer, then close once sent.
+                if self.qid() == 0 {
+                    return Err(Status::INVALID_FIELD);
+                }
+                self.finish(slot, Status::SUCCESS, 0, ctx);
+                self.set_state(ConnState::Terminating);
+                Ok(())
+            }
+            _ => Err(Status::INVALID_OPCODE),
+        }
+    }
+
+    fn execute_io(&mut self, slot: u16, ctx: &mut IoCtx) -> Result<(), Status> {
+        let tag = ctx.tag(slot);
+        let Some(req) = self.slots[slot as usize].as_mut() else {
+            return Err(Status::INTERNAL_ERROR);
+        };
+        let Some(plan) = req.plan else {
+            return Err(Status::INTERNAL_ERROR);
+        };
+        let ns = req.ns.clone();
+        let mut ops: Vec<(Arc<Namespace>, IoOp)> = Vec::new();
+        match plan {
+            IoPlan::Nothing => {
+                self.finish(slot, Status::SUCCESS, 0, ctx);
+                return Ok(());
+            }
+            IoPlan::Read { offset, len } => {
+                let ns = ns.ok_or(Status::INVALID_NAMESPACE)?;
+                let buf = ctx.bufs.get(len);
+                ops.push((ns, IoOp::Read { offset, buf }));
+            }
+            IoPlan::Write { offset, len, fua } => {
+                let ns = ns.ok_or(Status::INVALID_NAMESPACE)?;
+                let mut buf = req.buf.take().ok_or(Status::DATA_TRANSFER_ERROR)?;
+                buf.set_len(len);
+                ops.push((ns, IoOp::Write { offset, buf, fua }));
+            }
+            IoPlan::Flush { all } => {
+                if all {
+                    for n in &self.namespaces {
+                        ops.push((n.clone(), IoOp::Flush));
+                    }
+                } else {
+                    ops.push((ns.ok_or(Status::INVALID_NAMESPACE)?, IoOp::Flush));
+                }
+            }
+            IoPlan::WriteZeroes { offset, len, deallocate } => {
+                let ns = ns.ok_or(Status::INVALID_NAMESPACE)?;
+                ops.push((
+                    ns,
+                    if deallocate {
+                        IoOp::Deallocate { offset, len }
+                    } else {
+                        IoOp::WriteZeroes { offset, len }
+                    },
+                ));
+            }
+            IoPlan::Deallocate { ranges } => {
+                let ns = ns.ok_or(Status::INVALID_NAMESPACE)?;
+                let data = req.buf.take().ok_or(Status::DATA_TRANSFER_ERROR)?;
+                let r = tio::dsm_ranges(&ns, &data, ranges);
+                ctx.bufs.put(data);
+                for (offset, len) in r? {
+                    ops.push((ns.clone(), IoOp::Deallocate { offset, len }));
+                }
+            }
+        }
+        if ops.is_empty() {
+            self.finish(slot, Status::SUCCESS, 0, ctx);
+            return Ok(());
+        }
+        let mut submitted = 0u32;
+        let mut failure = None;
+        for (ns, op) in ops {
+            let ch = match ctx.channels.get(&ns) {
+                Ok(ch) => ch,
+                Err(_) => {
+                    if let Some(b) = op.into_buf() {
+                        ctx.bufs.put(b);
+                    }
+                    failure = Some(Status::INTERNAL_ERROR);
+                    break;
+                }
+            };
+            match ch.submit(tag, op) {
+                Ok(()) => submitted += 1,
+                Err((op, errno)) => {
+                    tracing::warn!(nsid = ns.nsid, "device submit failed: errno {errno}");
+                    if let Some(b) = op.into_buf() {
+                        ctx.bufs.put(b);
+                    }
+                    failure = Some(Status::INTERNAL_ERROR);
+                    break;
+                }
+            }
+        }
+        self.dev_ops += submitted as usize;
+        if let Some(r) = self.slots[slot as usize].as_mut() {
+            r.pending_ops = submitted;
+            r.state = ReqState::Executing;
+            if let Some(f) = failure {
+                r.status = f;
+            }
+        }
+        if submitted == 0 {
+            return Err(failure.unwrap_or(Status::INTERNAL_ERROR));
+        }
+        Ok(())
+    }
+
+    fn free_slot(&mut self, slot: u16, ctx: &mut IoCtx) {
+        if let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.take()) {
+            if let Some(b) = r.buf {
+                ctx.bufs.put(b);
+            }
+            self.free_slots.push(slot);
+        }
+    }
+
+    /// Completes a command: data (if any, on success) and the response.
+    fn finish(&mut self, slot: u16, status: Status, result: u64, ctx: &mut IoCtx) {
+        let Some(mut r) = self.slots.get_mut(slot as usize).and_then(|s| s.take()) else {
+            return;
+        };
+        self.free_slots.push(slot);
+        let cid = r.sqe.cid();
+        self.cids.remove(cid);
+        if r.state == ReqState::AwaitingData || r.state == ReqState::AwaitingR2tSlot {
+            // Failed before its data arrived (e.g. shutdown): release the R2T slot.
+            if r.state == ReqState::AwaitingData {
+                self.r2t_active = self.r2t_active.saturating_sub(1);
+            }
+            self.r2t_waiting.retain(|&s| s != slot);
+        }
+        let status = if r.status.is_success() { status } else { r.status };
+        if let Some(b) = self.binding.as_ref() {
+            let ctrl = b.ctrl();
+            if !status.is_success() {
+                let lba = if r.plan.is_some() { r.sqe.slba() } else { 0 };
+                ctrl.record_error(self.qid(), cid, status, r.sqe.nsid(), lba);
+                if status.sct == 2 {
+                    ctrl.counters.media_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            } else {
+                match r.plan {
+                    Some(IoPlan::Read { len, .. }) => {
+                        ctrl.counters.read_cmds.fetch_add(1, Ordering::Relaxed);
+                        ctrl.counters.read_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                    }
+                    Some(IoPlan::Write { len, .. }) => {
+                        ctrl.counters.write_cmds.fetch_add(1, Ordering::Relaxed);
+                        ctrl.counters.write_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let c2h: Option<&[u8]> = if !status.is_success() {
+            None
+        } else if let Some(d) = r.reply.as_deref() {
+            Some(d)
+        } else if matches!(r.plan, Some(IoPlan::Read { .. })) {
+            r.buf.as_deref()
+        } else {
+            None
+        };
+        let mut sent_success = false;
+        if let Some(data) = c2h.filter(|d| !d.is_empty()) {
+            // SUCCESS skips the CapsuleResp and its SQ head update; hosts over TCP
+            // do not use SQ head (SPDK sends SUCCESS the same way).
+            let success = self.target.limits.c2h_success;
+            let mut flags = pdu::flags::LAST_PDU;
+            if success {
+                flags |= pdu::flags::SUCCESS;
+            }
+            let hdr = DataHeader {
+                cccid: cid,
+                ttag: 0,
+                offset: 0,
+                length: data.len() as u32,
+            };
+            pdu::encode_data_pdu(&mut self.wbuf, false, &hdr, data, flags, self.digests, self.hpda_align);
+            sent_success = success;
+        }
+        if !sent_success {
+            let cqe = self.cqe(cid, status, result);
+            pdu::encode_capsule_resp(&mut self.wbuf, &cqe, self.digests);
+        }
+        if let Some(b) = r.buf.take() {
+            ctx.bufs.put(b);
+        }
+    }
+}
+
+impl QueuePair for TcpConnection {
+    fn fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    fn on_readable(&mut self, ctx: &mut IoCtx) {
+        if !matches!(self.state, ConnState::AwaitIcReq | ConnState::Ready) {
+            // Drain and discard: a terminated connection reads nothing more.
+            let mut sink = [0u8; 4096];
+            loop {
+                match self.sock.read(&mut sink) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+            return;
+        }
+        self.read_socket();
+        self.process_input(ctx);
+    }
+
+    fn on_io_complete(&mut self, slot: u16, result: Result<(), i32>, buf: Option<IoBuf>, ctx: &mut IoCtx) {
+        self.dev_ops = self.dev_ops.saturating_sub(1);
+        let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.as_mut()) else {
+            if let Some(b) = buf {
+                ctx.bufs.put(b);
+            }
+            return;
+        };
+        if let Err(errno) = result {
+            tracing::warn!(cid = r.sqe.cid(), op = r.sqe.opcode(), "device error: errno {errno}");
+            r.status = match r.plan {
+                Some(IoPlan::Read { .. }) => Status::UNRECOVERED_READ_ERROR,
+                Some(IoPlan::Write { .. }) => Status::WRITE_FAULT,
+                _ => Status::INTERNAL_ERROR,
+            };
+        }
+        // Reads keep their buffer to send; writes give it back.
+        if matches!(r.plan, Some(IoPlan::Read { .. })) {
+            r.buf = buf;
+        } else if let Some(b) = buf {
+            ctx.bufs.put(b);
+        }
+        r.pending_ops = r.pending_ops.saturating_sub(1);
+        if r.pending_ops == 0 {
+            if self.state == ConnState::Closed {
+                self.free_slot(slot, ctx);
+            } else {
+                self.finish(slot, Status::SUCCESS, 0, ctx);
+            }
+        }
+    }
+
+    fn flush(&mut self) -> bool {
+        while self.wpos < self.wbuf.len() {
+            if self.state == ConnState::Closed {
+                self.wbuf.clear();
+                self.wpos = 0;
+                break;
+            }
+            match self.sock.write(&self.wbuf[self.wpos..]) {
+                Ok(0) => {
+                    self.close();
+                    break;
+                }
+                Ok(n) => self.wpos += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::debug!(peer = %self.peer, "write: {e}");
+                    self.close();
+                    break;
+                }
+            }
+        }
+        if self.wpos == self.wbuf.len() {
+            self.wbuf.clear();
+            self.wpos = 0;
+            if self.state == ConnState::Terminating {
+                self.close();
+            }
+        }
+        self.wpos < self.wbuf.len()
+    }
+
+    fn housekeeping(&mut self, ctx: &mut IoCtx) {
+        match self.state {
+            ConnState::AwaitIcReq if self.state_since.elapsed() > IC_TIMEOUT => {
+                tracing::warn!(peer = %self.peer, "no ICReq within {IC_TIMEOUT:?}; closing");
+                self.close();
+            }
+            ConnState::Terminating if self.state_since.elapsed() > TERMINATE_LINGER => self.close(),
+            _ => {}
+        }
+        if let Some(b) = self.binding.clone() {
+            let ctrl = b.ctrl();
+            if b.qid() == 0 && !ctrl.is_failed() && ctrl.keep_alive_expired() {
+                tracing::warn!(
+                    cntlid = ctrl.cntlid,
+                    host = %ctrl.hostnqn,
+                    peer = %self.peer,
+                    kato_ms = ctrl.kato_ms.load(Ordering::Relaxed),
+                    "keep-alive timeout: tearing the controller down"
+                );
+                ctrl.fail();
+            }
+            if ctrl.is_failed() {
+                self.close();
+            }
+        }
+        if self.shutting_down
+            && self.dev_ops == 0
+            && matches!(self.state, ConnState::AwaitIcReq | ConnState::Ready)
+        {
+            // Answers already queued go out first; `flush` closes after them.
+            self.set_state(ConnState::Terminating);
+        }
+        // Input may be waiting behind back-pressure that has now cleared.
+        if self.state == ConnState::Ready && self.rstart < self.rend {
+            self.process_input(ctx);
+        }
+    }
+
+    fn begin_shutdown(&mut self) {
+        // In-flight device I/O completes and is answered; then the connection
+        // closes (housekeeping), and the host reconnects after the restart.
+        self.shutting_down = true;
+        if self.dev_ops == 0 {
+            self.set_state(ConnState::Terminating);
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.state == ConnState::Closed && self.dev_ops == 0
+    }
+
+    fn describe(&self) -> String {
+        format!("nvme/tcp {} qid {}", self.peer, self.qid())
+    }
+}
+
+impl Drop for TcpConnection {
+    fn drop(&mut self) {
+        if let Some(b) = self.binding.take() {
+            fabrics::disconnect(&b);
+        }
+    }
+}
