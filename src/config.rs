@@ -305,7 +305,7 @@ impl Config {
             if addrs[..i].contains(a) {
                 return Err(format!("listeners[{i}]: {a} is listed twice"));
             }
-            if Some(a.port()) == self.discovery.port {
+            if a.port() != 0 && Some(a.port()) == self.discovery.port {
                 return Err(format!(
                     "discovery.port: {} is also listeners[{i}].port",
                     a.port()

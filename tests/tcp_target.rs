@@ -1,0 +1,477 @@
+//! Integration tests: the real target in-process on loopback, driven by the in-repo
+//! NVMe/TCP initiator over real sockets and real files.
+
+use kvtarget::config::Config;
+use kvtarget::initiator::{Error, HostController, HostOptions, QueueConn};
+use kvtarget::server::Server;
+use kvtarget::wire::nvme::{self, io_opc, Sqe, Status};
+use kvtarget::wire::tcp::{self as pdu, fes, Digests};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+const NQN: &str = "nqn.2026-11.io.kvtarget:test";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6b767461-7267-6574-0000-000000000001";
+
+struct Harness {
+    server: Option<Server>,
+    addr: SocketAddr,
+    disc_addr: Option<SocketAddr>,
+    _dir: tempfile::TempDir,
+    cfg_text: String,
+}
+
+fn config(dir: &std::path::Path, extra_tcp: &str, backend: &str) -> String {
+    let ns = if backend == "ram" {
+        "backend = \"ram\"\nsize = \"64MiB\"".to_string()
+    } else {
+        format!("backend = \"uring\"\npath = \"{}/ns1.img\"\nsize = \"64MiB\"", dir.display())
+    };
+    format!(
+        r#"
+[reactors]
+count = 2
+idle = "adaptive"
+
+[tcp]
+{extra_tcp}
+
+[discovery]
+port = 0
+
+[[listeners]]
+address = "127.0.0.1"
+port = 0
+
+[[subsystems]]
+nqn = "{NQN}"
+serial = "KVTTEST1"
+allow_any_host = false
+hosts = ["{HOST}"]
+
+[[subsystems.namespaces]]
+nsid = 1
+{ns}
+block_size = 512
+
+[[subsystems.namespaces]]
+nsid = 2
+backend = "ram"
+size = "16MiB"
+block_size = 4096
+"#
+    )
+}
+
+impl Harness {
+    fn start_with(extra_tcp: &str, backend: &str) -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let text = config(dir.path(), extra_tcp, backend);
+        let mut h = Harness {
+            server: None,
+            addr: "127.0.0.1:1".parse().unwrap(),
+            disc_addr: None,
+            _dir: dir,
+            cfg_text: text,
+        };
+        h.boot();
+        h
+    }
+
+    fn start() -> Harness {
+        Harness::start_with("", "uring")
+    }
+
+    fn boot(&mut self) {
+        let cfg = Config::parse(&self.cfg_text).unwrap();
+        let s = Server::start(&cfg).unwrap();
+        for &(a, d) in s.listen_addrs() {
+            if d {
+                self.disc_addr = Some(a);
+            } else {
+                self.addr = a;
+            }
+        }
+        self.server = Some(s);
+    }
+
+    fn restart(&mut self) {
+        if let Some(s) = self.server.take() {
+            s.shutdown();
+        }
+        // Same port: rebinding keeps hosts' addresses valid.
+        self.cfg_text = self.cfg_text.replacen("port = 0\n\n[[subsystems]]", &format!("port = {}\n\n[[subsystems]]", self.addr.port()), 1);
+        self.boot();
+    }
+
+    fn opts(&self) -> HostOptions {
+        let mut o = HostOptions::new(self.addr, NQN);
+        o.hostnqn = HOST.into();
+        o
+    }
+
+    fn host(&self) -> HostController {
+        HostController::connect(&self.opts()).unwrap()
+    }
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn discovery_lists_allowed_subsystems_on_both_ports() {
+    let h = Harness::start();
+    for addr in [h.addr, h.disc_addr.unwrap()] {
+        let mut o = HostOptions::new(addr, nvme::DISCOVERY_NQN);
+        o.hostnqn = HOST.into();
+        let mut d = HostController::connect(&o).unwrap();
+        assert_eq!(d.id.cntrltype, 2);
+        let log = d.discovery_log().unwrap();
+        let nvm: Vec<_> = log.iter().filter(|e| e.subtype == nvme::subtype::NVME).collect();
+        assert_eq!(nvm.len(), 1, "{log:?}");
+        assert_eq!(nvm[0].subnqn, NQN);
+        assert_eq!(nvm[0].trsvcid, h.addr.port().to_string());
+        assert_eq!(nvm[0].traddr, "127.0.0.1");
+        assert_eq!(nvm[0].trtype, nvme::trtype::TCP);
+        assert!(log.iter().any(|e| e.subtype == nvme::subtype::CURRENT_DISCOVERY));
+        d.keep_alive().unwrap();
+    }
+    // A host that may not connect does not see the subsystem.
+    let mut o = HostOptions::new(h.addr, nvme::DISCOVERY_NQN);
+    o.hostnqn = "nqn.2026-11.io.kvtarget:stranger".into();
+    let mut d = HostController::connect(&o).unwrap();
+    assert!(d.discovery_log().unwrap().iter().all(|e| e.subnqn != NQN));
+    // The discovery port serves discovery only.
+    let mut o = h.opts();
+    o.addr = h.disc_addr.unwrap();
+    match HostController::connect(&o) {
+        Err(Error::Status(s, _)) => assert_eq!(s, Status::CONNECT_INVALID_PARAMETERS),
+        other => panic!("expected refusal, got {:?}", other.map(|_| ())),
+    }
+}
+
+#[test]
+fn identify_and_logs() {
+    let h = Harness::start();
+    let mut c = h.host();
+    assert_eq!(c.id.subnqn, NQN);
+    assert_eq!(c.id.serial, "KVTTEST1");
+    assert_eq!(c.id.cntrltype, 1);
+    assert!(c.id.kas > 0);
+    assert_eq!(c.id.icdoff, 0);
+    assert_eq!(c.active_namespaces().unwrap(), vec![1, 2]);
+    let ns1 = c.identify_namespace(1).unwrap();
+    assert_eq!(ns1.nsze, (64 << 20) / 512);
+    assert_eq!(ns1.lbads, 9);
+    assert_eq!(ns1.dlfeat & 0x7, 1);
+    let ns2 = c.identify_namespace(2).unwrap();
+    assert_eq!(ns2.lbads, 12);
+    assert_ne!(ns1.nguid, ns2.nguid);
+    let smart = c.get_log_page(nvme::lid::SMART_HEALTH, 0xFFFF_FFFF, 512, 0).unwrap();
+    assert_eq!(nvme::SmartLog::decode(&smart).available_spare, 100);
+    let err = c.get_log_page(nvme::lid::ERROR_INFO, 0, 4096, 0).unwrap();
+    assert_eq!(err.len(), 4096);
+    assert_eq!(c.set_queue_count(4).unwrap(), 4);
+    // Unknown admin opcode.
+    let r = c.admin.execute(Sqe::new(0xC1, 0, 0), None, 0).unwrap();
+    assert_eq!(r.status(), Status::INVALID_OPCODE);
+    c.shutdown().unwrap();
+}
+
+#[test]
+fn read_write_verify_many_outstanding_on_four_queues() {
+    let h = Harness::start();
+    let mut c = h.host();
+    assert_eq!(c.set_queue_count(4).unwrap(), 4);
+    let queues: Vec<_> = (1..=4).map(|q| c.io_queue(q).unwrap()).collect();
+    let threads: Vec<_> = queues
+        .into_iter()
+        .enumerate()
+        .map(|(qi, mut q)| {
+            std::thread::spawn(move || {
+                // 64 outstanding 4 KiB writes, then 64 outstanding reads, verified.
+                let base = qi as u64 * 8192;
+                let mut cids = Vec::new();
+                for i in 0..64u64 {
+                    let data = pattern(base + i, 4096);
+                    cids.push(q.submit_write(1, base + i * 8, data, 512, false).unwrap());
+                }
+                assert!(q.q.in_flight() > 0);
+                for _ in 0..64 {
+                    q.q.wait_any().unwrap().ok().unwrap();
+                }
+                let mut reads = std::collections::HashMap::new();
+                for i in 0..64u64 {
+                    reads.insert(q.submit_read(1, base + i * 8, 8, 512).unwrap(), i);
+                }
+                for _ in 0..64 {
+                    let c = q.q.wait_any().unwrap().ok().unwrap();
+                    let i = reads[&c.cqe.cid];
+                    assert_eq!(c.data, pattern(base + i, 4096), "queue {qi} block {i}");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    c.keep_alive().unwrap();
+}
+
+#[test]
+fn io_errors_have_precise_statuses() {
+    let h = Harness::start();
+    let mut c = h.host();
+    c.set_queue_count(1).unwrap();
+    let mut q = c.io_queue(1).unwrap();
+    let r = q.q.execute(Sqe::new(0x55, 0, 1), None, 0).unwrap();
+    assert_eq!(r.status(), Status::INVALID_OPCODE);
+    let r = q.q.execute(Sqe::new(io_opc::FLUSH, 0, 9), None, 0).unwrap();
+    assert_eq!(r.status(), Status::INVALID_NAMESPACE);
+    match q.read(1, (64 << 20) / 512 - 1, 2, 512) {
+        Err(Error::Status(s, _)) => assert_eq!(s, Status::LBA_OUT_OF_RANGE),
+        other => panic!("{other:?}"),
+    }
+    // A write beyond the end is refused before any data moves (no R2T).
+    match q.write(1, (64 << 20) / 512, vec![0; 1 << 20], 512) {
+        Err(Error::Status(s, _)) => assert_eq!(s, Status::LBA_OUT_OF_RANGE),
+        other => panic!("{other:?}"),
+    }
+    // Errors land in the error log, newest first.
+    let log = c.get_log_page(nvme::lid::ERROR_INFO, 0, 64, 0).unwrap();
+    let e = nvme::ErrorLogEntry::decode(&log);
+    assert!(e.error_count >= 4);
+    assert_eq!(Status::from_field(e.status), Status::LBA_OUT_OF_RANGE);
+    // The queue still works.
+    q.write(1, 0, pattern(1, 512), 512).unwrap();
+    assert_eq!(q.read(1, 0, 1, 512).unwrap(), pattern(1, 512));
+}
+
+fn large_transfers(digests: Digests) {
+    // Small R2T and H2C limits force several R2Ts and several H2CData per R2T.
+    let h = Harness::start_with("max_r2t_length = \"256KiB\"\nmax_h2c_data = \"64KiB\"", "uring");
+    let mut o = h.opts();
+    o.digests = digests;
+    let mut c = HostController::connect(&o).unwrap();
+    c.set_queue_count(2).unwrap();
+    let mut q = c.io_queue(1).unwrap();
+    assert_eq!(q.q.maxh2cdata, 64 << 10);
+    let mut cids = Vec::new();
+    for i in 0..4u64 {
+        cids.push(q.submit_write(1, i * 2048, pattern(i + 100, 1 << 20), 512, i == 3).unwrap());
+    }
+    for cid in cids {
+        q.q.wait_for(cid).unwrap().ok().unwrap();
+    }
+    for i in 0..4u64 {
+        assert_eq!(q.read(1, i * 2048, 2048, 512).unwrap(), pattern(i + 100, 1 << 20));
+    }
+    // In-capsule writes (8 KiB fits) on the 4 KiB namespace.
+    q.write(2, 3, pattern(7, 8192), 4096).unwrap();
+    assert_eq!(q.read(2, 3, 2, 4096).unwrap(), pattern(7, 8192));
+}
+
+#[test]
+fn large_transfers_without_digests() {
+    large_transfers(Digests::default());
+}
+
+#[test]
+fn large_transfers_with_header_and_data_digests() {
+    large_transfers(Digests {
+        header: true,
+        data: true,
+    });
+}
+
+#[test]
+fn flush_write_zeroes_and_deallocate() {
+    let h = Harness::start();
+    let mut c = h.host();
+    c.set_queue_count(1).unwrap();
+    let mut q = c.io_queue(1).unwrap();
+    q.write(1, 0, pattern(3, 64 * 1024), 512).unwrap();
+    q.flush(1).unwrap();
+    q.q.execute(Sqe::new(io_opc::FLUSH, 0, 0xFFFF_FFFF), None, 0).unwrap().ok().unwrap();
+    q.write_zeroes(1, 8, 8, false).unwrap();
+    q.write_zeroes(1, 16, 8, true).unwrap();
+    q.deallocate(1, &[(32, 16), (64, 8)]).unwrap();
+    let got = q.read(1, 0, 128, 512).unwrap();
+    let want = pattern(3, 64 * 1024);
+    for (blk, chunk) in got.chunks(512).enumerate() {
+        let zero = (8..24).contains(&blk) || (32..48).contains(&blk) || (64..72).contains(&blk);
+        if zero {
+            assert!(chunk.iter().all(|&b| b == 0), "block {blk} should read zeros");
+        } else {
+            assert_eq!(chunk, &want[blk * 512..(blk + 1) * 512], "block {blk} kept");
+        }
+    }
+    // Out-of-range deallocate fails, and nothing is changed.
+    assert!(q.deallocate(1, &[(0, 8), ((64 << 20) / 512, 8)]).is_err());
+    assert_eq!(q.read(1, 0, 8, 512).unwrap(), want[..4096].to_vec());
+}
+
+#[test]
+fn keep_alive_expiry_tears_the_controller_down() {
+    let h = Harness::start();
+    let mut o = h.opts();
+    o.kato_ms = 1000;
+    let mut c = HostController::connect(&o).unwrap();
+    c.set_queue_count(1).unwrap();
+    let mut q = c.io_queue(1).unwrap();
+    // Keep-alives keep it up well past KATO.
+    for _ in 0..6 {
+        std::thread::sleep(Duration::from_millis(400));
+        c.keep_alive().unwrap();
+    }
+    q.write(1, 0, pattern(9, 512), 512).unwrap();
+    // Silence: the target drops the admin and the I/O queue.
+    std::thread::sleep(Duration::from_millis(3500));
+    assert!(c.keep_alive().is_err(), "admin queue should be closed");
+    assert!(q.read(1, 0, 1, 512).is_err(), "I/O queue should be closed");
+    // A new association works.
+    let mut c2 = h.host();
+    c2.keep_alive().unwrap();
+}
+
+#[test]
+fn malformed_pdu_terminates_only_that_connection() {
+    let h = Harness::start();
+    let mut c = h.host();
+    c.set_queue_count(2).unwrap();
+    let mut good = c.io_queue(1).unwrap();
+    let mut bad = c.io_queue(2).unwrap();
+    // A CapsuleCmd whose header length is wrong.
+    let mut raw = Vec::new();
+    pdu::encode_capsule_cmd(&mut raw, &Sqe::new(io_opc::READ, 5, 1), &[], Digests::default());
+    raw[2] = 70;
+    bad.q.send_raw(&raw).unwrap();
+    match bad.q.wait_any() {
+        Err(Error::Terminated { fes: f, fei }) => {
+            assert_eq!(f, fes::INVALID_HEADER_FIELD);
+            assert_eq!(fei, 2);
+        }
+        other => panic!("expected C2HTermReq, got {other:?}"),
+    }
+    // Garbage on a fresh connection before ICReq.
+    let mut s = std::net::TcpStream::connect(h.addr).unwrap();
+    use std::io::{Read, Write};
+    s.write_all(&[0xFF; 64]).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = [0u8; 256];
+    let n = s.read(&mut b).unwrap();
+    assert!(n >= 24 && b[0] == pdu::pdu_type::C2H_TERM_REQ, "got {:?}", &b[..n]);
+    // The other queue and the admin queue carry on.
+    good.write(1, 0, pattern(5, 4096), 512).unwrap();
+    assert_eq!(good.read(1, 0, 8, 512).unwrap(), pattern(5, 4096));
+    c.keep_alive().unwrap();
+}
+
+#[test]
+fn wrong_nqn_and_unknown_host_are_refused() {
+    let h = Harness::start();
+    let mut o = h.opts();
+    o.subnqn = "nqn.2026-11.io.kvtarget:nope".into();
+    match HostController::connect(&o) {
+        Err(Error::Status(s, cqe)) => {
+            assert_eq!(s, Status::CONNECT_INVALID_PARAMETERS);
+            assert_eq!(cqe.result as u32, 256 | 1 << 16, "IATTR=1, IPO=subnqn");
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    let mut o = h.opts();
+    o.hostnqn = "nqn.2026-11.io.kvtarget:intruder".into();
+    match HostController::connect(&o) {
+        Err(Error::Status(s, _)) => assert_eq!(s, Status::CONNECT_INVALID_HOST),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    // Commands before Connect are refused, not executed.
+    let mut q = QueueConn::open(h.addr, Digests::default(), Duration::from_secs(5)).unwrap();
+    let r = q.execute(Sqe::new(nvme::admin_opc::IDENTIFY, 0, 0), None, 4096).unwrap();
+    assert_eq!(r.status(), Status::COMMAND_SEQUENCE_ERROR);
+}
+
+#[test]
+fn data_survives_a_target_restart() {
+    let mut h = Harness::start();
+    let data = pattern(42, 256 * 1024);
+    {
+        let mut c = h.host();
+        c.set_queue_count(1).unwrap();
+        let mut q = c.io_queue(1).unwrap();
+        q.write(1, 1000, data.clone(), 512).unwrap();
+        q.flush(1).unwrap();
+    }
+    let port = h.addr.port();
+    h.restart();
+    assert_eq!(h.addr.port(), port);
+    let mut c = h.host();
+    c.set_queue_count(1).unwrap();
+    let mut q = c.io_queue(1).unwrap();
+    assert_eq!(q.read(1, 1000, 512, 512).unwrap(), data);
+}
+
+#[test]
+fn shutdown_completes_in_flight_io() {
+    let mut h = Harness::start();
+    let mut c = h.host();
+    c.set_queue_count(1).unwrap();
+    let mut q = c.io_queue(1).unwrap();
+    let mut cids = Vec::new();
+    for i in 0..32u64 {
+        cids.push(q.submit_write(1, i * 256, pattern(i, 128 * 1024), 512, false).unwrap());
+    }
+    // Stop while writes are in flight: every one is answered before the close.
+    let t0 = Instant::now();
+    let server = h.server.take().unwrap();
+    let stopper = std::thread::spawn(move || server.shutdown());
+    let mut answered = 0;
+    for cid in cids {
+        match q.q.wait_for(cid) {
+            Ok(c) => {
+                assert!(c.status().is_success());
+                answered += 1;
+            }
+            Err(_) => break,
+        }
+    }
+    stopper.join().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(30));
+    // Whatever was acknowledged is on disk after restart.
+    h.boot_again_same_port();
+    let mut c = h.host();
+    c.set_queue_count(1).unwrap();
+    let mut q = c.io_queue(1).unwrap();
+    for i in 0..answered as u64 {
+        assert_eq!(q.read(1, i * 256, 256, 512).unwrap(), pattern(i, 128 * 1024), "write {i}");
+    }
+}
+
+impl Harness {
+    fn boot_again_same_port(&mut self) {
+        self.cfg_text = self.cfg_text.replacen("port = 0\n\n[[subsystems]]", &format!("port = {}\n\n[[subsystems]]", self.addr.port()), 1);
+        self.boot();
+    }
+}
+
+#[test]
+fn ram_backend_serves_io() {
+    let h = Harness::start_with("", "ram");
+    let mut c = h.host();
+    c.set_queue_count(1).unwrap();
+    let mut q = c.io_queue(1).unwrap();
+    q.write(1, 7, pattern(11, 4096), 512).unwrap();
+    assert_eq!(q.read(1, 7, 8, 512).unwrap(), pattern(11, 4096));
+    q.disconnect().unwrap();
+    // The freed queue ID can be connected again.
+    let mut q = c.io_queue(1).unwrap();
+    assert_eq!(q.read(1, 7, 8, 512).unwrap(), pattern(11, 4096));
+}
