@@ -171,9 +171,7 @@ fn d_bs() -> u32 {
 /// binary units, which is what storage people mean here).
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let split = t
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(t.len());
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let n: u64 = num
         .parse()
@@ -184,7 +182,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "m" | "mb" | "mib" => 1 << 20,
         "g" | "gb" | "gib" => 1 << 30,
         "t" | "tb" | "tib" => 1 << 40,
-        _ => return Err(format!("`{s}` has an unknown unit (use KiB, MiB, GiB, TiB)")),
+        _ => {
+            return Err(format!(
+                "`{s}` has an unknown unit (use KiB, MiB, GiB, TiB)"
+            ))
+        }
     };
     n.checked_mul(mult)
         .ok_or_else(|| format!("`{s}` is too large"))
@@ -226,8 +228,7 @@ impl Config {
     }
 
     pub fn load(path: &std::path::Path) -> Result<Config, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
         Config::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
@@ -247,7 +248,10 @@ impl Config {
             .enumerate()
             .map(|(i, l)| {
                 let ip: IpAddr = l.address.parse().map_err(|_| {
-                    format!("listeners[{i}].address: `{}` is not an IP address", l.address)
+                    format!(
+                        "listeners[{i}].address: `{}` is not an IP address",
+                        l.address
+                    )
                 })?;
                 Ok(SocketAddr::new(ip, l.port))
             })
@@ -271,10 +275,16 @@ impl Config {
         }
         let t = &self.tcp;
         if !(2..=1024).contains(&t.max_queue_depth) {
-            return Err(format!("tcp.max_queue_depth: must be 2..=1024 (got {})", t.max_queue_depth));
+            return Err(format!(
+                "tcp.max_queue_depth: must be 2..=1024 (got {})",
+                t.max_queue_depth
+            ));
         }
         if !(1..=1024).contains(&t.max_io_queues) {
-            return Err(format!("tcp.max_io_queues: must be 1..=1024 (got {})", t.max_io_queues));
+            return Err(format!(
+                "tcp.max_io_queues: must be 1..=1024 (got {})",
+                t.max_io_queues
+            ));
         }
         if t.in_capsule_data % 16 != 0 || t.in_capsule_data > 128 << 10 {
             return Err(format!(
@@ -295,7 +305,10 @@ impl Config {
             ));
         }
         if t.max_r2t_length < 4096 || t.max_r2t_length > u32::MAX as u64 {
-            return Err(format!("tcp.max_r2t_length: must be at least 4KiB (got {})", t.max_r2t_length));
+            return Err(format!(
+                "tcp.max_r2t_length: must be at least 4KiB (got {})",
+                t.max_r2t_length
+            ));
         }
         if self.listeners.is_empty() {
             return Err("listeners: at least one [[listeners]] entry is needed".into());
@@ -322,10 +335,16 @@ impl Config {
                 return Err(format!("{f}.nqn: `{}` is defined twice", s.nqn));
             }
             if s.serial.is_empty() || s.serial.len() > 20 || !s.serial.is_ascii() {
-                return Err(format!("{f}.serial: 1 to 20 ASCII characters (got `{}`)", s.serial));
+                return Err(format!(
+                    "{f}.serial: 1 to 20 ASCII characters (got `{}`)",
+                    s.serial
+                ));
             }
             if s.model.is_empty() || s.model.len() > 40 || !s.model.is_ascii() {
-                return Err(format!("{f}.model: 1 to 40 ASCII characters (got `{}`)", s.model));
+                return Err(format!(
+                    "{f}.model: 1 to 40 ASCII characters (got `{}`)",
+                    s.model
+                ));
             }
             for (j, h) in s.hosts.iter().enumerate() {
                 validate_nqn(h).map_err(|e| format!("{f}.hosts[{j}]: {e}"))?;
@@ -343,7 +362,10 @@ impl Config {
                     return Err(format!("{f}.nsid: {} is used twice in {}", n.nsid, s.nqn));
                 }
                 if !n.block_size.is_power_of_two() || !(512..=4096).contains(&n.block_size) {
-                    return Err(format!("{f}.block_size: must be 512, 1024, 2048 or 4096 (got {})", n.block_size));
+                    return Err(format!(
+                        "{f}.block_size: must be 512, 1024, 2048 or 4096 (got {})",
+                        n.block_size
+                    ));
                 }
                 if let Some(sz) = n.size {
                     if sz == 0 || sz % n.block_size as u64 != 0 {
@@ -382,7 +404,9 @@ pub fn validate_nqn(nqn: &str) -> Result<(), String> {
     }
     let ok = nqn.starts_with("nqn.") && nqn.len() > 4 && !nqn.contains(char::is_whitespace);
     if !ok {
-        return Err(format!("`{nqn}` is not an NQN (expected nqn.yyyy-mm.domain:name)"));
+        return Err(format!(
+            "`{nqn}` is not an NQN (expected nqn.yyyy-mm.domain:name)"
+        ));
     }
     Ok(())
 }
@@ -451,7 +475,9 @@ block_size = 4096
     fn errors_name_the_field() {
         assert!(err(&GOOD.replace("4096\n", "1000\n")).contains("namespaces[0].block_size"));
         assert!(err(&GOOD.replace("\"1GiB\"", "\"1 parsec\"")).contains("unknown unit"));
-        assert!(err(&GOOD.replace("nqn.2026-11.io.kvtarget:kv0", "kv0")).contains("subsystems[0].nqn"));
+        assert!(
+            err(&GOOD.replace("nqn.2026-11.io.kvtarget:kv0", "kv0")).contains("subsystems[0].nqn")
+        );
         assert!(err(&GOOD.replace("127.0.0.1", "localhost-ish")).contains("listeners[0].address"));
         assert!(err(&GOOD.replace("\"uring\"", "\"floppy\"")).contains("floppy"));
         assert!(err(&GOOD.replace("idle", "idel")).contains("idel"));

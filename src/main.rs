@@ -73,6 +73,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 
     // Block the stop signals in every thread; the main thread waits for them.
@@ -83,7 +84,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    tracing::info!("kvtarget {} starting with {}", kvtarget::version(), path.display());
+    tracing::info!(
+        "kvtarget {} starting with {}",
+        kvtarget::version(),
+        path.display()
+    );
     let server = match Server::start(&cfg) {
         Ok(s) => s,
         Err(e) => {

@@ -50,11 +50,10 @@ impl Server {
             for (j, n) in s.namespaces.iter().enumerate() {
                 let field = format!("subsystems[{i}].namespaces[{j}]");
                 let dev: SharedDevice = match n.backend {
-                    Backend::Ram => RamDevice::new(
-                        &format!("{}/{}", s.nqn, n.nsid),
-                        n.size.unwrap_or(0),
-                    )
-                    .map_err(|e| format!("{field}: {e}"))?,
+                    Backend::Ram => {
+                        RamDevice::new(&format!("{}/{}", s.nqn, n.nsid), n.size.unwrap_or(0))
+                            .map_err(|e| format!("{field}: {e}"))?
+                    }
                     Backend::Uring => {
                         let path = n.path.as_deref().ok_or(format!("{field}.path: required"))?;
                         UringDevice::open(path, n.size, n.block_size)
@@ -81,7 +80,8 @@ impl Server {
                 specs.push(transport::bind(SocketAddr::new(a.ip(), p), true)?);
             }
         }
-        let listen: Vec<(SocketAddr, bool)> = specs.iter().map(|s| (s.addr, s.discovery_only)).collect();
+        let listen: Vec<(SocketAddr, bool)> =
+            specs.iter().map(|s| (s.addr, s.discovery_only)).collect();
         if let Ok(mut l) = target.listeners.write() {
             for (i, (addr, d)) in listen.iter().enumerate() {
                 l.push(Listener {

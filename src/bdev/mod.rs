@@ -170,7 +170,10 @@ pub(crate) mod tests {
             },
         );
         let data = r.buf.expect("buf");
-        assert!(data[..4096].iter().all(|&b| b == 0), "deallocated reads zero");
+        assert!(
+            data[..4096].iter().all(|&b| b == 0),
+            "deallocated reads zero"
+        );
         assert!(data[4096 + 512..4096 + 1024].iter().all(|&b| b == 0));
         assert_eq!(data[4096], (4096 % 251) as u8);
         assert_eq!(data[4096 + 1024], ((4096 + 1024) % 251) as u8);

@@ -229,7 +229,10 @@ impl UringChannel {
 
     /// Queues writes of zeros over [offset, offset+len) as parts of slot `slot`.
     fn queue_zero_fill(&mut self, slot: usize, offset: u64, len: u64) -> Result<u32, i32> {
-        let zeros_ptr = self.zeros.get_or_insert_with(|| IoBuf::new(ZERO_CHUNK)).as_ptr();
+        let zeros_ptr = self
+            .zeros
+            .get_or_insert_with(|| IoBuf::new(ZERO_CHUNK))
+            .as_ptr();
         let fd = types::Fd(self.file.as_raw_fd());
         let mut parts = 0;
         let mut off = offset;
@@ -261,11 +264,9 @@ impl IoChannel for UringChannel {
             return Err((op, libc::EINVAL));
         }
         let entry = match &mut op {
-            IoOp::Read { offset, buf } => {
-                opcode::Read::new(fd, buf.as_mut_ptr(), buf.len() as u32)
-                    .offset(*offset)
-                    .build()
-            }
+            IoOp::Read { offset, buf } => opcode::Read::new(fd, buf.as_mut_ptr(), buf.len() as u32)
+                .offset(*offset)
+                .build(),
             IoOp::Write { offset, buf, fua } => {
                 let mut w = opcode::Write::new(fd, buf.as_ptr(), buf.len() as u32).offset(*offset);
                 if *fua {
@@ -276,12 +277,10 @@ impl IoChannel for UringChannel {
             IoOp::Flush => opcode::Fsync::new(fd)
                 .flags(types::FsyncFlags::DATASYNC)
                 .build(),
-            IoOp::WriteZeroes { offset, len } => {
-                opcode::Fallocate::new(fd, *len)
-                    .offset(*offset)
-                    .mode(FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE)
-                    .build()
-            }
+            IoOp::WriteZeroes { offset, len } => opcode::Fallocate::new(fd, *len)
+                .offset(*offset)
+                .mode(FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE)
+                .build(),
             IoOp::Deallocate { offset, len } => opcode::Fallocate::new(fd, *len)
                 .offset(*offset)
                 .mode(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)
@@ -423,7 +422,15 @@ mod tests {
         let e = UringDevice::open(&p, Some(1 << 19), 512).err().unwrap();
         assert!(e.to_string().contains("larger than the configured"), "{e}");
         // Growing is fine; no size means the file's own size.
-        assert_eq!(UringDevice::open(&p, Some(2 << 20), 512).unwrap().size_bytes(), 2 << 20);
-        assert_eq!(UringDevice::open(&p, None, 512).unwrap().size_bytes(), 2 << 20);
+        assert_eq!(
+            UringDevice::open(&p, Some(2 << 20), 512)
+                .unwrap()
+                .size_bytes(),
+            2 << 20
+        );
+        assert_eq!(
+            UringDevice::open(&p, None, 512).unwrap().size_bytes(),
+            2 << 20
+        );
     }
 }

@@ -103,9 +103,18 @@ impl QueueConn {
         let deadline = Instant::now() + timeout;
         loop {
             q.fill(deadline)?;
-            match pdu::parse(&q.rbuf[..q.rlen], Digests::default(), ParseLimits { max_data: 0 }) {
+            match pdu::parse(
+                &q.rbuf[..q.rlen],
+                Digests::default(),
+                ParseLimits { max_data: 0 },
+            ) {
                 Ok(Some((Pdu::ICResp(r), n))) => {
-                    if r.pfv != 0 || r.cpda != 0 || r.digests != digests || r.maxh2cdata < 4096 || r.maxh2cdata % 4 != 0 {
+                    if r.pfv != 0
+                        || r.cpda != 0
+                        || r.digests != digests
+                        || r.maxh2cdata < 4096
+                        || r.maxh2cdata % 4 != 0
+                    {
                         return Err(Error::Protocol(format!("bad ICResp {r:?}")));
                     }
                     q.maxh2cdata = r.maxh2cdata;
@@ -113,8 +122,12 @@ impl QueueConn {
                     q.consume(n);
                     return Ok(q);
                 }
-                Ok(Some((Pdu::TermReq { fes, fei, .. }, _))) => return Err(Error::Terminated { fes, fei }),
-                Ok(Some((p, _))) => return Err(Error::Protocol(format!("expected ICResp, got {p:?}"))),
+                Ok(Some((Pdu::TermReq { fes, fei, .. }, _))) => {
+                    return Err(Error::Terminated { fes, fei })
+                }
+                Ok(Some((p, _))) => {
+                    return Err(Error::Protocol(format!("expected ICResp, got {p:?}")))
+                }
                 Ok(None) => continue,
                 Err(e) => return Err(Error::Protocol(e.to_string())),
             }
@@ -142,7 +155,16 @@ impl QueueConn {
                 self.rlen += n;
                 Ok(())
             }
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) =>
+            {
+                Ok(())
+            }
             Err(e) => Err(e.into()),
         }
     }
@@ -170,7 +192,12 @@ impl QueueConn {
     /// Sends a command. `data_out` is host-to-controller data (in-capsule when it
     /// fits, otherwise sent on R2T); `data_in_len` the controller-to-host length.
     /// The SQE's CID is replaced; the CID used is returned.
-    pub fn submit(&mut self, mut sqe: Sqe, data_out: Option<Vec<u8>>, data_in_len: usize) -> Result<u16> {
+    pub fn submit(
+        &mut self,
+        mut sqe: Sqe,
+        data_out: Option<Vec<u8>>,
+        data_in_len: usize,
+    ) -> Result<u16> {
         let cid = self.alloc_cid();
         sqe.set_cid(cid);
         let mut capsule_data: &[u8] = &[];
@@ -242,7 +269,12 @@ impl QueueConn {
     }
 
     /// Submits and waits; the completion may carry an error status.
-    pub fn execute(&mut self, sqe: Sqe, data_out: Option<Vec<u8>>, data_in_len: usize) -> Result<Completion> {
+    pub fn execute(
+        &mut self,
+        sqe: Sqe,
+        data_out: Option<Vec<u8>>,
+        data_in_len: usize,
+    ) -> Result<Completion> {
         let cid = self.submit(sqe, data_out, data_in_len)?;
         self.wait_for(cid)
     }
@@ -251,7 +283,11 @@ impl QueueConn {
     fn pump(&mut self, deadline: Instant) -> Result<()> {
         loop {
             let buf = std::mem::take(&mut self.rbuf);
-            let parsed = pdu::parse(&buf[..self.rlen], self.digests, ParseLimits { max_data: 4 << 20 });
+            let parsed = pdu::parse(
+                &buf[..self.rlen],
+                self.digests,
+                ParseLimits { max_data: 4 << 20 },
+            );
             let outcome = match parsed {
                 Ok(None) => None,
                 Err(e) => Some(Err(Error::Protocol(e.to_string()))),
@@ -276,19 +312,35 @@ impl QueueConn {
         match p {
             Pdu::CapsuleResp(cqe) => {
                 let Some(pd) = self.pending.remove(&cqe.cid) else {
-                    return Err(Error::Protocol(format!("response for unknown cid {}", cqe.cid)));
+                    return Err(Error::Protocol(format!(
+                        "response for unknown cid {}",
+                        cqe.cid
+                    )));
                 };
                 let mut data = pd.read;
-                data.truncate(pd.read_got.max(if cqe.status().is_success() { data.len() } else { 0 }));
+                data.truncate(pd.read_got.max(if cqe.status().is_success() {
+                    data.len()
+                } else {
+                    0
+                }));
                 self.done.push(Completion { cqe, data });
                 Ok(None)
             }
-            Pdu::C2HData { hdr, success, data, data_digest_error, last } => {
+            Pdu::C2HData {
+                hdr,
+                success,
+                data,
+                data_digest_error,
+                last,
+            } => {
                 if data_digest_error {
                     return Err(Error::Protocol("C2HData digest error".into()));
                 }
                 let Some(pd) = self.pending.get_mut(&hdr.cccid) else {
-                    return Err(Error::Protocol(format!("data for unknown cid {}", hdr.cccid)));
+                    return Err(Error::Protocol(format!(
+                        "data for unknown cid {}",
+                        hdr.cccid
+                    )));
                 };
                 let off = hdr.offset as usize;
                 let Some(dst) = pd.read.get_mut(off..off + data.len()) else {
@@ -330,14 +382,26 @@ impl QueueConn {
         let mut off = 0;
         while off < len {
             let n = (len - off).min(chunk);
-            let flags = if off + n == len { pdu::flags::LAST_PDU } else { 0 };
+            let flags = if off + n == len {
+                pdu::flags::LAST_PDU
+            } else {
+                0
+            };
             let hdr = DataHeader {
                 cccid: cid,
                 ttag: r2t.ttag,
                 offset: (start + off) as u32,
                 length: n as u32,
             };
-            pdu::encode_data_pdu(&mut self.out, true, &hdr, &window[off..off + n], flags, self.digests, 0);
+            pdu::encode_data_pdu(
+                &mut self.out,
+                true,
+                &hdr,
+                &window[off..off + n],
+                flags,
+                self.digests,
+                0,
+            );
             off += n;
         }
         self.sock.write_all(&self.out)?;
@@ -451,19 +515,29 @@ impl HostController {
     pub fn identify(&mut self, cns_v: u8, nsid: u32) -> Result<Vec<u8>> {
         let mut sqe = Sqe::new(admin_opc::IDENTIFY, 0, nsid);
         sqe.set_cdw(10, cns_v as u32);
-        Ok(self.admin.execute(sqe, None, nvme::IDENTIFY_LEN)?.ok()?.data)
+        Ok(self
+            .admin
+            .execute(sqe, None, nvme::IDENTIFY_LEN)?
+            .ok()?
+            .data)
     }
 
     pub fn identify_controller(&mut self) -> Result<IdentifyController> {
-        Ok(IdentifyController::decode(&self.identify(cns::CONTROLLER, 0)?))
+        Ok(IdentifyController::decode(
+            &self.identify(cns::CONTROLLER, 0)?,
+        ))
     }
 
     pub fn identify_namespace(&mut self, nsid: u32) -> Result<IdentifyNamespace> {
-        Ok(IdentifyNamespace::decode(&self.identify(cns::NAMESPACE, nsid)?))
+        Ok(IdentifyNamespace::decode(
+            &self.identify(cns::NAMESPACE, nsid)?,
+        ))
     }
 
     pub fn active_namespaces(&mut self) -> Result<Vec<u32>> {
-        Ok(nvme::decode_ns_list(&self.identify(cns::ACTIVE_NS_LIST, 0)?))
+        Ok(nvme::decode_ns_list(
+            &self.identify(cns::ACTIVE_NS_LIST, 0)?,
+        ))
     }
 
     pub fn get_log_page(&mut self, lid: u8, nsid: u32, len: usize, offset: u64) -> Result<Vec<u8>> {
@@ -481,8 +555,13 @@ impl HostController {
     /// Reads the whole discovery log the way nvme-cli does: header, then all.
     pub fn discovery_log(&mut self) -> Result<Vec<nvme::DiscoveryEntry>> {
         let hdr = self.get_log_page(nvme::lid::DISCOVERY, 0, nvme::DISCOVERY_LOG_HEADER_LEN, 0)?;
-        let numrec = u64::from_le_bytes(hdr[8..16].try_into().map_err(|_| Error::Protocol("short log".into()))?);
-        let len = nvme::DISCOVERY_LOG_HEADER_LEN + numrec.min(256) as usize * nvme::DISCOVERY_LOG_ENTRY_LEN;
+        let numrec = u64::from_le_bytes(
+            hdr[8..16]
+                .try_into()
+                .map_err(|_| Error::Protocol("short log".into()))?,
+        );
+        let len = nvme::DISCOVERY_LOG_HEADER_LEN
+            + numrec.min(256) as usize * nvme::DISCOVERY_LOG_ENTRY_LEN;
         let full = self.get_log_page(nvme::lid::DISCOVERY, 0, len, 0)?;
         Ok(nvme::decode_discovery_log(&full).1)
     }
@@ -503,7 +582,10 @@ impl HostController {
 
     /// Asks for `n` I/O queues; returns how many were granted.
     pub fn set_queue_count(&mut self, n: u16) -> Result<u16> {
-        let r = self.set_features(nvme::fid::NUMBER_OF_QUEUES, ((n - 1) as u32) << 16 | (n - 1) as u32)?;
+        let r = self.set_features(
+            nvme::fid::NUMBER_OF_QUEUES,
+            ((n - 1) as u32) << 16 | (n - 1) as u32,
+        )?;
         Ok((r & 0xFFFF) as u16 + 1)
     }
 
@@ -551,10 +633,21 @@ impl IoQueue {
     }
 
     pub fn submit_read(&mut self, nsid: u32, slba: u64, nlb: u32, block_size: u32) -> Result<u16> {
-        self.q.submit(Self::rw_sqe(io_opc::READ, nsid, slba, nlb), None, (nlb * block_size) as usize)
+        self.q.submit(
+            Self::rw_sqe(io_opc::READ, nsid, slba, nlb),
+            None,
+            (nlb * block_size) as usize,
+        )
     }
 
-    pub fn submit_write(&mut self, nsid: u32, slba: u64, data: Vec<u8>, block_size: u32, fua: bool) -> Result<u16> {
+    pub fn submit_write(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        data: Vec<u8>,
+        block_size: u32,
+        fua: bool,
+    ) -> Result<u16> {
         let nlb = (data.len() / block_size as usize) as u32;
         let mut s = Self::rw_sqe(io_opc::WRITE, nsid, slba, nlb);
         if fua {
@@ -575,7 +668,9 @@ impl IoQueue {
     }
 
     pub fn flush(&mut self, nsid: u32) -> Result<()> {
-        self.q.execute(Sqe::new(io_opc::FLUSH, 0, nsid), None, 0)?.ok()?;
+        self.q
+            .execute(Sqe::new(io_opc::FLUSH, 0, nsid), None, 0)?
+            .ok()?;
         Ok(())
     }
 

@@ -68,7 +68,13 @@ pub trait QueuePair: Send {
     /// Called when the fd is readable (or on hangup/error).
     fn on_readable(&mut self, ctx: &mut IoCtx);
     /// A device operation this queue pair submitted has finished.
-    fn on_io_complete(&mut self, slot: u16, result: Result<(), i32>, buf: Option<IoBuf>, ctx: &mut IoCtx);
+    fn on_io_complete(
+        &mut self,
+        slot: u16,
+        result: Result<(), i32>,
+        buf: Option<IoBuf>,
+        ctx: &mut IoCtx,
+    );
     /// Writes what is queued; returns true while output remains (wants EPOLLOUT).
     fn flush(&mut self) -> bool;
     /// Periodic checks (keep-alive, controller teardown).
@@ -113,10 +119,7 @@ impl ChannelCache {
     }
 
     fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
-        self.channels
-            .values_mut()
-            .map(|(_, ch)| ch.poll(out))
-            .sum()
+        self.channels.values_mut().map(|(_, ch)| ch.poll(out)).sum()
     }
 
     fn in_flight(&self) -> usize {
@@ -289,7 +292,12 @@ impl Reactor {
             self.free_ids.push(id);
             return;
         }
-        tracing::debug!(reactor = self.shared.id, conn = id, "adopted {}", qp.describe());
+        tracing::debug!(
+            reactor = self.shared.id,
+            conn = id,
+            "adopted {}",
+            qp.describe()
+        );
         self.conns[id as usize] = Some(qp);
         self.wants_out[id as usize] = false;
         self.shared.queue_pairs.fetch_add(1, Ordering::Relaxed);
@@ -384,7 +392,12 @@ impl Reactor {
             if c.finished() {
                 let fd = c.fd();
                 let _ = self.epoll.delete(fd);
-                tracing::debug!(reactor = self.shared.id, conn = id, "released {}", c.describe());
+                tracing::debug!(
+                    reactor = self.shared.id,
+                    conn = id,
+                    "released {}",
+                    c.describe()
+                );
                 self.conns[id] = None;
                 self.free_ids.push(id as u32);
                 self.shared.queue_pairs.fetch_sub(1, Ordering::Relaxed);
@@ -415,7 +428,10 @@ impl Reactor {
                 self.shared.sleeping.store(true, Ordering::Release);
                 // Re-check after announcing sleep so a racing sender's wake-up is
                 // not lost.
-                if self.shared.inbox.is_empty() && self.tasks.is_empty() && self.channels.in_flight() == 0 {
+                if self.shared.inbox.is_empty()
+                    && self.tasks.is_empty()
+                    && self.channels.in_flight() == 0
+                {
                     timeout = self.next_timer_ms();
                 } else if self.shared.inbox.is_empty() && self.tasks.is_empty() {
                     // Device I/O outstanding: its completion fd wakes us (RAM

@@ -31,7 +31,11 @@ impl StopSignals {
             // SAFETY: self.set is initialised and sig is a valid out-pointer.
             let rc = unsafe { libc::sigwait(&self.set, &mut sig) };
             if rc == 0 {
-                return if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" };
+                return if sig == libc::SIGINT {
+                    "SIGINT"
+                } else {
+                    "SIGTERM"
+                };
             }
         }
     }

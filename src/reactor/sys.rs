@@ -53,7 +53,12 @@ impl Epoll {
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 128];
         // SAFETY: evs is a valid, writable array of 128 epoll_events.
         let n = unsafe {
-            libc::epoll_wait(self.fd.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, timeout_ms)
+            libc::epoll_wait(
+                self.fd.as_raw_fd(),
+                evs.as_mut_ptr(),
+                evs.len() as i32,
+                timeout_ms,
+            )
         };
         if n < 0 {
             let e = io::Error::last_os_error();
@@ -94,12 +99,24 @@ impl EventFd {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a valid u64; a full counter (EAGAIN) still
         // leaves the fd readable, which is all we need.
-        unsafe { libc::write(self.fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+        unsafe {
+            libc::write(
+                self.fd.as_raw_fd(),
+                &one as *const u64 as *const libc::c_void,
+                8,
+            )
+        };
     }
 
     pub fn drain(&self) {
         let mut v: u64 = 0;
         // SAFETY: reads at most 8 bytes into a valid u64.
-        unsafe { libc::read(self.fd.as_raw_fd(), &mut v as *mut u64 as *mut libc::c_void, 8) };
+        unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                &mut v as *mut u64 as *mut libc::c_void,
+                8,
+            )
+        };
     }
 }

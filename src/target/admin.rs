@@ -55,7 +55,12 @@ const KAS_100MS: u16 = 10;
 
 /// Executes one admin command. `outstanding_aers` is how many AERs the admin queue
 /// already holds.
-pub fn execute(target: &Target, ctrl: &Controller, sqe: &Sqe, outstanding_aers: usize) -> AdminOutcome {
+pub fn execute(
+    target: &Target,
+    ctrl: &Controller,
+    sqe: &Sqe,
+    outstanding_aers: usize,
+) -> AdminOutcome {
     // Any admin command is proof of life for keep-alive purposes (traffic-based
     // keep-alive is what the Linux target does too).
     ctrl.keep_alive();
@@ -116,7 +121,9 @@ fn identify(target: &Target, ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
             AdminOutcome::data(nvme::encode_ns_list(ids.into_iter(), nsid))
         }
         cns::NS_DESCRIPTOR_LIST => match ctrl.subsys.namespace(nsid) {
-            Some(ns) => AdminOutcome::data(nvme::encode_ns_descriptors(&ns.eui64, &ns.nguid, &ns.uuid)),
+            Some(ns) => {
+                AdminOutcome::data(nvme::encode_ns_descriptors(&ns.eui64, &ns.nguid, &ns.uuid))
+            }
             None => AdminOutcome::status(Status::INVALID_NAMESPACE),
         },
         // NVM command set specific structures: all fields zero is correct for a
@@ -166,7 +173,10 @@ pub fn identify_controller(target: &Target, ctrl: &Controller) -> IdentifyContro
         ..Default::default()
     };
     if discovery {
-        id.serial = format!("{:016x}", target.started.elapsed().as_nanos() as u64 ^ 0x6b76);
+        id.serial = format!(
+            "{:016x}",
+            target.started.elapsed().as_nanos() as u64 ^ 0x6b76
+        );
         id.serial.truncate(20);
         id.maxcmd = lim.max_admin_queue_depth;
     } else {
@@ -422,7 +432,14 @@ mod tests {
 
     fn setup() -> (Target, Arc<Controller>) {
         let t = Target::new(TransportLimits::default());
-        let s = Arc::new(Subsystem::new("nqn.s", SubsystemKind::Nvm, "SER", "MOD", true, vec![]));
+        let s = Arc::new(Subsystem::new(
+            "nqn.s",
+            SubsystemKind::Nvm,
+            "SER",
+            "MOD",
+            true,
+            vec![],
+        ));
         let dev = RamDevice::new("r", 1 << 20).unwrap();
         s.namespaces
             .write()
@@ -516,7 +533,10 @@ mod tests {
             len: 512,
             offset: 0,
         };
-        assert_eq!(data(execute(&t, &c, &g.encode(1, 0xFFFF_FFFF), 0)).len(), 512);
+        assert_eq!(
+            data(execute(&t, &c, &g.encode(1, 0xFFFF_FFFF), 0)).len(),
+            512
+        );
         let g = GetLogPage {
             lid: lid::ERROR_INFO,
             len: 64,
@@ -528,9 +548,15 @@ mod tests {
             offset: 1 << 20,
             ..g
         };
-        assert_eq!(status(execute(&t, &c, &g.encode(1, 0), 0)), Status::INVALID_FIELD);
+        assert_eq!(
+            status(execute(&t, &c, &g.encode(1, 0), 0)),
+            Status::INVALID_FIELD
+        );
         let g = GetLogPage { lid: 0x70, ..g };
-        assert_eq!(status(execute(&t, &c, &g.encode(1, 0), 0)), Status::INVALID_LOG_PAGE);
+        assert_eq!(
+            status(execute(&t, &c, &g.encode(1, 0), 0)),
+            Status::INVALID_LOG_PAGE
+        );
     }
 
     #[test]
@@ -538,7 +564,10 @@ mod tests {
         let (t, c) = setup();
         let s = Sqe::new(admin_opc::ASYNC_EVENT_REQUEST, 1, 0);
         assert_eq!(execute(&t, &c, &s, 0), AdminOutcome::AsyncEventHeld);
-        assert_eq!(status(execute(&t, &c, &s, MAX_AERS)), Status::ASYNC_EVENT_LIMIT);
+        assert_eq!(
+            status(execute(&t, &c, &s, MAX_AERS)),
+            Status::ASYNC_EVENT_LIMIT
+        );
         let s = Sqe::new(0xC5, 1, 0);
         assert_eq!(status(execute(&t, &c, &s, 0)), Status::INVALID_OPCODE);
     }

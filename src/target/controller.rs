@@ -139,11 +139,7 @@ impl Controller {
 
     /// Registers I/O queue `qid`; fails if it is out of range or taken.
     pub fn attach_io_queue(&self, qid: u16, max_io_queues: u16) -> Result<(), Status> {
-        let granted = self
-            .regs
-            .lock()
-            .map(|r| r.io_queues_granted)
-            .unwrap_or(0);
+        let granted = self.regs.lock().map(|r| r.io_queues_granted).unwrap_or(0);
         // A host that skipped Set Features Number of Queues gets the maximum.
         let limit = if granted == 0 { max_io_queues } else { granted };
         if qid == 0 || qid > limit {
@@ -277,7 +273,14 @@ mod tests {
     use crate::target::SubsystemKind;
 
     fn ctrl(kato: u32) -> Controller {
-        let s = Arc::new(Subsystem::new("nqn.s", SubsystemKind::Nvm, "S", "M", true, vec![]));
+        let s = Arc::new(Subsystem::new(
+            "nqn.s",
+            SubsystemKind::Nvm,
+            "S",
+            "M",
+            true,
+            vec![],
+        ));
         Controller::new(1, s, "nqn.h", [0; 16], kato, "test".into())
     }
 
@@ -287,7 +290,10 @@ mod tests {
         assert_eq!(c.get_property(nvme::prop::CSTS, 0).unwrap(), 0);
         c.set_property(nvme::prop::CC, (6 << 16 | 4 << 20 | 1) as u64)
             .unwrap();
-        assert_eq!(c.get_property(nvme::prop::CSTS, 0).unwrap() as u32 & csts::RDY, 1);
+        assert_eq!(
+            c.get_property(nvme::prop::CSTS, 0).unwrap() as u32 & csts::RDY,
+            1
+        );
         assert!(c.is_ready());
         c.set_property(nvme::prop::CC, (6 << 16 | 4 << 20 | 1 | 1 << 14) as u64)
             .unwrap();

@@ -66,7 +66,11 @@ pub fn connect(
         });
     }
     if data.hostnqn.is_empty() || data.hostnqn.len() > NQN_MAX_LEN {
-        return Err(invalid(true, CONNECT_DATA_HOSTNQN_OFF, "bad host NQN".into()));
+        return Err(invalid(
+            true,
+            CONNECT_DATA_HOSTNQN_OFF,
+            "bad host NQN".into(),
+        ));
     }
     let Some(subsys) = target.find_subsystem(&data.subnqn) else {
         return Err(invalid(
@@ -91,7 +95,10 @@ pub fn connect(
         return Err(invalid(
             false,
             SQE_SQSIZE_OFF,
-            format!("queue size {} outside 2..={depth_limit}", cmd.sqsize as u32 + 1),
+            format!(
+                "queue size {} outside 2..={depth_limit}",
+                cmd.sqsize as u32 + 1
+            ),
         ));
     }
 
@@ -101,7 +108,10 @@ pub fn connect(
             return Err(invalid(
                 true,
                 CONNECT_DATA_CNTLID_OFF,
-                format!("static controller ID {:#x} requested; only dynamic (0xffff) is supported", data.cntlid),
+                format!(
+                    "static controller ID {:#x} requested; only dynamic (0xffff) is supported",
+                    data.cntlid
+                ),
             ));
         }
         let Ok(mut ctrls) = subsys.controllers.lock() else {
@@ -132,7 +142,11 @@ pub fn connect(
     }
 
     if subsys.kind == SubsystemKind::Discovery {
-        return Err(invalid(false, SQE_QID_OFF, "discovery controllers have no I/O queues".into()));
+        return Err(invalid(
+            false,
+            SQE_QID_OFF,
+            "discovery controllers have no I/O queues".into(),
+        ));
     }
     let ctrl = subsys
         .controllers
@@ -154,7 +168,11 @@ pub fn connect(
         ));
     }
     if ctrl.hostid != data.hostid {
-        return Err(invalid(true, 0, "host ID differs from the controller's".into()));
+        return Err(invalid(
+            true,
+            0,
+            "host ID differs from the controller's".into(),
+        ));
     }
     if ctrl.is_failed() || !ctrl.is_ready() {
         return Err(ConnectRefusal {
@@ -229,37 +247,56 @@ mod tests {
         let b = connect(&t, &cmd(0), &data("nqn.s", "nqn.h", 0xFFFF), "p").unwrap();
         let ctrl = b.ctrl().clone();
         // Not enabled yet: I/O queues are refused.
-        let e = connect(&t, &cmd(1), &data("nqn.s", "nqn.h", ctrl.cntlid), "p").err().unwrap();
+        let e = connect(&t, &cmd(1), &data("nqn.s", "nqn.h", ctrl.cntlid), "p")
+            .err()
+            .unwrap();
         assert_eq!(e.status, Status::COMMAND_SEQUENCE_ERROR);
         ctrl.set_property(prop::CC, 0x460001).unwrap();
         let io = connect(&t, &cmd(1), &data("nqn.s", "nqn.h", ctrl.cntlid), "p").unwrap();
         assert_eq!(io.qid(), 1);
-        let dup = connect(&t, &cmd(1), &data("nqn.s", "nqn.h", ctrl.cntlid), "p").err().unwrap();
+        let dup = connect(&t, &cmd(1), &data("nqn.s", "nqn.h", ctrl.cntlid), "p")
+            .err()
+            .unwrap();
         assert_eq!(dup.status, Status::CONNECT_INVALID_PARAMETERS);
         assert_eq!(dup.result, 42);
         disconnect(&b);
         assert!(ctrl.is_failed());
-        let gone = connect(&t, &cmd(2), &data("nqn.s", "nqn.h", ctrl.cntlid), "p").err().unwrap();
+        let gone = connect(&t, &cmd(2), &data("nqn.s", "nqn.h", ctrl.cntlid), "p")
+            .err()
+            .unwrap();
         assert_eq!(gone.result, 16 | 1 << 16);
     }
 
     #[test]
     fn refusals_point_at_the_field() {
         let t = setup();
-        let e = connect(&t, &cmd(0), &data("nqn.nope", "nqn.h", 0xFFFF), "p").err().unwrap();
+        let e = connect(&t, &cmd(0), &data("nqn.nope", "nqn.h", 0xFFFF), "p")
+            .err()
+            .unwrap();
         assert_eq!(e.status, Status::CONNECT_INVALID_PARAMETERS);
         assert_eq!(e.result, 256 | 1 << 16);
-        let e = connect(&t, &cmd(0), &data("nqn.s", "nqn.intruder", 0xFFFF), "p").err().unwrap();
+        let e = connect(&t, &cmd(0), &data("nqn.s", "nqn.intruder", 0xFFFF), "p")
+            .err()
+            .unwrap();
         assert_eq!(e.status, Status::CONNECT_INVALID_HOST);
         let mut c = cmd(0);
         c.sqsize = 0;
-        assert_eq!(connect(&t, &c, &data("nqn.s", "nqn.h", 0xFFFF), "p").err().unwrap().result, 44);
+        assert_eq!(
+            connect(&t, &c, &data("nqn.s", "nqn.h", 0xFFFF), "p")
+                .err()
+                .unwrap()
+                .result,
+            44
+        );
         c.sqsize = 1000;
         assert!(connect(&t, &c, &data("nqn.s", "nqn.h", 0xFFFF), "p").is_err());
         c = cmd(0);
         c.recfmt = 1;
         assert_eq!(
-            connect(&t, &c, &data("nqn.s", "nqn.h", 0xFFFF), "p").err().unwrap().status,
+            connect(&t, &c, &data("nqn.s", "nqn.h", 0xFFFF), "p")
+                .err()
+                .unwrap()
+                .status,
             Status::CONNECT_INCOMPATIBLE_FORMAT
         );
         // Anyone may reach discovery.

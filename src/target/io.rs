@@ -7,14 +7,29 @@ use crate::wire::nvme::{io_opc, DsmRange, Sqe, Status, DSM_ATTR_DEALLOCATE, DSM_
 /// What a checked I/O command asks the device to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IoPlan {
-    Read { offset: u64, len: usize },
-    Write { offset: u64, len: usize, fua: bool },
+    Read {
+        offset: u64,
+        len: usize,
+    },
+    Write {
+        offset: u64,
+        len: usize,
+        fua: bool,
+    },
     /// Flush this namespace, or every namespace (NSID FFFFFFFFh).
-    Flush { all: bool },
-    WriteZeroes { offset: u64, len: u64, deallocate: bool },
+    Flush {
+        all: bool,
+    },
+    WriteZeroes {
+        offset: u64,
+        len: u64,
+        deallocate: bool,
+    },
     /// Dataset Management with the deallocate attribute: `ranges` descriptors in the
     /// command's data.
-    Deallocate { ranges: usize },
+    Deallocate {
+        ranges: usize,
+    },
     /// A command that succeeds without device work (DSM hints without deallocate).
     Nothing,
 }
@@ -45,7 +60,11 @@ pub fn plan(ns: Option<&Namespace>, sqe: &Sqe, max_io_size: u32) -> Result<IoPla
     }
     if !matches!(
         opc,
-        io_opc::FLUSH | io_opc::WRITE | io_opc::READ | io_opc::WRITE_ZEROES | io_opc::DATASET_MANAGEMENT
+        io_opc::FLUSH
+            | io_opc::WRITE
+            | io_opc::READ
+            | io_opc::WRITE_ZEROES
+            | io_opc::DATASET_MANAGEMENT
     ) {
         return Err(Status::INVALID_OPCODE);
     }
@@ -192,7 +211,10 @@ mod tests {
         .encode(&mut d[16..32]);
         assert_eq!(dsm_ranges(&n, &d, 1), Ok(vec![(8192, 4096)]));
         assert_eq!(dsm_ranges(&n, &d, 2), Err(Status::LBA_OUT_OF_RANGE));
-        assert_eq!(dsm_ranges(&n, &d[..16], 2), Err(Status::DATA_SGL_LENGTH_INVALID));
+        assert_eq!(
+            dsm_ranges(&n, &d[..16], 2),
+            Err(Status::DATA_SGL_LENGTH_INVALID)
+        );
     }
 
     proptest! {

@@ -117,7 +117,8 @@ impl Namespace {
 pub fn stable_uuid(name: &str) -> [u8; 16] {
     let mut out = [0u8; 16];
     for (i, chunk) in out.chunks_mut(4).enumerate() {
-        let mut h = crc32c::crc32c_append(0x9E37_79B9u32.wrapping_mul(i as u32 + 1), name.as_bytes());
+        let mut h =
+            crc32c::crc32c_append(0x9E37_79B9u32.wrapping_mul(i as u32 + 1), name.as_bytes());
         h ^= h >> 15;
         chunk.copy_from_slice(&h.to_le_bytes());
     }
@@ -187,7 +188,10 @@ impl Subsystem {
     }
 
     pub fn namespace_snapshot(&self) -> Vec<Arc<Namespace>> {
-        self.namespaces.read().map(|n| n.clone()).unwrap_or_default()
+        self.namespaces
+            .read()
+            .map(|n| n.clone())
+            .unwrap_or_default()
     }
 
     /// Allocates a controller ID in 1..=0xFFEF not in use (0xFFF0.. are reserved).
@@ -272,7 +276,11 @@ impl Target {
     /// subsystem itself.
     pub fn discovery_entries(&self, hostnqn: &str) -> Vec<DiscoveryEntry> {
         let listeners = self.listeners.read().map(|l| l.clone()).unwrap_or_default();
-        let subs = self.subsystems.read().map(|s| s.clone()).unwrap_or_default();
+        let subs = self
+            .subsystems
+            .read()
+            .map(|s| s.clone())
+            .unwrap_or_default();
         let mut out = Vec::new();
         let entry = |l: &Listener, nqn: &str, st: u8| DiscoveryEntry {
             trtype: nvme::trtype::TCP,
@@ -294,7 +302,11 @@ impl Target {
             sectype: 0,
         };
         for l in &listeners {
-            out.push(entry(l, nvme::DISCOVERY_NQN, nvme::subtype::CURRENT_DISCOVERY));
+            out.push(entry(
+                l,
+                nvme::DISCOVERY_NQN,
+                nvme::subtype::CURRENT_DISCOVERY,
+            ));
         }
         for s in subs.iter().filter(|s| s.host_allowed(hostnqn)) {
             for l in listeners.iter().filter(|l| !l.discovery_only) {

@@ -62,13 +62,14 @@ pub fn accept_loop(
             loop {
                 match l.listener.accept() {
                     Ok((sock, peer)) => {
-                        let qp = match tcp::TcpConnection::new(sock, target.clone(), l.discovery_only) {
-                            Ok(qp) => qp,
-                            Err(e) => {
-                                tracing::warn!(%peer, "cannot set up connection: {e}");
-                                continue;
-                            }
-                        };
+                        let qp =
+                            match tcp::TcpConnection::new(sock, target.clone(), l.discovery_only) {
+                                Ok(qp) => qp,
+                                Err(e) => {
+                                    tracing::warn!(%peer, "cannot set up connection: {e}");
+                                    continue;
+                                }
+                            };
                         let r = &reactors[next % reactors.len()];
                         next = next.wrapping_add(1);
                         tracing::debug!(%peer, listener = %l.addr, reactor = r.id, "accepted");

@@ -5,6 +5,7 @@
 //! slot (its index is the R2T transfer tag and the device operation tag), so
 //! nothing on this path allocates once buffers are warm.
 
+use crate::bdev::IoOp;
 use crate::mem::IoBuf;
 use crate::reactor::{IoCtx, QueuePair};
 use crate::target::admin::{self, AdminOutcome};
@@ -16,7 +17,6 @@ use crate::wire::nvme::{
     SglDescriptor, Sqe, Status, CATTR_DISABLE_SQ_FLOW, CONNECT_DATA_LEN,
 };
 use crate::wire::tcp::{self as pdu, fes, DataHeader, Digests, ICResp, ParseLimits, Pdu, PduError};
-use crate::bdev::IoOp;
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
@@ -125,7 +125,11 @@ impl CidSet {
 }
 
 impl TcpConnection {
-    pub fn new(sock: TcpStream, target: Arc<Target>, discovery_only: bool) -> std::io::Result<Self> {
+    pub fn new(
+        sock: TcpStream,
+        target: Arc<Target>,
+        discovery_only: bool,
+    ) -> std::io::Result<Self> {
         sock.set_nonblocking(true)?;
         sock.set_nodelay(true)?;
         let peer = sock
@@ -216,7 +220,8 @@ impl TcpConnection {
 
     fn read_socket(&mut self) -> bool {
         // Compact when the unread tail is near the end.
-        if self.rstart > 0 && (self.rstart == self.rend || self.rbuf.len() - self.rend < 16 * 1024) {
+        if self.rstart > 0 && (self.rstart == self.rend || self.rbuf.len() - self.rend < 16 * 1024)
+        {
             self.rbuf.copy_within(self.rstart..self.rend, 0);
             self.rend -= self.rstart;
             self.rstart = 0;
@@ -305,7 +310,11 @@ impl TcpConnection {
                         raw,
                     );
                 }
-                self.hpda_align = if req.hpda == 0 { 0 } else { (req.hpda as usize + 1) * 4 };
+                self.hpda_align = if req.hpda == 0 {
+                    0
+                } else {
+                    (req.hpda as usize + 1) * 4
+                };
                 // Tell the host our limit before switching digests on for us.
                 pdu::encode_icresp(
                     &mut self.wbuf,
@@ -325,20 +334,32 @@ impl TcpConnection {
                 tracing::warn!(peer = %self.peer, fes, fei, "host terminated the connection");
                 self.close();
             }
-            (_, Pdu::CapsuleCmd { sqe, data, data_digest_error }) => {
-                self.on_command(sqe, data, data_digest_error, raw, ctx)
-            }
-            (_, Pdu::H2CData { hdr, data, data_digest_error, .. }) => {
-                self.on_h2c_data(hdr, data, data_digest_error, raw, ctx)
-            }
-            (_, Pdu::ICResp(_) | Pdu::CapsuleResp(_) | Pdu::C2HData { .. } | Pdu::R2T(_)) => self.terminate(
-                PduError {
-                    fes: fes::INVALID_HEADER_FIELD,
-                    fei: 0,
-                    reason: "controller-to-host PDU sent by the host",
+            (
+                _,
+                Pdu::CapsuleCmd {
+                    sqe,
+                    data,
+                    data_digest_error,
                 },
-                raw,
-            ),
+            ) => self.on_command(sqe, data, data_digest_error, raw, ctx),
+            (
+                _,
+                Pdu::H2CData {
+                    hdr,
+                    data,
+                    data_digest_error,
+                    ..
+                },
+            ) => self.on_h2c_data(hdr, data, data_digest_error, raw, ctx),
+            (_, Pdu::ICResp(_) | Pdu::CapsuleResp(_) | Pdu::C2HData { .. } | Pdu::R2T(_)) => self
+                .terminate(
+                    PduError {
+                        fes: fes::INVALID_HEADER_FIELD,
+                        fei: 0,
+                        reason: "controller-to-host PDU sent by the host",
+                    },
+                    raw,
+                ),
         }
     }
 
@@ -358,7 +379,11 @@ impl TcpConnection {
     }
 
     fn advance_sq_head(&mut self) {
-        self.sq_head = if self.sq_head >= self.sqsize { 0 } else { self.sq_head + 1 };
+        self.sq_head = if self.sq_head >= self.sqsize {
+            0
+        } else {
+            self.sq_head + 1
+        };
     }
 
     /// Sends a CapsuleResp for a command that never got a slot.
@@ -370,7 +395,11 @@ impl TcpConnection {
     fn cqe(&self, cid: u16, status: Status, result: u64) -> Cqe {
         Cqe {
             result,
-            sq_head: if self.sqflow_disabled { 0xFFFF } else { self.sq_head },
+            sq_head: if self.sqflow_disabled {
+                0xFFFF
+            } else {
+                self.sq_head
+            },
             sq_id: self.qid(),
             cid,
             status: status.to_field(),
@@ -434,7 +463,11 @@ impl TcpConnection {
         // I/O commands are checked before any data moves, so a bad write never
         // costs an R2T round trip.
         if !self.is_admin() && !is_fabrics {
-            let ns = self.namespaces.iter().find(|n| n.nsid == sqe.nsid()).cloned();
+            let ns = self
+                .namespaces
+                .iter()
+                .find(|n| n.nsid == sqe.nsid())
+                .cloned();
             let plan = tio::plan(ns.as_deref(), &sqe, self.target.limits.max_io_size)?;
             if let Some(r) = self.slots[slot as usize].as_mut() {
                 r.plan = Some(plan);
@@ -533,7 +566,14 @@ impl TcpConnection {
         pdu::encode_r2t(&mut self.wbuf, &hdr, self.digests);
     }
 
-    fn on_h2c_data(&mut self, hdr: DataHeader, data: &[u8], digest_error: bool, raw: &[u8], ctx: &mut IoCtx) {
+    fn on_h2c_data(
+        &mut self,
+        hdr: DataHeader,
+        data: &[u8],
+        digest_error: bool,
+        raw: &[u8],
+        ctx: &mut IoCtx,
+    ) {
         let slot = hdr.ttag;
         let ok = match self.slots.get(slot as usize).and_then(|s| s.as_ref()) {
             Some(r) => r.state == ReqState::AwaitingData && r.sqe.cid() == hdr.cccid,
@@ -620,7 +660,11 @@ impl TcpConnection {
                     self.aers.push(sqe.cid());
                     Ok(())
                 }
-                AdminOutcome::Done { status, result, data } => {
+                AdminOutcome::Done {
+                    status,
+                    result,
+                    data,
+                } => {
                     if let Some(d) = data {
                         let want = sqe.sgl().length as usize;
                         let mut d = d;
@@ -654,7 +698,12 @@ impl TcpConnection {
                 };
                 if self.discovery_only && data.subnqn != crate::wire::nvme::DISCOVERY_NQN {
                     tracing::warn!(peer = %self.peer, subnqn = %data.subnqn, "connect to an NVM subsystem on the discovery port refused");
-                    self.finish(slot, Status::CONNECT_INVALID_PARAMETERS, (256 | 1 << 16) as u64, ctx);
+                    self.finish(
+                        slot,
+                        Status::CONNECT_INVALID_PARAMETERS,
+                        (256 | 1 << 16) as u64,
+                        ctx,
+                    );
                     return Ok(());
                 }
                 match fabrics::connect(&self.target, &cmd, &data, &self.peer) {
@@ -674,7 +723,12 @@ impl TcpConnection {
                                 "controller created"
                             );
                         } else {
-                            tracing::debug!(cntlid = ctrl.cntlid, qid = binding.qid(), sqsize = cmd.sqsize, "I/O queue connected");
+                            tracing::debug!(
+                                cntlid = ctrl.cntlid,
+                                qid = binding.qid(),
+                                sqsize = cmd.sqsize,
+                                "I/O queue connected"
+                            );
                         }
                         self.binding = Some(binding);
                         self.finish(slot, Status::SUCCESS, ctrl.cntlid as u64, ctx);
@@ -757,7 +811,11 @@ impl TcpConnection {
                     ops.push((ns.ok_or(Status::INVALID_NAMESPACE)?, IoOp::Flush));
                 }
             }
-            IoPlan::WriteZeroes { offset, len, deallocate } => {
+            IoPlan::WriteZeroes {
+                offset,
+                len,
+                deallocate,
+            } => {
                 let ns = ns.ok_or(Status::INVALID_NAMESPACE)?;
                 ops.push((
                     ns,
@@ -845,7 +903,11 @@ impl TcpConnection {
             }
             self.r2t_waiting.retain(|&s| s != slot);
         }
-        let status = if r.status.is_success() { status } else { r.status };
+        let status = if r.status.is_success() {
+            status
+        } else {
+            r.status
+        };
         if let Some(b) = self.binding.as_ref() {
             let ctrl = b.ctrl();
             if !status.is_success() {
@@ -858,11 +920,15 @@ impl TcpConnection {
                 match r.plan {
                     Some(IoPlan::Read { len, .. }) => {
                         ctrl.counters.read_cmds.fetch_add(1, Ordering::Relaxed);
-                        ctrl.counters.read_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                        ctrl.counters
+                            .read_bytes
+                            .fetch_add(len as u64, Ordering::Relaxed);
                     }
                     Some(IoPlan::Write { len, .. }) => {
                         ctrl.counters.write_cmds.fetch_add(1, Ordering::Relaxed);
-                        ctrl.counters.write_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                        ctrl.counters
+                            .write_bytes
+                            .fetch_add(len as u64, Ordering::Relaxed);
                     }
                     _ => {}
                 }
@@ -892,7 +958,15 @@ impl TcpConnection {
                 offset: 0,
                 length: data.len() as u32,
             };
-            pdu::encode_data_pdu(&mut self.wbuf, false, &hdr, data, flags, self.digests, self.hpda_align);
+            pdu::encode_data_pdu(
+                &mut self.wbuf,
+                false,
+                &hdr,
+                data,
+                flags,
+                self.digests,
+                self.hpda_align,
+            );
             sent_success = success;
         }
         if !sent_success {
@@ -926,7 +1000,13 @@ impl QueuePair for TcpConnection {
         self.process_input(ctx);
     }
 
-    fn on_io_complete(&mut self, slot: u16, result: Result<(), i32>, buf: Option<IoBuf>, ctx: &mut IoCtx) {
+    fn on_io_complete(
+        &mut self,
+        slot: u16,
+        result: Result<(), i32>,
+        buf: Option<IoBuf>,
+        ctx: &mut IoCtx,
+    ) {
         self.dev_ops = self.dev_ops.saturating_sub(1);
         let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.as_mut()) else {
             if let Some(b) = buf {
@@ -935,7 +1015,11 @@ impl QueuePair for TcpConnection {
             return;
         };
         if let Err(errno) = result {
-            tracing::warn!(cid = r.sqe.cid(), op = r.sqe.opcode(), "device error: errno {errno}");
+            tracing::warn!(
+                cid = r.sqe.cid(),
+                op = r.sqe.opcode(),
+                "device error: errno {errno}"
+            );
             r.status = match r.plan {
                 Some(IoPlan::Read { .. }) => Status::UNRECOVERED_READ_ERROR,
                 Some(IoPlan::Write { .. }) => Status::WRITE_FAULT,

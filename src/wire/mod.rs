@@ -59,6 +59,8 @@ pub(crate) mod le {
     pub fn str_at(b: &[u8], off: usize, len: usize) -> String {
         let field = b.get(off..(off + len).min(b.len())).unwrap_or(&[]);
         let end = field.iter().position(|&c| c == 0).unwrap_or(field.len());
-        String::from_utf8_lossy(&field[..end]).trim_end().to_string()
+        String::from_utf8_lossy(&field[..end])
+            .trim_end()
+            .to_string()
     }
 }

@@ -532,7 +532,10 @@ impl GetLogPage {
         let numd = (self.len / 4).saturating_sub(1) as u32;
         s.set_cdw(
             10,
-            self.lid as u32 | (self.lsp as u32) << 8 | (self.rae as u32) << 15 | (numd & 0xFFFF) << 16,
+            self.lid as u32
+                | (self.lsp as u32) << 8
+                | (self.rae as u32) << 15
+                | (numd & 0xFFFF) << 16,
         );
         s.set_cdw(11, numd >> 16);
         s.set_cdw(12, self.offset as u32);

@@ -215,7 +215,11 @@ pub fn parse<'a>(
         return Ok(None);
     };
     let Some(hlen) = expected_hlen(ch.pdu_type) else {
-        return Err(PduError::new(fes::INVALID_HEADER_FIELD, 0, "unknown PDU type"));
+        return Err(PduError::new(
+            fes::INVALID_HEADER_FIELD,
+            0,
+            "unknown PDU type",
+        ));
     };
     if ch.hlen as usize != hlen {
         return Err(PduError::new(
@@ -231,7 +235,11 @@ pub fn parse<'a>(
     );
     // IC and TermReq PDUs never carry digests; everything else carries the
     // negotiated header digest, and the data digest when it has data.
-    let hdgst = if is_ic_or_term { 0 } else { digests.hdgst_len() };
+    let hdgst = if is_ic_or_term {
+        0
+    } else {
+        digests.hdgst_len()
+    };
     if !is_ic_or_term && ((ch.flags & flags::HDGSTF) != 0) != digests.header {
         return Err(PduError::new(
             fes::INVALID_HEADER_FIELD,
@@ -257,7 +265,11 @@ pub fn parse<'a>(
         } else {
             fes::DATA_LIMIT_EXCEEDED
         };
-        return Err(PduError::new(f, 4, "PDU length exceeds the negotiated limit"));
+        return Err(PduError::new(
+            f,
+            4,
+            "PDU length exceeds the negotiated limit",
+        ));
     }
     if buf.len() < plen {
         return Ok(None);
@@ -365,7 +377,11 @@ pub fn parse<'a>(
         }
         pdu_type::CAPSULE_RESP => {
             let Some(cqe) = Cqe::decode(&pdu[COMMON_HEADER_LEN..]) else {
-                return Err(PduError::new(fes::INVALID_HEADER_FIELD, 2, "short response"));
+                return Err(PduError::new(
+                    fes::INVALID_HEADER_FIELD,
+                    2,
+                    "short response",
+                ));
             };
             Pdu::CapsuleResp(cqe)
         }
@@ -401,7 +417,13 @@ pub fn parse<'a>(
                 _ => Pdu::R2T(hdr),
             }
         }
-        _ => return Err(PduError::new(fes::INVALID_HEADER_FIELD, 0, "unknown PDU type")),
+        _ => {
+            return Err(PduError::new(
+                fes::INVALID_HEADER_FIELD,
+                0,
+                "unknown PDU type",
+            ))
+        }
     };
     Ok(Some((parsed, plen)))
 }
@@ -644,7 +666,9 @@ mod tests {
         };
         encode_data_pdu(&mut out, false, &hdr, &[1, 2, 3, 4], flags::LAST_PDU, d, 0);
         let (p1, n1) = parse(&out, d, LIM).unwrap().unwrap();
-        assert!(matches!(p1, Pdu::CapsuleResp(c) if c.cid == 3 && c.status() == Status::INVALID_FIELD));
+        assert!(
+            matches!(p1, Pdu::CapsuleResp(c) if c.cid == 3 && c.status() == Status::INVALID_FIELD)
+        );
         let (p2, n2) = parse(&out[n1..], d, LIM).unwrap().unwrap();
         assert_eq!(n1 + n2, out.len());
         assert!(
@@ -657,7 +681,12 @@ mod tests {
         let mut out = Vec::new();
         let hdr = DataHeader::default();
         encode_data_pdu(&mut out, true, &hdr, &[0u8; 8192], 0, Digests::default(), 0);
-        let err = parse(&out[..8], Digests::default(), ParseLimits { max_data: 4096 }).unwrap_err();
+        let err = parse(
+            &out[..8],
+            Digests::default(),
+            ParseLimits { max_data: 4096 },
+        )
+        .unwrap_err();
         assert_eq!(err.fes, fes::DATA_LIMIT_EXCEEDED);
     }
 
