@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The project's test command (README): lint, unit + integration tests, then the
+# interop suite against the real Linux NVMe host in a QEMU guest.
+#
+#   ci/test.sh            everything
+#   ci/test.sh --quick    lint and cargo tests only (no QEMU guest)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+quick=0
+[[ "${1:-}" == "--quick" ]] && quick=1
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "toolchain: $(cargo --version)"
+cargo fmt --version >/dev/null && cargo clippy --version >/dev/null
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --all-targets -- -D warnings
+
+step "cargo test (unit, property and loopback integration tests)"
+cargo test --all-targets
+
+if [[ $quick == 1 ]]; then
+    exit 0
+fi
+
+step "cargo build --release"
+cargo build --release
+
+step "interop: Linux kernel NVMe/TCP host in a QEMU guest"
+KVTARGET_BIN="$PWD/target/release/kvtarget" ci/interop.sh
