@@ -93,7 +93,12 @@ size = "32MiB"
         assert!(st.success());
         let status = child.wait().unwrap();
         let mut log = String::new();
-        child.stderr.take().unwrap().read_to_string(&mut log).unwrap();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut log)
+            .unwrap();
         assert!(status.success(), "exit {status:?}\n{log}");
         assert!(log.contains("received SIGTERM"), "{log}");
         got

@@ -24,7 +24,10 @@ fn config(dir: &std::path::Path, extra_tcp: &str, backend: &str) -> String {
     let ns = if backend == "ram" {
         "backend = \"ram\"\nsize = \"64MiB\"".to_string()
     } else {
-        format!("backend = \"uring\"\npath = \"{}/ns1.img\"\nsize = \"64MiB\"", dir.display())
+        format!(
+            "backend = \"uring\"\npath = \"{}/ns1.img\"\nsize = \"64MiB\"",
+            dir.display()
+        )
     };
     format!(
         r#"
@@ -99,7 +102,11 @@ impl Harness {
             s.shutdown();
         }
         // Same port: rebinding keeps hosts' addresses valid.
-        self.cfg_text = self.cfg_text.replacen("port = 0\n\n[[subsystems]]", &format!("port = {}\n\n[[subsystems]]", self.addr.port()), 1);
+        self.cfg_text = self.cfg_text.replacen(
+            "port = 0\n\n[[subsystems]]",
+            &format!("port = {}\n\n[[subsystems]]", self.addr.port()),
+            1,
+        );
         self.boot();
     }
 
@@ -135,13 +142,18 @@ fn discovery_lists_allowed_subsystems_on_both_ports() {
         let mut d = HostController::connect(&o).unwrap();
         assert_eq!(d.id.cntrltype, 2);
         let log = d.discovery_log().unwrap();
-        let nvm: Vec<_> = log.iter().filter(|e| e.subtype == nvme::subtype::NVME).collect();
+        let nvm: Vec<_> = log
+            .iter()
+            .filter(|e| e.subtype == nvme::subtype::NVME)
+            .collect();
         assert_eq!(nvm.len(), 1, "{log:?}");
         assert_eq!(nvm[0].subnqn, NQN);
         assert_eq!(nvm[0].trsvcid, h.addr.port().to_string());
         assert_eq!(nvm[0].traddr, "127.0.0.1");
         assert_eq!(nvm[0].trtype, nvme::trtype::TCP);
-        assert!(log.iter().any(|e| e.subtype == nvme::subtype::CURRENT_DISCOVERY));
+        assert!(log
+            .iter()
+            .any(|e| e.subtype == nvme::subtype::CURRENT_DISCOVERY));
         d.keep_alive().unwrap();
     }
     // A host that may not connect does not see the subsystem.
@@ -175,7 +187,9 @@ fn identify_and_logs() {
     let ns2 = c.identify_namespace(2).unwrap();
     assert_eq!(ns2.lbads, 12);
     assert_ne!(ns1.nguid, ns2.nguid);
-    let smart = c.get_log_page(nvme::lid::SMART_HEALTH, 0xFFFF_FFFF, 512, 0).unwrap();
+    let smart = c
+        .get_log_page(nvme::lid::SMART_HEALTH, 0xFFFF_FFFF, 512, 0)
+        .unwrap();
     assert_eq!(nvme::SmartLog::decode(&smart).available_spare, 100);
     let err = c.get_log_page(nvme::lid::ERROR_INFO, 0, 4096, 0).unwrap();
     assert_eq!(err.len(), 4096);
@@ -257,7 +271,10 @@ fn io_errors_have_precise_statuses() {
 
 fn large_transfers(digests: Digests) {
     // Small R2T and H2C limits force several R2Ts and several H2CData per R2T.
-    let h = Harness::start_with("max_r2t_length = \"256KiB\"\nmax_h2c_data = \"64KiB\"", "uring");
+    let h = Harness::start_with(
+        "max_r2t_length = \"256KiB\"\nmax_h2c_data = \"64KiB\"",
+        "uring",
+    );
     let mut o = h.opts();
     o.digests = digests;
     let mut c = HostController::connect(&o).unwrap();
@@ -266,13 +283,19 @@ fn large_transfers(digests: Digests) {
     assert_eq!(q.q.maxh2cdata, 64 << 10);
     let mut cids = Vec::new();
     for i in 0..4u64 {
-        cids.push(q.submit_write(1, i * 2048, pattern(i + 100, 1 << 20), 512, i == 3).unwrap());
+        cids.push(
+            q.submit_write(1, i * 2048, pattern(i + 100, 1 << 20), 512, i == 3)
+                .unwrap(),
+        );
     }
     for cid in cids {
         q.q.wait_for(cid).unwrap().ok().unwrap();
     }
     for i in 0..4u64 {
-        assert_eq!(q.read(1, i * 2048, 2048, 512).unwrap(), pattern(i + 100, 1 << 20));
+        assert_eq!(
+            q.read(1, i * 2048, 2048, 512).unwrap(),
+            pattern(i + 100, 1 << 20)
+        );
     }
     // In-capsule writes (8 KiB fits) on the 4 KiB namespace.
     q.write(2, 3, pattern(7, 8192), 4096).unwrap();
@@ -300,7 +323,10 @@ fn flush_write_zeroes_and_deallocate() {
     let mut q = c.io_queue(1).unwrap();
     q.write(1, 0, pattern(3, 64 * 1024), 512).unwrap();
     q.flush(1).unwrap();
-    q.q.execute(Sqe::new(io_opc::FLUSH, 0, 0xFFFF_FFFF), None, 0).unwrap().ok().unwrap();
+    q.q.execute(Sqe::new(io_opc::FLUSH, 0, 0xFFFF_FFFF), None, 0)
+        .unwrap()
+        .ok()
+        .unwrap();
     q.write_zeroes(1, 8, 8, false).unwrap();
     q.write_zeroes(1, 16, 8, true).unwrap();
     q.deallocate(1, &[(32, 16), (64, 8)]).unwrap();
@@ -309,7 +335,10 @@ fn flush_write_zeroes_and_deallocate() {
     for (blk, chunk) in got.chunks(512).enumerate() {
         let zero = (8..24).contains(&blk) || (32..48).contains(&blk) || (64..72).contains(&blk);
         if zero {
-            assert!(chunk.iter().all(|&b| b == 0), "block {blk} should read zeros");
+            assert!(
+                chunk.iter().all(|&b| b == 0),
+                "block {blk} should read zeros"
+            );
         } else {
             assert_eq!(chunk, &want[blk * 512..(blk + 1) * 512], "block {blk} kept");
         }
@@ -351,7 +380,12 @@ fn malformed_pdu_terminates_only_that_connection() {
     let mut bad = c.io_queue(2).unwrap();
     // A CapsuleCmd whose header length is wrong.
     let mut raw = Vec::new();
-    pdu::encode_capsule_cmd(&mut raw, &Sqe::new(io_opc::READ, 5, 1), &[], Digests::default());
+    pdu::encode_capsule_cmd(
+        &mut raw,
+        &Sqe::new(io_opc::READ, 5, 1),
+        &[],
+        Digests::default(),
+    );
     raw[2] = 70;
     bad.q.send_raw(&raw).unwrap();
     match bad.q.wait_any() {
@@ -368,7 +402,11 @@ fn malformed_pdu_terminates_only_that_connection() {
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut b = [0u8; 256];
     let n = s.read(&mut b).unwrap();
-    assert!(n >= 24 && b[0] == pdu::pdu_type::C2H_TERM_REQ, "got {:?}", &b[..n]);
+    assert!(
+        n >= 24 && b[0] == pdu::pdu_type::C2H_TERM_REQ,
+        "got {:?}",
+        &b[..n]
+    );
     // The other queue and the admin queue carry on.
     good.write(1, 0, pattern(5, 4096), 512).unwrap();
     assert_eq!(good.read(1, 0, 8, 512).unwrap(), pattern(5, 4096));
@@ -395,7 +433,9 @@ fn wrong_nqn_and_unknown_host_are_refused() {
     }
     // Commands before Connect are refused, not executed.
     let mut q = QueueConn::open(h.addr, Digests::default(), Duration::from_secs(5)).unwrap();
-    let r = q.execute(Sqe::new(nvme::admin_opc::IDENTIFY, 0, 0), None, 4096).unwrap();
+    let r = q
+        .execute(Sqe::new(nvme::admin_opc::IDENTIFY, 0, 0), None, 4096)
+        .unwrap();
     assert_eq!(r.status(), Status::COMMAND_SEQUENCE_ERROR);
 }
 
@@ -427,7 +467,10 @@ fn shutdown_completes_in_flight_io() {
     let mut q = c.io_queue(1).unwrap();
     let mut cids = Vec::new();
     for i in 0..32u64 {
-        cids.push(q.submit_write(1, i * 256, pattern(i, 128 * 1024), 512, false).unwrap());
+        cids.push(
+            q.submit_write(1, i * 256, pattern(i, 128 * 1024), 512, false)
+                .unwrap(),
+        );
     }
     // Stop while writes are in flight: every one is answered before the close.
     let t0 = Instant::now();
@@ -451,13 +494,21 @@ fn shutdown_completes_in_flight_io() {
     c.set_queue_count(1).unwrap();
     let mut q = c.io_queue(1).unwrap();
     for i in 0..answered as u64 {
-        assert_eq!(q.read(1, i * 256, 256, 512).unwrap(), pattern(i, 128 * 1024), "write {i}");
+        assert_eq!(
+            q.read(1, i * 256, 256, 512).unwrap(),
+            pattern(i, 128 * 1024),
+            "write {i}"
+        );
     }
 }
 
 impl Harness {
     fn boot_again_same_port(&mut self) {
-        self.cfg_text = self.cfg_text.replacen("port = 0\n\n[[subsystems]]", &format!("port = {}\n\n[[subsystems]]", self.addr.port()), 1);
+        self.cfg_text = self.cfg_text.replacen(
+            "port = 0\n\n[[subsystems]]",
+            &format!("port = {}\n\n[[subsystems]]", self.addr.port()),
+            1,
+        );
         self.boot();
     }
 }

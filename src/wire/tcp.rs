@@ -331,33 +331,36 @@ pub fn parse<'a>(
     }
 
     let parsed = match ch.pdu_type {
-        pdu_type::IC_REQ => {
+        pdu_type::IC_REQ | pdu_type::IC_RESP => {
             if plen != IC_PDU_LEN {
-                return Err(PduError::new(fes::INVALID_HEADER_FIELD, 4, "ICReq length"));
+                return Err(PduError::new(
+                    fes::INVALID_HEADER_FIELD,
+                    4,
+                    "ICReq/ICResp length",
+                ));
             }
-            Pdu::ICReq(ICReq {
-                pfv: u16_at(pdu, 8),
-                hpda: pdu[10],
-                digests: Digests {
-                    header: pdu[11] & 1 != 0,
-                    data: pdu[11] & 2 != 0,
-                },
-                maxr2t: u32_at(pdu, 12),
-            })
-        }
-        pdu_type::IC_RESP => {
-            if plen != IC_PDU_LEN {
-                return Err(PduError::new(fes::INVALID_HEADER_FIELD, 4, "ICResp length"));
+            // Same layout both ways: pfv, pda (HPDA/CPDA), digest bits, a u32
+            // (MAXR2T in ICReq, MAXH2CDATA in ICResp).
+            let (pfv, pda, value) = (u16_at(pdu, 8), pdu[10], u32_at(pdu, 12));
+            let digests = Digests {
+                header: pdu[11] & 1 != 0,
+                data: pdu[11] & 2 != 0,
+            };
+            if ch.pdu_type == pdu_type::IC_REQ {
+                Pdu::ICReq(ICReq {
+                    pfv,
+                    hpda: pda,
+                    digests,
+                    maxr2t: value,
+                })
+            } else {
+                Pdu::ICResp(ICResp {
+                    pfv,
+                    cpda: pda,
+                    digests,
+                    maxh2cdata: value,
+                })
             }
-            Pdu::ICResp(ICResp {
-                pfv: u16_at(pdu, 8),
-                cpda: pdu[10],
-                digests: Digests {
-                    header: pdu[11] & 1 != 0,
-                    data: pdu[11] & 2 != 0,
-                },
-                maxh2cdata: u32_at(pdu, 12),
-            })
         }
         pdu_type::H2C_TERM_REQ | pdu_type::C2H_TERM_REQ => Pdu::TermReq {
             from_host: ch.pdu_type == pdu_type::H2C_TERM_REQ,
@@ -442,24 +445,30 @@ fn finish_header(out: &mut Vec<u8>, start: usize, hdgst: bool) {
     }
 }
 
+fn encode_ic(out: &mut Vec<u8>, t: u8, pfv: u16, pda: u8, digests: Digests, value: u32) {
+    let start = put_common(out, t, 0, IC_PDU_LEN, 0, IC_PDU_LEN);
+    out.resize(start + IC_PDU_LEN, 0);
+    put_u16(out, start + 8, pfv);
+    out[start + 10] = pda;
+    out[start + 11] = digests.header as u8 | (digests.data as u8) << 1;
+    put_u32(out, start + 12, value);
+}
+
 /// Appends an ICReq (host side).
 pub fn encode_icreq(out: &mut Vec<u8>, r: &ICReq) {
-    let start = put_common(out, pdu_type::IC_REQ, 0, IC_PDU_LEN, 0, IC_PDU_LEN);
-    out.resize(start + IC_PDU_LEN, 0);
-    put_u16(out, start + 8, r.pfv);
-    out[start + 10] = r.hpda;
-    out[start + 11] = r.digests.header as u8 | (r.digests.data as u8) << 1;
-    put_u32(out, start + 12, r.maxr2t);
+    encode_ic(out, pdu_type::IC_REQ, r.pfv, r.hpda, r.digests, r.maxr2t);
 }
 
 /// Appends an ICResp (target side).
 pub fn encode_icresp(out: &mut Vec<u8>, r: &ICResp) {
-    let start = put_common(out, pdu_type::IC_RESP, 0, IC_PDU_LEN, 0, IC_PDU_LEN);
-    out.resize(start + IC_PDU_LEN, 0);
-    put_u16(out, start + 8, r.pfv);
-    out[start + 10] = r.cpda;
-    out[start + 11] = r.digests.header as u8 | (r.digests.data as u8) << 1;
-    put_u32(out, start + 12, r.maxh2cdata);
+    encode_ic(
+        out,
+        pdu_type::IC_RESP,
+        r.pfv,
+        r.cpda,
+        r.digests,
+        r.maxh2cdata,
+    );
 }
 
 /// Appends a CapsuleResp.
