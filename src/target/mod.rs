@@ -290,8 +290,9 @@ impl Target {
                 nvme::adrfam::IPV6
             },
             subtype: st,
-            // Secure channel not required; SQ flow control may be disabled.
-            treq: 0x02 | 0x04,
+            // Secure channel not required. (SQ flow control can be disabled too,
+            // but nvme-cli 2.x prints combined TREQ values as "unrecognized".)
+            treq: 0x02,
             portid: l.portid,
             cntlid: 0xFFFF,
             asqsz: 32,

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Boot the interop guest (built by build.sh) under QEMU/TCG and run one script in it.
+#
+# The host directory --share is exported over 9p (tag "share", mounted on /mnt/share in
+# the guest); --script names a file inside it, run by the guest's init with busybox sh.
+# The guest writes the script's exit status to <share>/exit-status and powers off; this
+# script returns that status, or 124 on timeout, 125 if the guest died without one.
+#
+# Usage: ci/guest/run.sh --share DIR --script REL [--timeout SECS] [--log FILE]
+#                        [--smp N] [--mem SIZE] [--pidfile FILE] [--verbose]
+#                        [--append "KERNEL ARGS"]
+# The console log (kernel + script output) goes to --log (default <share>/console.log);
+# its path is printed at the end, and its tail too when the run failed.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+share= script= append= timeout_s=900 log= smp=4 mem=2G pidfile= verbose=${INTEROP_VERBOSE:-}
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --share) share=$2; shift 2 ;;
+        --script) script=$2; shift 2 ;;
+        --timeout) timeout_s=$2; shift 2 ;;
+        --log) log=$2; shift 2 ;;
+        --append) append="$append $2"; shift 2 ;;
+        --smp) smp=$2; shift 2 ;;
+        --mem) mem=$2; shift 2 ;;
+        --pidfile) pidfile=$2; shift 2 ;;
+        --verbose) verbose=1; shift ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+        *) echo "guest-run: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+[ -n "$share" ] && [ -d "$share" ] || { echo "guest-run: --share DIR required" >&2; exit 2; }
+[ -n "$script" ] && [ -f "$share/$script" ] || { echo "guest-run: --script must name a file in $share" >&2; exit 2; }
+share=$(cd "$share" && pwd)
+log=${log:-$share/console.log}
+
+guest=${GUEST_DIR:-$("$here/build.sh")}
+[ -f "$guest/vmlinuz" ] && [ -f "$guest/initramfs.cpio" ] || { echo "guest-run: no guest in $guest" >&2; exit 2; }
+
+rm -f "$share/exit-status"
+: > "$log"
+
+qemu_pid=
+cleanup() {
+    if [ -n "$qemu_pid" ] && kill -0 "$qemu_pid" 2>/dev/null; then
+        kill -TERM "$qemu_pid" 2>/dev/null || true
+        sleep 1
+        kill -KILL "$qemu_pid" 2>/dev/null || true
+    fi
+    [ -z "$pidfile" ] || rm -f "$pidfile"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# -cpu max: crc32c-intel (NVMe/TCP digests) needs SSE4.2, which the default qemu64
+# model lacks. -smp 4: the Linux host caps I/O queues at the number of online CPUs,
+# and the suite connects with 4 I/O queues. mitigations=off: no speculative-execution
+# workarounds to emulate.
+cmdline="console=ttyS0 quiet panic=-1 mitigations=off random.trust_cpu=on interop.run=$script$append"
+qemu-system-x86_64 \
+    -nodefaults -no-user-config -no-reboot \
+    -machine q35 -accel tcg,thread=multi -cpu max -smp "$smp" -m "$mem" \
+    -display none -serial stdio -monitor none \
+    -kernel "$guest/vmlinuz" -initrd "$guest/initramfs.cpio" -append "$cmdline" \
+    -netdev user,id=n0 -device virtio-net-pci,netdev=n0,romfile= \
+    -fsdev local,id=fs0,path="$share",security_model=none \
+    -device virtio-9p-pci,fsdev=fs0,mount_tag=share \
+    -device virtio-rng-pci \
+    </dev/null >>"$log" 2>&1 &
+qemu_pid=$!
+[ -z "$pidfile" ] || echo "$qemu_pid" > "$pidfile"
+
+tail_pid=
+if [ -n "$verbose" ]; then
+    tail -n +1 -f "$log" --pid="$qemu_pid" >&2 &
+    tail_pid=$!
+fi
+
+start=$SECONDS
+timed_out=
+while kill -0 "$qemu_pid" 2>/dev/null; do
+    if [ $((SECONDS - start)) -ge "$timeout_s" ]; then
+        timed_out=1
+        echo "guest-run: timeout after ${timeout_s}s, killing QEMU" >&2
+        kill -TERM "$qemu_pid" 2>/dev/null || true
+        sleep 2
+        kill -KILL "$qemu_pid" 2>/dev/null || true
+        break
+    fi
+    sleep 1
+done
+wait "$qemu_pid" 2>/dev/null || true
+qemu_pid=
+[ -z "$tail_pid" ] || wait "$tail_pid" 2>/dev/null || true
+
+if [ -n "$timed_out" ]; then
+    rc=124
+elif [ -f "$share/exit-status" ]; then
+    rc=$(cat "$share/exit-status")
+    case "$rc" in ''|*[!0-9]*) rc=125 ;; esac
+else
+    echo "guest-run: guest stopped without writing an exit status" >&2
+    rc=125
+fi
+echo "guest-run: exit status $rc after $((SECONDS - start))s; console log: $log" >&2
+if [ "$rc" != 0 ]; then
+    echo "guest-run: ---- console tail ($log) ----" >&2
+    tail -n 60 "$log" >&2
+    echo "guest-run: ---- end of console tail ----" >&2
+fi
+exit "$rc"

@@ -1,0 +1,638 @@
+#!/bin/bash
+# NVMe/TCP interop suite: the Linux kernel NVMe host (nvme-cli 2.3, fio 3.33, Debian 12's
+# 6.1 kernel) against one target. Runs inside the interop guest (ci/guest), as root.
+#
+# Each scenario is a function named t_<name with - replaced by _>; it returns 0 or sets
+# REASON and returns 1. Output, one line per scenario:
+#     ok - <name>
+#     FAIL - <name>: <reason>
+# with '#'-prefixed diagnostics (the failing scenario's kernel log), and a last line
+# "N passed, N failed". Exit status 0 only if nothing failed.
+#
+# Usage: tcp-suite.sh --addr A --port P --nqn NQN --hostnqn HOSTNQN [options]
+#   --addr A            address the guest connects to (10.0.2.2 = the host via slirp)
+#   --port P            NVMe/TCP I/O port (4420)
+#   --disc-port P       discovery port (8009)
+#   --disc-port-svc P   trsvcid the subsystem's entry must carry in the log served on
+#                       the discovery port (unchecked when omitted; the entry is always
+#                       followed with a real connect)
+#   --advertised-addr A traddr the target puts in its discovery log (default: --addr)
+#   --nqn NQN           subsystem under test
+#   --hostnqn NQN       allowed host NQN (--hostid sets its host ID)
+#   --size BYTES        namespace 1 size (default 268435456); --block-size BYTES (4096)
+#   --serial S --model M  expected id-ctrl sn/mn (unchecked when omitted)
+#   --restart MODE      how to restart the target: "share" (ask the host orchestrator
+#                       over the 9p share, see README) or "nvmet" (unlink and relink the
+#                       subsystem from its configfs ports in this guest)
+#   --share DIR         the 9p share (default /mnt/share)
+#   --only REGEX        run only scenarios whose name matches (development aid)
+set -u
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+export LC_ALL=C
+
+ADDR= PORT=4420 DISC_PORT=8009 DISC_PORT_SVC= ADV_ADDR= NQN= HOSTNQN= HOSTID=
+SIZE=268435456 BS=4096 SERIAL= MODEL= RESTART=share SHARE=/mnt/share ONLY=
+INTRUDER_NQN=nqn.2026-11.io.kvtarget:intruder
+INTRUDER_ID=6b7a7f1e-0c1d-4d2e-9a41-6b76740000ff
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --addr) ADDR=$2 ;;
+        --port) PORT=$2 ;;
+        --disc-port) DISC_PORT=$2 ;;
+        --disc-port-svc) DISC_PORT_SVC=$2 ;;
+        --advertised-addr) ADV_ADDR=$2 ;;
+        --nqn) NQN=$2 ;;
+        --hostnqn) HOSTNQN=$2 ;;
+        --hostid) HOSTID=$2 ;;
+        --size) SIZE=$2 ;;
+        --block-size) BS=$2 ;;
+        --serial) SERIAL=$2 ;;
+        --model) MODEL=$2 ;;
+        --restart) RESTART=$2 ;;
+        --share) SHARE=$2 ;;
+        --only) ONLY=$2 ;;
+        *) echo "tcp-suite: unknown argument $1" >&2; exit 2 ;;
+    esac
+    shift 2
+done
+[ -n "$ADDR" ] && [ -n "$NQN" ] && [ -n "$HOSTNQN" ] || {
+    echo "tcp-suite: --addr, --nqn and --hostnqn are required" >&2; exit 2; }
+ADV_ADDR=${ADV_ADDR:-$ADDR}
+HOSTID=${HOSTID:-$(cat /etc/nvme/hostid 2>/dev/null)}
+MiB=1048576
+[ "$SIZE" -ge $((256 * MiB)) ] || { echo "tcp-suite: namespace must be >= 256 MiB" >&2; exit 2; }
+
+# Layout of namespace 1 (MiB offsets), one region per scenario so none depends on
+# another's data: fio jobs 0-16 and 32-48 (offset_increment 32M), dd 64-80,
+# reconnect 96-104, restart 112-120 + 128-132, discard 160-168, write-zeroes 176-184,
+# flush 192-196, digests 200-232, queues 240-244, keep-alive 248-252.
+
+PASSED=0 FAILED=0 FAILED_NAMES= REASON=
+WORK=/tmp/tcp-suite
+rm -rf "$WORK"; mkdir -p "$WORK"
+# 16 MiB of random data, the source of every pattern written.
+dd if=/dev/urandom of="$WORK/random" bs=1M count=16 status=none
+
+# ---- helpers ----------------------------------------------------------------------
+
+now() { cut -d' ' -f1 /proc/uptime; }
+kmarker() { echo "interop-suite: ==== $1" > /dev/kmsg; }
+# Kernel log lines since the last marker for scenario $1.
+klog_since() {
+    dmesg | awk -v m="interop-suite: ==== $1" '
+        { s = $0; sub(/^\[[^]]*\] /, "", s) }
+        s == m { buf = ""; next }
+        { buf = buf $0 "\n" }
+        END { printf "%s", buf }'
+}
+fail() { REASON=$*; return 1; }
+
+common_opts() { echo "-t tcp --hostnqn $HOSTNQN --hostid $HOSTID"; }
+
+# Controllers (nvmeX) of subsystem $1, any state.
+ctrls_of() {
+    local c
+    for c in /sys/class/nvme/nvme*; do
+        [ -e "$c/subsysnqn" ] || continue
+        [ "$(cat "$c/subsysnqn")" = "$1" ] && basename "$c"
+    done
+}
+ctrl_state() { cat "/sys/class/nvme/$1/state" 2>/dev/null || echo gone; }
+
+# connect [extra nvme-connect args...] -> sets CTRL (nvmeX) and DEV (/dev/nvmeXnY of
+# NSID 1). Waits for the namespace's block device.
+CTRL= DEV=
+connect() {
+    CTRL= DEV=
+    local out rc
+    out=$(timeout 60 nvme connect $(common_opts) -a "$ADDR" -s "$PORT" -n "$NQN" \
+        --ctrl-loss-tmo=20 --reconnect-delay=2 -o json "$@" 2>&1)
+    rc=$?
+    [ $rc = 0 ] || { fail "nvme connect $* failed (rc $rc): $(echo $out)"; return 1; }
+    CTRL=$(echo "$out" | jq -r '.device // empty' 2>/dev/null)
+    [ -n "$CTRL" ] && [ -e "/sys/class/nvme/$CTRL" ] || { fail "nvme connect printed no device: $(echo $out)"; return 1; }
+    wait_ns "$CTRL"
+}
+
+# wait_ns nvmeX -> DEV: the multipath head node of NSID 1 in nvmeX's subsystem.
+wait_ns() {
+    local ctrl=$1 i s d
+    DEV=
+    for i in $(seq 1 100); do
+        for s in /sys/class/nvme-subsystem/nvme-subsys*; do
+            [ -e "$s/$ctrl" ] || continue
+            for d in "$s"/nvme*n*; do
+                d=$(basename "$d")
+                case "$d" in nvme*c*|ng*) continue ;; esac
+                if [ "$(cat "/sys/block/$d/nsid" 2>/dev/null)" = 1 ] && [ -b "/dev/$d" ] \
+                   && [ "$(cat "/sys/block/$d/size")" != 0 ]; then
+                    DEV=/dev/$d
+                    return 0
+                fi
+            done
+        done
+        sleep 0.1
+    done
+    fail "namespace 1 block device of $ctrl did not appear within 10s (state $(ctrl_state "$ctrl"))"
+}
+
+disconnect_ctrl() {
+    local c=$1
+    [ -e "/sys/class/nvme/$c" ] || return 0
+    timeout 60 nvme disconnect -d "$c" > /dev/null 2>&1
+    local i
+    for i in $(seq 1 50); do [ -e "/sys/class/nvme/$c" ] || return 0; sleep 0.1; done
+    return 1
+}
+disconnect_all() {
+    local c
+    for c in $(ctrls_of "$NQN"); do disconnect_ctrl "$c"; done
+}
+
+# write_pattern DEV OFFSET_MIB LEN_MIB SRC_OFFSET_MIB: random data, O_DIRECT.
+write_pattern() {
+    dd if="$WORK/random" of="$1" bs=1M skip="$4" seek="$2" count="$3" \
+        oflag=direct conv=notrunc status=none
+}
+# sha_pattern LEN_MIB SRC_OFFSET_MIB / sha_dev DEV OFFSET_MIB LEN_MIB
+sha_pattern() { dd if="$WORK/random" bs=1M skip="$2" count="$1" status=none | sha256sum | cut -d' ' -f1; }
+sha_dev() { timeout 120 dd if="$1" bs=1M skip="$2" count="$3" iflag=direct status=none | sha256sum | cut -d' ' -f1; }
+sha_zero() { dd if=/dev/zero bs=1M count="$1" status=none | sha256sum | cut -d' ' -f1; }
+
+# check_pattern DEV OFF LEN SRC what
+check_pattern() {
+    local want got
+    want=$(sha_pattern "$3" "$4")
+    got=$(sha_dev "$1" "$2" "$3")
+    [ "$want" = "$got" ] || { fail "$5: ${3} MiB at ${2} MiB read back with sha256 $got, wrote $want"; return 1; }
+}
+
+# run_fio DEV BS OFFSET_MIB SIZE_MIB_PER_JOB: 2 jobs (second at +32 MiB), iodepth 32,
+# random writes then read-verify of every block with crc32c.
+run_fio() {
+    local dev=$1 bs=$2 off=$3 size=$4 out=$WORK/fio-$2.json rc
+    timeout 300 fio --name="verify-$bs" --filename="$dev" --direct=1 --ioengine=libaio \
+        --rw=randwrite --bs="$bs" --iodepth=32 --numjobs=2 --size="${size}M" \
+        --offset="${off}M" --offset_increment=32M --verify=crc32c --do_verify=1 \
+        --verify_fatal=1 --group_reporting --output-format=json --output="$out.raw" \
+        > "$WORK/fio-$bs.stderr" 2>&1
+    rc=$?
+    sed -n '/^{/,$p' "$out.raw" > "$out"
+    local err wbytes rbytes want=$((2 * size * MiB))
+    err=$(jq -r '.jobs[0].error' "$out" 2>/dev/null)
+    wbytes=$(jq -r '.jobs[0].write.io_bytes' "$out" 2>/dev/null)
+    rbytes=$(jq -r '.jobs[0].read.io_bytes' "$out" 2>/dev/null)
+    if [ $rc != 0 ] || [ "$err" != 0 ]; then
+        fail "fio bs=$bs exited $rc, job error '$err': $(grep -h -m3 -iE 'verify|error|fio:' "$WORK/fio-$bs.stderr" "$out.raw" | tr '\n' ' ')"
+        return 1
+    fi
+    [ "$wbytes" = "$want" ] || { fail "fio bs=$bs wrote $wbytes bytes, expected $want"; return 1; }
+    [ "$rbytes" = "$want" ] || { fail "fio bs=$bs verified $rbytes bytes, expected $want"; return 1; }
+    echo "#   fio bs=$bs: wrote+verified $((want / MiB)) MiB, write $(jq -r '.jobs[0].write.bw' "$out") KiB/s, read $(jq -r '.jobs[0].read.bw' "$out") KiB/s"
+}
+
+# Kernel log lines that mean the transport or the controller went wrong.
+klog_errors() {
+    klog_since "$1" | grep -iE 'digest|error recovery|Reconnecting|keep.?alive|failed|timeout|I/O error|Call Trace|BUG' || true
+}
+
+# ---- discovery --------------------------------------------------------------------
+
+# discover PORT HOSTNQN HOSTID -> $WORK/disc.json
+discover() {
+    local out rc
+    out=$(timeout 60 nvme discover -t tcp -a "$ADDR" -s "$1" --hostnqn "$2" --hostid "$3" -o json 2>&1)
+    rc=$?
+    [ $rc = 0 ] || { fail "nvme discover on port $1 failed (rc $rc): $(echo $out)"; return 1; }
+    echo "$out" | sed -n '/^{/,$p' > "$WORK/disc.json"
+    jq -e '.records' "$WORK/disc.json" > /dev/null 2>&1 \
+        || { fail "nvme discover on port $1 printed no records: $(echo $out | head -c 300)"; return 1; }
+}
+
+# check_disc_entry PORT_EXPECTED: the log lists $NQN as an NVMe subsystem over TCP/IPv4
+# at the advertised address; with PORT_EXPECTED, at that trsvcid. Sets DISC_SVC.
+DISC_SVC=
+check_disc_entry() {
+    local n e
+    n=$(jq --arg nqn "$NQN" '[.records[] | select(.subnqn == $nqn)] | length' "$WORK/disc.json")
+    [ "$n" -ge 1 ] || { fail "discovery log does not list $NQN: $(jq -c '[.records[] | {subnqn, subtype, trsvcid}]' "$WORK/disc.json")"; return 1; }
+    e=$(jq -c --arg nqn "$NQN" '[.records[] | select(.subnqn == $nqn)][0]' "$WORK/disc.json")
+    echo "#   entry: $e"
+    [ "$(echo "$e" | jq -r .trtype)" = tcp ] || { fail "trtype is $(echo "$e" | jq -r .trtype), expected tcp"; return 1; }
+    [ "$(echo "$e" | jq -r .adrfam)" = ipv4 ] || { fail "adrfam is $(echo "$e" | jq -r .adrfam), expected ipv4"; return 1; }
+    [ "$(echo "$e" | jq -r .subtype)" = "nvme subsystem" ] || { fail "subtype is '$(echo "$e" | jq -r .subtype)', expected 'nvme subsystem'"; return 1; }
+    [ "$(echo "$e" | jq -r .traddr)" = "$ADV_ADDR" ] || { fail "traddr is '$(echo "$e" | jq -r .traddr)', expected $ADV_ADDR"; return 1; }
+    DISC_SVC=$(echo "$e" | jq -r .trsvcid)
+    case "$DISC_SVC" in ''|*[!0-9]*) fail "trsvcid '$DISC_SVC' is not a port number"; return 1 ;; esac
+    if [ -n "${1:-}" ] && [ "$DISC_SVC" != "$1" ]; then
+        fail "trsvcid is $DISC_SVC, expected $1"; return 1
+    fi
+    local g
+    g=$(jq -r .genctr "$WORK/disc.json")
+    case "$g" in ''|null|*[!0-9]*) fail "genctr '$g' is not a number"; return 1 ;; esac
+}
+
+t_discovery_4420() {
+    discover "$PORT" "$HOSTNQN" "$HOSTID" || return 1
+    check_disc_entry "$PORT"
+}
+
+t_discovery_8009() {
+    discover "$DISC_PORT" "$HOSTNQN" "$HOSTID" || return 1
+    check_disc_entry "$DISC_PORT_SVC" || return 1
+    # The entry must lead somewhere: connect to the advertised service (through our
+    # own address, as the advertised one may be the target's loopback).
+    local out rc c
+    out=$(timeout 60 nvme connect $(common_opts) -a "$ADDR" -s "$DISC_SVC" -n "$NQN" -o json 2>&1)
+    rc=$?
+    [ $rc = 0 ] || { fail "connect to the advertised trsvcid $DISC_SVC failed (rc $rc): $(echo $out)"; return 1; }
+    c=$(echo "$out" | jq -r '.device // empty')
+    [ "$(ctrl_state "$c")" = live ] || { fail "controller via advertised trsvcid $DISC_SVC is $(ctrl_state "$c")"; return 1; }
+    disconnect_ctrl "$c" || { fail "could not disconnect $c"; return 1; }
+}
+
+t_discovery_hides_subsystem_from_unknown_host() {
+    discover "$PORT" "$INTRUDER_NQN" "$INTRUDER_ID" || return 1
+    local n
+    n=$(jq --arg nqn "$NQN" '[.records[] | select(.subnqn == $nqn)] | length' "$WORK/disc.json")
+    [ "$n" = 0 ] || { fail "discovery log shows $NQN to $INTRUDER_NQN, which may not connect to it"; return 1; }
+}
+
+# ---- connect with N I/O queues --------------------------------------------------------
+
+# Connect with N I/O queues, check the controller has N+1 queues (admin + N), then
+# write and read back from every CPU so that every queue carries I/O.
+connect_queues() {
+    local n=$1 qc cpu off
+    connect --nr-io-queues="$n" || return 1
+    qc=$(cat "/sys/class/nvme/$CTRL/queue_count")
+    [ "$qc" = $((n + 1)) ] || { fail "queue_count is $qc with --nr-io-queues=$n, expected $((n + 1)) (admin + $n I/O)"; return 1; }
+    for cpu in $(seq 0 $(($(nproc) - 1))); do
+        off=$((240 + cpu))
+        taskset -c "$cpu" dd if="$WORK/random" of="$DEV" bs=1M skip="$cpu" seek="$off" count=1 \
+            oflag=direct conv=notrunc status=none \
+            || { fail "write from CPU $cpu failed"; return 1; }
+        [ "$(taskset -c "$cpu" dd if="$DEV" bs=1M skip="$off" count=1 iflag=direct status=none | sha256sum | cut -d' ' -f1)" \
+            = "$(sha_pattern 1 "$cpu")" ] || { fail "read back from CPU $cpu differs"; return 1; }
+    done
+    disconnect_ctrl "$CTRL" || { fail "could not disconnect"; return 1; }
+}
+t_connect_1_io_queue() { connect_queues 1; }
+t_connect_2_io_queues() { connect_queues 2; }
+t_connect_4_io_queues() { connect_queues 4; }
+
+# ---- identify and log pages ---------------------------------------------------------
+
+t_nvme_list() {
+    connect || return 1
+    local out e
+    out=$(timeout 60 nvme list -o json 2>&1) || { fail "nvme list failed: $(echo $out)"; return 1; }
+    e=$(echo "$out" | jq -c --arg d "$DEV" '.Devices[] | select(.DevicePath == $d)' 2>/dev/null)
+    [ -n "$e" ] || { fail "nvme list does not show $DEV: $(echo $out | head -c 400)"; return 1; }
+    echo "#   $e"
+    [ "$(echo "$e" | jq -r .PhysicalSize)" = "$SIZE" ] || { fail "PhysicalSize $(echo "$e" | jq -r .PhysicalSize), expected $SIZE"; return 1; }
+    [ "$(echo "$e" | jq -r .SectorSize)" = "$BS" ] || { fail "SectorSize $(echo "$e" | jq -r .SectorSize), expected $BS"; return 1; }
+    [ "$(echo "$e" | jq -r .NameSpace)" = 1 ] || { fail "NameSpace $(echo "$e" | jq -r .NameSpace), expected 1"; return 1; }
+    [ -n "$(echo "$e" | jq -r '.SerialNumber | gsub(" "; "")')" ] || { fail "empty SerialNumber"; return 1; }
+    [ -n "$(echo "$e" | jq -r '.ModelNumber | gsub(" "; "")')" ] || { fail "empty ModelNumber"; return 1; }
+}
+
+t_nvme_id_ctrl() {
+    connect || return 1
+    local j v
+    j=$(timeout 60 nvme id-ctrl "/dev/$CTRL" -o json 2>&1) || { fail "nvme id-ctrl failed: $(echo $j)"; return 1; }
+    echo "#   $(echo "$j" | jq -c '{sn, mn, fr, cntlid, ver, cntrltype, kas, sqes, cqes, maxcmd, nn, oncs, vwc, sgls, mdts, ioccsz, iorcsz, icdoff}')"
+    v=$(echo "$j" | jq -r .subnqn)
+    [ "$v" = "$NQN" ] || { fail "subnqn '$v', expected $NQN"; return 1; }
+    v=$(echo "$j" | jq -r '.sn | sub(" +$"; "")')
+    [ -n "$v" ] || { fail "sn is empty"; return 1; }
+    [ -z "$SERIAL" ] || [ "$v" = "$SERIAL" ] || { fail "sn '$v', expected $SERIAL"; return 1; }
+    [ "$(cat "/sys/class/nvme/$CTRL/serial" | sed 's/ *$//')" = "$v" ] || { fail "sysfs serial differs from id-ctrl sn"; return 1; }
+    v=$(echo "$j" | jq -r '.mn | sub(" +$"; "")')
+    [ -n "$v" ] || { fail "mn is empty"; return 1; }
+    [ -z "$MODEL" ] || [ "$v" = "$MODEL" ] || { fail "mn '$v', expected $MODEL"; return 1; }
+    [ "$(echo "$j" | jq -r .cntrltype)" = 1 ] || { fail "cntrltype $(echo "$j" | jq -r .cntrltype), expected 1 (I/O controller)"; return 1; }
+    [ "$(echo "$j" | jq -r '.sqes % 16')" = 6 ] || { fail "sqes $(echo "$j" | jq -r .sqes): required SQ entry size is not 64 bytes"; return 1; }
+    [ "$(echo "$j" | jq -r '.cqes % 16')" = 4 ] || { fail "cqes $(echo "$j" | jq -r .cqes): required CQ entry size is not 16 bytes"; return 1; }
+    [ "$(echo "$j" | jq -r '.nn >= 1')" = true ] || { fail "nn $(echo "$j" | jq -r .nn) < 1"; return 1; }
+    [ "$(echo "$j" | jq -r '.kas > 0')" = true ] || { fail "kas is 0 (no keep-alive support)"; return 1; }
+    [ "$(echo "$j" | jq -r .cntlid)" = "$(cat "/sys/class/nvme/$CTRL/cntlid")" ] || { fail "cntlid differs from sysfs"; return 1; }
+}
+
+t_nvme_id_ns() {
+    connect || return 1
+    local j nsze ncap lbads want_lbads
+    j=$(timeout 60 nvme id-ns "$DEV" -n 1 -o json 2>&1) || { fail "nvme id-ns failed: $(echo $j)"; return 1; }
+    echo "#   $(echo "$j" | jq -c '{nsze, ncap, nuse, nsfeat, nlbaf, flbas, dlfeat, lbafs}')"
+    nsze=$(echo "$j" | jq -r .nsze)
+    ncap=$(echo "$j" | jq -r .ncap)
+    [ "$nsze" = $((SIZE / BS)) ] || { fail "nsze $nsze blocks, expected $((SIZE / BS)) ($SIZE bytes / $BS)"; return 1; }
+    [ "$(echo "$j" | jq -r "(.ncap <= .nsze) and (.nuse <= .ncap)")" = true ] \
+        || { fail "ncap $ncap / nuse $(echo "$j" | jq -r .nuse) exceed nsze $nsze"; return 1; }
+    lbads=$(echo "$j" | jq -r '.lbafs[.flbas % 16].ds')
+    want_lbads=$(awk -v b="$BS" 'BEGIN { n = 0; while (b > 1) { b /= 2; n++ } print n }')
+    [ "$lbads" = "$want_lbads" ] || { fail "LBA format in use has lbads $lbads, expected $want_lbads ($BS-byte blocks)"; return 1; }
+    [ "$(cat "/sys/block/$(basename "$DEV")/queue/logical_block_size")" = "$BS" ] \
+        || { fail "kernel logical block size $(cat "/sys/block/$(basename "$DEV")/queue/logical_block_size"), expected $BS"; return 1; }
+}
+
+t_nvme_smart_log() {
+    connect || return 1
+    local j
+    j=$(timeout 60 nvme smart-log "/dev/$CTRL" -o json 2>&1) || { fail "nvme smart-log failed: $(echo $j)"; return 1; }
+    echo "#   $(echo "$j" | jq -c '{critical_warning, temperature, avail_spare, spare_thresh, percent_used, data_units_read, data_units_written, host_read_commands, host_write_commands, num_err_log_entries}')"
+    [ "$(echo "$j" | jq -r .critical_warning)" = 0 ] || { fail "critical_warning is $(echo "$j" | jq -r .critical_warning)"; return 1; }
+    [ "$(echo "$j" | jq -r '.percent_used <= 255 and .avail_spare <= 100 and .spare_thresh <= 100')" = true ] \
+        || { fail "out-of-range percentages in smart log"; return 1; }
+    local f
+    for f in data_units_read data_units_written host_read_commands host_write_commands num_err_log_entries; do
+        case "$(echo "$j" | jq -r ".$f")" in ''|null|*[!0-9]*) fail "$f is not a number"; return 1 ;; esac
+    done
+}
+
+t_nvme_error_log() {
+    connect || return 1
+    local j n bad
+    j=$(timeout 60 nvme error-log "/dev/$CTRL" -o json 2>&1) || { fail "nvme error-log failed: $(echo $j)"; return 1; }
+    n=$(echo "$j" | jq '.errors | length' 2>/dev/null)
+    case "$n" in ''|*[!0-9]*) fail "error-log JSON has no errors array: $(echo $j | head -c 300)"; return 1 ;; esac
+    [ "$n" -ge 1 ] || { fail "error-log returned no entries"; return 1; }
+    # A used entry (error_count != 0) must carry a non-success status.
+    bad=$(echo "$j" | jq '[.errors[] | select(.error_count != 0 and (.status_field / 2 | floor) == 0)] | length')
+    [ "$bad" = 0 ] || { fail "$bad error-log entries have an error count but a success status"; return 1; }
+    echo "#   $n entries, $(echo "$j" | jq '[.errors[] | select(.error_count != 0)] | length') used"
+}
+
+# ---- data path ------------------------------------------------------------------------
+
+t_fio_verify_4k() { connect || return 1; run_fio "$DEV" 4k 0 16; }
+t_fio_verify_128k() { connect || return 1; run_fio "$DEV" 128k 0 16; }
+t_fio_verify_1m() { connect || return 1; run_fio "$DEV" 1M 0 16; }
+
+t_dd_sha256() {
+    connect || return 1
+    write_pattern "$DEV" 64 16 0 || { fail "dd write failed"; return 1; }
+    check_pattern "$DEV" 64 16 0 "dd" || return 1
+    # Unaligned-to-MiB buffered read through the page cache too.
+    echo 3 > /proc/sys/vm/drop_caches
+    local want got
+    want=$(dd if="$WORK/random" bs=4k skip=3 count=1000 status=none | sha256sum | cut -d' ' -f1)
+    got=$(dd if="$DEV" bs=4k skip=$((64 * 256 + 3)) count=1000 status=none | sha256sum | cut -d' ' -f1)
+    [ "$want" = "$got" ] || { fail "buffered 4k read at block offset 3 differs"; return 1; }
+}
+
+# sync on the device issues a Flush; the path device's flush counter (field 16 of
+# /sys/block/<dev>/stat) proves it reached the controller.
+flush_count() { awk '{print $16}' "/sys/block/$1/stat"; }
+t_flush() {
+    connect || return 1
+    local head path wc before after
+    head=$(basename "$DEV")
+    wc=$(cat "/sys/block/$head/queue/write_cache")
+    [ "$wc" = "write back" ] || { fail "write_cache is '$wc': the controller reports no volatile write cache, so the host never sends Flush"; return 1; }
+    # The path device (nvmeYcXnZ, blk-mq, counts flushes) under this controller.
+    path=
+    for p in /sys/class/nvme/"$CTRL"/nvme*c*n*; do
+        [ "$(cat "$p/nsid" 2>/dev/null)" = 1 ] && path=$(basename "$p")
+    done
+    [ -n "$path" ] || { fail "no path device for NSID 1 under $CTRL"; return 1; }
+    before=$(flush_count "$path")
+    dd if="$WORK/random" of="$DEV" bs=1M seek=192 count=4 conv=notrunc status=none || { fail "buffered write failed"; return 1; }
+    timeout 60 sync "$DEV" || { fail "sync $DEV failed"; return 1; }
+    after=$(flush_count "$path")
+    [ "$after" -gt "$before" ] || { fail "sync sent no Flush: flush count on $path stayed $before"; return 1; }
+    local out
+    out=$(timeout 60 nvme flush "$DEV" -n 1 2>&1) || { fail "nvme flush failed: $(echo $out)"; return 1; }
+    check_pattern "$DEV" 192 4 0 "after flush" || return 1
+    echo "#   flushes on $path: $before -> $after, then nvme flush: $(echo $out)"
+}
+
+t_blkdiscard() {
+    connect || return 1
+    local dmax
+    dmax=$(cat "/sys/block/$(basename "$DEV")/queue/discard_max_bytes")
+    [ "$dmax" -gt 0 ] || { fail "discard_max_bytes is 0: the controller does not support Dataset Management (deallocate)"; return 1; }
+    write_pattern "$DEV" 160 8 8 || { fail "write failed"; return 1; }
+    check_pattern "$DEV" 160 8 8 "before discard" || return 1
+    local out
+    out=$(timeout 60 blkdiscard -o $((160 * MiB)) -l $((8 * MiB)) "$DEV" 2>&1) || { fail "blkdiscard failed: $(echo $out)"; return 1; }
+    [ "$(sha_dev "$DEV" 160 8)" = "$(sha_zero 8)" ] || { fail "discarded 8 MiB at 160 MiB do not read as zeros"; return 1; }
+}
+
+t_blkdiscard_zeroout() {
+    connect || return 1
+    echo "#   write_zeroes_max_bytes $(cat "/sys/block/$(basename "$DEV")/queue/write_zeroes_max_bytes") (0 = kernel writes zero pages itself)"
+    write_pattern "$DEV" 176 8 4 || { fail "write failed"; return 1; }
+    check_pattern "$DEV" 176 8 4 "before zeroout" || return 1
+    local out
+    out=$(timeout 60 blkdiscard -z -o $((176 * MiB)) -l $((8 * MiB)) "$DEV" 2>&1) || { fail "blkdiscard -z failed: $(echo $out)"; return 1; }
+    [ "$(sha_dev "$DEV" 176 8)" = "$(sha_zero 8)" ] || { fail "zeroed 8 MiB at 176 MiB do not read as zeros"; return 1; }
+}
+
+t_digests() {
+    connect --hdr-digest --data-digest || return 1
+    run_fio "$DEV" 4k 200 4 || return 1
+    run_fio "$DEV" 128k 200 8 || return 1
+    write_pattern "$DEV" 216 8 2 || { fail "dd write failed"; return 1; }
+    check_pattern "$DEV" 216 8 2 "digest dd" || return 1
+    local e
+    e=$(klog_errors digests)
+    [ -z "$e" ] || { fail "kernel logged transport errors: $(echo "$e" | head -3 | tr '\n' ' ')"; return 1; }
+}
+
+t_keep_alive_idle() {
+    connect --keep-alive-tmo=5 || return 1
+    local kato cntlid
+    kato=$(cat "/sys/class/nvme/$CTRL/kato")
+    [ "$kato" = 5 ] || { fail "kato is $kato, expected 5"; return 1; }
+    cntlid=$(cat "/sys/class/nvme/$CTRL/cntlid")
+    write_pattern "$DEV" 248 2 6 || { fail "write failed"; return 1; }
+    sleep 12
+    [ "$(ctrl_state "$CTRL")" = live ] || { fail "controller is $(ctrl_state "$CTRL") after 12s idle"; return 1; }
+    [ "$(cat "/sys/class/nvme/$CTRL/cntlid")" = "$cntlid" ] || { fail "cntlid changed $cntlid -> $(cat "/sys/class/nvme/$CTRL/cntlid"): the host reconnected"; return 1; }
+    local e
+    e=$(klog_errors keep-alive-idle)
+    [ -z "$e" ] || { fail "kernel logged: $(echo "$e" | head -3 | tr '\n' ' ')"; return 1; }
+    check_pattern "$DEV" 248 2 6 "after idle" || return 1
+    write_pattern "$DEV" 250 2 8 || { fail "write after idle failed"; return 1; }
+    check_pattern "$DEV" 250 2 8 "write after idle" || return 1
+}
+
+t_disconnect_reconnect() {
+    connect || return 1
+    write_pattern "$DEV" 96 8 3 || { fail "write failed"; return 1; }
+    timeout 60 nvme flush "$DEV" -n 1 > /dev/null 2>&1 || { fail "flush before disconnect failed"; return 1; }
+    local old=$CTRL
+    disconnect_ctrl "$CTRL" || { fail "$old still present after nvme disconnect"; return 1; }
+    [ -z "$(ctrls_of "$NQN")" ] || { fail "controllers left after disconnect: $(ctrls_of "$NQN")"; return 1; }
+    connect || return 1
+    check_pattern "$DEV" 96 8 3 "after reconnect" || return 1
+}
+
+# --- target restart -------------------------------------------------------------------
+
+# Handshake with the host orchestrator over the share (mode "share"):
+#   guest: restart-request   host: stops the target, writes restart-stopped
+#   guest: restart-resume    host: starts the target, writes restart-done
+wait_file() { # FILE SECONDS
+    local i
+    for i in $(seq 1 $(($2 * 5))); do [ -e "$1" ] && return 0; sleep 0.2; done
+    return 1
+}
+NVMET_LINKS=
+restart_stop() {
+    case "$RESTART" in
+        share)
+            rm -f "$SHARE"/restart-stopped "$SHARE"/restart-resume "$SHARE"/restart-done
+            echo "$NQN" > "$SHARE/restart-request"
+            wait_file "$SHARE/restart-stopped" 60 || { fail "host orchestrator did not stop the target within 60s"; return 1; }
+            ;;
+        nvmet)
+            local cfs=/sys/kernel/config/nvmet l
+            NVMET_LINKS=$(ls -d "$cfs"/ports/*/subsystems/"$NQN" 2>/dev/null)
+            [ -n "$NVMET_LINKS" ] || { fail "no nvmet port links to $NQN"; return 1; }
+            for l in $NVMET_LINKS; do rm "$l" || { fail "cannot unlink $l"; return 1; }; done
+            ;;
+        *) fail "unknown restart mode $RESTART"; return 1 ;;
+    esac
+}
+restart_start() {
+    case "$RESTART" in
+        share)
+            echo resume > "$SHARE/restart-resume"
+            wait_file "$SHARE/restart-done" 60 || { fail "host orchestrator did not restart the target within 60s"; return 1; }
+            cat "$SHARE/restart-done"
+            ;;
+        nvmet)
+            local l
+            for l in $NVMET_LINKS; do
+                ln -s "/sys/kernel/config/nvmet/subsystems/$NQN" "$l" || { fail "cannot relink $l"; return 1; }
+            done
+            ;;
+    esac
+}
+
+t_target_restart() {
+    connect --reconnect-delay=1 --ctrl-loss-tmo=60 || return 1
+    local ctrl=$CTRL dev=$DEV i st bgpid bgrc t0
+    [ "$(cat "/sys/class/nvme/$ctrl/reconnect_delay")" = 1 ] && [ "$(cat "/sys/class/nvme/$ctrl/ctrl_loss_tmo")" = 60 ] \
+        || { fail "reconnect_delay/ctrl_loss_tmo are $(cat "/sys/class/nvme/$ctrl/reconnect_delay")/$(cat "/sys/class/nvme/$ctrl/ctrl_loss_tmo"), expected 1/60"; return 1; }
+    write_pattern "$dev" 112 8 5 || { fail "write before restart failed"; return 1; }
+    timeout 60 nvme flush "$dev" -n 1 > /dev/null 2>&1 || { fail "flush before restart failed"; return 1; }
+    t0=$(now)
+    restart_stop || return 1
+    # The host notices the loss (TCP close or keep-alive) and starts reconnecting.
+    for i in $(seq 1 150); do
+        st=$(ctrl_state "$ctrl")
+        [ "$st" != live ] && break
+        sleep 0.2
+    done
+    [ "$st" != live ] || { restart_start; fail "host still reports $ctrl live 30s after the target stopped"; return 1; }
+    echo "#   $(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')s after the stop request the controller is '$st'"
+    # I/O submitted while no path is live is queued by the multipath head and must
+    # complete once the host has reconnected.
+    dd if="$WORK/random" of="$dev" bs=1M skip=9 seek=128 count=4 oflag=direct conv=notrunc status=none &
+    bgpid=$!
+    sleep 2
+    restart_start || { kill $bgpid 2>/dev/null; return 1; }
+    for i in $(seq 1 300); do
+        st=$(ctrl_state "$ctrl")
+        [ "$st" = live ] && break
+        sleep 0.2
+    done
+    [ "$st" = live ] || { fail "controller $ctrl is '$st' 60s after the target came back (expected live)"; return 1; }
+    echo "#   live again $(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')s after the stop request"
+    for i in $(seq 1 300); do kill -0 $bgpid 2>/dev/null || break; sleep 0.2; done
+    if kill -0 $bgpid 2>/dev/null; then
+        fail "write queued during the outage still pending 60s after reconnect"; return 1
+    fi
+    wait $bgpid; bgrc=$?
+    [ $bgrc = 0 ] || { fail "write queued during the outage failed (dd rc $bgrc)"; return 1; }
+    check_pattern "$dev" 112 8 5 "data written before the restart" || return 1
+    check_pattern "$dev" 128 4 9 "data written during the outage" || return 1
+    write_pattern "$dev" 132 4 1 || { fail "write after restart failed"; return 1; }
+    check_pattern "$dev" 132 4 1 "write after restart" || return 1
+}
+
+t_unknown_host_refused() {
+    local before out rc log
+    before=$(ctrls_of "$NQN" | wc -l)
+    out=$(timeout 60 nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$NQN" \
+        --hostnqn "$INTRUDER_NQN" --hostid "$INTRUDER_ID" -o json 2>&1)
+    rc=$?
+    if [ $rc = 0 ]; then
+        disconnect_all
+        fail "connect as $INTRUDER_NQN succeeded: $(echo $out)"; return 1
+    fi
+    [ "$(ctrls_of "$NQN" | wc -l)" = "$before" ] || { fail "a controller for $NQN appeared"; return 1; }
+    # The refusal must be the target's answer to Connect (an NVMe status), not a dropped
+    # connection: the host logs which.
+    log=$(klog_since unknown-host-refused | grep -E 'is not allowed|Connect Invalid|Connect command failed' | head -1)
+    [ -n "$log" ] || { fail "connect failed but the kernel logged no Connect rejection: $(klog_since unknown-host-refused | tail -3 | tr '\n' ' ')"; return 1; }
+    case "$log" in
+        *"errno:"*) fail "Connect failed without an NVMe status: $log"; return 1 ;;
+    esac
+    echo "#   $(echo "$log" | sed 's/^\[[^]]*\] //')"
+}
+
+# ---- runner --------------------------------------------------------------------------
+
+SCENARIOS="
+discovery-4420
+discovery-8009
+discovery-hides-subsystem-from-unknown-host
+connect-1-io-queue
+connect-2-io-queues
+connect-4-io-queues
+nvme-list
+nvme-id-ctrl
+nvme-id-ns
+nvme-smart-log
+nvme-error-log
+fio-verify-4k
+fio-verify-128k
+fio-verify-1m
+dd-sha256
+flush
+blkdiscard
+blkdiscard-zeroout
+digests
+keep-alive-idle
+disconnect-reconnect
+target-restart
+unknown-host-refused
+"
+
+echo "# tcp-suite: target $ADDR:$PORT (discovery $DISC_PORT) nqn $NQN host $HOSTNQN restart=$RESTART"
+suite_t0=$(now)
+disconnect_all
+for name in $SCENARIOS; do
+    if [ -n "$ONLY" ] && ! echo "$name" | grep -qE "$ONLY"; then continue; fi
+    REASON=
+    kmarker "$name"
+    t0=$(now)
+    fn=t_$(echo "$name" | tr '-' '_')
+    echo "# -- $name"
+    if "$fn"; then
+        ok=1
+    else
+        ok=0
+    fi
+    # Scenarios leave nothing connected; a stray controller would skew the next one.
+    disconnect_all
+    dt=$(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')
+    if [ $ok = 1 ]; then
+        PASSED=$((PASSED + 1))
+        echo "ok - $name"
+        echo "#   ($dt s)"
+    else
+        FAILED=$((FAILED + 1))
+        FAILED_NAMES="$FAILED_NAMES $name"
+        echo "FAIL - $name: ${REASON:-scenario returned failure}"
+        echo "#   ($dt s) kernel log during $name:"
+        klog_since "$name" | tail -n 40 | sed 's/^/#   | /'
+    fi
+done
+echo "# suite took $(awk -v a="$suite_t0" -v b="$(now)" 'BEGIN {printf "%.0f", b - a}') s; failed:${FAILED_NAMES:- none}"
+echo "$PASSED passed, $FAILED failed"
+[ "$FAILED" = 0 ]
