@@ -11,6 +11,10 @@ kvtarget: NVMe-over-Fabrics target for KV-cache volumes
 USAGE:
     kvtarget --config <FILE>      run the target (SIGINT/SIGTERM stop it cleanly)
     kvtarget check-config <FILE>  validate a configuration and exit
+    kvtarget perf --addr A:P --nqn NQN [--workload W] [--bs N] [--qd N] [--queues N]
+                  [--time S] [--warmup S] [--rwmix-read PCT] [--nsid N] [--hostnqn NQN]
+                  [--digests] [--json]
+                                  load generator over our NVMe/TCP initiator
     kvtarget --version
 
 OPTIONS:
@@ -20,6 +24,9 @@ OPTIONS:
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("perf") {
+        return perf(&args[1..]);
+    }
     let mut config: Option<PathBuf> = None;
     let mut log = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
     let mut check_only = false;
@@ -106,4 +113,111 @@ fn main() -> ExitCode {
 fn usage_error(msg: &str) -> ExitCode {
     eprintln!("kvtarget: {msg}\n\n{USAGE}");
     ExitCode::from(2)
+}
+
+fn perf(args: &[String]) -> ExitCode {
+    match perf_options(args) {
+        Ok((opts, json)) => match kvtarget::perf::run(&opts) {
+            Ok(r) => {
+                if json {
+                    println!("{}", r.to_json());
+                } else {
+                    println!(
+                        "{:?} bs {} qd {} queues {} for {:?}: {}",
+                        opts.workload,
+                        opts.block_size,
+                        opts.qd,
+                        opts.queues,
+                        opts.runtime,
+                        r.to_text()
+                    );
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("kvtarget perf: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Err(e) => usage_error(&format!("perf: {e}")),
+    }
+}
+
+fn perf_options(args: &[String]) -> Result<(kvtarget::perf::PerfOptions, bool), String> {
+    use std::time::Duration;
+    let mut addr = None;
+    let mut nqn = None;
+    let mut o = kvtarget::perf::PerfOptions {
+        addr: "127.0.0.1:4420".parse().map_err(|_| "addr")?,
+        nqn: String::new(),
+        hostnqn: None,
+        nsid: 1,
+        workload: kvtarget::perf::Workload::RandRead,
+        read_pct: 70,
+        block_size: 4096,
+        qd: 32,
+        queues: 1,
+        runtime: Duration::from_secs(10),
+        warmup: Duration::from_secs(1),
+        digests: Default::default(),
+    };
+    let mut json = false;
+    let mut it = args.iter();
+    fn num<T: std::str::FromStr>(flag: &str, v: Option<&String>) -> Result<T, String> {
+        let v = v.ok_or(format!("{flag} needs a value"))?;
+        v.parse()
+            .map_err(|_| format!("{flag}: `{v}` is not a number"))
+    }
+    fn secs(flag: &str, v: f64) -> Result<Duration, String> {
+        Duration::try_from_secs_f64(v)
+            .map_err(|_| format!("{flag}: `{v}` is not a duration in seconds"))
+    }
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--addr" => {
+                let v = it.next().ok_or("--addr needs ADDRESS:PORT")?;
+                addr = Some(
+                    v.parse()
+                        .map_err(|_| format!("--addr: `{v}` is not ADDRESS:PORT"))?,
+                );
+            }
+            "--nqn" => nqn = it.next().cloned(),
+            "--hostnqn" => o.hostnqn = it.next().cloned(),
+            "--nsid" => o.nsid = num("--nsid", it.next())?,
+            "--workload" => o.workload = it.next().ok_or("--workload needs a value")?.parse()?,
+            "--rwmix-read" => o.read_pct = num("--rwmix-read", it.next())?,
+            "--bs" => {
+                let v = it.next().ok_or("--bs needs a size")?;
+                o.block_size =
+                    kvtarget::config::parse_size(v).map_err(|e| format!("--bs: {e}"))? as usize;
+            }
+            "--qd" => o.qd = num("--qd", it.next())?,
+            "--queues" => o.queues = num("--queues", it.next())?,
+            "--time" => o.runtime = secs("--time", num("--time", it.next())?)?,
+            "--warmup" => o.warmup = secs("--warmup", num("--warmup", it.next())?)?,
+            "--digests" => {
+                o.digests = kvtarget::wire::tcp::Digests {
+                    header: true,
+                    data: true,
+                }
+            }
+            "--json" => json = true,
+            other => return Err(format!("unknown argument `{other}`")),
+        }
+    }
+    o.addr = addr.ok_or("--addr is required")?;
+    o.nqn = nqn.ok_or("--nqn is required")?;
+    if o.qd == 0 || o.qd > 1023 {
+        return Err("--qd must be 1..=1023".into());
+    }
+    if o.queues == 0 {
+        return Err("--queues must be at least 1".into());
+    }
+    if o.read_pct > 100 {
+        return Err("--rwmix-read must be 0..=100".into());
+    }
+    if o.runtime.is_zero() {
+        return Err("--time must be positive".into());
+    }
+    Ok((o, json))
 }

@@ -581,3 +581,47 @@ fn hostile_bytes_never_hurt_other_connections() {
     }
     c.keep_alive().unwrap();
 }
+
+#[test]
+fn perf_runs_a_mixed_workload_without_errors() {
+    use kvtarget::perf::{run, PerfOptions, Workload};
+    let h = Harness::start_with("", "ram");
+    for (workload, bs, queues) in [(Workload::RandRw, 4096, 2), (Workload::Write, 1 << 20, 1)] {
+        let r = run(&PerfOptions {
+            addr: h.addr,
+            nqn: NQN.into(),
+            hostnqn: Some(HOST.into()),
+            nsid: 1,
+            workload,
+            read_pct: 70,
+            block_size: bs,
+            qd: 8,
+            queues,
+            runtime: Duration::from_millis(500),
+            warmup: Duration::from_millis(100),
+            digests: Digests::default(),
+        })
+        .unwrap();
+        assert!(r.ios > 0, "{workload:?}: {}", r.to_text());
+        assert_eq!(r.errors, 0);
+        assert!(r.p50_us <= r.p99_us && r.p99_us <= r.max_us);
+        assert!(r.to_json().starts_with("{\"ios\":"));
+    }
+    // Bad options get a clear error, not a panic.
+    let e = run(&PerfOptions {
+        addr: h.addr,
+        nqn: NQN.into(),
+        hostnqn: Some(HOST.into()),
+        nsid: 1,
+        workload: Workload::Read,
+        read_pct: 0,
+        block_size: 100,
+        qd: 1,
+        queues: 1,
+        runtime: Duration::from_millis(100),
+        warmup: Duration::ZERO,
+        digests: Digests::default(),
+    })
+    .unwrap_err();
+    assert!(e.contains("--bs"), "{e}");
+}
