@@ -4,7 +4,6 @@
 //! caller sees the same asynchronous contract as every other backend.
 
 use super::{BlockDevice, IoChannel, IoCompletion, IoOp};
-use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::os::fd::RawFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -24,8 +23,30 @@ unsafe impl Send for RamRegion {}
 unsafe impl Sync for RamRegion {}
 
 impl RamRegion {
-    fn layout(size: u64) -> Result<Layout, std::alloc::LayoutError> {
-        Layout::from_size_align(size.max(4096) as usize, 4096)
+    /// Maps `size` bytes of anonymous memory. Pages are zero and only become
+    /// resident when written, so a large namespace starts instantly and costs
+    /// memory only for what hosts write.
+    fn map(size: u64) -> std::io::Result<RamRegion> {
+        let len = usize::try_from(size.max(4096))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "size too large"))?;
+        // SAFETY: anonymous private mapping with no address hint; the result is
+        // checked for MAP_FAILED before use and unmapped in Drop with the same len.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let base = NonNull::new(p as *mut u8)
+            .ok_or_else(|| std::io::Error::other("mmap returned null"))?;
+        Ok(RamRegion { base, size })
     }
     fn check(&self, offset: u64, len: u64) -> Result<*mut u8, i32> {
         match offset.checked_add(len) {
@@ -38,11 +59,14 @@ impl RamRegion {
 
 impl Drop for RamRegion {
     fn drop(&mut self) {
-        if let Ok(layout) = Self::layout(self.size) {
-            // SAFETY: allocated in `RamDevice::new` with this layout; the last Arc
-            // (device or channel) is going away, so nothing can use it any more.
-            unsafe { dealloc(self.base.as_ptr(), layout) }
-        }
+        // SAFETY: mapped in `map` with this length; the last Arc (device or
+        // channel) is going away, so nothing can use it any more.
+        unsafe {
+            libc::munmap(
+                self.base.as_ptr() as *mut libc::c_void,
+                self.size.max(4096) as usize,
+            )
+        };
     }
 }
 
@@ -53,19 +77,15 @@ pub struct RamDevice {
 
 impl RamDevice {
     pub fn new(name: &str, size: u64) -> std::io::Result<Arc<RamDevice>> {
-        let layout = RamRegion::layout(size)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-        // SAFETY: non-zero size; zeroing of large regions is lazy (fresh pages).
-        let raw = unsafe { alloc_zeroed(layout) };
-        let base = NonNull::new(raw).ok_or_else(|| {
+        let region = RamRegion::map(size).map_err(|e| {
             std::io::Error::new(
-                std::io::ErrorKind::OutOfMemory,
-                format!("cannot allocate {size} bytes for RAM namespace {name}"),
+                e.kind(),
+                format!("cannot map {size} bytes for RAM namespace {name}: {e}"),
             )
         })?;
         Ok(Arc::new(RamDevice {
             name: name.to_string(),
-            region: Arc::new(RamRegion { base, size }),
+            region: Arc::new(region),
         }))
     }
 }
@@ -152,6 +172,30 @@ mod tests {
     fn ram_device_behaves() {
         let dev = RamDevice::new("t", 1 << 20).unwrap();
         crate::bdev::tests::exercise(dev.as_ref());
+    }
+
+    fn resident_bytes() -> u64 {
+        let s = std::fs::read_to_string("/proc/self/statm").unwrap();
+        let pages: u64 = s.split_whitespace().nth(1).unwrap().parse().unwrap();
+        pages * 4096
+    }
+
+    #[test]
+    fn large_namespace_costs_memory_only_when_written() {
+        let before = resident_bytes();
+        let dev = RamDevice::new("big", 4 << 30).unwrap();
+        let after = resident_bytes();
+        // Zeroing 4 GiB up front would make all of it resident.
+        assert!(after.saturating_sub(before) < 1 << 30, "{before} -> {after}");
+        let mut ch = dev.open_channel().unwrap();
+        let c = crate::bdev::tests::run(
+            ch.as_mut(),
+            IoOp::Read {
+                offset: (4 << 30) - 4096,
+                buf: crate::mem::IoBuf::new(4096),
+            },
+        );
+        assert!(c.buf.unwrap().iter().all(|&b| b == 0));
     }
 
     #[test]
