@@ -186,7 +186,10 @@ mod tests {
         let dev = RamDevice::new("big", 4 << 30).unwrap();
         let after = resident_bytes();
         // Zeroing 4 GiB up front would make all of it resident.
-        assert!(after.saturating_sub(before) < 1 << 30, "{before} -> {after}");
+        assert!(
+            after.saturating_sub(before) < 1 << 30,
+            "{before} -> {after}"
+        );
         let mut ch = dev.open_channel().unwrap();
         let c = crate::bdev::tests::run(
             ch.as_mut(),
