@@ -101,13 +101,7 @@ impl Harness {
         if let Some(s) = self.server.take() {
             s.shutdown();
         }
-        // Same port: rebinding keeps hosts' addresses valid.
-        self.cfg_text = self.cfg_text.replacen(
-            "port = 0\n\n[[subsystems]]",
-            &format!("port = {}\n\n[[subsystems]]", self.addr.port()),
-            1,
-        );
-        self.boot();
+        self.boot_again_same_port();
     }
 
     fn opts(&self) -> HostOptions {
@@ -503,6 +497,7 @@ fn shutdown_completes_in_flight_io() {
 }
 
 impl Harness {
+    /// Boots again on the port already bound, so hosts' addresses stay valid.
     fn boot_again_same_port(&mut self) {
         self.cfg_text = self.cfg_text.replacen(
             "port = 0\n\n[[subsystems]]",
