@@ -11,6 +11,7 @@ pub mod config;
 pub mod initiator;
 pub mod mem;
 pub mod perf;
+pub mod pool;
 pub mod reactor;
 pub mod server;
 pub mod target;

@@ -14,6 +14,8 @@ pub struct IoBuf {
     ptr: NonNull<u8>,
     cap: usize,
     len: usize,
+    /// False for a view into another buffer's memory: not freed, not pooled.
+    owned: bool,
 }
 
 // SAFETY: IoBuf uniquely owns its allocation (like Vec<u8>); moving it between
@@ -33,7 +35,37 @@ impl IoBuf {
         let Some(ptr) = NonNull::new(raw) else {
             std::alloc::handle_alloc_error(layout)
         };
-        IoBuf { ptr, cap, len: cap }
+        IoBuf {
+            ptr,
+            cap,
+            len: cap,
+            owned: true,
+        }
+    }
+
+    /// A non-owning view of `len` bytes of `parent` starting at `at`, so one
+    /// transfer can go to the device as several operations without a copy.
+    ///
+    /// # Safety
+    /// The caller keeps `parent` alive, unmoved in memory and otherwise unused for
+    /// as long as the view (or anything it is moved into) exists, and never hands
+    /// out two live views over overlapping bytes.
+    pub unsafe fn view(parent: &mut IoBuf, at: usize, len: usize) -> Option<IoBuf> {
+        if at.checked_add(len)? > parent.len {
+            return None;
+        }
+        // SAFETY: at + len <= parent.len, so the pointer stays inside the allocation.
+        let p = unsafe { parent.ptr.as_ptr().add(at) };
+        Some(IoBuf {
+            ptr: NonNull::new(p)?,
+            cap: len,
+            len,
+            owned: false,
+        })
+    }
+    /// True for a buffer that owns its memory (not a view).
+    pub fn is_owned(&self) -> bool {
+        self.owned
     }
     pub fn capacity(&self) -> usize {
         self.cap
@@ -73,6 +105,9 @@ impl std::ops::DerefMut for IoBuf {
 
 impl Drop for IoBuf {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // SAFETY: allocated in `new` with exactly this size and alignment.
         unsafe {
             dealloc(
@@ -120,7 +155,7 @@ impl BufPool {
     }
     pub fn put(&mut self, buf: IoBuf) {
         let class = Self::class_of(buf.capacity());
-        if buf.capacity() != IO_BUF_ALIGN << class {
+        if !buf.owned || buf.capacity() != IO_BUF_ALIGN << class {
             return;
         }
         if let Some(c) = self.classes.get_mut(class) {
@@ -148,5 +183,29 @@ mod tests {
         let b2 = pool.get(8000);
         assert_eq!(b2.as_ptr(), p);
         assert_eq!(b2.len(), 8000);
+    }
+
+    #[test]
+    fn views_alias_the_parent_and_are_never_pooled() {
+        let mut parent = IoBuf::new(8192);
+        // SAFETY: parent outlives the views below and they do not overlap.
+        let (mut a, mut b) = unsafe {
+            (
+                IoBuf::view(&mut parent, 0, 4096).unwrap(),
+                IoBuf::view(&mut parent, 4096, 4096).unwrap(),
+            )
+        };
+        a[0] = 1;
+        b[4095] = 2;
+        assert!(!a.is_owned());
+        let mut pool = BufPool::new(4);
+        pool.put(a);
+        pool.put(b);
+        assert_eq!(parent[0], 1);
+        assert_eq!(parent[8191], 2);
+        // SAFETY: out of range, returns None without touching memory.
+        assert!(unsafe { IoBuf::view(&mut parent, 4096, 8192) }.is_none());
+        let fresh = pool.get(4096);
+        assert_ne!(fresh.as_ptr(), parent.as_ptr());
     }
 }

@@ -6,6 +6,7 @@
 //! Buffers move into the channel with the operation and come back with the
 //! completion, so no buffer can be freed or reused while the device still uses it.
 
+pub mod fault;
 pub mod ram;
 pub mod uring;
 
@@ -70,7 +71,7 @@ pub struct IoCompletion {
 }
 
 /// A per-reactor submission/completion path to a device. Not shared across threads.
-pub trait IoChannel {
+pub trait IoChannel: Send {
     /// Queues an operation. On error the operation (and its buffer) comes back.
     fn submit(&mut self, tag: u64, op: IoOp) -> Result<(), (IoOp, i32)>;
     /// Pushes queued operations to the device (one syscall per batch at most).
@@ -82,6 +83,28 @@ pub trait IoChannel {
     /// A file descriptor that becomes readable when completions are ready, for
     /// reactors that sleep in epoll when idle. `None` for synchronous devices.
     fn completion_fd(&self) -> Option<RawFd>;
+    /// A second fd that wakes the reactor for this channel (a volume channel's
+    /// notifications from the pool's metadata thread).
+    fn notify_fd(&self) -> Option<RawFd> {
+        None
+    }
+}
+
+/// Errno a channel completes with when a read touches blocks never written or
+/// deallocated, on a volume that reports that as an error.
+pub const ERRNO_UNWRITTEN: i32 = libc::ENODATA;
+/// Errno for a write that needed space the pool does not have.
+pub const ERRNO_NO_SPACE: i32 = libc::ENOSPC;
+
+/// What a thin-provisioned device (a pool volume) reports in Identify Namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThinInfo {
+    /// Bytes backed by written data (NUSE, in blocks, is this over the block size).
+    pub used_bytes: u64,
+    /// Reads of unwritten or deallocated blocks fail instead of returning zeros.
+    pub unwritten_error: bool,
+    /// Identifier persisted with the volume.
+    pub uuid: [u8; 16],
 }
 
 /// A device shared by all reactors.
@@ -95,6 +118,14 @@ pub trait BlockDevice: Send + Sync {
     fn sync(&self) -> std::io::Result<()>;
     /// True when the device loses data on restart (RAM).
     fn volatile(&self) -> bool;
+    /// Thin-provisioning facts, for devices that are pool volumes.
+    fn thin_info(&self) -> Option<ThinInfo> {
+        None
+    }
+    /// The device's block size when it has its own (a volume); namespaces use it.
+    fn block_size(&self) -> Option<u32> {
+        None
+    }
 }
 
 pub type SharedDevice = Arc<dyn BlockDevice>;

@@ -86,6 +86,16 @@ pub trait QueuePair: Send {
     fn describe(&self) -> String;
 }
 
+thread_local! {
+    static CURRENT_REACTOR: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The id of the reactor running on this thread (0 on other threads): per-reactor
+/// caches (the extent allocator's) are indexed by it.
+pub fn current_reactor() -> usize {
+    CURRENT_REACTOR.with(|c| c.get())
+}
+
 /// Per-reactor device channels, opened on first use of each namespace.
 #[derive(Default)]
 pub struct ChannelCache {
@@ -101,7 +111,7 @@ impl ChannelCache {
                 tracing::error!(nsid = ns.nsid, dev = %ns.dev.describe(), "cannot open device channel: {e}");
                 e.raw_os_error().unwrap_or(libc::EIO)
             })?;
-            if let Some(fd) = ch.completion_fd() {
+            for fd in [ch.completion_fd(), ch.notify_fd()].into_iter().flatten() {
                 self.new_fds.push((ns.key, fd));
             }
             self.channels.insert(ns.key, (ns.clone(), ch));
@@ -226,6 +236,7 @@ impl Reactor {
         let h = std::thread::Builder::new()
             .name(format!("reactor{id}"))
             .spawn(move || {
+                CURRENT_REACTOR.with(|c| c.set(id));
                 if let Some(c) = core {
                     if !core_affinity::set_for_current(core_affinity::CoreId { id: c }) {
                         tracing::warn!(reactor = id, core = c, "could not pin reactor to core");

@@ -199,16 +199,30 @@ pub fn identify_controller(target: &Target, ctrl: &Controller) -> IdentifyContro
 
 /// Identify Namespace for an active namespace.
 pub fn identify_namespace(ns: &super::Namespace) -> IdentifyNamespace {
+    let thin = ns.dev.thin_info();
+    let (nuse, nsfeat, dlfeat) = match thin {
+        // A pool volume: NUSE is what is written; NSFEAT bit 0 says NUSE is
+        // meaningful (thin provisioning). Volumes that fail reads of unwritten
+        // blocks set DAE (bit 2) and report no fixed value for deallocated
+        // blocks; the others read them as zeros. Bit 3: Write Zeroes may
+        // deallocate.
+        Some(t) if t.unwritten_error => (
+            t.used_bytes / ns.block_size as u64,
+            0x01 | 0x04,
+            0x08,
+        ),
+        Some(t) => (t.used_bytes / ns.block_size as u64, 0x01, 0x01 | 0x08),
+        None => (ns.num_blocks, 0, 0x01 | 0x08),
+    };
     IdentifyNamespace {
         nsze: ns.num_blocks,
         ncap: ns.num_blocks,
-        nuse: ns.num_blocks,
-        nsfeat: 0,
+        nuse: nuse.min(ns.num_blocks),
+        nsfeat,
         lbads: ns.lbads(),
         // May be attached to more than one controller.
         nmic: 1,
-        // Deallocated blocks read as zeros; Write Zeroes may deallocate.
-        dlfeat: 0x01 | 0x08,
+        dlfeat,
         nvmcap: ns.num_blocks as u128 * ns.block_size as u128,
         nguid: ns.nguid,
         eui64: ns.eui64,

@@ -117,6 +117,20 @@ pub fn plan(ns: Option<&Namespace>, sqe: &Sqe, max_io_size: u32) -> Result<IoPla
     }
 }
 
+/// The NVMe status for a failed device operation.
+pub fn status_for_errno(errno: i32, plan: Option<IoPlan>) -> Status {
+    match errno {
+        crate::bdev::ERRNO_UNWRITTEN => Status::DEALLOCATED_OR_UNWRITTEN,
+        crate::bdev::ERRNO_NO_SPACE => Status::CAPACITY_EXCEEDED,
+        libc::ENXIO => Status::INVALID_NAMESPACE,
+        _ => match plan {
+            Some(IoPlan::Read { .. }) => Status::UNRECOVERED_READ_ERROR,
+            Some(IoPlan::Write { .. }) => Status::WRITE_FAULT,
+            _ => Status::INTERNAL_ERROR,
+        },
+    }
+}
+
 /// Decodes Dataset Management ranges into byte ranges, checking each one.
 pub fn dsm_ranges(ns: &Namespace, data: &[u8], ranges: usize) -> Result<Vec<(u64, u64)>, Status> {
     let mut out = Vec::with_capacity(ranges);

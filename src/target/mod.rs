@@ -91,8 +91,14 @@ impl Namespace {
     /// Builds a namespace; identifiers are derived from the subsystem NQN and NSID
     /// so they stay the same across restarts with the same configuration.
     pub fn new(subnqn: &str, nsid: u32, dev: SharedDevice, block_size: u32) -> Namespace {
+        let block_size = dev.block_size().unwrap_or(block_size);
         let num_blocks = dev.size_bytes() / block_size as u64;
-        let uuid = stable_uuid(&format!("{subnqn}/ns/{nsid}"));
+        // A volume carries its own persistent identity; other devices get one
+        // derived from where they are served.
+        let uuid = match dev.thin_info() {
+            Some(t) => t.uuid,
+            None => stable_uuid(&format!("{subnqn}/ns/{nsid}")),
+        };
         let mut eui64 = [0u8; 8];
         eui64.copy_from_slice(&uuid[8..16]);
         Namespace {

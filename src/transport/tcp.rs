@@ -1015,16 +1015,17 @@ impl QueuePair for TcpConnection {
             return;
         };
         if let Err(errno) = result {
-            tracing::warn!(
-                cid = r.sqe.cid(),
-                op = r.sqe.opcode(),
-                "device error: errno {errno}"
-            );
-            r.status = match r.plan {
-                Some(IoPlan::Read { .. }) => Status::UNRECOVERED_READ_ERROR,
-                Some(IoPlan::Write { .. }) => Status::WRITE_FAULT,
-                _ => Status::INTERNAL_ERROR,
-            };
+            // A read of unwritten blocks is a KV-cache miss, not a fault.
+            if errno == crate::bdev::ERRNO_UNWRITTEN {
+                tracing::debug!(cid = r.sqe.cid(), "read of unwritten blocks");
+            } else {
+                tracing::warn!(
+                    cid = r.sqe.cid(),
+                    op = r.sqe.opcode(),
+                    "device error: errno {errno}"
+                );
+            }
+            r.status = tio::status_for_errno(errno, r.plan);
         }
         // Reads keep their buffer to send; writes give it back.
         if matches!(r.plan, Some(IoPlan::Read { .. })) {

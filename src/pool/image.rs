@@ -1,0 +1,280 @@
+//! A pool's metadata as plain values: what a checkpoint holds, with journal
+//! records applied on top. Recovery builds the live state from it; `check` judges
+//! it. Nothing here touches a device.
+
+use super::format::{bitmap_bytes_max, CheckpointData, Record, VolumeDesc, NO_EXTENT};
+use std::collections::{BTreeMap, BTreeSet};
+
+#[derive(Debug, Clone, Default)]
+pub struct VolumeImage {
+    pub desc: VolumeDesc,
+    /// logical extent → (physical extent, valid-block bitmap)
+    pub map: BTreeMap<u32, (u32, Vec<u8>)>,
+}
+
+impl Default for VolumeDesc {
+    fn default() -> Self {
+        VolumeDesc {
+            id: 0,
+            name: String::new(),
+            uuid: [0; 16],
+            size_bytes: 0,
+            block_size: 4096,
+            flags: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Image {
+    pub extent_size: u64,
+    pub extent_count: u32,
+    pub next_volume_id: u32,
+    pub volumes: BTreeMap<u32, VolumeImage>,
+    pub clean: BTreeSet<u32>,
+    /// Inconsistencies met while building (damage for `check`).
+    pub problems: Vec<String>,
+}
+
+fn extents_of(size: u64, extent_size: u64) -> u32 {
+    size.div_ceil(extent_size) as u32
+}
+
+/// Keeps only bits for blocks below `blocks` (the rest of the extent is past the
+/// end of the volume).
+fn truncate_bitmap(bm: &mut [u8], blocks: u64) {
+    for (i, byte) in bm.iter_mut().enumerate() {
+        let first = i as u64 * 8;
+        if first >= blocks {
+            *byte = 0;
+        } else if blocks - first < 8 {
+            *byte &= (1u8 << (blocks - first)) - 1;
+        }
+    }
+}
+
+impl Image {
+    pub fn from_checkpoint(c: CheckpointData, extent_size: u64, extent_count: u32) -> Image {
+        let mut img = Image {
+            extent_size,
+            extent_count,
+            next_volume_id: c.next_volume_id,
+            ..Default::default()
+        };
+        for d in c.volumes {
+            if img.volumes.contains_key(&d.id) {
+                img.problems
+                    .push(format!("checkpoint lists volume {} twice", d.id));
+            }
+            img.volumes.insert(
+                d.id,
+                VolumeImage {
+                    desc: d,
+                    map: BTreeMap::new(),
+                },
+            );
+        }
+        for (vol, lext, phys, bm) in c.mappings {
+            img.set_extent(vol, lext, phys, bm, "checkpoint");
+        }
+        for p in c.clean {
+            if p >= extent_count {
+                img.problems
+                    .push(format!("clean extent {p} is beyond the pool's {extent_count}"));
+            } else if !img.clean.insert(p) {
+                img.problems
+                    .push(format!("extent {p} is on the clean list twice"));
+            }
+        }
+        img
+    }
+
+    fn set_extent(&mut self, vol: u32, lext: u32, phys: u32, bitmap: Vec<u8>, src: &str) {
+        let (extent_size, extent_count) = (self.extent_size, self.extent_count);
+        let Some(v) = self.volumes.get_mut(&vol) else {
+            // A record for a volume deleted later in the same commit stream.
+            return;
+        };
+        if lext >= extents_of(v.desc.size_bytes, extent_size) {
+            self.problems.push(format!(
+                "{src}: volume {vol} maps logical extent {lext} beyond its size"
+            ));
+            return;
+        }
+        if phys == NO_EXTENT {
+            v.map.remove(&lext);
+            return;
+        }
+        if phys >= extent_count {
+            self.problems.push(format!(
+                "{src}: volume {vol} extent {lext} maps to {phys}, beyond the pool's {extent_count}"
+            ));
+            return;
+        }
+        let want = (extent_size / v.desc.block_size as u64).div_ceil(8) as usize;
+        if bitmap.len() != want || bitmap.len() > bitmap_bytes_max(extent_size) {
+            self.problems.push(format!(
+                "{src}: volume {vol} extent {lext} has a {}-byte bitmap, expected {want}",
+                bitmap.len()
+            ));
+            return;
+        }
+        v.map.insert(lext, (phys, bitmap));
+        self.clean.remove(&phys);
+    }
+
+    pub fn apply(&mut self, r: Record) {
+        match r {
+            Record::VolumeCreate(d) => {
+                self.next_volume_id = self.next_volume_id.max(d.id.saturating_add(1));
+                self.volumes.insert(
+                    d.id,
+                    VolumeImage {
+                        desc: d,
+                        map: BTreeMap::new(),
+                    },
+                );
+            }
+            Record::VolumeResize { id, size_bytes } => {
+                let es = self.extent_size;
+                if let Some(v) = self.volumes.get_mut(&id) {
+                    v.desc.size_bytes = size_bytes;
+                    let n = extents_of(size_bytes, es);
+                    v.map.retain(|&l, _| l < n);
+                    let tail = size_bytes % es;
+                    if tail != 0 {
+                        let blocks = tail / v.desc.block_size as u64;
+                        if let Some((_, bm)) = v.map.get_mut(&(n - 1)) {
+                            truncate_bitmap(bm, blocks);
+                        }
+                    }
+                }
+            }
+            Record::VolumeDelete { id } => {
+                self.volumes.remove(&id);
+            }
+            Record::Extent {
+                vol,
+                lext,
+                phys,
+                bitmap,
+            } => self.set_extent(vol, lext, phys, bitmap, "journal"),
+            Record::Reserve(list) => {
+                for p in list {
+                    self.clean.remove(&p);
+                }
+            }
+            Record::Clean(list) => {
+                for p in list {
+                    if p < self.extent_count {
+                        self.clean.insert(p);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every physical extent and who maps it; reports extents mapped twice and
+    /// extents both mapped and on the clean list.
+    pub fn ownership(&self) -> (BTreeMap<u32, (u32, u32)>, Vec<String>) {
+        let mut owner: BTreeMap<u32, (u32, u32)> = BTreeMap::new();
+        let mut problems = Vec::new();
+        for (id, v) in &self.volumes {
+            for (&lext, &(phys, _)) in &v.map {
+                if let Some((ov, ol)) = owner.insert(phys, (*id, lext)) {
+                    problems.push(format!(
+                        "extent {phys} is mapped twice: volume {ov} extent {ol} and volume {id} extent {lext}"
+                    ));
+                }
+                if self.clean.contains(&phys) {
+                    problems.push(format!(
+                        "extent {phys} is both free (clean) and mapped by volume {id} extent {lext}"
+                    ));
+                }
+            }
+        }
+        (owner, problems)
+    }
+
+    /// Free extents that need scrubbing: neither mapped nor known clean.
+    pub fn dirty(&self) -> Vec<u32> {
+        let (owner, _) = self.ownership();
+        (0..self.extent_count)
+            .filter(|p| !owner.contains_key(p) && !self.clean.contains(p))
+            .collect()
+    }
+
+    pub fn to_checkpoint(&self) -> CheckpointData {
+        CheckpointData {
+            next_volume_id: self.next_volume_id,
+            volumes: self.volumes.values().map(|v| v.desc.clone()).collect(),
+            mappings: self
+                .volumes
+                .iter()
+                .flat_map(|(id, v)| {
+                    v.map
+                        .iter()
+                        .map(move |(&l, (p, bm))| (*id, l, *p, bm.clone()))
+                })
+                .collect(),
+            clean: self.clean.iter().copied().collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desc(id: u32, size: u64) -> VolumeDesc {
+        VolumeDesc {
+            id,
+            name: format!("v{id}"),
+            uuid: [id as u8; 16],
+            size_bytes: size,
+            block_size: 4096,
+            flags: 0,
+        }
+    }
+
+    #[test]
+    fn replay_and_ownership() {
+        let mut img = Image::from_checkpoint(
+            CheckpointData {
+                next_volume_id: 1,
+                volumes: vec![],
+                mappings: vec![],
+                clean: (0..8).collect(),
+            },
+            1 << 20,
+            8,
+        );
+        img.apply(Record::VolumeCreate(desc(1, 3 << 20)));
+        img.apply(Record::Reserve(vec![0, 1, 2]));
+        img.apply(Record::Extent {
+            vol: 1,
+            lext: 2,
+            phys: 1,
+            bitmap: vec![0xff; 32],
+        });
+        assert_eq!(img.next_volume_id, 2);
+        assert_eq!(img.dirty(), vec![0, 2]);
+        img.apply(Record::VolumeResize {
+            id: 1,
+            size_bytes: (2 << 20) + 4096 * 3,
+        });
+        assert_eq!(img.volumes[&1].map[&2].1[0], 0b111);
+        img.apply(Record::Clean(vec![1]));
+        let (_, problems) = img.ownership();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        img.apply(Record::VolumeDelete { id: 1 });
+        assert!(img.ownership().1.is_empty());
+        img.apply(Record::Extent {
+            vol: 9,
+            lext: 0,
+            phys: 3,
+            bitmap: vec![],
+        });
+        assert!(img.problems.is_empty());
+    }
+}

@@ -1,0 +1,1343 @@
+//! Pools and thin-provisioned KV-cache volumes.
+//!
+//! A pool is one backing device cut into fixed-size extents. Volumes map logical
+//! extents to physical ones on first write. The data path (reactors, through
+//! `VolumeChannel`) touches only atomics and lock-free queues: per-reactor caches
+//! of clean, already-reserved extents, refilled in batches from a shared ready
+//! queue. Everything that writes metadata runs on the pool's metadata thread
+//! (`md_step`): journal commits for Flush/FUA, reservations of clean extents,
+//! background GC scrubbing freed extents under admission control, checkpoints.
+//! The simulation calls `md_step` itself, single-threaded, so a seed reproduces.
+//!
+//! Crash safety rests on four orderings:
+//! - clean extents are journaled as reserved (durably) before any reactor may
+//!   write to them, so after a crash an unreferenced written extent is dirty;
+//! - an extent's unmap is journaled no later than the commit that records it
+//!   scrubbed, and the scrub is flushed before that commit;
+//! - a Flush journals every extent changed before it, then flushes the device,
+//!   which also makes every completed data write durable;
+//! - journal space is reused only after a newer checkpoint is durable.
+
+pub mod channel;
+pub mod format;
+pub mod gc;
+pub mod image;
+pub mod volume;
+
+#[cfg(test)]
+mod sim;
+
+
+use crate::bdev::{IoChannel, IoCompletion, IoOp, SharedDevice};
+use crate::mem::IoBuf;
+use crate::reactor::sys::EventFd;
+use crate::target::stable_uuid;
+use crossbeam_queue::{ArrayQueue, SegQueue};
+use format::*;
+use gc::{Admission, GcMode, GcSettings};
+use image::Image;
+use std::collections::{BTreeMap, VecDeque};
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
+use std::time::{Duration, Instant};
+use volume::{AllocError, Volume};
+
+/// Blocking I/O on a device channel, for metadata work off the data path.
+pub struct SyncIo {
+    ch: Box<dyn IoChannel>,
+    next_tag: u64,
+}
+
+fn io_err(errno: i32) -> String {
+    std::io::Error::from_raw_os_error(errno).to_string()
+}
+
+impl SyncIo {
+    pub fn new(dev: &SharedDevice) -> Result<SyncIo, String> {
+        Ok(SyncIo {
+            ch: dev
+                .open_channel()
+                .map_err(|e| format!("cannot open {}: {e}", dev.describe()))?,
+            next_tag: 1,
+        })
+    }
+
+    /// Runs operations concurrently and waits for all; the first error wins.
+    pub fn run_all(&mut self, ops: Vec<IoOp>) -> Result<Vec<IoCompletion>, i32> {
+        let n = ops.len();
+        let mut first_err = None;
+        let mut submitted = 0;
+        for op in ops {
+            self.next_tag += 1;
+            match self.ch.submit(self.next_tag, op) {
+                Ok(()) => submitted += 1,
+                Err((_, e)) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        self.ch.flush_submissions();
+        let mut out = Vec::with_capacity(n);
+        while out.len() < submitted {
+            if self.ch.poll(&mut out) == 0 {
+                wait_readable(self.ch.completion_fd());
+            }
+        }
+        if let Some(e) = out.iter().find_map(|c| c.result.err()).or(first_err) {
+            return Err(e);
+        }
+        Ok(out)
+    }
+
+    pub fn read(&mut self, offset: u64, len: usize) -> Result<IoBuf, String> {
+        let buf = IoBuf::new(len);
+        let mut c = self
+            .run_all(vec![IoOp::Read { offset, buf }])
+            .map_err(|e| format!("read at {offset}: {}", io_err(e)))?;
+        c.pop()
+            .and_then(|c| c.buf)
+            .ok_or_else(|| format!("read at {offset}: no data"))
+    }
+
+    pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), String> {
+        let mut buf = IoBuf::new(data.len());
+        buf.set_len(data.len());
+        buf.copy_from_slice(data);
+        self.run_all(vec![IoOp::Write {
+            offset,
+            buf,
+            fua: false,
+        }])
+        .map(|_| ())
+        .map_err(|e| format!("write at {offset}: {}", io_err(e)))
+    }
+
+    pub fn flush(&mut self) -> Result<(), String> {
+        self.run_all(vec![IoOp::Flush])
+            .map(|_| ())
+            .map_err(|e| format!("flush: {}", io_err(e)))
+    }
+}
+
+fn wait_readable(fd: Option<RawFd>) {
+    match fd {
+        Some(fd) => {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd for the duration of the call.
+            unsafe { libc::poll(&mut p, 1, 5) };
+        }
+        None => std::thread::yield_now(),
+    }
+}
+
+/// How a channel hears back from the metadata thread.
+pub struct Notifier {
+    /// Tags whose commit (Flush, FUA) finished, with the result.
+    pub committed: SegQueue<(u64, Result<(), i32>)>,
+    /// Set when new clean extents became available.
+    pub space: AtomicBool,
+    pub efd: Option<EventFd>,
+}
+
+impl Notifier {
+    pub fn new() -> Notifier {
+        Notifier {
+            committed: SegQueue::new(),
+            space: AtomicBool::new(false),
+            efd: EventFd::new().ok(),
+        }
+    }
+    fn signal(&self) {
+        if let Some(e) = &self.efd {
+            e.signal();
+        }
+    }
+}
+
+impl Default for Notifier {
+    fn default() -> Self {
+        Notifier::new()
+    }
+}
+
+struct CommitReq {
+    tag: u64,
+    to: Arc<Notifier>,
+}
+
+/// Options for opening a pool.
+#[derive(Debug, Clone)]
+pub struct PoolOptions {
+    /// Run the metadata thread (false in the simulation, which drives `md_step`).
+    pub md_thread: bool,
+    /// Number of per-reactor extent caches.
+    pub reactors: usize,
+    pub gc: GcSettings,
+    pub dual_path: DualPath,
+    /// Extent changes are committed at least this often without a Flush, which
+    /// bounds what a crash can lose and how much memory pending changes take.
+    /// `None`: only on Flush/FUA and the metadata thread's own work.
+    pub commit_interval: Option<Duration>,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions {
+            md_thread: true,
+            reactors: 1,
+            gc: GcSettings::default(),
+            dual_path: DualPath::default(),
+            commit_interval: Some(Duration::from_secs(1)),
+        }
+    }
+}
+
+/// Dual-path scheduling: I/O at least `large_threshold` bytes is split into
+/// `piece` sized device operations with at most `max_inflight` of them in flight
+/// per channel; smaller I/O goes straight to the device.
+#[derive(Debug, Clone, Copy)]
+pub struct DualPath {
+    pub enabled: bool,
+    pub large_threshold: u64,
+    pub piece: u64,
+    pub max_inflight: usize,
+}
+
+impl Default for DualPath {
+    fn default() -> Self {
+        DualPath {
+            enabled: true,
+            large_threshold: 128 << 10,
+            piece: 128 << 10,
+            max_inflight: 4,
+        }
+    }
+}
+
+/// Options for formatting a pool.
+#[derive(Debug, Clone)]
+pub struct FormatOptions {
+    pub extent_size: u64,
+    /// Overwrite a device that already holds a pool.
+    pub force: bool,
+    /// Journal size override (tests use small journals to exercise wrapping).
+    pub journal_len: Option<u64>,
+}
+
+impl Default for FormatOptions {
+    fn default() -> Self {
+        FormatOptions {
+            extent_size: 1 << 20,
+            force: false,
+            journal_len: None,
+        }
+    }
+}
+
+/// Metadata-thread state: owned by whoever holds the lock (the md thread, a
+/// control-path call, or the simulation).
+struct Meta {
+    io: SyncIo,
+    clean: VecDeque<u32>,
+    dirty: Vec<u32>,
+    seq: u64,
+    head: u64,
+    used: u64,
+    ckpt_gen: u64,
+    next_volume_id: u32,
+    pending: Vec<Record>,
+    last_commit: Instant,
+    failed: Option<String>,
+    admission: Admission,
+}
+
+/// Counters the metrics work reads.
+#[derive(Debug, Default)]
+pub struct PoolStats {
+    pub clean: AtomicU64,
+    pub dirty: AtomicU64,
+    pub commits: AtomicU64,
+    pub checkpoints: AtomicU64,
+    pub journal_used: AtomicU64,
+    pub gc_scrubbed: AtomicU64,
+    pub gc_rate_milli: AtomicU64,
+    pub gc_mode: AtomicU64,
+    pub alloc_waits: AtomicU64,
+    pub no_space: AtomicU64,
+}
+
+/// A point-in-time view of a pool for `kvtarget` tools and metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolSnapshot {
+    pub extent_size: u64,
+    pub extents: u32,
+    pub mapped: u64,
+    pub clean: u64,
+    pub dirty: u64,
+    pub reserved: u64,
+    pub gc_mode: GcMode,
+    pub gc_rate: f64,
+    pub gc_scrubbed: u64,
+    pub low_watermark: u64,
+    pub high_watermark: u64,
+    pub journal_used: u64,
+    pub journal_len: u64,
+    pub commits: u64,
+    pub checkpoints: u64,
+}
+
+/// Foreground signals GC admission watches.
+#[derive(Debug, Default)]
+pub struct Foreground {
+    pub inflight: AtomicU64,
+    /// Exponentially weighted moving average of completion latency (ns).
+    pub latency_ewma_ns: AtomicU64,
+    pub completions: AtomicU64,
+}
+
+impl Foreground {
+    pub fn record(&self, ns: u64) {
+        let old = self.latency_ewma_ns.load(Ordering::Relaxed);
+        let new = if old == 0 { ns } else { (old * 15 + ns) / 16 };
+        self.latency_ewma_ns.store(new, Ordering::Relaxed);
+        self.completions.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// How many extents a reactor takes from the ready queue at once.
+const CACHE_BATCH: usize = 8;
+const CACHE_CAP: usize = 32;
+/// Extents kept reserved and ready for first writes.
+const READY_TARGET: usize = 64;
+/// Largest journal entry.
+const MAX_ENTRY: usize = 256 << 10;
+
+pub struct Pool {
+    pub name: String,
+    pub sb: Superblock,
+    dev: SharedDevice,
+    pool_tag: u64,
+    volumes: RwLock<BTreeMap<u32, Arc<Volume>>>,
+    meta: Mutex<Meta>,
+    ready: ArrayQueue<u32>,
+    caches: Vec<ArrayQueue<u32>>,
+    freed: SegQueue<u32>,
+    retry_free: SegQueue<(u32, u32)>,
+    commits: SegQueue<CommitReq>,
+    waiters: Mutex<Vec<Weak<Notifier>>>,
+    md_wake: (Mutex<bool>, Condvar),
+    stop: AtomicBool,
+    md_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    exhausted: AtomicBool,
+    /// Metadata can no longer be written: allocations fail.
+    failed: AtomicBool,
+    pub stats: PoolStats,
+    pub fg: Foreground,
+    pub opts: PoolOptions,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+fn pool_tag(uuid: &[u8; 16]) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&uuid[..8]);
+    u64::from_le_bytes(b)
+}
+
+/// What recovery found, for logs and `check`.
+#[derive(Debug, Clone, Default)]
+pub struct RecoveryReport {
+    pub checkpoint_gen: u64,
+    pub checkpoint_slot: usize,
+    pub other_slot: Option<String>,
+    pub journal_entries: u64,
+    pub journal_records: u64,
+    pub journal_end: String,
+    pub end_seq: u64,
+    pub end_pos: u64,
+    pub replayed_bytes: u64,
+}
+
+/// Reads a pool's metadata without changing anything: superblock, the newest
+/// valid checkpoint, and the journal replayed to its last valid entry.
+pub fn load_image(io: &mut SyncIo) -> Result<(Superblock, Image, RecoveryReport), String> {
+    let sbb = io.read(0, META_BLOCK as usize)?;
+    let sb = Superblock::decode(&sbb).map_err(|e| e.to_string())?;
+    let tag = pool_tag(&sb.uuid);
+    let mut best: Option<(BlockHeader, CheckpointData, usize)> = None;
+    let mut errors = Vec::new();
+    for slot in 0..2 {
+        let off = sb.ckpt_offset + slot as u64 * sb.ckpt_slot_len;
+        let r = (|| -> Result<(BlockHeader, CheckpointData), String> {
+            let head = io.read(off, META_BLOCK as usize)?;
+            let h = BlockHeader::decode(CHECKPOINT_MAGIC, &head, "checkpoint header")
+                .map_err(|e| e.to_string())?;
+            if h.pool_tag != tag {
+                return Err("checkpoint header: belongs to another pool".into());
+            }
+            let total = round_up(HEADER_LEN as u64 + h.payload_len, META_BLOCK);
+            if total > sb.ckpt_slot_len {
+                return Err(format!("checkpoint: {total} bytes overflow the slot"));
+            }
+            let b = io.read(off, total as usize)?;
+            let p = unseal(&h, &b, "checkpoint").map_err(|e| e.to_string())?;
+            Ok((h, CheckpointData::decode(p).map_err(|e| e.to_string())?))
+        })();
+        match r {
+            Ok((h, c)) => {
+                if best.as_ref().is_none_or(|(bh, _, _)| h.seq > bh.seq) {
+                    if let Some((bh, _, s)) = &best {
+                        errors.push(format!("slot {s}: older checkpoint {}", bh.seq));
+                    }
+                    best = Some((h, c, slot));
+                } else {
+                    errors.push(format!("slot {slot}: older checkpoint {}", h.seq));
+                }
+            }
+            Err(e) => errors.push(format!("slot {slot}: {e}")),
+        }
+    }
+    let Some((ch, cdata, slot)) = best else {
+        return Err(format!("no valid checkpoint ({})", errors.join("; ")));
+    };
+    let mut img = Image::from_checkpoint(cdata, sb.extent_size, sb.extent_count);
+    let mut rep = RecoveryReport {
+        checkpoint_gen: ch.seq,
+        checkpoint_slot: slot,
+        other_slot: errors.pop(),
+        ..Default::default()
+    };
+    let (mut seq, mut pos) = (ch.journal_seq, ch.journal_pos);
+    // Position and byte count before trying the ring's start, to undo the try.
+    let mut before_wrap: Option<(u64, u64)> = None;
+    rep.journal_end = loop {
+        if rep.replayed_bytes >= sb.journal_len {
+            break "journal fully replayed".into();
+        }
+        let entry = (|| -> Result<(Vec<Record>, u64), String> {
+            if pos + META_BLOCK > sb.journal_len {
+                return Err("end of ring".into());
+            }
+            let head = io.read(sb.journal_offset + pos, META_BLOCK as usize)?;
+            let h = BlockHeader::decode(JOURNAL_MAGIC, &head, "journal entry")
+                .map_err(|e| e.to_string())?;
+            if h.pool_tag != tag || h.seq != seq {
+                return Err(format!("entry at {pos} is not sequence {seq}"));
+            }
+            let total = round_up(HEADER_LEN as u64 + h.payload_len, META_BLOCK);
+            if pos + total > sb.journal_len {
+                return Err(format!("entry at {pos} overruns the ring"));
+            }
+            let b = io.read(sb.journal_offset + pos, total as usize)?;
+            let p = unseal(&h, &b, "journal entry").map_err(|e| e.to_string())?;
+            Ok((
+                Record::decode_all(p, "journal entry").map_err(|e| e.to_string())?,
+                total,
+            ))
+        })();
+        match entry {
+            Ok((records, total)) => {
+                rep.journal_entries += 1;
+                rep.journal_records += records.len() as u64;
+                for r in records {
+                    img.apply(r);
+                }
+                rep.replayed_bytes += total;
+                pos += total;
+                seq += 1;
+                before_wrap = None;
+            }
+            Err(e) => {
+                // An entry that did not fit at the end of the ring was written at 0.
+                if pos != 0 && before_wrap.is_none() {
+                    before_wrap = Some((pos, rep.replayed_bytes));
+                    rep.replayed_bytes += sb.journal_len - pos;
+                    pos = 0;
+                    continue;
+                }
+                if let Some((p, b)) = before_wrap.take() {
+                    pos = p;
+                    rep.replayed_bytes = b;
+                }
+                break format!("stopped at sequence {seq}: {e}");
+            }
+        }
+    };
+    rep.end_seq = seq;
+    rep.end_pos = pos;
+    Ok((sb, img, rep))
+}
+
+/// Formats a pool on a device.
+pub fn format(dev: &SharedDevice, opts: &FormatOptions) -> Result<Superblock, String> {
+    let mut io = SyncIo::new(dev)?;
+    let size = dev.size_bytes();
+    if size >= META_BLOCK {
+        let b = io.read(0, META_BLOCK as usize)?;
+        if &b[..8] == SUPERBLOCK_MAGIC && !opts.force {
+            return Err(format!(
+                "{} already holds a pool{}; refusing to overwrite it without force",
+                dev.describe(),
+                match Superblock::decode(&b) {
+                    Ok(sb) => format!(" ({} extents of {} bytes)", sb.extent_count, sb.extent_size),
+                    Err(e) => format!(" (damaged: {e})"),
+                }
+            ));
+        }
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let uuid = stable_uuid(&format!("pool/{}/{nanos}", dev.describe()));
+    let sb = Superblock::layout(size, opts.extent_size, uuid, opts.journal_len)
+        .map_err(|e| format!("{}: {e}", dev.describe()))?;
+    // Whatever the device held before must not leak into volumes: start with
+    // every extent scrubbed (one deallocate over the data region).
+    let data_len = sb.extent_count as u64 * sb.extent_size;
+    io.run_all(vec![IoOp::Deallocate {
+        offset: sb.data_offset,
+        len: data_len,
+    }])
+    .map_err(|e| format!("scrubbing the data region: {}", io_err(e)))?;
+    // Invalidate both checkpoint slots and the journal's first block of any
+    // earlier pool, then write the first checkpoint.
+    let zero = vec![0u8; META_BLOCK as usize];
+    io.write(sb.ckpt_offset + sb.ckpt_slot_len, &zero)?;
+    io.write(sb.journal_offset, &zero)?;
+    let ckpt = CheckpointData {
+        next_volume_id: 1,
+        volumes: vec![],
+        mappings: vec![],
+        clean: (0..sb.extent_count).collect(),
+    };
+    let block = seal(
+        CHECKPOINT_MAGIC,
+        BlockHeader {
+            seq: 1,
+            journal_seq: 1,
+            journal_pos: 0,
+            payload_len: 0,
+            payload_crc: 0,
+            pool_tag: pool_tag(&sb.uuid),
+        },
+        &ckpt.encode(),
+    );
+    io.write(sb.ckpt_offset, &block)?;
+    io.flush()?;
+    // The superblock goes last: a pool exists only once its metadata does.
+    io.write(0, &sb.encode())?;
+    io.flush()?;
+    Ok(sb)
+}
+
+impl Pool {
+    /// Opens a pool: loads the newest checkpoint, replays the journal, writes a
+    /// fresh checkpoint, and starts the metadata thread.
+    pub fn open(name: &str, dev: SharedDevice, opts: PoolOptions) -> Result<Arc<Pool>, String> {
+        let mut io = SyncIo::new(&dev)?;
+        let (sb, img, rep) = load_image(&mut io).map_err(|e| format!("{}: {e}", dev.describe()))?;
+        let (_, problems) = img.ownership();
+        if let Some(p) = img.problems.iter().chain(problems.iter()).next() {
+            return Err(format!(
+                "{}: metadata is damaged ({p}); run `kvtarget check`",
+                dev.describe()
+            ));
+        }
+        tracing::info!(pool = name, dev = %dev.describe(), checkpoint = rep.checkpoint_gen, entries = rep.journal_entries, records = rep.journal_records, end = %rep.journal_end, "pool recovered");
+        let dirty = img.dirty();
+        let mut volumes = BTreeMap::new();
+        for (id, v) in &img.volumes {
+            let vol = Volume::new(v.desc.clone(), sb.extent_size);
+            for (&lext, (phys, bm)) in &v.map {
+                vol.restore(lext, Some(*phys), bm);
+            }
+            volumes.insert(*id, Arc::new(vol));
+        }
+        let reactors = opts.reactors.max(1);
+        let gc = opts.gc.clone();
+        let pool = Arc::new(Pool {
+            name: name.to_string(),
+            pool_tag: pool_tag(&sb.uuid),
+            volumes: RwLock::new(volumes),
+            meta: Mutex::new(Meta {
+                io,
+                clean: img.clean.iter().copied().collect(),
+                dirty,
+                seq: rep.end_seq,
+                head: rep.end_pos,
+                used: 0,
+                ckpt_gen: rep.checkpoint_gen,
+                next_volume_id: img.next_volume_id.max(1),
+                pending: Vec::new(),
+                last_commit: Instant::now(),
+                failed: None,
+                admission: Admission::new(gc),
+            }),
+            ready: ArrayQueue::new(READY_TARGET * 2),
+            caches: (0..reactors).map(|_| ArrayQueue::new(CACHE_CAP)).collect(),
+            freed: SegQueue::new(),
+            retry_free: SegQueue::new(),
+            commits: SegQueue::new(),
+            waiters: Mutex::new(Vec::new()),
+            md_wake: (Mutex::new(false), Condvar::new()),
+            stop: AtomicBool::new(false),
+            md_thread: Mutex::new(None),
+            exhausted: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+            stats: PoolStats::default(),
+            fg: Foreground::default(),
+            opts,
+            sb,
+            dev,
+        });
+        {
+            // A fresh checkpoint makes recovery's conclusions (reserved extents
+            // are dirty) durable and empties the journal.
+            let mut m = lock(&pool.meta);
+            pool.checkpoint(&mut m)?;
+            pool.update_stats(&m);
+        }
+        if pool.opts.md_thread {
+            let weak = Arc::downgrade(&pool);
+            let h = std::thread::Builder::new()
+                .name(format!("md-{name}"))
+                .spawn(move || md_loop(weak))
+                .map_err(|e| format!("metadata thread: {e}"))?;
+            *lock(&pool.md_thread) = Some(h);
+        }
+        Ok(pool)
+    }
+
+    pub fn device(&self) -> &SharedDevice {
+        &self.dev
+    }
+
+    // ----- data path -------------------------------------------------------
+
+    /// A clean, reserved extent for a first write. Never blocks.
+    pub fn take_extent(&self, reactor: usize) -> Result<u32, AllocError> {
+        let r = reactor % self.caches.len();
+        if let Some(p) = self.caches[r].pop() {
+            return Ok(p);
+        }
+        if let Some(p) = self.ready.pop() {
+            for _ in 1..CACHE_BATCH {
+                match self.ready.pop() {
+                    Some(x) => {
+                        if let Err(x) = self.caches[r].push(x) {
+                            let _ = self.ready.push(x);
+                            break;
+                        }
+                    }
+                    None => break,
+                }
+            }
+            if self.ready.len() < READY_TARGET / 2 {
+                self.wake_md();
+            }
+            return Ok(p);
+        }
+        for c in &self.caches {
+            if let Some(p) = c.pop() {
+                return Ok(p);
+            }
+        }
+        self.wake_md();
+        if self.failed.load(Ordering::Acquire) {
+            return Err(AllocError::Failed);
+        }
+        if self.exhausted.load(Ordering::Acquire) {
+            self.stats.no_space.fetch_add(1, Ordering::Relaxed);
+            Err(AllocError::NoSpace)
+        } else {
+            self.stats.alloc_waits.fetch_add(1, Ordering::Relaxed);
+            Err(AllocError::Wait)
+        }
+    }
+
+    /// Gives back an extent taken but not used (it is still clean).
+    pub fn return_extent(&self, reactor: usize, p: u32) {
+        let r = reactor % self.caches.len();
+        if let Err(p) = self.caches[r].push(p) {
+            if self.ready.push(p).is_err() {
+                // Both full: treat as dirty, GC will scrub it again.
+                self.freed.push(p);
+            }
+        }
+    }
+
+    /// An extent unmapped on the data path: dirty until GC scrubs it.
+    pub fn extent_freed(&self, p: u32) {
+        self.freed.push(p);
+    }
+
+    /// An extent that emptied while pinned: the metadata thread retries later.
+    pub fn retry_unmap(&self, vol: u32, lext: u32) {
+        self.retry_free.push((vol, lext));
+    }
+
+    pub fn request_commit(&self, tag: u64, to: Arc<Notifier>) {
+        self.commits.push(CommitReq { tag, to });
+        self.wake_md();
+    }
+
+    pub fn register_waiter(&self, n: &Arc<Notifier>) {
+        let mut w = lock(&self.waiters);
+        w.retain(|x| x.strong_count() > 0);
+        w.push(Arc::downgrade(n));
+    }
+
+    pub fn wake_md(&self) {
+        let (m, c) = &self.md_wake;
+        *lock(m) = true;
+        c.notify_one();
+    }
+
+    // ----- control path ----------------------------------------------------
+
+    pub fn volume(&self, name: &str) -> Option<Arc<Volume>> {
+        self.volumes
+            .read()
+            .ok()?
+            .values()
+            .find(|v| v.desc.name == name)
+            .cloned()
+    }
+
+    pub fn volume_by_id(&self, id: u32) -> Option<Arc<Volume>> {
+        self.volumes.read().ok()?.get(&id).cloned()
+    }
+
+    pub fn volumes(&self) -> Vec<Arc<Volume>> {
+        self.volumes
+            .read()
+            .map(|v| v.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Creates a volume; durable when this returns.
+    pub fn create_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        block_size: u32,
+        flags: u32,
+    ) -> Result<Arc<Volume>, String> {
+        if name.is_empty() || name.len() > MAX_NAME_LEN {
+            return Err(format!("volume name must be 1 to {MAX_NAME_LEN} bytes"));
+        }
+        if !matches!(block_size, 512 | 4096) {
+            return Err(format!("volume {name}: block_size must be 512 or 4096"));
+        }
+        if size_bytes == 0 || size_bytes % block_size as u64 != 0 {
+            return Err(format!(
+                "volume {name}: size {size_bytes} must be a non-zero multiple of the block size {block_size}"
+            ));
+        }
+        if size_bytes.div_ceil(self.sb.extent_size) > u32::MAX as u64 / 2 {
+            return Err(format!("volume {name}: size {size_bytes} is too large"));
+        }
+        let mut m = lock(&self.meta);
+        if self.volume(name).is_some() {
+            return Err(format!("volume {name} already exists"));
+        }
+        if self.volumes.read().map(|v| v.len()).unwrap_or(0) >= MAX_VOLUMES {
+            return Err(format!("pool {} already has {MAX_VOLUMES} volumes", self.name));
+        }
+        let id = m.next_volume_id;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let desc = VolumeDesc {
+            id,
+            name: name.to_string(),
+            uuid: stable_uuid(&format!("{:?}/{id}/{name}/{nanos}", self.sb.uuid)),
+            size_bytes,
+            block_size,
+            flags,
+        };
+        let vol = Arc::new(Volume::new(desc.clone(), self.sb.extent_size));
+        m.next_volume_id += 1;
+        m.pending.push(Record::VolumeCreate(desc));
+        if let Ok(mut v) = self.volumes.write() {
+            v.insert(id, vol.clone());
+        }
+        self.commit(&mut m, Vec::new())?;
+        Ok(vol)
+    }
+
+    fn exclusive(&self, name: &str) -> Result<Arc<Volume>, String> {
+        let v = self
+            .volume(name)
+            .ok_or_else(|| format!("no volume named {name}"))?;
+        // The pool's table and `v` are the only holders when nothing serves it.
+        if Arc::strong_count(&v) > 2 {
+            return Err(format!(
+                "volume {name} is in use; remove its namespace first"
+            ));
+        }
+        Ok(v)
+    }
+
+    /// Deletes a volume: its extents are freed at once (metadata only) and
+    /// scrubbed by GC before any other volume sees them.
+    pub fn delete_volume(&self, name: &str) -> Result<(), String> {
+        let mut m = lock(&self.meta);
+        let v = self.exclusive(name)?;
+        // Pending extent changes go first so replay never sees them after the delete.
+        self.commit(&mut m, Vec::new())?;
+        v.deleted.store(true, Ordering::Release);
+        let freed = v.unmap_from(0);
+        v.clear_dirty();
+        if let Ok(mut t) = self.volumes.write() {
+            t.remove(&v.desc.id);
+        }
+        m.pending.push(Record::VolumeDelete { id: v.desc.id });
+        m.dirty.extend(freed);
+        self.commit(&mut m, Vec::new())?;
+        self.wake_md();
+        Ok(())
+    }
+
+    /// Resizes a volume that is not being served. Shrinking frees the extents
+    /// past the new end at once.
+    pub fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<(), String> {
+        let mut m = lock(&self.meta);
+        let v = self.exclusive(name)?;
+        let bs = v.desc.block_size as u64;
+        if size_bytes == 0 || size_bytes % bs != 0 {
+            return Err(format!(
+                "volume {name}: size {size_bytes} must be a non-zero multiple of the block size {bs}"
+            ));
+        }
+        self.commit(&mut m, Vec::new())?;
+        // Blocks past the new end inside the last kept extent must read as zeros
+        // if the volume grows again: zero them on the device too.
+        let es = self.sb.extent_size;
+        let tail = size_bytes % es;
+        if tail != 0 && size_bytes < v.desc.size_bytes {
+            if let Some(p) = v.mapping((size_bytes / es) as u32) {
+                let end = es.min(v.desc.size_bytes - (size_bytes - tail));
+                m.io.run_all(vec![IoOp::Deallocate {
+                    offset: self.sb.extent_offset(p) + tail,
+                    len: end - tail,
+                }])
+                .map_err(|e| format!("volume {name}: zeroing the cut tail: {}", io_err(e)))?;
+                // Durable before the resize record is.
+                m.io.flush()?;
+            }
+        }
+        let new = v.resized(size_bytes);
+        let keep = new.extent_count();
+        let freed: Vec<u32> = v
+            .mapped()
+            .into_iter()
+            .filter(|&(l, _)| l >= keep)
+            .map(|(_, p)| p)
+            .collect();
+        new.clear_dirty();
+        if let Ok(mut t) = self.volumes.write() {
+            t.insert(v.desc.id, Arc::new(new));
+        }
+        m.pending.push(Record::VolumeResize {
+            id: v.desc.id,
+            size_bytes,
+        });
+        m.dirty.extend(freed);
+        self.commit(&mut m, Vec::new())?;
+        Ok(())
+    }
+
+    /// Makes every acknowledged change durable now (control path, tests).
+    pub fn sync(&self) -> Result<(), String> {
+        let mut m = lock(&self.meta);
+        self.commit(&mut m, Vec::new())
+    }
+
+    pub fn snapshot(&self) -> PoolSnapshot {
+        let m = lock(&self.meta);
+        let mapped: u64 = self
+            .volumes()
+            .iter()
+            .map(|v| v.mapped().len() as u64)
+            .sum();
+        let reserved = self.ready.len() as u64
+            + self.caches.iter().map(|c| c.len() as u64).sum::<u64>();
+        let (low, high) = m.admission.watermarks(self.sb.extent_count as u64);
+        PoolSnapshot {
+            extent_size: self.sb.extent_size,
+            extents: self.sb.extent_count,
+            mapped,
+            clean: m.clean.len() as u64,
+            dirty: m.dirty.len() as u64 + self.freed.len() as u64,
+            reserved,
+            gc_mode: m.admission.mode,
+            gc_rate: m.admission.rate,
+            gc_scrubbed: self.stats.gc_scrubbed.load(Ordering::Relaxed),
+            low_watermark: low,
+            high_watermark: high,
+            journal_used: m.used,
+            journal_len: self.sb.journal_len,
+            commits: self.stats.commits.load(Ordering::Relaxed),
+            checkpoints: self.stats.checkpoints.load(Ordering::Relaxed),
+        }
+    }
+
+    // ----- metadata thread -------------------------------------------------
+
+    fn update_stats(&self, m: &Meta) {
+        let s = &self.stats;
+        s.clean.store(m.clean.len() as u64, Ordering::Relaxed);
+        s.dirty.store(m.dirty.len() as u64, Ordering::Relaxed);
+        s.journal_used.store(m.used, Ordering::Relaxed);
+        s.gc_rate_milli
+            .store((m.admission.rate * 1000.0) as u64, Ordering::Relaxed);
+        s.gc_mode.store(m.admission.mode as u64, Ordering::Relaxed);
+        let exhausted = m.clean.is_empty()
+            && m.dirty.is_empty()
+            && self.freed.is_empty()
+            && self.ready.is_empty();
+        self.exhausted.store(exhausted, Ordering::Release);
+        self.failed.store(m.failed.is_some(), Ordering::Release);
+    }
+
+    /// One round of metadata work. Returns true when it did something.
+    pub fn md_step(&self) -> bool {
+        let mut m = lock(&self.meta);
+        let mut worked = false;
+        while let Some(p) = self.freed.pop() {
+            m.dirty.push(p);
+        }
+        for _ in 0..self.retry_free.len() {
+            let Some((vid, lext)) = self.retry_free.pop() else {
+                break;
+            };
+            if let Some(v) = self.volume_by_id(vid) {
+                match v.try_unmap_empty(lext) {
+                    Ok(Some(p)) => m.dirty.push(p),
+                    Ok(None) => {}
+                    Err(()) => self.retry_free.push((vid, lext)),
+                }
+            }
+        }
+        if m.failed.is_some() {
+            // Metadata can no longer be written: fail every waiter.
+            while let Some(r) = self.commits.pop() {
+                r.to.committed.push((r.tag, Err(libc::EIO)));
+                r.to.signal();
+            }
+            self.update_stats(&m);
+            for w in lock(&self.waiters).iter().filter_map(|w| w.upgrade()) {
+                if !w.space.swap(true, Ordering::AcqRel) {
+                    w.signal();
+                }
+            }
+            return false;
+        }
+
+        // Background GC, through admission control.
+        let now = Instant::now();
+        let available = m.clean.len() as u64 + self.ready.len() as u64;
+        let backlog = m.dirty.len() as u64;
+        let grant = m.admission.grant(
+            now,
+            backlog,
+            available,
+            self.sb.extent_count as u64,
+            self.fg.inflight.load(Ordering::Relaxed),
+            self.fg.latency_ewma_ns.load(Ordering::Relaxed),
+        );
+        let mut cleaned = Vec::new();
+        if grant > 0 {
+            let take = grant.min(m.dirty.len());
+            let batch: Vec<u32> = m.dirty.drain(..take).collect();
+            // Unmaps of these extents must reach the journal before their Clean
+            // record: the commit below drains volume changes first.
+            let ops = batch
+                .iter()
+                .map(|&p| IoOp::Deallocate {
+                    offset: self.sb.extent_offset(p),
+                    len: self.sb.extent_size,
+                })
+                .collect();
+            match m.io.run_all(ops).and_then(|_| m.io.run_all(vec![IoOp::Flush])) {
+                Ok(_) => {
+                    self.stats
+                        .gc_scrubbed
+                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    cleaned = batch;
+                }
+                Err(e) => {
+                    tracing::error!(pool = %self.name, "GC scrub failed: {}", io_err(e));
+                    m.dirty.extend(batch);
+                    m.failed = Some(format!("GC scrub failed: {}", io_err(e)));
+                }
+            }
+            worked = true;
+        }
+
+        // Keep reserved extents ready for first writes.
+        let mut reserve = Vec::new();
+        if self.ready.len() < READY_TARGET / 2 {
+            let want = READY_TARGET - self.ready.len();
+            while reserve.len() < want {
+                match m.clean.pop_front() {
+                    Some(p) => reserve.push(p),
+                    None => break,
+                }
+            }
+        }
+
+        let mut reqs = Vec::new();
+        while let Some(r) = self.commits.pop() {
+            reqs.push(r);
+        }
+        let periodic = self
+            .opts
+            .commit_interval
+            .is_some_and(|i| m.last_commit.elapsed() >= i)
+            && self.volumes().iter().any(|v| v.has_dirty());
+        if !reqs.is_empty()
+            || !reserve.is_empty()
+            || !cleaned.is_empty()
+            || !m.pending.is_empty()
+            || periodic
+        {
+            worked = true;
+            let mut extra = Vec::new();
+            if !cleaned.is_empty() {
+                extra.push(Record::Clean(cleaned.clone()));
+            }
+            if !reserve.is_empty() {
+                extra.push(Record::Reserve(reserve.clone()));
+            }
+            let res = self.commit(&mut m, extra);
+            match &res {
+                Ok(()) => {
+                    m.clean.extend(cleaned);
+                    for p in reserve {
+                        if let Err(p) = self.ready.push(p) {
+                            m.clean.push_front(p);
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(pool = %self.name, "metadata commit failed: {e}");
+                    m.dirty.extend(cleaned);
+                    for p in reserve {
+                        m.clean.push_front(p);
+                    }
+                }
+            }
+            for r in reqs {
+                r.to.committed
+                    .push((r.tag, res.as_ref().map(|_| ()).map_err(|_| libc::EIO)));
+                r.to.signal();
+            }
+        }
+        self.update_stats(&m);
+        // Writes waiting for space retry: there is some now, or there never
+        // will be (they fail with capacity exceeded).
+        if !self.ready.is_empty() || self.exhausted.load(Ordering::Acquire) {
+            for w in lock(&self.waiters).iter().filter_map(|w| w.upgrade()) {
+                if !w.space.swap(true, Ordering::AcqRel) {
+                    w.signal();
+                }
+            }
+        }
+        worked
+    }
+
+    /// Writes the journal entries for `extra` plus every change made so far,
+    /// then flushes the device.
+    fn commit(&self, m: &mut Meta, extra: Vec<Record>) -> Result<(), String> {
+        if let Some(f) = &m.failed {
+            return Err(format!(
+                "pool {} metadata is read-only after an error: {f}",
+                self.name
+            ));
+        }
+        let r = self.commit_inner(m, extra);
+        if let Err(e) = &r {
+            m.failed = Some(e.clone());
+        }
+        m.last_commit = Instant::now();
+        r
+    }
+
+    fn commit_inner(&self, m: &mut Meta, extra: Vec<Record>) -> Result<(), String> {
+        // Checkpoint before draining changes, never in the middle: a record
+        // drained before a checkpoint and written after it would replay an
+        // older state over the checkpoint's.
+        if m.used > self.sb.journal_len / 4 {
+            self.checkpoint(m)?;
+        }
+        let mut records = std::mem::take(&mut m.pending);
+        let mut changed = Vec::new();
+        for v in self.volumes() {
+            v.drain_dirty(&mut changed);
+            for (lext, phys, bitmap) in changed.drain(..) {
+                records.push(Record::Extent {
+                    vol: v.desc.id,
+                    lext,
+                    phys,
+                    bitmap,
+                });
+            }
+        }
+        records.extend(extra);
+        let limit = MAX_ENTRY.min(self.sb.journal_len as usize / 8);
+        let mut w = Writer::default();
+        let mut entries = Vec::new();
+        for r in &records {
+            let before = w.b.len();
+            r.encode(&mut w);
+            if w.b.len() + HEADER_LEN > limit && before > 0 {
+                let tail = w.b.split_off(before);
+                entries.push(std::mem::replace(&mut w.b, tail));
+            }
+        }
+        if !w.b.is_empty() || entries.is_empty() {
+            entries.push(w.b);
+        }
+        let total: u64 = entries
+            .iter()
+            .map(|e| round_up((HEADER_LEN + e.len()) as u64, META_BLOCK) * 2)
+            .sum();
+        if m.used + total > self.sb.journal_len / 2 {
+            // Too much for the journal: a checkpoint captures all of it (the
+            // drained extents at their current state; a Clean list left out
+            // only means those extents are scrubbed again after a crash).
+            return self.checkpoint(m);
+        }
+        for payload in entries {
+            let block = seal(
+                JOURNAL_MAGIC,
+                BlockHeader {
+                    seq: m.seq,
+                    journal_seq: 0,
+                    journal_pos: 0,
+                    payload_len: 0,
+                    payload_crc: 0,
+                    pool_tag: self.pool_tag,
+                },
+                &payload,
+            );
+            let len = block.len() as u64;
+            // An entry that does not fit before the end of the ring (even
+            // when the head sits exactly at the end) starts at 0.
+            let wrap = m.head + len > self.sb.journal_len;
+            let gap = if wrap {
+                self.sb.journal_len.saturating_sub(m.head)
+            } else {
+                0
+            };
+            if m.used + gap + len > self.sb.journal_len {
+                return Err("journal overflow".into());
+            }
+            if wrap {
+                m.head = 0;
+            }
+            m.io.write(self.sb.journal_offset + m.head, &block)?;
+            m.head += len;
+            m.used += gap + len;
+            m.seq += 1;
+        }
+        m.io.flush()?;
+        self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Writes the whole metadata state to the older checkpoint slot; the journal
+    /// restarts after it.
+    fn checkpoint(&self, m: &mut Meta) -> Result<(), String> {
+        // Changes queued so far are captured by the snapshot below. If this
+        // write tears, the older checkpoint and its journal are still intact.
+        for v in self.volumes() {
+            v.clear_dirty();
+        }
+        let vols = self.volumes();
+        let data = CheckpointData {
+            next_volume_id: m.next_volume_id,
+            volumes: vols.iter().map(|v| v.desc.clone()).collect(),
+            mappings: vols
+                .iter()
+                .flat_map(|v| {
+                    v.mapped()
+                        .into_iter()
+                        .map(|(l, p)| (v.desc.id, l, p, v.bitmap(l)))
+                        .collect::<Vec<_>>()
+                })
+                .collect(),
+            clean: m.clean.iter().copied().collect(),
+        };
+        let gen = m.ckpt_gen + 1;
+        let block = seal(
+            CHECKPOINT_MAGIC,
+            BlockHeader {
+                seq: gen,
+                journal_seq: m.seq,
+                journal_pos: m.head,
+                payload_len: 0,
+                payload_crc: 0,
+                pool_tag: self.pool_tag,
+            },
+            &data.encode(),
+        );
+        if block.len() as u64 > self.sb.ckpt_slot_len {
+            return Err(format!(
+                "checkpoint of {} bytes does not fit its {}-byte slot",
+                block.len(),
+                self.sb.ckpt_slot_len
+            ));
+        }
+        let slot = (gen % 2) as u64;
+        m.io.write(self.sb.ckpt_offset + slot * self.sb.ckpt_slot_len, &block)?;
+        m.io.flush()?;
+        m.ckpt_gen = gen;
+        m.used = 0;
+        // Pending control records are captured by the volume table above.
+        m.pending.clear();
+        self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Stops the metadata thread and leaves the pool clean: unused reserved
+    /// extents go back to the clean list and a final checkpoint is written.
+    /// Call when no channel is open any more.
+    pub fn close(&self) -> Result<(), String> {
+        self.stop.store(true, Ordering::Release);
+        self.wake_md();
+        if let Some(h) = lock(&self.md_thread).take() {
+            let _ = h.join();
+        }
+        let mut m = lock(&self.meta);
+        while let Some(p) = self.freed.pop() {
+            m.dirty.push(p);
+        }
+        while let Some(p) = self.ready.pop() {
+            m.clean.push_back(p);
+        }
+        for c in &self.caches {
+            while let Some(p) = c.pop() {
+                m.clean.push_back(p);
+            }
+        }
+        if m.failed.is_some() {
+            return Err(m.failed.clone().unwrap_or_default());
+        }
+        self.commit(&mut m, Vec::new())?;
+        self.checkpoint(&mut m)?;
+        Ok(())
+    }
+}
+
+fn md_loop(pool: Weak<Pool>) {
+    loop {
+        let Some(p) = pool.upgrade() else { return };
+        if p.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let worked = p.md_step();
+        if !worked {
+            let (m, c) = &p.md_wake;
+            let mut woken = lock(m);
+            if !*woken {
+                let tick = p.opts.gc.tick;
+                woken = match c.wait_timeout(woken, tick) {
+                    Ok((g, _)) => g,
+                    Err(e) => e.into_inner().0,
+                };
+            }
+            *woken = false;
+        }
+    }
+}
+
+/// What `kvtarget check` found.
+#[derive(Debug, Default)]
+pub struct CheckReport {
+    pub lines: Vec<String>,
+    pub damage: Vec<String>,
+}
+
+/// Verifies a pool offline: superblock and checkpoint checksums, journal replay,
+/// no extent mapped twice, none both free and mapped, everything in range.
+pub fn check(dev: &SharedDevice) -> CheckReport {
+    let mut rep = CheckReport::default();
+    let mut io = match SyncIo::new(dev) {
+        Ok(io) => io,
+        Err(e) => {
+            rep.damage.push(e);
+            return rep;
+        }
+    };
+    let (sb, img, rec) = match load_image(&mut io) {
+        Ok(x) => x,
+        Err(e) => {
+            rep.damage.push(e);
+            return rep;
+        }
+    };
+    rep.lines.push(format!(
+        "superblock: ok, {} extents of {} bytes, data at {}",
+        sb.extent_count, sb.extent_size, sb.data_offset
+    ));
+    rep.lines.push(format!(
+        "checkpoint: generation {} in slot {} ok{}",
+        rec.checkpoint_gen,
+        rec.checkpoint_slot,
+        rec.other_slot
+            .as_ref()
+            .map(|s| format!(" (other {s})"))
+            .unwrap_or_default()
+    ));
+    rep.lines.push(format!(
+        "journal: {} entries, {} records replayed; {}",
+        rec.journal_entries, rec.journal_records, rec.journal_end
+    ));
+    rep.damage.extend(img.problems.iter().cloned());
+    let (owner, problems) = img.ownership();
+    rep.damage.extend(problems);
+    for (id, v) in &img.volumes {
+        let used: u64 = v
+            .map
+            .values()
+            .map(|(_, bm)| bm.iter().map(|b| b.count_ones() as u64).sum::<u64>())
+            .sum();
+        rep.lines.push(format!(
+            "volume {id} {:?}: {} bytes, block {}, {} extents mapped, {} blocks in use",
+            v.desc.name,
+            v.desc.size_bytes,
+            v.desc.block_size,
+            v.map.len(),
+            used
+        ));
+    }
+    let dirty = (0..sb.extent_count)
+        .filter(|p| !owner.contains_key(p) && !img.clean.contains(p))
+        .count();
+    rep.lines.push(format!(
+        "extents: {} mapped, {} clean, {} dirty, {} total",
+        owner.len(),
+        img.clean.len(),
+        dirty,
+        sb.extent_count
+    ));
+    if owner.len() + img.clean.len() + dirty != sb.extent_count as usize {
+        rep.damage.push("extent accounting does not add up".into());
+    }
+    rep
+}
