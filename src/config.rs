@@ -17,7 +17,135 @@ pub struct Config {
     #[serde(default)]
     pub listeners: Vec<ListenerConfig>,
     #[serde(default)]
+    pub pools: Vec<PoolConfig>,
+    #[serde(default)]
     pub subsystems: Vec<SubsystemConfig>,
+}
+
+/// A pool: one backing device cut into extents, holding thin volumes.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    pub name: String,
+    pub backend: Backend,
+    pub path: Option<PathBuf>,
+    /// Size of a file created for the pool, or of a RAM pool.
+    #[serde(default, deserialize_with = "opt_size")]
+    pub size: Option<u64>,
+    /// Extent size for a new pool (an existing pool keeps its own).
+    #[serde(default = "d_extent", deserialize_with = "size")]
+    pub extent_size: u64,
+    /// Format the device when it holds no pool. A device that holds one is never
+    /// overwritten from the configuration (use `kvtarget pool create --force`).
+    #[serde(default = "d_true")]
+    pub create: bool,
+    #[serde(default)]
+    pub gc: GcConfig,
+    #[serde(default)]
+    pub dual_path: DualPathConfig,
+    #[serde(default)]
+    pub volumes: Vec<VolumeConfig>,
+}
+
+fn d_extent() -> u64 {
+    1 << 20
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Unwritten {
+    /// Reads of unwritten or deallocated blocks return zeros.
+    #[default]
+    Zeroes,
+    /// They fail with "deallocated or unwritten logical block" (a cache miss).
+    Error,
+}
+
+/// A volume the target makes sure exists (created, or grown, at start).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeConfig {
+    pub name: String,
+    #[serde(deserialize_with = "size")]
+    pub size: u64,
+    #[serde(default = "d_bs")]
+    pub block_size: u32,
+    #[serde(default)]
+    pub unwritten: Unwritten,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GcConfig {
+    /// Percent of extents: below this many clean extents GC is urgent.
+    #[serde(default = "d_low")]
+    pub low_watermark_pct: u64,
+    #[serde(default = "d_high")]
+    pub high_watermark_pct: u64,
+    /// Most extents scrubbed per second when foreground I/O is quiet.
+    #[serde(default = "d_gc_rate")]
+    pub max_rate: f64,
+    /// Foreground commands in flight above which GC backs off.
+    #[serde(default = "d_gc_qd")]
+    pub max_foreground_qd: u64,
+}
+
+fn d_low() -> u64 {
+    5
+}
+fn d_high() -> u64 {
+    20
+}
+fn d_gc_rate() -> f64 {
+    20_000.0
+}
+fn d_gc_qd() -> u64 {
+    8
+}
+
+impl Default for GcConfig {
+    fn default() -> Self {
+        GcConfig {
+            low_watermark_pct: d_low(),
+            high_watermark_pct: d_high(),
+            max_rate: d_gc_rate(),
+            max_foreground_qd: d_gc_qd(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DualPathConfig {
+    #[serde(default = "d_true")]
+    pub enabled: bool,
+    /// Transfers at least this large take the bandwidth path.
+    #[serde(default = "d_piece", deserialize_with = "size")]
+    pub large_threshold: u64,
+    /// Device operation size on the bandwidth path.
+    #[serde(default = "d_piece", deserialize_with = "size")]
+    pub piece: u64,
+    /// Bandwidth-path operations in flight per reactor and volume.
+    #[serde(default = "d_large_inflight")]
+    pub max_inflight: usize,
+}
+
+fn d_piece() -> u64 {
+    128 << 10
+}
+fn d_large_inflight() -> usize {
+    4
+}
+
+impl Default for DualPathConfig {
+    fn default() -> Self {
+        DualPathConfig {
+            enabled: true,
+            large_threshold: d_piece(),
+            piece: d_piece(),
+            max_inflight: d_large_inflight(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -155,12 +283,20 @@ pub enum Backend {
 #[serde(deny_unknown_fields)]
 pub struct NamespaceConfig {
     pub nsid: u32,
-    pub backend: Backend,
+    /// A pool volume, as "pool/volume".
+    pub volume: Option<String>,
+    /// Or a whole device (no thin provisioning).
+    pub backend: Option<Backend>,
     pub path: Option<PathBuf>,
     #[serde(default, deserialize_with = "opt_size")]
     pub size: Option<u64>,
-    #[serde(default = "d_bs")]
-    pub block_size: u32,
+    pub block_size: Option<u32>,
+}
+
+impl NamespaceConfig {
+    pub fn block_size(&self) -> u32 {
+        self.block_size.unwrap_or(4096)
+    }
 }
 
 fn d_bs() -> u32 {
@@ -325,6 +461,8 @@ impl Config {
                 ));
             }
         }
+        self.validate_pools()?;
+        let mut served: Vec<String> = Vec::new();
         for (i, s) in self.subsystems.iter().enumerate() {
             let f = format!("subsystems[{i}]");
             validate_nqn(&s.nqn).map_err(|e| format!("{f}.nqn: {e}"))?;
@@ -361,21 +499,52 @@ impl Config {
                 if s.namespaces[..j].iter().any(|o| o.nsid == n.nsid) {
                     return Err(format!("{f}.nsid: {} is used twice in {}", n.nsid, s.nqn));
                 }
-                if !n.block_size.is_power_of_two() || !(512..=4096).contains(&n.block_size) {
+                if let Some(v) = &n.volume {
+                    if n.backend.is_some()
+                        || n.path.is_some()
+                        || n.size.is_some()
+                        || n.block_size.is_some()
+                    {
+                        return Err(format!(
+                            "{f}.volume: a volume namespace takes no backend, path, size or block_size (the volume has them)"
+                        ));
+                    }
+                    let Some((pool, vol)) = v.split_once('/') else {
+                        return Err(format!("{f}.volume: `{v}` is not \"pool/volume\""));
+                    };
+                    let Some(p) = self.pools.iter().find(|p| p.name == pool) else {
+                        return Err(format!("{f}.volume: no pool named `{pool}` in [[pools]]"));
+                    };
+                    if !p.volumes.iter().any(|x| x.name == vol) {
+                        return Err(format!(
+                            "{f}.volume: pool `{pool}` lists no volume `{vol}` in [[pools.volumes]]"
+                        ));
+                    }
+                    if served.contains(v) {
+                        return Err(format!("{f}.volume: `{v}` is served by another namespace"));
+                    }
+                    served.push(v.clone());
+                    continue;
+                }
+                let Some(backend) = n.backend else {
                     return Err(format!(
-                        "{f}.block_size: must be 512, 1024, 2048 or 4096 (got {})",
-                        n.block_size
+                        "{f}: needs `volume = \"pool/volume\"` or a `backend`"
+                    ));
+                };
+                let bs = n.block_size();
+                if !bs.is_power_of_two() || !(512..=4096).contains(&bs) {
+                    return Err(format!(
+                        "{f}.block_size: must be 512, 1024, 2048 or 4096 (got {bs})"
                     ));
                 }
                 if let Some(sz) = n.size {
-                    if sz == 0 || sz % n.block_size as u64 != 0 {
+                    if sz == 0 || sz % bs as u64 != 0 {
                         return Err(format!(
-                            "{f}.size: must be a non-zero multiple of block_size {} (got {sz})",
-                            n.block_size
+                            "{f}.size: must be a non-zero multiple of block_size {bs} (got {sz})"
                         ));
                     }
                 }
-                match n.backend {
+                match backend {
                     Backend::Ram => {
                         if n.size.is_none() {
                             return Err(format!("{f}.size: required for the ram backend"));
@@ -389,6 +558,103 @@ impl Config {
                             return Err(format!("{f}.path: required for the uring backend"));
                         }
                     }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    fn validate_pools(&self) -> Result<(), String> {
+        use crate::pool::format::{MAX_EXTENT_SIZE, MAX_NAME_LEN, MIN_EXTENT_SIZE};
+        for (i, p) in self.pools.iter().enumerate() {
+            let f = format!("pools[{i}]");
+            if p.name.is_empty() || p.name.contains('/') || p.name.len() > 64 {
+                return Err(format!(
+                    "{f}.name: 1 to 64 characters without `/` (got `{}`)",
+                    p.name
+                ));
+            }
+            if self.pools[..i].iter().any(|o| o.name == p.name) {
+                return Err(format!("{f}.name: `{}` is defined twice", p.name));
+            }
+            if !p.extent_size.is_power_of_two()
+                || !(MIN_EXTENT_SIZE..=MAX_EXTENT_SIZE).contains(&p.extent_size)
+            {
+                return Err(format!(
+                    "{f}.extent_size: must be a power of two from 64KiB to 64MiB (got {})",
+                    p.extent_size
+                ));
+            }
+            match p.backend {
+                Backend::Ram => {
+                    if p.size.is_none() {
+                        return Err(format!("{f}.size: required for the ram backend"));
+                    }
+                    if p.path.is_some() {
+                        return Err(format!("{f}.path: the ram backend takes no path"));
+                    }
+                }
+                Backend::Uring => {
+                    if p.path.is_none() {
+                        return Err(format!("{f}.path: required for the uring backend"));
+                    }
+                }
+            }
+            if let Some(other) = self.pools[..i]
+                .iter()
+                .find(|o| o.path.is_some() && o.path == p.path)
+            {
+                return Err(format!("{f}.path: also the path of pool `{}`", other.name));
+            }
+            let g = &p.gc;
+            if g.low_watermark_pct > 50
+                || g.high_watermark_pct > 90
+                || g.low_watermark_pct > g.high_watermark_pct
+            {
+                return Err(format!(
+                    "{f}.gc: watermarks must satisfy low <= high, low <= 50, high <= 90 (got {} and {})",
+                    g.low_watermark_pct, g.high_watermark_pct
+                ));
+            }
+            if !(g.max_rate.is_finite() && g.max_rate >= 1.0) {
+                return Err(format!(
+                    "{f}.gc.max_rate: must be at least 1 extent per second"
+                ));
+            }
+            let d = &p.dual_path;
+            if d.piece < 4096
+                || d.piece % 4096 != 0
+                || d.large_threshold < 4096
+                || d.max_inflight == 0
+            {
+                return Err(format!(
+                    "{f}.dual_path: piece and large_threshold must be multiples of 4KiB, max_inflight at least 1"
+                ));
+            }
+            for (j, v) in p.volumes.iter().enumerate() {
+                let f = format!("{f}.volumes[{j}]");
+                if v.name.is_empty() || v.name.len() > MAX_NAME_LEN || v.name.contains('/') {
+                    return Err(format!(
+                        "{f}.name: 1 to {MAX_NAME_LEN} bytes without `/` (got `{}`)",
+                        v.name
+                    ));
+                }
+                if p.volumes[..j].iter().any(|o| o.name == v.name) {
+                    return Err(format!("{f}.name: `{}` is defined twice", v.name));
+                }
+                if !matches!(v.block_size, 512 | 4096) {
+                    return Err(format!(
+                        "{f}.block_size: must be 512 or 4096 (got {})",
+                        v.block_size
+                    ));
+                }
+                if v.size == 0 || v.size % v.block_size as u64 != 0 {
+                    return Err(format!(
+                        "{f}.size: must be a non-zero multiple of block_size {} (got {})",
+                        v.block_size, v.size
+                    ));
                 }
             }
         }

@@ -15,6 +15,17 @@ USAGE:
                   [--time S] [--warmup S] [--rwmix-read PCT] [--nsid N] [--hostnqn NQN]
                   [--digests] [--json]
                                   load generator over our NVMe/TCP initiator
+    kvtarget check <POOL>         verify a pool offline (file or block device);
+                                  exits 1 with a report when it is damaged
+    kvtarget pool create <PATH> [--size S] [--extent-size S] [--force]
+    kvtarget pool info <PATH>
+    kvtarget volume list <PATH>
+    kvtarget volume create <PATH> <NAME> --size S [--block-size 512|4096]
+                  [--unwritten zeroes|error]
+    kvtarget volume resize <PATH> <NAME> --size S
+    kvtarget volume delete <PATH> <NAME>
+                                  offline pool and volume management (the target
+                                  must not be running on that pool)
     kvtarget --version
 
 OPTIONS:
@@ -24,8 +35,19 @@ OPTIONS:
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("perf") {
-        return perf(&args[1..]);
+    match args.first().map(String::as_str) {
+        Some("perf") => return perf(&args[1..]),
+        Some("check") => return check(&args[1..]),
+        Some("pool") | Some("volume") => {
+            return match tools::run(&args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("kvtarget: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        _ => {}
     }
     let mut config: Option<PathBuf> = None;
     let mut log = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
@@ -108,6 +130,231 @@ fn main() -> ExitCode {
     server.shutdown();
     tracing::info!("stopped");
     ExitCode::SUCCESS
+}
+
+fn check(args: &[String]) -> ExitCode {
+    let [path] = args else {
+        return usage_error("check needs exactly one pool path");
+    };
+    let dev = match tools::open_existing(path) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("kvtarget check: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let rep = kvtarget::pool::check(&dev);
+    for l in &rep.lines {
+        println!("{l}");
+    }
+    if rep.damage.is_empty() {
+        println!("{path}: pool is consistent");
+        ExitCode::SUCCESS
+    } else {
+        for d in &rep.damage {
+            println!("DAMAGE: {d}");
+        }
+        println!("{path}: pool is damaged ({} problems)", rep.damage.len());
+        ExitCode::from(1)
+    }
+}
+
+mod tools {
+    use kvtarget::bdev::uring::UringDevice;
+    use kvtarget::bdev::SharedDevice;
+    use kvtarget::config::parse_size;
+    use kvtarget::pool::format::VOL_UNWRITTEN_ERROR;
+    use kvtarget::pool::{format, FormatOptions, Pool, PoolOptions};
+    use std::path::Path;
+    use std::sync::Arc;
+
+    /// Opens an existing pool file or block device without creating anything.
+    pub fn open_existing(path: &str) -> Result<SharedDevice, String> {
+        if !Path::new(path).exists() {
+            return Err(format!("{path}: no such file or device"));
+        }
+        Ok(UringDevice::open(Path::new(path), None, 512).map_err(|e| format!("{path}: {e}"))?)
+    }
+
+    fn flag<'a>(args: &'a [String], name: &str) -> Result<Option<&'a str>, String> {
+        match args.iter().position(|a| a == name) {
+            Some(i) => args
+                .get(i + 1)
+                .map(|v| Some(v.as_str()))
+                .ok_or(format!("{name} needs a value")),
+            None => Ok(None),
+        }
+    }
+
+    fn positional(args: &[String]) -> Vec<&str> {
+        let mut out = Vec::new();
+        let mut skip = false;
+        for a in args {
+            if skip {
+                skip = false;
+            } else if a == "--force" {
+            } else if a.starts_with("--") {
+                skip = true;
+            } else {
+                out.push(a.as_str());
+            }
+        }
+        out
+    }
+
+    fn known(args: &[String], flags: &[&str]) -> Result<(), String> {
+        for a in args.iter().filter(|a| a.starts_with("--")) {
+            if !flags.contains(&a.as_str()) {
+                return Err(format!("unknown option `{a}`"));
+            }
+        }
+        Ok(())
+    }
+
+    fn open_pool(path: &str) -> Result<Arc<Pool>, String> {
+        let dev = open_existing(path)?;
+        Pool::open("offline", dev, PoolOptions::default())
+    }
+
+    pub fn run(args: &[String]) -> Result<(), String> {
+        let what = format!(
+            "{} {}",
+            args[0],
+            args.get(1).map(String::as_str).unwrap_or("")
+        );
+        let rest = &args[2.min(args.len())..];
+        let pos = positional(rest);
+        match what.trim() {
+            "pool create" => {
+                known(rest, &["--size", "--extent-size", "--force"])?;
+                let [path] = pos[..] else {
+                    return Err("pool create needs one path".into());
+                };
+                let size = flag(rest, "--size")?.map(parse_size).transpose()?;
+                let extent_size = flag(rest, "--extent-size")?
+                    .map(parse_size)
+                    .transpose()?
+                    .unwrap_or(1 << 20);
+                let dev: SharedDevice = UringDevice::open(Path::new(path), size, 512)
+                    .map_err(|e| format!("{path}: {e}"))?;
+                let sb = format(
+                    &dev,
+                    &FormatOptions {
+                        extent_size,
+                        force: rest.iter().any(|a| a == "--force"),
+                        journal_len: None,
+                    },
+                )?;
+                println!(
+                    "{path}: pool created: {} extents of {} bytes, {} bytes of metadata",
+                    sb.extent_count, sb.extent_size, sb.data_offset
+                );
+                Ok(())
+            }
+            "pool info" => {
+                known(rest, &[])?;
+                let [path] = pos[..] else {
+                    return Err("pool info needs one path".into());
+                };
+                let pool = open_pool(path)?;
+                let s = pool.snapshot();
+                println!(
+                    "extents: {} x {} bytes; mapped {}, clean {}, dirty {}",
+                    s.extents, s.extent_size, s.mapped, s.clean, s.dirty
+                );
+                println!(
+                    "journal: {} of {} bytes used",
+                    s.journal_used, s.journal_len
+                );
+                list(&pool);
+                pool.close()
+            }
+            "volume list" => {
+                known(rest, &[])?;
+                let [path] = pos[..] else {
+                    return Err("volume list needs one path".into());
+                };
+                let pool = open_pool(path)?;
+                list(&pool);
+                pool.close()
+            }
+            "volume create" => {
+                known(rest, &["--size", "--block-size", "--unwritten"])?;
+                let [path, name] = pos[..] else {
+                    return Err("volume create needs a pool path and a name".into());
+                };
+                let size = parse_size(flag(rest, "--size")?.ok_or("--size is required")?)?;
+                let bs = match flag(rest, "--block-size")? {
+                    None => 4096,
+                    Some(v) => v
+                        .parse()
+                        .map_err(|_| format!("--block-size: `{v}` is not 512 or 4096"))?,
+                };
+                let flags = match flag(rest, "--unwritten")? {
+                    None | Some("zeroes") => 0,
+                    Some("error") => VOL_UNWRITTEN_ERROR,
+                    Some(v) => return Err(format!("--unwritten: `{v}` is not zeroes or error")),
+                };
+                let pool = open_pool(path)?;
+                let r = pool.create_volume(name, size, bs, flags);
+                let c = pool.close();
+                r?;
+                c?;
+                println!("volume {name} created ({size} bytes)");
+                Ok(())
+            }
+            "volume resize" => {
+                known(rest, &["--size"])?;
+                let [path, name] = pos[..] else {
+                    return Err("volume resize needs a pool path and a name".into());
+                };
+                let size = parse_size(flag(rest, "--size")?.ok_or("--size is required")?)?;
+                let pool = open_pool(path)?;
+                let r = pool.resize_volume(name, size);
+                let c = pool.close();
+                r?;
+                c?;
+                println!("volume {name} resized to {size} bytes");
+                Ok(())
+            }
+            "volume delete" => {
+                known(rest, &[])?;
+                let [path, name] = pos[..] else {
+                    return Err("volume delete needs a pool path and a name".into());
+                };
+                let pool = open_pool(path)?;
+                let r = pool.delete_volume(name);
+                let c = pool.close();
+                r?;
+                c?;
+                println!("volume {name} deleted");
+                Ok(())
+            }
+            other => Err(format!("unknown command `{other}` (see --help)")),
+        }
+    }
+
+    fn list(pool: &Pool) {
+        for v in pool.volumes() {
+            let d = &v.desc;
+            println!(
+                "volume {:<20} size {:>14} block {:>4} used {:>14} unwritten {} uuid {}",
+                d.name,
+                d.size_bytes,
+                d.block_size,
+                v.used_bytes(),
+                if d.flags & VOL_UNWRITTEN_ERROR != 0 {
+                    "error "
+                } else {
+                    "zeroes"
+                },
+                d.uuid
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
+            );
+        }
+    }
 }
 
 fn usage_error(msg: &str) -> ExitCode {

@@ -4,7 +4,11 @@
 use crate::bdev::ram::RamDevice;
 use crate::bdev::uring::UringDevice;
 use crate::bdev::SharedDevice;
-use crate::config::{Backend, Config};
+use crate::config::{Backend, Config, PoolConfig, Unwritten};
+use crate::pool::channel::VolumeDevice;
+use crate::pool::format::VOL_UNWRITTEN_ERROR;
+use crate::pool::gc::GcSettings;
+use crate::pool::{DualPath, FormatOptions, Pool, PoolOptions};
 use crate::reactor::{Message, Reactor, ReactorShared};
 use crate::target::{Listener, Namespace, Subsystem, SubsystemKind, Target, TransportLimits};
 use crate::transport;
@@ -19,7 +23,116 @@ pub struct Server {
     acceptor: Option<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
     devices: Vec<SharedDevice>,
+    pools: Vec<Arc<Pool>>,
     listen: Vec<(SocketAddr, bool)>,
+}
+
+/// Opens (formatting if allowed and needed) the device of a configured pool.
+pub fn open_pool_device(p: &PoolConfig, field: &str) -> Result<SharedDevice, String> {
+    Ok(match p.backend {
+        Backend::Ram => RamDevice::new(&format!("pool/{}", p.name), p.size.unwrap_or(0))
+            .map_err(|e| format!("{field}: {e}"))?,
+        Backend::Uring => {
+            let path = p.path.as_deref().ok_or(format!("{field}.path: required"))?;
+            UringDevice::open(path, p.size, 512).map_err(|e| format!("{field}: {e}"))?
+        }
+    })
+}
+
+/// Opens a configured pool and makes sure its configured volumes exist.
+fn start_pool(p: &PoolConfig, field: &str, reactors: usize) -> Result<Arc<Pool>, String> {
+    let dev = open_pool_device(p, field)?;
+    let mut io = crate::pool::SyncIo::new(&dev).map_err(|e| format!("{field}: {e}"))?;
+    let has_pool = io
+        .read(0, 4096)
+        .map(|b| &b[..8] == crate::pool::format::SUPERBLOCK_MAGIC)
+        .map_err(|e| format!("{field}: {e}"))?;
+    drop(io);
+    if !has_pool {
+        if !p.create {
+            return Err(format!(
+                "{field}: {} holds no pool and create = false",
+                dev.describe()
+            ));
+        }
+        let sb = crate::pool::format(
+            &dev,
+            &FormatOptions {
+                extent_size: p.extent_size,
+                ..FormatOptions::default()
+            },
+        )
+        .map_err(|e| format!("{field}: {e}"))?;
+        tracing::info!(pool = %p.name, dev = %dev.describe(), extents = sb.extent_count, extent_size = sb.extent_size, "pool created");
+    }
+    let opts = PoolOptions {
+        md_thread: true,
+        reactors,
+        gc: GcSettings {
+            low_watermark_pct: p.gc.low_watermark_pct,
+            high_watermark_pct: p.gc.high_watermark_pct,
+            max_rate: p.gc.max_rate,
+            max_foreground_qd: p.gc.max_foreground_qd,
+            ..GcSettings::default()
+        },
+        dual_path: DualPath {
+            enabled: p.dual_path.enabled,
+            large_threshold: p.dual_path.large_threshold,
+            piece: p.dual_path.piece,
+            max_inflight: p.dual_path.max_inflight,
+        },
+        ..PoolOptions::default()
+    };
+    let pool = Pool::open(&p.name, dev, opts).map_err(|e| format!("{field}: {e}"))?;
+    if pool.sb.extent_size != p.extent_size {
+        tracing::warn!(pool = %p.name, "the pool was formatted with {}-byte extents; extent_size = {} applies only to new pools", pool.sb.extent_size, p.extent_size);
+    }
+    for (j, v) in p.volumes.iter().enumerate() {
+        let f = format!("{field}.volumes[{j}]");
+        let flags = match v.unwritten {
+            Unwritten::Zeroes => 0,
+            Unwritten::Error => VOL_UNWRITTEN_ERROR,
+        };
+        match pool.volume(&v.name) {
+            None => {
+                pool.create_volume(&v.name, v.size, v.block_size, flags)
+                    .map_err(|e| format!("{f}: {e}"))?;
+                tracing::info!(pool = %p.name, volume = %v.name, size = v.size, "volume created");
+            }
+            Some(existing) => {
+                let d = &existing.desc;
+                if d.block_size != v.block_size {
+                    return Err(format!(
+                        "{f}.block_size: the volume has {} (block size cannot change)",
+                        d.block_size
+                    ));
+                }
+                if d.flags & VOL_UNWRITTEN_ERROR != flags {
+                    return Err(format!(
+                        "{f}.unwritten: the volume was created with unwritten = \"{}\"",
+                        if d.flags & VOL_UNWRITTEN_ERROR != 0 {
+                            "error"
+                        } else {
+                            "zeroes"
+                        }
+                    ));
+                }
+                if v.size < d.size_bytes {
+                    return Err(format!(
+                        "{f}.size: the volume holds {} bytes; shrinking loses data, use `kvtarget volume resize`",
+                        d.size_bytes
+                    ));
+                }
+                if v.size > d.size_bytes {
+                    drop(existing);
+                    pool.resize_volume(&v.name, v.size)
+                        .map_err(|e| format!("{f}: {e}"))?;
+                    tracing::info!(pool = %p.name, volume = %v.name, size = v.size, "volume grown");
+                }
+            }
+        }
+    }
+    Ok(pool)
 }
 
 impl Server {
@@ -38,6 +151,26 @@ impl Server {
         };
         let target = Arc::new(Target::new(limits));
         let mut devices: Vec<SharedDevice> = Vec::new();
+        let nreactors = cfg.reactor_cores().len();
+        let mut pools: Vec<Arc<Pool>> = Vec::new();
+        for (i, p) in cfg.pools.iter().enumerate() {
+            match start_pool(p, &format!("pools[{i}]"), nreactors) {
+                Ok(pool) => pools.push(pool),
+                Err(e) => {
+                    for p in &pools {
+                        let _ = p.close();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let close_pools = |pools: &[Arc<Pool>]| {
+            for p in pools {
+                if let Err(e) = p.close() {
+                    tracing::error!(pool = %p.name, "close: {e}");
+                }
+            }
+        };
         for (i, s) in cfg.subsystems.iter().enumerate() {
             let subsys = Arc::new(Subsystem::new(
                 &s.nqn,
@@ -49,23 +182,43 @@ impl Server {
             ));
             for (j, n) in s.namespaces.iter().enumerate() {
                 let field = format!("subsystems[{i}].namespaces[{j}]");
-                let dev: SharedDevice = match n.backend {
-                    Backend::Ram => {
-                        RamDevice::new(&format!("{}/{}", s.nqn, n.nsid), n.size.unwrap_or(0))
-                            .map_err(|e| format!("{field}: {e}"))?
+                let dev: SharedDevice = if let Some(v) = &n.volume {
+                    let (pname, vname) = v.split_once('/').unwrap_or((v, ""));
+                    let found = pools
+                        .iter()
+                        .find(|p| p.name == pname)
+                        .and_then(|p| p.volume(vname).map(|vol| (p.clone(), vol)));
+                    match found {
+                        Some((p, vol)) => VolumeDevice::new(p, vol),
+                        None => {
+                            close_pools(&pools);
+                            return Err(format!("{field}.volume: `{v}` does not exist"));
+                        }
                     }
-                    Backend::Uring => {
-                        let path = n.path.as_deref().ok_or(format!("{field}.path: required"))?;
-                        UringDevice::open(path, n.size, n.block_size)
-                            .map_err(|e| format!("{field}: {e}"))?
+                } else {
+                    match n.backend {
+                        Some(Backend::Ram) => {
+                            RamDevice::new(&format!("{}/{}", s.nqn, n.nsid), n.size.unwrap_or(0))
+                                .map_err(|e| format!("{field}: {e}"))?
+                        }
+                        Some(Backend::Uring) => {
+                            let path =
+                                n.path.as_deref().ok_or(format!("{field}.path: required"))?;
+                            UringDevice::open(path, n.size, n.block_size())
+                                .map_err(|e| format!("{field}: {e}"))?
+                        }
+                        None => return Err(format!("{field}: needs a volume or a backend")),
                     }
                 };
-                if dev.size_bytes() < n.block_size as u64 {
+                let block_size = dev.block_size().unwrap_or(n.block_size());
+                if dev.size_bytes() < block_size as u64 {
                     return Err(format!("{field}: device is smaller than one block"));
                 }
-                tracing::info!(subnqn = %s.nqn, nsid = n.nsid, dev = %dev.describe(), bytes = dev.size_bytes(), block_size = n.block_size, "namespace");
-                devices.push(dev.clone());
-                let ns = Namespace::new(&s.nqn, n.nsid, dev, n.block_size);
+                tracing::info!(subnqn = %s.nqn, nsid = n.nsid, dev = %dev.describe(), bytes = dev.size_bytes(), block_size, "namespace");
+                if n.volume.is_none() {
+                    devices.push(dev.clone());
+                }
+                let ns = Namespace::new(&s.nqn, n.nsid, dev, block_size);
                 if let Ok(mut v) = subsys.namespaces.write() {
                     v.push(Arc::new(ns));
                 }
@@ -117,6 +270,7 @@ impl Server {
             acceptor: Some(acceptor),
             stop,
             devices,
+            pools,
             listen,
         })
     }
@@ -151,6 +305,16 @@ impl Server {
             }
         }
         self.devices.clear();
+        // Pools last: no reactor uses a volume any more.
+        for p in self.pools.drain(..) {
+            if let Err(e) = p.close() {
+                tracing::error!(pool = %p.name, "close: {e}");
+            }
+        }
+    }
+
+    pub fn pools(&self) -> &[Arc<Pool>] {
+        &self.pools
     }
 }
 

@@ -93,8 +93,13 @@ impl FaultDevice {
         let mut s = self.lock();
         let cache = std::mem::take(&mut s.cache);
         for (off, data, fua) in cache {
+            // Whole write lost, whole write kept, or torn sector by sector.
+            let mode = if fua { 1 } else { rng.below(3) };
+            if mode == 0 {
+                continue;
+            }
             for (i, sector) in data.chunks(SECTOR).enumerate() {
-                if fua || rng.chance(50) {
+                if mode == 1 || rng.chance(50) {
                     let at = off as usize + i * SECTOR;
                     s.durable[at..at + sector.len()].copy_from_slice(sector);
                 }

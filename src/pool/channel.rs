@@ -224,12 +224,26 @@ impl VolumeChannel {
 
     /// Queues one physical operation of request `ri` over `at..at+len` of its
     /// buffer (or with no buffer), splitting large transfers into pieces.
-    fn issue(&mut self, ri: u32, phys_off: u64, at: usize, len: u64, make: fn(u64, Option<IoBuf>, u64) -> IoOp) {
+    fn issue(
+        &mut self,
+        ri: u32,
+        phys_off: u64,
+        at: usize,
+        len: u64,
+        make: fn(u64, Option<IoBuf>, u64) -> IoOp,
+    ) {
         let dp = self.pool.opts.dual_path;
         let large = dp.enabled && len >= dp.large_threshold;
-        let piece = if large { dp.piece.max(4096) } else { len.max(1) };
+        let piece = if large {
+            dp.piece.max(4096)
+        } else {
+            len.max(1)
+        };
         let has_buf = matches!(
-            self.reqs.get(ri as usize).and_then(|r| r.as_ref()).map(|r| r.kind),
+            self.reqs
+                .get(ri as usize)
+                .and_then(|r| r.as_ref())
+                .map(|r| r.kind),
             Some(Kind::Read | Kind::Write { .. })
         );
         let mut done = 0u64;
@@ -350,7 +364,10 @@ impl VolumeChannel {
             }
             pinned.push(lext);
             for &(b, c) in &runs {
-                zero_after.push((at + ((b - first) as u64 * bs) as usize, (c as u64 * bs) as usize));
+                zero_after.push((
+                    at + ((b - first) as u64 * bs) as usize,
+                    (c as u64 * bs) as usize,
+                ));
             }
             plan.push((self.pool.sb.extent_offset(phys) + off, at, n));
         }
@@ -374,7 +391,11 @@ impl VolumeChannel {
     /// Maps and pins every extent of a write. On `Wait` the extents mapped so
     /// far stay mapped (the retry finds them, so progress is monotonic); on
     /// failure the range's extents with nothing valid in them are given back.
-    fn map_range(&mut self, offset: u64, len: u64) -> Result<Vec<(u32, u32, u64, u64)>, AllocError> {
+    fn map_range(
+        &mut self,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<(u32, u32, u64, u64)>, AllocError> {
         let mut got: Vec<(u32, u32, u64, u64)> = Vec::new();
         for (lext, off, n) in self.vol.pieces(offset, len) {
             let (pool, reactor) = (&self.pool, self.reactor);
@@ -428,8 +449,7 @@ impl VolumeChannel {
         let ri = self.new_req(tag, Kind::Write { fua }, Some(buf));
         let mut plan = Vec::new();
         for &(lext, phys, off, n) in &mapped {
-            self.vol
-                .set_valid(lext, (off / bs) as u32, (n / bs) as u32);
+            self.vol.set_valid(lext, (off / bs) as u32, (n / bs) as u32);
             let at = ((lext as u64) * self.vol.extent_size() + off - offset) as usize;
             plan.push((self.pool.sb.extent_offset(phys) + off, at, n));
         }
@@ -479,14 +499,11 @@ impl VolumeChannel {
                 Ok(mapped) => {
                     for (lext, phys, off, n) in mapped {
                         pinned.push(lext);
-                        self.vol
-                            .set_valid(lext, (off / bs) as u32, (n / bs) as u32);
+                        self.vol.set_valid(lext, (off / bs) as u32, (n / bs) as u32);
                         plan.push((self.pool.sb.extent_offset(phys) + off, n));
                     }
                 }
-                Err(AllocError::Wait) => {
-                    return self.stall(tag, IoOp::WriteZeroes { offset, len })
-                }
+                Err(AllocError::Wait) => return self.stall(tag, IoOp::WriteZeroes { offset, len }),
                 Err(AllocError::NoSpace) => {
                     return self.complete_now(tag, Err(ERRNO_NO_SPACE), None)
                 }
@@ -502,9 +519,15 @@ impl VolumeChannel {
             // Deallocated blocks must read back as zeros (DLFEAT) even while the
             // extent stays mapped, so both cases zero the physical range.
             if deallocate {
-                self.issue(ri, phys_off, 0, n, |offset, _, len| IoOp::Deallocate { offset, len });
+                self.issue(ri, phys_off, 0, n, |offset, _, len| IoOp::Deallocate {
+                    offset,
+                    len,
+                });
             } else {
-                self.issue(ri, phys_off, 0, n, |offset, _, len| IoOp::WriteZeroes { offset, len });
+                self.issue(ri, phys_off, 0, n, |offset, _, len| IoOp::WriteZeroes {
+                    offset,
+                    len,
+                });
             }
         }
         self.settle(ri);
@@ -555,9 +578,7 @@ impl IoChannel for VolumeChannel {
     }
 
     fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
-        if let Some(e) = &self.notify.efd {
-            e.drain();
-        }
+        self.notify.clear();
         let mut scratch = std::mem::take(&mut self.scratch);
         self.base.poll(&mut scratch);
         for c in scratch.drain(..) {

@@ -261,7 +261,9 @@ impl Superblock {
         };
         // Geometry must be self-consistent before anything trusts it.
         let fits = (|| {
-            let ckpt_end = sb.ckpt_offset.checked_add(sb.ckpt_slot_len.checked_mul(2)?)?;
+            let ckpt_end = sb
+                .ckpt_offset
+                .checked_add(sb.ckpt_slot_len.checked_mul(2)?)?;
             let j_end = sb.journal_offset.checked_add(sb.journal_len)?;
             let d_end = sb
                 .data_offset
@@ -516,9 +518,7 @@ impl BlockHeader {
         b: &[u8],
         what: &'static str,
     ) -> Result<BlockHeader, FormatError> {
-        let h = b
-            .get(..HEADER_LEN)
-            .ok_or(FormatError::Truncated { what })?;
+        let h = b.get(..HEADER_LEN).ok_or(FormatError::Truncated { what })?;
         if &h[..8] != magic {
             return Err(FormatError::BadMagic { what });
         }

@@ -79,8 +79,9 @@ impl Image {
         }
         for p in c.clean {
             if p >= extent_count {
-                img.problems
-                    .push(format!("clean extent {p} is beyond the pool's {extent_count}"));
+                img.problems.push(format!(
+                    "clean extent {p} is beyond the pool's {extent_count}"
+                ));
             } else if !img.clean.insert(p) {
                 img.problems
                     .push(format!("extent {p} is on the clean list twice"));

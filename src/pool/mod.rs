@@ -27,7 +27,6 @@ pub mod volume;
 #[cfg(test)]
 mod sim;
 
-
 use crate::bdev::{IoChannel, IoCompletion, IoOp, SharedDevice};
 use crate::mem::IoBuf;
 use crate::reactor::sys::EventFd;
@@ -142,6 +141,8 @@ pub struct Notifier {
     /// Set when new clean extents became available.
     pub space: AtomicBool,
     pub efd: Option<EventFd>,
+    /// Set with every signal, so polling reads the eventfd only when needed.
+    signaled: AtomicBool,
 }
 
 impl Notifier {
@@ -150,11 +151,21 @@ impl Notifier {
             committed: SegQueue::new(),
             space: AtomicBool::new(false),
             efd: EventFd::new().ok(),
+            signaled: AtomicBool::new(false),
         }
     }
     fn signal(&self) {
+        self.signaled.store(true, Ordering::Release);
         if let Some(e) = &self.efd {
             e.signal();
+        }
+    }
+    /// Clears a pending wake-up (one syscall only when there was one).
+    pub fn clear(&self) {
+        if self.signaled.swap(false, Ordering::AcqRel) {
+            if let Some(e) = &self.efd {
+                e.drain();
+            }
         }
     }
 }
@@ -395,7 +406,7 @@ pub fn load_image(io: &mut SyncIo) -> Result<(Superblock, Image, RecoveryReport)
         })();
         match r {
             Ok((h, c)) => {
-                if best.as_ref().is_none_or(|(bh, _, _)| h.seq > bh.seq) {
+                if best.as_ref().map_or(true, |(bh, _, _)| h.seq > bh.seq) {
                     if let Some((bh, _, s)) = &best {
                         errors.push(format!("slot {s}: older checkpoint {}", bh.seq));
                     }
@@ -469,7 +480,7 @@ pub fn load_image(io: &mut SyncIo) -> Result<(Superblock, Image, RecoveryReport)
                     pos = p;
                     rep.replayed_bytes = b;
                 }
-                break format!("stopped at sequence {seq}: {e}");
+                break format!("ends before sequence {seq} ({e})");
             }
         }
     };
@@ -753,7 +764,10 @@ impl Pool {
             return Err(format!("volume {name} already exists"));
         }
         if self.volumes.read().map(|v| v.len()).unwrap_or(0) >= MAX_VOLUMES {
-            return Err(format!("pool {} already has {MAX_VOLUMES} volumes", self.name));
+            return Err(format!(
+                "pool {} already has {MAX_VOLUMES} volumes",
+                self.name
+            ));
         }
         let id = m.next_volume_id;
         let nanos = std::time::SystemTime::now()
@@ -823,22 +837,9 @@ impl Pool {
             ));
         }
         self.commit(&mut m, Vec::new())?;
-        // Blocks past the new end inside the last kept extent must read as zeros
-        // if the volume grows again: zero them on the device too.
-        let es = self.sb.extent_size;
-        let tail = size_bytes % es;
-        if tail != 0 && size_bytes < v.desc.size_bytes {
-            if let Some(p) = v.mapping((size_bytes / es) as u32) {
-                let end = es.min(v.desc.size_bytes - (size_bytes - tail));
-                m.io.run_all(vec![IoOp::Deallocate {
-                    offset: self.sb.extent_offset(p) + tail,
-                    len: end - tail,
-                }])
-                .map_err(|e| format!("volume {name}: zeroing the cut tail: {}", io_err(e)))?;
-                // Durable before the resize record is.
-                m.io.flush()?;
-            }
-        }
+        // Blocks past the new end inside the last kept extent lose their valid
+        // bits (in memory here, on replay from the record); reads follow the
+        // bitmap, so growing again shows zeros there without touching the device.
         let new = v.resized(size_bytes);
         let keep = new.extent_count();
         let freed: Vec<u32> = v
@@ -868,13 +869,9 @@ impl Pool {
 
     pub fn snapshot(&self) -> PoolSnapshot {
         let m = lock(&self.meta);
-        let mapped: u64 = self
-            .volumes()
-            .iter()
-            .map(|v| v.mapped().len() as u64)
-            .sum();
-        let reserved = self.ready.len() as u64
-            + self.caches.iter().map(|c| c.len() as u64).sum::<u64>();
+        let mapped: u64 = self.volumes().iter().map(|v| v.mapped().len() as u64).sum();
+        let reserved =
+            self.ready.len() as u64 + self.caches.iter().map(|c| c.len() as u64).sum::<u64>();
         let (low, high) = m.admission.watermarks(self.sb.extent_count as u64);
         PoolSnapshot {
             extent_size: self.sb.extent_size,
@@ -972,7 +969,11 @@ impl Pool {
                     len: self.sb.extent_size,
                 })
                 .collect();
-            match m.io.run_all(ops).and_then(|_| m.io.run_all(vec![IoOp::Flush])) {
+            match m
+                .io
+                .run_all(ops)
+                .and_then(|_| m.io.run_all(vec![IoOp::Flush]))
+            {
                 Ok(_) => {
                     self.stats
                         .gc_scrubbed
@@ -1203,7 +1204,7 @@ impl Pool {
                 self.sb.ckpt_slot_len
             ));
         }
-        let slot = (gen % 2) as u64;
+        let slot = gen % 2;
         m.io.write(self.sb.ckpt_offset + slot * self.sb.ckpt_slot_len, &block)?;
         m.io.flush()?;
         m.ckpt_gen = gen;

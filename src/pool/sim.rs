@@ -8,7 +8,7 @@
 //! model allows: the value at the last acknowledged Flush or one written since.
 //! A run ends by deleting everything: all extents must come back clean.
 //!
-//! `KVT_SIM_SEEDS=N` sets how many seeds run (default 300 here, CI runs more);
+//! `KVT_SIM_SEEDS=N` sets how many seeds run (default 60; CI runs thousands in the `sim` profile);
 //! `KVT_SIM_SEED=S` runs one seed. A failure names its seed.
 
 use super::channel::VolumeChannel;
@@ -310,7 +310,12 @@ impl Sim {
         };
         let bs = self.model[&name].block_size;
         let extents = 1 + self.rng.below(16);
-        let size = extents * EXTENT - if self.rng.chance(40) { bs * (1 + self.rng.below(4)) } else { 0 };
+        let size = extents * EXTENT
+            - if self.rng.chance(40) {
+                bs * (1 + self.rng.below(4))
+            } else {
+                0
+            };
         self.log.push(format!("resize {name} to {size}"));
         self.channels.remove(&name);
         match self.pool().resize_volume(&name, size) {
@@ -353,7 +358,14 @@ impl Sim {
         }
         self.log
             .push(format!("write {name} at {off} len {len} fua {fua}"));
-        let c = self.run(&name, IoOp::Write { offset: off, buf, fua });
+        let c = self.run(
+            &name,
+            IoOp::Write {
+                offset: off,
+                buf,
+                fua,
+            },
+        );
         let first = (off / SECTOR) as usize;
         match c.result {
             Ok(()) => {
@@ -440,7 +452,11 @@ impl Sim {
         let (off, len) = self.range(&name);
         self.log.push(format!(
             "{} {name} at {off} len {len}",
-            if as_write_zeroes { "write-zeroes" } else { "deallocate" }
+            if as_write_zeroes {
+                "write-zeroes"
+            } else {
+                "deallocate"
+            }
         ));
         let op = if as_write_zeroes {
             IoOp::WriteZeroes { offset: off, len }
@@ -551,12 +567,17 @@ impl Sim {
         }
         for v in pool.volumes() {
             if !self.model.contains_key(&v.desc.name) {
-                self.fail(format!("volume {} exists but the model has none", v.desc.name));
+                self.fail(format!(
+                    "volume {} exists but the model has none",
+                    v.desc.name
+                ));
             }
         }
         let snap = pool.snapshot();
         if snap.mapped + snap.clean + snap.dirty + snap.reserved != snap.extents as u64 {
-            self.fail(format!("free space does not add up after recovery: {snap:?}"));
+            self.fail(format!(
+                "free space does not add up after recovery: {snap:?}"
+            ));
         }
     }
 
@@ -579,7 +600,9 @@ impl Sim {
             let first = b as usize * per_block;
             match c.result {
                 Err(ERRNO_UNWRITTEN) if err_mode => {
-                    let Some(v) = self.model.get_mut(name) else { return };
+                    let Some(v) = self.model.get_mut(name) else {
+                        return;
+                    };
                     for (i, s) in v.sectors[first..first + per_block].iter_mut().enumerate() {
                         if !s.allowed.contains(&0) {
                             let allowed = s.allowed.clone();
@@ -677,14 +700,16 @@ fn run_seed(seed: u64, steps: usize) -> (u64, u64) {
 #[test]
 fn simulation_over_many_seeds() {
     if let Ok(s) = std::env::var("KVT_SIM_SEED") {
-        let seed: u64 = s.parse().unwrap_or_else(|_| panic!("KVT_SIM_SEED={s} is not a number"));
+        let seed: u64 = s
+            .parse()
+            .unwrap_or_else(|_| panic!("KVT_SIM_SEED={s} is not a number"));
         run_seed(seed, 400);
         return;
     }
     let seeds: u64 = std::env::var("KVT_SIM_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(300);
+        .unwrap_or(60);
     let (mut crashes, mut writes) = (0, 0);
     for seed in 0..seeds {
         let (c, w) = run_seed(seed, 150);

@@ -35,6 +35,28 @@ pub enum AllocError {
     Failed,
 }
 
+/// Iterator over the per-extent pieces of a byte range.
+pub struct Pieces {
+    shift: u32,
+    at: u64,
+    end: u64,
+}
+
+impl Iterator for Pieces {
+    type Item = (u32, u64, u64);
+    fn next(&mut self) -> Option<(u32, u64, u64)> {
+        if self.at >= self.end {
+            return None;
+        }
+        let es = 1u64 << self.shift;
+        let lext = (self.at >> self.shift) as u32;
+        let off = self.at & (es - 1);
+        let n = (es - off).min(self.end - self.at);
+        self.at += n;
+        Some((lext, off, n))
+    }
+}
+
 pub struct Volume {
     pub desc: VolumeDesc,
     pub blocks_per_extent: u32,
@@ -83,21 +105,12 @@ impl Volume {
         self.used_blocks.load(Ordering::Relaxed) * self.desc.block_size as u64
     }
     /// Splits a byte range into (logical extent, offset in extent, length) pieces.
-    pub fn pieces(&self, offset: u64, len: u64) -> impl Iterator<Item = (u32, u64, u64)> + use<> {
-        let shift = self.extent_shift;
-        let es = self.extent_size();
-        let end = offset + len;
-        let mut at = offset;
-        std::iter::from_fn(move || {
-            if at >= end {
-                return None;
-            }
-            let lext = (at >> shift) as u32;
-            let off = at & (es - 1);
-            let n = (es - off).min(end - at);
-            at += n;
-            Some((lext, off, n))
-        })
+    pub fn pieces(&self, offset: u64, len: u64) -> Pieces {
+        Pieces {
+            shift: self.extent_shift,
+            at: offset,
+            end: offset.saturating_add(len),
+        }
     }
 
     fn slot(&self, lext: u32) -> Option<&AtomicU64> {
@@ -106,7 +119,8 @@ impl Volume {
 
     /// The physical extent, without pinning (for metadata snapshots).
     pub fn mapping(&self, lext: u32) -> Option<u32> {
-        self.slot(lext).and_then(|s| phys_of(s.load(Ordering::Acquire)))
+        self.slot(lext)
+            .and_then(|s| phys_of(s.load(Ordering::Acquire)))
     }
 
     /// Pins a mapped extent for I/O; `None` when unmapped.

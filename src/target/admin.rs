@@ -206,11 +206,7 @@ pub fn identify_namespace(ns: &super::Namespace) -> IdentifyNamespace {
         // blocks set DAE (bit 2) and report no fixed value for deallocated
         // blocks; the others read them as zeros. Bit 3: Write Zeroes may
         // deallocate.
-        Some(t) if t.unwritten_error => (
-            t.used_bytes / ns.block_size as u64,
-            0x01 | 0x04,
-            0x08,
-        ),
+        Some(t) if t.unwritten_error => (t.used_bytes / ns.block_size as u64, 0x01 | 0x04, 0x08),
         Some(t) => (t.used_bytes / ns.block_size as u64, 0x01, 0x01 | 0x08),
         None => (ns.num_blocks, 0, 0x01 | 0x08),
     };
