@@ -24,6 +24,9 @@ cargo clippy --all-targets -- -D warnings
 step "cargo test (unit, property and loopback integration tests)"
 cargo test --all-targets
 
+step "pool simulation: ${KVT_SIM_SEEDS:=2000} seeds (sim profile: optimised, overflow checks on)"
+KVT_SIM_SEEDS=$KVT_SIM_SEEDS cargo test --profile sim --lib pool::sim -- --nocapture
+
 if [[ $quick == 1 ]]; then
     exit 0
 fi

@@ -88,6 +88,10 @@ pub struct GcConfig {
     /// Foreground commands in flight above which GC backs off.
     #[serde(default = "d_gc_qd")]
     pub max_foreground_qd: u64,
+    /// false: GC scrubs as fast as it can whatever foreground does. Only for
+    /// measuring what admission control buys.
+    #[serde(default = "d_true")]
+    pub admission: bool,
 }
 
 fn d_low() -> u64 {
@@ -110,6 +114,7 @@ impl Default for GcConfig {
             high_watermark_pct: d_high(),
             max_rate: d_gc_rate(),
             max_foreground_qd: d_gc_qd(),
+            admission: true,
         }
     }
 }

@@ -73,6 +73,7 @@ fn start_pool(p: &PoolConfig, field: &str, reactors: usize) -> Result<Arc<Pool>,
             high_watermark_pct: p.gc.high_watermark_pct,
             max_rate: p.gc.max_rate,
             max_foreground_qd: p.gc.max_foreground_qd,
+            fixed_batch: (!p.gc.admission).then_some(GcSettings::default().batch),
             ..GcSettings::default()
         },
         dual_path: DualPath {

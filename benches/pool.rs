@@ -1,0 +1,319 @@
+//! Volume-layer benchmarks (issue 4), every figure a ratio against a baseline
+//! measured in the same run:
+//!
+//! 1. allocator cost: QD1 4 KiB first writes (each maps a new extent) against
+//!    overwrites of the same blocks;
+//! 2. GC admission: 4 KiB random-read P99 with GC idle, then while GC scrubs a
+//!    large backlog with admission control, then without it;
+//! 3. dual-path scheduling: 4 KiB random-read P99 alone and beside a 1 MiB
+//!    sequential write stream, with dual-path on and off;
+//! 4. steady state: 4 KiB random read/write IOPS on a volume at 50 % and 90 %
+//!    pool fill, against a plain file namespace of the same size.
+//!
+//! Run with `cargo bench --bench pool` (or `bench/run-pool-bench.sh`, which
+//! appends the table to bench/RESULTS.md). `KVT_BENCH_SECS` sets the seconds per
+//! measurement (default 5), `KVT_BENCH_DIR` where the pool files go (default
+//! /var/tmp; use a real disk, not tmpfs).
+
+use kvtarget::config::Config;
+use kvtarget::initiator::{HostController, HostOptions, IoQueue};
+use kvtarget::perf::{PerfOptions, PerfReport, Workload};
+use kvtarget::server::Server;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+const NQN: &str = "nqn.2026-11.io.kvtarget:poolbench";
+const MIB: u64 = 1 << 20;
+
+struct Bench {
+    secs: u64,
+    dir: std::path::PathBuf,
+    rows: Vec<String>,
+}
+
+fn config(dir: &std::path::Path, dual: bool, admission: bool) -> String {
+    format!(
+        r#"
+[reactors]
+count = 1
+idle = "adaptive"
+
+[[listeners]]
+address = "127.0.0.1"
+port = 0
+
+[[pools]]
+name = "main"
+backend = "uring"
+path = "{d}/main-pool.img"
+size = "6GiB"
+extent_size = "1MiB"
+
+[pools.gc]
+admission = {admission}
+
+[pools.dual_path]
+enabled = {dual}
+
+[[pools.volumes]]
+name = "fg"
+size = "1GiB"
+
+[[pools.volumes]]
+name = "bulk"
+size = "4GiB"
+
+[[pools]]
+name = "fill"
+backend = "uring"
+path = "{d}/fill-pool.img"
+size = "2GiB"
+extent_size = "1MiB"
+
+[[pools.volumes]]
+name = "half"
+size = "1000MiB"
+
+[[pools.volumes]]
+name = "more"
+size = "780MiB"
+
+[[subsystems]]
+nqn = "{NQN}"
+allow_any_host = true
+
+[[subsystems.namespaces]]
+nsid = 1
+volume = "main/fg"
+
+[[subsystems.namespaces]]
+nsid = 2
+volume = "main/bulk"
+
+[[subsystems.namespaces]]
+nsid = 3
+volume = "fill/half"
+
+[[subsystems.namespaces]]
+nsid = 4
+volume = "fill/more"
+
+[[subsystems.namespaces]]
+nsid = 9
+backend = "uring"
+path = "{d}/raw.img"
+size = "1000MiB"
+"#,
+        d = dir.display()
+    )
+}
+
+fn start(b: &Bench, dual: bool, admission: bool) -> (Server, SocketAddr) {
+    let cfg = Config::parse(&config(&b.dir, dual, admission)).expect("bench config");
+    let s = Server::start(&cfg).expect("start");
+    let a = s.listen_addrs()[0].0;
+    (s, a)
+}
+
+fn queue(addr: SocketAddr) -> (HostController, IoQueue) {
+    let mut c = HostController::connect(&HostOptions::new(addr, NQN)).expect("connect");
+    c.set_queue_count(1).expect("queues");
+    let q = c.io_queue(1).expect("io queue");
+    (c, q)
+}
+
+/// Writes `bytes` from offset 0 in 1 MiB commands, 8 in flight.
+fn fill(addr: SocketAddr, nsid: u32, bytes: u64) {
+    let (_c, mut q) = queue(addr);
+    let chunk = vec![0x5Au8; MIB as usize];
+    let mut inflight = Vec::new();
+    for i in 0..bytes / MIB {
+        if inflight.len() == 8 {
+            let cid = inflight.remove(0);
+            q.q.wait_for(cid).expect("fill").ok().expect("fill status");
+        }
+        inflight.push(q.submit_write(nsid, i * 256, chunk.clone(), 4096, false).expect("submit"));
+    }
+    for cid in inflight {
+        q.q.wait_for(cid).expect("fill").ok().expect("fill status");
+    }
+    q.flush(nsid).expect("flush");
+}
+
+fn perf(b: &Bench, addr: SocketAddr, nsid: u32, w: Workload, bs: usize, qd: usize) -> PerfReport {
+    kvtarget::perf::run(&PerfOptions {
+        addr,
+        nqn: NQN.into(),
+        hostnqn: None,
+        nsid,
+        workload: w,
+        read_pct: 70,
+        block_size: bs,
+        qd,
+        queues: 1,
+        runtime: Duration::from_secs(b.secs),
+        warmup: Duration::from_secs(1),
+        digests: Default::default(),
+    })
+    .expect("perf")
+}
+
+impl Bench {
+    fn row(&mut self, r: String) {
+        println!("{r}");
+        self.rows.push(r);
+    }
+
+    fn allocator(&mut self, addr: SocketAddr) {
+        let (_c, mut q) = queue(addr);
+        let n = 400u64;
+        let block = vec![1u8; 4096];
+        let mut first = Vec::new();
+        let mut again = Vec::new();
+        // nsid 2 ("bulk") is untouched here: every write maps a new extent.
+        for pass in 0..2 {
+            for e in 0..n {
+                let t = Instant::now();
+                q.write(2, (2048 + e) * 256, block.clone(), 4096).expect("write");
+                let us = t.elapsed().as_secs_f64() * 1e6;
+                if pass == 0 { first.push(us) } else { again.push(us) }
+            }
+        }
+        let med = |v: &mut Vec<f64>| {
+            v.sort_by(|a, b| a.total_cmp(b));
+            v[v.len() / 2]
+        };
+        let mean = |v: &Vec<f64>| v.iter().sum::<f64>() / v.len() as f64;
+        let (mf, ma) = (mean(&first), mean(&again));
+        let (pf, pa) = (med(&mut first), med(&mut again));
+        self.row(format!(
+            "| allocator: QD1 4 KiB first write (maps an extent) vs overwrite | first {mf:.1} us mean / {pf:.1} p50 | overwrite {ma:.1} us mean / {pa:.1} p50 | cost {:.1} us per first write, ratio {:.2} |",
+            mf - ma,
+            mf / ma
+        ));
+        q.deallocate(2, &[((2048) * 256, (n * 256) as u32)]).expect("free");
+    }
+
+    fn gc(&mut self, addr: SocketAddr, server: &Server, label: &str) {
+        let pool = server.pools()[0].clone();
+        let wait_idle = || {
+            let t = Instant::now();
+            while pool.snapshot().dirty > 0 && t.elapsed() < Duration::from_secs(120) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        };
+        wait_idle();
+        let idle = perf(self, addr, 1, Workload::RandRead, 4096, 16);
+        // A large backlog: 2 GiB written then freed at once.
+        fill(addr, 2, 2048 * MIB);
+        let (_c, mut q) = queue(addr);
+        q.deallocate(2, &[(0, (2048 * 256) as u32)]).expect("free");
+        let before = pool.snapshot();
+        let busy = perf(self, addr, 1, Workload::RandRead, 4096, 16);
+        let after = pool.snapshot();
+        let scrubbed = after.gc_scrubbed - before.gc_scrubbed;
+        self.row(format!(
+            "| GC {label}: 4 KiB randread QD16 P99, idle vs scrubbing a {}-extent backlog | idle {:.0} us ({:.0} IOPS) | scrubbing {:.0} us ({:.0} IOPS), {} extents scrubbed in the window, mode {} | P99 ratio {:.2} |",
+            before.dirty,
+            idle.p99_us,
+            idle.iops,
+            busy.p99_us,
+            busy.iops,
+            scrubbed,
+            after.gc_mode.name(),
+            busy.p99_us / idle.p99_us
+        ));
+        wait_idle();
+    }
+
+    fn dual(&mut self, addr: SocketAddr, label: &str) {
+        let alone = perf(self, addr, 1, Workload::RandRead, 4096, 8);
+        let secs = self.secs;
+        let stream = std::thread::spawn(move || {
+            kvtarget::perf::run(&PerfOptions {
+                addr,
+                nqn: NQN.into(),
+                hostnqn: Some("nqn.2014-08.org.nvmexpress:uuid:6b767461-7267-6574-0000-0000000000bb".into()),
+                nsid: 2,
+                workload: Workload::Write,
+                read_pct: 0,
+                block_size: 1 << 20,
+                qd: 4,
+                queues: 1,
+                runtime: Duration::from_secs(secs + 2),
+                warmup: Duration::from_secs(0),
+                digests: Default::default(),
+            })
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        let mixed = perf(self, addr, 1, Workload::RandRead, 4096, 8);
+        let s = stream.join().expect("stream").expect("stream perf");
+        self.row(format!(
+            "| dual-path {label}: 4 KiB randread QD8 P99 alone vs beside 1 MiB seq writes QD4 | alone {:.0} us | beside {:.0} us (stream {:.0} MiB/s) | P99 ratio {:.2} |",
+            alone.p99_us,
+            mixed.p99_us,
+            s.mib_s,
+            mixed.p99_us / alone.p99_us
+        ));
+    }
+
+    fn fill_levels(&mut self, addr: SocketAddr) {
+        fill(addr, 9, 1000 * MIB);
+        fill(addr, 3, 1000 * MIB);
+        for (label, extra) in [("50 %", false), ("90 %", true)] {
+            if extra {
+                fill(addr, 4, 780 * MIB);
+            }
+            for (w, name) in [(Workload::RandRead, "randread"), (Workload::RandWrite, "randwrite")] {
+                let raw = perf(self, addr, 9, w, 4096, 32);
+                let vol = perf(self, addr, 3, w, 4096, 32);
+                self.row(format!(
+                    "| steady state at {label} pool fill: 4 KiB {name} QD32, volume vs plain file namespace | volume {:.0} IOPS, P99 {:.0} us | file {:.0} IOPS, P99 {:.0} us | IOPS ratio {:.2} |",
+                    vol.iops, vol.p99_us, raw.iops, raw.p99_us, vol.iops / raw.iops
+                ));
+            }
+        }
+    }
+}
+
+fn main() {
+    // `cargo bench` passes --bench. `cargo test --all-targets` runs this binary
+    // without it: the benchmark needs minutes and gigabytes, so it only builds.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("pool benchmark: run it with `cargo bench --bench pool`");
+        return;
+    }
+    let secs = std::env::var("KVT_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let base = std::env::var("KVT_BENCH_DIR").unwrap_or_else(|_| "/var/tmp".into());
+    let dir = tempfile::Builder::new()
+        .prefix("kvtarget-poolbench")
+        .tempdir_in(&base)
+        .expect("bench dir");
+    let mut b = Bench {
+        secs,
+        dir: dir.path().to_path_buf(),
+        rows: Vec::new(),
+    };
+    // The bench's own threads stay off the reactor's core.
+    if let Some(c) = core_affinity::get_core_ids().and_then(|c| c.get(1).copied()) {
+        core_affinity::set_for_current(c);
+    }
+    let (server, addr) = start(&b, true, true);
+    fill(addr, 1, 1024 * MIB);
+    b.allocator(addr);
+    b.gc(addr, &server, "with admission control");
+    b.dual(addr, "on");
+    b.fill_levels(addr);
+    server.shutdown();
+    let (server, addr) = start(&b, false, false);
+    b.gc(addr, &server, "without admission control");
+    b.dual(addr, "off");
+    server.shutdown();
+    println!("\nrows:");
+    for r in &b.rows {
+        println!("{r}");
+    }
+}
