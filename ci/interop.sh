@@ -6,7 +6,7 @@
 # (cargo build --release), or KVTARGET_BIN to point at one.
 #
 # Usage: ci/interop.sh [--target kernel|kvtarget|both] [--only REGEX] [--verbose]
-# Last line of output: "N passed, N failed"; exit status non-zero on any failure.
+# Last line of output: "N passed, N failed, N skipped"; exit status non-zero on any failure.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ "$(id -u)" = 0 ] || { echo "ci/interop.sh: must run as root (apt-get, QEMU)" >&2; exit 1; }

@@ -2,20 +2,24 @@
 # Host-side orchestrator of the NVMe/TCP interop suite.
 #
 # For each target:
-#   kvtarget  starts $KVTARGET_BIN on the host (127.0.0.1:4420, discovery 8009, file
-#             backend in a temp dir), boots the guest running tcp-suite.sh against
-#             10.0.2.2 (slirp's alias of the host's 127.0.0.1), serves the suite's
-#             restart requests over the 9p share, and stops kvtarget at the end.
+#   kvtarget  starts $KVTARGET_BIN on the host (127.0.0.1:4420, discovery 8009; its
+#             namespaces are thin volumes of one pool file in a temp dir, see VOLUMES),
+#             boots the guest running tcp-suite.sh against 10.0.2.2 (slirp's alias of
+#             the host's 127.0.0.1), serves the suite's restart requests over the 9p
+#             share, stops kvtarget at the end and checks the pool offline
+#             (kvtarget check).
 #   kernel    boots the guest, sets up the guest kernel's nvmet as a control target
-#             (nvmet-control.sh) and runs the same suite against it on 127.0.0.1.
-# Prints each suite's result lines, then one combined "N passed, N failed" line; exits
-# non-zero when anything failed, naming the failures and showing the console tail.
+#             (nvmet-control.sh) and runs the same suite against it on 127.0.0.1; it has
+#             no thin volumes, so the suite skips the volume scenarios there.
+# Prints each suite's result lines, then one combined "N passed, N failed, N skipped"
+# line; exits non-zero when anything failed, naming the failures and showing the
+# console tail.
 #
 # Usage: tests/interop/run.sh [--target kernel|kvtarget|both] [--only REGEX] [--verbose]
 # Env:   KVTARGET_BIN (default <repo>/target/release/kvtarget)
 #        INTEROP_OUT (default <repo>/.cache/interop/run-<time>; logs and shares)
 #        INTEROP_TIMEOUT (per guest boot, seconds; default 900)
-#        INTEROP_BACKEND (kvtarget namespace backend; default uring)
+#        INTEROP_BACKEND (kvtarget pool backend; default uring)
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -39,6 +43,10 @@ PORT=4420
 DISC_PORT=8009
 SIZE_MIB=256
 BLOCK=4096
+# kvtarget's namespaces: thin volumes of one pool, NSID:SIZE_MIB:BLOCK_SIZE:UNWRITTEN.
+# NSID 1 carries the common scenarios; 2 and 3 the volume scenarios (tcp-suite.sh).
+VOLUMES="1:$SIZE_MIB:$BLOCK:zeroes 2:64:4096:zeroes 3:64:512:error"
+POOL_MIB=$((SIZE_MIB + 512))
 KV_SERIAL=KVTINTEROP0001
 KV_MODEL=kvtarget
 timeout_s=${INTEROP_TIMEOUT:-900}
@@ -51,7 +59,7 @@ t_start=$SECONDS
 
 if [ "$target" != kernel ] && [ ! -x "$bin" ]; then
     log "kvtarget binary not found at $bin (build it with 'cargo build --release', or set KVTARGET_BIN)"
-    echo "0 passed, 1 failed"
+    echo "0 passed, 1 failed, 0 skipped"
     exit 1
 fi
 
@@ -87,22 +95,24 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # ---- guest ------------------------------------------------------------------------
-guest=$("$repo/ci/guest/build.sh") || { log "guest build failed"; echo "0 passed, 1 failed"; exit 1; }
+guest=$("$repo/ci/guest/build.sh") || { log "guest build failed"; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
 export GUEST_DIR=$guest
 
 # ---- results ------------------------------------------------------------------------
-total_pass=0 total_fail=0 failed_names=() failed_consoles=() summary=()
-# collect LABEL SHARE_DIR RC: count the suite's ok/FAIL lines; a suite that did not
-# reach its closing line counts as one more failure.
+total_pass=0 total_fail=0 total_skip=0 failed_names=() failed_consoles=() summary=()
+# collect LABEL SHARE_DIR RC: count the suite's ok/FAIL/skip lines; a suite that did not
+# reach its closing line counts as one more failure. Skipped scenarios (the target lacks
+# what they test) count neither as passes nor as failures.
 collect() {
-    local label=$1 share=$2 rc=$3 outlog=$2/guest-output.log p f
+    local label=$1 share=$2 rc=$3 outlog=$2/guest-output.log p f k
     p=$(grep -c '^ok - ' "$outlog" 2>/dev/null)
     f=$(grep -c '^FAIL - ' "$outlog" 2>/dev/null)
-    p=${p:-0} f=${f:-0}
+    k=$(grep -c '^skip - ' "$outlog" 2>/dev/null)
+    p=${p:-0} f=${f:-0} k=${k:-0}
     while read -r name; do
         failed_names+=("$label/$name")
     done < <(grep '^FAIL - ' "$outlog" 2>/dev/null | sed 's/^FAIL - \([^:]*\):.*/\1/')
-    if ! grep -qE '^[0-9]+ passed, [0-9]+ failed$' "$outlog" 2>/dev/null; then
+    if ! grep -qE '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$outlog" 2>/dev/null; then
         f=$((f + 1))
         failed_names+=("$label/suite-did-not-finish(rc=$rc)")
     elif [ "$rc" != 0 ] && [ "$f" = 0 ]; then
@@ -111,12 +121,13 @@ collect() {
     fi
     total_pass=$((total_pass + p))
     total_fail=$((total_fail + f))
+    total_skip=$((total_skip + k))
     [ "$f" = 0 ] || failed_consoles+=("$share/console.log")
-    summary+=("$label: $p passed, $f failed")
+    summary+=("$label: $p passed, $f failed, $k skipped")
 }
 print_suite() {
     echo "=== $1 ==="
-    grep -E '^(ok - |FAIL - |# tcp-suite|# suite took)' "$2/guest-output.log" 2>/dev/null || echo "(no suite output)"
+    grep -E '^(ok - |FAIL - |skip - |# tcp-suite|# suite took)' "$2/guest-output.log" 2>/dev/null || echo "(no suite output)"
 }
 
 new_share() {
@@ -189,8 +200,11 @@ run_kvtarget() {
     mkdir -p "$out/kvtarget"
     : > "$out/kvtarget/kvtarget.log"
     tmpdir=$(mktemp -d /tmp/kvtarget-interop.XXXXXX)
+    pool_file=
+    [ "$backend" = ram ] || pool_file=$tmpdir/pool.img
     kv_cfg=$out/kvtarget/kvtarget.toml
-    cat > "$kv_cfg" <<EOF
+    {
+    cat <<EOF
 # Written by tests/interop/run.sh
 [reactors]
 count = 2
@@ -203,20 +217,39 @@ port = $DISC_PORT
 address = "127.0.0.1"
 port = $PORT
 
+# One pool; thin provisioning lets the volumes add up to more than it, but the
+# suite's writes stay well within it.
+[[pools]]
+name = "interop"
+backend = "$backend"
+$([ -z "$pool_file" ] || echo "path = \"$pool_file\"")
+size = "${POOL_MIB}MiB"
+extent_size = "1MiB"
+EOF
+    local v n m b u
+    for v in $VOLUMES; do
+        IFS=: read -r n m b u <<< "$v"
+        printf '\n[[pools.volumes]]\nname = "ns%s"\nsize = "%sMiB"\nblock_size = %s\nunwritten = "%s"\n' "$n" "$m" "$b" "$u"
+    done
+    cat <<EOF
+
 [[subsystems]]
 nqn = "$NQN"
 serial = "$KV_SERIAL"
 model = "$KV_MODEL"
 allow_any_host = false
 hosts = ["$HOSTNQN"]
-
-[[subsystems.namespaces]]
-nsid = 1
-backend = "$backend"
-path = "$tmpdir/ns1.img"
-size = "${SIZE_MIB}MiB"
-block_size = $BLOCK
 EOF
+    for v in $VOLUMES; do
+        IFS=: read -r n m b u <<< "$v"
+        printf '\n[[subsystems.namespaces]]\nnsid = %s\nvolume = "interop/ns%s"\n' "$n" "$n"
+    done
+    } > "$kv_cfg"
+    if ! "$bin" check-config "$kv_cfg" >> "$out/kvtarget/kvtarget.log" 2>&1; then
+        log "kvtarget rejects the generated config $kv_cfg: $(tail -n 1 "$out/kvtarget/kvtarget.log")"
+        host_check kvtarget-config 0 "kvtarget check-config rejects $kv_cfg"
+        return
+    fi
     if listening "$PORT" || listening "$DISC_PORT"; then
         log "port $PORT or $DISC_PORT already in use on the host: $(ss -Hltnp "( sport = :$PORT or sport = :$DISC_PORT )" | tr '\n' ' ')"
         host_check kvtarget-start 0 "port $PORT or $DISC_PORT already in use"
@@ -229,7 +262,7 @@ EOF
     fi
     local share
     share=$(new_share kvtarget/share)
-    echo "exec bash /mnt/share/tcp-suite.sh $(suite_args 10.0.2.2 share "$KV_SERIAL" "$KV_MODEL" --advertised-addr 127.0.0.1 --disc-port-svc $PORT)" \
+    echo "exec bash /mnt/share/tcp-suite.sh $(suite_args 10.0.2.2 share "$KV_SERIAL" "$KV_MODEL" --advertised-addr 127.0.0.1 --disc-port-svc $PORT --volumes "'$VOLUMES'")" \
         > "$share/run-suite.sh"
     log "booting the guest against kvtarget (timeout ${timeout_s}s)"
     "$repo/ci/guest/run.sh" --share "$share" --script run-suite.sh --timeout "$timeout_s" \
@@ -270,10 +303,22 @@ EOF
     if [ "$restarts" -gt 0 ]; then
         host_check kvtarget-restart-on-sigterm "$restart_ok" "$restart_reason"
     fi
+    if [ "$alive" = 0 ] && [ -n "$kv_pid" ]; then
+        kv_stop   # reap it, so that the pool is known to be offline
+    fi
     if [ "$alive" = 1 ]; then
         kv_stop
         host_check kvtarget-sigterm-exit-0 "$([ "$KV_STOP_STATUS" = 0 ] && echo 1 || echo 0)" \
             "kvtarget exit status after SIGTERM: $KV_STOP_STATUS"
+    fi
+    # The pool, offline now, must be consistent after everything the suite did (writes,
+    # deallocations, restarts). A RAM pool is gone with the process.
+    if [ -n "$pool_file" ] && [ -z "$kv_pid" ]; then
+        local crc
+        "$bin" check "$pool_file" > "$out/kvtarget/pool-check.log" 2>&1; crc=$?
+        host_check kvtarget-pool-check "$([ "$crc" = 0 ] && echo 1 || echo 0)" \
+            "kvtarget check $pool_file exited $crc: $(grep -m3 -E 'DAMAGE|damaged|error' "$out/kvtarget/pool-check.log" | tr '\n' ' ') (see $out/kvtarget/pool-check.log)"
+        { echo "---- kvtarget pool info (after check) ----"; "$bin" pool info "$pool_file" 2>&1; } >> "$out/kvtarget/pool-check.log"
     fi
     KV_RC=$rc
 }
@@ -316,6 +361,7 @@ if [ "$target" = kvtarget ] || [ "$target" = both ]; then
         echo "=== kvtarget ==="
         summary+=("kvtarget: 0 passed, 0 failed (guest not run)")
     fi
+    [ ! -f "$out/kvtarget/pool-check.log" ] || sed -n '/^extents:/p; /^volume /p' "$out/kvtarget/pool-check.log" | sed 's/^/# pool: /'
     for l in "${host_checks[@]}"; do
         echo "$l"
         case "$l" in
@@ -349,5 +395,5 @@ if [ "$total_fail" -gt 0 ]; then
         tail -n 30 "$out/kvtarget/kvtarget.log" | sed 's/\x1b\[[0-9;]*m//g; s/^/# | /'
     fi
 fi
-echo "$total_pass passed, $total_fail failed"
+echo "$total_pass passed, $total_fail failed, $total_skip skipped"
 [ "$total_fail" = 0 ]
