@@ -132,7 +132,10 @@ fn fill(addr: SocketAddr, nsid: u32, bytes: u64) {
             let cid = inflight.remove(0);
             q.q.wait_for(cid).expect("fill").ok().expect("fill status");
         }
-        inflight.push(q.submit_write(nsid, i * 256, chunk.clone(), 4096, false).expect("submit"));
+        inflight.push(
+            q.submit_write(nsid, i * 256, chunk.clone(), 4096, false)
+                .expect("submit"),
+        );
     }
     for cid in inflight {
         q.q.wait_for(cid).expect("fill").ok().expect("fill status");
@@ -174,9 +177,14 @@ impl Bench {
         for pass in 0..2 {
             for e in 0..n {
                 let t = Instant::now();
-                q.write(2, (2048 + e) * 256, block.clone(), 4096).expect("write");
+                q.write(2, (2048 + e) * 256, block.clone(), 4096)
+                    .expect("write");
                 let us = t.elapsed().as_secs_f64() * 1e6;
-                if pass == 0 { first.push(us) } else { again.push(us) }
+                if pass == 0 {
+                    first.push(us)
+                } else {
+                    again.push(us)
+                }
             }
         }
         let med = |v: &mut Vec<f64>| {
@@ -191,7 +199,8 @@ impl Bench {
             mf - ma,
             mf / ma
         ));
-        q.deallocate(2, &[((2048) * 256, (n * 256) as u32)]).expect("free");
+        q.deallocate(2, &[((2048) * 256, (n * 256) as u32)])
+            .expect("free");
     }
 
     fn gc(&mut self, addr: SocketAddr, server: &Server, label: &str) {
@@ -233,7 +242,9 @@ impl Bench {
             kvtarget::perf::run(&PerfOptions {
                 addr,
                 nqn: NQN.into(),
-                hostnqn: Some("nqn.2014-08.org.nvmexpress:uuid:6b767461-7267-6574-0000-0000000000bb".into()),
+                hostnqn: Some(
+                    "nqn.2014-08.org.nvmexpress:uuid:6b767461-7267-6574-0000-0000000000bb".into(),
+                ),
                 nsid: 2,
                 workload: Workload::Write,
                 read_pct: 0,
@@ -264,7 +275,10 @@ impl Bench {
             if extra {
                 fill(addr, 4, 780 * MIB);
             }
-            for (w, name) in [(Workload::RandRead, "randread"), (Workload::RandWrite, "randwrite")] {
+            for (w, name) in [
+                (Workload::RandRead, "randread"),
+                (Workload::RandWrite, "randwrite"),
+            ] {
                 let raw = perf(self, addr, 9, w, 4096, 32);
                 let vol = perf(self, addr, 3, w, 4096, 32);
                 self.row(format!(

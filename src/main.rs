@@ -136,8 +136,10 @@ fn check(args: &[String]) -> ExitCode {
     let [path] = args else {
         return usage_error("check needs exactly one pool path");
     };
-    let dev = match tools::open_existing(path) {
-        Ok(d) => d,
+    let opened = tools::open_existing(path)
+        .and_then(|d| kvtarget::pool::lock_pool(std::path::Path::new(path), false).map(|l| (d, l)));
+    let (dev, _lock) = match opened {
+        Ok(x) => x,
         Err(e) => {
             eprintln!("kvtarget check: {e}");
             return ExitCode::from(2);
@@ -211,9 +213,10 @@ mod tools {
         Ok(())
     }
 
-    fn open_pool(path: &str) -> Result<Arc<Pool>, String> {
+    fn open_pool(path: &str) -> Result<(Arc<Pool>, kvtarget::pool::PoolLock), String> {
         let dev = open_existing(path)?;
-        Pool::open("offline", dev, PoolOptions::default())
+        let lock = kvtarget::pool::lock_pool(Path::new(path), true)?;
+        Ok((Pool::open("offline", dev, PoolOptions::default())?, lock))
     }
 
     pub fn run(args: &[String]) -> Result<(), String> {
@@ -237,6 +240,7 @@ mod tools {
                     .unwrap_or(1 << 20);
                 let dev: SharedDevice = UringDevice::open(Path::new(path), size, 512)
                     .map_err(|e| format!("{path}: {e}"))?;
+                let _lock = kvtarget::pool::lock_pool(Path::new(path), true)?;
                 let sb = format(
                     &dev,
                     &FormatOptions {
@@ -256,7 +260,7 @@ mod tools {
                 let [path] = pos[..] else {
                     return Err("pool info needs one path".into());
                 };
-                let pool = open_pool(path)?;
+                let (pool, _lock) = open_pool(path)?;
                 let s = pool.snapshot();
                 println!(
                     "extents: {} x {} bytes; mapped {}, clean {}, dirty {}",
@@ -274,7 +278,7 @@ mod tools {
                 let [path] = pos[..] else {
                     return Err("volume list needs one path".into());
                 };
-                let pool = open_pool(path)?;
+                let (pool, _lock) = open_pool(path)?;
                 list(&pool);
                 pool.close()
             }
@@ -295,7 +299,7 @@ mod tools {
                     Some("error") => VOL_UNWRITTEN_ERROR,
                     Some(v) => return Err(format!("--unwritten: `{v}` is not zeroes or error")),
                 };
-                let pool = open_pool(path)?;
+                let (pool, _lock) = open_pool(path)?;
                 let r = pool.create_volume(name, size, bs, flags);
                 let c = pool.close();
                 r?;
@@ -309,7 +313,7 @@ mod tools {
                     return Err("volume resize needs a pool path and a name".into());
                 };
                 let size = parse_size(flag(rest, "--size")?.ok_or("--size is required")?)?;
-                let pool = open_pool(path)?;
+                let (pool, _lock) = open_pool(path)?;
                 let r = pool.resize_volume(name, size);
                 let c = pool.close();
                 r?;
@@ -322,7 +326,7 @@ mod tools {
                 let [path, name] = pos[..] else {
                     return Err("volume delete needs a pool path and a name".into());
                 };
-                let pool = open_pool(path)?;
+                let (pool, _lock) = open_pool(path)?;
                 let r = pool.delete_volume(name);
                 let c = pool.close();
                 r?;

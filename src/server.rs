@@ -24,6 +24,8 @@ pub struct Server {
     stop: Arc<AtomicBool>,
     devices: Vec<SharedDevice>,
     pools: Vec<Arc<Pool>>,
+    /// Held for as long as the pools are open.
+    _pool_locks: Vec<crate::pool::PoolLock>,
     listen: Vec<(SocketAddr, bool)>,
 }
 
@@ -40,8 +42,16 @@ pub fn open_pool_device(p: &PoolConfig, field: &str) -> Result<SharedDevice, Str
 }
 
 /// Opens a configured pool and makes sure its configured volumes exist.
-fn start_pool(p: &PoolConfig, field: &str, reactors: usize) -> Result<Arc<Pool>, String> {
+fn start_pool(
+    p: &PoolConfig,
+    field: &str,
+    reactors: usize,
+    locks: &mut Vec<crate::pool::PoolLock>,
+) -> Result<Arc<Pool>, String> {
     let dev = open_pool_device(p, field)?;
+    if let Some(path) = &p.path {
+        locks.push(crate::pool::lock_pool(path, true).map_err(|e| format!("{field}: {e}"))?);
+    }
     let mut io = crate::pool::SyncIo::new(&dev).map_err(|e| format!("{field}: {e}"))?;
     let has_pool = io
         .read(0, 4096)
@@ -154,8 +164,9 @@ impl Server {
         let mut devices: Vec<SharedDevice> = Vec::new();
         let nreactors = cfg.reactor_cores().len();
         let mut pools: Vec<Arc<Pool>> = Vec::new();
+        let mut pool_locks = Vec::new();
         for (i, p) in cfg.pools.iter().enumerate() {
-            match start_pool(p, &format!("pools[{i}]"), nreactors) {
+            match start_pool(p, &format!("pools[{i}]"), nreactors, &mut pool_locks) {
                 Ok(pool) => pools.push(pool),
                 Err(e) => {
                     for p in &pools {
@@ -272,6 +283,7 @@ impl Server {
             stop,
             devices,
             pools,
+            _pool_locks: pool_locks,
             listen,
         })
     }

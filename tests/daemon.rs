@@ -300,6 +300,18 @@ volume = "p/v"
         checked += 1;
     }
     assert!(checked > 100);
+    // While the target runs, offline tools refuse the pool instead of racing it.
+    let out = Command::new(BIN).arg("check").arg(&pool).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in use"));
+    let out = Command::new(BIN)
+        .args(["volume", "delete"])
+        .arg(&pool)
+        .arg("v")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in use"));
     let _ = Command::new("kill")
         .arg("-TERM")
         .arg(child.id().to_string())
