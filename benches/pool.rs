@@ -161,6 +161,59 @@ fn perf(b: &Bench, addr: SocketAddr, nsid: u32, w: Workload, bs: usize, qd: usiz
     .expect("perf")
 }
 
+/// Runs a measurement three times and keeps the run with the median P99: this
+/// machine's virtual disk has multi-second hiccups that one run cannot tell
+/// from an effect.
+fn perf3(b: &Bench, addr: SocketAddr, nsid: u32, w: Workload, bs: usize, qd: usize) -> PerfReport {
+    let mut runs: Vec<PerfReport> = (0..3).map(|_| perf(b, addr, nsid, w, bs, qd)).collect();
+    runs.sort_by(|a, b| a.p99_us.total_cmp(&b.p99_us));
+    runs.swap_remove(1)
+}
+
+/// Ns per extent mapping on the lock-free path (pin_or_map with a clean extent
+/// from the per-reactor cache, the metadata thread reserving in batches) against
+/// pinning an already mapped extent, on a RAM pool, in-process.
+fn allocator_micro() -> (f64, f64, u64) {
+    use kvtarget::bdev::ram::RamDevice;
+    use kvtarget::pool::{format, FormatOptions, Pool, PoolOptions};
+    let dev: kvtarget::bdev::SharedDevice = RamDevice::new("micro", 40 << 30).expect("ram");
+    format(
+        &dev,
+        &FormatOptions {
+            extent_size: 1 << 20,
+            ..FormatOptions::default()
+        },
+    )
+    .expect("format");
+    let pool = Pool::open("micro", dev, PoolOptions::default()).expect("open");
+    let vol = pool.create_volume("v", 32 << 30, 4096, 0).expect("volume");
+    let n = 20_000u32;
+    let mut waits = 0u64;
+    let t = Instant::now();
+    for l in 0..n {
+        loop {
+            match vol.pin_or_map(l, || pool.take_extent(0), |c| pool.return_extent(0, c)) {
+                Ok(_) => break,
+                Err(_) => {
+                    waits += 1;
+                    std::thread::yield_now();
+                }
+            }
+        }
+        vol.unpin(l);
+    }
+    let map_ns = t.elapsed().as_nanos() as f64 / n as f64;
+    let t = Instant::now();
+    for l in 0..n {
+        vol.pin(l);
+        vol.unpin(l);
+    }
+    let pin_ns = t.elapsed().as_nanos() as f64 / n as f64;
+    drop(vol);
+    let _ = pool.close();
+    (map_ns, pin_ns, waits)
+}
+
 impl Bench {
     fn row(&mut self, r: String) {
         println!("{r}");
@@ -201,6 +254,11 @@ impl Bench {
         ));
         q.deallocate(2, &[((2048) * 256, (n * 256) as u32)])
             .expect("free");
+        let (map_ns, pin_ns, waits) = allocator_micro();
+        self.row(format!(
+            "| allocator in-process: map a new extent (cache + batch reservations) vs pin a mapped one, RAM pool | map {map_ns:.0} ns/extent ({waits} waits for a batch) | pin {pin_ns:.0} ns | ratio {:.1} |",
+            map_ns / pin_ns
+        ));
     }
 
     fn gc(&mut self, addr: SocketAddr, server: &Server, label: &str) {
@@ -212,31 +270,36 @@ impl Bench {
             }
         };
         wait_idle();
-        let idle = perf(self, addr, 1, Workload::RandRead, 4096, 16);
+        let idle = perf3(self, addr, 1, Workload::RandRead, 4096, 16);
         // A large backlog: 2 GiB written then freed at once.
         fill(addr, 2, 2048 * MIB);
         let (_c, mut q) = queue(addr);
         q.deallocate(2, &[(0, (2048 * 256) as u32)]).expect("free");
         let before = pool.snapshot();
-        let busy = perf(self, addr, 1, Workload::RandRead, 4096, 16);
+        let busy = perf3(self, addr, 1, Workload::RandRead, 4096, 16);
         let after = pool.snapshot();
         let scrubbed = after.gc_scrubbed - before.gc_scrubbed;
+        wait_idle();
+        // Idle again once GC is done: the baseline is the mean of both idle runs,
+        // so drift over the run does not count against GC.
+        let idle2 = perf3(self, addr, 1, Workload::RandRead, 4096, 16);
+        let base = (idle.p99_us + idle2.p99_us) / 2.0;
         self.row(format!(
-            "| GC {label}: 4 KiB randread QD16 P99, idle vs scrubbing a {}-extent backlog | idle {:.0} us ({:.0} IOPS) | scrubbing {:.0} us ({:.0} IOPS), {} extents scrubbed in the window, mode {} | P99 ratio {:.2} |",
+            "| GC {label}: 4 KiB randread QD16 P99, idle vs scrubbing a {}-extent backlog | idle {:.0} / {:.0} us before / after ({:.0} IOPS) | scrubbing {:.0} us ({:.0} IOPS), {} extents scrubbed in the window, mode {} | P99 ratio {:.2} |",
             before.dirty,
             idle.p99_us,
+            idle2.p99_us,
             idle.iops,
             busy.p99_us,
             busy.iops,
             scrubbed,
             after.gc_mode.name(),
-            busy.p99_us / idle.p99_us
+            busy.p99_us / base
         ));
-        wait_idle();
     }
 
     fn dual(&mut self, addr: SocketAddr, label: &str) {
-        let alone = perf(self, addr, 1, Workload::RandRead, 4096, 8);
+        let alone = perf3(self, addr, 1, Workload::RandRead, 4096, 8);
         let secs = self.secs;
         let stream = std::thread::spawn(move || {
             kvtarget::perf::run(&PerfOptions {
@@ -251,13 +314,13 @@ impl Bench {
                 block_size: 1 << 20,
                 qd: 4,
                 queues: 1,
-                runtime: Duration::from_secs(secs + 2),
+                runtime: Duration::from_secs(3 * (secs + 1) + 2),
                 warmup: Duration::from_secs(0),
                 digests: Default::default(),
             })
         });
         std::thread::sleep(Duration::from_millis(500));
-        let mixed = perf(self, addr, 1, Workload::RandRead, 4096, 8);
+        let mixed = perf3(self, addr, 1, Workload::RandRead, 4096, 8);
         let s = stream.join().expect("stream").expect("stream perf");
         self.row(format!(
             "| dual-path {label}: 4 KiB randread QD8 P99 alone vs beside 1 MiB seq writes QD4 | alone {:.0} us | beside {:.0} us (stream {:.0} MiB/s) | P99 ratio {:.2} |",
@@ -271,16 +334,18 @@ impl Bench {
     fn fill_levels(&mut self, addr: SocketAddr) {
         fill(addr, 9, 1000 * MIB);
         fill(addr, 3, 1000 * MIB);
+        perf(self, addr, 9, Workload::RandRead, 4096, 32);
         for (label, extra) in [("50 %", false), ("90 %", true)] {
             if extra {
                 fill(addr, 4, 780 * MIB);
+                perf(self, addr, 4, Workload::RandRead, 4096, 32);
             }
             for (w, name) in [
                 (Workload::RandRead, "randread"),
                 (Workload::RandWrite, "randwrite"),
             ] {
-                let raw = perf(self, addr, 9, w, 4096, 32);
-                let vol = perf(self, addr, 3, w, 4096, 32);
+                let raw = perf3(self, addr, 9, w, 4096, 32);
+                let vol = perf3(self, addr, 3, w, 4096, 32);
                 self.row(format!(
                     "| steady state at {label} pool fill: 4 KiB {name} QD32, volume vs plain file namespace | volume {:.0} IOPS, P99 {:.0} us | file {:.0} IOPS, P99 {:.0} us | IOPS ratio {:.2} |",
                     vol.iops, vol.p99_us, raw.iops, raw.p99_us, vol.iops / raw.iops
@@ -317,6 +382,8 @@ fn main() {
     }
     let (server, addr) = start(&b, true, true);
     fill(addr, 1, 1024 * MIB);
+    // Let the host's disk settle after the fill before anything is measured.
+    perf(&b, addr, 1, Workload::RandRead, 4096, 16);
     b.allocator(addr);
     b.gc(addr, &server, "with admission control");
     b.dual(addr, "on");

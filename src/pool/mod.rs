@@ -480,7 +480,7 @@ pub fn load_image(io: &mut SyncIo) -> Result<(Superblock, Image, RecoveryReport)
                     pos = p;
                     rep.replayed_bytes = b;
                 }
-                break format!("ends before sequence {seq} ({e})");
+                break format!("replayed up to sequence {seq} (next slot: {e})");
             }
         }
     };
