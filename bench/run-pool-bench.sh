@@ -6,7 +6,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-5}
-out=$(KVT_BENCH_SECS=$secs cargo bench --bench pool 2>/dev/null | sed -n '/^rows:/,$p' | tail -n +2)
+log=$(mktemp /tmp/kvtarget-poolbench.XXXXXX)
+if ! KVT_BENCH_SECS=$secs cargo bench --bench pool > "$log" 2>&1; then
+  echo "pool benchmark failed; its output:" >&2
+  tail -20 "$log" >&2
+  exit 1
+fi
+out=$(sed -n "/^rows:/,\$p" "$log" | tail -n +2)
 rev=$(git rev-parse --short HEAD)
 {
   echo

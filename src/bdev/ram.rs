@@ -57,6 +57,52 @@ impl RamRegion {
     }
 }
 
+impl RamRegion {
+    /// Zeroes a range. Whole pages are given back to the kernel (they read as
+    /// zeros and stop costing memory); only partial pages at the ends are
+    /// written, so deallocating or scrubbing a large range never makes it resident.
+    fn zero(&self, offset: u64, len: u64) -> Result<(), i32> {
+        let dst = self.check(offset, len)?;
+        const PAGE: u64 = 4096;
+        let start = offset.div_ceil(PAGE) * PAGE;
+        let end = (offset + len) / PAGE * PAGE;
+        if end <= start {
+            // SAFETY: dst..dst+len is inside the region (checked above).
+            unsafe { std::ptr::write_bytes(dst, 0, len as usize) };
+            return Ok(());
+        }
+        // SAFETY: the head and tail lie inside dst..dst+len (checked above).
+        unsafe {
+            std::ptr::write_bytes(dst, 0, (start - offset) as usize);
+            std::ptr::write_bytes(
+                dst.add((end - offset) as usize),
+                0,
+                (offset + len - end) as usize,
+            );
+        }
+        // SAFETY: start..end is page-aligned and inside this private anonymous
+        // mapping; MADV_DONTNEED makes those pages read as zeros afterwards.
+        let r = unsafe {
+            libc::madvise(
+                self.base.as_ptr().add(start as usize) as *mut libc::c_void,
+                (end - start) as usize,
+                libc::MADV_DONTNEED,
+            )
+        };
+        if r != 0 {
+            // SAFETY: as above, the range is inside the region.
+            unsafe {
+                std::ptr::write_bytes(
+                    self.base.as_ptr().add(start as usize),
+                    0,
+                    (end - start) as usize,
+                )
+            };
+        }
+        Ok(())
+    }
+}
+
 impl Drop for RamRegion {
     fn drop(&mut self) {
         // SAFETY: mapped in `map` with this length; the last Arc (device or
@@ -131,9 +177,7 @@ impl RamChannel {
             }
             IoOp::Flush => {}
             IoOp::WriteZeroes { offset, len } | IoOp::Deallocate { offset, len } => {
-                let dst = self.region.check(*offset, *len)?;
-                // SAFETY: dst..dst+len is inside the region (checked).
-                unsafe { std::ptr::write_bytes(dst, 0, *len as usize) }
+                self.region.zero(*offset, *len)?;
             }
         }
         Ok(())
@@ -199,6 +243,43 @@ mod tests {
             },
         );
         assert!(c.buf.unwrap().iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn deallocating_a_large_range_releases_memory_instead_of_touching_it() {
+        let dev = RamDevice::new("scrub", 4 << 30).unwrap();
+        let mut ch = dev.open_channel().unwrap();
+        let mut w = crate::mem::IoBuf::new(1 << 20);
+        w.fill(0xAB);
+        let c = crate::bdev::tests::run(
+            ch.as_mut(),
+            IoOp::Write {
+                offset: 1 << 30,
+                buf: w,
+                fua: false,
+            },
+        );
+        assert_eq!(c.result, Ok(()));
+        let before = resident_bytes();
+        // The whole device, unaligned at both ends (a pool format does this).
+        let c = crate::bdev::tests::run(
+            ch.as_mut(),
+            IoOp::Deallocate {
+                offset: 512,
+                len: (4 << 30) - 1024,
+            },
+        );
+        assert_eq!(c.result, Ok(()));
+        let after = resident_bytes();
+        assert!(after < before + (1 << 30), "{before} -> {after}");
+        let r = crate::bdev::tests::run(
+            ch.as_mut(),
+            IoOp::Read {
+                offset: (1 << 30) - 4096,
+                buf: crate::mem::IoBuf::new(8192),
+            },
+        );
+        assert!(r.buf.unwrap().iter().all(|&b| b == 0));
     }
 
     #[test]
