@@ -39,9 +39,9 @@ impl Default for GcSettings {
             high_watermark_pct: 20,
             min_rate: 2.0,
             max_rate: 20_000.0,
-            step: 50.0,
+            step: 5.0,
             max_foreground_qd: 8,
-            latency_slack: 1.2,
+            latency_slack: 1.1,
             batch: 32,
             tick: Duration::from_millis(10),
             fixed_batch: None,
@@ -154,7 +154,8 @@ impl Admission {
         if clean > high && fg_inflight > 0 && congested {
             return 0;
         }
-        self.tokens = (self.tokens + self.rate * dt).min(self.s.batch as f64);
+        // Small steps spread the work: at most 4 extents per grant unless urgent.
+        self.tokens = (self.tokens + self.rate * dt).min(4.0);
         let n = (self.tokens as usize).min(backlog as usize);
         self.tokens -= n as f64;
         n

@@ -265,6 +265,10 @@ struct Meta {
     last_commit: Instant,
     failed: Option<String>,
     admission: Admission,
+    /// Scrubbed extents waiting for the flush and Clean record that make them
+    /// clean (still dirty after a crash).
+    scrubbed: Vec<u32>,
+    scrubbed_since: Instant,
 }
 
 /// Counters the metrics work reads.
@@ -347,6 +351,8 @@ pub struct Pool {
     exhausted: AtomicBool,
     /// Metadata can no longer be written: allocations fail.
     failed: AtomicBool,
+    /// Operator pause of background GC (urgent scrubbing still happens).
+    gc_paused: AtomicBool,
     pub stats: PoolStats,
     pub fg: Foreground,
     pub opts: PoolOptions,
@@ -594,6 +600,8 @@ impl Pool {
                 last_commit: Instant::now(),
                 failed: None,
                 admission: Admission::new(gc),
+                scrubbed: Vec::new(),
+                scrubbed_since: Instant::now(),
             }),
             ready: ArrayQueue::new(READY_TARGET * 2),
             caches: (0..reactors).map(|_| ArrayQueue::new(CACHE_CAP)).collect(),
@@ -606,6 +614,7 @@ impl Pool {
             md_thread: Mutex::new(None),
             exhausted: AtomicBool::new(false),
             failed: AtomicBool::new(false),
+            gc_paused: AtomicBool::new(false),
             stats: PoolStats::default(),
             fg: Foreground::default(),
             opts,
@@ -867,6 +876,16 @@ impl Pool {
         self.commit(&mut m, Vec::new())
     }
 
+    /// Pauses or resumes background GC (below the low watermark it runs anyway).
+    pub fn set_gc_paused(&self, paused: bool) {
+        self.gc_paused.store(paused, Ordering::Relaxed);
+        self.wake_md();
+    }
+
+    pub fn gc_paused(&self) -> bool {
+        self.gc_paused.load(Ordering::Relaxed)
+    }
+
     pub fn snapshot(&self) -> PoolSnapshot {
         let m = lock(&self.meta);
         let mapped: u64 = self.volumes().iter().map(|v| v.mapped().len() as u64).sum();
@@ -878,7 +897,7 @@ impl Pool {
             extents: self.sb.extent_count,
             mapped,
             clean: m.clean.len() as u64,
-            dirty: m.dirty.len() as u64 + self.freed.len() as u64,
+            dirty: m.dirty.len() as u64 + m.scrubbed.len() as u64 + self.freed.len() as u64,
             reserved,
             gc_mode: m.admission.mode,
             gc_rate: m.admission.rate,
@@ -897,13 +916,15 @@ impl Pool {
     fn update_stats(&self, m: &Meta) {
         let s = &self.stats;
         s.clean.store(m.clean.len() as u64, Ordering::Relaxed);
-        s.dirty.store(m.dirty.len() as u64, Ordering::Relaxed);
+        s.dirty
+            .store((m.dirty.len() + m.scrubbed.len()) as u64, Ordering::Relaxed);
         s.journal_used.store(m.used, Ordering::Relaxed);
         s.gc_rate_milli
             .store((m.admission.rate * 1000.0) as u64, Ordering::Relaxed);
         s.gc_mode.store(m.admission.mode as u64, Ordering::Relaxed);
         let exhausted = m.clean.is_empty()
             && m.dirty.is_empty()
+            && m.scrubbed.is_empty()
             && self.freed.is_empty()
             && self.ready.is_empty();
         self.exhausted.store(exhausted, Ordering::Release);
@@ -947,7 +968,11 @@ impl Pool {
         // Background GC, through admission control.
         let now = Instant::now();
         let available = m.clean.len() as u64 + self.ready.len() as u64;
-        let backlog = m.dirty.len() as u64;
+        // A paused GC still scrubs when clean extents run short: writes would
+        // otherwise wait for space that never comes.
+        let paused = self.gc_paused.load(Ordering::Relaxed)
+            && available >= m.admission.watermarks(self.sb.extent_count as u64).0;
+        let backlog = if paused { 0 } else { m.dirty.len() as u64 };
         let grant = m.admission.grant(
             now,
             backlog,
@@ -956,12 +981,9 @@ impl Pool {
             self.fg.inflight.load(Ordering::Relaxed),
             self.fg.latency_ewma_ns.load(Ordering::Relaxed),
         );
-        let mut cleaned = Vec::new();
         if grant > 0 {
             let take = grant.min(m.dirty.len());
             let batch: Vec<u32> = m.dirty.drain(..take).collect();
-            // Unmaps of these extents must reach the journal before their Clean
-            // record: the commit below drains volume changes first.
             let ops = batch
                 .iter()
                 .map(|&p| IoOp::Deallocate {
@@ -969,16 +991,15 @@ impl Pool {
                     len: self.sb.extent_size,
                 })
                 .collect();
-            match m
-                .io
-                .run_all(ops)
-                .and_then(|_| m.io.run_all(vec![IoOp::Flush]))
-            {
+            match m.io.run_all(ops) {
                 Ok(_) => {
                     self.stats
                         .gc_scrubbed
                         .fetch_add(batch.len() as u64, Ordering::Relaxed);
-                    cleaned = batch;
+                    if m.scrubbed.is_empty() {
+                        m.scrubbed_since = now;
+                    }
+                    m.scrubbed.extend(batch);
                 }
                 Err(e) => {
                     tracing::error!(pool = %self.name, "GC scrub failed: {}", io_err(e));
@@ -987,6 +1008,28 @@ impl Pool {
                 }
             }
             worked = true;
+        }
+        // Scrubbed extents become clean once the scrub is durable and recorded.
+        // Flushing per batch would cost foreground latency, so it waits for a
+        // bigger group unless space is short or GC has nothing left to do.
+        let mut cleaned = Vec::new();
+        let short = available < m.admission.watermarks(self.sb.extent_count as u64).0;
+        if !m.scrubbed.is_empty()
+            && m.failed.is_none()
+            && (m.scrubbed.len() >= 64
+                || m.dirty.is_empty()
+                || short
+                || self.opts.gc.fixed_batch.is_some()
+                || now.saturating_duration_since(m.scrubbed_since) >= Duration::from_secs(1))
+        {
+            match m.io.run_all(vec![IoOp::Flush]) {
+                Ok(_) => cleaned = std::mem::take(&mut m.scrubbed),
+                Err(e) => {
+                    let back = std::mem::take(&mut m.scrubbed);
+                    m.dirty.extend(back);
+                    m.failed = Some(format!("GC flush failed: {}", io_err(e)));
+                }
+            }
         }
 
         // Keep reserved extents ready for first writes.
