@@ -16,10 +16,36 @@ pub struct Config {
     pub discovery: DiscoveryConfig,
     #[serde(default)]
     pub listeners: Vec<ListenerConfig>,
+    /// JSON-RPC control socket. Absent: the daemon uses the default path (or
+    /// `-r`); an embedded target (tests) runs without one.
+    pub rpc: Option<RpcConfig>,
     #[serde(default)]
     pub pools: Vec<PoolConfig>,
     #[serde(default)]
     pub subsystems: Vec<SubsystemConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RpcConfig {
+    /// Unix socket path (SPDK uses /var/tmp/spdk.sock; we use /var/tmp/kvtarget.sock).
+    #[serde(default = "d_rpc_socket")]
+    pub socket: PathBuf,
+    #[serde(default = "d_true")]
+    pub enabled: bool,
+}
+
+fn d_rpc_socket() -> PathBuf {
+    PathBuf::from(crate::rpc::DEFAULT_SOCKET)
+}
+
+impl Default for RpcConfig {
+    fn default() -> Self {
+        RpcConfig {
+            socket: d_rpc_socket(),
+            enabled: true,
+        }
+    }
 }
 
 /// A pool: one backing device cut into extents, holding thin volumes.

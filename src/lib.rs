@@ -13,6 +13,7 @@ pub mod mem;
 pub mod perf;
 pub mod pool;
 pub mod reactor;
+pub mod rpc;
 pub mod server;
 pub mod target;
 pub mod transport;

@@ -26,11 +26,16 @@ USAGE:
     kvtarget volume delete <PATH> <NAME>
                                   offline pool and volume management (the target
                                   must not be running on that pool)
+    kvtarget rpc [-r SOCKET] [--json] <METHOD> [JSON-PARAMS | key=value ...]
+                                  call a JSON-RPC method (SPDK names, e.g.
+                                  nvmf_get_subsystems, nvmf_subsystem_add_ns,
+                                  bdev_lvol_create; rpc_get_methods lists them)
     kvtarget --version
 
 OPTIONS:
     -c, --config <FILE>   configuration file (see config/default.toml)
     -l, --log <FILTER>    log filter, e.g. info, debug, kvtarget=trace (default: info, or RUST_LOG)
+    -r, --rpc-socket <P>  JSON-RPC socket (default: [rpc] socket, else /var/tmp/kvtarget.sock)
 ";
 
 fn main() -> ExitCode {
@@ -38,6 +43,7 @@ fn main() -> ExitCode {
     match args.first().map(String::as_str) {
         Some("perf") => return perf(&args[1..]),
         Some("check") => return check(&args[1..]),
+        Some("rpc") => return rpc_cli(&args[1..]),
         Some("pool") | Some("volume") => {
             return match tools::run(&args) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -52,12 +58,17 @@ fn main() -> ExitCode {
     let mut config: Option<PathBuf> = None;
     let mut log = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
     let mut check_only = false;
+    let mut rpc_socket: Option<PathBuf> = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "-c" | "--config" => match it.next() {
                 Some(p) => config = Some(PathBuf::from(p)),
                 None => return usage_error("--config needs a file"),
+            },
+            "-r" | "--rpc-socket" => match it.next() {
+                Some(p) => rpc_socket = Some(PathBuf::from(p)),
+                None => return usage_error("--rpc-socket needs a path"),
             },
             "-l" | "--log" => match it.next() {
                 Some(f) => log = f.clone(),
@@ -84,7 +95,7 @@ fn main() -> ExitCode {
     let Some(path) = config else {
         return usage_error("--config is required");
     };
-    let cfg = match Config::load(&path) {
+    let mut cfg = match Config::load(&path) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("kvtarget: config error: {e}");
@@ -94,6 +105,11 @@ fn main() -> ExitCode {
     if check_only {
         println!("{}: ok", path.display());
         return ExitCode::SUCCESS;
+    }
+    // The daemon always has a control socket unless the config turns it off.
+    let rpc = cfg.rpc.get_or_insert_with(Default::default);
+    if let Some(p) = rpc_socket {
+        rpc.socket = p;
     }
     let filter = match tracing_subscriber::EnvFilter::try_new(&log) {
         Ok(f) => f,
@@ -130,6 +146,157 @@ fn main() -> ExitCode {
     server.shutdown();
     tracing::info!("stopped");
     ExitCode::SUCCESS
+}
+
+fn rpc_cli(args: &[String]) -> ExitCode {
+    use kvtarget::rpc::RpcClient;
+    use serde_json::{Map, Value};
+    let mut socket = PathBuf::from(kvtarget::rpc::DEFAULT_SOCKET);
+    let mut json_out = false;
+    let mut rest = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-r" | "-s" | "--rpc-socket" => match it.next() {
+                Some(p) => socket = PathBuf::from(p),
+                None => return usage_error("rpc: -r needs a socket path"),
+            },
+            "--json" => json_out = true,
+            _ => rest.push(a.clone()),
+        }
+    }
+    let Some((method, params)) = rest.split_first() else {
+        return usage_error("rpc needs a method name (try rpc_get_methods)");
+    };
+    // Parameters: one JSON object, or key=value pairs whose values are JSON
+    // when they parse as JSON and strings otherwise; a dotted key nests.
+    let params: Value = if params.len() == 1 && params[0].trim_start().starts_with('{') {
+        match serde_json::from_str(&params[0]) {
+            Ok(v) => v,
+            Err(e) => return usage_error(&format!("rpc: params are not JSON: {e}")),
+        }
+    } else {
+        let mut m = Map::new();
+        for kv in params {
+            let Some((k, v)) = kv.split_once('=') else {
+                return usage_error(&format!("rpc: `{kv}` is not key=value"));
+            };
+            let val = serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_string()));
+            match k.split_once('.') {
+                Some((outer, inner)) => {
+                    let e = m
+                        .entry(outer.to_string())
+                        .or_insert_with(|| Value::Object(Map::new()));
+                    if let Value::Object(o) = e {
+                        o.insert(inner.to_string(), val);
+                    }
+                }
+                None => {
+                    m.insert(k.to_string(), val);
+                }
+            }
+        }
+        Value::Object(m)
+    };
+    let mut client = match RpcClient::connect(&socket) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("kvtarget rpc: {e} (is the target running? -r sets the socket)");
+            return ExitCode::from(2);
+        }
+    };
+    match client.call(method, params) {
+        Ok(v) => {
+            if json_out {
+                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            } else {
+                print_table(&v);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("kvtarget rpc: {method}: error {}: {}", e.code, e.message);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Human output: arrays of objects as a table of their scalar fields; other
+/// values as indented JSON.
+fn print_table(v: &serde_json::Value) {
+    use serde_json::Value;
+    let scalar = |x: &Value| match x {
+        Value::String(s) => s.clone(),
+        Value::Array(a) => a
+            .iter()
+            .map(|e| match e {
+                Value::String(s) => s.clone(),
+                Value::Object(o) => o
+                    .get("nqn")
+                    .or_else(|| o.get("traddr"))
+                    .or_else(|| o.get("nsid"))
+                    .map(|v| v.to_string().trim_matches('"').to_string())
+                    .unwrap_or_else(|| "{..}".into()),
+                other => other.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(","),
+        Value::Object(_) => "{..}".into(),
+        other => other.to_string(),
+    };
+    match v {
+        Value::Array(rows) if rows.iter().all(Value::is_object) && !rows.is_empty() => {
+            let mut cols: Vec<String> = Vec::new();
+            for r in rows {
+                if let Value::Object(o) = r {
+                    for k in o.keys() {
+                        if !cols.contains(k) {
+                            cols.push(k.clone());
+                        }
+                    }
+                }
+            }
+            let cells: Vec<Vec<String>> = rows
+                .iter()
+                .map(|r| {
+                    cols.iter()
+                        .map(|c| r.get(c).map(scalar).unwrap_or_default())
+                        .collect()
+                })
+                .collect();
+            let widths: Vec<usize> = cols
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    cells
+                        .iter()
+                        .map(|r| r[i].len())
+                        .max()
+                        .unwrap_or(0)
+                        .max(c.len())
+                        .min(60)
+                })
+                .collect();
+            let line = |r: &[String]| {
+                r.iter()
+                    .zip(&widths)
+                    .map(|(c, w)| {
+                        format!("{:<w$}", if c.len() > 60 { &c[..60] } else { c }, w = *w)
+                    })
+                    .collect::<Vec<_>>()
+                    .join("  ")
+            };
+            println!("{}", line(&cols));
+            for r in &cells {
+                println!("{}", line(r));
+            }
+        }
+        Value::Bool(true) => println!("ok"),
+        other => println!(
+            "{}",
+            serde_json::to_string_pretty(other).unwrap_or_default()
+        ),
+    }
 }
 
 fn check(args: &[String]) -> ExitCode {

@@ -26,6 +26,7 @@ pub struct Server {
     pools: Vec<Arc<Pool>>,
     /// Held for as long as the pools are open.
     _pool_locks: Vec<crate::pool::PoolLock>,
+    rpc: Option<crate::rpc::RpcServer>,
     listen: Vec<(SocketAddr, bool)>,
 }
 
@@ -265,11 +266,39 @@ impl Server {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let shared: Vec<_> = reactors.iter().map(|(s, _)| s.clone()).collect();
+        let shared_reactors = shared.clone();
         let (tgt, st) = (target.clone(), stop.clone());
         let acceptor = std::thread::Builder::new()
             .name("acceptor".into())
             .spawn(move || transport::accept_loop(specs, shared, tgt, st))
             .map_err(|e| format!("acceptor thread: {e}"))?;
+        let rpc = match cfg.rpc.as_ref().filter(|r| r.enabled) {
+            Some(r) => {
+                let ctl = Arc::new(crate::rpc::methods::Control::new(
+                    target.clone(),
+                    pools.clone(),
+                    shared_reactors.clone(),
+                ));
+                match crate::rpc::RpcServer::start(&r.socket, ctl) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        stop.store(true, Ordering::Release);
+                        let _ = acceptor.join();
+                        for (r, _) in &reactors {
+                            while r.send(Message::Shutdown).is_err() {
+                                std::thread::yield_now();
+                            }
+                        }
+                        for (_, h) in reactors {
+                            let _ = h.join();
+                        }
+                        close_pools(&pools);
+                        return Err(e);
+                    }
+                }
+            }
+            None => None,
+        };
         for (a, d) in &listen {
             tracing::info!(
                 "listening on {a} ({})",
@@ -284,6 +313,7 @@ impl Server {
             devices,
             pools,
             _pool_locks: pool_locks,
+            rpc,
             listen,
         })
     }
@@ -300,6 +330,10 @@ impl Server {
     }
 
     fn stop_all(&mut self) {
+        // The control socket goes first: no change may race the shutdown.
+        if let Some(mut r) = self.rpc.take() {
+            r.stop();
+        }
         self.stop.store(true, Ordering::Release);
         if let Some(a) = self.acceptor.take() {
             let _ = a.join();
@@ -324,6 +358,11 @@ impl Server {
                 tracing::error!(pool = %p.name, "close: {e}");
             }
         }
+    }
+
+    /// The control socket, when one is running.
+    pub fn rpc_path(&self) -> Option<&std::path::Path> {
+        self.rpc.as_ref().map(|r| r.path())
     }
 
     pub fn pools(&self) -> &[Arc<Pool>] {

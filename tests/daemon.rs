@@ -62,6 +62,8 @@ size = "32MiB"
         let mut child = Command::new(BIN)
             .arg("--config")
             .arg(&cfg)
+            .arg("-r")
+            .arg(dir.path().join("rpc.sock"))
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
@@ -181,6 +183,8 @@ volume = "p/v"
     let mut child = Command::new(BIN)
         .arg("--config")
         .arg(&cfg)
+        .arg("-r")
+        .arg(dir.path().join("rpc.sock"))
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -276,6 +280,8 @@ volume = "p/v"
     let mut child = Command::new(BIN)
         .arg("--config")
         .arg(&cfg)
+        .arg("-r")
+        .arg(dir.path().join("rpc.sock"))
         .stderr(Stdio::null())
         .spawn()
         .unwrap();

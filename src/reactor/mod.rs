@@ -122,6 +122,14 @@ impl ChannelCache {
         }
     }
 
+    /// Drops channels to namespaces removed at run time once idle, so the
+    /// namespace (and its volume) is released.
+    fn evict_removed(&mut self) {
+        self.channels.retain(|_, (ns, ch)| {
+            !ns.removed.load(std::sync::atomic::Ordering::Acquire) || ch.in_flight() > 0
+        });
+    }
+
     fn flush_submissions(&mut self) {
         for (_, ch) in self.channels.values_mut() {
             ch.flush_submissions();
@@ -365,6 +373,7 @@ impl Reactor {
         for id in 0..self.conns.len() as u32 {
             self.with_conn(id, |c, ctx| c.housekeeping(ctx));
         }
+        self.channels.evict_removed();
         self.add_timer(HOUSEKEEPING_EVERY, |r| r.housekeeping());
     }
 

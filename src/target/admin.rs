@@ -155,6 +155,12 @@ pub fn identify_controller(target: &Target, ctrl: &Controller) -> IdentifyContro
         cntrltype: if discovery { 2 } else { 1 },
         acl: 3,
         aerl: (MAX_AERS - 1) as u8,
+        // Namespace Attribute Notices: namespaces come and go at run time (RPC).
+        oaes: if discovery {
+            0
+        } else {
+            super::controller::AEC_NS_ATTR
+        },
         // Extended data for Get Log Page (offsets, 32-bit NUMD).
         lpa: 0x04,
         elpe: (ERROR_LOG_ENTRIES - 1) as u8,
@@ -263,6 +269,7 @@ fn get_log_page(target: &Target, ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
                 }
                 if !g.rae {
                     regs.changed_ns.clear();
+                    regs.ns_event_masked = false;
                 }
             }
             b

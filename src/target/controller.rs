@@ -24,7 +24,19 @@ pub struct ControllerRegs {
     pub volatile_write_cache: bool,
     /// Namespaces changed since the host last read the Changed Namespace List.
     pub changed_ns: Vec<u32>,
+    /// A Namespace Attribute Changed event was reported and the host has not
+    /// read the log page yet: further ones are masked until it does.
+    pub ns_event_masked: bool,
+    /// Async events waiting for an outstanding Async Event Request (AER
+    /// completion dword 0).
+    pub pending_events: VecDeque<u32>,
 }
+
+/// AER completion dword 0 for Namespace Attribute Changed: notice (type 2), info
+/// 00h, log page 04h.
+pub const AEN_NS_ATTR_CHANGED: u32 = 0x0004_0002;
+/// Async Event Configuration bit enabling namespace attribute notices.
+pub const AEC_NS_ATTR: u32 = 1 << 8;
 
 /// I/O counters for the SMART log; relaxed atomics, updated on completion.
 #[derive(Debug, Default)]
@@ -86,6 +98,8 @@ impl Controller {
                 async_event_config: 0,
                 volatile_write_cache: true,
                 changed_ns: Vec::new(),
+                ns_event_masked: false,
+                pending_events: VecDeque::new(),
             }),
             io_queues: Mutex::new(Vec::new()),
             counters: IoCounters::default(),
@@ -120,6 +134,27 @@ impl Controller {
             .now_ms()
             .saturating_sub(self.last_keep_alive_ms.load(Ordering::Relaxed));
         idle > kato + kato.min(5000)
+    }
+
+    /// A namespace of the subsystem was added, removed or changed: record it for
+    /// the Changed Namespace List and raise the async event if the host asked for
+    /// it and it is not masked.
+    pub fn namespace_changed(&self, nsid: u32) {
+        let Ok(mut regs) = self.regs.lock() else {
+            return;
+        };
+        if !regs.changed_ns.contains(&nsid) {
+            regs.changed_ns.push(nsid);
+        }
+        if regs.async_event_config & AEC_NS_ATTR != 0 && !regs.ns_event_masked {
+            regs.ns_event_masked = true;
+            regs.pending_events.push_back(AEN_NS_ATTR_CHANGED);
+        }
+    }
+
+    /// The next async event to complete an outstanding AER with.
+    pub fn take_event(&self) -> Option<u32> {
+        self.regs.lock().ok()?.pending_events.pop_front()
     }
 
     pub fn fail(&self) {

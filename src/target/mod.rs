@@ -15,7 +15,7 @@ use crate::wire::nvme::{self, DiscoveryEntry};
 pub use controller::Controller;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
@@ -83,6 +83,8 @@ pub struct Namespace {
     pub eui64: [u8; 8],
     /// Process-unique key for per-reactor channel caches.
     pub key: u64,
+    /// Removed from its subsystem: reactors drop their channels to it.
+    pub removed: AtomicBool,
 }
 
 static NEXT_NS_KEY: AtomicU64 = AtomicU64::new(1);
@@ -110,6 +112,7 @@ impl Namespace {
             nguid: uuid,
             eui64,
             key: NEXT_NS_KEY.fetch_add(1, Ordering::Relaxed),
+            removed: AtomicBool::new(false),
         }
     }
     pub fn lbads(&self) -> u8 {
@@ -145,9 +148,11 @@ pub struct Subsystem {
     pub kind: SubsystemKind,
     pub serial: String,
     pub model: String,
-    pub allow_any_host: bool,
+    pub allow_any_host: AtomicBool,
     pub hosts: RwLock<Vec<String>>,
     pub namespaces: RwLock<Vec<Arc<Namespace>>>,
+    /// Bumped whenever the namespace list changes; queues refresh their snapshot.
+    pub ns_gen: AtomicU64,
     pub controllers: Mutex<HashMap<u16, Arc<Controller>>>,
     next_cntlid: AtomicU16,
 }
@@ -166,9 +171,10 @@ impl Subsystem {
             kind,
             serial: serial.to_string(),
             model: model.to_string(),
-            allow_any_host,
+            allow_any_host: AtomicBool::new(allow_any_host),
             hosts: RwLock::new(hosts),
             namespaces: RwLock::new(Vec::new()),
+            ns_gen: AtomicU64::new(0),
             controllers: Mutex::new(HashMap::new()),
             next_cntlid: AtomicU16::new(1),
         }
@@ -176,7 +182,7 @@ impl Subsystem {
 
     pub fn host_allowed(&self, hostnqn: &str) -> bool {
         self.kind == SubsystemKind::Discovery
-            || self.allow_any_host
+            || self.allow_any_host.load(Ordering::Acquire)
             || self
                 .hosts
                 .read()
@@ -191,6 +197,69 @@ impl Subsystem {
             .iter()
             .find(|n| n.nsid == nsid)
             .cloned()
+    }
+
+    /// Adds a namespace while hosts may be connected; they get the Namespace
+    /// Attribute Changed event.
+    pub fn add_namespace(&self, ns: Arc<Namespace>) -> Result<(), String> {
+        let nsid = ns.nsid;
+        {
+            let mut v = self
+                .namespaces
+                .write()
+                .map_err(|_| "namespace table poisoned".to_string())?;
+            if v.iter().any(|n| n.nsid == nsid) {
+                return Err(format!("NSID {nsid} is already in use in {}", self.nqn));
+            }
+            v.push(ns);
+            v.sort_by_key(|n| n.nsid);
+        }
+        self.ns_gen.fetch_add(1, Ordering::AcqRel);
+        self.notify_namespace_changed(nsid);
+        Ok(())
+    }
+
+    /// Removes a namespace; commands already running on it complete, new ones
+    /// get Invalid Namespace.
+    pub fn remove_namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
+        let removed = {
+            let mut v = self.namespaces.write().ok()?;
+            let i = v.iter().position(|n| n.nsid == nsid)?;
+            v.remove(i)
+        };
+        removed.removed.store(true, Ordering::Release);
+        self.ns_gen.fetch_add(1, Ordering::AcqRel);
+        self.notify_namespace_changed(nsid);
+        Some(removed)
+    }
+
+    fn notify_namespace_changed(&self, nsid: u32) {
+        let ctrls: Vec<Arc<Controller>> = self
+            .controllers
+            .lock()
+            .map(|c| c.values().cloned().collect())
+            .unwrap_or_default();
+        for c in ctrls {
+            c.namespace_changed(nsid);
+        }
+    }
+
+    /// Tears down every controller of `hostnqn` (host removed from the list).
+    pub fn disconnect_host(&self, hostnqn: &str) -> usize {
+        let ctrls: Vec<Arc<Controller>> = self
+            .controllers
+            .lock()
+            .map(|c| {
+                c.values()
+                    .filter(|c| c.hostnqn == hostnqn)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        for c in &ctrls {
+            c.fail();
+        }
+        ctrls.len()
     }
 
     pub fn namespace_snapshot(&self) -> Vec<Arc<Namespace>> {

@@ -91,6 +91,8 @@ pub struct TcpConnection {
     wpos: usize,
     binding: Option<QueueBinding>,
     namespaces: Vec<Arc<Namespace>>,
+    /// The subsystem's namespace generation the snapshot above was taken at.
+    ns_gen: u64,
     sq_head: u16,
     sqsize: u16,
     sqflow_disabled: bool,
@@ -156,6 +158,7 @@ impl TcpConnection {
             wpos: 0,
             binding: None,
             namespaces: Vec::new(),
+            ns_gen: 0,
             sq_head: 0,
             sqsize: 31,
             sqflow_disabled: false,
@@ -463,6 +466,7 @@ impl TcpConnection {
         // I/O commands are checked before any data moves, so a bad write never
         // costs an R2T round trip.
         if !self.is_admin() && !is_fabrics {
+            self.refresh_namespaces();
             let ns = self
                 .namespaces
                 .iter()
@@ -539,6 +543,19 @@ impl TcpConnection {
     }
 
     /// Starts R2T transfers for waiting writes while under the limit.
+    /// Picks up namespaces added or removed at run time (one atomic load per
+    /// command when nothing changed).
+    fn refresh_namespaces(&mut self) {
+        if let Some(b) = self.binding.as_ref() {
+            let subsys = &b.ctrl().subsys;
+            let gen = subsys.ns_gen.load(Ordering::Acquire);
+            if gen != self.ns_gen {
+                self.ns_gen = gen;
+                self.namespaces = subsys.namespace_snapshot();
+            }
+        }
+    }
+
     fn issue_r2ts(&mut self) {
         while self.r2t_active < self.max_r2t_active {
             let Some(slot) = self.r2t_waiting.pop_front() else {
@@ -712,6 +729,7 @@ impl TcpConnection {
                         self.sqsize = cmd.sqsize;
                         self.sq_head = 0;
                         self.sqflow_disabled = cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0;
+                        self.ns_gen = ctrl.subsys.ns_gen.load(Ordering::Acquire);
                         self.namespaces = ctrl.subsys.namespace_snapshot();
                         if binding.qid() == 0 {
                             tracing::info!(
@@ -1084,6 +1102,8 @@ impl QueuePair for TcpConnection {
             ConnState::Terminating if self.state_since.elapsed() > TERMINATE_LINGER => self.close(),
             _ => {}
         }
+        // Idle queues also let go of namespaces removed at run time.
+        self.refresh_namespaces();
         if let Some(b) = self.binding.clone() {
             let ctrl = b.ctrl();
             if b.qid() == 0 && !ctrl.is_failed() && ctrl.keep_alive_expired() {
@@ -1098,6 +1118,13 @@ impl QueuePair for TcpConnection {
             }
             if ctrl.is_failed() {
                 self.close();
+            } else if b.qid() == 0 && !self.aers.is_empty() {
+                // Async events (namespace changes) complete a held AER.
+                if let Some(dw0) = ctrl.take_event() {
+                    let cid = self.aers.remove(0);
+                    let cqe = self.cqe(cid, Status::SUCCESS, dw0 as u64);
+                    pdu::encode_capsule_resp(&mut self.wbuf, &cqe, self.digests);
+                }
             }
         }
         if self.shutting_down

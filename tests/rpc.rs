@@ -1,0 +1,381 @@
+//! The JSON-RPC control plane over its Unix socket: every method, bad input, and
+//! live changes seen by a connected host (namespace events, host removal).
+
+use kvtarget::config::Config;
+use kvtarget::initiator::{Error, HostController, HostOptions};
+use kvtarget::rpc::{code, RpcClient};
+use kvtarget::server::Server;
+use kvtarget::wire::nvme::{admin_opc, fid, lid, Sqe, Status};
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+const NQN: &str = "nqn.2026-11.io.kvtarget:rpc";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6b767461-7267-6574-0000-000000000001";
+const OTHER: &str = "nqn.2014-08.org.nvmexpress:uuid:6b767461-7267-6574-0000-0000000000cc";
+
+fn start(dir: &std::path::Path) -> Server {
+    let text = format!(
+        r#"
+[reactors]
+count = 2
+
+[rpc]
+socket = "{d}/kv.sock"
+
+[[listeners]]
+address = "127.0.0.1"
+port = 0
+
+[[pools]]
+name = "kv"
+backend = "ram"
+size = "256MiB"
+extent_size = "1MiB"
+
+[[pools.volumes]]
+name = "base"
+size = "16MiB"
+"#,
+        d = dir.display()
+    );
+    Server::start(&Config::parse(&text).expect("config")).expect("start")
+}
+
+fn client(s: &Server) -> RpcClient {
+    RpcClient::connect(s.rpc_path().expect("rpc socket")).expect("connect")
+}
+
+fn err_code(r: Result<Value, kvtarget::rpc::RpcError>) -> i64 {
+    match r {
+        Err(e) => e.code,
+        Ok(v) => panic!("expected an error, got {v}"),
+    }
+}
+
+#[test]
+fn methods_build_a_subsystem_a_host_can_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path());
+    let mut c = client(&server);
+
+    let v = c.call("spdk_get_version", json!({})).unwrap();
+    assert!(v["version"].as_str().unwrap().contains("kvtarget"));
+    let m = c.call("rpc_get_methods", json!({})).unwrap();
+    assert!(m
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|x| x == "nvmf_subsystem_add_ns"));
+    let r = c.call("framework_get_reactors", json!({})).unwrap();
+    assert_eq!(r["reactors"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        c.call(
+            "nvmf_create_transport",
+            json!({"trtype": "TCP", "io_unit_size": 8192})
+        )
+        .unwrap(),
+        json!(true)
+    );
+    assert_eq!(
+        err_code(c.call("nvmf_create_transport", json!({"trtype": "RDMA"}))),
+        code::INVALID_PARAMS
+    );
+    let t = c.call("nvmf_get_transports", json!({})).unwrap();
+    assert_eq!(t[0]["trtype"], "TCP");
+
+    // Subsystem, host list, a thin volume as its namespace.
+    assert_eq!(
+        c.call("nvmf_create_subsystem", json!({"nqn": NQN, "serial_number": "KVTRPC01", "model_number": "kv-rpc", "allow_any_host": false, "ana_reporting": false})).unwrap(),
+        json!(true)
+    );
+    assert_eq!(
+        err_code(c.call("nvmf_create_subsystem", json!({"nqn": NQN}))),
+        code::EEXIST
+    );
+    assert_eq!(
+        err_code(c.call("nvmf_create_subsystem", json!({"nqn": "bad name"}))),
+        code::INVALID_PARAMS
+    );
+    assert_eq!(
+        err_code(c.call(
+            "nvmf_create_subsystem",
+            json!({"nqn": "nqn.2026-11.x:y", "ana_reporting": true})
+        )),
+        code::INVALID_PARAMS
+    );
+    c.call("nvmf_subsystem_add_host", json!({"nqn": NQN, "host": HOST}))
+        .unwrap();
+    assert_eq!(
+        err_code(c.call("nvmf_subsystem_add_host", json!({"nqn": NQN, "host": HOST}))),
+        code::EEXIST
+    );
+    let uuid = c
+        .call(
+            "bdev_lvol_create",
+            json!({"lvol_name": "a", "size_in_mib": 64, "lvs_name": "kv", "thin_provision": true}),
+        )
+        .unwrap();
+    assert_eq!(uuid.as_str().unwrap().len(), 36);
+    assert_eq!(
+        err_code(c.call(
+            "bdev_lvol_create",
+            json!({"lvol_name": "a", "size_in_mib": 64, "lvs_name": "kv"})
+        )),
+        code::EEXIST
+    );
+    let b = c.call("bdev_get_bdevs", json!({"name": "kv/a"})).unwrap();
+    assert_eq!(b[0]["num_blocks"], 64 * 256);
+    assert_eq!(b[0]["driver_specific"]["lvol"]["thin_provision"], true);
+    let nsid = c
+        .call(
+            "nvmf_subsystem_add_ns",
+            json!({"nqn": NQN, "namespace": {"bdev_name": "kv/a"}}),
+        )
+        .unwrap();
+    assert_eq!(nsid, json!(1));
+    assert_eq!(
+        err_code(c.call(
+            "nvmf_subsystem_add_ns",
+            json!({"nqn": NQN, "namespace": {"bdev_name": "kv/a", "nsid": 2}})
+        )),
+        code::EBUSY,
+        "one volume, one namespace"
+    );
+    assert_eq!(
+        err_code(c.call("bdev_lvol_delete", json!({"name": "kv/a"}))),
+        code::EBUSY
+    );
+    let subs = c.call("nvmf_get_subsystems", json!({"nqn": NQN})).unwrap();
+    let s = &subs[0];
+    assert_eq!(s["serial_number"], "KVTRPC01");
+    assert_eq!(s["hosts"][0]["nqn"], HOST);
+    assert_eq!(s["namespaces"][0]["bdev_name"], "kv/a");
+    assert_eq!(s["namespaces"][0]["uuid"], uuid);
+    assert!(!s["listen_addresses"].as_array().unwrap().is_empty());
+
+    // A host connects to what the RPCs built and writes.
+    let addr = server.listen_addrs()[0].0;
+    let mut host = HostController::connect(&HostOptions::new(addr, NQN)).unwrap();
+    assert_eq!(host.active_namespaces().unwrap(), vec![1]);
+    host.set_queue_count(1).unwrap();
+    let mut q = host.io_queue(1).unwrap();
+    q.write(1, 0, vec![7u8; 4096], 4096).unwrap();
+    let ctrls = c
+        .call("nvmf_subsystem_get_controllers", json!({"nqn": NQN}))
+        .unwrap();
+    assert_eq!(ctrls[0]["hostnqn"], HOST);
+    assert_eq!(ctrls[0]["num_io_qpairs"], 1);
+
+    // Adding a namespace while connected raises Namespace Attribute Changed.
+    host.set_features(fid::ASYNC_EVENT_CONFIG, 1 << 8).unwrap();
+    let aer = host
+        .admin
+        .submit(Sqe::new(admin_opc::ASYNC_EVENT_REQUEST, 0, 0), None, 0)
+        .unwrap();
+    c.call(
+        "bdev_lvol_create",
+        json!({"lvol_name": "b", "size_in_mib": 8, "thin_provision": true, "lvs_name": "kv"}),
+    )
+    .unwrap();
+    assert_eq!(
+        c.call(
+            "nvmf_subsystem_add_ns",
+            json!({"nqn": NQN, "namespace": {"bdev_name": "kv/b", "nsid": 5}})
+        )
+        .unwrap(),
+        json!(5)
+    );
+    let ev = host.admin.wait_for(aer).unwrap().ok().unwrap();
+    assert_eq!(
+        ev.cqe.result as u32, 0x0004_0002,
+        "notice, NS attribute changed, log 04h"
+    );
+    let log = host
+        .get_log_page(lid::CHANGED_NS_LIST, 0xFFFF_FFFF, 4096, 0)
+        .unwrap();
+    assert_eq!(u32::from_le_bytes(log[0..4].try_into().unwrap()), 5);
+    assert_eq!(host.active_namespaces().unwrap(), vec![1, 5]);
+    q.write(5, 0, vec![9u8; 4096], 4096).unwrap();
+
+    // Removing it: commands to it now fail cleanly, the other goes on.
+    c.call("nvmf_subsystem_remove_ns", json!({"nqn": NQN, "nsid": 5}))
+        .unwrap();
+    match q.read(5, 0, 1, 4096) {
+        Err(Error::Status(s, _)) => assert_eq!(s, Status::INVALID_NAMESPACE),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(q.read(1, 0, 1, 4096).unwrap(), vec![7u8; 4096]);
+    assert_eq!(
+        err_code(c.call("nvmf_subsystem_remove_ns", json!({"nqn": NQN, "nsid": 5}))),
+        code::ENOENT
+    );
+    c.call("bdev_lvol_delete", json!({"name": "kv/b"})).unwrap();
+
+    // Pools and GC are visible and controllable.
+    let pools = c.call("kvtarget_get_pools", json!({})).unwrap();
+    assert_eq!(pools[0]["name"], "kv");
+    assert!(pools[0]["gc"]["mode"].is_string());
+    c.call(
+        "kvtarget_pool_set_gc",
+        json!({"name": "kv", "paused": true}),
+    )
+    .unwrap();
+    assert_eq!(
+        c.call("kvtarget_get_pools", json!({"name": "kv"})).unwrap()[0]["gc"]["paused"],
+        true
+    );
+    let lvs = c.call("bdev_lvol_get_lvstores", json!({})).unwrap();
+    assert_eq!(lvs[0]["name"], "kv");
+
+    // Removing the host from the list disconnects its controller.
+    c.call(
+        "nvmf_subsystem_remove_host",
+        json!({"nqn": NQN, "host": HOST}),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(
+        q.read(1, 0, 1, 4096).is_err(),
+        "the removed host's queues are closed"
+    );
+    assert!(HostController::connect(&HostOptions::new(addr, NQN)).is_err());
+    let mut other = HostOptions::new(addr, NQN);
+    other.hostnqn = OTHER.into();
+    c.call(
+        "nvmf_subsystem_allow_any_host",
+        json!({"nqn": NQN, "allow_any_host": true}),
+    )
+    .unwrap();
+    assert!(HostController::connect(&other).is_ok());
+
+    c.call("nvmf_delete_subsystem", json!({"nqn": NQN}))
+        .unwrap();
+    assert_eq!(
+        err_code(c.call("nvmf_get_subsystems", json!({"nqn": NQN}))),
+        code::ENOENT
+    );
+    server.shutdown();
+}
+
+#[test]
+fn bad_input_gets_json_rpc_errors_and_never_hurts_the_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path());
+    let path = server.rpc_path().unwrap().to_path_buf();
+    let mut c = client(&server);
+    assert_eq!(
+        err_code(c.call("no_such_method", json!({}))),
+        code::METHOD_NOT_FOUND
+    );
+    assert_eq!(
+        err_code(c.call("nvmf_create_subsystem", json!({}))),
+        code::INVALID_PARAMS
+    );
+    assert_eq!(
+        err_code(c.call("nvmf_create_subsystem", json!({"nqn": 5}))),
+        code::INVALID_PARAMS
+    );
+    assert_eq!(
+        err_code(c.call("nvmf_get_subsystems", json!({"bogus": 1}))),
+        code::INVALID_PARAMS,
+        "unknown parameters are refused"
+    );
+    assert_eq!(
+        err_code(c.call(
+            "nvmf_subsystem_add_ns",
+            json!({"nqn": "nqn.x:none", "namespace": {"bdev_name": "kv/base"}})
+        )),
+        code::ENOENT
+    );
+    assert_eq!(
+        err_code(c.call(
+            "bdev_lvol_create",
+            json!({"lvol_name": "t", "size_in_mib": 1, "thin_provision": false})
+        )),
+        code::INVALID_PARAMS
+    );
+
+    let raw = |bytes: &[u8]| -> Value {
+        let mut s = UnixStream::connect(&path).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        // The server may close before a huge request is fully sent.
+        let _ = s.write_all(bytes);
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    out.extend_from_slice(&buf[..n]);
+                    if let Ok(v) = serde_json::from_slice::<Value>(&out) {
+                        return v;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        serde_json::from_slice(&out).unwrap_or(Value::Null)
+    };
+    assert_eq!(raw(b"{not json")["error"]["code"], code::PARSE_ERROR);
+    assert_eq!(raw(b"[1, 2]")[0]["error"]["code"], code::INVALID_REQUEST);
+    assert_eq!(raw(b"[]")["error"]["code"], code::INVALID_REQUEST);
+    assert_eq!(
+        raw(br#"{"jsonrpc":"1.0","method":"x","id":1}"#)["error"]["code"],
+        code::INVALID_REQUEST
+    );
+    assert_eq!(
+        raw(br#"{"jsonrpc":"2.0","method":7,"id":1}"#)["error"]["code"],
+        code::INVALID_REQUEST
+    );
+    assert_eq!(
+        raw(br#"{"jsonrpc":"2.0","method":"spdk_get_version","id":1,"params":[1]}"#)["error"]
+            ["code"],
+        code::INVALID_PARAMS
+    );
+    // A batch answers each request; a notification (no id) gets no answer.
+    let b = raw(br#"[{"jsonrpc":"2.0","method":"spdk_get_version","id":1},{"jsonrpc":"2.0","method":"spdk_get_version"},{"jsonrpc":"2.0","method":"nope","id":"x"}]"#);
+    assert_eq!(b.as_array().unwrap().len(), 2);
+    assert_eq!(b[1]["error"]["code"], code::METHOD_NOT_FOUND);
+    assert_eq!(b[1]["id"], "x");
+    // Two requests in one write, and a request split across writes.
+    let mut s = UnixStream::connect(&path).unwrap();
+    s.write_all(br#"{"jsonrpc":"2.0","method":"spdk_get_version","id":1} {"jsonrpc":"2.0","me"#)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    s.write_all(br#"thod":"rpc_get_methods","id":2}"#).unwrap();
+    let mut cl = RpcClient::connect(&path).unwrap();
+    let _ = &mut cl;
+    let mut got = String::new();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 65536];
+    while got.matches("\"id\"").count() < 2 {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0);
+        got.push_str(std::str::from_utf8(&buf[..n]).unwrap());
+    }
+    // A huge request is refused and the connection closed.
+    let mut big = br#"{"jsonrpc":"2.0","method":"x","id":1,"params":{"a":""#.to_vec();
+    big.extend(std::iter::repeat_n(b'a', 2 << 20));
+    let v = raw(&big);
+    assert_eq!(v["error"]["code"], code::PARSE_ERROR);
+    // Clients that connect and vanish, or send nothing, are fine too.
+    for _ in 0..20 {
+        drop(UnixStream::connect(&path).unwrap());
+    }
+    // The daemon still answers.
+    let mut c2 = client(&server);
+    assert!(c2.call("spdk_get_version", json!({})).is_ok());
+    // The socket belongs to this target: a second one on it is refused.
+    let dir2 = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[rpc]\nsocket = \"{}\"\n[[listeners]]\naddress = \"127.0.0.1\"\nport = 0\n",
+        path.display()
+    );
+    let e = Server::start(&Config::parse(&text).unwrap()).err().unwrap();
+    assert!(e.contains("another process is listening"), "{e}");
+    drop(dir2);
+    server.shutdown();
+    assert!(!path.exists(), "the socket is removed at shutdown");
+}
