@@ -268,9 +268,11 @@ impl Server {
         let shared: Vec<_> = reactors.iter().map(|(s, _)| s.clone()).collect();
         let shared_reactors = shared.clone();
         let (tgt, st) = (target.clone(), stop.clone());
+        let listener_set = Arc::new(transport::ListenerSet::new(specs));
+        let set = listener_set.clone();
         let acceptor = std::thread::Builder::new()
             .name("acceptor".into())
-            .spawn(move || transport::accept_loop(specs, shared, tgt, st))
+            .spawn(move || transport::accept_loop(set, shared, tgt, st))
             .map_err(|e| format!("acceptor thread: {e}"))?;
         let rpc = match cfg.rpc.as_ref().filter(|r| r.enabled) {
             Some(r) => {
@@ -278,6 +280,7 @@ impl Server {
                     target.clone(),
                     pools.clone(),
                     shared_reactors.clone(),
+                    listener_set.clone(),
                 ));
                 match crate::rpc::RpcServer::start(&r.socket, ctl) {
                     Ok(s) => Some(s),

@@ -23,6 +23,7 @@ pub struct Control {
     pub target: Arc<Target>,
     pub pools: Vec<Arc<Pool>>,
     pub reactors: Vec<Arc<ReactorShared>>,
+    pub listeners: Arc<crate::transport::ListenerSet>,
     /// Serialises changes so two clients cannot interleave half-done edits.
     edit: Mutex<()>,
 }
@@ -36,6 +37,8 @@ pub const METHODS: &[&str] = &[
     "nvmf_create_subsystem",
     "nvmf_delete_subsystem",
     "nvmf_get_subsystems",
+    "nvmf_subsystem_add_listener",
+    "nvmf_subsystem_remove_listener",
     "nvmf_subsystem_add_ns",
     "nvmf_subsystem_remove_ns",
     "nvmf_subsystem_add_host",
@@ -156,11 +159,13 @@ impl Control {
         target: Arc<Target>,
         pools: Vec<Arc<Pool>>,
         reactors: Vec<Arc<ReactorShared>>,
+        listeners: Arc<crate::transport::ListenerSet>,
     ) -> Control {
         Control {
             target,
             pools,
             reactors,
+            listeners,
             edit: Mutex::new(()),
         }
     }
@@ -181,6 +186,8 @@ impl Control {
             "nvmf_create_subsystem" => self.create_subsystem(&mut p),
             "nvmf_delete_subsystem" => self.delete_subsystem(&mut p),
             "nvmf_get_subsystems" => self.get_subsystems(&mut p),
+            "nvmf_subsystem_add_listener" => self.add_listener(&mut p),
+            "nvmf_subsystem_remove_listener" => self.remove_listener(&mut p),
             "nvmf_subsystem_add_ns" => self.add_ns(&mut p),
             "nvmf_subsystem_remove_ns" => self.remove_ns(&mut p),
             "nvmf_subsystem_add_host" => self.add_host(&mut p),
@@ -343,7 +350,13 @@ impl Control {
             .unwrap_or_default();
         let listen: Vec<Value> = listeners
             .iter()
-            .filter(|l| s.kind == SubsystemKind::Discovery || !l.discovery_only)
+            .filter(|l| {
+                if s.kind == SubsystemKind::Discovery {
+                    l.discovery_only || s.listener_allowed(l.addr)
+                } else {
+                    !l.discovery_only && s.listener_allowed(l.addr)
+                }
+            })
             .map(|l| {
                 json!({
                     "trtype": "TCP",
@@ -440,14 +453,12 @@ impl Control {
                 format!("subsystem {nqn} already exists"),
             ));
         }
-        self.target.add_subsystem(Arc::new(Subsystem::new(
-            &nqn,
-            SubsystemKind::Nvm,
-            &serial,
-            &model,
-            any,
-            Vec::new(),
-        )));
+        let sub = Subsystem::new(&nqn, SubsystemKind::Nvm, &serial, &model, any, Vec::new());
+        // As in SPDK, a new subsystem is reachable only on listeners added to it.
+        if let Ok(mut l) = sub.listen.write() {
+            *l = Some(Vec::new());
+        }
+        self.target.add_subsystem(Arc::new(sub));
         tracing::info!(nqn = %nqn, "rpc: subsystem created");
         Ok(Value::Bool(true))
     }
@@ -598,6 +609,155 @@ impl Control {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         tracing::info!(nqn = %nqn, nsid, "rpc: namespace removed");
+        Ok(Value::Bool(true))
+    }
+
+    fn listen_address(p: &mut Params) -> Result<std::net::SocketAddr, RpcError> {
+        let mut la = p.object("listen_address")?;
+        let trtype = la.str("trtype")?;
+        let traddr = la.str("traddr")?;
+        let trsvcid = la.opt_str("trsvcid")?;
+        let adrfam = la.opt_str("adrfam")?;
+        la.finish()?;
+        if !trtype.eq_ignore_ascii_case("tcp") {
+            return Err(RpcError::params(format!(
+                "listen_address.trtype: {trtype} is not available (TCP is)"
+            )));
+        }
+        let ip: std::net::IpAddr = traddr.parse().map_err(|_| {
+            RpcError::params(format!(
+                "listen_address.traddr: `{traddr}` is not an IP address"
+            ))
+        })?;
+        if let Some(f) = adrfam {
+            let ok = match f.to_ascii_lowercase().as_str() {
+                "ipv4" => ip.is_ipv4(),
+                "ipv6" => ip.is_ipv6(),
+                _ => false,
+            };
+            if !ok {
+                return Err(RpcError::params(format!(
+                    "listen_address.adrfam: {f} does not match {traddr}"
+                )));
+            }
+        }
+        let port: u16 = trsvcid
+            .as_deref()
+            .unwrap_or("4420")
+            .parse()
+            .map_err(|_| RpcError::params("listen_address.trsvcid: must be a port number"))?;
+        Ok(std::net::SocketAddr::new(ip, port))
+    }
+
+    fn add_listener(&self, p: &mut Params) -> RpcResult {
+        let nqn = p.str("nqn")?;
+        let addr = Self::listen_address(p)?;
+        p.opt_str("tgt_name")?;
+        p.opt_str("ana_state")?;
+        p.opt_str("sock_impl")?;
+        p.get("numa_id");
+        p.unsupported_flags(&["secure_channel"])?;
+        let s = self.subsystem(&nqn)?;
+        let discovery = s.kind == SubsystemKind::Discovery;
+        if !self.listeners.contains(addr) {
+            let spec = crate::transport::bind(addr, discovery)
+                .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
+            let bound = spec.addr;
+            self.listeners.add(spec);
+            if let Ok(mut l) = self.target.listeners.write() {
+                let portid = l.iter().map(|x| x.portid).max().unwrap_or(0) + 1;
+                l.push(crate::target::Listener {
+                    addr: bound,
+                    discovery_only: discovery,
+                    portid,
+                });
+            }
+            tracing::info!(listener = %bound, "rpc: listening");
+        }
+        if !discovery {
+            let mut l = s
+                .listen
+                .write()
+                .map_err(|_| RpcError::new(code::INTERNAL_ERROR, "listener list poisoned"))?;
+            if let Some(list) = l.as_mut() {
+                if list.contains(&addr) {
+                    return Err(RpcError::new(
+                        code::EEXIST,
+                        format!("{nqn} already listens on {addr}"),
+                    ));
+                }
+                list.push(addr);
+            }
+        }
+        self.target.genctr.fetch_add(1, Ordering::Relaxed);
+        Ok(Value::Bool(true))
+    }
+
+    fn remove_listener(&self, p: &mut Params) -> RpcResult {
+        let nqn = p.str("nqn")?;
+        let addr = Self::listen_address(p)?;
+        p.opt_str("tgt_name")?;
+        let s = self.subsystem(&nqn)?;
+        if s.kind == SubsystemKind::Nvm {
+            let all: Vec<std::net::SocketAddr> = self
+                .target
+                .listeners
+                .read()
+                .map(|l| {
+                    l.iter()
+                        .filter(|x| !x.discovery_only)
+                        .map(|x| x.addr)
+                        .collect()
+                })
+                .unwrap_or_default();
+            let mut l = s
+                .listen
+                .write()
+                .map_err(|_| RpcError::new(code::INTERNAL_ERROR, "listener list poisoned"))?;
+            let list = l.get_or_insert_with(|| all.clone());
+            let n = list.len();
+            list.retain(|a| a != &addr);
+            if list.len() == n {
+                return Err(not_found(format!("{nqn} does not listen on {addr}")));
+            }
+        }
+        // Stop listening when nothing is reachable there any more. Connections
+        // already made stay up.
+        let subs = self
+            .target
+            .subsystems
+            .read()
+            .map(|s| s.clone())
+            .unwrap_or_default();
+        let used = subs.iter().any(|x| {
+            x.listen
+                .read()
+                .map(|l| l.as_ref().map_or(true, |l| l.contains(&addr)))
+                .unwrap_or(true)
+        });
+        if s.kind == SubsystemKind::Discovery || !used {
+            let is_disc = s.kind == SubsystemKind::Discovery;
+            let present = self
+                .target
+                .listeners
+                .read()
+                .map(|l| {
+                    l.iter()
+                        .any(|x| x.addr == addr && x.discovery_only == is_disc)
+                })
+                .unwrap_or(false);
+            if is_disc && !present {
+                return Err(not_found(format!("no discovery listener on {addr}")));
+            }
+            if present {
+                self.listeners.remove(addr);
+                if let Ok(mut l) = self.target.listeners.write() {
+                    l.retain(|x| x.addr != addr);
+                }
+                tracing::info!(listener = %addr, "rpc: stopped listening");
+            }
+        }
+        self.target.genctr.fetch_add(1, Ordering::Relaxed);
         Ok(Value::Bool(true))
     }
 

@@ -57,6 +57,7 @@ pub fn connect(
     cmd: &ConnectCommand,
     data: &ConnectData,
     peer: &str,
+    local: Option<std::net::SocketAddr>,
 ) -> Result<QueueBinding, ConnectRefusal> {
     if cmd.recfmt != 0 {
         return Err(ConnectRefusal {
@@ -85,6 +86,15 @@ pub fn connect(
             result: 0,
             reason: format!("host {} is not allowed on {}", data.hostnqn, subsys.nqn),
         });
+    }
+    if let Some(l) = local {
+        if !subsys.listener_allowed(l) {
+            return Err(invalid(
+                true,
+                CONNECT_DATA_SUBNQN_OFF,
+                format!("{} does not listen on {l}", subsys.nqn),
+            ));
+        }
     }
     let depth_limit = if cmd.qid == 0 {
         target.limits.max_admin_queue_depth
@@ -244,24 +254,24 @@ mod tests {
     #[test]
     fn admin_then_io_queue() {
         let t = setup();
-        let b = connect(&t, &cmd(0), &data("nqn.s", "nqn.h", 0xFFFF), "p").unwrap();
+        let b = connect(&t, &cmd(0), &data("nqn.s", "nqn.h", 0xFFFF), "p", None).unwrap();
         let ctrl = b.ctrl().clone();
         // Not enabled yet: I/O queues are refused.
-        let e = connect(&t, &cmd(1), &data("nqn.s", "nqn.h", ctrl.cntlid), "p")
+        let e = connect(&t, &cmd(1), &data("nqn.s", "nqn.h", ctrl.cntlid), "p", None)
             .err()
             .unwrap();
         assert_eq!(e.status, Status::COMMAND_SEQUENCE_ERROR);
         ctrl.set_property(prop::CC, 0x460001).unwrap();
-        let io = connect(&t, &cmd(1), &data("nqn.s", "nqn.h", ctrl.cntlid), "p").unwrap();
+        let io = connect(&t, &cmd(1), &data("nqn.s", "nqn.h", ctrl.cntlid), "p", None).unwrap();
         assert_eq!(io.qid(), 1);
-        let dup = connect(&t, &cmd(1), &data("nqn.s", "nqn.h", ctrl.cntlid), "p")
+        let dup = connect(&t, &cmd(1), &data("nqn.s", "nqn.h", ctrl.cntlid), "p", None)
             .err()
             .unwrap();
         assert_eq!(dup.status, Status::CONNECT_INVALID_PARAMETERS);
         assert_eq!(dup.result, 42);
         disconnect(&b);
         assert!(ctrl.is_failed());
-        let gone = connect(&t, &cmd(2), &data("nqn.s", "nqn.h", ctrl.cntlid), "p")
+        let gone = connect(&t, &cmd(2), &data("nqn.s", "nqn.h", ctrl.cntlid), "p", None)
             .err()
             .unwrap();
         assert_eq!(gone.result, 16 | 1 << 16);
@@ -270,30 +280,36 @@ mod tests {
     #[test]
     fn refusals_point_at_the_field() {
         let t = setup();
-        let e = connect(&t, &cmd(0), &data("nqn.nope", "nqn.h", 0xFFFF), "p")
+        let e = connect(&t, &cmd(0), &data("nqn.nope", "nqn.h", 0xFFFF), "p", None)
             .err()
             .unwrap();
         assert_eq!(e.status, Status::CONNECT_INVALID_PARAMETERS);
         assert_eq!(e.result, 256 | 1 << 16);
-        let e = connect(&t, &cmd(0), &data("nqn.s", "nqn.intruder", 0xFFFF), "p")
-            .err()
-            .unwrap();
+        let e = connect(
+            &t,
+            &cmd(0),
+            &data("nqn.s", "nqn.intruder", 0xFFFF),
+            "p",
+            None,
+        )
+        .err()
+        .unwrap();
         assert_eq!(e.status, Status::CONNECT_INVALID_HOST);
         let mut c = cmd(0);
         c.sqsize = 0;
         assert_eq!(
-            connect(&t, &c, &data("nqn.s", "nqn.h", 0xFFFF), "p")
+            connect(&t, &c, &data("nqn.s", "nqn.h", 0xFFFF), "p", None)
                 .err()
                 .unwrap()
                 .result,
             44
         );
         c.sqsize = 1000;
-        assert!(connect(&t, &c, &data("nqn.s", "nqn.h", 0xFFFF), "p").is_err());
+        assert!(connect(&t, &c, &data("nqn.s", "nqn.h", 0xFFFF), "p", None).is_err());
         c = cmd(0);
         c.recfmt = 1;
         assert_eq!(
-            connect(&t, &c, &data("nqn.s", "nqn.h", 0xFFFF), "p")
+            connect(&t, &c, &data("nqn.s", "nqn.h", 0xFFFF), "p", None)
                 .err()
                 .unwrap()
                 .status,
@@ -304,7 +320,8 @@ mod tests {
             &t,
             &cmd(0),
             &data(crate::wire::nvme::DISCOVERY_NQN, "nqn.x", 0xFFFF),
-            "p"
+            "p",
+            None
         )
         .is_ok());
     }

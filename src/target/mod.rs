@@ -153,6 +153,10 @@ pub struct Subsystem {
     pub namespaces: RwLock<Vec<Arc<Namespace>>>,
     /// Bumped whenever the namespace list changes; queues refresh their snapshot.
     pub ns_gen: AtomicU64,
+    /// Addresses hosts may reach this subsystem on; `None`: every NVM listener
+    /// of the target (subsystems from the configuration). Subsystems created
+    /// over RPC start with none, as in SPDK.
+    pub listen: RwLock<Option<Vec<SocketAddr>>>,
     pub controllers: Mutex<HashMap<u16, Arc<Controller>>>,
     next_cntlid: AtomicU16,
 }
@@ -175,6 +179,7 @@ impl Subsystem {
             hosts: RwLock::new(hosts),
             namespaces: RwLock::new(Vec::new()),
             ns_gen: AtomicU64::new(0),
+            listen: RwLock::new(None),
             controllers: Mutex::new(HashMap::new()),
             next_cntlid: AtomicU16::new(1),
         }
@@ -188,6 +193,19 @@ impl Subsystem {
                 .read()
                 .map(|h| h.iter().any(|x| x == hostnqn))
                 .unwrap_or(false)
+    }
+
+    /// Whether hosts may reach this subsystem through local address `local`.
+    pub fn listener_allowed(&self, local: SocketAddr) -> bool {
+        if self.kind == SubsystemKind::Discovery {
+            return true;
+        }
+        match self.listen.read().ok().as_deref() {
+            Some(Some(l)) => l.iter().any(|a| {
+                a.port() == local.port() && (a.ip() == local.ip() || a.ip().is_unspecified())
+            }),
+            _ => true,
+        }
     }
 
     pub fn namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
@@ -385,7 +403,10 @@ impl Target {
             ));
         }
         for s in subs.iter().filter(|s| s.host_allowed(hostnqn)) {
-            for l in listeners.iter().filter(|l| !l.discovery_only) {
+            for l in listeners
+                .iter()
+                .filter(|l| !l.discovery_only && s.listener_allowed(l.addr))
+            {
                 out.push(entry(l, &s.nqn, nvme::subtype::NVME));
             }
         }

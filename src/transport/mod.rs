@@ -8,8 +8,8 @@ use crate::target::Target;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// A bound TCP listener and what it serves.
 pub struct TcpListenerSpec {
@@ -32,24 +32,75 @@ pub fn bind(addr: SocketAddr, discovery_only: bool) -> Result<TcpListenerSpec, S
     })
 }
 
+/// The listening sockets the acceptor polls; RPC adds and removes them at run
+/// time (existing connections are not affected by a removal).
+#[derive(Default)]
+pub struct ListenerSet {
+    specs: Mutex<Vec<Arc<TcpListenerSpec>>>,
+    gen: AtomicU64,
+}
+
+impl ListenerSet {
+    pub fn new(specs: Vec<TcpListenerSpec>) -> ListenerSet {
+        ListenerSet {
+            specs: Mutex::new(specs.into_iter().map(Arc::new).collect()),
+            gen: AtomicU64::new(0),
+        }
+    }
+    pub fn snapshot(&self) -> Vec<Arc<TcpListenerSpec>> {
+        self.specs.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+    pub fn contains(&self, addr: SocketAddr) -> bool {
+        self.snapshot().iter().any(|s| s.addr == addr)
+    }
+    pub fn add(&self, spec: TcpListenerSpec) {
+        if let Ok(mut s) = self.specs.lock() {
+            s.push(Arc::new(spec));
+        }
+        self.gen.fetch_add(1, Ordering::AcqRel);
+    }
+    /// Stops listening on `addr`; returns whether it was listening.
+    pub fn remove(&self, addr: SocketAddr) -> bool {
+        let removed = self
+            .specs
+            .lock()
+            .map(|mut s| {
+                let n = s.len();
+                s.retain(|x| x.addr != addr);
+                n != s.len()
+            })
+            .unwrap_or(false);
+        self.gen.fetch_add(1, Ordering::AcqRel);
+        removed
+    }
+}
+
 /// Accepts connections on every listener and hands them to reactors round-robin
 /// (poll groups). Runs on the control thread until `stop` is set.
 pub fn accept_loop(
-    listeners: Vec<TcpListenerSpec>,
+    set: Arc<ListenerSet>,
     reactors: Vec<Arc<ReactorShared>>,
     target: Arc<Target>,
     stop: Arc<AtomicBool>,
 ) {
     let mut next = 0usize;
-    let mut pfds: Vec<libc::pollfd> = listeners
-        .iter()
-        .map(|l| libc::pollfd {
-            fd: l.listener.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
+    let mut gen = u64::MAX;
+    let mut listeners: Vec<Arc<TcpListenerSpec>> = Vec::new();
+    let mut pfds: Vec<libc::pollfd> = Vec::new();
     while !stop.load(Ordering::Acquire) {
+        let g = set.gen.load(Ordering::Acquire);
+        if g != gen {
+            gen = g;
+            listeners = set.snapshot();
+            pfds = listeners
+                .iter()
+                .map(|l| libc::pollfd {
+                    fd: l.listener.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+        }
         // SAFETY: pfds is a valid array of pollfd for the duration of the call.
         let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 200) };
         if n <= 0 {

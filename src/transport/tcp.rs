@@ -723,7 +723,13 @@ impl TcpConnection {
                     );
                     return Ok(());
                 }
-                match fabrics::connect(&self.target, &cmd, &data, &self.peer) {
+                match fabrics::connect(
+                    &self.target,
+                    &cmd,
+                    &data,
+                    &self.peer,
+                    self.sock.local_addr().ok(),
+                ) {
                     Ok(binding) => {
                         let ctrl = binding.ctrl().clone();
                         self.sqsize = cmd.sqsize;
