@@ -266,6 +266,14 @@ fn methods_build_a_subsystem_a_host_can_use() {
     );
     c.call("bdev_lvol_delete", json!({"name": "kv/b"})).unwrap();
 
+    // Per-volume I/O statistics count what the host did.
+    let st = c.call("bdev_get_iostat", json!({"name": "kv/a"})).unwrap();
+    let b = &st["bdevs"][0];
+    assert_eq!(b["num_write_ops"], 1);
+    assert_eq!(b["bytes_written"], 4096);
+    assert!(b["num_read_ops"].as_u64().unwrap() >= 1);
+    assert!(st["tick_rate"].as_u64().unwrap() > 0);
+
     // Pools and GC are visible and controllable.
     let pools = c.call("kvtarget_get_pools", json!({})).unwrap();
     assert_eq!(pools[0]["name"], "kv");

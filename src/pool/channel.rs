@@ -71,6 +71,9 @@ enum Kind {
 struct Req {
     tag: u64,
     kind: Kind,
+    /// Bytes the command covers (for the I/O counters).
+    bytes: u64,
+    deallocate: bool,
     /// The caller's buffer; device operations use views into it.
     buf: Option<IoBuf>,
     pending: u32,
@@ -104,6 +107,7 @@ pub struct VolumeChannel {
     large_inflight: usize,
     scratch: Vec<IoCompletion>,
     reactor: usize,
+    stats: Arc<crate::pool::volume::ChannelStats>,
 }
 
 impl VolumeChannel {
@@ -112,6 +116,7 @@ impl VolumeChannel {
         let notify = Arc::new(Notifier::new());
         pool.register_waiter(&notify);
         Ok(VolumeChannel {
+            stats: vol.new_channel_stats(),
             reactor: crate::reactor::current_reactor(),
             pool,
             vol,
@@ -133,6 +138,8 @@ impl VolumeChannel {
         let r = Req {
             tag,
             kind,
+            bytes: buf.as_ref().map_or(0, |b| b.len() as u64),
+            deallocate: false,
             buf,
             pending: 0,
             err: None,
@@ -201,9 +208,25 @@ impl VolumeChannel {
         };
         self.free.push(ri);
         self.active -= 1;
+        let ns = r.start.elapsed().as_nanos() as u64;
         if r.kind != Kind::Flush {
             self.pool.fg.inflight.fetch_sub(1, Ordering::Relaxed);
-            self.pool.fg.record(r.start.elapsed().as_nanos() as u64);
+            self.pool.fg.record(ns);
+        }
+        let st = &self.stats;
+        if r.err.is_some() {
+            st.errors.fetch_add(1, Ordering::Relaxed);
+        } else if r.kind == Kind::Flush {
+            st.flushes.fetch_add(1, Ordering::Relaxed);
+        } else {
+            let (ops, bytes, time) = match r.kind {
+                Kind::Read => (&st.reads, &st.read_bytes, &st.read_ns),
+                Kind::Zeroes if r.deallocate => (&st.unmaps, &st.unmap_bytes, &st.unmap_ns),
+                _ => (&st.writes, &st.write_bytes, &st.write_ns),
+            };
+            ops.fetch_add(1, Ordering::Relaxed);
+            bytes.fetch_add(r.bytes, Ordering::Relaxed);
+            time.fetch_add(ns, Ordering::Relaxed);
         }
         let result = match r.err {
             Some(e) => Err(e),
@@ -514,6 +537,8 @@ impl VolumeChannel {
         if let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.as_mut()) {
             r.pinned = pinned;
             r.emptied = emptied;
+            r.bytes = len;
+            r.deallocate = deallocate;
         }
         for (phys_off, n) in plan {
             // Deallocated blocks must read back as zeros (DLFEAT) even while the

@@ -57,6 +57,39 @@ impl Iterator for Pieces {
     }
 }
 
+/// I/O counters of one channel (one reactor's path to a volume). Only that
+/// reactor writes them, so they never bounce between cores; readers sum.
+#[derive(Debug, Default)]
+pub struct ChannelStats {
+    pub reads: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub read_ns: AtomicU64,
+    pub writes: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub write_ns: AtomicU64,
+    pub unmaps: AtomicU64,
+    pub unmap_bytes: AtomicU64,
+    pub unmap_ns: AtomicU64,
+    pub flushes: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+/// Summed counters of a volume.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct IoTotals {
+    pub reads: u64,
+    pub read_bytes: u64,
+    pub read_ns: u64,
+    pub writes: u64,
+    pub write_bytes: u64,
+    pub write_ns: u64,
+    pub unmaps: u64,
+    pub unmap_bytes: u64,
+    pub unmap_ns: u64,
+    pub flushes: u64,
+    pub errors: u64,
+}
+
 pub struct Volume {
     pub desc: VolumeDesc,
     pub blocks_per_extent: u32,
@@ -69,6 +102,8 @@ pub struct Volume {
     used_blocks: AtomicU64,
     /// Set when the volume is deleted: open channels fail new I/O.
     pub deleted: AtomicBool,
+    /// Every channel's counters (kept after the channel closes).
+    stats: std::sync::Mutex<Vec<std::sync::Arc<ChannelStats>>>,
 }
 
 impl Volume {
@@ -89,7 +124,39 @@ impl Volume {
             dirty_queue: SegQueue::new(),
             used_blocks: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
+            stats: std::sync::Mutex::new(Vec::new()),
         }
+    }
+
+    /// Counters for a new channel.
+    pub fn new_channel_stats(&self) -> std::sync::Arc<ChannelStats> {
+        let s = std::sync::Arc::new(ChannelStats::default());
+        if let Ok(mut v) = self.stats.lock() {
+            v.push(s.clone());
+        }
+        s
+    }
+
+    /// The volume's I/O counters, summed over its channels.
+    pub fn io_totals(&self) -> IoTotals {
+        let mut t = IoTotals::default();
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        if let Ok(v) = self.stats.lock() {
+            for s in v.iter() {
+                t.reads += r(&s.reads);
+                t.read_bytes += r(&s.read_bytes);
+                t.read_ns += r(&s.read_ns);
+                t.writes += r(&s.writes);
+                t.write_bytes += r(&s.write_bytes);
+                t.write_ns += r(&s.write_ns);
+                t.unmaps += r(&s.unmaps);
+                t.unmap_bytes += r(&s.unmap_bytes);
+                t.unmap_ns += r(&s.unmap_ns);
+                t.flushes += r(&s.flushes);
+                t.errors += r(&s.errors);
+            }
+        }
+        t
     }
 
     pub fn extent_count(&self) -> u32 {

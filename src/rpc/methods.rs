@@ -46,6 +46,7 @@ pub const METHODS: &[&str] = &[
     "nvmf_subsystem_allow_any_host",
     "nvmf_subsystem_get_controllers",
     "bdev_get_bdevs",
+    "bdev_get_iostat",
     "bdev_lvol_get_lvstores",
     "bdev_lvol_create",
     "bdev_lvol_delete",
@@ -195,6 +196,7 @@ impl Control {
             "nvmf_subsystem_allow_any_host" => self.allow_any_host(&mut p),
             "nvmf_subsystem_get_controllers" => self.get_controllers(&mut p),
             "bdev_get_bdevs" => self.get_bdevs(&mut p),
+            "bdev_get_iostat" => self.get_iostat(&mut p),
             "bdev_lvol_get_lvstores" => self.get_lvstores(&mut p),
             "bdev_lvol_create" => self.lvol_create(&mut p),
             "bdev_lvol_delete" => self.lvol_delete(&mut p),
@@ -904,6 +906,49 @@ impl Control {
             }
         }
         Ok(Value::Array(out))
+    }
+
+    fn get_iostat(&self, p: &mut Params) -> RpcResult {
+        let name = p.opt_str("name")?;
+        p.opt_bool("per_channel")?;
+        p.opt_bool("reset_mode")?;
+        let mut out = Vec::new();
+        for pool in &self.pools {
+            for v in pool.volumes() {
+                let alias = format!("{}/{}", pool.name, v.desc.name);
+                let uuid = uuid_str(&v.desc.uuid);
+                if name.as_ref().is_some_and(|n| n != &alias && n != &uuid) {
+                    continue;
+                }
+                let t = v.io_totals();
+                // Ticks are nanoseconds (tick_rate below).
+                out.push(json!({
+                    "name": uuid,
+                    "aliases": [alias],
+                    "bytes_read": t.read_bytes,
+                    "num_read_ops": t.reads,
+                    "bytes_written": t.write_bytes,
+                    "num_write_ops": t.writes,
+                    "bytes_unmapped": t.unmap_bytes,
+                    "num_unmap_ops": t.unmaps,
+                    "read_latency_ticks": t.read_ns,
+                    "write_latency_ticks": t.write_ns,
+                    "unmap_latency_ticks": t.unmap_ns,
+                    "num_flush_ops": t.flushes,
+                    "io_error": {"total": t.errors},
+                }));
+            }
+        }
+        if let Some(n) = name {
+            if out.is_empty() {
+                return Err(not_found(format!("bdev {n} does not exist")));
+            }
+        }
+        Ok(json!({
+            "tick_rate": 1_000_000_000u64,
+            "ticks": self.target.started.elapsed().as_nanos() as u64,
+            "bdevs": out,
+        }))
     }
 
     fn pool(&self, name: Option<String>, uuid: Option<String>) -> Result<Arc<Pool>, RpcError> {
