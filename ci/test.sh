@@ -34,5 +34,8 @@ fi
 step "cargo build --release"
 cargo build --release
 
+step "SPDK's own JSON-RPC client (spdk-rpc from PyPI) drives kvtarget"
+KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-rpc/run.sh
+
 step "interop: Linux kernel NVMe/TCP host in a QEMU guest"
 KVTARGET_BIN="$PWD/target/release/kvtarget" ci/interop.sh

@@ -301,6 +301,7 @@ impl Control {
             "ack_timeout",
             "data_wr_pool_size",
             "disable_adaptive_irq",
+            "disable_mappable_bar0",
             "disable_shadow_doorbells",
             "transport_specific",
             "masked_oncs",
@@ -909,15 +910,36 @@ impl Control {
     }
 
     fn get_iostat(&self, p: &mut Params) -> RpcResult {
-        let name = p.opt_str("name")?;
-        p.opt_bool("per_channel")?;
-        p.opt_bool("reset_mode")?;
+        let mut names: Vec<String> = p.opt_str("name")?.into_iter().collect();
+        match p.get("names") {
+            None => {}
+            Some(Value::Array(a)) => {
+                for n in a {
+                    match n.as_str() {
+                        Some(n) => names.push(n.to_string()),
+                        None => return Err(RpcError::params("names: must be an array of strings")),
+                    }
+                }
+            }
+            Some(_) => return Err(RpcError::params("names: must be an array of strings")),
+        }
+        if p.opt_bool("per_channel")? == Some(true) {
+            return Err(RpcError::params("per_channel: not supported by kvtarget"));
+        }
+        match p.opt_str("reset_mode")?.as_deref() {
+            None | Some("none") => {}
+            Some(m) => {
+                return Err(RpcError::params(format!(
+                    "reset_mode: `{m}` is not supported (counters are cumulative)"
+                )))
+            }
+        }
         let mut out = Vec::new();
         for pool in &self.pools {
             for v in pool.volumes() {
                 let alias = format!("{}/{}", pool.name, v.desc.name);
                 let uuid = uuid_str(&v.desc.uuid);
-                if name.as_ref().is_some_and(|n| n != &alias && n != &uuid) {
+                if !names.is_empty() && !names.iter().any(|n| n == &alias || n == &uuid) {
                     continue;
                 }
                 let t = v.io_totals();
@@ -939,10 +961,11 @@ impl Control {
                 }));
             }
         }
-        if let Some(n) = name {
-            if out.is_empty() {
-                return Err(not_found(format!("bdev {n} does not exist")));
-            }
+        if !names.is_empty() && out.len() < names.len() {
+            return Err(not_found(format!(
+                "bdev {} does not exist",
+                names.join(",")
+            )));
         }
         Ok(json!({
             "tick_rate": 1_000_000_000u64,
