@@ -19,10 +19,19 @@ pub struct Config {
     /// JSON-RPC control socket. Absent: the daemon uses the default path (or
     /// `-r`); an embedded target (tests) runs without one.
     pub rpc: Option<RpcConfig>,
+    /// Prometheus endpoint; absent: off.
+    pub metrics: Option<MetricsConfig>,
     #[serde(default)]
     pub pools: Vec<PoolConfig>,
     #[serde(default)]
     pub subsystems: Vec<SubsystemConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Address of the HTTP endpoint serving /metrics, e.g. "127.0.0.1:9464".
+    pub address: String,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -491,6 +500,14 @@ impl Config {
                     a.port()
                 ));
             }
+        }
+        if let Some(m) = &self.metrics {
+            m.address.parse::<SocketAddr>().map_err(|_| {
+                format!(
+                    "metrics.address: `{}` is not ADDRESS:PORT (e.g. 127.0.0.1:9464)",
+                    m.address
+                )
+            })?;
         }
         self.validate_pools()?;
         let mut served: Vec<String> = Vec::new();

@@ -10,6 +10,7 @@ pub mod bdev;
 pub mod config;
 pub mod initiator;
 pub mod mem;
+pub mod metrics;
 pub mod perf;
 pub mod pool;
 pub mod reactor;

@@ -27,6 +27,7 @@ pub struct Server {
     /// Held for as long as the pools are open.
     _pool_locks: Vec<crate::pool::PoolLock>,
     rpc: Option<crate::rpc::RpcServer>,
+    metrics: Option<crate::metrics::MetricsServer>,
     listen: Vec<(SocketAddr, bool)>,
 }
 
@@ -274,33 +275,45 @@ impl Server {
             .name("acceptor".into())
             .spawn(move || transport::accept_loop(set, shared, tgt, st))
             .map_err(|e| format!("acceptor thread: {e}"))?;
-        let rpc = match cfg.rpc.as_ref().filter(|r| r.enabled) {
-            Some(r) => {
-                let ctl = Arc::new(crate::rpc::methods::Control::new(
-                    target.clone(),
-                    pools.clone(),
-                    shared_reactors.clone(),
-                    listener_set.clone(),
-                ));
-                match crate::rpc::RpcServer::start(&r.socket, ctl) {
-                    Ok(s) => Some(s),
-                    Err(e) => {
-                        stop.store(true, Ordering::Release);
-                        let _ = acceptor.join();
-                        for (r, _) in &reactors {
-                            while r.send(Message::Shutdown).is_err() {
-                                std::thread::yield_now();
-                            }
-                        }
-                        for (_, h) in reactors {
-                            let _ = h.join();
-                        }
-                        close_pools(&pools);
-                        return Err(e);
+        let ctl = Arc::new(crate::rpc::methods::Control::new(
+            target.clone(),
+            pools.clone(),
+            shared_reactors.clone(),
+            listener_set.clone(),
+        ));
+        let mut started = (|| -> Result<_, String> {
+            let rpc = match cfg.rpc.as_ref().filter(|r| r.enabled) {
+                Some(r) => Some(crate::rpc::RpcServer::start(&r.socket, ctl.clone())?),
+                None => None,
+            };
+            let metrics = match &cfg.metrics {
+                Some(m) => {
+                    let a = m.address.parse().map_err(|_| {
+                        format!("metrics.address: `{}` is not ADDRESS:PORT", m.address)
+                    })?;
+                    Some(crate::metrics::MetricsServer::start(a, ctl.clone())?)
+                }
+                None => None,
+            };
+            Ok((rpc, metrics))
+        })();
+        let (rpc, metrics) = match started.as_mut() {
+            Ok(x) => (x.0.take(), x.1.take()),
+            Err(e) => {
+                let e = e.clone();
+                stop.store(true, Ordering::Release);
+                let _ = acceptor.join();
+                for (r, _) in &reactors {
+                    while r.send(Message::Shutdown).is_err() {
+                        std::thread::yield_now();
                     }
                 }
+                for (_, h) in reactors {
+                    let _ = h.join();
+                }
+                close_pools(&pools);
+                return Err(e);
             }
-            None => None,
         };
         for (a, d) in &listen {
             tracing::info!(
@@ -317,6 +330,7 @@ impl Server {
             pools,
             _pool_locks: pool_locks,
             rpc,
+            metrics,
             listen,
         })
     }
@@ -336,6 +350,9 @@ impl Server {
         // The control socket goes first: no change may race the shutdown.
         if let Some(mut r) = self.rpc.take() {
             r.stop();
+        }
+        if let Some(mut m) = self.metrics.take() {
+            m.stop();
         }
         self.stop.store(true, Ordering::Release);
         if let Some(a) = self.acceptor.take() {
@@ -361,6 +378,11 @@ impl Server {
                 tracing::error!(pool = %p.name, "close: {e}");
             }
         }
+    }
+
+    /// The metrics endpoint, when one is running.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(|m| m.addr)
     }
 
     /// The control socket, when one is running.

@@ -440,3 +440,142 @@ fn bad_input_gets_json_rpc_errors_and_never_hurts_the_daemon() {
     server.shutdown();
     assert!(!path.exists(), "the socket is removed at shutdown");
 }
+
+fn scrape(addr: std::net::SocketAddr) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    out.split("\r\n\r\n").nth(1).unwrap().to_string()
+}
+
+/// (name{labels}, value) pairs of the exposition text.
+fn samples(text: &str) -> Vec<(String, f64)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').unwrap();
+            (k.to_string(), v.parse::<f64>().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn metrics_move_with_io_and_histograms_are_consistent() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        r#"
+[metrics]
+address = "127.0.0.1:0"
+
+[[listeners]]
+address = "127.0.0.1"
+port = 0
+
+[[pools]]
+name = "kv"
+backend = "ram"
+size = "256MiB"
+
+[[pools.volumes]]
+name = "m"
+size = "64MiB"
+
+[[subsystems]]
+nqn = "{NQN}"
+allow_any_host = false
+hosts = ["{HOST}"]
+
+[[subsystems.namespaces]]
+nsid = 1
+volume = "kv/m"
+"#
+    );
+    let _ = &dir;
+    let server = Server::start(&Config::parse(&text).unwrap()).unwrap();
+    let maddr = server.metrics_addr().unwrap();
+    let before = samples(&scrape(maddr));
+    let get = |s: &[(String, f64)], k: &str| {
+        s.iter()
+            .find(|(n, _)| n == k)
+            .map(|x| x.1)
+            .unwrap_or_else(|| panic!("no sample {k}"))
+    };
+    let reads = r#"kvtarget_volume_ops_total{pool="kv",volume="m",op="read"}"#;
+    assert_eq!(get(&before, reads), 0.0);
+    let addr = server.listen_addrs()[0].0;
+    let mut h = HostController::connect(&HostOptions::new(addr, NQN)).unwrap();
+    h.set_queue_count(1).unwrap();
+    let mut q = h.io_queue(1).unwrap();
+    for i in 0..50u64 {
+        q.write(1, i * 8, vec![3u8; 4096], 4096).unwrap();
+        q.read(1, i * 8, 1, 4096).unwrap();
+    }
+    let mut stranger = HostOptions::new(addr, NQN);
+    stranger.hostnqn = OTHER.into();
+    assert!(HostController::connect(&stranger).is_err());
+    let after = samples(&scrape(maddr));
+    assert_eq!(get(&after, reads), 50.0);
+    assert_eq!(
+        get(
+            &after,
+            r#"kvtarget_volume_bytes_total{pool="kv",volume="m",op="write"}"#
+        ),
+        50.0 * 4096.0
+    );
+    assert_eq!(
+        get(
+            &after,
+            r#"kvtarget_volume_used_bytes{pool="kv",volume="m"}"#
+        ),
+        50.0 * 4096.0
+    );
+    assert_eq!(
+        get(
+            &after,
+            r#"kvtarget_connect_refused_total{reason="host_not_allowed"}"#
+        ),
+        1.0
+    );
+    // 50 writes 32 KiB apart span two 1 MiB extents.
+    assert_eq!(
+        get(&after, r#"kvtarget_pool_extents{pool="kv",state="mapped"}"#),
+        2.0
+    );
+    // Histogram: cumulative buckets never decrease, +Inf equals _count equals ops.
+    for op in ["read", "write"] {
+        let prefix = format!(
+            r#"kvtarget_volume_latency_seconds_bucket{{pool="kv",volume="m",op="{op}",le="#
+        );
+        let buckets: Vec<f64> = after
+            .iter()
+            .filter(|(n, _)| n.starts_with(&prefix))
+            .map(|x| x.1)
+            .collect();
+        assert!(buckets.len() > 10);
+        assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "{buckets:?}");
+        let count = get(
+            &after,
+            &format!(r#"kvtarget_volume_latency_seconds_count{{pool="kv",volume="m",op="{op}"}}"#),
+        );
+        assert_eq!(*buckets.last().unwrap(), count);
+        assert_eq!(count, 50.0);
+        let sum = get(
+            &after,
+            &format!(r#"kvtarget_volume_latency_seconds_sum{{pool="kv",volume="m",op="{op}"}}"#),
+        );
+        assert!(sum > 0.0);
+    }
+    assert!(after
+        .iter()
+        .any(|(n, v)| n.starts_with("kvtarget_reactor_busy_seconds_total") && *v > 0.0));
+    // Anything but GET /metrics is refused politely.
+    let mut s = std::net::TcpStream::connect(maddr).unwrap();
+    s.write_all(b"GET /nope HTTP/1.1\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 404"));
+    server.shutdown();
+}

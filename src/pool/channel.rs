@@ -219,10 +219,17 @@ impl VolumeChannel {
         } else if r.kind == Kind::Flush {
             st.flushes.fetch_add(1, Ordering::Relaxed);
         } else {
+            let b = crate::pool::volume::latency_bucket(ns);
             let (ops, bytes, time) = match r.kind {
-                Kind::Read => (&st.reads, &st.read_bytes, &st.read_ns),
+                Kind::Read => {
+                    st.read_hist[b].fetch_add(1, Ordering::Relaxed);
+                    (&st.reads, &st.read_bytes, &st.read_ns)
+                }
                 Kind::Zeroes if r.deallocate => (&st.unmaps, &st.unmap_bytes, &st.unmap_ns),
-                _ => (&st.writes, &st.write_bytes, &st.write_ns),
+                _ => {
+                    st.write_hist[b].fetch_add(1, Ordering::Relaxed);
+                    (&st.writes, &st.write_bytes, &st.write_ns)
+                }
             };
             ops.fetch_add(1, Ordering::Relaxed);
             bytes.fetch_add(r.bytes, Ordering::Relaxed);

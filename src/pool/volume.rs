@@ -72,6 +72,26 @@ pub struct ChannelStats {
     pub unmap_ns: AtomicU64,
     pub flushes: AtomicU64,
     pub errors: AtomicU64,
+    /// Latency histograms (see `LATENCY_BUCKETS_US`), counts per bucket.
+    pub read_hist: [AtomicU64; LATENCY_BUCKETS],
+    pub write_hist: [AtomicU64; LATENCY_BUCKETS],
+}
+
+/// Histogram bucket upper bounds: 16 µs doubling to about 1 s, then +Inf.
+pub const LATENCY_BUCKETS: usize = 18;
+
+pub fn latency_bucket_le_us(i: usize) -> Option<u64> {
+    (i + 1 < LATENCY_BUCKETS).then(|| 16u64 << i)
+}
+
+/// The bucket a latency falls in.
+pub fn latency_bucket(ns: u64) -> usize {
+    let us = ns / 1000;
+    let mut i = 0;
+    while i + 1 < LATENCY_BUCKETS && us > (16u64 << i) {
+        i += 1;
+    }
+    i
 }
 
 /// Summed counters of a volume.
@@ -88,6 +108,8 @@ pub struct IoTotals {
     pub unmap_ns: u64,
     pub flushes: u64,
     pub errors: u64,
+    pub read_hist: [u64; LATENCY_BUCKETS],
+    pub write_hist: [u64; LATENCY_BUCKETS],
 }
 
 pub struct Volume {
@@ -154,6 +176,10 @@ impl Volume {
                 t.unmap_ns += r(&s.unmap_ns);
                 t.flushes += r(&s.flushes);
                 t.errors += r(&s.errors);
+                for i in 0..LATENCY_BUCKETS {
+                    t.read_hist[i] += r(&s.read_hist[i]);
+                    t.write_hist[i] += r(&s.write_hist[i]);
+                }
             }
         }
         t

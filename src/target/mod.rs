@@ -316,6 +316,9 @@ pub struct Target {
     pub genctr: AtomicU64,
     pub started: Instant,
     pub firmware: String,
+    /// Refused Connect commands, by reason (access control is counted).
+    pub refused_host: AtomicU64,
+    pub refused_other: AtomicU64,
 }
 
 impl Target {
@@ -341,6 +344,8 @@ impl Target {
             genctr: AtomicU64::new(1),
             started: Instant::now(),
             firmware,
+            refused_host: AtomicU64::new(0),
+            refused_other: AtomicU64::new(0),
         }
     }
 

@@ -758,6 +758,11 @@ impl TcpConnection {
                         self.finish(slot, Status::SUCCESS, ctrl.cntlid as u64, ctx);
                     }
                     Err(refusal) => {
+                        if refusal.status == Status::CONNECT_INVALID_HOST {
+                            self.target.refused_host.fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            self.target.refused_other.fetch_add(1, Ordering::Relaxed);
+                        }
                         tracing::warn!(
                             peer = %self.peer,
                             host = %data.hostnqn,

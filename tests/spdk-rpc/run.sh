@@ -31,18 +31,22 @@ if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
 fi
 if [ ! -x "$venv/bin/spdk-rpc" ]; then
     rm -rf "$venv"
-    python3 -m venv "$venv" && "$venv/bin/pip" install -q "spdk==$ver" || {
-        echo "spdk-rpc: cannot install spdk==$ver from PyPI"; echo "0 passed, 1 failed"; exit 1; }
+    python3 -m venv "$venv" && "$venv/bin/pip" install -q "spdk==$ver" "prometheus-client==0.21.1" || {
+        echo "spdk-rpc: cannot install spdk==$ver / prometheus-client from PyPI"; echo "0 passed, 1 failed"; exit 1; }
 fi
 rpc() { "$venv/bin/spdk-rpc" -s "$work/kv.sock" "$@"; }
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 port_cfg=$(free_port)
 port=$(free_port)
+mport=$(free_port)
 nqn=nqn.2026-11.io.kvtarget:spdk-rpc
 host=nqn.2014-08.org.nvmexpress:uuid:6b767461-7267-6574-0000-000000000001
 
 cat > "$work/kv.toml" <<EOF
+[metrics]
+address = "127.0.0.1:$mport"
+
 [[listeners]]
 address = "127.0.0.1"
 port = $port_cfg
@@ -104,6 +108,23 @@ import json, sys
 st = json.loads(sys.argv[1])
 b = st["bdevs"][0]
 assert b["num_write_ops"] > 0 and b["bytes_written"] == 4096 * b["num_write_ops"], b
+PY
+# The same I/O, seen by Prometheus' own text-format parser.
+"$venv/bin/python" - "$mport" <<'PY' && ok prometheus-metrics || bad prometheus-metrics "see above"
+import sys, urllib.request
+from prometheus_client.parser import text_string_to_metric_families
+text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=10).read().decode()
+fam = {f.name: f for f in text_string_to_metric_families(text)}
+ops = {tuple(sorted(s.labels.items())): s.value for s in fam["kvtarget_volume_ops"].samples if s.name.endswith("_total")}
+writes = ops[(("op", "write"), ("pool", "kv"), ("volume", "lv0"))]
+assert writes > 0, ops
+h = [s for s in fam["kvtarget_volume_latency_seconds"].samples if s.labels.get("op") == "write" and s.labels.get("volume") == "lv0"]
+buckets = [s.value for s in h if s.name.endswith("_bucket")]
+count = next(s.value for s in h if s.name.endswith("_count"))
+assert buckets == sorted(buckets) and buckets[-1] == count == writes, (buckets, count, writes)
+assert fam["kvtarget_pool_extents"].samples, "pool metrics"
+assert any(s.value > 0 for s in fam["kvtarget_reactor_busy_seconds"].samples)
+print(f"prometheus: {len(fam)} metric families, {int(writes)} writes, histogram consistent")
 PY
 step bdev_get_bdevs bdev_get_bdevs -b kv/lv0
 step nvmf_subsystem_get_controllers nvmf_subsystem_get_controllers "$nqn"

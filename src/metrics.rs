@@ -1,0 +1,492 @@
+//! Prometheus metrics over HTTP (`GET /metrics`, text exposition format 0.0.4).
+//!
+//! Cheap enough to leave on: the data path only bumps counters that belong to
+//! one reactor (per-channel volume counters, reactor busy/idle time); a scrape
+//! sums them here.
+
+use crate::pool::volume::{latency_bucket_le_us, LATENCY_BUCKETS};
+use crate::rpc::methods::Control;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn esc(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+struct Out {
+    s: String,
+}
+
+impl Out {
+    fn head(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.s, "# HELP {name} {help}");
+        let _ = writeln!(self.s, "# TYPE {name} {kind}");
+    }
+    fn line(&mut self, name: &str, labels: &[(&str, String)], v: impl std::fmt::Display) {
+        let l: Vec<String> = labels
+            .iter()
+            .map(|(k, v)| format!("{k}=\"{}\"", esc(v)))
+            .collect();
+        if l.is_empty() {
+            let _ = writeln!(self.s, "{name} {v}");
+        } else {
+            let _ = writeln!(self.s, "{name}{{{}}} {v}", l.join(","));
+        }
+    }
+}
+
+/// Renders every metric.
+pub fn render(ctl: &Control) -> String {
+    let mut o = Out { s: String::new() };
+    o.head(
+        "kvtarget_build_info",
+        "gauge",
+        "Version of the running target.",
+    );
+    o.line(
+        "kvtarget_build_info",
+        &[
+            ("version", env!("CARGO_PKG_VERSION").to_string()),
+            ("revision", ctl.target.firmware.clone()),
+        ],
+        1,
+    );
+
+    o.head(
+        "kvtarget_reactor_busy_seconds_total",
+        "counter",
+        "Time reactors spent in polls that found work.",
+    );
+    for r in &ctl.reactors {
+        o.line(
+            "kvtarget_reactor_busy_seconds_total",
+            &[("reactor", r.id.to_string())],
+            r.busy_ns.load(Ordering::Relaxed) as f64 / 1e9,
+        );
+    }
+    o.head(
+        "kvtarget_reactor_idle_seconds_total",
+        "counter",
+        "Time reactors spent in polls that found nothing.",
+    );
+    for r in &ctl.reactors {
+        o.line(
+            "kvtarget_reactor_idle_seconds_total",
+            &[("reactor", r.id.to_string())],
+            r.idle_ns.load(Ordering::Relaxed) as f64 / 1e9,
+        );
+    }
+    o.head(
+        "kvtarget_reactor_queue_pairs",
+        "gauge",
+        "Queue pairs (connections) owned by each reactor.",
+    );
+    for r in &ctl.reactors {
+        o.line(
+            "kvtarget_reactor_queue_pairs",
+            &[("reactor", r.id.to_string())],
+            r.queue_pairs.load(Ordering::Relaxed),
+        );
+    }
+
+    o.head(
+        "kvtarget_connect_refused_total",
+        "counter",
+        "Refused Fabrics Connect commands.",
+    );
+    o.line(
+        "kvtarget_connect_refused_total",
+        &[("reason", "host_not_allowed".into())],
+        ctl.target.refused_host.load(Ordering::Relaxed),
+    );
+    o.line(
+        "kvtarget_connect_refused_total",
+        &[("reason", "other".into())],
+        ctl.target.refused_other.load(Ordering::Relaxed),
+    );
+
+    let subs = ctl
+        .target
+        .subsystems
+        .read()
+        .map(|s| s.clone())
+        .unwrap_or_default();
+    o.head(
+        "kvtarget_subsystem_controllers",
+        "gauge",
+        "Controllers (host associations) per subsystem.",
+    );
+    for s in &subs {
+        let n = s.controllers.lock().map(|c| c.len()).unwrap_or(0);
+        o.line(
+            "kvtarget_subsystem_controllers",
+            &[("subsystem", s.nqn.clone())],
+            n,
+        );
+    }
+    o.head(
+        "kvtarget_namespace_info",
+        "gauge",
+        "Which volume each namespace serves.",
+    );
+    for s in &subs {
+        for n in s.namespace_snapshot() {
+            let vol = ctl
+                .pools
+                .iter()
+                .flat_map(|p| p.volumes().into_iter().map(move |v| (p.name.clone(), v)))
+                .find(|(_, v)| v.desc.uuid == n.uuid)
+                .map(|(p, v)| format!("{p}/{}", v.desc.name))
+                .unwrap_or_else(|| n.dev.describe());
+            o.line(
+                "kvtarget_namespace_info",
+                &[
+                    ("subsystem", s.nqn.clone()),
+                    ("nsid", n.nsid.to_string()),
+                    ("volume", vol),
+                ],
+                1,
+            );
+        }
+    }
+
+    // Volumes: I/O counters, latency histograms, capacity and use.
+    let vols: Vec<_> = ctl
+        .pools
+        .iter()
+        .flat_map(|p| p.volumes().into_iter().map(move |v| (p.name.clone(), v)))
+        .collect();
+    let lbl = |p: &str, v: &str| vec![("pool", p.to_string()), ("volume", v.to_string())];
+    o.head(
+        "kvtarget_volume_ops_total",
+        "counter",
+        "Completed commands per volume and operation.",
+    );
+    let totals: Vec<_> = vols.iter().map(|(p, v)| (p, v, v.io_totals())).collect();
+    for (p, v, t) in &totals {
+        for (op, n) in [
+            ("read", t.reads),
+            ("write", t.writes),
+            ("unmap", t.unmaps),
+            ("flush", t.flushes),
+        ] {
+            let mut l = lbl(p, &v.desc.name);
+            l.push(("op", op.into()));
+            o.line("kvtarget_volume_ops_total", &l, n);
+        }
+    }
+    o.head(
+        "kvtarget_volume_bytes_total",
+        "counter",
+        "Bytes moved per volume and operation.",
+    );
+    for (p, v, t) in &totals {
+        for (op, n) in [
+            ("read", t.read_bytes),
+            ("write", t.write_bytes),
+            ("unmap", t.unmap_bytes),
+        ] {
+            let mut l = lbl(p, &v.desc.name);
+            l.push(("op", op.into()));
+            o.line("kvtarget_volume_bytes_total", &l, n);
+        }
+    }
+    o.head(
+        "kvtarget_volume_errors_total",
+        "counter",
+        "Commands that completed with an error.",
+    );
+    for (p, v, t) in &totals {
+        o.line(
+            "kvtarget_volume_errors_total",
+            &lbl(p, &v.desc.name),
+            t.errors,
+        );
+    }
+    o.head(
+        "kvtarget_volume_latency_seconds",
+        "histogram",
+        "Device-side command latency per volume.",
+    );
+    for (p, v, t) in &totals {
+        for (op, hist, sum_ns) in [
+            ("read", &t.read_hist, t.read_ns),
+            ("write", &t.write_hist, t.write_ns),
+        ] {
+            let mut cum = 0u64;
+            for (i, c) in hist.iter().enumerate().take(LATENCY_BUCKETS) {
+                cum += c;
+                let le = match latency_bucket_le_us(i) {
+                    Some(us) => format!("{}", us as f64 / 1e6),
+                    None => "+Inf".into(),
+                };
+                let mut l = lbl(p, &v.desc.name);
+                l.push(("op", op.into()));
+                l.push(("le", le));
+                o.line("kvtarget_volume_latency_seconds_bucket", &l, cum);
+            }
+            let mut l = lbl(p, &v.desc.name);
+            l.push(("op", op.into()));
+            o.line(
+                "kvtarget_volume_latency_seconds_sum",
+                &l,
+                sum_ns as f64 / 1e9,
+            );
+            o.line("kvtarget_volume_latency_seconds_count", &l, cum);
+        }
+    }
+    o.head("kvtarget_volume_size_bytes", "gauge", "Volume capacity.");
+    for (p, v) in &vols {
+        o.line(
+            "kvtarget_volume_size_bytes",
+            &lbl(p, &v.desc.name),
+            v.desc.size_bytes,
+        );
+    }
+    o.head(
+        "kvtarget_volume_used_bytes",
+        "gauge",
+        "Bytes of written blocks (NUSE).",
+    );
+    for (p, v) in &vols {
+        o.line(
+            "kvtarget_volume_used_bytes",
+            &lbl(p, &v.desc.name),
+            v.used_bytes(),
+        );
+    }
+
+    // Pools and GC.
+    let snaps: Vec<_> = ctl
+        .pools
+        .iter()
+        .map(|p| (p.clone(), p.snapshot()))
+        .collect();
+    o.head("kvtarget_pool_extents", "gauge", "Pool extents by state.");
+    for (p, s) in &snaps {
+        for (state, n) in [
+            ("mapped", s.mapped),
+            ("clean", s.clean),
+            ("dirty", s.dirty),
+            ("reserved", s.reserved),
+        ] {
+            o.line(
+                "kvtarget_pool_extents",
+                &[("pool", p.name.clone()), ("state", state.into())],
+                n,
+            );
+        }
+    }
+    o.head(
+        "kvtarget_pool_capacity_bytes",
+        "gauge",
+        "Pool capacity (extents times extent size).",
+    );
+    for (p, s) in &snaps {
+        o.line(
+            "kvtarget_pool_capacity_bytes",
+            &[("pool", p.name.clone())],
+            s.extents as u64 * s.extent_size,
+        );
+    }
+    o.head(
+        "kvtarget_pool_used_bytes",
+        "gauge",
+        "Bytes in mapped extents.",
+    );
+    for (p, s) in &snaps {
+        o.line(
+            "kvtarget_pool_used_bytes",
+            &[("pool", p.name.clone())],
+            s.mapped * s.extent_size,
+        );
+    }
+    o.head(
+        "kvtarget_gc_backlog_extents",
+        "gauge",
+        "Freed extents waiting to be scrubbed.",
+    );
+    for (p, s) in &snaps {
+        o.line(
+            "kvtarget_gc_backlog_extents",
+            &[("pool", p.name.clone())],
+            s.dirty,
+        );
+    }
+    o.head(
+        "kvtarget_gc_rate_extents_per_second",
+        "gauge",
+        "Rate GC's admission controller currently allows.",
+    );
+    for (p, s) in &snaps {
+        o.line(
+            "kvtarget_gc_rate_extents_per_second",
+            &[("pool", p.name.clone())],
+            s.gc_rate,
+        );
+    }
+    o.head(
+        "kvtarget_gc_scrubbed_extents_total",
+        "counter",
+        "Extents scrubbed by GC.",
+    );
+    for (p, s) in &snaps {
+        o.line(
+            "kvtarget_gc_scrubbed_extents_total",
+            &[("pool", p.name.clone())],
+            s.gc_scrubbed,
+        );
+    }
+    o.head(
+        "kvtarget_gc_state",
+        "gauge",
+        "GC admission state (1 for the current one).",
+    );
+    for (p, s) in &snaps {
+        for m in ["idle", "running", "throttled", "urgent"] {
+            o.line(
+                "kvtarget_gc_state",
+                &[("pool", p.name.clone()), ("state", m.into())],
+                (s.gc_mode.name() == m) as u8,
+            );
+        }
+        o.line(
+            "kvtarget_gc_state",
+            &[("pool", p.name.clone()), ("state", "paused".into())],
+            p.gc_paused() as u8,
+        );
+    }
+    o.head(
+        "kvtarget_gc_watermark_extents",
+        "gauge",
+        "Clean-extent watermarks of GC admission.",
+    );
+    for (p, s) in &snaps {
+        o.line(
+            "kvtarget_gc_watermark_extents",
+            &[("pool", p.name.clone()), ("level", "low".into())],
+            s.low_watermark,
+        );
+        o.line(
+            "kvtarget_gc_watermark_extents",
+            &[("pool", p.name.clone()), ("level", "high".into())],
+            s.high_watermark,
+        );
+    }
+    o.head(
+        "kvtarget_pool_journal_used_bytes",
+        "gauge",
+        "Journal bytes since the last checkpoint.",
+    );
+    for (p, s) in &snaps {
+        o.line(
+            "kvtarget_pool_journal_used_bytes",
+            &[("pool", p.name.clone())],
+            s.journal_used,
+        );
+    }
+    o.head(
+        "kvtarget_pool_commits_total",
+        "counter",
+        "Metadata commits (Flush, FUA, GC, reservations).",
+    );
+    for (p, s) in &snaps {
+        o.line(
+            "kvtarget_pool_commits_total",
+            &[("pool", p.name.clone())],
+            s.commits,
+        );
+    }
+    o.s
+}
+
+/// The metrics HTTP endpoint.
+pub struct MetricsServer {
+    pub addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MetricsServer {
+    pub fn start(addr: SocketAddr, ctl: Arc<Control>) -> Result<MetricsServer, String> {
+        let l = TcpListener::bind(addr).map_err(|e| format!("metrics on {addr}: {e}"))?;
+        l.set_nonblocking(true)
+            .map_err(|e| format!("metrics on {addr}: {e}"))?;
+        let addr = l.local_addr().map_err(|e| e.to_string())?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || {
+                while !st.load(Ordering::Acquire) {
+                    match l.accept() {
+                        Ok((sock, _)) => serve(sock, &ctl),
+                        Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                    }
+                }
+            })
+            .map_err(|e| format!("metrics thread: {e}"))?;
+        tracing::info!("metrics on http://{addr}/metrics");
+        Ok(MetricsServer {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn serve(mut sock: TcpStream, ctl: &Control) {
+    let _ = sock.set_nonblocking(false);
+    let _ = sock.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut req = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
+        match sock.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => req.extend_from_slice(&buf[..n]),
+        }
+    }
+    let line = String::from_utf8_lossy(&req);
+    let first = line.lines().next().unwrap_or("");
+    let mut parts = first.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let (status, ctype, body) = if method != "GET" {
+        (
+            "405 Method Not Allowed",
+            "text/plain",
+            "GET only\n".to_string(),
+        )
+    } else if path == "/metrics" || path.starts_with("/metrics?") {
+        (
+            "200 OK",
+            "text/plain; version=0.0.4; charset=utf-8",
+            render(ctl),
+        )
+    } else {
+        ("404 Not Found", "text/plain", "see /metrics\n".to_string())
+    };
+    let resp = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = sock.write_all(resp.as_bytes());
+}
