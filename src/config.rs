@@ -1,11 +1,11 @@
 //! Configuration: one TOML file. Every error is one line that names the field.
 
 use crate::reactor::IdleMode;
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
@@ -18,8 +18,10 @@ pub struct Config {
     pub listeners: Vec<ListenerConfig>,
     /// JSON-RPC control socket. Absent: the daemon uses the default path (or
     /// `-r`); an embedded target (tests) runs without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub rpc: Option<RpcConfig>,
     /// Prometheus endpoint; absent: off.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics: Option<MetricsConfig>,
     #[serde(default)]
     pub pools: Vec<PoolConfig>,
@@ -27,14 +29,14 @@ pub struct Config {
     pub subsystems: Vec<SubsystemConfig>,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
     /// Address of the HTTP endpoint serving /metrics, e.g. "127.0.0.1:9464".
     pub address: String,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RpcConfig {
     /// Unix socket path (SPDK uses /var/tmp/spdk.sock; we use /var/tmp/kvtarget.sock).
@@ -58,14 +60,19 @@ impl Default for RpcConfig {
 }
 
 /// A pool: one backing device cut into extents, holding thin volumes.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PoolConfig {
     pub name: String,
     pub backend: Backend,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
     /// Size of a file created for the pool, or of a RAM pool.
-    #[serde(default, deserialize_with = "opt_size")]
+    #[serde(
+        default,
+        deserialize_with = "opt_size",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub size: Option<u64>,
     /// Extent size for a new pool (an existing pool keeps its own).
     #[serde(default = "d_extent", deserialize_with = "size")]
@@ -86,7 +93,7 @@ fn d_extent() -> u64 {
     1 << 20
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Unwritten {
     /// Reads of unwritten or deallocated blocks return zeros.
@@ -97,7 +104,7 @@ pub enum Unwritten {
 }
 
 /// A volume the target makes sure exists (created, or grown, at start).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeConfig {
     pub name: String,
@@ -109,7 +116,7 @@ pub struct VolumeConfig {
     pub unwritten: Unwritten,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct GcConfig {
     /// Percent of extents: below this many clean extents GC is urgent.
@@ -154,7 +161,7 @@ impl Default for GcConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct DualPathConfig {
     #[serde(default = "d_true")]
@@ -188,7 +195,7 @@ impl Default for DualPathConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ReactorConfig {
     /// Number of reactor threads (ignored when `cores` is given).
@@ -218,7 +225,7 @@ impl Default for ReactorConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TcpConfig {
     #[serde(default = "d_qd")]
@@ -270,14 +277,15 @@ impl Default for TcpConfig {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct DiscoveryConfig {
     /// Extra discovery-only port on every listener address (8009 by convention).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ListenerConfig {
     pub address: String,
@@ -289,7 +297,7 @@ fn d_port() -> u16 {
     4420
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SubsystemConfig {
     pub nqn: String,
@@ -301,6 +309,10 @@ pub struct SubsystemConfig {
     pub allow_any_host: bool,
     #[serde(default)]
     pub hosts: Vec<String>,
+    /// "address:port" entries this subsystem is reachable on; absent: every
+    /// listener. Addresses not among [[listeners]] are listened on as well.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<Vec<String>>,
     #[serde(default)]
     pub namespaces: Vec<NamespaceConfig>,
 }
@@ -312,24 +324,32 @@ fn d_model() -> String {
     "kvtarget".into()
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
     Ram,
     Uring,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct NamespaceConfig {
     pub nsid: u32,
     /// A pool volume, as "pool/volume".
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub volume: Option<String>,
     /// Or a whole device (no thin provisioning).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub backend: Option<Backend>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
-    #[serde(default, deserialize_with = "opt_size")]
+    #[serde(
+        default,
+        deserialize_with = "opt_size",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub size: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub block_size: Option<u32>,
 }
 
@@ -388,6 +408,11 @@ fn opt_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
 
 impl Config {
     /// Parses and validates; the error is a single line naming the field.
+    /// The configuration as TOML (what `kvtarget_save_config` writes).
+    pub fn to_toml(&self) -> Result<String, String> {
+        toml::to_string(self).map_err(|e| format!("cannot write the configuration: {e}"))
+    }
+
     pub fn parse(text: &str) -> Result<Config, String> {
         let cfg: Config = toml::from_str(text).map_err(|e| {
             let line = e
@@ -534,6 +559,10 @@ impl Config {
             }
             for (j, h) in s.hosts.iter().enumerate() {
                 validate_nqn(h).map_err(|e| format!("{f}.hosts[{j}]: {e}"))?;
+            }
+            for (j, a) in s.listen.iter().flatten().enumerate() {
+                a.parse::<SocketAddr>()
+                    .map_err(|_| format!("{f}.listen[{j}]: `{a}` is not ADDRESS:PORT"))?;
             }
             for (j, n) in s.namespaces.iter().enumerate() {
                 let f = format!("{f}.namespaces[{j}]");

@@ -28,6 +28,7 @@ pub struct Server {
     _pool_locks: Vec<crate::pool::PoolLock>,
     rpc: Option<crate::rpc::RpcServer>,
     metrics: Option<crate::metrics::MetricsServer>,
+    listener_set: Arc<transport::ListenerSet>,
     listen: Vec<(SocketAddr, bool)>,
 }
 
@@ -194,6 +195,12 @@ impl Server {
                 s.allow_any_host,
                 s.hosts.clone(),
             ));
+            if let Some(list) = &s.listen {
+                let addrs: Vec<SocketAddr> = list.iter().filter_map(|a| a.parse().ok()).collect();
+                if let Ok(mut l) = subsys.listen.write() {
+                    *l = Some(addrs);
+                }
+            }
             for (j, n) in s.namespaces.iter().enumerate() {
                 let field = format!("subsystems[{i}].namespaces[{j}]");
                 let dev: SharedDevice = if let Some(v) = &n.volume {
@@ -241,10 +248,27 @@ impl Server {
         }
 
         let mut specs = Vec::new();
-        for a in cfg.listen_addrs()? {
+        let mut addrs = cfg.listen_addrs()?;
+        // Addresses a subsystem lists that are not global listeners are
+        // listened on too (a saved configuration carries RPC-added ones).
+        for s in &cfg.subsystems {
+            for a in s
+                .listen
+                .iter()
+                .flatten()
+                .filter_map(|a| a.parse::<SocketAddr>().ok())
+            {
+                if !addrs.contains(&a) {
+                    addrs.push(a);
+                }
+            }
+        }
+        for a in addrs {
             specs.push(transport::bind(a, false)?);
             if let Some(p) = cfg.discovery.port {
-                specs.push(transport::bind(SocketAddr::new(a.ip(), p), true)?);
+                if cfg.listen_addrs()?.contains(&a) {
+                    specs.push(transport::bind(SocketAddr::new(a.ip(), p), true)?);
+                }
             }
         }
         let listen: Vec<(SocketAddr, bool)> =
@@ -280,6 +304,7 @@ impl Server {
             pools.clone(),
             shared_reactors.clone(),
             listener_set.clone(),
+            cfg.clone(),
         ));
         let mut started = (|| -> Result<_, String> {
             let rpc = match cfg.rpc.as_ref().filter(|r| r.enabled) {
@@ -331,6 +356,7 @@ impl Server {
             _pool_locks: pool_locks,
             rpc,
             metrics,
+            listener_set,
             listen,
         })
     }
@@ -358,6 +384,9 @@ impl Server {
         if let Some(a) = self.acceptor.take() {
             let _ = a.join();
         }
+        // RPC client threads may still hold the control context: close the
+        // listening sockets now so the ports are free at once.
+        self.listener_set.clear();
         for (r, _) in &self.reactors {
             while r.send(Message::Shutdown).is_err() {
                 std::thread::yield_now();

@@ -579,3 +579,79 @@ volume = "kv/m"
     assert!(out.starts_with("HTTP/1.1 404"));
     server.shutdown();
 }
+
+#[test]
+fn saved_config_reproduces_the_running_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        r#"
+[rpc]
+socket = "{d}/kv.sock"
+
+[[listeners]]
+address = "127.0.0.1"
+port = 0
+
+[[pools]]
+name = "kv"
+backend = "uring"
+path = "{d}/pool.img"
+size = "256MiB"
+"#,
+        d = dir.path().display()
+    );
+    let server = Server::start(&Config::parse(&text).unwrap()).unwrap();
+    let mut c = client(&server);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    c.call("bdev_lvol_create", json!({"lvol_name": "s", "size_in_mib": 32, "lvs_name": "kv", "thin_provision": true, "unwritten": "error"}))
+        .unwrap();
+    c.call(
+        "nvmf_create_subsystem",
+        json!({"nqn": NQN, "serial_number": "KVTSAVED1"}),
+    )
+    .unwrap();
+    c.call(
+        "nvmf_subsystem_add_ns",
+        json!({"nqn": NQN, "namespace": {"bdev_name": "kv/s", "nsid": 3}}),
+    )
+    .unwrap();
+    c.call("nvmf_subsystem_add_host", json!({"nqn": NQN, "host": HOST}))
+        .unwrap();
+    c.call("nvmf_subsystem_add_listener", json!({"nqn": NQN, "listen_address": {"trtype": "TCP", "traddr": "127.0.0.1", "trsvcid": port.port().to_string()}}))
+        .unwrap();
+    let mut h = HostController::connect(&HostOptions::new(port, NQN)).unwrap();
+    h.set_queue_count(1).unwrap();
+    let mut q = h.io_queue(1).unwrap();
+    q.write(3, 8, vec![5u8; 4096], 4096).unwrap();
+    q.flush(3).unwrap();
+    let saved = dir.path().join("saved.toml");
+    let r = c
+        .call(
+            "kvtarget_save_config",
+            json!({"path": saved.to_str().unwrap()}),
+        )
+        .unwrap();
+    assert!(r["toml"].as_str().unwrap().contains("kv/s"));
+    let before = c.call("nvmf_get_subsystems", json!({"nqn": NQN})).unwrap();
+    drop(q);
+    drop(h);
+    server.shutdown();
+
+    let cfg = Config::load(&saved).unwrap();
+    let server = Server::start(&cfg).unwrap();
+    let mut c = client(&server);
+    let after = c.call("nvmf_get_subsystems", json!({"nqn": NQN})).unwrap();
+    assert_eq!(before, after, "subsystem, hosts, listeners, namespaces");
+    let mut h = HostController::connect(&HostOptions::new(port, NQN)).unwrap();
+    h.set_queue_count(1).unwrap();
+    let mut q = h.io_queue(1).unwrap();
+    assert_eq!(q.read(3, 8, 1, 4096).unwrap(), vec![5u8; 4096]);
+    match q.read(3, 0, 1, 4096) {
+        Err(Error::Status(s, _)) => assert_eq!(s, Status::DEALLOCATED_OR_UNWRITTEN),
+        other => panic!("the volume kept its unwritten = error option: {other:?}"),
+    }
+    server.shutdown();
+}

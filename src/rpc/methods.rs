@@ -24,6 +24,8 @@ pub struct Control {
     pub pools: Vec<Arc<Pool>>,
     pub reactors: Vec<Arc<ReactorShared>>,
     pub listeners: Arc<crate::transport::ListenerSet>,
+    /// The configuration the target started from (for `kvtarget_save_config`).
+    pub config: crate::config::Config,
     /// Serialises changes so two clients cannot interleave half-done edits.
     edit: Mutex<()>,
 }
@@ -53,6 +55,7 @@ pub const METHODS: &[&str] = &[
     "bdev_lvol_resize",
     "kvtarget_get_pools",
     "kvtarget_pool_set_gc",
+    "kvtarget_save_config",
 ];
 
 /// Typed access to a params object; remembers which keys were read so unknown
@@ -161,12 +164,14 @@ impl Control {
         pools: Vec<Arc<Pool>>,
         reactors: Vec<Arc<ReactorShared>>,
         listeners: Arc<crate::transport::ListenerSet>,
+        config: crate::config::Config,
     ) -> Control {
         Control {
             target,
             pools,
             reactors,
             listeners,
+            config,
             edit: Mutex::new(()),
         }
     }
@@ -203,6 +208,7 @@ impl Control {
             "bdev_lvol_resize" => self.lvol_resize(&mut p),
             "kvtarget_get_pools" => self.get_pools(&mut p),
             "kvtarget_pool_set_gc" => self.pool_set_gc(&mut p),
+            "kvtarget_save_config" => self.save_config(&mut p),
             _ => {
                 return Err(RpcError::new(
                     code::METHOD_NOT_FOUND,
@@ -1139,6 +1145,128 @@ impl Control {
             }
         }
         Ok(Value::Array(out))
+    }
+
+    /// The running state as a configuration that reproduces it at the next
+    /// start: listeners, pools with every volume, subsystems with hosts,
+    /// listeners and namespaces. Written to `path` when given.
+    pub fn current_config(&self) -> Result<crate::config::Config, String> {
+        use crate::config::{
+            ListenerConfig, NamespaceConfig, SubsystemConfig, Unwritten, VolumeConfig,
+        };
+        let mut cfg = self.config.clone();
+        let listeners = self
+            .target
+            .listeners
+            .read()
+            .map(|l| l.clone())
+            .unwrap_or_default();
+        cfg.listeners = listeners
+            .iter()
+            .filter(|l| !l.discovery_only)
+            .map(|l| ListenerConfig {
+                address: l.addr.ip().to_string(),
+                port: l.addr.port(),
+            })
+            .collect();
+        for pc in &mut cfg.pools {
+            if let Some(pool) = self.pools.iter().find(|p| p.name == pc.name) {
+                pc.volumes = pool
+                    .volumes()
+                    .iter()
+                    .map(|v| VolumeConfig {
+                        name: v.desc.name.clone(),
+                        size: v.desc.size_bytes,
+                        block_size: v.desc.block_size,
+                        unwritten: if v.desc.flags & VOL_UNWRITTEN_ERROR != 0 {
+                            Unwritten::Error
+                        } else {
+                            Unwritten::Zeroes
+                        },
+                    })
+                    .collect();
+            }
+        }
+        let subs = self
+            .target
+            .subsystems
+            .read()
+            .map(|s| s.clone())
+            .unwrap_or_default();
+        let mut out = Vec::new();
+        for s in subs {
+            let orig = self.config.subsystems.iter().find(|o| o.nqn == s.nqn);
+            let mut namespaces = Vec::new();
+            for n in s.namespace_snapshot() {
+                let vol = self.pools.iter().find_map(|p| {
+                    p.volumes()
+                        .into_iter()
+                        .find(|v| v.desc.uuid == n.uuid)
+                        .map(|v| format!("{}/{}", p.name, v.desc.name))
+                });
+                match vol {
+                    Some(v) => namespaces.push(NamespaceConfig {
+                        nsid: n.nsid,
+                        volume: Some(v),
+                        backend: None,
+                        path: None,
+                        size: None,
+                        block_size: None,
+                    }),
+                    None => match orig.and_then(|o| o.namespaces.iter().find(|x| x.nsid == n.nsid))
+                    {
+                        Some(c) => namespaces.push(c.clone()),
+                        None => {
+                            return Err(format!(
+                                "{} namespace {} has no configuration to save",
+                                s.nqn, n.nsid
+                            ))
+                        }
+                    },
+                }
+            }
+            out.push(SubsystemConfig {
+                nqn: s.nqn.clone(),
+                serial: s.serial.clone(),
+                model: s.model.clone(),
+                allow_any_host: s.allow_any_host.load(Ordering::Acquire),
+                hosts: s.hosts.read().map(|h| h.clone()).unwrap_or_default(),
+                listen: s
+                    .listen
+                    .read()
+                    .ok()
+                    .and_then(|l| l.clone())
+                    .map(|l| l.iter().map(|a| a.to_string()).collect()),
+                namespaces,
+            });
+        }
+        cfg.subsystems = out;
+        Ok(cfg)
+    }
+
+    fn save_config(&self, p: &mut Params) -> RpcResult {
+        let path = p.opt_str("path")?;
+        let cfg = self
+            .current_config()
+            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
+        let text = cfg
+            .to_toml()
+            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
+        let text = format!("# Written by kvtarget_save_config from the running target.\n{text}");
+        // What we write must load: check it before it replaces anything.
+        crate::config::Config::parse(&text).map_err(|e| {
+            RpcError::new(
+                code::INTERNAL_ERROR,
+                format!("saved configuration does not load: {e}"),
+            )
+        })?;
+        if let Some(path) = path {
+            let tmp = format!("{path}.tmp");
+            std::fs::write(&tmp, &text)
+                .and_then(|_| std::fs::rename(&tmp, &path))
+                .map_err(|e| RpcError::params(format!("path: {path}: {e}")))?;
+        }
+        Ok(json!({"toml": text}))
     }
 
     fn pool_set_gc(&self, p: &mut Params) -> RpcResult {

@@ -59,6 +59,14 @@ impl ListenerSet {
         }
         self.gen.fetch_add(1, Ordering::AcqRel);
     }
+    /// Closes every listening socket (target shutdown).
+    pub fn clear(&self) {
+        if let Ok(mut s) = self.specs.lock() {
+            s.clear();
+        }
+        self.gen.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// Stops listening on `addr`; returns whether it was listening.
     pub fn remove(&self, addr: SocketAddr) -> bool {
         let removed = self
