@@ -278,6 +278,24 @@ fn methods_build_a_subsystem_a_host_can_use() {
     let pools = c.call("kvtarget_get_pools", json!({})).unwrap();
     assert_eq!(pools[0]["name"], "kv");
     assert!(pools[0]["gc"]["mode"].is_string());
+    assert_eq!(
+        err_code(c.call(
+            "kvtarget_pool_set_gc",
+            json!({"name": "kv", "low_watermark_pct": 60})
+        )),
+        code::INVALID_PARAMS
+    );
+    let g = c
+        .call(
+            "kvtarget_pool_set_gc",
+            json!({"name": "kv", "max_rate": 500.0, "max_foreground_qd": 4}),
+        )
+        .unwrap();
+    assert_eq!(g["max_foreground_qd"], 4);
+    let qp = c
+        .call("nvmf_subsystem_get_qpairs", json!({"nqn": NQN}))
+        .unwrap();
+    assert!(qp.as_array().unwrap().iter().any(|q| q["qid"] == 1), "{qp}");
     c.call(
         "kvtarget_pool_set_gc",
         json!({"name": "kv", "paused": true}),

@@ -882,6 +882,51 @@ impl Pool {
         self.wake_md();
     }
 
+    /// Changes GC admission settings at run time (RPC). Only the fields given
+    /// change.
+    pub fn set_gc_settings(
+        &self,
+        max_rate: Option<f64>,
+        max_foreground_qd: Option<u64>,
+        low_watermark_pct: Option<u64>,
+        high_watermark_pct: Option<u64>,
+    ) -> Result<(), String> {
+        let mut m = lock(&self.meta);
+        let mut g = m.admission.s.clone();
+        if let Some(r) = max_rate {
+            if !(r.is_finite() && r >= 1.0) {
+                return Err("max_rate: must be at least 1 extent per second".into());
+            }
+            g.max_rate = r;
+        }
+        if let Some(q) = max_foreground_qd {
+            g.max_foreground_qd = q;
+        }
+        if let Some(l) = low_watermark_pct {
+            g.low_watermark_pct = l;
+        }
+        if let Some(h) = high_watermark_pct {
+            g.high_watermark_pct = h;
+        }
+        if g.low_watermark_pct > 50
+            || g.high_watermark_pct > 90
+            || g.low_watermark_pct > g.high_watermark_pct
+        {
+            return Err(format!(
+                "watermarks must satisfy low <= high, low <= 50, high <= 90 (got {} and {})",
+                g.low_watermark_pct, g.high_watermark_pct
+            ));
+        }
+        m.admission.rate = m.admission.rate.min(g.max_rate);
+        m.admission.s = g;
+        Ok(())
+    }
+
+    /// Current GC admission settings.
+    pub fn gc_settings(&self) -> GcSettings {
+        lock(&self.meta).admission.s.clone()
+    }
+
     pub fn gc_paused(&self) -> bool {
         self.gc_paused.load(Ordering::Relaxed)
     }

@@ -47,6 +47,7 @@ pub const METHODS: &[&str] = &[
     "nvmf_subsystem_remove_host",
     "nvmf_subsystem_allow_any_host",
     "nvmf_subsystem_get_controllers",
+    "nvmf_subsystem_get_qpairs",
     "bdev_get_bdevs",
     "bdev_get_iostat",
     "bdev_lvol_get_lvstores",
@@ -200,6 +201,7 @@ impl Control {
             "nvmf_subsystem_remove_host" => self.remove_host(&mut p),
             "nvmf_subsystem_allow_any_host" => self.allow_any_host(&mut p),
             "nvmf_subsystem_get_controllers" => self.get_controllers(&mut p),
+            "nvmf_subsystem_get_qpairs" => self.get_qpairs(&mut p),
             "bdev_get_bdevs" => self.get_bdevs(&mut p),
             "bdev_get_iostat" => self.get_iostat(&mut p),
             "bdev_lvol_get_lvstores" => self.get_lvstores(&mut p),
@@ -868,6 +870,32 @@ impl Control {
         Ok(Value::Array(ctrls))
     }
 
+    fn get_qpairs(&self, p: &mut Params) -> RpcResult {
+        let nqn = p.str("nqn")?;
+        p.opt_str("tgt_name")?;
+        let s = self.subsystem(&nqn)?;
+        let mut ctrls: Vec<_> = s
+            .controllers
+            .lock()
+            .map(|c| c.values().cloned().collect())
+            .unwrap_or_default();
+        ctrls.sort_by_key(|c: &Arc<crate::target::Controller>| c.cntlid);
+        let mut out = Vec::new();
+        for c in ctrls {
+            for qid in c.queue_ids() {
+                out.push(json!({
+                    "cntlid": c.cntlid,
+                    "qid": qid,
+                    "state": if c.is_failed() { "deleting" } else { "active" },
+                    "hostnqn": c.hostnqn,
+                    "trtype": "TCP",
+                    "admin_peer_address": c.peer,
+                }));
+            }
+        }
+        Ok(Value::Array(out))
+    }
+
     fn get_bdevs(&self, p: &mut Params) -> RpcResult {
         let name = p.opt_str("name")?;
         p.opt_u64("timeout")?;
@@ -1271,15 +1299,34 @@ impl Control {
 
     fn pool_set_gc(&self, p: &mut Params) -> RpcResult {
         let name = p.str("name")?;
-        let paused = p
-            .opt_bool("paused")?
-            .ok_or_else(|| RpcError::params("paused: required"))?;
+        let paused = p.opt_bool("paused")?;
+        let max_rate = match p.get("max_rate") {
+            None => None,
+            Some(v) => Some(
+                v.as_f64()
+                    .ok_or_else(|| RpcError::params("max_rate: must be a number"))?,
+            ),
+        };
+        let qd = p.opt_u64("max_foreground_qd")?;
+        let low = p.opt_u64("low_watermark_pct")?;
+        let high = p.opt_u64("high_watermark_pct")?;
         let pool = self
             .pools
             .iter()
             .find(|x| x.name == name)
             .ok_or_else(|| not_found(format!("pool {name} does not exist")))?;
-        pool.set_gc_paused(paused);
-        Ok(Value::Bool(true))
+        pool.set_gc_settings(max_rate, qd, low, high)
+            .map_err(RpcError::params)?;
+        if let Some(pz) = paused {
+            pool.set_gc_paused(pz);
+        }
+        let g = pool.gc_settings();
+        Ok(json!({
+            "paused": pool.gc_paused(),
+            "max_rate": g.max_rate,
+            "max_foreground_qd": g.max_foreground_qd,
+            "low_watermark_pct": g.low_watermark_pct,
+            "high_watermark_pct": g.high_watermark_pct,
+        }))
     }
 }

@@ -201,6 +201,20 @@ impl Controller {
         }
     }
 
+    /// Queue IDs connected now: 0 (admin) and every attached I/O queue.
+    pub fn queue_ids(&self) -> Vec<u16> {
+        let mut v = vec![0];
+        if let Ok(q) = self.io_queues.lock() {
+            v.extend(
+                q.iter()
+                    .enumerate()
+                    .filter(|(_, &b)| b)
+                    .map(|(i, _)| i as u16),
+            );
+        }
+        v
+    }
+
     pub fn connected_io_queues(&self) -> usize {
         self.io_queues
             .lock()
