@@ -375,3 +375,98 @@ fn check_reports_damage_and_exits_nonzero() {
     let (code, out) = run(&["check", "/nonexistent/pool"]);
     assert_eq!(code, Some(2), "{out}");
 }
+
+/// The `kvtarget rpc` CLI against a running daemon: table output, --json,
+/// key=value parameters, errors with a non-zero exit.
+#[test]
+fn rpc_cli_talks_to_the_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let cfg = dir.path().join("kv.toml");
+    let sock = dir.path().join("rpc.sock");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[listeners]]\naddress = \"127.0.0.1\"\nport = {port}\n\n[[pools]]\nname = \"kv\"\nbackend = \"ram\"\nsize = \"64MiB\"\n"
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .arg("--config")
+        .arg(&cfg)
+        .arg("-r")
+        .arg(&sock)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !sock.exists() && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let rpc = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .arg("rpc")
+            .arg("-r")
+            .arg(&sock)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, out, err) = rpc(&[
+        "bdev_lvol_create",
+        "lvol_name=c1",
+        "size_in_mib=16",
+        "thin_provision=true",
+    ]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (code, out, _) = rpc(&[
+        "nvmf_create_subsystem",
+        r#"{"nqn": "nqn.2026-11.io.kvtarget:cli", "allow_any_host": true}"#,
+    ]);
+    assert_eq!(code, Some(0));
+    assert_eq!(out.trim(), "ok");
+    let (code, _, _) = rpc(&[
+        "nvmf_subsystem_add_ns",
+        "nqn=nqn.2026-11.io.kvtarget:cli",
+        "namespace.bdev_name=kv/c1",
+    ]);
+    assert_eq!(code, Some(0));
+    let (code, _, err) = rpc(&[
+        "nvmf_subsystem_add_listener",
+        "nqn=nqn.2026-11.io.kvtarget:cli",
+        "listen_address.trtype=TCP",
+        "listen_address.traddr=127.0.0.1",
+        &format!("listen_address.trsvcid={}", free_port()),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, out, _) = rpc(&["nvmf_get_subsystems"]);
+    assert_eq!(code, Some(0));
+    let header = out.lines().next().unwrap();
+    assert!(
+        header.contains("nqn") && header.contains("namespaces"),
+        "{out}"
+    );
+    assert!(out.contains("nqn.2026-11.io.kvtarget:cli"), "{out}");
+    let (code, out, _) = rpc(&["--json", "bdev_get_bdevs", "name=kv/c1"]);
+    assert_eq!(code, Some(0));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["aliases"][0], "kv/c1");
+    let (code, _, err) = rpc(&["nvmf_delete_subsystem", "nqn=nqn.2026-11.io.kvtarget:none"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("error -2"), "{err}");
+    let (code, _, err) = rpc(&["bogus_method"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("-32601"), "{err}");
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    assert!(child.wait().unwrap().success());
+    let (code, _, err) = rpc(&["spdk_get_version"]);
+    assert_eq!(code, Some(2), "no daemon: {err}");
+}

@@ -627,7 +627,17 @@ impl Control {
         let mut la = p.object("listen_address")?;
         let trtype = la.str("trtype")?;
         let traddr = la.str("traddr")?;
-        let trsvcid = la.opt_str("trsvcid")?;
+        // SPDK sends the port as a string; accept a number too.
+        let trsvcid = match la.get("trsvcid") {
+            None => None,
+            Some(Value::String(p)) => Some(p.clone()),
+            Some(Value::Number(n)) => Some(n.to_string()),
+            Some(_) => {
+                return Err(RpcError::params(
+                    "listen_address.trsvcid: must be a port number",
+                ))
+            }
+        };
         let adrfam = la.opt_str("adrfam")?;
         la.finish()?;
         if !trtype.eq_ignore_ascii_case("tcp") {
