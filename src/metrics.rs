@@ -138,7 +138,7 @@ pub fn render(ctl: &Control) -> String {
     for s in &subs {
         for n in s.namespace_snapshot() {
             let vol = ctl
-                .pools
+                .pools()
                 .iter()
                 .flat_map(|p| p.volumes().into_iter().map(move |v| (p.name.clone(), v)))
                 .find(|(_, v)| v.desc.uuid == n.uuid)
@@ -158,7 +158,7 @@ pub fn render(ctl: &Control) -> String {
 
     // Volumes: I/O counters, latency histograms, capacity and use.
     let vols: Vec<_> = ctl
-        .pools
+        .pools()
         .iter()
         .flat_map(|p| p.volumes().into_iter().map(move |v| (p.name.clone(), v)))
         .collect();
@@ -264,7 +264,7 @@ pub fn render(ctl: &Control) -> String {
 
     // Pools and GC.
     let snaps: Vec<_> = ctl
-        .pools
+        .pools()
         .iter()
         .map(|p| (p.clone(), p.snapshot()))
         .collect();

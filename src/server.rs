@@ -29,6 +29,7 @@ pub struct Server {
     rpc: Option<crate::rpc::RpcServer>,
     metrics: Option<crate::metrics::MetricsServer>,
     listener_set: Arc<transport::ListenerSet>,
+    ctl: Arc<crate::rpc::methods::Control>,
     listen: Vec<(SocketAddr, bool)>,
 }
 
@@ -357,6 +358,7 @@ impl Server {
             rpc,
             metrics,
             listener_set,
+            ctl,
             listen,
         })
     }
@@ -401,8 +403,10 @@ impl Server {
             }
         }
         self.devices.clear();
-        // Pools last: no reactor uses a volume any more.
-        for p in self.pools.drain(..) {
+        // Pools last: no reactor uses a volume any more (pools created over
+        // RPC included).
+        self.pools.clear();
+        for p in self.ctl.pools() {
             if let Err(e) = p.close() {
                 tracing::error!(pool = %p.name, "close: {e}");
             }

@@ -645,6 +645,36 @@ size = "256MiB"
     let mut q = h.io_queue(1).unwrap();
     q.write(3, 8, vec![5u8; 4096], 4096).unwrap();
     q.flush(3).unwrap();
+    // A second pool, made over RPC on a file, with a volume in it.
+    let extra = dir.path().join("extra.img");
+    std::fs::File::create(&extra)
+        .unwrap()
+        .set_len(128 << 20)
+        .unwrap();
+    let lvs = c
+        .call("bdev_lvol_create_lvstore", json!({"bdev_name": extra.to_str().unwrap(), "lvs_name": "extra", "cluster_sz": 262144}))
+        .unwrap();
+    assert_eq!(lvs.as_str().unwrap().len(), 36);
+    assert_eq!(
+        err_code(c.call(
+            "bdev_lvol_create_lvstore",
+            json!({"bdev_name": extra.to_str().unwrap(), "lvs_name": "again"})
+        )),
+        code::EBUSY,
+        "the file is in use by the new pool"
+    );
+    assert_eq!(
+        err_code(c.call(
+            "bdev_lvol_create_lvstore",
+            json!({"bdev_name": "/nonexistent/x", "lvs_name": "x"})
+        )),
+        code::ENOENT
+    );
+    c.call(
+        "bdev_lvol_create",
+        json!({"lvol_name": "e1", "size_in_mib": 8, "lvs_name": "extra", "thin_provision": true}),
+    )
+    .unwrap();
     let saved = dir.path().join("saved.toml");
     let r = c
         .call(
@@ -663,6 +693,13 @@ size = "256MiB"
     let mut c = client(&server);
     let after = c.call("nvmf_get_subsystems", json!({"nqn": NQN})).unwrap();
     assert_eq!(before, after, "subsystem, hosts, listeners, namespaces");
+    let b = c
+        .call("bdev_get_bdevs", json!({"name": "extra/e1"}))
+        .unwrap();
+    assert_eq!(
+        b[0]["num_blocks"], 2048,
+        "the RPC-made pool and its volume came back"
+    );
     let mut h = HostController::connect(&HostOptions::new(port, NQN)).unwrap();
     h.set_queue_count(1).unwrap();
     let mut q = h.io_queue(1).unwrap();

@@ -21,7 +21,9 @@ use std::sync::{Arc, Mutex};
 /// What RPC methods act on.
 pub struct Control {
     pub target: Arc<Target>,
-    pub pools: Vec<Arc<Pool>>,
+    pools: std::sync::RwLock<Vec<Arc<Pool>>>,
+    /// Pools created over RPC: their configuration (for save) and lock.
+    runtime_pools: Mutex<Vec<(crate::config::PoolConfig, crate::pool::PoolLock)>>,
     pub reactors: Vec<Arc<ReactorShared>>,
     pub listeners: Arc<crate::transport::ListenerSet>,
     /// The configuration the target started from (for `kvtarget_save_config`).
@@ -50,6 +52,7 @@ pub const METHODS: &[&str] = &[
     "nvmf_subsystem_get_qpairs",
     "bdev_get_bdevs",
     "bdev_get_iostat",
+    "bdev_lvol_create_lvstore",
     "bdev_lvol_get_lvstores",
     "bdev_lvol_create",
     "bdev_lvol_delete",
@@ -169,12 +172,18 @@ impl Control {
     ) -> Control {
         Control {
             target,
-            pools,
+            pools: std::sync::RwLock::new(pools),
+            runtime_pools: Mutex::new(Vec::new()),
             reactors,
             listeners,
             config,
             edit: Mutex::new(()),
         }
+    }
+
+    /// Every open pool (from the configuration and created over RPC).
+    pub fn pools(&self) -> Vec<Arc<Pool>> {
+        self.pools.read().map(|p| p.clone()).unwrap_or_default()
     }
 
     pub fn call(&self, method: &str, params: Value) -> RpcResult {
@@ -205,6 +214,7 @@ impl Control {
             "bdev_get_bdevs" => self.get_bdevs(&mut p),
             "bdev_get_iostat" => self.get_iostat(&mut p),
             "bdev_lvol_get_lvstores" => self.get_lvstores(&mut p),
+            "bdev_lvol_create_lvstore" => self.create_lvstore(&mut p),
             "bdev_lvol_create" => self.lvol_create(&mut p),
             "bdev_lvol_delete" => self.lvol_delete(&mut p),
             "bdev_lvol_resize" => self.lvol_resize(&mut p),
@@ -415,7 +425,7 @@ impl Control {
     }
 
     fn bdev_name_of(&self, n: &Namespace) -> String {
-        for p in &self.pools {
+        for p in &self.pools() {
             for v in p.volumes() {
                 if v.desc.uuid == n.uuid {
                     return format!("{}/{}", p.name, v.desc.name);
@@ -520,13 +530,13 @@ impl Control {
         name: &str,
     ) -> Result<(Arc<Pool>, Arc<crate::pool::volume::Volume>), RpcError> {
         if let Some((pn, vn)) = name.split_once('/') {
-            if let Some(p) = self.pools.iter().find(|p| p.name == pn) {
+            if let Some(p) = self.pools().iter().find(|p| p.name == pn) {
                 if let Some(v) = p.volume(vn) {
                     return Ok((p.clone(), v));
                 }
             }
         }
-        for p in &self.pools {
+        for p in &self.pools() {
             if let Some(v) = p
                 .volumes()
                 .into_iter()
@@ -910,7 +920,7 @@ impl Control {
         let name = p.opt_str("name")?;
         p.opt_u64("timeout")?;
         let mut out = Vec::new();
-        for pool in &self.pools {
+        for pool in &self.pools() {
             for v in pool.volumes() {
                 let alias = format!("{}/{}", pool.name, v.desc.name);
                 let uuid = uuid_str(&v.desc.uuid);
@@ -979,7 +989,7 @@ impl Control {
             }
         }
         let mut out = Vec::new();
-        for pool in &self.pools {
+        for pool in &self.pools() {
             for v in pool.volumes() {
                 let alias = format!("{}/{}", pool.name, v.desc.name);
                 let uuid = uuid_str(&v.desc.uuid);
@@ -1019,10 +1029,11 @@ impl Control {
     }
 
     fn pool(&self, name: Option<String>, uuid: Option<String>) -> Result<Arc<Pool>, RpcError> {
+        let pools = self.pools();
         let found = match (&name, &uuid) {
-            (Some(n), _) => self.pools.iter().find(|p| &p.name == n),
-            (None, Some(u)) => self.pools.iter().find(|p| &uuid_str(&p.sb.uuid) == u),
-            (None, None) if self.pools.len() == 1 => self.pools.first(),
+            (Some(n), _) => pools.iter().find(|p| &p.name == n),
+            (None, Some(u)) => pools.iter().find(|p| &uuid_str(&p.sb.uuid) == u),
+            (None, None) if pools.len() == 1 => pools.first(),
             (None, None) => {
                 return Err(RpcError::params(
                     "lvs_name or uuid: required (more than one pool)",
@@ -1037,13 +1048,93 @@ impl Control {
         })
     }
 
+    /// Formats a file or block device as a new pool (lvol store) and opens it.
+    /// `bdev_name` is the path of an existing file or block device: kvtarget
+    /// has no separate base-bdev layer.
+    fn create_lvstore(&self, p: &mut Params) -> RpcResult {
+        use crate::config::{Backend, DualPathConfig, GcConfig, PoolConfig};
+        let path = p.str("bdev_name")?;
+        let name = p.str("lvs_name")?;
+        let cluster = p.opt_u64("cluster_sz")?.unwrap_or(1 << 20);
+        if let Some(c) = p.opt_str("clear_method")? {
+            if !matches!(c.as_str(), "none" | "unmap" | "write_zeroes") {
+                return Err(RpcError::params(format!(
+                    "clear_method: `{c}` is not none, unmap or write_zeroes"
+                )));
+            }
+        }
+        p.opt_u64("num_md_pages_per_cluster_ratio")?;
+        p.opt_u64("md_page_size")?;
+        if name.is_empty() || name.contains('/') || name.len() > 64 {
+            return Err(RpcError::params("lvs_name: 1 to 64 characters without `/`"));
+        }
+        if self.pools().iter().any(|x| x.name == name) {
+            return Err(RpcError::new(
+                code::EEXIST,
+                format!("lvol store {name} already exists"),
+            ));
+        }
+        let pb = std::path::PathBuf::from(&path);
+        if !pb.exists() {
+            return Err(not_found(format!(
+                "bdev_name: {path} does not exist (give the path of a file or block device; create a file with `truncate -s SIZE {path}`)"
+            )));
+        }
+        let lock = crate::pool::lock_pool(&pb, true).map_err(|e| RpcError::new(code::EBUSY, e))?;
+        let dev: crate::bdev::SharedDevice = crate::bdev::uring::UringDevice::open(&pb, None, 512)
+            .map_err(|e| RpcError::params(format!("bdev_name: {path}: {e}")))?;
+        crate::pool::format(
+            &dev,
+            &crate::pool::FormatOptions {
+                extent_size: cluster,
+                force: false,
+                journal_len: None,
+            },
+        )
+        .map_err(|e| {
+            if e.contains("already holds a pool") {
+                RpcError::new(code::EEXIST, e)
+            } else {
+                RpcError::params(e)
+            }
+        })?;
+        let opts = crate::pool::PoolOptions {
+            reactors: self.reactors.len().max(1),
+            ..Default::default()
+        };
+        let pool =
+            Pool::open(&name, dev, opts).map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
+        let uuid = uuid_str(&pool.sb.uuid);
+        if let Ok(mut v) = self.pools.write() {
+            v.push(pool);
+        }
+        if let Ok(mut r) = self.runtime_pools.lock() {
+            r.push((
+                PoolConfig {
+                    name: name.clone(),
+                    backend: Backend::Uring,
+                    path: Some(pb),
+                    size: None,
+                    extent_size: cluster,
+                    create: false,
+                    gc: GcConfig::default(),
+                    dual_path: DualPathConfig::default(),
+                    volumes: Vec::new(),
+                },
+                lock,
+            ));
+        }
+        tracing::info!(pool = %name, path = %path, "rpc: pool created");
+        Ok(json!(uuid))
+    }
+
     fn get_lvstores(&self, p: &mut Params) -> RpcResult {
         let name = p.opt_str("lvs_name")?;
         let uuid = p.opt_str("uuid")?;
         let pools: Vec<Arc<Pool>> = if name.is_some() || uuid.is_some() {
             vec![self.pool(name, uuid)?]
         } else {
-            self.pools.clone()
+            self.pools()
         };
         Ok(Value::Array(
             pools
@@ -1149,7 +1240,7 @@ impl Control {
     fn get_pools(&self, p: &mut Params) -> RpcResult {
         let name = p.opt_str("name")?;
         let mut out = Vec::new();
-        for pool in &self.pools {
+        for pool in &self.pools() {
             if name.as_ref().is_some_and(|n| n != &pool.name) {
                 continue;
             }
@@ -1193,6 +1284,9 @@ impl Control {
             ListenerConfig, NamespaceConfig, SubsystemConfig, Unwritten, VolumeConfig,
         };
         let mut cfg = self.config.clone();
+        if let Ok(r) = self.runtime_pools.lock() {
+            cfg.pools.extend(r.iter().map(|(c, _)| c.clone()));
+        }
         let listeners = self
             .target
             .listeners
@@ -1208,7 +1302,7 @@ impl Control {
             })
             .collect();
         for pc in &mut cfg.pools {
-            if let Some(pool) = self.pools.iter().find(|p| p.name == pc.name) {
+            if let Some(pool) = self.pools().iter().find(|p| p.name == pc.name) {
                 pc.volumes = pool
                     .volumes()
                     .iter()
@@ -1236,7 +1330,7 @@ impl Control {
             let orig = self.config.subsystems.iter().find(|o| o.nqn == s.nqn);
             let mut namespaces = Vec::new();
             for n in s.namespace_snapshot() {
-                let vol = self.pools.iter().find_map(|p| {
+                let vol = self.pools().iter().find_map(|p| {
                     p.volumes()
                         .into_iter()
                         .find(|v| v.desc.uuid == n.uuid)
@@ -1321,8 +1415,8 @@ impl Control {
         let low = p.opt_u64("low_watermark_pct")?;
         let high = p.opt_u64("high_watermark_pct")?;
         let pool = self
-            .pools
-            .iter()
+            .pools()
+            .into_iter()
             .find(|x| x.name == name)
             .ok_or_else(|| not_found(format!("pool {name} does not exist")))?;
         pool.set_gc_settings(max_rate, qd, low, high)

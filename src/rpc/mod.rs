@@ -351,6 +351,7 @@ impl RpcClient {
             match self.sock.read(&mut chunk) {
                 Ok(0) => return Err("connection closed".into()),
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e.to_string()),
             }
         }
