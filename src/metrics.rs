@@ -156,6 +156,82 @@ pub fn render(ctl: &Control) -> String {
         }
     }
 
+    // Queue pairs (connections): commands, bytes, errors, latency from capsule
+    // in to response out.
+    let qps = ctl.target.live_qpairs();
+    let ql = |q: &crate::target::QpairStats| {
+        vec![
+            ("subsystem", q.subnqn.clone()),
+            ("cntlid", q.cntlid.to_string()),
+            ("qid", q.qid.to_string()),
+        ]
+    };
+    let ld = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    o.head(
+        "kvtarget_qpair_commands_total",
+        "counter",
+        "Completed commands per queue pair.",
+    );
+    for q in &qps {
+        for (op, n) in [
+            ("read", ld(&q.reads)),
+            ("write", ld(&q.writes)),
+            ("other", ld(&q.other)),
+        ] {
+            let mut l = ql(q);
+            l.push(("op", op.into()));
+            o.line("kvtarget_qpair_commands_total", &l, n);
+        }
+    }
+    o.head(
+        "kvtarget_qpair_bytes_total",
+        "counter",
+        "Data bytes per queue pair.",
+    );
+    for q in &qps {
+        for (op, n) in [("read", ld(&q.read_bytes)), ("write", ld(&q.write_bytes))] {
+            let mut l = ql(q);
+            l.push(("op", op.into()));
+            o.line("kvtarget_qpair_bytes_total", &l, n);
+        }
+    }
+    o.head(
+        "kvtarget_qpair_errors_total",
+        "counter",
+        "Commands completed with an error status.",
+    );
+    for q in &qps {
+        o.line("kvtarget_qpair_errors_total", &ql(q), ld(&q.errors));
+    }
+    o.head(
+        "kvtarget_qpair_latency_seconds",
+        "histogram",
+        "Command latency seen by the host side of each queue pair.",
+    );
+    for q in &qps {
+        for (op, hist, sum) in [
+            ("read", &q.read_hist, ld(&q.read_ns)),
+            ("write", &q.write_hist, ld(&q.write_ns)),
+        ] {
+            let mut cum = 0u64;
+            for (i, c) in hist.iter().enumerate() {
+                cum += ld(c);
+                let le = match latency_bucket_le_us(i) {
+                    Some(us) => format!("{}", us as f64 / 1e6),
+                    None => "+Inf".into(),
+                };
+                let mut l = ql(q);
+                l.push(("op", op.into()));
+                l.push(("le", le));
+                o.line("kvtarget_qpair_latency_seconds_bucket", &l, cum);
+            }
+            let mut l = ql(q);
+            l.push(("op", op.into()));
+            o.line("kvtarget_qpair_latency_seconds_sum", &l, sum as f64 / 1e9);
+            o.line("kvtarget_qpair_latency_seconds_count", &l, cum);
+        }
+    }
+
     // Volumes: I/O counters, latency histograms, capacity and use.
     let vols: Vec<_> = ctl
         .pools()

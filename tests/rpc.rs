@@ -589,6 +589,29 @@ volume = "kv/m"
     assert!(after
         .iter()
         .any(|(n, v)| n.starts_with("kvtarget_reactor_busy_seconds_total") && *v > 0.0));
+    // Per queue pair: the I/O queue saw the 50 reads and 50 writes.
+    let qp = |op: &str| {
+        after
+            .iter()
+            .filter(|(n, _)| {
+                n.starts_with("kvtarget_qpair_commands_total{")
+                    && n.contains(r#"qid="1""#)
+                    && n.contains(&format!(r#"op="{op}""#))
+            })
+            .map(|x| x.1)
+            .sum::<f64>()
+    };
+    assert_eq!(qp("read"), 50.0);
+    assert_eq!(qp("write"), 50.0);
+    let qcount = after
+        .iter()
+        .find(|(n, _)| {
+            n.starts_with("kvtarget_qpair_latency_seconds_count{")
+                && n.contains(r#"qid="1""#)
+                && n.contains(r#"op="read""#)
+        })
+        .map(|x| x.1);
+    assert_eq!(qcount, Some(50.0));
     // Anything but GET /metrics is refused politely.
     let mut s = std::net::TcpStream::connect(maddr).unwrap();
     s.write_all(b"GET /nope HTTP/1.1\r\n\r\n").unwrap();

@@ -305,6 +305,28 @@ impl Subsystem {
     }
 }
 
+/// I/O counters of one queue pair (one host connection), written only by the
+/// reactor that owns it and summed by the metrics exporter.
+#[derive(Debug, Default)]
+pub struct QpairStats {
+    pub subnqn: String,
+    pub cntlid: u16,
+    pub qid: u16,
+    pub peer: String,
+    pub reads: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub writes: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub other: AtomicU64,
+    pub errors: AtomicU64,
+    /// Command latency (capsule in to response out) histograms for reads and
+    /// writes, buckets as `pool::volume::latency_bucket`, plus sums in ns.
+    pub read_hist: [AtomicU64; crate::pool::volume::LATENCY_BUCKETS],
+    pub write_hist: [AtomicU64; crate::pool::volume::LATENCY_BUCKETS],
+    pub read_ns: AtomicU64,
+    pub write_ns: AtomicU64,
+}
+
 /// The whole target: subsystems and listeners, shared by reactors and the control
 /// thread.
 pub struct Target {
@@ -319,6 +341,8 @@ pub struct Target {
     /// Refused Connect commands, by reason (access control is counted).
     pub refused_host: AtomicU64,
     pub refused_other: AtomicU64,
+    /// Live queue pairs' counters (weak: a closed connection drops out).
+    pub qpairs: Mutex<Vec<std::sync::Weak<QpairStats>>>,
 }
 
 impl Target {
@@ -346,7 +370,24 @@ impl Target {
             firmware,
             refused_host: AtomicU64::new(0),
             refused_other: AtomicU64::new(0),
+            qpairs: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Registers a connected queue pair's counters.
+    pub fn register_qpair(&self, st: &Arc<QpairStats>) {
+        if let Ok(mut v) = self.qpairs.lock() {
+            v.retain(|w| w.strong_count() > 0);
+            v.push(Arc::downgrade(st));
+        }
+    }
+
+    /// Counters of the queue pairs connected now.
+    pub fn live_qpairs(&self) -> Vec<Arc<QpairStats>> {
+        self.qpairs
+            .lock()
+            .map(|v| v.iter().filter_map(|w| w.upgrade()).collect())
+            .unwrap_or_default()
     }
 
     pub fn add_subsystem(&self, s: Arc<Subsystem>) {

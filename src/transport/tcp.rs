@@ -72,6 +72,8 @@ struct Request {
     status: Status,
     /// The data failed its digest; finish receiving, then fail the command.
     data_error: bool,
+    /// When the capsule arrived (queue-pair latency metrics).
+    arrived: std::time::Instant,
 }
 
 pub struct TcpConnection {
@@ -93,6 +95,8 @@ pub struct TcpConnection {
     namespaces: Vec<Arc<Namespace>>,
     /// The subsystem's namespace generation the snapshot above was taken at.
     ns_gen: u64,
+    /// This queue pair's counters, once connected.
+    stats: Option<Arc<crate::target::QpairStats>>,
     sq_head: u16,
     sqsize: u16,
     sqflow_disabled: bool,
@@ -159,6 +163,7 @@ impl TcpConnection {
             binding: None,
             namespaces: Vec::new(),
             ns_gen: 0,
+            stats: None,
             sq_head: 0,
             sqsize: 31,
             sqflow_disabled: false,
@@ -432,6 +437,7 @@ impl TcpConnection {
             pending_ops: 0,
             status: Status::SUCCESS,
             data_error,
+            arrived: ctx.now,
         };
         let Some(slot) = self.alloc_slot(req) else {
             self.cids.remove(cid);
@@ -735,6 +741,15 @@ impl TcpConnection {
                         self.sqsize = cmd.sqsize;
                         self.sq_head = 0;
                         self.sqflow_disabled = cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0;
+                        let st = Arc::new(crate::target::QpairStats {
+                            subnqn: ctrl.subsys.nqn.clone(),
+                            cntlid: ctrl.cntlid,
+                            qid: binding.qid(),
+                            peer: self.peer.clone(),
+                            ..Default::default()
+                        });
+                        self.target.register_qpair(&st);
+                        self.stats = Some(st);
                         self.ns_gen = ctrl.subsys.ns_gen.load(Ordering::Acquire);
                         self.namespaces = ctrl.subsys.namespace_snapshot();
                         if binding.qid() == 0 {
@@ -960,6 +975,31 @@ impl TcpConnection {
                             .fetch_add(len as u64, Ordering::Relaxed);
                     }
                     _ => {}
+                }
+            }
+        }
+        if let Some(st) = &self.stats {
+            let ns = r.arrived.elapsed().as_nanos() as u64;
+            let b = crate::pool::volume::latency_bucket(ns);
+            if !status.is_success() {
+                st.errors.fetch_add(1, Ordering::Relaxed);
+            } else {
+                match r.plan {
+                    Some(IoPlan::Read { len, .. }) => {
+                        st.reads.fetch_add(1, Ordering::Relaxed);
+                        st.read_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                        st.read_hist[b].fetch_add(1, Ordering::Relaxed);
+                        st.read_ns.fetch_add(ns, Ordering::Relaxed);
+                    }
+                    Some(IoPlan::Write { len, .. }) => {
+                        st.writes.fetch_add(1, Ordering::Relaxed);
+                        st.write_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                        st.write_hist[b].fetch_add(1, Ordering::Relaxed);
+                        st.write_ns.fetch_add(ns, Ordering::Relaxed);
+                    }
+                    _ => {
+                        st.other.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             }
         }
