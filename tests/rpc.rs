@@ -274,6 +274,24 @@ fn methods_build_a_subsystem_a_host_can_use() {
     assert!(b["num_read_ops"].as_u64().unwrap() >= 1);
     assert!(st["tick_rate"].as_u64().unwrap() > 0);
 
+    // Resizing: a served volume is refused, an idle one grows.
+    assert_eq!(
+        err_code(c.call(
+            "bdev_lvol_resize",
+            json!({"name": "kv/a", "size_in_mib": 128})
+        )),
+        code::EBUSY
+    );
+    c.call(
+        "bdev_lvol_resize",
+        json!({"name": "kv/base", "size_in_mib": 32}),
+    )
+    .unwrap();
+    let b = c
+        .call("bdev_get_bdevs", json!({"name": "kv/base"}))
+        .unwrap();
+    assert_eq!(b[0]["num_blocks"], 32 * 256);
+
     // Pools and GC are visible and controllable.
     let pools = c.call("kvtarget_get_pools", json!({})).unwrap();
     assert_eq!(pools[0]["name"], "kv");
