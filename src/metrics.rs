@@ -198,10 +198,14 @@ pub fn render(ctl: &Control) -> String {
     o.head(
         "kvtarget_qpair_errors_total",
         "counter",
-        "Commands completed with an error status.",
+        "Commands completed with an error status, by kind.",
     );
     for q in &qps {
-        o.line("kvtarget_qpair_errors_total", &ql(q), ld(&q.errors));
+        for (i, kind) in crate::target::ERROR_KINDS.iter().enumerate() {
+            let mut l = ql(q);
+            l.push(("status", kind.to_string()));
+            o.line("kvtarget_qpair_errors_total", &l, ld(&q.errors_by[i]));
+        }
     }
     o.head(
         "kvtarget_qpair_latency_seconds",

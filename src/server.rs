@@ -411,6 +411,7 @@ impl Server {
                 tracing::error!(pool = %p.name, "close: {e}");
             }
         }
+        self.ctl.release_runtime_pools();
     }
 
     /// The metrics endpoint, when one is running.

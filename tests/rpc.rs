@@ -323,6 +323,10 @@ fn methods_build_a_subsystem_a_host_can_use() {
         c.call("kvtarget_get_pools", json!({"name": "kv"})).unwrap()[0]["gc"]["paused"],
         true
     );
+    let chk = c
+        .call("kvtarget_pool_check", json!({"name": "kv"}))
+        .unwrap();
+    assert_eq!(chk["consistent"], true, "{chk}");
     let lvs = c.call("bdev_lvol_get_lvstores", json!({})).unwrap();
     assert_eq!(lvs[0]["name"], "kv");
 
@@ -630,6 +634,19 @@ volume = "kv/m"
         })
         .map(|x| x.1);
     assert_eq!(qcount, Some(50.0));
+    // Errors are counted by kind: a read past the end is an LBA error.
+    assert!(q.read(1, 1 << 30, 1, 4096).is_err());
+    let errs = samples(&scrape(maddr));
+    let lba = errs
+        .iter()
+        .filter(|(n, _)| {
+            n.starts_with("kvtarget_qpair_errors_total{")
+                && n.contains(r#"qid="1""#)
+                && n.contains(r#"status="lba_out_of_range""#)
+        })
+        .map(|x| x.1)
+        .sum::<f64>();
+    assert_eq!(lba, 1.0);
     // Anything but GET /metrics is refused politely.
     let mut s = std::net::TcpStream::connect(maddr).unwrap();
     s.write_all(b"GET /nope HTTP/1.1\r\n\r\n").unwrap();

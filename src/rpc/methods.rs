@@ -60,6 +60,7 @@ pub const METHODS: &[&str] = &[
     "kvtarget_get_pools",
     "kvtarget_pool_set_gc",
     "kvtarget_save_config",
+    "kvtarget_pool_check",
 ];
 
 /// Typed access to a params object; remembers which keys were read so unknown
@@ -181,6 +182,15 @@ impl Control {
         }
     }
 
+    /// Drops the locks of pools created over RPC (target shutdown, after the
+    /// pools are closed): RPC client threads may hold this context a moment
+    /// longer, and the next start must be able to take the pools at once.
+    pub fn release_runtime_pools(&self) {
+        if let Ok(mut r) = self.runtime_pools.lock() {
+            r.clear();
+        }
+    }
+
     /// Every open pool (from the configuration and created over RPC).
     pub fn pools(&self) -> Vec<Arc<Pool>> {
         self.pools.read().map(|p| p.clone()).unwrap_or_default()
@@ -221,6 +231,7 @@ impl Control {
             "kvtarget_get_pools" => self.get_pools(&mut p),
             "kvtarget_pool_set_gc" => self.pool_set_gc(&mut p),
             "kvtarget_save_config" => self.save_config(&mut p),
+            "kvtarget_pool_check" => self.pool_check(&mut p),
             _ => {
                 return Err(RpcError::new(
                     code::METHOD_NOT_FOUND,
@@ -1399,6 +1410,18 @@ impl Control {
                 .map_err(|e| RpcError::params(format!("path: {path}: {e}")))?;
         }
         Ok(json!({"toml": text}))
+    }
+
+    /// Live consistency check of a pool (the offline one is `kvtarget check`).
+    fn pool_check(&self, p: &mut Params) -> RpcResult {
+        let name = p.str("name")?;
+        let pool = self
+            .pools()
+            .into_iter()
+            .find(|x| x.name == name)
+            .ok_or_else(|| not_found(format!("pool {name} does not exist")))?;
+        let (problems, summary) = pool.verify_live();
+        Ok(json!({"consistent": problems.is_empty(), "problems": problems, "extents": summary}))
     }
 
     fn pool_set_gc(&self, p: &mut Params) -> RpcResult {

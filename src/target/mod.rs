@@ -305,6 +305,40 @@ impl Subsystem {
     }
 }
 
+/// How failed commands are counted in metrics.
+pub const ERROR_KINDS: [&str; 8] = [
+    "invalid_namespace",
+    "invalid_command",
+    "lba_out_of_range",
+    "capacity_exceeded",
+    "unwritten_block",
+    "media",
+    "aborted",
+    "other",
+];
+
+/// The `ERROR_KINDS` index of a status.
+pub fn error_kind(s: nvme::Status) -> usize {
+    use nvme::Status as S;
+    if s == S::INVALID_NAMESPACE {
+        0
+    } else if s == S::INVALID_OPCODE || s == S::INVALID_FIELD || s.sct == 1 {
+        1
+    } else if s == S::LBA_OUT_OF_RANGE {
+        2
+    } else if s == S::CAPACITY_EXCEEDED {
+        3
+    } else if s == S::DEALLOCATED_OR_UNWRITTEN {
+        4
+    } else if s.sct == 2 {
+        5
+    } else if s == S::ABORTED_SQ_DELETION || s == S::ABORT_REQUESTED {
+        6
+    } else {
+        7
+    }
+}
+
 /// I/O counters of one queue pair (one host connection), written only by the
 /// reactor that owns it and summed by the metrics exporter.
 #[derive(Debug, Default)]
@@ -319,6 +353,8 @@ pub struct QpairStats {
     pub write_bytes: AtomicU64,
     pub other: AtomicU64,
     pub errors: AtomicU64,
+    /// Errors by kind (`ERROR_KINDS`).
+    pub errors_by: [AtomicU64; ERROR_KINDS.len()],
     /// Command latency (capsule in to response out) histograms for reads and
     /// writes, buckets as `pool::volume::latency_bucket`, plus sums in ns.
     pub read_hist: [AtomicU64; crate::pool::volume::LATENCY_BUCKETS],

@@ -983,6 +983,7 @@ impl TcpConnection {
             let b = crate::pool::volume::latency_bucket(ns);
             if !status.is_success() {
                 st.errors.fetch_add(1, Ordering::Relaxed);
+                st.errors_by[crate::target::error_kind(status)].fetch_add(1, Ordering::Relaxed);
             } else {
                 match r.plan {
                     Some(IoPlan::Read { len, .. }) => {
