@@ -252,9 +252,21 @@ fn methods_build_a_subsystem_a_host_can_use() {
     assert_eq!(host.active_namespaces().unwrap(), vec![1, 5]);
     q.write(5, 0, vec![9u8; 4096], 4096).unwrap();
 
+    // The next AER reuses the CID of the completed one, as the Linux host
+    // does; it must be accepted and carry the removal event.
+    host.admin.reuse_cid(aer);
+    let aer2 = host
+        .admin
+        .submit(Sqe::new(admin_opc::ASYNC_EVENT_REQUEST, 0, 0), None, 0)
+        .unwrap();
+    assert_eq!(aer2, aer);
+
     // Removing it: commands to it now fail cleanly, the other goes on.
     c.call("nvmf_subsystem_remove_ns", json!({"nqn": NQN, "nsid": 5}))
         .unwrap();
+    let ev = host.admin.wait_for(aer2).unwrap().ok().unwrap();
+    assert_eq!(ev.cqe.result as u32, 0x0004_0002);
+    assert_eq!(host.active_namespaces().unwrap(), vec![1]);
     match q.read(5, 0, 1, 4096) {
         Err(Error::Status(s, _)) => assert_eq!(s, Status::INVALID_NAMESPACE),
         other => panic!("{other:?}"),

@@ -189,6 +189,12 @@ impl QueueConn {
         }
     }
 
+    /// Makes the next command use `cid` (the Linux host reuses one CID for its
+    /// Async Event Requests; tests do the same).
+    pub fn reuse_cid(&mut self, cid: u16) {
+        self.next_cid = cid;
+    }
+
     /// Sends a command. `data_out` is host-to-controller data (in-capsule when it
     /// fits, otherwise sent on R2T); `data_in_len` the controller-to-host length.
     /// The SQE's CID is replaced; the CID used is returned.

@@ -1174,6 +1174,9 @@ impl QueuePair for TcpConnection {
                 // Async events (namespace changes) complete a held AER.
                 if let Some(dw0) = ctrl.take_event() {
                     let cid = self.aers.remove(0);
+                    // The command is done: its CID may be reused (the host sends
+                    // its next AER with the same one).
+                    self.cids.remove(cid);
                     let cqe = self.cqe(cid, Status::SUCCESS, dw0 as u64);
                     pdu::encode_capsule_resp(&mut self.wbuf, &cqe, self.digests);
                 }

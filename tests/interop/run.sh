@@ -152,7 +152,7 @@ listening() { # PORT
     ss -Hltn "sport = :$1" 2>/dev/null | grep -q .
 }
 kv_start() {
-    NO_COLOR=1 "$bin" --config "$kv_cfg" >> "$out/kvtarget/kvtarget.log" 2>&1 &
+    NO_COLOR=1 "$bin" --config "$kv_cfg" -r "$out/kvtarget/rpc.sock" >> "$out/kvtarget/kvtarget.log" 2>&1 &
     kv_pid=$!
     local i
     for i in $(seq 1 150); do
@@ -270,6 +270,18 @@ EOF
     run_pid=$!
     local restarts=0 restart_ok=1 restart_reason=
     while kill -0 "$run_pid" 2>/dev/null; do
+        if [ -e "$share/rpc-request" ]; then
+            # The suite asks for a live change (JSON-RPC through kvtarget's CLI);
+            # the answer is the exit status, then the output.
+            local req rc_rpc out_rpc
+            req=$(cat "$share/rpc-request"); rm -f "$share/rpc-request"
+            log "rpc request: $req"
+            # shellcheck disable=SC2086
+            out_rpc=$("$bin" rpc -r "$out/kvtarget/rpc.sock" --json $req 2>&1); rc_rpc=$?
+            echo "---- interop: rpc $req -> $rc_rpc ----" >> "$out/kvtarget/kvtarget.log"
+            { echo "$rc_rpc"; echo "$out_rpc"; } > "$share/rpc-response.tmp"
+            mv "$share/rpc-response.tmp" "$share/rpc-response"
+        fi
         if [ -e "$share/restart-request" ]; then
             rm -f "$share/restart-request"
             restarts=$((restarts + 1))

@@ -586,6 +586,18 @@ restart_start() {
     esac
 }
 
+# Live changes through the host orchestrator (mode "share"):
+#   guest: rpc-request (kvtarget rpc arguments)   host: rpc-response (status, output)
+rpc_call() { # ARGS...: runs `kvtarget rpc ARGS` on the host; RPC_OUT holds the output
+    rm -f "$SHARE/rpc-response"
+    echo "$*" > "$SHARE/rpc-request"
+    wait_file "$SHARE/rpc-response" 30 || { fail "host orchestrator did not answer rpc $1 within 30s"; return 1; }
+    local st
+    st=$(head -n 1 "$SHARE/rpc-response")
+    RPC_OUT=$(tail -n +2 "$SHARE/rpc-response")
+    [ "$st" = 0 ] || { fail "rpc $1 failed ($st): $(echo $RPC_OUT)"; return 1; }
+}
+
 t_target_restart() {
     connect --reconnect-delay=1 --ctrl-loss-tmo=60 || return 1
     local ctrl=$CTRL dev=$DEV i st bgpid bgrc t0
@@ -827,6 +839,34 @@ t_unwritten_error_volume() {
 
 # Written and deallocated blocks of a volume, NUSE and the identifiers are the same
 # after the target is stopped and started (host reconnects by itself).
+# A namespace added while the host is connected appears without reconnecting
+# (Namespace Attribute Changed AEN, the kernel rescans); removed, it goes away.
+t_namespace_hot_add_remove() {
+    local ns=9 dev i gone sum1 sum2
+    connect || return 1
+    rpc_call bdev_lvol_create lvs_name=interop lvol_name=hot size_in_mib=32 thin_provision=true || return 1
+    rpc_call nvmf_subsystem_add_ns nqn=$NQN namespace.bdev_name=interop/hot namespace.nsid=$ns || return 1
+    ns_dev "$CTRL" "$ns" || return 1
+    dev=$NSDEV
+    [ "$(cat "/sys/block/${dev#/dev/}/size")" = $((32 * MiB / 512)) ] \
+        || { fail "hot-added $dev has $(cat "/sys/block/${dev#/dev/}/size") sectors, expected $((32 * MiB / 512))"; return 1; }
+    dd if=/dev/urandom of=/tmp/hot.bin bs=1M count=4 2>/dev/null
+    timeout 60 dd if=/tmp/hot.bin of="$dev" bs=1M oflag=direct 2>/dev/null || { fail "write to hot-added $dev failed"; return 1; }
+    sum1=$(sha256sum < /tmp/hot.bin | cut -d' ' -f1)
+    sum2=$(timeout 60 dd if="$dev" bs=1M count=4 iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1)
+    [ "$sum1" = "$sum2" ] || { fail "hot-added $dev read back different data"; return 1; }
+    rpc_call nvmf_subsystem_remove_ns nqn=$NQN nsid=$ns || return 1
+    gone=0
+    for i in $(seq 1 100); do
+        [ -b "$dev" ] || { gone=1; break; }
+        sleep 0.1
+    done
+    [ "$gone" = 1 ] || { fail "$dev still present 10s after the namespace was removed"; return 1; }
+    # The other namespaces were not disturbed.
+    ns_dev "$CTRL" 1 || return 1
+    rpc_call bdev_lvol_delete name=interop/hot || return 1
+}
+
 t_volume_data_survives_restart() {
     local ns=$VOL_ZNS bs=${VOL_BS[$VOL_ZNS]} dev ctrl nuse_before nuse_written ids i st t0 out
     connect --reconnect-delay=1 --ctrl-loss-tmo=60 || return 1
@@ -904,9 +944,10 @@ several-namespaces
 nuse-tracks-writes-and-discard
 unwritten-error-volume
 volume-data-survives-restart
+namespace-hot-add-remove
 "
 # Scenarios that need thin-provisioned volumes (--volumes); reported as skipped without.
-VOLUME_SCENARIOS=" several-namespaces nuse-tracks-writes-and-discard unwritten-error-volume volume-data-survives-restart "
+VOLUME_SCENARIOS=" several-namespaces nuse-tracks-writes-and-discard unwritten-error-volume volume-data-survives-restart namespace-hot-add-remove "
 skip_reason() {
     case "$VOLUME_SCENARIOS" in
         *" $1 "*) [ -n "$VOLUMES" ] || echo "needs thin-provisioned pool volumes (--volumes); this target serves none" ;;
