@@ -137,13 +137,7 @@ pub fn render(ctl: &Control) -> String {
     );
     for s in &subs {
         for n in s.namespace_snapshot() {
-            let vol = ctl
-                .pools()
-                .iter()
-                .flat_map(|p| p.volumes().into_iter().map(move |v| (p.name.clone(), v)))
-                .find(|(_, v)| v.desc.uuid == n.uuid)
-                .map(|(p, v)| format!("{p}/{}", v.desc.name))
-                .unwrap_or_else(|| n.dev.describe());
+            let vol = ctl.bdev_name_of(&n);
             o.line(
                 "kvtarget_namespace_info",
                 &[

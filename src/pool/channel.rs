@@ -150,7 +150,7 @@ impl VolumeChannel {
         };
         self.active += 1;
         if kind != Kind::Flush {
-            self.pool.fg.inflight.fetch_add(1, Ordering::Relaxed);
+            self.stats.inflight.fetch_add(1, Ordering::Relaxed);
         }
         match self.free.pop() {
             Some(i) => {
@@ -195,7 +195,7 @@ impl VolumeChannel {
         if r.kind == (Kind::Write { fua: true }) && r.err.is_none() {
             // Durable data and metadata before the acknowledgement.
             r.kind = Kind::Flush;
-            self.pool.fg.inflight.fetch_sub(1, Ordering::Relaxed);
+            self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
             self.pool.request_commit(ri as u64, self.notify.clone());
             return;
         }
@@ -210,8 +210,12 @@ impl VolumeChannel {
         self.active -= 1;
         let ns = r.start.elapsed().as_nanos() as u64;
         if r.kind != Kind::Flush {
-            self.pool.fg.inflight.fetch_sub(1, Ordering::Relaxed);
-            self.pool.fg.record(ns);
+            let st = &self.stats;
+            st.inflight.fetch_sub(1, Ordering::Relaxed);
+            // Only this reactor writes these: a plain load/store is exact.
+            let old = st.latency_ewma_ns.load(Ordering::Relaxed);
+            let new = if old == 0 { ns } else { (old * 15 + ns) / 16 };
+            st.latency_ewma_ns.store(new, Ordering::Relaxed);
         }
         let st = &self.stats;
         if r.err.is_some() {

@@ -306,24 +306,6 @@ pub struct PoolSnapshot {
     pub checkpoints: u64,
 }
 
-/// Foreground signals GC admission watches.
-#[derive(Debug, Default)]
-pub struct Foreground {
-    pub inflight: AtomicU64,
-    /// Exponentially weighted moving average of completion latency (ns).
-    pub latency_ewma_ns: AtomicU64,
-    pub completions: AtomicU64,
-}
-
-impl Foreground {
-    pub fn record(&self, ns: u64) {
-        let old = self.latency_ewma_ns.load(Ordering::Relaxed);
-        let new = if old == 0 { ns } else { (old * 15 + ns) / 16 };
-        self.latency_ewma_ns.store(new, Ordering::Relaxed);
-        self.completions.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
 /// How many extents a reactor takes from the ready queue at once.
 const CACHE_BATCH: usize = 8;
 const CACHE_CAP: usize = 32;
@@ -354,7 +336,6 @@ pub struct Pool {
     /// Operator pause of background GC (urgent scrubbing still happens).
     gc_paused: AtomicBool,
     pub stats: PoolStats,
-    pub fg: Foreground,
     pub opts: PoolOptions,
 }
 
@@ -616,7 +597,6 @@ impl Pool {
             failed: AtomicBool::new(false),
             gc_paused: AtomicBool::new(false),
             stats: PoolStats::default(),
-            fg: Foreground::default(),
             opts,
             sb,
             dev,
@@ -1074,13 +1054,21 @@ impl Pool {
         let paused = self.gc_paused.load(Ordering::Relaxed)
             && available >= m.admission.watermarks(self.sb.extent_count as u64).0;
         let backlog = if paused { 0 } else { m.dirty.len() as u64 };
+        // Foreground load, summed from the channels' own counters (the data
+        // path never writes a pool-wide cache line for it).
+        let (mut fg_inflight, mut fg_latency) = (0, 0);
+        for v in self.volumes() {
+            let (i, l) = v.foreground();
+            fg_inflight += i;
+            fg_latency = fg_latency.max(l);
+        }
         let grant = m.admission.grant(
             now,
             backlog,
             available,
             self.sb.extent_count as u64,
-            self.fg.inflight.load(Ordering::Relaxed),
-            self.fg.latency_ewma_ns.load(Ordering::Relaxed),
+            fg_inflight,
+            fg_latency,
         );
         if grant > 0 {
             let take = grant.min(m.dirty.len());

@@ -72,6 +72,10 @@ pub struct ChannelStats {
     pub unmap_ns: AtomicU64,
     pub flushes: AtomicU64,
     pub errors: AtomicU64,
+    /// Foreground commands in flight on this channel, and an exponentially
+    /// weighted average of their latency (ns): what GC admission watches.
+    pub inflight: AtomicU64,
+    pub latency_ewma_ns: AtomicU64,
     /// Latency histograms (see `LATENCY_BUCKETS_US`), counts per bucket.
     pub read_hist: [AtomicU64; LATENCY_BUCKETS],
     pub write_hist: [AtomicU64; LATENCY_BUCKETS],
@@ -157,6 +161,20 @@ impl Volume {
             v.push(s.clone());
         }
         s
+    }
+
+    /// Foreground load on this volume: commands in flight (summed over its
+    /// channels) and the highest channel latency average (ns).
+    pub fn foreground(&self) -> (u64, u64) {
+        let mut inflight = 0;
+        let mut lat = 0;
+        if let Ok(v) = self.stats.lock() {
+            for s in v.iter() {
+                inflight += s.inflight.load(Ordering::Relaxed);
+                lat = lat.max(s.latency_ewma_ns.load(Ordering::Relaxed));
+            }
+        }
+        (inflight, lat)
     }
 
     /// The volume's I/O counters, summed over its channels.

@@ -435,15 +435,20 @@ impl Control {
         v
     }
 
-    fn bdev_name_of(&self, n: &Namespace) -> String {
-        for p in &self.pools() {
-            for v in p.volumes() {
-                if v.desc.uuid == n.uuid {
-                    return format!("{}/{}", p.name, v.desc.name);
-                }
-            }
-        }
-        n.dev.describe()
+    /// The "pool/volume" alias of the volume with this UUID, if one is open.
+    pub fn volume_alias(&self, uuid: &[u8; 16]) -> Option<String> {
+        self.pools().iter().find_map(|p| {
+            p.volumes()
+                .into_iter()
+                .find(|v| &v.desc.uuid == uuid)
+                .map(|v| format!("{}/{}", p.name, v.desc.name))
+        })
+    }
+
+    /// A namespace's bdev name: its volume's alias, else its device.
+    pub fn bdev_name_of(&self, n: &Namespace) -> String {
+        self.volume_alias(&n.uuid)
+            .unwrap_or_else(|| n.dev.describe())
     }
 
     fn create_subsystem(&self, p: &mut Params) -> RpcResult {
@@ -1210,17 +1215,22 @@ impl Control {
         Ok(json!(uuid_str(&v.desc.uuid)))
     }
 
-    fn lvol_delete(&self, p: &mut Params) -> RpcResult {
-        let name = p.str("name")?;
-        let (pool, vol) = self.volume(&name)?;
+    /// A volume no namespace serves: its pool and name (the volume itself is
+    /// not held, so the pool may change it).
+    fn idle_volume(&self, name: &str, to: &str) -> Result<(Arc<Pool>, String), RpcError> {
+        let (pool, vol) = self.volume(name)?;
         if let Some((nqn, nsid)) = self.served_by(&vol.desc.uuid) {
             return Err(RpcError::new(
                 code::EBUSY,
-                format!("{name} is namespace {nsid} of {nqn}; remove the namespace first"),
+                format!("{name} is namespace {nsid} of {nqn}; remove the namespace to {to}"),
             ));
         }
-        let vname = vol.desc.name.clone();
-        drop(vol);
+        Ok((pool, vol.desc.name.clone()))
+    }
+
+    fn lvol_delete(&self, p: &mut Params) -> RpcResult {
+        let name = p.str("name")?;
+        let (pool, vname) = self.idle_volume(&name, "delete it")?;
         pool.delete_volume(&vname)
             .map_err(|e| RpcError::new(code::EBUSY, e))?;
         Ok(Value::Bool(true))
@@ -1231,15 +1241,7 @@ impl Control {
         let mib = p
             .opt_u64("size_in_mib")?
             .ok_or_else(|| RpcError::params("size_in_mib: required"))?;
-        let (pool, vol) = self.volume(&name)?;
-        if let Some((nqn, nsid)) = self.served_by(&vol.desc.uuid) {
-            return Err(RpcError::new(
-                code::EBUSY,
-                format!("{name} is namespace {nsid} of {nqn}; remove the namespace to resize it"),
-            ));
-        }
-        let vname = vol.desc.name.clone();
-        drop(vol);
+        let (pool, vname) = self.idle_volume(&name, "resize it")?;
         let size = mib
             .checked_mul(1 << 20)
             .ok_or_else(|| RpcError::params("size_in_mib: too large"))?;
@@ -1341,12 +1343,7 @@ impl Control {
             let orig = self.config.subsystems.iter().find(|o| o.nqn == s.nqn);
             let mut namespaces = Vec::new();
             for n in s.namespace_snapshot() {
-                let vol = self.pools().iter().find_map(|p| {
-                    p.volumes()
-                        .into_iter()
-                        .find(|v| v.desc.uuid == n.uuid)
-                        .map(|v| format!("{}/{}", p.name, v.desc.name))
-                });
+                let vol = self.volume_alias(&n.uuid);
                 match vol {
                     Some(v) => namespaces.push(NamespaceConfig {
                         nsid: n.nsid,
