@@ -210,12 +210,7 @@ impl VolumeChannel {
         self.active -= 1;
         let ns = r.start.elapsed().as_nanos() as u64;
         if r.kind != Kind::Flush {
-            let st = &self.stats;
-            st.inflight.fetch_sub(1, Ordering::Relaxed);
-            // Only this reactor writes these: a plain load/store is exact.
-            let old = st.latency_ewma_ns.load(Ordering::Relaxed);
-            let new = if old == 0 { ns } else { (old * 15 + ns) / 16 };
-            st.latency_ewma_ns.store(new, Ordering::Relaxed);
+            self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
         }
         let st = &self.stats;
         if r.err.is_some() {

@@ -269,6 +269,8 @@ struct Meta {
     /// clean (still dirty after a crash).
     scrubbed: Vec<u32>,
     scrubbed_since: Instant,
+    /// Foreground operations and latency sum (ns) at the last step.
+    fg_seen: (u64, u64),
 }
 
 /// Counters the metrics work reads.
@@ -583,6 +585,7 @@ impl Pool {
                 admission: Admission::new(gc),
                 scrubbed: Vec::new(),
                 scrubbed_since: Instant::now(),
+                fg_seen: (0, 0),
             }),
             ready: ArrayQueue::new(READY_TARGET * 2),
             caches: (0..reactors).map(|_| ArrayQueue::new(CACHE_CAP)).collect(),
@@ -1054,14 +1057,22 @@ impl Pool {
         let paused = self.gc_paused.load(Ordering::Relaxed)
             && available >= m.admission.watermarks(self.sb.extent_count as u64).0;
         let backlog = if paused { 0 } else { m.dirty.len() as u64 };
-        // Foreground load, summed from the channels' own counters (the data
-        // path never writes a pool-wide cache line for it).
-        let (mut fg_inflight, mut fg_latency) = (0, 0);
+        // Foreground load from the channels' own counters (the data path never
+        // writes a pool-wide cache line for it): commands in flight now, and
+        // the mean latency of the commands completed since the last step.
+        let (mut fg_inflight, mut ops, mut ns) = (0, 0u64, 0u64);
         for v in self.volumes() {
-            let (i, l) = v.foreground();
-            fg_inflight += i;
-            fg_latency = fg_latency.max(l);
+            fg_inflight += v.inflight();
+            let t = v.io_totals();
+            ops += t.reads + t.writes + t.unmaps;
+            ns += t.read_ns + t.write_ns + t.unmap_ns;
         }
+        let (prev_ops, prev_ns) = m.fg_seen;
+        m.fg_seen = (ops, ns);
+        let fg_latency = match ops.checked_sub(prev_ops) {
+            Some(d) if d > 0 => ns.saturating_sub(prev_ns) / d,
+            _ => 0,
+        };
         let grant = m.admission.grant(
             now,
             backlog,

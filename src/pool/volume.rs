@@ -72,10 +72,9 @@ pub struct ChannelStats {
     pub unmap_ns: AtomicU64,
     pub flushes: AtomicU64,
     pub errors: AtomicU64,
-    /// Foreground commands in flight on this channel, and an exponentially
-    /// weighted average of their latency (ns): what GC admission watches.
+    /// Foreground commands in flight on this channel (GC admission watches
+    /// it with the latency sums above).
     pub inflight: AtomicU64,
-    pub latency_ewma_ns: AtomicU64,
     /// Latency histograms (see `LATENCY_BUCKETS_US`), counts per bucket.
     pub read_hist: [AtomicU64; LATENCY_BUCKETS],
     pub write_hist: [AtomicU64; LATENCY_BUCKETS],
@@ -163,18 +162,12 @@ impl Volume {
         s
     }
 
-    /// Foreground load on this volume: commands in flight (summed over its
-    /// channels) and the highest channel latency average (ns).
-    pub fn foreground(&self) -> (u64, u64) {
-        let mut inflight = 0;
-        let mut lat = 0;
-        if let Ok(v) = self.stats.lock() {
-            for s in v.iter() {
-                inflight += s.inflight.load(Ordering::Relaxed);
-                lat = lat.max(s.latency_ewma_ns.load(Ordering::Relaxed));
-            }
-        }
-        (inflight, lat)
+    /// Foreground commands in flight on this volume, over its channels.
+    pub fn inflight(&self) -> u64 {
+        self.stats
+            .lock()
+            .map(|v| v.iter().map(|s| s.inflight.load(Ordering::Relaxed)).sum())
+            .unwrap_or(0)
     }
 
     /// The volume's I/O counters, summed over its channels.
