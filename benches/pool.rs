@@ -145,18 +145,14 @@ fn fill(addr: SocketAddr, nsid: u32, bytes: u64) {
 
 fn perf(b: &Bench, addr: SocketAddr, nsid: u32, w: Workload, bs: usize, qd: usize) -> PerfReport {
     kvtarget::perf::run(&PerfOptions {
-        addr,
-        nqn: NQN.into(),
-        hostnqn: None,
         nsid,
         workload: w,
-        read_pct: 70,
         block_size: bs,
         qd,
-        queues: 1,
         runtime: Duration::from_secs(b.secs),
-        warmup: Duration::from_secs(1),
-        digests: Default::default(),
+        // The target shares this machine's two cores with the load generator.
+        busy_poll: false,
+        ..PerfOptions::new(addr, NQN)
     })
     .expect("perf")
 }
@@ -316,20 +312,17 @@ impl Bench {
         let secs = self.secs;
         let stream = std::thread::spawn(move || {
             kvtarget::perf::run(&PerfOptions {
-                addr,
-                nqn: NQN.into(),
                 hostnqn: Some(
                     "nqn.2014-08.org.nvmexpress:uuid:6b767461-7267-6574-0000-0000000000bb".into(),
                 ),
                 nsid: 2,
                 workload: Workload::Write,
-                read_pct: 0,
                 block_size: 1 << 20,
                 qd: 4,
-                queues: 1,
                 runtime: Duration::from_secs(3 * (secs + 1) + 2),
                 warmup: Duration::from_secs(0),
-                digests: Default::default(),
+                busy_poll: false,
+                ..PerfOptions::new(addr, NQN)
             })
         });
         std::thread::sleep(Duration::from_millis(500));

@@ -13,8 +13,13 @@ USAGE:
     kvtarget check-config <FILE>  validate a configuration and exit
     kvtarget perf --addr A:P --nqn NQN [--workload W] [--bs N] [--qd N] [--queues N]
                   [--time S] [--warmup S] [--rwmix-read PCT] [--nsid N] [--hostnqn NQN]
-                  [--digests] [--json]
-                                  load generator over our NVMe/TCP initiator
+                  [--cpus LIST] [--verify] [--poll busy|sleep] [--digests] [--json]
+                  [--quiet]
+                                  NVMe/TCP load generator (spdk_nvme_perf-like):
+                                  W = randread|randwrite|randrw|read|write; queues
+                                  spread over one pinned thread per --cpus entry;
+                                  --verify checks every read against this run's
+                                  writes; a progress line goes to stderr each second
     kvtarget check <POOL>         verify a pool offline (file or block device);
                                   exits 1 with a report when it is damaged
     kvtarget pool create <PATH> [--size S] [--extent-size S] [--force]
@@ -565,20 +570,8 @@ fn perf_options(args: &[String]) -> Result<(kvtarget::perf::PerfOptions, bool), 
     use std::time::Duration;
     let mut addr = None;
     let mut nqn = None;
-    let mut o = kvtarget::perf::PerfOptions {
-        addr: "127.0.0.1:4420".parse().map_err(|_| "addr")?,
-        nqn: String::new(),
-        hostnqn: None,
-        nsid: 1,
-        workload: kvtarget::perf::Workload::RandRead,
-        read_pct: 70,
-        block_size: 4096,
-        qd: 32,
-        queues: 1,
-        runtime: Duration::from_secs(10),
-        warmup: Duration::from_secs(1),
-        digests: Default::default(),
-    };
+    let mut o = kvtarget::perf::PerfOptions::new("127.0.0.1:4420".parse().map_err(|_| "addr")?, "");
+    o.progress = true;
     let mut json = false;
     let mut it = args.iter();
     fn num<T: std::str::FromStr>(flag: &str, v: Option<&String>) -> Result<T, String> {
@@ -620,13 +613,33 @@ fn perf_options(args: &[String]) -> Result<(kvtarget::perf::PerfOptions, bool), 
                 }
             }
             "--json" => json = true,
+            "--verify" => o.verify = true,
+            "--quiet" => o.progress = false,
+            "--poll" => {
+                o.busy_poll = match it.next().map(String::as_str) {
+                    Some("busy") => true,
+                    Some("sleep") => false,
+                    _ => return Err("--poll: expected busy or sleep".into()),
+                }
+            }
+            "--cpus" => {
+                let v = it.next().ok_or("--cpus needs a list, e.g. 1 or 1,2")?;
+                o.cpus = v
+                    .split(',')
+                    .map(|c| {
+                        c.trim()
+                            .parse::<usize>()
+                            .map_err(|_| format!("--cpus: `{c}` is not a CPU number"))
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
     o.addr = addr.ok_or("--addr is required")?;
     o.nqn = nqn.ok_or("--nqn is required")?;
-    if o.qd == 0 || o.qd > 1023 {
-        return Err("--qd must be 1..=1023".into());
+    if o.qd == 0 || o.qd > 4095 {
+        return Err("--qd must be 1..=4095".into());
     }
     if o.queues == 0 {
         return Err("--queues must be at least 1".into());

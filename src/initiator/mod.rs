@@ -54,6 +54,15 @@ struct Pending {
     read_got: usize,
 }
 
+/// A connected queue taken apart (see `QueueConn::into_parts`).
+pub struct QueueParts {
+    pub sock: TcpStream,
+    pub digests: Digests,
+    pub maxh2cdata: u32,
+    pub icd_limit: usize,
+    pub unparsed: Vec<u8>,
+}
+
 /// One NVMe/TCP queue (one TCP connection).
 pub struct QueueConn {
     sock: TcpStream,
@@ -167,6 +176,24 @@ impl QueueConn {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Hands the connected socket over to a caller that drives the queue itself
+    /// (`kvtarget perf`): the socket, negotiated digests, MAXH2CDATA, the
+    /// in-capsule data limit and any bytes already received but not parsed.
+    pub fn into_parts(self) -> Result<QueueParts> {
+        if !self.pending.is_empty() {
+            return Err(Error::Protocol(
+                "queue handed over with commands outstanding".into(),
+            ));
+        }
+        Ok(QueueParts {
+            sock: self.sock,
+            digests: self.digests,
+            maxh2cdata: self.maxh2cdata,
+            icd_limit: self.icd_limit,
+            unparsed: self.rbuf[..self.rlen].to_vec(),
+        })
     }
 
     /// Writes raw bytes (for tests that send malformed PDUs).

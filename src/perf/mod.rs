@@ -1,0 +1,639 @@
+//! `kvtarget perf`: a load generator in the spirit of `spdk_nvme_perf`. The in-repo
+//! initiator connects the controller and its queues; then one worker thread per
+//! CPU (pinned with `cpus`) drives its share of the queues without blocking, each
+//! keeping `qd` commands in flight. Latency is measured from submit to completion
+//! into log-linear (HDR-style) histograms with better than 2 % resolution.
+
+mod queue;
+
+pub use queue::{check_pattern, fill_pattern};
+
+use crate::initiator::{HostController, HostOptions};
+use crate::wire::tcp::Digests;
+use queue::{LiveCounters, PerfQueue, QueuePlan};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Latency histogram: log2 major buckets with 64 linear sub-buckets each (better
+/// than 2 % resolution), over nanoseconds. Fixed size, no allocation per sample.
+#[derive(Clone)]
+pub struct Histogram {
+    counts: Vec<u64>,
+    total: u64,
+    sum_ns: u128,
+    max_ns: u64,
+}
+
+const SUB: usize = 64;
+const MAJORS: usize = 40;
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            counts: vec![0; SUB * MAJORS],
+            total: 0,
+            sum_ns: 0,
+            max_ns: 0,
+        }
+    }
+}
+
+impl Histogram {
+    fn index(ns: u64) -> usize {
+        if ns < SUB as u64 {
+            return ns as usize;
+        }
+        let major = 63 - ns.leading_zeros() as usize; // >= 6
+        let shift = major - 6;
+        let sub = ((ns >> shift) as usize) - SUB;
+        ((major - 5) * SUB + sub).min(SUB * MAJORS - 1)
+    }
+
+    /// The upper bound (ns) of bucket `i`.
+    fn bound(i: usize) -> u64 {
+        if i < SUB {
+            return i as u64;
+        }
+        let major = i / SUB + 5;
+        let sub = (i % SUB) as u64;
+        let shift = major - 6;
+        ((SUB as u64 + sub + 1) << shift) - 1
+    }
+
+    pub fn record(&mut self, ns: u64) {
+        self.counts[Self::index(ns)] += 1;
+        self.total += 1;
+        self.sum_ns += ns as u128;
+        self.max_ns = self.max_ns.max(ns);
+    }
+
+    pub fn merge(&mut self, o: &Histogram) {
+        for (a, b) in self.counts.iter_mut().zip(&o.counts) {
+            *a += b;
+        }
+        self.total += o.total;
+        self.sum_ns += o.sum_ns;
+        self.max_ns = self.max_ns.max(o.max_ns);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.total
+    }
+
+    pub fn mean_ns(&self) -> f64 {
+        if self.total == 0 {
+            0.0
+        } else {
+            self.sum_ns as f64 / self.total as f64
+        }
+    }
+
+    /// The value at quantile `q` (0..=1), as the upper bound of its bucket.
+    pub fn quantile_ns(&self, q: f64) -> u64 {
+        if self.total == 0 {
+            return 0;
+        }
+        let rank = ((q * self.total as f64).ceil() as u64).clamp(1, self.total);
+        let mut seen = 0;
+        for (i, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Self::bound(i).min(self.max_ns);
+            }
+        }
+        self.max_ns
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    RandRead,
+    RandWrite,
+    RandRw,
+    Read,
+    Write,
+}
+
+impl std::str::FromStr for Workload {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "randread" => Workload::RandRead,
+            "randwrite" => Workload::RandWrite,
+            "randrw" => Workload::RandRw,
+            "read" => Workload::Read,
+            "write" => Workload::Write,
+            _ => {
+                return Err(format!(
+                    "--workload: `{s}` is not randread|randwrite|randrw|read|write"
+                ))
+            }
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct PerfOptions {
+    pub addr: SocketAddr,
+    pub nqn: String,
+    pub hostnqn: Option<String>,
+    pub nsid: u32,
+    pub workload: Workload,
+    /// Percentage of reads for randrw.
+    pub read_pct: u32,
+    pub block_size: usize,
+    /// Commands outstanding per queue.
+    pub qd: usize,
+    /// I/O queues (one TCP connection each), spread over the worker threads.
+    pub queues: u16,
+    pub runtime: Duration,
+    pub warmup: Duration,
+    pub digests: Digests,
+    /// CPUs to run on: one worker thread pinned to each. Empty: one unpinned
+    /// worker thread.
+    pub cpus: Vec<usize>,
+    /// Check every read against what this run wrote (read-only workloads write
+    /// their range first).
+    pub verify: bool,
+    /// Spin on the sockets (like spdk_nvme_perf) instead of sleeping in poll(2)
+    /// when nothing has arrived.
+    pub busy_poll: bool,
+    /// A progress line on stderr every second.
+    pub progress: bool,
+}
+
+impl PerfOptions {
+    /// The defaults `kvtarget perf` uses: 4 KiB randread, QD32, one queue, 10 s
+    /// after 1 s of warm-up, busy-polling, no verification.
+    pub fn new(addr: SocketAddr, nqn: &str) -> PerfOptions {
+        PerfOptions {
+            addr,
+            nqn: nqn.to_string(),
+            hostnqn: None,
+            nsid: 1,
+            workload: Workload::RandRead,
+            read_pct: 70,
+            block_size: 4096,
+            qd: 32,
+            queues: 1,
+            runtime: Duration::from_secs(10),
+            warmup: Duration::from_secs(1),
+            digests: Digests::default(),
+            cpus: Vec::new(),
+            verify: false,
+            busy_poll: true,
+            progress: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct PerfReport {
+    pub ios: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub iops: f64,
+    pub mib_s: f64,
+    pub mean_us: f64,
+    pub p50_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub p9999_us: f64,
+    pub max_us: f64,
+    pub errors: u64,
+    /// CPU time this process used per I/O, in microseconds.
+    pub cpu_us_per_io: f64,
+    /// Reads whose data was checked (with `verify`), and how many did not match.
+    pub verified: u64,
+    pub mismatches: u64,
+    /// The first mismatches, described.
+    pub mismatch_details: Vec<String>,
+}
+
+impl PerfReport {
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"ios\":{},\"bytes\":{},\"seconds\":{:.3},\"iops\":{:.1},\"mib_s\":{:.2},\"lat_us\":{{\"mean\":{:.2},\"p50\":{:.2},\"p90\":{:.2},\"p99\":{:.2},\"p99_9\":{:.2},\"p99_99\":{:.2},\"max\":{:.2}}},\"errors\":{},\"cpu_us_per_io\":{:.3},\"verified\":{},\"mismatches\":{}}}",
+            self.ios, self.bytes, self.seconds, self.iops, self.mib_s, self.mean_us, self.p50_us,
+            self.p90_us, self.p99_us, self.p999_us, self.p9999_us, self.max_us, self.errors,
+            self.cpu_us_per_io, self.verified, self.mismatches
+        )
+    }
+
+    pub fn to_text(&self) -> String {
+        let mut t = format!(
+            "IOPS {:.0}  {:.1} MiB/s  lat us: avg {:.1} p50 {:.1} p90 {:.1} p99 {:.1} p99.9 {:.1} p99.99 {:.1} max {:.1}  errors {}  cpu {:.2} us/IO",
+            self.iops, self.mib_s, self.mean_us, self.p50_us, self.p90_us, self.p99_us, self.p999_us, self.p9999_us, self.max_us, self.errors, self.cpu_us_per_io
+        );
+        if self.verified > 0 || self.mismatches > 0 {
+            t += &format!(
+                "  verified {} reads, {} mismatches",
+                self.verified, self.mismatches
+            );
+        }
+        for d in &self.mismatch_details {
+            t += &format!("\n  mismatch: {d}");
+        }
+        t
+    }
+}
+
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage writes into a zeroed rusage we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to ru for the duration of the call.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// What one worker thread hands back.
+struct WorkerResult {
+    hist: Histogram,
+    errors: u64,
+    verified: u64,
+    mismatches: u64,
+    details: Vec<String>,
+}
+
+/// Largest range (in I/Os) one queue verifies: the stamp table stays small and a
+/// read-only verified run writes the range first.
+const VERIFY_MAX_IOS_PER_QUEUE: u64 = 1 << 16;
+
+/// Runs the workload and returns the report. Errors name what failed.
+pub fn run(o: &PerfOptions) -> Result<PerfReport, String> {
+    if o.qd == 0 || o.qd > u16::MAX as usize {
+        return Err("--qd must be 1..=65535".into());
+    }
+    if o.queues == 0 {
+        return Err("--queues must be at least 1".into());
+    }
+    let mut ho = HostOptions::new(o.addr, &o.nqn);
+    if let Some(h) = &o.hostnqn {
+        ho.hostnqn = h.clone();
+    }
+    ho.digests = o.digests;
+    let mut ctrl = HostController::connect(&ho).map_err(|e| format!("connect {}: {e}", o.addr))?;
+    let cap = ctrl
+        .property_get(crate::wire::nvme::prop::CAP, true)
+        .map_err(|e| format!("read CAP: {e}"))?;
+    let mqes = (cap & 0xFFFF) as usize + 1;
+    if o.qd + 1 > mqes {
+        return Err(format!(
+            "--qd {} needs a queue of {} entries; the target allows {mqes} (CAP.MQES)",
+            o.qd,
+            o.qd + 1
+        ));
+    }
+    ctrl.opts.queue_size = (o.qd + 1) as u16;
+    let granted = ctrl
+        .set_queue_count(o.queues)
+        .map_err(|e| format!("set queue count: {e}"))?;
+    if granted < o.queues {
+        return Err(format!(
+            "target granted {granted} I/O queues, {} asked",
+            o.queues
+        ));
+    }
+    let ns = ctrl
+        .identify_namespace(o.nsid)
+        .map_err(|e| format!("identify namespace {}: {e}", o.nsid))?;
+    if ns.nsze == 0 {
+        return Err(format!("namespace {} is not active", o.nsid));
+    }
+    let lba = 1u32 << ns.lbads;
+    if o.block_size == 0 || o.block_size % lba as usize != 0 {
+        return Err(format!(
+            "--bs must be a multiple of the {lba}-byte block size"
+        ));
+    }
+    let nlb = (o.block_size / lba as usize) as u64;
+    let total = ns.nsze / nlb;
+    if total < o.queues as u64 {
+        return Err("namespace smaller than one I/O per queue".into());
+    }
+    // Verified runs give each queue its own range (two queues writing one block
+    // at once have no defined result); others share the whole namespace, with
+    // sequential streams starting apart.
+    let per_queue = total / o.queues as u64;
+    let plans: Vec<QueuePlan> = (0..o.queues)
+        .map(|i| {
+            let (first, count) = if o.verify {
+                (
+                    per_queue * i as u64,
+                    per_queue.min(VERIFY_MAX_IOS_PER_QUEUE),
+                )
+            } else {
+                (0, total)
+            };
+            QueuePlan {
+                qid: i + 1,
+                nsid: o.nsid,
+                workload: o.workload,
+                read_pct: o.read_pct,
+                qd: o.qd,
+                io_size: o.block_size,
+                lba_size: lba,
+                first,
+                count,
+                verify: o.verify,
+            }
+        })
+        .collect();
+    let needs_prefill = o.verify && matches!(o.workload, Workload::RandRead | Workload::Read);
+
+    let workers = o.cpus.len().max(1);
+    let live: Vec<Arc<LiveCounters>> = (0..workers).map(|_| Arc::default()).collect();
+    // Everyone connects and prefills first; the clock starts when all are ready.
+    let ready = std::sync::Barrier::new(workers + 1);
+    let start_at = std::sync::Mutex::new(None::<Instant>);
+    let stop = AtomicBool::new(false);
+    let failed = AtomicBool::new(false);
+    let ctrl = &ctrl;
+    let results: (Vec<Result<WorkerResult, String>>, Duration) = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                let my_plans: Vec<QueuePlan> = plans
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| i % workers == w)
+                    .map(|(_, p)| p.clone())
+                    .collect();
+                let cpu = o.cpus.get(w).copied();
+                let live = live[w].clone();
+                let (ready, start_at, stop, failed) = (&ready, &start_at, &stop, &failed);
+                s.spawn(move || {
+                    let r = worker(
+                        o,
+                        ctrl,
+                        my_plans,
+                        cpu,
+                        live,
+                        needs_prefill,
+                        ready,
+                        start_at,
+                        stop,
+                    );
+                    if r.is_err() {
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                    r
+                })
+            })
+            .collect();
+        // Coordinator: start the clock, report progress, time the run.
+        ready.wait();
+        let begin = Instant::now();
+        if let Ok(mut g) = start_at.lock() {
+            *g = Some(begin);
+        }
+        let start = begin + o.warmup;
+        let end = start + o.runtime;
+        let mut cpu0 = None;
+        let mut last = (begin, 0u64, 0u64);
+        let tty = o.progress && std::io::IsTerminal::is_terminal(&std::io::stderr());
+        loop {
+            let now = Instant::now();
+            if now >= end || failed.load(Ordering::Relaxed) {
+                break;
+            }
+            if cpu0.is_none() && now >= start {
+                cpu0 = Some(cpu_time());
+            }
+            let next = (last.0 + Duration::from_secs(1)).min(end);
+            let wake = if cpu0.is_none() {
+                next.min(start)
+            } else {
+                next
+            };
+            std::thread::sleep(wake.saturating_duration_since(now));
+            let now = Instant::now();
+            if o.progress && now >= last.0 + Duration::from_millis(990) {
+                let ios: u64 = live.iter().map(|l| l.ios.load(Ordering::Relaxed)).sum();
+                let bytes: u64 = live.iter().map(|l| l.bytes.load(Ordering::Relaxed)).sum();
+                let dt = now.duration_since(last.0).as_secs_f64();
+                let phase = if now < start { "warm-up" } else { "run" };
+                let line = format!(
+                    "[{:>5.1}s {phase}] {:>9.0} IOPS {:>9.1} MiB/s",
+                    now.saturating_duration_since(begin).as_secs_f64(),
+                    (ios - last.1) as f64 / dt,
+                    (bytes - last.2) as f64 / dt / (1 << 20) as f64
+                );
+                if tty {
+                    eprint!("\r{line}   ");
+                } else {
+                    eprintln!("{line}");
+                }
+                last = (now, ios, bytes);
+            }
+        }
+        if tty {
+            eprintln!();
+        }
+        let cpu_used = cpu_time().saturating_sub(cpu0.unwrap_or_default());
+        stop.store(true, Ordering::Relaxed);
+        let r: Vec<_> = handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("worker panicked".into())))
+            .collect();
+        (r, cpu_used)
+    });
+    let (results, cpu_used) = results;
+    let mut hist = Histogram::default();
+    let mut errors = 0;
+    let (mut verified, mut mismatches, mut details) = (0, 0, Vec::new());
+    for r in results {
+        let w = r?;
+        hist.merge(&w.hist);
+        errors += w.errors;
+        verified += w.verified;
+        mismatches += w.mismatches;
+        details.extend(w.details);
+    }
+    let secs = o.runtime.as_secs_f64();
+    let ios = hist.count();
+    let us = |ns: u64| ns as f64 / 1000.0;
+    Ok(PerfReport {
+        ios,
+        bytes: ios * o.block_size as u64,
+        seconds: secs,
+        iops: ios as f64 / secs,
+        mib_s: (ios * o.block_size as u64) as f64 / secs / (1 << 20) as f64,
+        mean_us: hist.mean_ns() / 1000.0,
+        p50_us: us(hist.quantile_ns(0.50)),
+        p90_us: us(hist.quantile_ns(0.90)),
+        p99_us: us(hist.quantile_ns(0.99)),
+        p999_us: us(hist.quantile_ns(0.999)),
+        p9999_us: us(hist.quantile_ns(0.9999)),
+        max_us: us(hist.max_ns),
+        errors,
+        cpu_us_per_io: if ios == 0 {
+            0.0
+        } else {
+            cpu_used.as_secs_f64() * 1e6 / ios as f64
+        },
+        verified,
+        mismatches,
+        mismatch_details: details,
+    })
+}
+
+/// One worker thread: connects its queues, optionally prefills them, waits for
+/// the start, then drives them until told to stop and drains what is in flight.
+#[allow(clippy::too_many_arguments)]
+fn worker(
+    o: &PerfOptions,
+    ctrl: &HostController,
+    plans: Vec<QueuePlan>,
+    cpu: Option<usize>,
+    live: Arc<LiveCounters>,
+    prefill: bool,
+    ready: &std::sync::Barrier,
+    start_at: &std::sync::Mutex<Option<Instant>>,
+    stop: &AtomicBool,
+) -> Result<WorkerResult, String> {
+    if let Some(c) = cpu {
+        if !core_affinity::set_for_current(core_affinity::CoreId { id: c }) {
+            ready.wait();
+            return Err(format!("--cpus: cannot run on CPU {c}"));
+        }
+    }
+    let setup = (|| -> Result<Vec<PerfQueue>, String> {
+        // The clock is not running yet: far-future bounds record nothing.
+        let far = Instant::now() + Duration::from_secs(365 * 86400);
+        let mut qs = Vec::new();
+        for p in plans {
+            let qid = p.qid;
+            let parts = ctrl
+                .io_queue(qid)
+                .and_then(|q| q.q.into_parts())
+                .map_err(|e| format!("queue {qid}: {e}"))?;
+            let q = PerfQueue::new(parts, p, live.clone(), far, far)
+                .map_err(|e| format!("queue {qid}: {e}"))?;
+            qs.push(q);
+        }
+        if prefill {
+            for q in qs.iter_mut() {
+                let mut cursor = 0;
+                let deadline = Instant::now() + Duration::from_secs(600);
+                while !q
+                    .prefill_step(&mut cursor, Instant::now())
+                    .map_err(|e| format!("prefill: {e}"))?
+                {
+                    q.poll().map_err(|e| format!("prefill: {e}"))?;
+                    if Instant::now() > deadline {
+                        return Err("prefill did not finish within 600 s".into());
+                    }
+                }
+                if q.unmeasured_errors > 0 {
+                    return Err("prefill writes failed".into());
+                }
+            }
+        }
+        Ok(qs)
+    })();
+    ready.wait();
+    let mut qs = setup?;
+    let begin = loop {
+        if let Some(b) = start_at.lock().ok().and_then(|g| *g) {
+            break b;
+        }
+        std::thread::yield_now();
+    };
+    let start = begin + o.warmup;
+    let end = start + o.runtime;
+    for q in qs.iter_mut() {
+        q.set_window(start, end);
+    }
+    let drain_deadline = end + Duration::from_secs(30);
+    loop {
+        let stopping = stop.load(Ordering::Relaxed);
+        let now = Instant::now();
+        let mut progress = 0;
+        let mut outstanding = 0;
+        for q in qs.iter_mut() {
+            progress += q.submit(now, stopping).map_err(|e| format!("send: {e}"))?;
+            progress += q.poll()?;
+            outstanding += q.outstanding();
+        }
+        if stopping && outstanding == 0 {
+            break;
+        }
+        if stopping && now > drain_deadline {
+            return Err(format!(
+                "{outstanding} commands still outstanding 30 s after the run"
+            ));
+        }
+        if progress == 0 && !o.busy_poll {
+            let mut fds: Vec<libc::pollfd> = qs
+                .iter()
+                .map(|q| libc::pollfd {
+                    fd: q.fd(),
+                    events: libc::POLLIN | if q.wants_write() { libc::POLLOUT } else { 0 },
+                    revents: 0,
+                })
+                .collect();
+            // SAFETY: fds is a valid array of pollfd for the duration of the call.
+            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 1) };
+        }
+    }
+    let mut r = WorkerResult {
+        hist: Histogram::default(),
+        errors: 0,
+        verified: 0,
+        mismatches: 0,
+        details: Vec::new(),
+    };
+    for q in &qs {
+        r.hist.merge(&q.hist);
+        r.errors += q.errors;
+        r.verified += q.verified;
+        r.mismatches += q.mismatch_count;
+        for m in &q.mismatches {
+            r.details.push(format!(
+                "slba {} byte {} differs from the write stamped {}",
+                m.slba, m.byte, m.expected_stamp
+            ));
+        }
+    }
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_quantiles_are_close() {
+        let mut h = Histogram::default();
+        for v in 1..=100_000u64 {
+            h.record(v * 10);
+        }
+        let p50 = h.quantile_ns(0.5) as f64;
+        let p99 = h.quantile_ns(0.99) as f64;
+        assert!((p50 / 500_000.0 - 1.0).abs() < 0.03, "{p50}");
+        assert!((p99 / 990_000.0 - 1.0).abs() < 0.03, "{p99}");
+        assert_eq!(h.quantile_ns(1.0), 1_000_000);
+        assert!((h.mean_ns() - 500_005.0).abs() < 1.0);
+    }
+
+    #[test]
+    fn histogram_buckets_are_monotonic() {
+        let mut last = 0;
+        for i in 0..SUB * MAJORS {
+            let b = Histogram::bound(i);
+            assert!(b >= last, "bucket {i}");
+            last = b;
+        }
+        for ns in [0u64, 1, 63, 64, 65, 1000, 123_456_789, u64::MAX / 4] {
+            let i = Histogram::index(ns);
+            assert!(
+                Histogram::bound(i) >= ns.min(Histogram::bound(SUB * MAJORS - 1)),
+                "{ns}"
+            );
+        }
+    }
+}

@@ -1,0 +1,581 @@
+//! The load generator's queue engine: one NVMe/TCP I/O queue driven without
+//! blocking, in the style of `spdk_nvme_perf`'s poller.
+//!
+//! Everything per I/O is preallocated: a slot per command ID with its own data
+//! buffer, one output buffer into which a whole batch of capsules is encoded and
+//! sent with one `send`, and one receive buffer parsed in place (read data is
+//! verified where it lies, never copied out). Completions that arrive in one
+//! receive share one timestamp: that is when this side saw them.
+
+use super::{Histogram, Workload};
+use crate::initiator::QueueParts;
+use crate::wire::nvme::{io_opc, SglDescriptor, Sqe};
+use crate::wire::tcp::{self as pdu, DataHeader, Digests, ParseLimits, Pdu};
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What one queue does: its share of the namespace and the I/O it issues.
+#[derive(Debug, Clone)]
+pub struct QueuePlan {
+    pub qid: u16,
+    pub nsid: u32,
+    pub workload: Workload,
+    pub read_pct: u32,
+    pub qd: usize,
+    /// Bytes per I/O and per logical block.
+    pub io_size: usize,
+    pub lba_size: u32,
+    /// The I/O-sized slots this queue addresses: [first, first + count).
+    pub first: u64,
+    pub count: u64,
+    /// Check every read against what this run wrote there.
+    pub verify: bool,
+}
+
+/// A verification failure, described for the report.
+#[derive(Debug, Clone)]
+pub struct Mismatch {
+    pub slba: u64,
+    pub byte: usize,
+    pub expected_stamp: u32,
+}
+
+/// Counters a queue publishes for the progress line.
+#[derive(Default)]
+pub struct LiveCounters {
+    pub ios: AtomicU64,
+    pub bytes: AtomicU64,
+}
+
+/// The data pattern of a verified block: every 8-byte word is a function of the
+/// I/O slot, the write's stamp and the word's position, so stale, misplaced and
+/// torn data all fail.
+#[inline]
+fn pattern_word(io_index: u64, stamp: u32, word: u64) -> u64 {
+    let x = io_index.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ ((stamp as u64) << 32) ^ word;
+    x ^ (x >> 29)
+}
+
+pub fn fill_pattern(buf: &mut [u8], io_index: u64, stamp: u32) {
+    for (w, chunk) in buf.chunks_exact_mut(8).enumerate() {
+        chunk.copy_from_slice(&pattern_word(io_index, stamp, w as u64).to_le_bytes());
+    }
+}
+
+/// Checks `data`, found at byte `offset` of an I/O, against the pattern. Returns
+/// the first mismatching byte offset within the I/O.
+pub fn check_pattern(data: &[u8], offset: usize, io_index: u64, stamp: u32) -> Option<usize> {
+    if offset % 8 == 0 {
+        let base = offset / 8;
+        let mut chunks = data.chunks_exact(8);
+        for (w, chunk) in chunks.by_ref().enumerate() {
+            let want = pattern_word(io_index, stamp, (base + w) as u64).to_le_bytes();
+            if chunk != want {
+                let i = chunk
+                    .iter()
+                    .zip(want)
+                    .position(|(a, b)| *a != b)
+                    .unwrap_or(0);
+                return Some(offset + w * 8 + i);
+            }
+        }
+        let done = data.len() - chunks.remainder().len();
+        return check_bytes(&data[done..], offset + done, io_index, stamp);
+    }
+    check_bytes(data, offset, io_index, stamp)
+}
+
+fn check_bytes(data: &[u8], offset: usize, io_index: u64, stamp: u32) -> Option<usize> {
+    for (i, &b) in data.iter().enumerate() {
+        let p = offset + i;
+        let want = pattern_word(io_index, stamp, (p / 8) as u64).to_le_bytes()[p % 8];
+        if b != want {
+            return Some(p);
+        }
+    }
+    None
+}
+
+struct Slot {
+    busy: bool,
+    read: bool,
+    io_index: u64,
+    /// The write's stamp, or for a read the stamp expected (0: not checked).
+    stamp: u32,
+    submitted: Instant,
+    /// Host-to-controller data (writes), sized to one I/O.
+    data: Vec<u8>,
+    bad: bool,
+}
+
+/// Verification state: which stamp each I/O slot of this queue last got, and
+/// which slots have a command outstanding (two commands on one block in flight
+/// at once have no defined result, so the generator never issues them).
+struct VerifyState {
+    stamps: Vec<u32>,
+    inflight: Vec<u64>,
+    next_stamp: u32,
+}
+
+impl VerifyState {
+    fn busy(&self, i: usize) -> bool {
+        self.inflight[i / 64] & (1 << (i % 64)) != 0
+    }
+    fn set(&mut self, i: usize, on: bool) {
+        if on {
+            self.inflight[i / 64] |= 1 << (i % 64);
+        } else {
+            self.inflight[i / 64] &= !(1 << (i % 64));
+        }
+    }
+}
+
+pub struct PerfQueue {
+    plan: QueuePlan,
+    sock: TcpStream,
+    digests: Digests,
+    maxh2cdata: usize,
+    icd_limit: usize,
+    rbuf: Vec<u8>,
+    rstart: usize,
+    rend: usize,
+    wbuf: Vec<u8>,
+    wpos: usize,
+    slots: Vec<Slot>,
+    free: Vec<u16>,
+    outstanding: usize,
+    rng: u64,
+    seq: u64,
+    verify: Option<VerifyState>,
+    pub hist: Histogram,
+    pub errors: u64,
+    /// Failures outside the measured window (prefill, warm-up, drain).
+    pub unmeasured_errors: u64,
+    pub verified: u64,
+    pub mismatches: Vec<Mismatch>,
+    pub mismatch_count: u64,
+    live: Arc<LiveCounters>,
+    /// Completions are recorded only inside [measure_from, measure_until).
+    measure_from: Instant,
+    measure_until: Instant,
+}
+
+impl PerfQueue {
+    pub fn new(
+        parts: QueueParts,
+        plan: QueuePlan,
+        live: Arc<LiveCounters>,
+        measure_from: Instant,
+        measure_until: Instant,
+    ) -> std::io::Result<PerfQueue> {
+        parts.sock.set_nonblocking(true)?;
+        let lba = plan.lba_size as usize;
+        let rcap = (plan.io_size + 64 * 1024).max(1 << 20);
+        let mut rbuf = vec![0; rcap];
+        let n = parts.unparsed.len().min(rcap);
+        rbuf[..n].copy_from_slice(&parts.unparsed[..n]);
+        let writes = plan.workload != Workload::RandRead && plan.workload != Workload::Read;
+        let slots = (0..plan.qd)
+            .map(|_| Slot {
+                busy: false,
+                read: true,
+                io_index: 0,
+                stamp: 0,
+                submitted: measure_from,
+                data: if writes || plan.verify {
+                    vec![0x5A; plan.io_size]
+                } else {
+                    Vec::new()
+                },
+                bad: false,
+            })
+            .collect();
+        let verify = plan.verify.then(|| VerifyState {
+            stamps: vec![0; plan.count as usize],
+            inflight: vec![0; (plan.count as usize).div_ceil(64)],
+            next_stamp: 1,
+        });
+        debug_assert!(plan.io_size % lba == 0);
+        Ok(PerfQueue {
+            rng: 0x9E37_79B9_7F4A_7C15 ^ (plan.qid as u64).wrapping_mul(0xD1B5_4A32_D192_ED03),
+            seq: 0,
+            free: (0..plan.qd as u16).rev().collect(),
+            outstanding: 0,
+            sock: parts.sock,
+            digests: parts.digests,
+            maxh2cdata: parts.maxh2cdata.max(4096) as usize,
+            icd_limit: parts.icd_limit,
+            rbuf,
+            rstart: 0,
+            rend: n,
+            wbuf: Vec::with_capacity(256 * 1024),
+            wpos: 0,
+            slots,
+            verify,
+            plan,
+            hist: Histogram::default(),
+            errors: 0,
+            unmeasured_errors: 0,
+            verified: 0,
+            mismatches: Vec::new(),
+            mismatch_count: 0,
+            live,
+            measure_from,
+            measure_until,
+        })
+    }
+
+    /// Sets the window in which completions are recorded.
+    pub fn set_window(&mut self, from: Instant, until: Instant) {
+        self.measure_from = from;
+        self.measure_until = until;
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+    pub fn outstanding(&self) -> usize {
+        self.outstanding
+    }
+    pub fn wants_write(&self) -> bool {
+        self.wpos < self.wbuf.len()
+    }
+
+    fn next_rand(&mut self) -> u64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+
+    /// Picks the next I/O: (slot index within this queue's range, is read).
+    fn pick(&mut self) -> Option<(u64, bool)> {
+        let read = match self.plan.workload {
+            Workload::RandRead | Workload::Read => true,
+            Workload::RandWrite | Workload::Write => false,
+            Workload::RandRw => self.next_rand() % 100 < self.plan.read_pct as u64,
+        };
+        let sequential = matches!(self.plan.workload, Workload::Read | Workload::Write);
+        for _ in 0..8 {
+            let i = if sequential {
+                let i = self.seq;
+                self.seq = (self.seq + 1) % self.plan.count;
+                i
+            } else {
+                self.next_rand() % self.plan.count
+            };
+            match &self.verify {
+                Some(v) if v.busy(i as usize) => continue,
+                _ => return Some((i, read)),
+            }
+        }
+        None
+    }
+
+    /// Issues commands until the queue depth is reached (unless `stop`), then
+    /// pushes the batch to the socket.
+    pub fn submit(&mut self, now: Instant, stop: bool) -> std::io::Result<usize> {
+        let mut issued = 0;
+        while let (false, Some(&cid)) = (stop, self.free.last()) {
+            let Some((i, read)) = self.pick() else { break };
+            self.free.pop();
+            self.issue(cid, i, read, now);
+            issued += 1;
+        }
+        self.flush()?;
+        Ok(issued)
+    }
+
+    /// Writes the queue's range once with verifiable data (before a verified
+    /// read-only run), one I/O per slot, `qd` at a time.
+    pub fn prefill_step(&mut self, cursor: &mut u64, now: Instant) -> std::io::Result<bool> {
+        while *cursor < self.plan.count {
+            let Some(cid) = self.free.pop() else { break };
+            self.issue(cid, *cursor, false, now);
+            *cursor += 1;
+        }
+        self.flush()?;
+        Ok(*cursor >= self.plan.count && self.outstanding == 0)
+    }
+
+    fn issue(&mut self, cid: u16, i: u64, read: bool, now: Instant) {
+        let nlb = (self.plan.io_size / self.plan.lba_size as usize) as u32;
+        let slba = (self.plan.first + i) * nlb as u64;
+        let mut stamp = 0;
+        if let Some(v) = self.verify.as_mut() {
+            v.set(i as usize, true);
+            if read {
+                stamp = v.stamps[i as usize];
+            } else {
+                stamp = v.next_stamp;
+                v.next_stamp = v.next_stamp.wrapping_add(1).max(1);
+            }
+        }
+        let s = &mut self.slots[cid as usize];
+        s.busy = true;
+        s.read = read;
+        s.io_index = self.plan.first + i;
+        s.stamp = stamp;
+        s.submitted = now;
+        s.bad = false;
+        let mut sqe = Sqe::new(
+            if read { io_opc::READ } else { io_opc::WRITE },
+            cid,
+            self.plan.nsid,
+        );
+        sqe.set_cdw(10, slba as u32);
+        sqe.set_cdw(11, (slba >> 32) as u32);
+        sqe.set_cdw(12, nlb - 1);
+        let len = self.plan.io_size;
+        let in_capsule = !read && len <= self.icd_limit;
+        sqe.set_sgl(SglDescriptor {
+            address: 0,
+            length: len as u32,
+            type_byte: if in_capsule {
+                SglDescriptor::IN_CAPSULE
+            } else {
+                SglDescriptor::TRANSPORT
+            },
+        });
+        if !read && self.verify.is_some() {
+            fill_pattern(&mut s.data, s.io_index, stamp);
+        }
+        let data: &[u8] = if in_capsule { &s.data } else { &[] };
+        pdu::encode_capsule_cmd(&mut self.wbuf, &sqe, data, self.digests);
+        self.outstanding += 1;
+    }
+
+    /// Sends what is queued; partial writes leave the rest for the next call.
+    pub fn flush(&mut self) -> std::io::Result<()> {
+        while self.wpos < self.wbuf.len() {
+            match self.sock.write(&self.wbuf[self.wpos..]) {
+                Ok(0) => return Err(ErrorKind::WriteZero.into()),
+                Ok(n) => self.wpos += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        if self.wpos == self.wbuf.len() {
+            self.wbuf.clear();
+            self.wpos = 0;
+        }
+        Ok(())
+    }
+
+    /// Reads what the socket has and handles every complete PDU. Returns the
+    /// number of commands completed.
+    pub fn poll(&mut self) -> Result<usize, String> {
+        if self.rstart > 0 && (self.rstart == self.rend || self.rbuf.len() - self.rend < 64 * 1024)
+        {
+            self.rbuf.copy_within(self.rstart..self.rend, 0);
+            self.rend -= self.rstart;
+            self.rstart = 0;
+        }
+        let mut got = false;
+        while self.rend < self.rbuf.len() {
+            match self.sock.read(&mut self.rbuf[self.rend..]) {
+                Ok(0) => return Err("target closed the connection".into()),
+                Ok(n) => {
+                    self.rend += n;
+                    got = true;
+                    if self.rend < self.rbuf.len() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(format!("receive: {e}")),
+            }
+        }
+        if !got && self.rstart == self.rend {
+            return Ok(0);
+        }
+        let now = Instant::now();
+        let mut done = 0;
+        let limits = ParseLimits {
+            max_data: self.rbuf.len(),
+        };
+        let rbuf = std::mem::take(&mut self.rbuf);
+        let result = loop {
+            let parsed = pdu::parse(&rbuf[self.rstart..self.rend], self.digests, limits);
+            match parsed {
+                Ok(None) => break Ok(done),
+                Err(e) => break Err(format!("bad PDU from the target: {e}")),
+                Ok(Some((p, n))) => {
+                    match self.handle(p, now) {
+                        Ok(c) => done += c,
+                        Err(e) => break Err(e),
+                    }
+                    self.rstart += n;
+                }
+            }
+        };
+        self.rbuf = rbuf;
+        if done > 0 {
+            self.live.ios.fetch_add(done as u64, Ordering::Relaxed);
+            self.live
+                .bytes
+                .fetch_add((done * self.plan.io_size) as u64, Ordering::Relaxed);
+        }
+        result
+    }
+
+    fn handle(&mut self, p: Pdu, now: Instant) -> Result<usize, String> {
+        match p {
+            Pdu::CapsuleResp(cqe) => {
+                self.complete(cqe.cid, cqe.status().is_success(), now)?;
+                Ok(1)
+            }
+            Pdu::C2HData {
+                hdr,
+                success,
+                last,
+                data,
+                data_digest_error,
+            } => {
+                if data_digest_error {
+                    return Err(format!("C2HData digest error (cid {})", hdr.cccid));
+                }
+                let s = self
+                    .slots
+                    .get_mut(hdr.cccid as usize)
+                    .filter(|s| s.busy && s.read)
+                    .ok_or_else(|| {
+                        format!("C2HData for no outstanding read (cid {})", hdr.cccid)
+                    })?;
+                let off = hdr.offset as usize;
+                if off + data.len() > self.plan.io_size {
+                    return Err(format!("C2HData beyond the transfer (cid {})", hdr.cccid));
+                }
+                if s.stamp != 0 && !s.bad {
+                    if let Some(byte) = check_pattern(data, off, s.io_index, s.stamp) {
+                        s.bad = true;
+                        self.mismatch_count += 1;
+                        if self.mismatches.len() < 8 {
+                            let nlb = (self.plan.io_size / self.plan.lba_size as usize) as u64;
+                            self.mismatches.push(Mismatch {
+                                slba: s.io_index * nlb,
+                                byte,
+                                expected_stamp: s.stamp,
+                            });
+                        }
+                    }
+                }
+                if success {
+                    if !last {
+                        return Err("SUCCESS without LAST_PDU".into());
+                    }
+                    self.complete(hdr.cccid, true, now)?;
+                    return Ok(1);
+                }
+                Ok(0)
+            }
+            Pdu::R2T(r2t) => {
+                self.send_h2c(r2t)?;
+                Ok(0)
+            }
+            Pdu::TermReq { fes, fei, .. } => Err(format!(
+                "target terminated the connection: fes {fes:#x} fei {fei}"
+            )),
+            other => Err(format!("unexpected PDU from the target: {other:?}")),
+        }
+    }
+
+    fn send_h2c(&mut self, r2t: DataHeader) -> Result<(), String> {
+        let s = self
+            .slots
+            .get(r2t.cccid as usize)
+            .filter(|s| s.busy && !s.read)
+            .ok_or_else(|| format!("R2T for no outstanding write (cid {})", r2t.cccid))?;
+        let (start, len) = (r2t.offset as usize, r2t.length as usize);
+        let window = s
+            .data
+            .get(start..start + len)
+            .ok_or_else(|| format!("R2T outside the data (cid {})", r2t.cccid))?;
+        let mut off = 0;
+        while off < len {
+            let n = (len - off).min(self.maxh2cdata);
+            let flags = if off + n == len {
+                pdu::flags::LAST_PDU
+            } else {
+                0
+            };
+            let hdr = DataHeader {
+                cccid: r2t.cccid,
+                ttag: r2t.ttag,
+                offset: (start + off) as u32,
+                length: n as u32,
+            };
+            pdu::encode_data_pdu(
+                &mut self.wbuf,
+                true,
+                &hdr,
+                &window[off..off + n],
+                flags,
+                self.digests,
+                0,
+            );
+            off += n;
+        }
+        Ok(())
+    }
+
+    fn complete(&mut self, cid: u16, ok: bool, now: Instant) -> Result<(), String> {
+        let s = self
+            .slots
+            .get_mut(cid as usize)
+            .filter(|s| s.busy)
+            .ok_or_else(|| format!("completion for no outstanding command (cid {cid})"))?;
+        s.busy = false;
+        self.outstanding -= 1;
+        self.free.push(cid);
+        let (read, io_index, stamp, bad, t0) = (s.read, s.io_index, s.stamp, s.bad, s.submitted);
+        if let Some(v) = self.verify.as_mut() {
+            let i = (io_index - self.plan.first) as usize;
+            v.set(i, false);
+            if !read {
+                // A failed write leaves the block undefined: stop checking it.
+                v.stamps[i] = if ok { stamp } else { 0 };
+            }
+            if read && ok && stamp != 0 && !bad {
+                self.verified += 1;
+            }
+        }
+        if now >= self.measure_from && now < self.measure_until {
+            self.hist
+                .record(now.saturating_duration_since(t0).as_nanos() as u64);
+            if !ok || bad {
+                self.errors += 1;
+            }
+        } else if !ok || bad {
+            self.unmeasured_errors += 1;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pattern_checks_catch_stale_misplaced_and_torn_data() {
+        let mut b = vec![0u8; 4096];
+        fill_pattern(&mut b, 7, 3);
+        assert_eq!(check_pattern(&b, 0, 7, 3), None);
+        // Split at odd offsets, as data PDUs may be.
+        assert_eq!(check_pattern(&b[..1001], 0, 7, 3), None);
+        assert_eq!(check_pattern(&b[1001..], 1001, 7, 3), None);
+        assert!(check_pattern(&b, 0, 7, 2).is_some(), "stale write");
+        assert!(check_pattern(&b, 0, 8, 3).is_some(), "wrong block");
+        let mut torn = b.clone();
+        torn[2048..].fill(0);
+        assert_eq!(check_pattern(&torn, 0, 7, 3), Some(2048));
+        assert_eq!(check_pattern(&torn[2040..], 2040, 7, 3), Some(2048));
+    }
+}
