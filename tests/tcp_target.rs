@@ -294,6 +294,25 @@ fn large_transfers(digests: Digests) {
     // In-capsule writes (8 KiB fits) on the 4 KiB namespace.
     q.write(2, 3, pattern(7, 8192), 4096).unwrap();
     assert_eq!(q.read(2, 3, 2, 4096).unwrap(), pattern(7, 8192));
+    // H2CData trickling in MTU-sized pieces: the target sees each PDU's header
+    // before its data and receives the data straight into the command buffer.
+    q.q.h2c_trickle = 1500;
+    q.write(1, 8192, pattern(200, 256 << 10), 512).unwrap();
+    assert_eq!(q.read(1, 8192, 512, 512).unwrap(), pattern(200, 256 << 10));
+    if digests.data {
+        // A data digest error on that path fails the command with Transient
+        // Transport Error, and the queue goes on.
+        q.q.corrupt_next_data_digest = true;
+        let e = q.write(1, 16384, pattern(201, 64 << 10), 512).unwrap_err();
+        match e {
+            kvtarget::initiator::Error::Status(st, _) => {
+                assert_eq!((st.sct, st.sc), (0, 0x22), "{st:?}")
+            }
+            other => panic!("{other}"),
+        }
+        q.write(1, 16384, pattern(202, 64 << 10), 512).unwrap();
+        assert_eq!(q.read(1, 16384, 128, 512).unwrap(), pattern(202, 64 << 10));
+    }
 }
 
 #[test]

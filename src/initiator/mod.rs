@@ -77,6 +77,10 @@ pub struct QueueConn {
     /// In-capsule data this queue may use (bytes).
     pub icd_limit: usize,
     pub timeout: Duration,
+    /// Test knobs: send H2CData in pieces of this many bytes with a pause
+    /// between them (0: all at once), and corrupt the next H2CData's data digest.
+    pub h2c_trickle: usize,
+    pub corrupt_next_data_digest: bool,
 }
 
 impl QueueConn {
@@ -97,6 +101,8 @@ impl QueueConn {
             maxh2cdata: 0,
             icd_limit: 8192,
             timeout,
+            h2c_trickle: 0,
+            corrupt_next_data_digest: false,
         };
         let mut b = Vec::new();
         pdu::encode_icreq(
@@ -437,7 +443,20 @@ impl QueueConn {
             );
             off += n;
         }
-        self.sock.write_all(&self.out)?;
+        if self.corrupt_next_data_digest && self.digests.data {
+            self.corrupt_next_data_digest = false;
+            if let Some(b) = self.out.last_mut() {
+                *b ^= 0xFF;
+            }
+        }
+        if self.h2c_trickle == 0 {
+            self.sock.write_all(&self.out)?;
+        } else {
+            for piece in self.out.chunks(self.h2c_trickle) {
+                self.sock.write_all(piece)?;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
         Ok(())
     }
 

@@ -76,7 +76,8 @@ pub trait QueuePair: Send {
         ctx: &mut IoCtx,
     );
     /// Writes what is queued; returns true while output remains (wants EPOLLOUT).
-    fn flush(&mut self) -> bool;
+    /// Sent data buffers go back to `bufs`.
+    fn flush(&mut self, bufs: &mut BufPool) -> bool;
     /// Periodic checks (keep-alive, controller teardown).
     fn housekeeping(&mut self, ctx: &mut IoCtx);
     /// Starts an orderly close (target shutdown).
@@ -186,6 +187,8 @@ pub struct Reactor {
     idle: IdleMode,
     epoll: Epoll,
     conns: Vec<Option<Box<dyn QueuePair>>>,
+    /// The clock as of the start of this pass of the loop.
+    now: Instant,
     wants_out: Vec<bool>,
     free_ids: Vec<u32>,
     channels: ChannelCache,
@@ -219,6 +222,7 @@ impl Reactor {
             idle,
             epoll,
             conns: Vec::new(),
+            now: Instant::now(),
             wants_out: Vec::new(),
             free_ids: Vec::new(),
             channels: ChannelCache::default(),
@@ -356,7 +360,7 @@ impl Reactor {
             channels: &mut self.channels,
             bufs: &mut self.bufs,
             conn_id: id,
-            now: Instant::now(),
+            now: self.now,
         };
         f(c.as_mut(), &mut ctx);
     }
@@ -378,7 +382,7 @@ impl Reactor {
     }
 
     fn fire_timers(&mut self) -> bool {
-        let now = Instant::now();
+        let now = self.now;
         let mut any = false;
         while let Some(Reverse((when, id))) = self.timers.peek().copied() {
             if when > now {
@@ -408,7 +412,7 @@ impl Reactor {
             let Some(Some(c)) = self.conns.get_mut(id) else {
                 continue;
             };
-            let want = c.flush();
+            let want = c.flush(&mut self.bufs);
             if c.finished() {
                 let fd = c.fd();
                 let _ = self.epoll.delete(fd);
@@ -462,6 +466,9 @@ impl Reactor {
             if let Err(e) = self.epoll.wait(&mut events, timeout) {
                 tracing::error!("epoll_wait: {e}");
             }
+            // One clock read per pass (and one more per batch of device
+            // completions below): every command in the pass shares it.
+            self.now = Instant::now();
             self.shared.sleeping.store(false, Ordering::Release);
             for &(token, _ev) in &events {
                 if token == TOKEN_WAKE {
@@ -478,6 +485,7 @@ impl Reactor {
             completions.clear();
             if self.channels.poll(&mut completions) > 0 {
                 busy = true;
+                self.now = Instant::now();
                 for c in completions.drain(..) {
                     let conn = (c.tag >> 32) as u32;
                     let slot = c.tag as u16;
@@ -506,8 +514,9 @@ impl Reactor {
             busy |= self.fire_timers();
             self.flush_and_reap();
 
-            let now = Instant::now();
-            let spent = now.duration_since(last).as_nanos() as u64;
+            // Busy/idle accounting by pass, with the clock read at its start.
+            let now = self.now;
+            let spent = now.saturating_duration_since(last).as_nanos() as u64;
             last = now;
             if busy {
                 empty_polls = 0;

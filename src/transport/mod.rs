@@ -1,6 +1,7 @@
 //! Transports: how capsules reach the target. NVMe/TCP today; NVMe/RDMA plugs in
 //! beside it as another `QueuePair` implementation.
 
+pub mod out;
 pub mod tcp;
 
 use crate::reactor::{Message, ReactorShared};

@@ -6,18 +6,19 @@
 //! nothing on this path allocates once buffers are warm.
 
 use crate::bdev::IoOp;
-use crate::mem::IoBuf;
+use crate::mem::{BufPool, IoBuf};
 use crate::reactor::{IoCtx, QueuePair};
 use crate::target::admin::{self, AdminOutcome};
 use crate::target::fabrics::{self, QueueBinding};
 use crate::target::io::{self as tio, IoPlan};
 use crate::target::{Namespace, Target, ADMIN_IN_CAPSULE_DATA};
+use crate::transport::out::OutQueue;
 use crate::wire::nvme::{
     admin_opc, fctype, ConnectCommand, ConnectData, Cqe, DataDirection, PropertyCommand,
     SglDescriptor, Sqe, Status, CATTR_DISABLE_SQ_FLOW, CONNECT_DATA_LEN,
 };
 use crate::wire::tcp::{self as pdu, fes, DataHeader, Digests, ICResp, ParseLimits, Pdu, PduError};
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
@@ -89,8 +90,8 @@ pub struct TcpConnection {
     rbuf: Vec<u8>,
     rstart: usize,
     rend: usize,
-    wbuf: Vec<u8>,
-    wpos: usize,
+    /// Output: encoded PDUs interleaved with read data still in its buffers.
+    out: OutQueue,
     binding: Option<QueueBinding>,
     namespaces: Vec<Arc<Namespace>>,
     /// The subsystem's namespace generation the snapshot above was taken at.
@@ -108,8 +109,26 @@ pub struct TcpConnection {
     r2t_waiting: std::collections::VecDeque<u16>,
     max_r2t_active: usize,
     dev_ops: usize,
+    ops_scratch: Vec<(Arc<Namespace>, IoOp)>,
+    direct: Option<DirectReceive>,
     limits: ParseLimits,
     shutting_down: bool,
+}
+
+/// H2CData at least this large is received straight into the command's buffer.
+const DIRECT_RECEIVE_MIN: usize = 16 * 1024;
+
+/// An H2CData PDU whose data is being received straight into a command buffer.
+#[derive(Debug, Clone, Copy)]
+struct DirectReceive {
+    slot: u16,
+    /// Where this PDU's data goes in the buffer, its length, and how much has
+    /// arrived.
+    start: usize,
+    len: usize,
+    got: usize,
+    /// Data digest bytes that follow the data (they land in the receive buffer).
+    ddgst: usize,
 }
 
 /// Which command IDs are outstanding, to refuse duplicates.
@@ -158,8 +177,7 @@ impl TcpConnection {
             rbuf: vec![0; rcap],
             rstart: 0,
             rend: 0,
-            wbuf: Vec::with_capacity(256 * 1024),
-            wpos: 0,
+            out: OutQueue::with_capacity(256 * 1024),
             binding: None,
             namespaces: Vec::new(),
             ns_gen: 0,
@@ -175,6 +193,8 @@ impl TcpConnection {
             r2t_waiting: Default::default(),
             max_r2t_active: 32,
             dev_ops: 0,
+            ops_scratch: Vec::with_capacity(4),
+            direct: None,
             limits: ParseLimits { max_data },
             shutting_down: false,
             target,
@@ -200,7 +220,7 @@ impl TcpConnection {
     fn terminate(&mut self, err: PduError, offending: &[u8]) {
         tracing::warn!(peer = %self.peer, qid = self.qid(), "terminating connection: {err}");
         let hdr = &offending[..offending.len().min(pdu::TERM_REQ_MAX_DATA)];
-        pdu::encode_term_req(&mut self.wbuf, false, err.fes, err.fei, hdr);
+        pdu::encode_term_req(&mut self.out.bytes, false, err.fes, err.fei, hdr);
         self.set_state(ConnState::Terminating);
     }
 
@@ -236,16 +256,20 @@ impl TcpConnection {
         }
         let mut got_any = false;
         while self.rend < self.rbuf.len() {
-            match self.sock.read(&mut self.rbuf[self.rend..]) {
+            let res = match self.direct {
+                Some(d) if d.got < d.len => self.read_direct(d),
+                _ => self
+                    .sock
+                    .read(&mut self.rbuf[self.rend..])
+                    .inspect(|&n| self.rend += n),
+            };
+            match res {
                 Ok(0) => {
                     tracing::debug!(peer = %self.peer, "peer closed the connection");
                     self.close();
                     return got_any;
                 }
-                Ok(n) => {
-                    self.rend += n;
-                    got_any = true;
-                }
+                Ok(_) => got_any = true,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => {
@@ -258,12 +282,40 @@ impl TcpConnection {
         got_any
     }
 
+    /// One read for a direct receive: the rest of the PDU's data into the command
+    /// buffer, and whatever follows into the receive buffer. Returns the bytes
+    /// read, as `read` does, having accounted for both parts.
+    fn read_direct(&mut self, d: DirectReceive) -> std::io::Result<usize> {
+        let Some(buf) = self.slots[d.slot as usize]
+            .as_mut()
+            .and_then(|r| r.buf.as_mut())
+        else {
+            return Err(std::io::Error::other("direct receive into a freed slot"));
+        };
+        let dst = &mut buf[d.start + d.got..d.start + d.len];
+        let want = dst.len();
+        let mut iov = [
+            std::io::IoSliceMut::new(dst),
+            std::io::IoSliceMut::new(&mut self.rbuf[self.rend..]),
+        ];
+        let n = self.sock.read_vectored(&mut iov)?;
+        let into_cmd = n.min(want);
+        if let Some(dr) = self.direct.as_mut() {
+            dr.got += into_cmd;
+        }
+        self.rend += n - into_cmd;
+        Ok(n)
+    }
+
     fn process_input(&mut self, ctx: &mut IoCtx) {
         loop {
             if !matches!(self.state, ConnState::AwaitIcReq | ConnState::Ready) {
                 return;
             }
-            if self.wbuf.len() - self.wpos > MAX_PENDING_OUTPUT {
+            if self.out.pending() > MAX_PENDING_OUTPUT {
+                return;
+            }
+            if !self.end_direct_receive(ctx) || self.start_direct_receive() {
                 return;
             }
             let buf = std::mem::take(&mut self.rbuf);
@@ -325,7 +377,7 @@ impl TcpConnection {
                 };
                 // Tell the host our limit before switching digests on for us.
                 pdu::encode_icresp(
-                    &mut self.wbuf,
+                    &mut self.out.bytes,
                     &ICResp {
                         pfv: 0,
                         cpda: 0,
@@ -397,7 +449,7 @@ impl TcpConnection {
     /// Sends a CapsuleResp for a command that never got a slot.
     fn respond_now(&mut self, cid: u16, status: Status, result: u64) {
         let cqe = self.cqe(cid, status, result);
-        pdu::encode_capsule_resp(&mut self.wbuf, &cqe, self.digests);
+        pdu::encode_capsule_resp(&mut self.out.bytes, &cqe, self.digests);
     }
 
     fn cqe(&self, cid: u16, status: Status, result: u64) -> Cqe {
@@ -586,7 +638,39 @@ impl TcpConnection {
             offset: r.r2t_off as u32,
             length: r.r2t_len as u32,
         };
-        pdu::encode_r2t(&mut self.wbuf, &hdr, self.digests);
+        pdu::encode_r2t(&mut self.out.bytes, &hdr, self.digests);
+    }
+
+    /// Checks an H2CData header against the R2T it answers.
+    fn check_h2c(&self, hdr: &DataHeader, data_len: usize) -> Result<(), PduError> {
+        let slot = hdr.ttag;
+        let r = match self.slots.get(slot as usize).and_then(|s| s.as_ref()) {
+            Some(r) if r.state == ReqState::AwaitingData && r.sqe.cid() == hdr.cccid => r,
+            _ => {
+                return Err(PduError {
+                    fes: fes::INVALID_HEADER_FIELD,
+                    fei: 10,
+                    reason: "H2CData for no outstanding R2T",
+                })
+            }
+        };
+        if data_len > self.target.limits.max_h2c_data as usize {
+            return Err(PduError {
+                fes: fes::DATA_LIMIT_EXCEEDED,
+                fei: 16,
+                reason: "H2CData larger than MAXH2CDATA",
+            });
+        }
+        let off = hdr.offset as usize;
+        // Data must arrive in order within the current R2T window.
+        if off != r.h2c_received || off + data_len > r.r2t_off + r.r2t_len {
+            return Err(PduError {
+                fes: fes::DATA_OUT_OF_RANGE,
+                fei: 12,
+                reason: "H2CData outside the R2T window",
+            });
+        }
+        Ok(())
     }
 
     fn on_h2c_data(
@@ -597,50 +681,27 @@ impl TcpConnection {
         raw: &[u8],
         ctx: &mut IoCtx,
     ) {
+        if let Err(e) = self.check_h2c(&hdr, data.len()) {
+            return self.terminate(e, raw);
+        }
         let slot = hdr.ttag;
-        let ok = match self.slots.get(slot as usize).and_then(|s| s.as_ref()) {
-            Some(r) => r.state == ReqState::AwaitingData && r.sqe.cid() == hdr.cccid,
-            None => false,
-        };
-        if !ok {
-            return self.terminate(
-                PduError {
-                    fes: fes::INVALID_HEADER_FIELD,
-                    fei: 10,
-                    reason: "H2CData for no outstanding R2T",
-                },
-                raw,
-            );
+        let off = hdr.offset as usize;
+        if let Some(b) = self.slots[slot as usize]
+            .as_mut()
+            .and_then(|r| r.buf.as_mut())
+        {
+            b[off..off + data.len()].copy_from_slice(data);
         }
-        if data.len() > self.target.limits.max_h2c_data as usize {
-            return self.terminate(
-                PduError {
-                    fes: fes::DATA_LIMIT_EXCEEDED,
-                    fei: 16,
-                    reason: "H2CData larger than MAXH2CDATA",
-                },
-                raw,
-            );
-        }
+        self.h2c_arrived(slot, data.len(), digest_error, ctx);
+    }
+
+    /// `len` more bytes of host data for `slot` are in its buffer: ask for the
+    /// next window, or run the command once all is there.
+    fn h2c_arrived(&mut self, slot: u16, len: usize, digest_error: bool, ctx: &mut IoCtx) {
         let Some(r) = self.slots[slot as usize].as_mut() else {
             return;
         };
-        let off = hdr.offset as usize;
-        // Data must arrive in order within the current R2T window.
-        if off != r.h2c_received || off + data.len() > r.r2t_off + r.r2t_len {
-            return self.terminate(
-                PduError {
-                    fes: fes::DATA_OUT_OF_RANGE,
-                    fei: 12,
-                    reason: "H2CData outside the R2T window",
-                },
-                raw,
-            );
-        }
-        if let Some(b) = r.buf.as_mut() {
-            b[off..off + data.len()].copy_from_slice(data);
-        }
-        r.h2c_received += data.len();
+        r.h2c_received += len;
         r.data_error |= digest_error;
         if r.h2c_received < r.r2t_off + r.r2t_len {
             return;
@@ -654,6 +715,74 @@ impl TcpConnection {
         if let Err(status) = self.execute(slot, ctx) {
             self.finish(slot, status, 0, ctx);
         }
+    }
+
+    /// When a large H2CData PDU's header has arrived but its data has not, takes
+    /// what data is here and has the rest received straight into the command's
+    /// buffer (no copy through the receive buffer). Returns true when it did.
+    fn start_direct_receive(&mut self) -> bool {
+        let avail = &self.rbuf[self.rstart..self.rend];
+        let Ok(Some(head)) = pdu::parse_data_pdu_head(avail, self.digests, self.limits) else {
+            return false;
+        };
+        let have = avail.len() - head.pdo;
+        if !head.h2c || head.data_len < DIRECT_RECEIVE_MIN || have >= head.data_len {
+            return false;
+        }
+        // Anything wrong is refused by the ordinary path once the PDU is whole.
+        if self.check_h2c(&head.hdr, head.data_len).is_err() {
+            return false;
+        }
+        let slot = head.hdr.ttag;
+        let off = head.hdr.offset as usize;
+        let Some(buf) = self.slots[slot as usize]
+            .as_mut()
+            .and_then(|r| r.buf.as_mut())
+        else {
+            return false;
+        };
+        let from = self.rstart + head.pdo;
+        buf[off..off + have].copy_from_slice(&self.rbuf[from..from + have]);
+        self.rstart = self.rend;
+        self.direct = Some(DirectReceive {
+            slot,
+            start: off,
+            len: head.data_len,
+            got: have,
+            ddgst: head.ddgst,
+        });
+        true
+    }
+
+    /// Finishes a direct receive whose data (and digest) are all here. Returns
+    /// false while bytes are still missing.
+    fn end_direct_receive(&mut self, ctx: &mut IoCtx) -> bool {
+        let Some(d) = self.direct else {
+            return true;
+        };
+        if d.got < d.len || self.rend - self.rstart < d.ddgst {
+            return false;
+        }
+        self.direct = None;
+        let mut digest_error = false;
+        if d.ddgst != 0 {
+            let at = self.rstart;
+            let want = u32::from_le_bytes([
+                self.rbuf[at],
+                self.rbuf[at + 1],
+                self.rbuf[at + 2],
+                self.rbuf[at + 3],
+            ]);
+            self.rstart += d.ddgst;
+            if let Some(b) = self.slots[d.slot as usize]
+                .as_ref()
+                .and_then(|r| r.buf.as_ref())
+            {
+                digest_error = pdu::crc32c(&b[d.start..d.start + d.len]) != want;
+            }
+        }
+        self.h2c_arrived(d.slot, d.len, digest_error, ctx);
+        true
     }
 
     /// Runs a command whose data is complete.
@@ -829,7 +958,9 @@ impl TcpConnection {
             return Err(Status::INTERNAL_ERROR);
         };
         let ns = req.ns.clone();
-        let mut ops: Vec<(Arc<Namespace>, IoOp)> = Vec::new();
+        // Reused across commands: the data path does not allocate.
+        let mut ops = std::mem::take(&mut self.ops_scratch);
+        ops.clear();
         match plan {
             IoPlan::Nothing => {
                 self.finish(slot, Status::SUCCESS, 0, ctx);
@@ -881,12 +1012,14 @@ impl TcpConnection {
             }
         }
         if ops.is_empty() {
+            self.ops_scratch = ops;
             self.finish(slot, Status::SUCCESS, 0, ctx);
             return Ok(());
         }
         let mut submitted = 0u32;
         let mut failure = None;
-        for (ns, op) in ops {
+        let mut pending = ops.drain(..);
+        for (ns, op) in pending.by_ref() {
             let ch = match ctx.channels.get(&ns) {
                 Ok(ch) => ch,
                 Err(_) => {
@@ -909,6 +1042,13 @@ impl TcpConnection {
                 }
             }
         }
+        for (_, op) in pending {
+            // Not submitted after a failure: its buffer goes back.
+            if let Some(b) = op.into_buf() {
+                ctx.bufs.put(b);
+            }
+        }
+        self.ops_scratch = ops;
         self.dev_ops += submitted as usize;
         if let Some(r) = self.slots[slot as usize].as_mut() {
             r.pending_ops = submitted;
@@ -938,6 +1078,12 @@ impl TcpConnection {
             return;
         };
         self.free_slots.push(slot);
+        if self.direct.is_some_and(|d| d.slot == slot) {
+            // Its data is still arriving into the buffer being released: the
+            // stream cannot be followed any more.
+            self.direct = None;
+            self.close();
+        }
         let cid = r.sqe.cid();
         self.cids.remove(cid);
         if r.state == ReqState::AwaitingData || r.state == ReqState::AwaitingR2tSlot {
@@ -979,7 +1125,7 @@ impl TcpConnection {
             }
         }
         if let Some(st) = &self.stats {
-            let ns = r.arrived.elapsed().as_nanos() as u64;
+            let ns = ctx.now.saturating_duration_since(r.arrived).as_nanos() as u64;
             let b = crate::pool::volume::latency_bucket(ns);
             if !status.is_success() {
                 st.errors.fetch_add(1, Ordering::Relaxed);
@@ -1004,17 +1150,24 @@ impl TcpConnection {
                 }
             }
         }
-        let c2h: Option<&[u8]> = if !status.is_success() {
-            None
-        } else if let Some(d) = r.reply.as_deref() {
-            Some(d)
-        } else if matches!(r.plan, Some(IoPlan::Read { .. })) {
-            r.buf.as_deref()
+        // Read data goes out from its device buffer (no copy); admin replies are
+        // small and encoded inline.
+        let read_buf = if status.is_success() && matches!(r.plan, Some(IoPlan::Read { .. })) {
+            r.buf.take().filter(|b| !b.is_empty())
         } else {
             None
         };
+        let reply = r
+            .reply
+            .take()
+            .filter(|d| status.is_success() && !d.is_empty());
+        let c2h_len = match (&read_buf, &reply) {
+            (Some(b), _) => b.len(),
+            (None, Some(d)) => d.len(),
+            (None, None) => 0,
+        };
         let mut sent_success = false;
-        if let Some(data) = c2h.filter(|d| !d.is_empty()) {
+        if c2h_len > 0 {
             // SUCCESS skips the CapsuleResp and its SQ head update; hosts over TCP
             // do not use SQ head (SPDK sends SUCCESS the same way).
             let success = self.target.limits.c2h_success;
@@ -1026,22 +1179,37 @@ impl TcpConnection {
                 cccid: cid,
                 ttag: 0,
                 offset: 0,
-                length: data.len() as u32,
+                length: c2h_len as u32,
             };
-            pdu::encode_data_pdu(
-                &mut self.wbuf,
+            pdu::encode_data_pdu_header(
+                &mut self.out.bytes,
                 false,
                 &hdr,
-                data,
+                c2h_len,
                 flags,
                 self.digests,
                 self.hpda_align,
             );
+            let digest = match (read_buf, reply) {
+                (Some(b), _) => {
+                    let d = self.digests.data.then(|| pdu::crc32c(&b));
+                    self.out.push_buf(b, c2h_len);
+                    d
+                }
+                (None, Some(d)) => {
+                    self.out.bytes.extend_from_slice(&d);
+                    self.digests.data.then(|| pdu::crc32c(&d))
+                }
+                (None, None) => None,
+            };
+            if let Some(d) = digest {
+                self.out.bytes.extend_from_slice(&d.to_le_bytes());
+            }
             sent_success = success;
         }
         if !sent_success {
             let cqe = self.cqe(cid, status, result);
-            pdu::encode_capsule_resp(&mut self.wbuf, &cqe, self.digests);
+            pdu::encode_capsule_resp(&mut self.out.bytes, &cqe, self.digests);
         }
         if let Some(b) = r.buf.take() {
             ctx.bufs.put(b);
@@ -1113,36 +1281,33 @@ impl QueuePair for TcpConnection {
         }
     }
 
-    fn flush(&mut self) -> bool {
-        while self.wpos < self.wbuf.len() {
-            if self.state == ConnState::Closed {
-                self.wbuf.clear();
-                self.wpos = 0;
-                break;
-            }
-            match self.sock.write(&self.wbuf[self.wpos..]) {
+    fn flush(&mut self, bufs: &mut BufPool) -> bool {
+        if self.state == ConnState::Closed {
+            self.out.clear(bufs);
+            return false;
+        }
+        while !self.out.is_empty() {
+            match self.out.write_to(&mut self.sock, bufs) {
                 Ok(0) => {
                     self.close();
+                    self.out.clear(bufs);
                     break;
                 }
-                Ok(n) => self.wpos += n,
+                Ok(_) => {}
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => {
                     tracing::debug!(peer = %self.peer, "write: {e}");
                     self.close();
+                    self.out.clear(bufs);
                     break;
                 }
             }
         }
-        if self.wpos == self.wbuf.len() {
-            self.wbuf.clear();
-            self.wpos = 0;
-            if self.state == ConnState::Terminating {
-                self.close();
-            }
+        if self.out.is_empty() && self.state == ConnState::Terminating {
+            self.close();
         }
-        self.wpos < self.wbuf.len()
+        !self.out.is_empty()
     }
 
     fn housekeeping(&mut self, ctx: &mut IoCtx) {
@@ -1178,7 +1343,7 @@ impl QueuePair for TcpConnection {
                     // its next AER with the same one).
                     self.cids.remove(cid);
                     let cqe = self.cqe(cid, Status::SUCCESS, dw0 as u64);
-                    pdu::encode_capsule_resp(&mut self.wbuf, &cqe, self.digests);
+                    pdu::encode_capsule_resp(&mut self.out.bytes, &cqe, self.digests);
                 }
             }
         }

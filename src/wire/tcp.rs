@@ -202,15 +202,19 @@ fn expected_hlen(t: u8) -> Option<usize> {
     })
 }
 
-/// Parses one PDU from the front of `buf`.
-///
-/// Returns `Ok(None)` when more bytes are needed, `Ok(Some((pdu, consumed)))` for a
-/// complete PDU. Digests are those negotiated (both off before the IC exchange).
-pub fn parse<'a>(
-    buf: &'a [u8],
-    digests: Digests,
-    limits: ParseLimits,
-) -> Result<Option<(Pdu<'a>, usize)>, PduError> {
+/// What the common header (and the rest of the header) says about a PDU's
+/// framing, validated before its data has arrived.
+struct Frame {
+    ch: CommonHeader,
+    plen: usize,
+    /// Where the data is (offset, length) and the data digest length, for PDUs
+    /// with a data part.
+    data: Option<(usize, usize, usize)>,
+}
+
+/// Validates the header at the front of `buf`. `Ok(None)` until the whole header
+/// (with its digest) is there.
+fn frame(buf: &[u8], digests: Digests, limits: ParseLimits) -> Result<Option<Frame>, PduError> {
     let Some(ch) = CommonHeader::parse(buf) else {
         return Ok(None);
     };
@@ -271,13 +275,12 @@ pub fn parse<'a>(
             "PDU length exceeds the negotiated limit",
         ));
     }
-    if buf.len() < plen {
+    if buf.len() < hlen + hdgst {
         return Ok(None);
     }
-    let pdu = &buf[..plen];
     if hdgst != 0 {
-        let want = u32_at(pdu, hlen);
-        if crc32c(&pdu[..hlen]) != want {
+        let want = u32_at(buf, hlen);
+        if crc32c(&buf[..hlen]) != want {
             return Err(PduError::new(
                 fes::HEADER_DIGEST_ERROR,
                 0,
@@ -285,14 +288,12 @@ pub fn parse<'a>(
             ));
         }
     }
-
     // Locate the data part for PDU types that may carry data.
     let has_data_part = matches!(
         ch.pdu_type,
         pdu_type::CAPSULE_CMD | pdu_type::H2C_DATA | pdu_type::C2H_DATA
     );
-    let mut data: &[u8] = &[];
-    let mut data_digest_error = false;
+    let mut data = None;
     if has_data_part && plen > hlen + hdgst {
         let ddgst = digests.ddgst_len();
         if ((ch.flags & flags::DDGSTF) != 0) != digests.data {
@@ -310,24 +311,110 @@ pub fn parse<'a>(
                 "PDU data offset outside the PDU",
             ));
         }
-        data = &pdu[pdo..plen - ddgst];
-        if data.len() > limits.max_data {
+        let len = plen - ddgst - pdo;
+        if len > limits.max_data {
             return Err(PduError::new(
                 fes::DATA_LIMIT_EXCEEDED,
                 4,
                 "PDU data exceeds the negotiated limit",
             ));
         }
-        if ddgst != 0 {
-            let want = u32_at(pdu, plen - ddgst);
-            data_digest_error = crc32c(data) != want;
-        }
+        data = Some((pdo, len, ddgst));
     } else if !has_data_part && !is_ic_or_term && plen != hlen + hdgst {
         return Err(PduError::new(
             fes::INVALID_HEADER_FIELD,
             4,
             "PDU length wrong for a PDU without data",
         ));
+    }
+    Ok(Some(Frame { ch, plen, data }))
+}
+
+/// The header of a data PDU (H2CData or C2HData), known before its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataPduHead {
+    pub h2c: bool,
+    pub hdr: DataHeader,
+    pub last: bool,
+    pub success: bool,
+    /// Where the data starts, how long it is, and the data digest after it.
+    pub pdo: usize,
+    pub data_len: usize,
+    pub ddgst: usize,
+    pub plen: usize,
+}
+
+/// Parses the header of a data PDU at the front of `buf` once the bytes up to
+/// its data are there, so the data can be received straight into its
+/// destination. `Ok(None)` for other PDU types, or while bytes are missing.
+/// Validation is the same as `parse`'s.
+pub fn parse_data_pdu_head(
+    buf: &[u8],
+    digests: Digests,
+    limits: ParseLimits,
+) -> Result<Option<DataPduHead>, PduError> {
+    let Some(f) = frame(buf, digests, limits)? else {
+        return Ok(None);
+    };
+    let h2c = match f.ch.pdu_type {
+        pdu_type::H2C_DATA => true,
+        pdu_type::C2H_DATA => false,
+        _ => return Ok(None),
+    };
+    let (pdo, data_len, ddgst) = f.data.unwrap_or((f.plen, 0, 0));
+    if buf.len() < pdo.max(DATA_HLEN) {
+        return Ok(None);
+    }
+    let hdr = DataHeader {
+        cccid: u16_at(buf, 8),
+        ttag: u16_at(buf, 10),
+        offset: u32_at(buf, 12),
+        length: u32_at(buf, 16),
+    };
+    if hdr.length as usize != data_len {
+        return Err(PduError::new(
+            fes::INVALID_HEADER_FIELD,
+            16,
+            "data length field differs from the PDU's data",
+        ));
+    }
+    Ok(Some(DataPduHead {
+        h2c,
+        hdr,
+        last: f.ch.flags & flags::LAST_PDU != 0,
+        success: f.ch.flags & flags::SUCCESS != 0,
+        pdo,
+        data_len,
+        ddgst,
+        plen: f.plen,
+    }))
+}
+
+/// Parses one PDU from the front of `buf`.
+///
+/// Returns `Ok(None)` when more bytes are needed, `Ok(Some((pdu, consumed)))` for a
+/// complete PDU. Digests are those negotiated (both off before the IC exchange).
+pub fn parse<'a>(
+    buf: &'a [u8],
+    digests: Digests,
+    limits: ParseLimits,
+) -> Result<Option<(Pdu<'a>, usize)>, PduError> {
+    let Some(f) = frame(buf, digests, limits)? else {
+        return Ok(None);
+    };
+    let (ch, plen) = (f.ch, f.plen);
+    if buf.len() < plen {
+        return Ok(None);
+    }
+    let pdu = &buf[..plen];
+    let mut data: &[u8] = &[];
+    let mut data_digest_error = false;
+    if let Some((pdo, len, ddgst)) = f.data {
+        data = &pdu[pdo..pdo + len];
+        if ddgst != 0 {
+            let want = u32_at(pdu, plen - ddgst);
+            data_digest_error = crc32c(data) != want;
+        }
     }
 
     let parsed = match ch.pdu_type {
@@ -542,6 +629,22 @@ pub fn encode_data_pdu(
     digests: Digests,
     pdo_align: usize,
 ) {
+    encode_data_pdu_header(out, h2c, hdr, data.len(), pdu_flags, digests, pdo_align);
+    append_data(out, data, digests.data);
+}
+
+/// Appends a data PDU's header (and any padding up to its data offset) for
+/// `data_len` bytes of data; the caller sends the data, then the data digest
+/// (`crc32c` of the data, little-endian) when data digests are on.
+pub fn encode_data_pdu_header(
+    out: &mut Vec<u8>,
+    h2c: bool,
+    hdr: &DataHeader,
+    data_len: usize,
+    pdu_flags: u8,
+    digests: Digests,
+    pdo_align: usize,
+) {
     let hd = digests.hdgst_len();
     let dd = digests.ddgst_len();
     let mut fl = pdu_flags & (flags::LAST_PDU | flags::SUCCESS);
@@ -555,7 +658,7 @@ pub fn encode_data_pdu(
     if pdo_align > 1 {
         pdo = pdo.div_ceil(pdo_align) * pdo_align;
     }
-    let plen = pdo + data.len() + dd;
+    let plen = pdo + data_len + dd;
     let t = if h2c {
         pdu_type::H2C_DATA
     } else {
@@ -563,13 +666,12 @@ pub fn encode_data_pdu(
     };
     let start = put_common(out, t, fl, DATA_HLEN, pdo, plen);
     let hdr = DataHeader {
-        length: data.len() as u32,
+        length: data_len as u32,
         ..*hdr
     };
     put_data_header(out, &hdr);
     finish_header(out, start, digests.header);
     out.resize(start + pdo, 0);
-    append_data(out, data, digests.data);
 }
 
 /// Appends a TermReq carrying up to 128 bytes of the offending header.
@@ -749,6 +851,43 @@ mod tests {
             prop_assert_eq!(n, out.len());
             let ok = matches!(p, Pdu::CapsuleCmd { data: got, data_digest_error: false, .. } if got == &data[..]);
             prop_assert!(ok);
+        }
+
+        /// The early header parse agrees with the full parse on every prefix of a
+        /// (possibly mutated) data PDU, and never panics.
+        #[test]
+        fn data_pdu_head_agrees_with_parse(
+            split in 0usize..400, hd: bool, dd: bool, len in 0usize..300, align in 0usize..3,
+            mutate in proptest::option::of((0usize..64, any::<u8>())), h2c: bool,
+        ) {
+            let d = Digests { header: hd, data: dd };
+            let data: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+            let hdr = DataHeader { cccid: 5, ttag: 9, offset: 4096, length: 0 };
+            let mut out = Vec::new();
+            encode_data_pdu(&mut out, h2c, &hdr, &data, flags::LAST_PDU, d, [0, 8, 32][align]);
+            if let Some((i, v)) = mutate {
+                let i = i % out.len();
+                out[i] = v;
+            }
+            let lim = ParseLimits { max_data: 256 };
+            let full = parse(&out, d, lim);
+            let s = split.min(out.len());
+            let head = parse_data_pdu_head(&out[..s], d, lim);
+            match (&full, &head) {
+                (Ok(Some((Pdu::H2CData { hdr: fh, last, .. } | Pdu::C2HData { hdr: fh, last, .. }, n))), Ok(Some(h))) => {
+                    prop_assert_eq!(*fh, h.hdr);
+                    prop_assert_eq!(*last, h.last);
+                    prop_assert_eq!(*n, h.plen);
+                    prop_assert_eq!(h.pdo + h.data_len + h.ddgst, h.plen);
+                }
+                // A header the full parse refuses is refused early (or not yet
+                // complete); it is never accepted.
+                (Err(_), Ok(Some(_))) => prop_assert!(false, "head accepted what parse refused"),
+                _ => {}
+            }
+            if full.is_ok() && s == out.len() && matches!(full, Ok(Some((Pdu::H2CData { .. } | Pdu::C2HData { .. }, _)))) {
+                prop_assert!(matches!(head, Ok(Some(_))));
+            }
         }
     }
 }
