@@ -13,13 +13,19 @@ USAGE:
     kvtarget check-config <FILE>  validate a configuration and exit
     kvtarget perf --addr A:P --nqn NQN [--workload W] [--bs N] [--qd N] [--queues N]
                   [--time S] [--warmup S] [--rwmix-read PCT] [--nsid N] [--hostnqn NQN]
-                  [--cpus LIST] [--verify] [--poll busy|sleep] [--digests] [--json]
-                  [--quiet]
+                  [--deallocate-pct PCT] [--cpus LIST] [--verify] [--poll busy|sleep]
+                  [--digests] [--json] [--quiet]
                                   NVMe/TCP load generator (spdk_nvme_perf-like):
                                   W = randread|randwrite|randrw|read|write; queues
                                   spread over one pinned thread per --cpus entry;
                                   --verify checks every read against this run's
-                                  writes; a progress line goes to stderr each second
+                                  writes; --deallocate-pct turns that share of
+                                  writes into deallocates (churn for thin volumes);
+                                  a progress line goes to stderr each second
+    kvtarget perf --echo-baseline [--server-cpu N] [--workload W] [--bs N] [--qd N]
+                  [--cpus LIST] [--time S] [--warmup S] [--json]
+                                  same-run baseline: plain loopback TCP with the
+                                  workload's byte volume, no NVMe processing
     kvtarget check <POOL>         verify a pool offline (file or block device);
                                   exits 1 with a report when it is damaged
     kvtarget pool create <PATH> [--size S] [--extent-size S] [--force]
@@ -540,7 +546,7 @@ fn usage_error(msg: &str) -> ExitCode {
 
 fn perf(args: &[String]) -> ExitCode {
     match perf_options(args) {
-        Ok((opts, json)) => match kvtarget::perf::run(&opts) {
+        Ok((opts, json, echo)) => match run_perf_or_echo(&opts, echo) {
             Ok(r) => {
                 if json {
                     println!("{}", r.to_json());
@@ -566,13 +572,46 @@ fn perf(args: &[String]) -> ExitCode {
     }
 }
 
-fn perf_options(args: &[String]) -> Result<(kvtarget::perf::PerfOptions, bool), String> {
+/// With `--echo-baseline` (`echo` is Some(server CPU)), runs the plain loopback
+/// TCP exchange with this workload's byte volume instead of the workload.
+fn run_perf_or_echo(
+    o: &kvtarget::perf::PerfOptions,
+    echo: Option<Option<usize>>,
+) -> Result<kvtarget::perf::PerfReport, String> {
+    use kvtarget::perf::{echo, Workload};
+    let Some(server_cpu) = echo else {
+        return kvtarget::perf::run(o);
+    };
+    let icd = 8192;
+    let (rq, rs) = echo::EchoOptions::for_io(true, o.block_size, icd);
+    let (wq, ws) = echo::EchoOptions::for_io(false, o.block_size, icd);
+    let pct = match o.workload {
+        Workload::RandRead | Workload::Read => 100,
+        Workload::RandWrite | Workload::Write => 0,
+        Workload::RandRw => o.read_pct as usize,
+    };
+    let mix = |r: usize, w: usize| (r * pct + w * (100 - pct)) / 100;
+    echo::run(&echo::EchoOptions {
+        request: mix(rq, wq),
+        response: mix(rs, ws),
+        qd: o.qd * o.queues as usize,
+        runtime: o.runtime,
+        warmup: o.warmup,
+        server_cpu,
+        client_cpu: o.cpus.first().copied(),
+    })
+}
+
+type PerfArgs = (kvtarget::perf::PerfOptions, bool, Option<Option<usize>>);
+
+fn perf_options(args: &[String]) -> Result<PerfArgs, String> {
     use std::time::Duration;
     let mut addr = None;
     let mut nqn = None;
     let mut o = kvtarget::perf::PerfOptions::new("127.0.0.1:4420".parse().map_err(|_| "addr")?, "");
     o.progress = true;
     let mut json = false;
+    let mut echo = None;
     let mut it = args.iter();
     fn num<T: std::str::FromStr>(flag: &str, v: Option<&String>) -> Result<T, String> {
         let v = v.ok_or(format!("{flag} needs a value"))?;
@@ -597,6 +636,7 @@ fn perf_options(args: &[String]) -> Result<(kvtarget::perf::PerfOptions, bool), 
             "--nsid" => o.nsid = num("--nsid", it.next())?,
             "--workload" => o.workload = it.next().ok_or("--workload needs a value")?.parse()?,
             "--rwmix-read" => o.read_pct = num("--rwmix-read", it.next())?,
+            "--deallocate-pct" => o.deallocate_pct = num("--deallocate-pct", it.next())?,
             "--bs" => {
                 let v = it.next().ok_or("--bs needs a size")?;
                 o.block_size =
@@ -614,6 +654,8 @@ fn perf_options(args: &[String]) -> Result<(kvtarget::perf::PerfOptions, bool), 
             }
             "--json" => json = true,
             "--verify" => o.verify = true,
+            "--echo-baseline" => echo = Some(echo.flatten()),
+            "--server-cpu" => echo = Some(Some(num("--server-cpu", it.next())?)),
             "--quiet" => o.progress = false,
             "--poll" => {
                 o.busy_poll = match it.next().map(String::as_str) {
@@ -636,6 +678,10 @@ fn perf_options(args: &[String]) -> Result<(kvtarget::perf::PerfOptions, bool), 
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
+    if echo.is_some() {
+        // The baseline needs no target.
+        return Ok((o, json, echo));
+    }
     o.addr = addr.ok_or("--addr is required")?;
     o.nqn = nqn.ok_or("--nqn is required")?;
     if o.qd == 0 || o.qd > 4095 {
@@ -647,8 +693,11 @@ fn perf_options(args: &[String]) -> Result<(kvtarget::perf::PerfOptions, bool), 
     if o.read_pct > 100 {
         return Err("--rwmix-read must be 0..=100".into());
     }
+    if o.deallocate_pct > 100 {
+        return Err("--deallocate-pct must be 0..=100".into());
+    }
     if o.runtime.is_zero() {
         return Err("--time must be positive".into());
     }
-    Ok((o, json))
+    Ok((o, json, echo))
 }

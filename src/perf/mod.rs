@@ -4,6 +4,7 @@
 //! keeping `qd` commands in flight. Latency is measured from submit to completion
 //! into log-linear (HDR-style) histograms with better than 2 % resolution.
 
+pub mod echo;
 mod queue;
 
 pub use queue::{check_pattern, fill_pattern};
@@ -143,6 +144,8 @@ pub struct PerfOptions {
     pub workload: Workload,
     /// Percentage of reads for randrw.
     pub read_pct: u32,
+    /// Percentage of writes issued as deallocates of the same range instead.
+    pub deallocate_pct: u32,
     pub block_size: usize,
     /// Commands outstanding per queue.
     pub qd: usize,
@@ -175,6 +178,7 @@ impl PerfOptions {
             nsid: 1,
             workload: Workload::RandRead,
             read_pct: 70,
+            deallocate_pct: 0,
             block_size: 4096,
             qd: 32,
             queues: 1,
@@ -334,6 +338,7 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, String> {
                 nsid: o.nsid,
                 workload: o.workload,
                 read_pct: o.read_pct,
+                deallocate_pct: o.deallocate_pct,
                 qd: o.qd,
                 io_size: o.block_size,
                 lba_size: lba,

@@ -9,7 +9,7 @@
 
 use super::{Histogram, Workload};
 use crate::initiator::QueueParts;
-use crate::wire::nvme::{io_opc, SglDescriptor, Sqe};
+use crate::wire::nvme::{io_opc, DsmRange, SglDescriptor, Sqe, DSM_ATTR_DEALLOCATE, DSM_RANGE_LEN};
 use crate::wire::tcp::{self as pdu, DataHeader, Digests, ParseLimits, Pdu};
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
@@ -25,6 +25,9 @@ pub struct QueuePlan {
     pub nsid: u32,
     pub workload: Workload,
     pub read_pct: u32,
+    /// Percentage of the writes issued as deallocates of the same range instead
+    /// (churn that keeps a thin volume's fill steady and its GC busy).
+    pub deallocate_pct: u32,
     pub qd: usize,
     /// Bytes per I/O and per logical block.
     pub io_size: usize,
@@ -100,9 +103,16 @@ fn check_bytes(data: &[u8], offset: usize, io_index: u64, stamp: u32) -> Option<
     None
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Read,
+    Write,
+    Deallocate,
+}
+
 struct Slot {
     busy: bool,
-    read: bool,
+    op: Op,
     io_index: u64,
     /// The write's stamp, or for a read the stamp expected (0: not checked).
     stamp: u32,
@@ -182,7 +192,7 @@ impl PerfQueue {
         let slots = (0..plan.qd)
             .map(|_| Slot {
                 busy: false,
-                read: true,
+                op: Op::Read,
                 io_index: 0,
                 stamp: 0,
                 submitted: measure_from,
@@ -252,12 +262,21 @@ impl PerfQueue {
         self.rng
     }
 
-    /// Picks the next I/O: (slot index within this queue's range, is read).
-    fn pick(&mut self) -> Option<(u64, bool)> {
+    /// Picks the next I/O: (slot index within this queue's range, operation).
+    fn pick(&mut self) -> Option<(u64, Op)> {
         let read = match self.plan.workload {
             Workload::RandRead | Workload::Read => true,
             Workload::RandWrite | Workload::Write => false,
             Workload::RandRw => self.next_rand() % 100 < self.plan.read_pct as u64,
+        };
+        let op = if read {
+            Op::Read
+        } else if self.plan.deallocate_pct > 0
+            && self.next_rand() % 100 < self.plan.deallocate_pct as u64
+        {
+            Op::Deallocate
+        } else {
+            Op::Write
         };
         let sequential = matches!(self.plan.workload, Workload::Read | Workload::Write);
         for _ in 0..8 {
@@ -270,7 +289,7 @@ impl PerfQueue {
             };
             match &self.verify {
                 Some(v) if v.busy(i as usize) => continue,
-                _ => return Some((i, read)),
+                _ => return Some((i, op)),
             }
         }
         None
@@ -281,9 +300,9 @@ impl PerfQueue {
     pub fn submit(&mut self, now: Instant, stop: bool) -> std::io::Result<usize> {
         let mut issued = 0;
         while let (false, Some(&cid)) = (stop, self.free.last()) {
-            let Some((i, read)) = self.pick() else { break };
+            let Some((i, op)) = self.pick() else { break };
             self.free.pop();
-            self.issue(cid, i, read, now);
+            self.issue(cid, i, op, now);
             issued += 1;
         }
         self.flush()?;
@@ -295,56 +314,76 @@ impl PerfQueue {
     pub fn prefill_step(&mut self, cursor: &mut u64, now: Instant) -> std::io::Result<bool> {
         while *cursor < self.plan.count {
             let Some(cid) = self.free.pop() else { break };
-            self.issue(cid, *cursor, false, now);
+            self.issue(cid, *cursor, Op::Write, now);
             *cursor += 1;
         }
         self.flush()?;
         Ok(*cursor >= self.plan.count && self.outstanding == 0)
     }
 
-    fn issue(&mut self, cid: u16, i: u64, read: bool, now: Instant) {
+    fn issue(&mut self, cid: u16, i: u64, op: Op, now: Instant) {
         let nlb = (self.plan.io_size / self.plan.lba_size as usize) as u32;
         let slba = (self.plan.first + i) * nlb as u64;
         let mut stamp = 0;
         if let Some(v) = self.verify.as_mut() {
             v.set(i as usize, true);
-            if read {
-                stamp = v.stamps[i as usize];
-            } else {
-                stamp = v.next_stamp;
-                v.next_stamp = v.next_stamp.wrapping_add(1).max(1);
+            match op {
+                Op::Read => stamp = v.stamps[i as usize],
+                Op::Write => {
+                    stamp = v.next_stamp;
+                    v.next_stamp = v.next_stamp.wrapping_add(1).max(1);
+                }
+                Op::Deallocate => {}
             }
         }
         let s = &mut self.slots[cid as usize];
         s.busy = true;
-        s.read = read;
+        s.op = op;
         s.io_index = self.plan.first + i;
         s.stamp = stamp;
         s.submitted = now;
         s.bad = false;
-        let mut sqe = Sqe::new(
-            if read { io_opc::READ } else { io_opc::WRITE },
-            cid,
-            self.plan.nsid,
-        );
-        sqe.set_cdw(10, slba as u32);
-        sqe.set_cdw(11, (slba >> 32) as u32);
-        sqe.set_cdw(12, nlb - 1);
-        let len = self.plan.io_size;
-        let in_capsule = !read && len <= self.icd_limit;
+        let opcode = match op {
+            Op::Read => io_opc::READ,
+            Op::Write => io_opc::WRITE,
+            Op::Deallocate => io_opc::DATASET_MANAGEMENT,
+        };
+        let mut sqe = Sqe::new(opcode, cid, self.plan.nsid);
+        let mut range = [0u8; DSM_RANGE_LEN];
+        let (data, len): (&[u8], usize) = match op {
+            Op::Deallocate => {
+                // One range, attribute Deallocate; the range rides in the capsule.
+                sqe.set_cdw(10, 0);
+                sqe.set_cdw(11, DSM_ATTR_DEALLOCATE);
+                DsmRange {
+                    attributes: 0,
+                    nlb,
+                    slba,
+                }
+                .encode(&mut range);
+                (&range, DSM_RANGE_LEN)
+            }
+            Op::Read | Op::Write => {
+                sqe.set_cdw(10, slba as u32);
+                sqe.set_cdw(11, (slba >> 32) as u32);
+                sqe.set_cdw(12, nlb - 1);
+                if op == Op::Write && self.verify.is_some() {
+                    fill_pattern(&mut s.data, s.io_index, stamp);
+                }
+                let len = self.plan.io_size;
+                let in_capsule = op == Op::Write && len <= self.icd_limit;
+                (if in_capsule { &s.data } else { &[] }, len)
+            }
+        };
         sqe.set_sgl(SglDescriptor {
             address: 0,
             length: len as u32,
-            type_byte: if in_capsule {
+            type_byte: if !data.is_empty() {
                 SglDescriptor::IN_CAPSULE
             } else {
                 SglDescriptor::TRANSPORT
             },
         });
-        if !read && self.verify.is_some() {
-            fill_pattern(&mut s.data, s.io_index, stamp);
-        }
-        let data: &[u8] = if in_capsule { &s.data } else { &[] };
         pdu::encode_capsule_cmd(&mut self.wbuf, &sqe, data, self.digests);
         self.outstanding += 1;
     }
@@ -444,7 +483,7 @@ impl PerfQueue {
                 let s = self
                     .slots
                     .get_mut(hdr.cccid as usize)
-                    .filter(|s| s.busy && s.read)
+                    .filter(|s| s.busy && s.op == Op::Read)
                     .ok_or_else(|| {
                         format!("C2HData for no outstanding read (cid {})", hdr.cccid)
                     })?;
@@ -490,7 +529,7 @@ impl PerfQueue {
         let s = self
             .slots
             .get(r2t.cccid as usize)
-            .filter(|s| s.busy && !s.read)
+            .filter(|s| s.busy && s.op == Op::Write)
             .ok_or_else(|| format!("R2T for no outstanding write (cid {})", r2t.cccid))?;
         let (start, len) = (r2t.offset as usize, r2t.length as usize);
         let window = s
@@ -534,12 +573,14 @@ impl PerfQueue {
         s.busy = false;
         self.outstanding -= 1;
         self.free.push(cid);
-        let (read, io_index, stamp, bad, t0) = (s.read, s.io_index, s.stamp, s.bad, s.submitted);
+        let (op, io_index, stamp, bad, t0) = (s.op, s.io_index, s.stamp, s.bad, s.submitted);
+        let read = op == Op::Read;
         if let Some(v) = self.verify.as_mut() {
             let i = (io_index - self.plan.first) as usize;
             v.set(i, false);
             if !read {
-                // A failed write leaves the block undefined: stop checking it.
+                // Deallocated blocks read as zeroes or fail (volume option), and a
+                // failed write leaves the block undefined: stop checking either.
                 v.stamps[i] = if ok { stamp } else { 0 };
             }
             if read && ok && stamp != 0 && !bad {

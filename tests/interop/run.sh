@@ -135,6 +135,9 @@ new_share() {
     rm -rf "$share"
     mkdir -p "$share"
     cp "$here/tcp-suite.sh" "$here/nvmet-control.sh" "$share/"
+    # bench/fio's job files, run by the bench-fio-profiles scenario.
+    mkdir -p "$share/fio"
+    cp "$repo"/bench/fio/*.fio "$share/fio/"
     echo "$share"
 }
 

@@ -914,6 +914,37 @@ t_volume_data_survives_restart() {
     expect_k "$dev" $((22 * 1024)) 2048 $((10 * 1024)) "after restart, 22-24 MiB" || return 1
 }
 
+# bench/fio's KV-cache job files (from the share), each run briefly on namespace 1.
+# It runs last: the profiles write across the whole namespace.
+t_bench_fio_profiles() {
+    local f name out rc err bytes n=0 dir=/mnt/share/fio
+    [ -d "$dir" ] || { fail "no job files in $dir"; return 1; }
+    connect || return 1
+    export KVT_DEV=$DEV KVT_RUNTIME=2 KVT_SIZE=16m KVT_WRITE_IOPS=20 KVT_TRIM_IOPS=20
+    for f in "$dir"/*.fio; do
+        name=$(basename "$f" .fio)
+        if [ "$name" = kv-steady ] && [ "$(cat "/sys/block/${DEV#/dev/}/queue/discard_max_bytes")" = 0 ]; then
+            echo "#   $name: not run, this target's namespace takes no discards"
+            continue
+        fi
+        out=$WORK/$name.json
+        timeout 300 fio --output-format=json --output="$out.raw" "$f" > "$WORK/$name.stderr" 2>&1
+        rc=$?
+        sed -n '/^{/,$p' "$out.raw" > "$out"
+        err=$(jq -r '[.jobs[].error] | max' "$out" 2>/dev/null)
+        bytes=$(jq -r '[.jobs[] | (.read.io_bytes + .write.io_bytes + .trim.io_bytes)] | min' "$out" 2>/dev/null)
+        if [ $rc != 0 ] || [ "$err" != 0 ]; then
+            fail "$name.fio exited $rc, job error '$err': $(grep -h -m3 -iE 'verify|error|fio:' "$WORK/$name.stderr" "$out.raw" | tr '\n' ' ')"
+            return 1
+        fi
+        [ -n "$bytes" ] && [ "$bytes" != null ] && [ "$bytes" -gt 0 ] \
+            || { fail "$name.fio: a job moved no data ($bytes bytes)"; return 1; }
+        echo "#   $name.fio: $(jq -r '[.jobs[] | "\(.jobname) r \(.read.iops|floor) w \(.write.iops|floor) IOPS"] | join(", ")' "$out")"
+        n=$((n + 1))
+    done
+    [ $n -ge 6 ] || { fail "only $n job files ran"; return 1; }
+}
+
 # ---- runner --------------------------------------------------------------------------
 
 SCENARIOS="
@@ -945,6 +976,7 @@ nuse-tracks-writes-and-discard
 unwritten-error-volume
 volume-data-survives-restart
 namespace-hot-add-remove
+bench-fio-profiles
 "
 # Scenarios that need thin-provisioned volumes (--volumes); reported as skipped without.
 VOLUME_SCENARIOS=" several-namespaces nuse-tracks-writes-and-discard unwritten-error-volume volume-data-survives-restart namespace-hot-add-remove "
