@@ -15,7 +15,7 @@ tgt=$!
 trap 'kill $tgt 2>/dev/null; wait $tgt 2>/dev/null' EXIT
 for _ in $(seq 300); do grep -q "listening on 127.0.0.1:4430" /tmp/kvtarget-bench.log && break; sleep 0.1; done
 # Pre-fill the file so reads hit allocated blocks.
-taskset -c 1 "$bin" perf --addr 127.0.0.1:4430 --nqn $nqn --nsid 1 --workload write --bs 1MiB --qd 4 --time "$secs" --warmup 0 >/dev/null
+taskset -c 1 "$bin" perf --addr 127.0.0.1:4430 --nqn $nqn --nsid 1 --workload write --bs 1MiB --qd 4 --time "$secs" --warmup 0 --cpus 1 --quiet >/dev/null
 rev=$(git rev-parse --short HEAD)
 {
   echo
@@ -29,7 +29,7 @@ for p in "randread 4KiB 1" "randread 4KiB 32" "randwrite 4KiB 32" "randrw 4KiB 3
   row="| $1 $2 QD$3 |"
   declare -A iops=()
   for ns in 1 2; do
-    out=$(taskset -c 1 "$bin" perf --addr 127.0.0.1:4430 --nqn $nqn --nsid $ns --workload "$1" --bs "$2" --qd "$3" --time "$secs" --warmup 1 --json)
+    out=$(taskset -c 1 "$bin" perf --addr 127.0.0.1:4430 --nqn $nqn --nsid $ns --workload "$1" --bs "$2" --qd "$3" --time "$secs" --warmup 1 --cpus 1 --json --quiet)
     i=$(sed -E 's/.*"iops":([0-9.]+).*/\1/' <<<"$out")
     p99=$(sed -E 's/.*"p99":([0-9.]+).*/\1/' <<<"$out")
     iops[$ns]=$i

@@ -69,6 +69,10 @@ if [ -z "$addr" ]; then
     own=1
     start_target config/bench-ram.toml ram
     addr=127.0.0.1:4420 nqn=nqn.2026-11.io.kvtarget:bench-ram
+    # Write the whole namespace once, so reads find memory already backed (as
+    # SPDK's Malloc bdev is) rather than first-touch page faults.
+    taskset -c 1 "$bin" perf --addr $addr --nqn $nqn --cpus 1 --workload write --bs 1MiB --qd 8 \
+        --time 4 --warmup 0 --quiet >/dev/null
 fi
 [ -n "$nqn" ] || { echo "run-profiles: --nqn is required with --addr" >&2; exit 2; }
 if [ -z "$tpid" ]; then

@@ -125,11 +125,16 @@ impl std::fmt::Debug for IoBuf {
 }
 
 /// A per-reactor free list of buffers in power-of-two size classes from 4 KiB.
-/// Bounded: at most `max_per_class` idle buffers are kept per class.
+/// Bounded: each class keeps at most `max_per_class` idle buffers or as many as
+/// fit in `CLASS_BYTES`, whichever is more, so a deep queue of small I/O keeps
+/// all its buffers warm without large classes hoarding memory.
 pub struct BufPool {
     classes: Vec<Vec<IoBuf>>,
     max_per_class: usize,
 }
+
+/// Idle bytes a size class may keep beyond `max_per_class` buffers.
+const CLASS_BYTES: usize = 16 << 20;
 
 impl BufPool {
     pub fn new(max_per_class: usize) -> BufPool {
@@ -158,8 +163,11 @@ impl BufPool {
         if !buf.owned || buf.capacity() != IO_BUF_ALIGN << class {
             return;
         }
+        let limit = self
+            .max_per_class
+            .max(CLASS_BYTES / (IO_BUF_ALIGN << class));
         if let Some(c) = self.classes.get_mut(class) {
-            if c.len() < self.max_per_class {
+            if c.len() < limit {
                 c.push(buf);
             }
         }

@@ -939,7 +939,7 @@ t_bench_fio_profiles() {
         fi
         [ -n "$bytes" ] && [ "$bytes" != null ] && [ "$bytes" -gt 0 ] \
             || { fail "$name.fio: a job moved no data ($bytes bytes)"; return 1; }
-        echo "#   $name.fio: $(jq -r '[.jobs[] | "\(.jobname) r \(.read.iops|floor) w \(.write.iops|floor) IOPS"] | join(", ")' "$out")"
+        echo "#   $name.fio: $(jq -r '[.jobs[] | "\(.jobname) r \(.read.iops|floor) w \(.write.iops|floor) trim \(.trim.iops|floor) IOPS"] | join(", ")' "$out")"
         n=$((n + 1))
     done
     [ $n -ge 6 ] || { fail "only $n job files ran"; return 1; }
