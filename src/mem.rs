@@ -194,6 +194,22 @@ mod tests {
     }
 
     #[test]
+    fn small_classes_keep_a_deep_queue_warm_and_large_ones_stay_bounded() {
+        let mut pool = BufPool::new(4);
+        let small: Vec<IoBuf> = (0..512).map(|_| pool.get(4096)).collect();
+        let ptrs: std::collections::HashSet<usize> =
+            small.iter().map(|b| b.as_ptr() as usize).collect();
+        small.into_iter().for_each(|b| pool.put(b));
+        // All 512 come back from the pool (16 MiB budget), none newly allocated.
+        let again: Vec<IoBuf> = (0..512).map(|_| pool.get(4096)).collect();
+        assert!(again.iter().all(|b| ptrs.contains(&(b.as_ptr() as usize))));
+        // 4 MiB buffers: only max(4, 16 MiB / 4 MiB) = 4 are kept.
+        let big: Vec<IoBuf> = (0..8).map(|_| pool.get(4 << 20)).collect();
+        big.into_iter().for_each(|b| pool.put(b));
+        assert_eq!(pool.classes[BufPool::class_of(4 << 20)].len(), 4);
+    }
+
+    #[test]
     fn views_alias_the_parent_and_are_never_pooled() {
         let mut parent = IoBuf::new(8192);
         // SAFETY: parent outlives the views below and they do not overlap.

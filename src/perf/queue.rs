@@ -603,6 +603,86 @@ impl PerfQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn queue_over_loopback(verify: bool) -> (PerfQueue, TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let host = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (target, _) = l.accept().unwrap();
+        let now = Instant::now();
+        let q = PerfQueue::new(
+            QueueParts {
+                sock: host,
+                digests: Digests::default(),
+                maxh2cdata: 8192,
+                icd_limit: 8192,
+                unparsed: Vec::new(),
+            },
+            QueuePlan {
+                qid: 1,
+                nsid: 1,
+                workload: Workload::RandRw,
+                read_pct: 50,
+                deallocate_pct: 10,
+                qd: 8,
+                io_size: 4096,
+                lba_size: 512,
+                first: 0,
+                count: 64,
+                verify,
+            },
+            Arc::default(),
+            now,
+            now + std::time::Duration::from_secs(60),
+        )
+        .unwrap();
+        (q, target)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Whatever a target sends back (valid PDUs for commands that do not
+        /// exist, bad offsets, garbage), the engine reports an error or goes on;
+        /// it never panics.
+        #[test]
+        fn replies_from_a_hostile_target_never_panic(
+            pdus in proptest::collection::vec((0u8..5, any::<u16>(), 0u32..9000, 0usize..5000), 0..12),
+            junk in proptest::collection::vec(any::<u8>(), 0..200),
+            verify: bool,
+        ) {
+            let (mut q, mut target) = queue_over_loopback(verify);
+            q.submit(Instant::now(), false).unwrap();
+            let mut bytes = Vec::new();
+            for (kind, cid, off, len) in pdus {
+                let cid = cid % 12;
+                let hdr = DataHeader { cccid: cid, ttag: 1, offset: off, length: len as u32 };
+                match kind {
+                    0 => pdu::encode_capsule_resp(&mut bytes, &crate::wire::nvme::Cqe::new(cid, crate::wire::nvme::Status::SUCCESS), Digests::default()),
+                    1 => pdu::encode_data_pdu(&mut bytes, false, &hdr, &vec![7u8; len], pdu::flags::LAST_PDU | pdu::flags::SUCCESS, Digests::default(), 0),
+                    2 => pdu::encode_data_pdu(&mut bytes, false, &hdr, &vec![7u8; len], 0, Digests::default(), 0),
+                    3 => pdu::encode_r2t(&mut bytes, &hdr, Digests::default()),
+                    _ => pdu::encode_term_req(&mut bytes, false, 1, 0, &[]),
+                }
+            }
+            bytes.extend_from_slice(&junk);
+            target.write_all(&bytes).unwrap();
+            // Until everything sent is consumed, an error, or (for a trailing
+            // partial PDU) a short while.
+            let deadline = Instant::now() + std::time::Duration::from_millis(300);
+            while Instant::now() < deadline {
+                match q.poll() {
+                    Err(_) => break,
+                    Ok(_) => {
+                        if q.rstart == q.rend && q.rend > 0 {
+                            break;
+                        }
+                    }
+                }
+                let _ = q.submit(Instant::now(), false);
+                std::thread::yield_now();
+            }
+        }
+    }
 
     #[test]
     fn pattern_checks_catch_stale_misplaced_and_torn_data() {
