@@ -34,7 +34,10 @@ perf_bin=$PWD/target/release/kvtarget
 [ ${#bins[@]} -gt 0 ] || bins=("$perf_bin")
 work=$(mktemp -d /tmp/kvt-callgrind.XXXXXX)
 nqn=nqn.2026-11.io.kvtarget:bench-ram
-sed 's/^idle = "busy"/idle = "adaptive"/' config/bench-ram.toml >"$work/target.toml"
+# Its own port, so a target already serving 4420 on this machine does not matter.
+port=4520
+sed -e 's/^idle = "busy"/idle = "adaptive"/' -e "s/^port = 4420/port = $port/" \
+    config/bench-ram.toml >"$work/target.toml"
 
 measure() { # bin workload bs qd -> "instructions ios"
     local bin=$1 w=$2 bs=$3 qd=$4 out=$work/cg.$RANDOM pid j ios ir
@@ -43,7 +46,7 @@ measure() { # bin workload bs qd -> "instructions ios"
     pid=$!
     for _ in $(seq 600); do grep -q "listening on" "$work/tgt.log" && break; sleep 0.1; done
     grep -q "listening on" "$work/tgt.log" || { cat "$work/tgt.log" >&2; exit 1; }
-    j=$(taskset -c 1 "$perf_bin" perf --addr 127.0.0.1:4420 --nqn $nqn --cpus 1 --workload "$w" \
+    j=$(taskset -c 1 "$perf_bin" perf --addr 127.0.0.1:$port --nqn $nqn --cpus 1 --workload "$w" \
         --bs "$bs" --qd "$qd" --time "$secs" --warmup 0 --json --quiet --poll sleep)
     kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
     ios=$(sed -E 's/.*"ios":([0-9]+).*/\1/' <<<"$j")
@@ -62,8 +65,7 @@ measure() { # bin workload bs qd -> "instructions ios"
     echo "|---|---|---|---|"
 } >>"$results"
 for b in "${bins[@]}"; do
-    rev=$( (cd "$(dirname "$b")/../.." 2>/dev/null && git rev-parse --short HEAD 2>/dev/null) || echo "?")
-    row="| \`$b\` ($rev) |"
+    row="| \`$b\` |"
     for p in "randread 4KiB 32" "randwrite 4KiB 32" "write 128KiB 4"; do
         set -- $p
         read -r ir ios < <(measure "$b" "$1" "$2" "$3")

@@ -98,55 +98,89 @@ pub fn current_reactor() -> usize {
 }
 
 /// Per-reactor device channels, opened on first use of each namespace.
+/// This reactor's device channels, one per namespace it has served. Kept in a
+/// vector (every pass polls them all) with an index by namespace key for the
+/// per-command lookup.
 #[derive(Default)]
 pub struct ChannelCache {
-    channels: HashMap<u64, (Arc<Namespace>, Box<dyn IoChannel>)>,
-    /// Channels whose completion fd still needs registering with epoll.
+    entries: Vec<(Arc<Namespace>, Box<dyn IoChannel>)>,
+    index: HashMap<u64, usize, std::hash::BuildHasherDefault<KeyHasher>>,
     new_fds: Vec<(u64, RawFd)>,
+}
+
+/// Namespace keys are small unique integers: a multiplicative hash spreads them
+/// at a fraction of SipHash's cost (this runs once per command).
+#[derive(Default)]
+pub struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0 ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
 impl ChannelCache {
     pub fn get(&mut self, ns: &Arc<Namespace>) -> Result<&mut dyn IoChannel, i32> {
-        if !self.channels.contains_key(&ns.key) {
-            let ch = ns.dev.open_channel().map_err(|e| {
-                tracing::error!(nsid = ns.nsid, dev = %ns.dev.describe(), "cannot open device channel: {e}");
-                e.raw_os_error().unwrap_or(libc::EIO)
-            })?;
-            for fd in [ch.completion_fd(), ch.notify_fd()].into_iter().flatten() {
-                self.new_fds.push((ns.key, fd));
+        let i = match self.index.get(&ns.key) {
+            Some(&i) => i,
+            None => {
+                let ch = ns.dev.open_channel().map_err(|e| {
+                    tracing::error!(nsid = ns.nsid, dev = %ns.dev.describe(), "cannot open device channel: {e}");
+                    e.raw_os_error().unwrap_or(libc::EIO)
+                })?;
+                for fd in [ch.completion_fd(), ch.notify_fd()].into_iter().flatten() {
+                    self.new_fds.push((ns.key, fd));
+                }
+                self.entries.push((ns.clone(), ch));
+                let i = self.entries.len() - 1;
+                self.index.insert(ns.key, i);
+                i
             }
-            self.channels.insert(ns.key, (ns.clone(), ch));
-        }
-        match self.channels.get_mut(&ns.key) {
+        };
+        match self.entries.get_mut(i) {
             Some((_, ch)) => Ok(ch.as_mut()),
             None => Err(libc::EIO),
         }
     }
 
-    /// Drops channels to namespaces removed at run time once idle, so the
-    /// namespace (and its volume) is released.
     fn evict_removed(&mut self) {
-        self.channels.retain(|_, (ns, ch)| {
+        let before = self.entries.len();
+        self.entries.retain(|(ns, ch)| {
             !ns.removed.load(std::sync::atomic::Ordering::Acquire) || ch.in_flight() > 0
         });
+        if self.entries.len() != before {
+            self.index = self
+                .entries
+                .iter()
+                .enumerate()
+                .map(|(i, (ns, _))| (ns.key, i))
+                .collect();
+        }
     }
 
     fn flush_submissions(&mut self) {
-        for (_, ch) in self.channels.values_mut() {
+        for (_, ch) in self.entries.iter_mut() {
             ch.flush_submissions();
         }
     }
 
     fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
-        self.channels.values_mut().map(|(_, ch)| ch.poll(out)).sum()
+        self.entries.iter_mut().map(|(_, ch)| ch.poll(out)).sum()
     }
 
     fn in_flight(&self) -> usize {
-        self.channels.values().map(|(_, ch)| ch.in_flight()).sum()
+        self.entries.iter().map(|(_, ch)| ch.in_flight()).sum()
     }
 }
 
-/// Messages a reactor accepts from other threads.
 pub enum Message {
     /// Adopt a new queue pair.
     Adopt(Box<dyn QueuePair>),

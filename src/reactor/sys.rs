@@ -50,12 +50,15 @@ impl Epoll {
 
     /// Waits up to `timeout_ms` (0 = poll, -1 = forever); returns (token, events).
     pub fn wait(&self, out: &mut Vec<(u64, u32)>, timeout_ms: i32) -> io::Result<()> {
-        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 128];
-        // SAFETY: evs is a valid, writable array of 128 epoll_events.
+        // Not zeroed: this runs on every reactor pass, and the kernel fills the
+        // first `n` entries, the only ones read.
+        let mut evs = [const { std::mem::MaybeUninit::<libc::epoll_event>::uninit() }; 128];
+        // SAFETY: evs is a valid, writable array of 128 epoll_events (MaybeUninit
+        // has the same layout), and epoll_wait writes at most that many.
         let n = unsafe {
             libc::epoll_wait(
                 self.fd.as_raw_fd(),
-                evs.as_mut_ptr(),
+                evs.as_mut_ptr().cast::<libc::epoll_event>(),
                 evs.len() as i32,
                 timeout_ms,
             )
@@ -69,6 +72,8 @@ impl Epoll {
         }
         out.clear();
         for ev in &evs[..n as usize] {
+            // SAFETY: epoll_wait initialised the first n entries.
+            let ev = unsafe { ev.assume_init_read() };
             let (t, e) = (ev.u64, ev.events);
             out.push((t, e));
         }
