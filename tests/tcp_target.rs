@@ -633,6 +633,48 @@ fn perf_runs_a_mixed_workload_without_errors() {
     assert!(e.contains("--bs"), "{e}");
 }
 
+/// The thread that calls `perf::run` only coordinates: without a progress line
+/// it must sleep, not spin beside the workers (it once slept zero seconds in a
+/// loop, taking a core from the load it measured).
+#[test]
+fn perf_coordinator_sleeps_while_workers_run() {
+    use kvtarget::perf::{run, PerfOptions};
+    fn thread_cpu() -> Duration {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: valid timespec pointer for the call.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    }
+    let h = Harness::start_with("", "ram");
+    let runtime = Duration::from_secs(3);
+    let used = std::thread::spawn(move || {
+        let c0 = thread_cpu();
+        let r = run(&PerfOptions {
+            hostnqn: Some(HOST.into()),
+            qd: 4,
+            runtime,
+            warmup: Duration::from_millis(200),
+            busy_poll: false,
+            progress: false,
+            ..PerfOptions::new(h.addr, NQN)
+        })
+        .unwrap();
+        assert!(r.ios > 0);
+        thread_cpu() - c0
+    })
+    .join()
+    .unwrap();
+    // Connecting takes a few milliseconds of CPU; spinning took about half a
+    // second even on a loaded machine.
+    assert!(
+        used < Duration::from_millis(150),
+        "coordinator used {used:?} of CPU"
+    );
+}
+
 #[test]
 fn perf_verify_checks_reads_and_catches_foreign_writes() {
     use kvtarget::perf::{run, PerfOptions, Workload};

@@ -408,15 +408,11 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, String> {
             if cpu0.is_none() && now >= start {
                 cpu0 = Some(cpu_time());
             }
-            let next = (last.0 + Duration::from_secs(1)).min(end);
-            let wake = if cpu0.is_none() {
-                next.min(start)
-            } else {
-                next
-            };
-            std::thread::sleep(wake.saturating_duration_since(now));
+            std::thread::sleep(coordinator_sleep(now, last.0, start, end, cpu0.is_some()));
             let now = Instant::now();
-            if o.progress && now >= last.0 + Duration::from_millis(990) {
+            // The tick advances whether or not it is printed (a stale tick
+            // would make this loop spin on a zero sleep beside the workers).
+            if tick_due(now, last.0) {
                 let ios: u64 = live.iter().map(|l| l.ios.load(Ordering::Relaxed)).sum();
                 let bytes: u64 = live.iter().map(|l| l.bytes.load(Ordering::Relaxed)).sum();
                 let dt = now.duration_since(last.0).as_secs_f64();
@@ -429,7 +425,7 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, String> {
                 );
                 if tty {
                     eprint!("\r{line}   ");
-                } else {
+                } else if o.progress {
                     eprintln!("{line}");
                 }
                 last = (now, ios, bytes);
@@ -484,6 +480,27 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, String> {
         mismatches,
         mismatch_details: details,
     })
+}
+
+/// How long the coordinator sleeps: until the next progress tick (a second after
+/// the last one), the end of the warm-up (to read the CPU clock) or the end.
+fn coordinator_sleep(
+    now: Instant,
+    tick: Instant,
+    start: Instant,
+    end: Instant,
+    started: bool,
+) -> Duration {
+    let mut wake = (tick + Duration::from_secs(1)).min(end);
+    if !started {
+        wake = wake.min(start);
+    }
+    wake.saturating_duration_since(now)
+}
+
+/// A progress tick is due (with slack for sleeping a little short).
+fn tick_due(now: Instant, tick: Instant) -> bool {
+    now >= tick + Duration::from_millis(990)
 }
 
 /// One worker thread: connects its queues, optionally prefills them, waits for
@@ -623,6 +640,33 @@ mod tests {
         assert!((p99 / 990_000.0 - 1.0).abs() < 0.03, "{p99}");
         assert_eq!(h.quantile_ns(1.0), 1_000_000);
         assert!((h.mean_ns() - 500_005.0).abs() < 1.0);
+    }
+
+    /// The coordinator, run against a simulated clock, sleeps about once a second
+    /// and never spins: the bug this catches was a tick that only advanced when
+    /// progress was printed, so `--quiet` runs slept zero seconds in a loop.
+    #[test]
+    fn coordinator_sleeps_between_ticks_and_never_spins() {
+        let begin = Instant::now();
+        let start = begin + Duration::from_millis(500);
+        let end = start + Duration::from_secs(5);
+        let (mut now, mut tick, mut started, mut wakeups) = (begin, begin, false, 0);
+        while now < end {
+            started |= now >= start;
+            let d = coordinator_sleep(now, tick, start, end, started);
+            assert!(
+                !d.is_zero() || now >= end,
+                "zero sleep at {:?}",
+                now - begin
+            );
+            now += d;
+            wakeups += 1;
+            if tick_due(now, tick) {
+                tick = now;
+            }
+            assert!(wakeups < 20, "spinning");
+        }
+        assert!(wakeups >= 6, "{wakeups}");
     }
 
     #[test]
