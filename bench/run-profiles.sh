@@ -12,7 +12,9 @@
 #
 # Every profile also runs a same-run baseline: `kvtarget perf --echo-baseline`, a
 # plain loopback TCP exchange of the same byte volume between the same two cores
-# with no NVMe processing. The "of TCP" column is kvtarget's IOPS over it. The
+# with no NVMe processing (a target this script started is SIGSTOPped meanwhile,
+# so the baseline has core 0 to itself; a running target given with --addr is
+# not, and its baseline shares core 0 with it). The "of TCP" column is kvtarget's IOPS over it. The
 # target's CPU time per I/O comes from /proc/<pid>/stat (utime + stime) around
 # each run. The load generator runs on core 1 (--cpus 1), the target on core 0.
 set -euo pipefail
@@ -135,8 +137,12 @@ measure() { # label, spdk ref key or "", perf args...
     shift 2
     echo "$label" | grep -Eq "$only" || return 0
     local e t0 t1 j
+    # The baseline's server takes core 0, where the busy-polling target runs: a
+    # target this script started is stopped meanwhile.
+    [ $own = 0 ] || kill -STOP "$tpid"
     e=$(taskset -c 1 "$bin" perf --echo-baseline --server-cpu 0 --cpus 1 --time "$secs" \
         --warmup 1 --json --quiet "$@")
+    [ $own = 0 ] || kill -CONT "$tpid"
     t0=$(cpu_ticks "$tpid")
     j=$(perf_json "$@")
     t1=$(cpu_ticks "$tpid")
@@ -195,7 +201,9 @@ if [ $own = 1 ] && echo "steady" | grep -Eq "$only"; then
             gc=$(python3 -c 'import json,sys
 a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2])
 p0=a[0]; p1=b[0]
-print(f"fill {100*p1["mapped"]/max(p1["extents"],1):.0f}%, {p1["gc"]["scrubbed"]-p0["gc"]["scrubbed"]} extents scrubbed, GC {p1["gc"]["mode"]}")' "$g0" "$g1")
+fill = 100 * p1["mapped"] / max(p1["extents"], 1)
+scrubbed = p1["gc"]["scrubbed"] - p0["gc"]["scrubbed"]
+print("fill %.0f%%, %d extents scrubbed, GC %s" % (fill, scrubbed, p1["gc"]["mode"]))' "$g0" "$g1")
             row "steady ${fill}% fill: 4KiB $w QD32 beside 1MiB write+deallocate churn ($gc)" \
                 "$j" "$(awk -v a="$t0" -v b="$t1" -v h="$hz" 'BEGIN{print (b-a)/h}')" "" ""
         done
