@@ -1,6 +1,7 @@
-//! Transports: how capsules reach the target. NVMe/TCP today; NVMe/RDMA plugs in
-//! beside it as another `QueuePair` implementation.
+//! Transports: how capsules reach the target. NVMe/TCP (`tcp`) and NVMe/RDMA
+//! (`rdma`), each a `QueuePair` implementation handed to reactors.
 
+pub mod rdma;
 pub mod tcp;
 
 use crate::reactor::{Message, ReactorShared};
