@@ -261,7 +261,8 @@ impl Server {
                 .flatten()
                 .filter_map(|a| a.parse::<SocketAddr>().ok())
             {
-                if !addrs.contains(&a) {
+                // An RDMA listener's address stays RDMA-only.
+                if !addrs.contains(&a) && !cfg.rdma_listen_addrs()?.contains(&a) {
                     addrs.push(a);
                 }
             }

@@ -2010,3 +2010,50 @@ impl Drop for RdmaQueuePair {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arena_allocates_disjoint_page_runs_and_reuses_freed_ones() {
+        // The allocator alone (no registration): a fake arena over plain memory.
+        let mut a = Arena {
+            buf: IoBuf::new(16 * ARENA_PAGE),
+            _mr: std::ptr::null_mut(),
+            lkey: 0,
+            used: vec![false; 16],
+            hint: 0,
+        };
+        let (c1, v1) = a.alloc(3 * ARENA_PAGE).unwrap();
+        let (c2, v2) = a.alloc(1).unwrap();
+        assert_eq!((c1.pages, c2.pages), (3, 1));
+        assert_eq!(v1.len(), 3 * ARENA_PAGE);
+        assert_eq!(v2.len(), 1);
+        let (p1, p2) = (v1.as_ptr() as usize, v2.as_ptr() as usize);
+        assert!(p2 >= p1 + 3 * ARENA_PAGE || p1 >= p2 + ARENA_PAGE);
+        assert!(a.alloc(13 * ARENA_PAGE).is_none());
+        let (c3, _) = a.alloc(12 * ARENA_PAGE).unwrap();
+        assert!(a.alloc(1).is_none());
+        a.free(c1);
+        let (c4, _) = a.alloc(2 * ARENA_PAGE).unwrap();
+        assert_eq!(c4.page, c1.page);
+        a.free(c2);
+        a.free(c3);
+        a.free(c4);
+        assert!(a.used.iter().all(|u| !u));
+        assert!(a.alloc(16 * ARENA_PAGE).is_some());
+    }
+
+    #[test]
+    fn listening_without_an_rdma_device_is_one_clear_line() {
+        // 192.0.2.1 (RFC 5737 documentation range) is on no RDMA device: the
+        // error names the address whether or not rdma-core is installed.
+        let e = match listen("192.0.2.1:4420".parse().unwrap(), false) {
+            Ok(_) => panic!("an RDMA listener on 192.0.2.1 cannot exist"),
+            Err(e) => e,
+        };
+        assert!(e.contains("192.0.2.1:4420"), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+    }
+}
