@@ -39,3 +39,6 @@ KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-rpc/run.sh
 
 step "interop: Linux kernel NVMe/TCP host in a QEMU guest"
 KVTARGET_BIN="$PWD/target/release/kvtarget" ci/interop.sh
+
+step "interop: Linux kernel NVMe/RDMA host over soft-RoCE, kvtarget in the QEMU guest"
+KVTARGET_BIN="$PWD/target/release/kvtarget" ci/rdma.sh

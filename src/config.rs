@@ -12,6 +12,9 @@ pub struct Config {
     pub reactors: ReactorConfig,
     #[serde(default)]
     pub tcp: TcpConfig,
+    /// NVMe/RDMA sizing; used when a listener has `transport = "rdma"`.
+    #[serde(default)]
+    pub rdma: RdmaConfig,
     #[serde(default)]
     pub discovery: DiscoveryConfig,
     #[serde(default)]
@@ -291,6 +294,56 @@ pub struct ListenerConfig {
     pub address: String,
     #[serde(default = "d_port")]
     pub port: u16,
+    /// "tcp" (default) or "rdma".
+    #[serde(default, skip_serializing_if = "TransportKind::is_tcp")]
+    pub transport: TransportKind,
+}
+
+/// Which NVMe-oF transport a listener speaks.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    #[default]
+    Tcp,
+    Rdma,
+}
+
+impl TransportKind {
+    pub fn is_tcp(&self) -> bool {
+        *self == TransportKind::Tcp
+    }
+}
+
+/// NVMe/RDMA sizing. Queue depth, queue count, in-capsule data size and the
+/// largest transfer are the `[tcp]` values: Identify Controller and CAP report
+/// one set of limits per controller, whatever the transport. Each QP posts one
+/// receive buffer of 64 bytes + in-capsule data per queue entry.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RdmaConfig {
+    /// Registered memory for RDMA READ/WRITE data, per reactor and RDMA device.
+    #[serde(default = "d_rdma_pool", deserialize_with = "size")]
+    pub buffer_pool_size: u64,
+    /// RDMA READs one queue pair keeps in flight (further capped by the device
+    /// and the host's responder resources).
+    #[serde(default = "d_rdma_reads")]
+    pub max_outstanding_reads: u32,
+}
+
+fn d_rdma_pool() -> u64 {
+    64 << 20
+}
+fn d_rdma_reads() -> u32 {
+    16
+}
+
+impl Default for RdmaConfig {
+    fn default() -> Self {
+        RdmaConfig {
+            buffer_pool_size: d_rdma_pool(),
+            max_outstanding_reads: d_rdma_reads(),
+        }
+    }
 }
 
 fn d_port() -> u16 {
@@ -443,10 +496,21 @@ impl Config {
         (0..self.reactors.count).map(|i| Some(i % ncpu)).collect()
     }
 
+    /// NVMe/TCP listener addresses.
     pub fn listen_addrs(&self) -> Result<Vec<SocketAddr>, String> {
+        self.listen_addrs_of(TransportKind::Tcp)
+    }
+
+    /// NVMe/RDMA listener addresses.
+    pub fn rdma_listen_addrs(&self) -> Result<Vec<SocketAddr>, String> {
+        self.listen_addrs_of(TransportKind::Rdma)
+    }
+
+    fn listen_addrs_of(&self, kind: TransportKind) -> Result<Vec<SocketAddr>, String> {
         self.listeners
             .iter()
             .enumerate()
+            .filter(|(_, l)| l.transport == kind)
             .map(|(i, l)| {
                 let ip: IpAddr = l.address.parse().map_err(|_| {
                     format!(
@@ -513,6 +577,28 @@ impl Config {
         }
         if self.listeners.is_empty() {
             return Err("listeners: at least one [[listeners]] entry is needed".into());
+        }
+        let rd = &self.rdma;
+        if rd.buffer_pool_size % 4096 != 0
+            || rd.buffer_pool_size < t.max_io_size
+            || rd.buffer_pool_size > 16 << 30
+        {
+            return Err(format!(
+                "rdma.buffer_pool_size: must be a multiple of 4KiB from tcp.max_io_size ({}) to 16GiB (got {})",
+                t.max_io_size, rd.buffer_pool_size
+            ));
+        }
+        if !(1..=128).contains(&rd.max_outstanding_reads) {
+            return Err(format!(
+                "rdma.max_outstanding_reads: must be 1..=128 (got {})",
+                rd.max_outstanding_reads
+            ));
+        }
+        self.rdma_listen_addrs()?;
+        for (i, a) in self.rdma_listen_addrs()?.iter().enumerate() {
+            if self.rdma_listen_addrs()?[..i].contains(a) {
+                return Err(format!("listeners: RDMA listener {a} is listed twice"));
+            }
         }
         let addrs = self.listen_addrs()?;
         for (i, a) in addrs.iter().enumerate() {
@@ -822,6 +908,20 @@ block_size = 4096
             err(&GOOD.replace("nqn.2026-11.io.kvtarget:kv0", "kv0")).contains("subsystems[0].nqn")
         );
         assert!(err(&GOOD.replace("127.0.0.1", "localhost-ish")).contains("listeners[0].address"));
+        // An RDMA listener beside the TCP one, on the same address and port.
+        let both =
+            format!("{GOOD}\n[[listeners]]\naddress = \"127.0.0.1\"\ntransport = \"rdma\"\n");
+        let c = Config::parse(&both).unwrap();
+        assert_eq!(c.rdma_listen_addrs().unwrap().len(), 1);
+        assert_eq!(c.listen_addrs().unwrap().len(), 1);
+        assert!(err(&format!("{GOOD}\n[rdma]\nbuffer_pool_size = 4096\n"))
+            .contains("rdma.buffer_pool_size"));
+        assert!(err(&format!("{GOOD}\n[rdma]\nmax_outstanding_reads = 0\n"))
+            .contains("rdma.max_outstanding_reads"));
+        let e = err(&format!(
+            "{GOOD}\n[[listeners]]\naddress = \"127.0.0.1\"\ntransport = \"iwarp\"\n"
+        ));
+        assert!(e.contains("iwarp"), "{e}");
         assert!(err(&GOOD.replace("\"uring\"", "\"floppy\"")).contains("floppy"));
         assert!(err(&GOOD.replace("idle", "idel")).contains("idel"));
         assert!(err(&GOOD.replace("path = \"/tmp/x.img\"\n", "")).contains("namespaces[0].path"));

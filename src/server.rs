@@ -29,6 +29,8 @@ pub struct Server {
     rpc: Option<crate::rpc::RpcServer>,
     metrics: Option<crate::metrics::MetricsServer>,
     listener_set: Arc<transport::ListenerSet>,
+    /// NVMe/RDMA listeners and the RDMA CM thread serving them.
+    rdma: Arc<transport::rdma::RdmaTransport>,
     ctl: Arc<crate::rpc::methods::Control>,
     listen: Vec<(SocketAddr, bool)>,
 }
@@ -259,7 +261,8 @@ impl Server {
                 .flatten()
                 .filter_map(|a| a.parse::<SocketAddr>().ok())
             {
-                if !addrs.contains(&a) {
+                // An RDMA listener's address stays RDMA-only.
+                if !addrs.contains(&a) && !cfg.rdma_listen_addrs()?.contains(&a) {
                     addrs.push(a);
                 }
             }
@@ -274,12 +277,28 @@ impl Server {
         }
         let listen: Vec<(SocketAddr, bool)> =
             specs.iter().map(|s| (s.addr, s.discovery_only)).collect();
+        // RDMA listeners: rdma-core is loaded only now, so a configuration
+        // without them never needs it.
+        let mut rdma_specs = Vec::new();
+        for a in cfg.rdma_listen_addrs()? {
+            rdma_specs.push(transport::rdma::listen(a, false)?);
+        }
+        let rdma_addrs: Vec<SocketAddr> = rdma_specs.iter().map(|l| l.addr).collect();
         if let Ok(mut l) = target.listeners.write() {
             for (i, (addr, d)) in listen.iter().enumerate() {
                 l.push(Listener {
                     addr: *addr,
                     discovery_only: *d,
                     portid: i as u16 + 1,
+                    rdma: false,
+                });
+            }
+            for (i, addr) in rdma_addrs.iter().enumerate() {
+                l.push(Listener {
+                    addr: *addr,
+                    discovery_only: false,
+                    portid: (listen.len() + i) as u16 + 1,
+                    rdma: true,
                 });
             }
         }
@@ -300,14 +319,33 @@ impl Server {
             .name("acceptor".into())
             .spawn(move || transport::accept_loop(set, shared, tgt, st))
             .map_err(|e| format!("acceptor thread: {e}"))?;
+        let rdma = Arc::new(transport::rdma::RdmaTransport::new(
+            shared_reactors.clone(),
+            target.clone(),
+            transport::rdma::RdmaSettings {
+                buffer_pool_bytes: cfg.rdma.buffer_pool_size as usize,
+                max_outstanding_reads: cfg.rdma.max_outstanding_reads,
+            },
+            stop.clone(),
+        ));
+        for l in rdma_specs {
+            rdma.listeners.add(l);
+        }
+        let rdma_started = if rdma_addrs.is_empty() {
+            Ok(())
+        } else {
+            rdma.start()
+        };
         let ctl = Arc::new(crate::rpc::methods::Control::new(
             target.clone(),
             pools.clone(),
             shared_reactors.clone(),
             listener_set.clone(),
+            rdma.clone(),
             cfg.clone(),
         ));
         let mut started = (|| -> Result<_, String> {
+            rdma_started.clone()?;
             let rpc = match cfg.rpc.as_ref().filter(|r| r.enabled) {
                 Some(r) => Some(crate::rpc::RpcServer::start(&r.socket, ctl.clone())?),
                 None => None,
@@ -329,6 +367,7 @@ impl Server {
                 let e = e.clone();
                 stop.store(true, Ordering::Release);
                 let _ = acceptor.join();
+                rdma.join();
                 for (r, _) in &reactors {
                     while r.send(Message::Shutdown).is_err() {
                         std::thread::yield_now();
@@ -347,6 +386,9 @@ impl Server {
                 if *d { "discovery" } else { "NVMe/TCP" }
             );
         }
+        for a in &rdma_addrs {
+            tracing::info!("listening on {a} (NVMe/RDMA)");
+        }
         Ok(Server {
             target,
             reactors,
@@ -358,6 +400,7 @@ impl Server {
             rpc,
             metrics,
             listener_set,
+            rdma,
             ctl,
             listen,
         })
@@ -386,6 +429,7 @@ impl Server {
         if let Some(a) = self.acceptor.take() {
             let _ = a.join();
         }
+        self.rdma.join();
         // RPC client threads may still hold the control context: close the
         // listening sockets now so the ports are free at once.
         self.listener_set.clear();

@@ -78,12 +78,35 @@ fn methods_build_a_subsystem_a_host_can_use() {
         .unwrap(),
         json!(true)
     );
-    assert_eq!(
-        err_code(c.call("nvmf_create_transport", json!({"trtype": "RDMA"}))),
-        code::INVALID_PARAMS
-    );
+    // RDMA before its transport exists: refused, naming the missing step.
+    let e = c
+        .call("nvmf_subsystem_add_listener", json!({"nqn": "nqn.2014-08.org.nvmexpress.discovery", "listen_address": {"trtype": "RDMA", "traddr": "192.0.2.1", "trsvcid": "4420"}}))
+        .unwrap_err();
+    assert_eq!(e.code, code::INVALID_PARAMS);
+    assert!(e.message.contains("nvmf_create_transport"), "{}", e.message);
+    // Creating the RDMA transport loads rdma-core at run time: it works where
+    // rdma-core is installed and is one clear error where it is not.
+    let rdma_core = kvtarget::transport::rdma::verbs::load().is_ok();
+    match c.call("nvmf_create_transport", json!({"trtype": "RDMA"})) {
+        Ok(v) => {
+            assert!(rdma_core, "RDMA transport created without rdma-core");
+            assert_eq!(v, json!(true));
+        }
+        Err(e) => {
+            assert!(
+                !rdma_core,
+                "rdma-core loads but the transport failed: {}",
+                e.message
+            );
+            assert!(e.message.contains("rdma-core"), "{}", e.message);
+        }
+    }
     let t = c.call("nvmf_get_transports", json!({})).unwrap();
     assert_eq!(t[0]["trtype"], "TCP");
+    assert_eq!(t.as_array().unwrap().len(), if rdma_core { 2 } else { 1 });
+    if rdma_core {
+        assert_eq!(t[1]["trtype"], "RDMA");
+    }
 
     // Subsystem, host list, a thin volume as its namespace.
     assert_eq!(
@@ -170,8 +193,19 @@ fn methods_build_a_subsystem_a_host_can_use() {
         )),
         code::EEXIST
     );
+    // No RDMA device has this documentation address (RFC 5737): the listener
+    // cannot exist, and the error says why in one line.
+    let e = c
+        .call("nvmf_subsystem_add_listener", json!({"nqn": NQN, "listen_address": {"trtype": "RDMA", "traddr": "192.0.2.1", "trsvcid": "4420"}}))
+        .unwrap_err();
+    assert!(!e.message.contains('\n'), "{}", e.message);
+    assert!(
+        e.message.contains("192.0.2.1") || e.message.contains("nvmf_create_transport"),
+        "{}",
+        e.message
+    );
     assert_eq!(
-        err_code(c.call("nvmf_subsystem_add_listener", json!({"nqn": NQN, "listen_address": {"trtype": "RDMA", "traddr": "127.0.0.1", "trsvcid": "4420"}}))),
+        err_code(c.call("nvmf_subsystem_add_listener", json!({"nqn": NQN, "listen_address": {"trtype": "FC", "traddr": "127.0.0.1", "trsvcid": "4420"}}))),
         code::INVALID_PARAMS
     );
     // A second port, bound at run time.

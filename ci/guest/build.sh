@@ -26,8 +26,10 @@ die() { echo "guest-build: error: $*" >&2; exit 1; }
 # --- host packages ----------------------------------------------------------------
 # Tools copied into the guest come from the host's installed packages (same glibc),
 # so they must be installed here; qemu is needed by run.sh.
+# libibverbs1, librdmacm1, ibverbs-providers: rdma-core for kvtarget's NVMe/RDMA
+# listener inside the guest (soft-RoCE provider librxe), copied in below.
 host_pkgs=(qemu-system-x86 busybox-static nvme-cli fio jq kmod cpio util-linux
-           coreutils iproute2 dpkg)
+           coreutils iproute2 dpkg libibverbs1 librdmacm1 ibverbs-providers)
 missing=()
 for p in "${host_pkgs[@]}"; do
     dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
@@ -55,7 +57,8 @@ kver_pkg=$(apt-cache policy "$kpkg" | awk '/Candidate:/ {print $2}')
 ver() { dpkg-query -W -f '${Version}' "$1" 2>/dev/null || echo none; }
 key_src=$(
     echo "kernel $kpkg $kver_pkg"
-    for p in busybox-static nvme-cli libnvme1 fio jq libjq1 util-linux coreutils libc6; do
+    for p in busybox-static nvme-cli libnvme1 fio jq libjq1 util-linux coreutils libc6 \
+             libibverbs1 librdmacm1 ibverbs-providers iproute2; do
         echo "$p $(ver "$p")"
     done
     sha256sum "$here/build.sh" "$here/init" | awk '{print $1}'
@@ -102,6 +105,7 @@ depmod -b "$kroot" "$krel"
 # crc32c-intel/crc32c_generic: NVMe/TCP header/data digests; preloaded so that digests
 # never depend on the kernel's request_module (which busybox modprobe serves otherwise).
 # configfs: nvmet's configuration interface (a module in Debian's kernel).
+# crc32_generic/crc32-pclmul: the "crc32" hash soft-RoCE (rdma_rxe) computes ICRCs with.
 top_modules=(
     virtio_pci virtio_net virtio_rng
     netfs fscache 9pnet 9pnet_virtio 9p
@@ -109,6 +113,8 @@ top_modules=(
     configfs loop
     nvme-core nvme-fabrics nvme-tcp
     nvmet nvmet-tcp
+    crc32_generic crc32-pclmul
+    ib_core ib_uverbs rdma_cm rdma_ucm rdma_rxe nvme-rdma
 )
 ramfs=$work/root
 mkdir -p "$ramfs"/{bin,sbin,usr/bin,usr/sbin,lib64,etc/nvme,proc,sys,dev,tmp,mnt/share,run,root}
@@ -136,7 +142,20 @@ depmod -b "$ramfs" "$krel"   # lets busybox modprobe serve the kernel's request_
 # --- binaries and their libraries -------------------------------------------------
 cp /bin/busybox "$ramfs/bin/busybox"
 bins=(/usr/bin/bash /usr/sbin/nvme /usr/bin/fio /usr/bin/jq /usr/sbin/blkdiscard /usr/bin/dd
-      /usr/bin/sha256sum /usr/bin/cmp /usr/bin/stat /usr/bin/timeout /usr/bin/od)
+      /usr/bin/sha256sum /usr/bin/cmp /usr/bin/stat /usr/bin/timeout /usr/bin/od
+      /usr/bin/rdma)
+# Shared libraries no binary above links but the NVMe/RDMA suite needs: kvtarget
+# (passed in through the share) loads rdma-core at run time, and rdma-core loads
+# the soft-RoCE provider named by /etc/libibverbs.d/rxe.driver.
+for l in /lib/x86_64-linux-gnu/libgcc_s.so.1 /lib/x86_64-linux-gnu/libibverbs.so.1 \
+         /lib/x86_64-linux-gnu/librdmacm.so.1 \
+         /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so; do
+    [ -e "$l" ] || die "missing library $l (ibverbs-providers/librdmacm1 installed?)"
+    echo "$l" >> "$work/libs.txt"
+    ldd "$l" | awk '/=> \// {print $3}' >> "$work/libs.txt"
+done
+mkdir -p "$ramfs/etc/libibverbs.d"
+cp /etc/libibverbs.d/rxe.driver "$ramfs/etc/libibverbs.d/"
 for b in "${bins[@]}"; do
     [ -e "$b" ] || b=$(command -v "$(basename "$b")") || die "missing binary $b"
     b=$(readlink -f "$b")

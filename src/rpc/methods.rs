@@ -26,6 +26,8 @@ pub struct Control {
     runtime_pools: Mutex<Vec<(crate::config::PoolConfig, crate::pool::PoolLock)>>,
     pub reactors: Vec<Arc<ReactorShared>>,
     pub listeners: Arc<crate::transport::ListenerSet>,
+    /// The NVMe/RDMA transport (started by configuration or nvmf_create_transport).
+    pub rdma: Arc<crate::transport::rdma::RdmaTransport>,
     /// The configuration the target started from (for `kvtarget_save_config`).
     pub config: crate::config::Config,
     /// Serialises changes so two clients cannot interleave half-done edits.
@@ -169,6 +171,7 @@ impl Control {
         pools: Vec<Arc<Pool>>,
         reactors: Vec<Arc<ReactorShared>>,
         listeners: Arc<crate::transport::ListenerSet>,
+        rdma: Arc<crate::transport::rdma::RdmaTransport>,
         config: crate::config::Config,
     ) -> Control {
         Control {
@@ -177,6 +180,7 @@ impl Control {
             runtime_pools: Mutex::new(Vec::new()),
             reactors,
             listeners,
+            rdma,
             config,
             edit: Mutex::new(()),
         }
@@ -338,9 +342,13 @@ impl Control {
         ]);
         match trtype.to_ascii_uppercase().as_str() {
             "TCP" => Ok(Value::Bool(true)),
-            "RDMA" => Err(RpcError::params(
-                "trtype RDMA: not available in this build (NVMe/RDMA is issue 7)",
-            )),
+            // Loads rdma-core and starts the RDMA CM thread; sizing comes from
+            // the configuration's [rdma] and [tcp] sections.
+            "RDMA" => self
+                .rdma
+                .start()
+                .map(|()| Value::Bool(true))
+                .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e)),
             other => Err(RpcError::params(format!(
                 "trtype {other}: unknown transport"
             ))),
@@ -349,11 +357,30 @@ impl Control {
 
     fn get_transports(&self, p: &mut Params) -> RpcResult {
         p.opt_str("tgt_name")?;
-        match p.opt_str("trtype")? {
-            Some(t) if !t.eq_ignore_ascii_case("tcp") => {
-                Err(not_found(format!("transport {t} does not exist")))
+        let mut all = vec![self.transport_json()];
+        if self.rdma.is_started() {
+            let mut r = self.transport_json();
+            r["trtype"] = json!("RDMA");
+            r["io_unit_size"] = json!(self.target.limits.max_io_size);
+            r["num_shared_buffers"] = json!(self.rdma.settings.buffer_pool_bytes / 4096);
+            r["max_outstanding_reads"] = json!(self.rdma.settings.max_outstanding_reads);
+            if let Some(o) = r.as_object_mut() {
+                o.remove("c2h_success");
+                o.remove("sock_priority");
             }
-            _ => Ok(json!([self.transport_json()])),
+            all.push(r);
+        }
+        match p.opt_str("trtype")? {
+            Some(t) => {
+                let t = t.to_ascii_uppercase();
+                let v: Vec<Value> = all.into_iter().filter(|x| x["trtype"] == t).collect();
+                if v.is_empty() {
+                    Err(not_found(format!("transport {t} does not exist")))
+                } else {
+                    Ok(json!(v))
+                }
+            }
+            None => Ok(json!(all)),
         }
     }
 
@@ -391,7 +418,7 @@ impl Control {
             })
             .map(|l| {
                 json!({
-                    "trtype": "TCP",
+                    "trtype": if l.rdma { "RDMA" } else { "TCP" },
                     "adrfam": if l.addr.is_ipv4() { "IPv4" } else { "IPv6" },
                     "traddr": l.addr.ip().to_string(),
                     "trsvcid": l.addr.port().to_string(),
@@ -649,7 +676,8 @@ impl Control {
         Ok(Value::Bool(true))
     }
 
-    fn listen_address(p: &mut Params) -> Result<std::net::SocketAddr, RpcError> {
+    /// The listen_address object: the address and whether it is NVMe/RDMA.
+    fn listen_address(p: &mut Params) -> Result<(std::net::SocketAddr, bool), RpcError> {
         let mut la = p.object("listen_address")?;
         let trtype = la.str("trtype")?;
         let traddr = la.str("traddr")?;
@@ -666,11 +694,15 @@ impl Control {
         };
         let adrfam = la.opt_str("adrfam")?;
         la.finish()?;
-        if !trtype.eq_ignore_ascii_case("tcp") {
+        let rdma = if trtype.eq_ignore_ascii_case("rdma") {
+            true
+        } else if trtype.eq_ignore_ascii_case("tcp") {
+            false
+        } else {
             return Err(RpcError::params(format!(
-                "listen_address.trtype: {trtype} is not available (TCP is)"
+                "listen_address.trtype: {trtype} is not available (TCP and RDMA are)"
             )));
-        }
+        };
         let ip: std::net::IpAddr = traddr.parse().map_err(|_| {
             RpcError::params(format!(
                 "listen_address.traddr: `{traddr}` is not an IP address"
@@ -693,12 +725,12 @@ impl Control {
             .unwrap_or("4420")
             .parse()
             .map_err(|_| RpcError::params("listen_address.trsvcid: must be a port number"))?;
-        Ok(std::net::SocketAddr::new(ip, port))
+        Ok((std::net::SocketAddr::new(ip, port), rdma))
     }
 
     fn add_listener(&self, p: &mut Params) -> RpcResult {
         let nqn = p.str("nqn")?;
-        let addr = Self::listen_address(p)?;
+        let (addr, rdma) = Self::listen_address(p)?;
         p.opt_str("tgt_name")?;
         p.opt_str("ana_state")?;
         p.opt_str("sock_impl")?;
@@ -706,7 +738,29 @@ impl Control {
         p.unsupported_flags(&["secure_channel"])?;
         let s = self.subsystem(&nqn)?;
         let discovery = s.kind == SubsystemKind::Discovery;
-        if !self.listeners.contains(addr) {
+        if rdma {
+            if !self.rdma.is_started() {
+                return Err(RpcError::params(
+                    "transport RDMA does not exist: call nvmf_create_transport with trtype RDMA first",
+                ));
+            }
+            if !self.rdma.listeners.contains(addr) {
+                let l = crate::transport::rdma::listen(addr, false)
+                    .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
+                let bound = l.addr;
+                self.rdma.listeners.add(l);
+                if let Ok(mut l) = self.target.listeners.write() {
+                    let portid = l.iter().map(|x| x.portid).max().unwrap_or(0) + 1;
+                    l.push(crate::target::Listener {
+                        addr: bound,
+                        discovery_only: false,
+                        portid,
+                        rdma: true,
+                    });
+                }
+                tracing::info!(listener = %bound, "rpc: listening (NVMe/RDMA)");
+            }
+        } else if !self.listeners.contains(addr) {
             let spec = crate::transport::bind(addr, discovery)
                 .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
             let bound = spec.addr;
@@ -717,6 +771,7 @@ impl Control {
                     addr: bound,
                     discovery_only: discovery,
                     portid,
+                    rdma: false,
                 });
             }
             tracing::info!(listener = %bound, "rpc: listening");
@@ -742,7 +797,7 @@ impl Control {
 
     fn remove_listener(&self, p: &mut Params) -> RpcResult {
         let nqn = p.str("nqn")?;
-        let addr = Self::listen_address(p)?;
+        let (addr, rdma) = Self::listen_address(p)?;
         p.opt_str("tgt_name")?;
         let s = self.subsystem(&nqn)?;
         if s.kind == SubsystemKind::Nvm {
@@ -790,16 +845,20 @@ impl Control {
                 .read()
                 .map(|l| {
                     l.iter()
-                        .any(|x| x.addr == addr && x.discovery_only == is_disc)
+                        .any(|x| x.addr == addr && x.discovery_only == is_disc && x.rdma == rdma)
                 })
                 .unwrap_or(false);
             if is_disc && !present {
                 return Err(not_found(format!("no discovery listener on {addr}")));
             }
             if present {
-                self.listeners.remove(addr);
+                if rdma {
+                    self.rdma.listeners.remove(addr);
+                } else {
+                    self.listeners.remove(addr);
+                }
                 if let Ok(mut l) = self.target.listeners.write() {
-                    l.retain(|x| x.addr != addr);
+                    l.retain(|x| x.addr != addr || x.rdma != rdma);
                 }
                 tracing::info!(listener = %addr, "rpc: stopped listening");
             }
@@ -1312,6 +1371,11 @@ impl Control {
             .map(|l| ListenerConfig {
                 address: l.addr.ip().to_string(),
                 port: l.addr.port(),
+                transport: if l.rdma {
+                    crate::config::TransportKind::Rdma
+                } else {
+                    crate::config::TransportKind::Tcp
+                },
             })
             .collect();
         for pc in &mut cfg.pools {

@@ -168,8 +168,16 @@ pub fn identify_controller(target: &Target, ctrl: &Controller) -> IdentifyContro
         sqes: 0x66,
         cqes: 0x44,
         maxcmd: lim.max_queue_depth,
-        // SGLs supported, byte aligned; SGL offsets supported (in-capsule data).
-        sgls: 0x1 | 1 << 20,
+        // SGLs supported, byte aligned; SGL offsets supported (in-capsule data);
+        // over RDMA also Keyed SGL Data Block descriptors (bit 2), which the
+        // Linux RDMA host requires.
+        sgls: 0x1
+            | 1 << 20
+            | if ctrl.keyed_sgl.load(std::sync::atomic::Ordering::Acquire) {
+                1 << 2
+            } else {
+                0
+            },
         subnqn: ctrl.subsys.nqn.clone(),
         ioccsz: (nvme::SQE_LEN as u32 + lim.in_capsule_data) / 16,
         iorcsz: (nvme::CQE_LEN / 16) as u32,

@@ -61,6 +61,8 @@ pub struct Controller {
     /// `created`.
     last_keep_alive_ms: AtomicU64,
     created: Instant,
+    /// The admin queue is NVMe/RDMA: Identify reports keyed SGL support.
+    pub keyed_sgl: AtomicBool,
     /// Set when the controller is torn down (keep-alive expiry, admin queue gone,
     /// fatal error): every queue of it closes.
     failed: AtomicBool,
@@ -90,6 +92,7 @@ impl Controller {
             kato_ms: AtomicU32::new(kato_ms),
             last_keep_alive_ms: AtomicU64::new(0),
             created: Instant::now(),
+            keyed_sgl: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             regs: Mutex::new(ControllerRegs {
                 cc: 0,

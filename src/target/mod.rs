@@ -70,6 +70,8 @@ pub struct Listener {
     /// Discovery-only listeners (port 8009) do not list themselves as NVM ports.
     pub discovery_only: bool,
     pub portid: u16,
+    /// NVMe/RDMA rather than NVMe/TCP.
+    pub rdma: bool,
 }
 
 /// One namespace: a block device with a block size and identifiers.
@@ -458,7 +460,11 @@ impl Target {
             .unwrap_or_default();
         let mut out = Vec::new();
         let entry = |l: &Listener, nqn: &str, st: u8| DiscoveryEntry {
-            trtype: nvme::trtype::TCP,
+            trtype: if l.rdma {
+                nvme::trtype::RDMA
+            } else {
+                nvme::trtype::TCP
+            },
             adrfam: if l.addr.is_ipv4() {
                 nvme::adrfam::IPV4
             } else {
@@ -507,11 +513,19 @@ mod tests {
             addr: "127.0.0.1:4420".parse().unwrap(),
             discovery_only: false,
             portid: 1,
+            rdma: false,
         });
         t.listeners.write().unwrap().push(Listener {
             addr: "127.0.0.1:8009".parse().unwrap(),
             discovery_only: true,
             portid: 2,
+            rdma: false,
+        });
+        t.listeners.write().unwrap().push(Listener {
+            addr: "10.0.0.1:4420".parse().unwrap(),
+            discovery_only: false,
+            portid: 3,
+            rdma: true,
         });
         t.add_subsystem(Arc::new(Subsystem::new(
             "nqn.a",
@@ -545,6 +559,17 @@ mod tests {
         // The discovery-only port is listed for discovery, not as an NVM port.
         assert!(!host1.iter().any(|(n, p, _)| n == "nqn.a" && p == "8009"));
         assert!(host1.contains(&(nvme::DISCOVERY_NQN.into(), "8009".into(), 3)));
+        // The RDMA listener is listed with its transport type.
+        let rdma: Vec<_> = t
+            .discovery_entries("nqn.host1")
+            .into_iter()
+            .filter(|e| e.traddr == "10.0.0.1")
+            .collect();
+        assert!(rdma.iter().all(|e| e.trtype == nvme::trtype::RDMA));
+        assert!(rdma.iter().any(|e| e.subnqn == "nqn.a"));
+        let mut raw = [0u8; 1024];
+        rdma[0].encode(&mut raw);
+        assert_eq!(&raw[768..771], &[1, 1, 1]);
         let other = t.discovery_entries("nqn.stranger");
         assert!(!other.iter().any(|e| e.subnqn == "nqn.a"));
         assert!(other.iter().any(|e| e.subnqn == "nqn.open"));

@@ -1,7 +1,8 @@
-//! Transports: how capsules reach the target. NVMe/TCP today; NVMe/RDMA plugs in
-//! beside it as another `QueuePair` implementation.
+//! Transports: how capsules reach the target. NVMe/TCP (`tcp`) and NVMe/RDMA
+//! (`rdma`), each a `QueuePair` implementation handed to reactors.
 
 pub mod out;
+pub mod rdma;
 pub mod tcp;
 
 use crate::reactor::{Message, ReactorShared};

@@ -1,10 +1,11 @@
-//! NVMe and NVMe/TCP wire formats.
+//! NVMe, NVMe/TCP and NVMe/RDMA wire formats.
 //!
 //! Everything here is plain byte layout: encoding writes little-endian fields at the
 //! offsets the specifications give, decoding reads them back and never panics on short
 //! or hostile input (property tests in each module prove it).
 
 pub mod nvme;
+pub mod rdma;
 pub mod tcp;
 
 /// Little-endian field accessors over byte slices. Reads past the end yield zero

@@ -304,10 +304,18 @@ impl Sqe {
         put_u32(&mut self.0, n * 4, v);
     }
     pub fn sgl(&self) -> SglDescriptor {
+        let type_byte = self.0[39];
+        // A Keyed SGL Data Block (NVMe/RDMA) has a 24-bit length: byte 35
+        // is the first byte of its key.
+        let length = if type_byte >> 4 == SglDescriptor::KEYED >> 4 {
+            u32_at(&self.0, 32) & 0x00FF_FFFF
+        } else {
+            u32_at(&self.0, 32)
+        };
         SglDescriptor {
             address: u64_at(&self.0, 24),
-            length: u32_at(&self.0, 32),
-            type_byte: self.0[39],
+            length,
+            type_byte,
         }
     }
     pub fn set_sgl(&mut self, sgl: SglDescriptor) {
@@ -989,7 +997,15 @@ impl DiscoveryEntry {
         put_ascii_padded(b, 32, 32, &self.trsvcid);
         put_str_nul(b, 256, NQN_FIELD_LEN, &self.subnqn);
         put_ascii_padded(b, 512, 256, &self.traddr);
-        b[768] = self.sectype;
+        if self.trtype == trtype::RDMA {
+            // RDMA TSAS: QP service type 1 (reliable connected), provider type
+            // 1 (not specified), connection management 1 (RDMA_CM), P_KEY 0.
+            b[768] = 1;
+            b[769] = 1;
+            b[770] = 1;
+        } else {
+            b[768] = self.sectype;
+        }
     }
     pub fn decode(b: &[u8]) -> DiscoveryEntry {
         let byte = |o: usize| b.get(o).copied().unwrap_or(0);

@@ -32,10 +32,14 @@
 #                       (UNWRITTEN = zeroes|error), one per namespace, NSID 1 included.
 #                       Without it the volume scenarios are reported as skipped.
 #   --only REGEX        run only scenarios whose name matches (development aid)
+#   --transport T       tcp (default) or rdma: the same scenarios over NVMe/RDMA
+#                       (rdma-guest.sh); NVMe/TCP-only ones (digests, the 8009
+#                       discovery port) are reported as skipped there
 set -u
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export LC_ALL=C
 
+TRANSPORT=tcp
 ADDR= PORT=4420 DISC_PORT=8009 DISC_PORT_SVC= ADV_ADDR= NQN= HOSTNQN= HOSTID=
 SIZE=268435456 BS=4096 SERIAL= MODEL= RESTART=share SHARE=/mnt/share ONLY= VOLUMES=
 INTRUDER_NQN=nqn.2026-11.io.kvtarget:intruder
@@ -58,6 +62,7 @@ while [ $# -gt 0 ]; do
         --share) SHARE=$2 ;;
         --volumes) VOLUMES=$2 ;;
         --only) ONLY=$2 ;;
+        --transport) TRANSPORT=$2 ;;
         *) echo "tcp-suite: unknown argument $1" >&2; exit 2 ;;
     esac
     shift 2
@@ -121,7 +126,7 @@ klog_since() {
 }
 fail() { REASON=$*; return 1; }
 
-common_opts() { echo "-t tcp --hostnqn $HOSTNQN --hostid $HOSTID"; }
+common_opts() { echo "-t $TRANSPORT --hostnqn $HOSTNQN --hostid $HOSTID"; }
 
 # Controllers (nvmeX) of subsystem $1, any state.
 ctrls_of() {
@@ -275,7 +280,7 @@ expected_unwritten_errors_out() {
 # discover PORT HOSTNQN HOSTID -> $WORK/disc.json
 discover() {
     local out rc
-    out=$(timeout 60 nvme discover -t tcp -a "$ADDR" -s "$1" --hostnqn "$2" --hostid "$3" -o json 2>&1)
+    out=$(timeout 60 nvme discover -t "$TRANSPORT" -a "$ADDR" -s "$1" --hostnqn "$2" --hostid "$3" -o json 2>&1)
     rc=$?
     [ $rc = 0 ] || { fail "nvme discover on port $1 failed (rc $rc): $(echo $out)"; return 1; }
     echo "$out" | sed -n '/^{/,$p' > "$WORK/disc.json"
@@ -292,7 +297,7 @@ check_disc_entry() {
     [ "$n" -ge 1 ] || { fail "discovery log does not list $NQN: $(jq -c '[.records[] | {subnqn, subtype, trsvcid}]' "$WORK/disc.json")"; return 1; }
     e=$(jq -c --arg nqn "$NQN" '[.records[] | select(.subnqn == $nqn)][0]' "$WORK/disc.json")
     echo "#   entry: $e"
-    [ "$(echo "$e" | jq -r .trtype)" = tcp ] || { fail "trtype is $(echo "$e" | jq -r .trtype), expected tcp"; return 1; }
+    [ "$(echo "$e" | jq -r .trtype)" = "$TRANSPORT" ] || { fail "trtype is $(echo "$e" | jq -r .trtype), expected $TRANSPORT"; return 1; }
     [ "$(echo "$e" | jq -r .adrfam)" = ipv4 ] || { fail "adrfam is $(echo "$e" | jq -r .adrfam), expected ipv4"; return 1; }
     [ "$(echo "$e" | jq -r .subtype)" = "nvme subsystem" ] || { fail "subtype is '$(echo "$e" | jq -r .subtype)', expected 'nvme subsystem'"; return 1; }
     [ "$(echo "$e" | jq -r .traddr)" = "$ADV_ADDR" ] || { fail "traddr is '$(echo "$e" | jq -r .traddr)', expected $ADV_ADDR"; return 1; }
@@ -643,7 +648,7 @@ t_target_restart() {
 t_unknown_host_refused() {
     local before out rc log
     before=$(ctrls_of "$NQN" | wc -l)
-    out=$(timeout 60 nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$NQN" \
+    out=$(timeout 60 nvme connect -t "$TRANSPORT" -a "$ADDR" -s "$PORT" -n "$NQN" \
         --hostnqn "$INTRUDER_NQN" --hostid "$INTRUDER_ID" -o json 2>&1)
     rc=$?
     if [ $rc = 0 ]; then
@@ -980,13 +985,18 @@ bench-fio-profiles
 "
 # Scenarios that need thin-provisioned volumes (--volumes); reported as skipped without.
 VOLUME_SCENARIOS=" several-namespaces nuse-tracks-writes-and-discard unwritten-error-volume volume-data-survives-restart namespace-hot-add-remove "
+# NVMe/TCP-only scenarios: reported as skipped over another transport.
+TCP_SCENARIOS=" discovery-8009 digests "
 skip_reason() {
     case "$VOLUME_SCENARIOS" in
         *" $1 "*) [ -n "$VOLUMES" ] || echo "needs thin-provisioned pool volumes (--volumes); this target serves none" ;;
     esac
+    case "$TCP_SCENARIOS" in
+        *" $1 "*) [ "$TRANSPORT" = tcp ] || echo "NVMe/TCP only (PDU digests / the TCP discovery port)" ;;
+    esac
 }
 
-echo "# tcp-suite: target $ADDR:$PORT (discovery $DISC_PORT) nqn $NQN host $HOSTNQN restart=$RESTART volumes=${VOLUMES:-none}"
+echo "# tcp-suite: $TRANSPORT target $ADDR:$PORT (discovery $DISC_PORT) nqn $NQN host $HOSTNQN restart=$RESTART volumes=${VOLUMES:-none}"
 suite_t0=$(now)
 disconnect_all
 for name in $SCENARIOS; do

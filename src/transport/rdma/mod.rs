@@ -1,0 +1,2059 @@
+//! NVMe/RDMA: command capsules by SEND/RECV, data by RDMA READ (host-to-target)
+//! and RDMA WRITE (target-to-host), responses by SEND (with Invalidate when the
+//! host asked for it), over reliable-connected QPs set up by the RDMA CM.
+//!
+//! Place in the I/O path: the CM thread (`cm_loop`) answers connection requests
+//! (checking the NVMe/RDMA private data), builds the QP with its own completion
+//! queue and hands it to a reactor like a TCP connection. From then on the
+//! reactor owns it: the QP's fd is a small epoll set holding the CQ's completion
+//! channel and the connection's CM event channel, so the reactor's loop (busy or
+//! sleeping) wakes for completions and disconnects. Commands then go through the
+//! same target core as NVMe/TCP (fabrics Connect, admin, I/O planning, devices).
+//!
+//! Memory: receive buffers and response capsules live in one registered block
+//! per QP. Data for RDMA READ/WRITE comes from a registered arena per (device,
+//! reactor), carved into `IoBuf` views that go to the device without a copy.
+//! Arenas live as long as the process: a view can never outlive its memory.
+
+pub mod verbs;
+
+use crate::bdev::IoOp;
+use crate::mem::IoBuf;
+use crate::reactor::{IoCtx, Message, QueuePair, ReactorShared};
+use crate::target::admin::{self, AdminOutcome};
+use crate::target::fabrics::{self, QueueBinding};
+use crate::target::io::{self as tio, IoPlan};
+use crate::target::{Namespace, Target, ADMIN_IN_CAPSULE_DATA};
+use crate::wire::nvme::{
+    admin_opc, fctype, ConnectCommand, ConnectData, Cqe, DataDirection, PropertyCommand, Sqe,
+    Status, CATTR_DISABLE_SQ_FLOW, CONNECT_DATA_LEN, CQE_LEN, SQE_LEN,
+};
+use crate::wire::rdma::{self as rwire, cm_status, CmRequest, DataDescriptor};
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use verbs::{ibv_comp_channel, ibv_cq, ibv_mr, ibv_qp, rdma_cm_id, rdma_event_channel, Verbs};
+
+/// RDMA sizing, from the `[rdma]` configuration section.
+#[derive(Debug, Clone)]
+pub struct RdmaSettings {
+    /// Registered data memory per reactor and device (bytes).
+    pub buffer_pool_bytes: usize,
+    /// Cap on RDMA READs one QP keeps outstanding (the device and the host's
+    /// responder resources may lower it further).
+    pub max_outstanding_reads: u32,
+}
+
+impl Default for RdmaSettings {
+    fn default() -> Self {
+        RdmaSettings {
+            buffer_pool_bytes: 64 << 20,
+            max_outstanding_reads: 16,
+        }
+    }
+}
+
+/// Page size of the data arena allocator.
+const ARENA_PAGE: usize = 4096;
+/// Responses a QP can send that belong to no request slot (CID conflicts, AERs):
+/// MAX_AERS (4) plus room for conflicts.
+const EXTRA_RESPONSES: usize = 16;
+/// A connection not established within this long is dropped.
+const ESTABLISH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Completions polled per `ibv_poll_cq` call.
+const POLL_BATCH: usize = 32;
+
+/// A registered block carved into page runs.
+struct Arena {
+    buf: IoBuf,
+    /// Registered for the process lifetime (never deregistered).
+    _mr: *mut ibv_mr,
+    lkey: u32,
+    used: Vec<bool>,
+    hint: usize,
+}
+
+// SAFETY: the arena's memory and MR are only touched under its Mutex; the MR
+// pointer is an rdma-core object usable from any thread.
+unsafe impl Send for Arena {}
+
+/// A run of arena pages owned by one request.
+#[derive(Debug, Clone, Copy)]
+struct Chunk {
+    page: usize,
+    pages: usize,
+}
+
+impl Arena {
+    fn new(v: &Verbs, pd: *mut std::ffi::c_void, bytes: usize) -> Result<Arena, String> {
+        let mut buf = IoBuf::new(bytes);
+        // SAFETY: buf's memory is valid for its capacity and is never freed (the
+        // arena lives for the process); pd is a live protection domain.
+        let mr = unsafe {
+            (v.ibv_reg_mr)(
+                pd,
+                buf.as_mut_ptr() as *mut std::ffi::c_void,
+                buf.capacity(),
+                verbs::IBV_ACCESS_LOCAL_WRITE,
+            )
+        };
+        if mr.is_null() {
+            return Err(format!(
+                "cannot register {bytes} bytes of RDMA buffers: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        // SAFETY: mr is a live MR returned just above.
+        let lkey = unsafe { (*mr).lkey };
+        let pages = buf.capacity() / ARENA_PAGE;
+        Ok(Arena {
+            buf,
+            _mr: mr,
+            lkey,
+            used: vec![false; pages],
+            hint: 0,
+        })
+    }
+
+    /// A view of `len` bytes in free pages, first fit from a rotating hint.
+    fn alloc(&mut self, len: usize) -> Option<(Chunk, IoBuf)> {
+        let need = len.max(1).div_ceil(ARENA_PAGE);
+        let n = self.used.len();
+        if need > n {
+            return None;
+        }
+        let mut start = if self.hint + need <= n { self.hint } else { 0 };
+        let mut tried = 0;
+        while tried < n {
+            if start + need > n {
+                tried += n - start;
+                start = 0;
+                continue;
+            }
+            match self.used[start..start + need].iter().position(|&u| u) {
+                None => {
+                    self.used[start..start + need].fill(true);
+                    self.hint = start + need;
+                    // SAFETY: the pages are now marked used, so no other view
+                    // overlaps this one until `free`; the arena memory is never
+                    // freed or moved (the arena is kept for the process lifetime).
+                    let view = unsafe { IoBuf::view(&mut self.buf, start * ARENA_PAGE, len) }?;
+                    return Some((
+                        Chunk {
+                            page: start,
+                            pages: need,
+                        },
+                        view,
+                    ));
+                }
+                Some(p) => {
+                    tried += p + 1;
+                    start += p + 1;
+                }
+            }
+        }
+        None
+    }
+
+    fn free(&mut self, c: Chunk) {
+        if let Some(s) = self.used.get_mut(c.page..c.page + c.pages) {
+            s.fill(false);
+        }
+    }
+}
+
+/// One RDMA device context as seen by kvtarget: its PD and data arenas.
+struct Device {
+    ctx: usize,
+    pd: usize,
+    limits: verbs::DeviceLimits,
+    arenas: Vec<Option<Arc<Mutex<Arena>>>>,
+}
+
+static DEVICES: Mutex<Vec<Device>> = Mutex::new(Vec::new());
+
+/// PD, limits and the arena of `reactor` for device context `ctx`.
+fn device_for(
+    v: &Verbs,
+    ctx: *mut verbs::ibv_context,
+    reactor: usize,
+    settings: &RdmaSettings,
+) -> Result<(usize, verbs::DeviceLimits, Arc<Mutex<Arena>>), String> {
+    let mut devs = DEVICES.lock().map_err(|_| "RDMA device table poisoned")?;
+    let i = match devs.iter().position(|d| d.ctx == ctx as usize) {
+        Some(i) => i,
+        None => {
+            // SAFETY: ctx is the live context of a connection request's cm_id.
+            let limits = unsafe { verbs::query_device(v, ctx) }
+                .map_err(|e| format!("ibv_query_device failed: {e}"))?;
+            // SAFETY: as above.
+            let pd = unsafe { (v.ibv_alloc_pd)(ctx) };
+            if pd.is_null() {
+                return Err("ibv_alloc_pd failed".into());
+            }
+            tracing::info!(?limits, "RDMA device opened");
+            devs.push(Device {
+                ctx: ctx as usize,
+                pd: pd as usize,
+                limits,
+                arenas: Vec::new(),
+            });
+            devs.len() - 1
+        }
+    };
+    let d = &mut devs[i];
+    if d.arenas.len() <= reactor {
+        d.arenas.resize_with(reactor + 1, || None);
+    }
+    if d.arenas[reactor].is_none() {
+        let a = Arena::new(v, d.pd as *mut _, settings.buffer_pool_bytes)?;
+        d.arenas[reactor] = Some(Arc::new(Mutex::new(a)));
+    }
+    let arena = d.arenas[reactor].clone().ok_or("arena missing")?;
+    Ok((d.pd, d.limits, arena))
+}
+
+/// A listening RDMA CM id.
+pub struct RdmaListener {
+    pub addr: SocketAddr,
+    pub discovery_only: bool,
+    chan: *mut rdma_event_channel,
+    id: *mut rdma_cm_id,
+}
+
+// SAFETY: the CM objects are used only by the CM thread after creation (and
+// destroyed once, in Drop); rdma-core allows use from any thread.
+unsafe impl Send for RdmaListener {}
+// SAFETY: shared references only read `addr`/`discovery_only`.
+unsafe impl Sync for RdmaListener {}
+
+impl RdmaListener {
+    fn fd(&self) -> RawFd {
+        // SAFETY: chan is live until Drop.
+        unsafe { (*self.chan).fd }
+    }
+}
+
+impl Drop for RdmaListener {
+    fn drop(&mut self) {
+        if let Ok(v) = verbs::load() {
+            // SAFETY: created in `listen`, destroyed exactly once here; no event
+            // of this id is left unacknowledged (the CM thread acks each at once).
+            unsafe {
+                (v.rdma_destroy_id)(self.id);
+                (v.rdma_destroy_event_channel)(self.chan);
+            }
+        }
+    }
+}
+
+/// Starts listening on `addr` through the RDMA CM. Errors are one line naming
+/// the address (rdma-core missing, no RDMA device on that address, ...).
+pub fn listen(addr: SocketAddr, discovery_only: bool) -> Result<RdmaListener, String> {
+    let v = verbs::load().map_err(|e| format!("RDMA listener {addr}: {e}"))?;
+    // SAFETY: plain constructor; the result is checked for NULL.
+    let chan = unsafe { (v.rdma_create_event_channel)() };
+    if chan.is_null() {
+        return Err(format!(
+            "RDMA listener {addr}: cannot open the RDMA CM ({}); is rdma_ucm loaded?",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let mut id: *mut rdma_cm_id = std::ptr::null_mut();
+    // SAFETY: chan is live; id receives the new cm_id.
+    let r = unsafe { (v.rdma_create_id)(chan, &mut id, std::ptr::null_mut(), verbs::RDMA_PS_TCP) };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        // SAFETY: chan has no ids; destroyed once.
+        unsafe { (v.rdma_destroy_event_channel)(chan) };
+        return Err(format!("RDMA listener {addr}: rdma_create_id: {e}"));
+    }
+    let l = RdmaListener {
+        addr,
+        discovery_only,
+        chan,
+        id,
+    };
+    let mut sa = verbs::to_sockaddr(addr);
+    // SAFETY: id is live; sa is a valid sockaddr of its family.
+    if unsafe { (v.rdma_bind_addr)(id, &mut sa as *mut _ as *mut libc::sockaddr) } != 0 {
+        return Err(format!(
+            "RDMA listener {addr}: cannot bind ({}); is there an RDMA device (e.g. rxe) on that address?",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: id is bound.
+    if unsafe { (v.rdma_listen)(id, 128) } != 0 {
+        return Err(format!(
+            "RDMA listener {addr}: rdma_listen: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // A wildcard address has no device yet; a specific one must have one.
+    // SAFETY: id is live.
+    if !addr.ip().is_unspecified() && unsafe { (*id).verbs }.is_null() {
+        return Err(format!(
+            "RDMA listener {addr}: no RDMA device on that address"
+        ));
+    }
+    verbs::set_nonblocking(l.fd()).map_err(|e| format!("RDMA listener {addr}: {e}"))?;
+    let mut l = l;
+    // SAFETY: id is live; after bind its source address holds the bound port.
+    if let Some(b) = verbs::sockaddr(unsafe { &(*id).src_addr }) {
+        if l.addr.port() == 0 {
+            l.addr.set_port(b.port());
+        }
+    }
+    // `l` itself is returned: it owns the cm_id (a copy would destroy it twice).
+    Ok(l)
+}
+
+/// RDMA listeners the CM thread serves; RPC adds and removes them at run time.
+#[derive(Default)]
+pub struct RdmaListenerSet {
+    list: Mutex<Vec<Arc<RdmaListener>>>,
+    gen: std::sync::atomic::AtomicU64,
+}
+
+impl RdmaListenerSet {
+    pub fn add(&self, l: RdmaListener) {
+        if let Ok(mut v) = self.list.lock() {
+            v.push(Arc::new(l));
+        }
+        self.gen.fetch_add(1, Ordering::AcqRel);
+    }
+    pub fn contains(&self, addr: SocketAddr) -> bool {
+        self.snapshot().iter().any(|l| l.addr == addr)
+    }
+    pub fn remove(&self, addr: SocketAddr) -> bool {
+        let removed = self
+            .list
+            .lock()
+            .map(|mut v| {
+                let n = v.len();
+                v.retain(|l| l.addr != addr);
+                n != v.len()
+            })
+            .unwrap_or(false);
+        self.gen.fetch_add(1, Ordering::AcqRel);
+        removed
+    }
+    pub fn clear(&self) {
+        if let Ok(mut v) = self.list.lock() {
+            v.clear();
+        }
+        self.gen.fetch_add(1, Ordering::AcqRel);
+    }
+    fn snapshot(&self) -> Vec<Arc<RdmaListener>> {
+        self.list.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+}
+
+/// The NVMe/RDMA transport of a running target: its listeners and the CM
+/// thread serving them. rdma-core is loaded and the thread started only when
+/// an RDMA listener is configured or `nvmf_create_transport` asks for RDMA.
+pub struct RdmaTransport {
+    pub listeners: Arc<RdmaListenerSet>,
+    reactors: Vec<Arc<ReactorShared>>,
+    target: Arc<Target>,
+    pub settings: RdmaSettings,
+    stop: Arc<AtomicBool>,
+    cm: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl RdmaTransport {
+    pub fn new(
+        reactors: Vec<Arc<ReactorShared>>,
+        target: Arc<Target>,
+        settings: RdmaSettings,
+        stop: Arc<AtomicBool>,
+    ) -> RdmaTransport {
+        RdmaTransport {
+            listeners: Arc::new(RdmaListenerSet::default()),
+            reactors,
+            target,
+            settings,
+            stop,
+            cm: Mutex::new(None),
+        }
+    }
+
+    /// Loads rdma-core and starts the CM thread; idempotent. The error is one
+    /// line (rdma-core missing, ...).
+    pub fn start(&self) -> Result<(), String> {
+        verbs::load().map_err(|e| format!("NVMe/RDMA: {e}"))?;
+        let mut cm = self
+            .cm
+            .lock()
+            .map_err(|_| "RDMA transport state poisoned")?;
+        if cm.is_none() {
+            let (set, rs, tgt, st, settings) = (
+                self.listeners.clone(),
+                self.reactors.clone(),
+                self.target.clone(),
+                self.stop.clone(),
+                self.settings.clone(),
+            );
+            *cm = Some(
+                std::thread::Builder::new()
+                    .name("rdma-cm".into())
+                    .spawn(move || cm_loop(set, rs, tgt, settings, st))
+                    .map_err(|e| format!("RDMA CM thread: {e}"))?,
+            );
+        }
+        Ok(())
+    }
+
+    pub fn is_started(&self) -> bool {
+        self.cm.lock().map(|c| c.is_some()).unwrap_or(false)
+    }
+
+    /// Waits for the CM thread (after `stop` is set) and closes the listeners.
+    pub fn join(&self) {
+        let h = self.cm.lock().ok().and_then(|mut c| c.take());
+        if let Some(h) = h {
+            let _ = h.join();
+        }
+        self.listeners.clear();
+    }
+}
+
+/// The RDMA CM thread: answers connection requests on every RDMA listener and
+/// hands accepted QPs to reactors round-robin. Runs until `stop` is set.
+pub fn cm_loop(
+    set: Arc<RdmaListenerSet>,
+    reactors: Vec<Arc<ReactorShared>>,
+    target: Arc<Target>,
+    settings: RdmaSettings,
+    stop: Arc<AtomicBool>,
+) {
+    let Ok(v) = verbs::load() else {
+        return;
+    };
+    let mut next = 0usize;
+    let mut gen = u64::MAX;
+    let mut listeners: Vec<Arc<RdmaListener>> = Vec::new();
+    let mut pfds: Vec<libc::pollfd> = Vec::new();
+    while !stop.load(Ordering::Acquire) {
+        let g = set.gen.load(Ordering::Acquire);
+        if g != gen {
+            gen = g;
+            listeners = set.snapshot();
+            pfds = listeners
+                .iter()
+                .map(|l| libc::pollfd {
+                    fd: l.fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+        }
+        // SAFETY: pfds is a valid pollfd array for the call.
+        let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 200) };
+        if n <= 0 {
+            continue;
+        }
+        for (i, l) in listeners.iter().enumerate() {
+            if pfds[i].revents == 0 {
+                continue;
+            }
+            loop {
+                let mut ev: *mut verbs::rdma_cm_event = std::ptr::null_mut();
+                // SAFETY: the channel is live (l is held); non-blocking fd.
+                if unsafe { (v.rdma_get_cm_event)(l.chan, &mut ev) } != 0 || ev.is_null() {
+                    break;
+                }
+                // SAFETY: ev is a live event until acked below.
+                let (kind, id, conn) = unsafe {
+                    let e = &*ev;
+                    let pd = if e.conn.private_data.is_null() {
+                        Vec::new()
+                    } else {
+                        std::slice::from_raw_parts(
+                            e.conn.private_data as *const u8,
+                            e.conn.private_data_len as usize,
+                        )
+                        .to_vec()
+                    };
+                    (
+                        e.event,
+                        e.id,
+                        (pd, e.conn.initiator_depth, e.conn.responder_resources),
+                    )
+                };
+                // Ack before anything else: migrating the new id to its own
+                // channel waits for its events to be acknowledged.
+                // SAFETY: ev came from rdma_get_cm_event and is acked once.
+                unsafe { (v.rdma_ack_cm_event)(ev) };
+                if kind != verbs::cm_event::CONNECT_REQUEST {
+                    tracing::debug!(listener = %l.addr, event = kind, "RDMA CM event on a listener");
+                    continue;
+                }
+                let r = &reactors[next % reactors.len()];
+                next = next.wrapping_add(1);
+                match accept(v, id, &conn.0, conn.1, l, &target, r.id, &settings) {
+                    Ok(qp) => {
+                        tracing::debug!(peer = %qp.peer, qid = qp.cm_qid, reactor = r.id, "RDMA queue pair accepted");
+                        if let Err(Message::Adopt(qp)) = r.send(Message::Adopt(Box::new(qp))) {
+                            tracing::warn!(
+                                reactor = r.id,
+                                "reactor inbox full; dropping RDMA connection"
+                            );
+                            drop(qp);
+                        }
+                    }
+                    Err(Refused::Before(sts, why)) => {
+                        tracing::warn!(listener = %l.addr, "RDMA connect refused: {why}");
+                        reject(v, id, sts);
+                        // SAFETY: the rejected id is ours alone; destroyed once.
+                        unsafe { (v.rdma_destroy_id)(id) };
+                    }
+                    Err(Refused::After(why)) => {
+                        // The half-built QP rejected and destroyed the id.
+                        tracing::warn!(listener = %l.addr, "RDMA connect failed: {why}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Why a connection request was not accepted: before the QP took the cm_id
+/// (the caller rejects and destroys it) or after (the QP's Drop did).
+enum Refused {
+    Before(u16, String),
+    After(String),
+}
+
+fn reject(v: &Verbs, id: *mut rdma_cm_id, sts: u16) {
+    let rej = rwire::encode_reject(sts);
+    // SAFETY: id is a live, not yet accepted cm_id; the private data outlives
+    // the call.
+    unsafe { (v.rdma_reject)(id, rej.as_ptr() as *const _, rej.len() as u8) };
+}
+
+/// Builds and accepts the QP for one connection request.
+#[allow(clippy::too_many_arguments)]
+fn accept(
+    v: &'static Verbs,
+    id: *mut rdma_cm_id,
+    private_data: &[u8],
+    host_ird: u8,
+    l: &RdmaListener,
+    target: &Arc<Target>,
+    reactor: usize,
+    settings: &RdmaSettings,
+) -> Result<RdmaQueuePair, Refused> {
+    let req = CmRequest::parse(private_data).map_err(|s| {
+        Refused::Before(
+            s,
+            format!("bad private data ({} bytes)", private_data.len()),
+        )
+    })?;
+    let lim = &target.limits;
+    let max_depth = if req.qid == 0 {
+        lim.max_admin_queue_depth
+    } else {
+        lim.max_queue_depth
+    };
+    let depth = req.hsqsize as usize + 1;
+    if req.hsqsize == 0 || depth > max_depth as usize {
+        return Err(Refused::Before(
+            cm_status::INVALID_HSQSIZE,
+            format!(
+                "qid {} hsqsize {} (limit {})",
+                req.qid,
+                req.hsqsize,
+                max_depth - 1
+            ),
+        ));
+    }
+    if (req.hrqsize as usize) < depth.min(2) {
+        return Err(Refused::Before(
+            cm_status::INVALID_HRQSIZE,
+            format!("qid {} hrqsize {}", req.qid, req.hrqsize),
+        ));
+    }
+    if req.qid > lim.max_io_queues {
+        return Err(Refused::Before(
+            cm_status::INVALID_QID,
+            format!("qid {}", req.qid),
+        ));
+    }
+    // SAFETY: id is the live new cm_id of the request.
+    let ctx = unsafe { (*id).verbs };
+    if ctx.is_null() {
+        return Err(Refused::Before(
+            cm_status::NO_RESOURCES,
+            "request has no device".into(),
+        ));
+    }
+    let (pd, dev, arena) = device_for(v, ctx, reactor, settings)
+        .map_err(|e| Refused::Before(cm_status::NO_RESOURCES, e))?;
+    let ord = u32::from(host_ird)
+        .min(dev.max_qp_init_rd_atom)
+        .min(settings.max_outstanding_reads)
+        .max(1);
+    let send_wr = 2 * depth + EXTRA_RESPONSES;
+    if send_wr as u32 > dev.max_qp_wr || (send_wr + depth) as u32 > dev.max_cqe {
+        return Err(Refused::Before(
+            cm_status::INVALID_HSQSIZE,
+            format!("queue depth {depth} exceeds the device's limits"),
+        ));
+    }
+    // SAFETY: id is live (as above).
+    let (peer, local) = unsafe {
+        (
+            verbs::sockaddr(&(*id).dst_addr)
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| "unknown".into()),
+            verbs::sockaddr(&(*id).src_addr).unwrap_or(l.addr),
+        )
+    };
+    let mut qp = RdmaQueuePair::create(
+        v,
+        id,
+        pd as *mut _,
+        ctx,
+        depth,
+        send_wr,
+        target.clone(),
+        arena,
+        peer,
+        local,
+        l.discovery_only,
+        req.qid,
+        ord,
+    )
+    .map_err(Refused::After)?;
+    let accept = rwire::encode_accept(depth as u16);
+    let mut param = verbs::rdma_conn_param {
+        private_data: accept.as_ptr() as *const _,
+        private_data_len: accept.len() as u8,
+        // We never serve RDMA READs: the host's data is read by us, not from us.
+        responder_resources: 0,
+        initiator_depth: ord.min(255) as u8,
+        flow_control: 1,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        srq: 0,
+        qp_num: 0,
+    };
+    // SAFETY: id has its QP and posted receives; param and its private data
+    // are valid for the call.
+    if unsafe { (v.rdma_accept)(qp.id, &mut param) } != 0 {
+        let e = std::io::Error::last_os_error();
+        // The QP owns the id now: its Drop destroys everything.
+        qp.state = State::Closed;
+        return Err(Refused::After(format!("rdma_accept: {e}")));
+    }
+    Ok(qp)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Accepted, waiting for ESTABLISHED.
+    Connecting,
+    Live,
+    /// Disconnected or failed: no more sends; waiting for device I/O.
+    Closed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReqState {
+    /// Waiting for arena memory.
+    AwaitBuffer,
+    /// Waiting for an RDMA READ slot (outstanding reads are bounded).
+    AwaitRead,
+    /// RDMA READ of host data in flight.
+    Reading,
+    Executing,
+    /// Data WRITE and response SEND posted; freed on the SEND completion.
+    Responding,
+}
+
+struct Request {
+    sqe: Sqe,
+    state: ReqState,
+    desc: DataDescriptor,
+    buf: Option<IoBuf>,
+    chunk: Option<Chunk>,
+    reply: Option<Vec<u8>>,
+    plan: Option<IoPlan>,
+    ns: Option<Arc<Namespace>>,
+    pending_ops: u32,
+    status: Status,
+    arrived: Instant,
+}
+
+/// Work request ids: kind in the top byte, index below.
+mod wr {
+    pub const RECV: u64 = 1 << 56;
+    pub const READ: u64 = 2 << 56;
+    pub const WRITE: u64 = 3 << 56;
+    pub const SEND: u64 = 4 << 56;
+    pub const SEND_EXTRA: u64 = 5 << 56;
+    pub const KIND: u64 = 0xFF << 56;
+}
+
+pub struct RdmaQueuePair {
+    v: &'static Verbs,
+    id: *mut rdma_cm_id,
+    qp: *mut ibv_qp,
+    cq: *mut ibv_cq,
+    comp: *mut ibv_comp_channel,
+    chan: *mut rdma_event_channel,
+    epfd: OwnedFd,
+    /// Receive buffers then response capsules, registered as `mem_mr`.
+    mem: IoBuf,
+    mem_mr: *mut ibv_mr,
+    mem_lkey: u32,
+    recv_size: usize,
+    depth: usize,
+    arena: Arc<Mutex<Arena>>,
+    arena_lkey: u32,
+    extra_free: Vec<u16>,
+    peer: String,
+    local: SocketAddr,
+    target: Arc<Target>,
+    discovery_only: bool,
+    cm_qid: u16,
+    state: State,
+    since: Instant,
+    binding: Option<QueueBinding>,
+    namespaces: Vec<Arc<Namespace>>,
+    ns_gen: u64,
+    stats: Option<Arc<crate::target::QpairStats>>,
+    sq_head: u16,
+    sqsize: u16,
+    sqflow_disabled: bool,
+    slots: Vec<Option<Request>>,
+    free_slots: Vec<u16>,
+    cids: Vec<u64>,
+    aers: Vec<u16>,
+    max_reads: u32,
+    reads_active: u32,
+    read_waiting: VecDeque<u16>,
+    buf_waiting: VecDeque<u16>,
+    dev_ops: usize,
+    shutting_down: bool,
+    /// Still being built: Drop rejects the connection request first.
+    building: bool,
+}
+
+// SAFETY: the rdma-core objects are owned by this queue pair alone and used by
+// whichever single thread owns it (the CM thread while building it, then its
+// reactor); rdma-core objects may be used from any thread.
+unsafe impl Send for RdmaQueuePair {}
+
+impl RdmaQueuePair {
+    #[allow(clippy::too_many_arguments)]
+    fn create(
+        v: &'static Verbs,
+        id: *mut rdma_cm_id,
+        pd: *mut std::ffi::c_void,
+        ctx: *mut verbs::ibv_context,
+        depth: usize,
+        send_wr: usize,
+        target: Arc<Target>,
+        arena: Arc<Mutex<Arena>>,
+        peer: String,
+        local: SocketAddr,
+        discovery_only: bool,
+        cm_qid: u16,
+        max_reads: u32,
+    ) -> Result<RdmaQueuePair, String> {
+        let lim = &target.limits;
+        let icd = (lim.in_capsule_data as usize).max(ADMIN_IN_CAPSULE_DATA as usize);
+        let recv_size = (SQE_LEN + icd).div_ceil(64) * 64;
+        let rsp_count = depth + EXTRA_RESPONSES;
+        let mem = IoBuf::new(depth * recv_size + rsp_count * CQE_LEN);
+        let arena_lkey = arena.lock().map(|a| a.lkey).unwrap_or(0);
+        // SAFETY: epoll_create1 returns a new fd or -1.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(format!("epoll: {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: ep was just created and is owned only here.
+        let epfd = unsafe { OwnedFd::from_raw_fd(ep) };
+        let mut q = RdmaQueuePair {
+            v,
+            id,
+            qp: std::ptr::null_mut(),
+            cq: std::ptr::null_mut(),
+            comp: std::ptr::null_mut(),
+            chan: std::ptr::null_mut(),
+            epfd,
+            mem,
+            mem_mr: std::ptr::null_mut(),
+            mem_lkey: 0,
+            recv_size,
+            depth,
+            arena,
+            arena_lkey,
+            extra_free: (depth..rsp_count).map(|i| i as u16).rev().collect(),
+            peer,
+            local,
+            target,
+            discovery_only,
+            cm_qid,
+            state: State::Connecting,
+            since: Instant::now(),
+            binding: None,
+            namespaces: Vec::new(),
+            ns_gen: 0,
+            stats: None,
+            sq_head: 0,
+            sqsize: (depth - 1) as u16,
+            sqflow_disabled: false,
+            slots: (0..depth).map(|_| None).collect(),
+            free_slots: (0..depth as u16).rev().collect(),
+            cids: vec![0; 1024],
+            aers: Vec::new(),
+            max_reads,
+            reads_active: 0,
+            read_waiting: VecDeque::new(),
+            buf_waiting: VecDeque::new(),
+            dev_ops: 0,
+            shutting_down: false,
+            building: true,
+        };
+        // From here on `q` owns the id: its Drop releases whatever was made.
+        // SAFETY: every pointer below is checked before use and stored in `q`,
+        // whose Drop destroys each exactly once in reverse order.
+        unsafe {
+            q.chan = (v.rdma_create_event_channel)();
+            if q.chan.is_null() {
+                return Err("rdma_create_event_channel failed".into());
+            }
+            if (v.rdma_migrate_id)(id, q.chan) != 0 {
+                return Err(format!(
+                    "rdma_migrate_id: {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+            q.comp = (v.ibv_create_comp_channel)(ctx);
+            if q.comp.is_null() {
+                return Err("ibv_create_comp_channel failed".into());
+            }
+            q.cq = (v.ibv_create_cq)(
+                ctx,
+                (send_wr + depth) as i32,
+                std::ptr::null_mut(),
+                q.comp,
+                0,
+            );
+            if q.cq.is_null() {
+                return Err(format!(
+                    "ibv_create_cq: {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+            let mut attr = verbs::ibv_qp_init_attr {
+                qp_context: std::ptr::null_mut(),
+                send_cq: q.cq,
+                recv_cq: q.cq,
+                srq: std::ptr::null_mut(),
+                cap: verbs::ibv_qp_cap {
+                    max_send_wr: send_wr as u32,
+                    max_recv_wr: depth as u32,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                qp_type: verbs::IBV_QPT_RC,
+                sq_sig_all: 0,
+            };
+            if (v.rdma_create_qp)(id, pd, &mut attr) != 0 {
+                return Err(format!(
+                    "rdma_create_qp: {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+            q.qp = (*id).qp;
+            q.mem_mr = (v.ibv_reg_mr)(
+                pd,
+                q.mem.as_mut_ptr() as *mut _,
+                q.mem.capacity(),
+                verbs::IBV_ACCESS_LOCAL_WRITE,
+            );
+            if q.mem_mr.is_null() {
+                return Err("ibv_reg_mr for receive buffers failed".into());
+            }
+            q.mem_lkey = (*q.mem_mr).lkey;
+        }
+        for i in 0..depth {
+            q.post_recv(i)
+                .map_err(|e| format!("ibv_post_recv: errno {e}"))?;
+        }
+        // SAFETY: comp and chan are live (created above).
+        let (cfd, chfd) = unsafe { ((*q.comp).fd, (*q.chan).fd) };
+        for fd in [cfd, chfd] {
+            verbs::set_nonblocking(fd).map_err(|e| format!("{e}"))?;
+            let mut ev = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: fd as u64,
+            };
+            // SAFETY: both fds are live; ev is valid for the call.
+            if unsafe { libc::epoll_ctl(q.epfd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0
+            {
+                return Err(format!("epoll_ctl: {}", std::io::Error::last_os_error()));
+            }
+        }
+        // SAFETY: cq is live.
+        if unsafe { verbs::req_notify_cq(q.cq) } != 0 {
+            return Err("ibv_req_notify_cq failed".into());
+        }
+        q.building = false;
+        Ok(q)
+    }
+
+    fn qid(&self) -> u16 {
+        self.binding
+            .as_ref()
+            .map(|b| b.qid())
+            .unwrap_or(self.cm_qid)
+    }
+
+    fn is_admin(&self) -> bool {
+        self.cm_qid == 0
+    }
+
+    fn post_recv(&mut self, i: usize) -> Result<(), i32> {
+        let mut sge = verbs::ibv_sge {
+            addr: self.mem.as_ptr() as u64 + (i * self.recv_size) as u64,
+            length: self.recv_size as u32,
+            lkey: self.mem_lkey,
+        };
+        let mut wr = verbs::ibv_recv_wr {
+            wr_id: wr::RECV | i as u64,
+            next: std::ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: 1,
+        };
+        // SAFETY: qp is live; the buffer is inside the registered `mem`, which
+        // lives as long as the QP.
+        match unsafe { verbs::post_recv(self.qp, &mut wr) } {
+            0 => Ok(()),
+            e => Err(e),
+        }
+    }
+
+    /// Ends the connection: the QP goes to the error state (outstanding work
+    /// is flushed), the host sees a disconnect, the controller binding ends.
+    fn close(&mut self, why: &str) {
+        if self.state == State::Closed {
+            return;
+        }
+        tracing::debug!(peer = %self.peer, qid = self.qid(), "RDMA queue pair closing: {why}");
+        // SAFETY: id is live until Drop.
+        unsafe { (self.v.rdma_disconnect)(self.id) };
+        if let Some(b) = self.binding.take() {
+            let ctrl = b.ctrl();
+            if b.qid() == 0 {
+                tracing::info!(cntlid = ctrl.cntlid, host = %ctrl.hostnqn, peer = %self.peer, "controller released");
+            }
+            fabrics::disconnect(&b);
+        }
+        self.state = State::Closed;
+    }
+
+    fn drain_cm_events(&mut self) {
+        loop {
+            let mut ev: *mut verbs::rdma_cm_event = std::ptr::null_mut();
+            // SAFETY: chan is live, non-blocking.
+            if unsafe { (self.v.rdma_get_cm_event)(self.chan, &mut ev) } != 0 || ev.is_null() {
+                return;
+            }
+            // SAFETY: ev is live until acked, acked once.
+            let kind = unsafe {
+                let k = (*ev).event;
+                (self.v.rdma_ack_cm_event)(ev);
+                k
+            };
+            match kind {
+                verbs::cm_event::ESTABLISHED => {
+                    if self.state == State::Connecting {
+                        self.state = State::Live;
+                        self.since = Instant::now();
+                    }
+                }
+                verbs::cm_event::DISCONNECTED => self.close("host disconnected"),
+                verbs::cm_event::DEVICE_REMOVAL => self.close("device removed"),
+                verbs::cm_event::CONNECT_ERROR
+                | verbs::cm_event::UNREACHABLE
+                | verbs::cm_event::REJECTED => self.close("connection failed"),
+                verbs::cm_event::TIMEWAIT_EXIT | verbs::cm_event::ADDR_CHANGE => {}
+                k => tracing::debug!(peer = %self.peer, event = k, "RDMA CM event"),
+            }
+        }
+    }
+
+    fn poll_completions(&mut self, ctx: &mut IoCtx) -> bool {
+        // Consume and acknowledge channel events, re-arm, then poll: a
+        // completion that raced the re-arm is picked up by this poll.
+        let mut events = 0u32;
+        loop {
+            let mut cq: *mut ibv_cq = std::ptr::null_mut();
+            let mut cqctx: *mut std::ffi::c_void = std::ptr::null_mut();
+            // SAFETY: comp is live and non-blocking.
+            if unsafe { (self.v.ibv_get_cq_event)(self.comp, &mut cq, &mut cqctx) } != 0 {
+                break;
+            }
+            events += 1;
+        }
+        if events > 0 {
+            // SAFETY: cq is live; acks exactly the events just taken.
+            unsafe { (self.v.ibv_ack_cq_events)(self.cq, events) };
+        }
+        // SAFETY: cq is live.
+        unsafe { verbs::req_notify_cq(self.cq) };
+        let mut any = false;
+        let mut wcs = [verbs::ibv_wc::default(); POLL_BATCH];
+        loop {
+            // SAFETY: cq is live.
+            let n = unsafe { verbs::poll_cq(self.cq, &mut wcs) };
+            if n <= 0 {
+                break;
+            }
+            any = true;
+            for wc in &wcs[..n as usize] {
+                self.on_completion(wc, ctx);
+            }
+        }
+        any
+    }
+
+    fn on_completion(&mut self, wc: &verbs::ibv_wc, ctx: &mut IoCtx) {
+        let kind = wc.wr_id & wr::KIND;
+        let idx = (wc.wr_id & 0xFFFF) as u16;
+        if wc.status != verbs::IBV_WC_SUCCESS {
+            if wc.status != verbs::IBV_WC_WR_FLUSH_ERR {
+                tracing::warn!(peer = %self.peer, qid = self.qid(), status = wc.status, kind = kind >> 56, "RDMA work request failed");
+            }
+            self.close("work request failed");
+            // Release what the failed request held.
+            match kind {
+                wr::READ => {
+                    self.reads_active = self.reads_active.saturating_sub(1);
+                    self.free_slot(idx, ctx);
+                }
+                wr::SEND => self.free_slot(idx, ctx),
+                wr::SEND_EXTRA => self.extra_free.push(idx),
+                _ => {}
+            }
+            return;
+        }
+        match kind {
+            wr::RECV => {
+                let len = wc.byte_len as usize;
+                self.on_capsule(idx as usize, len, ctx);
+                if self.state != State::Closed {
+                    if let Err(e) = self.post_recv(idx as usize) {
+                        tracing::warn!(peer = %self.peer, "ibv_post_recv: errno {e}");
+                        self.close("cannot repost a receive");
+                    }
+                }
+            }
+            wr::READ => {
+                self.reads_active = self.reads_active.saturating_sub(1);
+                if let Some(r) = self.slots.get_mut(idx as usize).and_then(|s| s.as_mut()) {
+                    r.state = ReqState::Executing;
+                }
+                self.issue_reads();
+                if let Err(st) = self.execute(idx, ctx) {
+                    self.finish(idx, st, 0, ctx);
+                }
+            }
+            wr::WRITE => {}
+            wr::SEND => {
+                self.free_slot(idx, ctx);
+                self.retry_buffers(ctx);
+            }
+            wr::SEND_EXTRA => self.extra_free.push(idx),
+            _ => tracing::warn!(wr_id = wc.wr_id, "completion of an unknown work request"),
+        }
+    }
+
+    /// Releases a slot and everything it holds.
+    fn free_slot(&mut self, slot: u16, ctx: &mut IoCtx) {
+        let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.take()) else {
+            return;
+        };
+        if let Some(b) = r.buf {
+            if b.is_owned() {
+                ctx.bufs.put(b);
+            }
+        }
+        if let Some(c) = r.chunk {
+            if let Ok(mut a) = self.arena.lock() {
+                a.free(c);
+            }
+        }
+        self.read_waiting.retain(|&s| s != slot);
+        self.buf_waiting.retain(|&s| s != slot);
+        self.free_slots.push(slot);
+    }
+
+    fn cid_insert(&mut self, cid: u16) -> bool {
+        let (w, b) = (cid as usize / 64, cid % 64);
+        let fresh = self.cids[w] & (1 << b) == 0;
+        self.cids[w] |= 1 << b;
+        fresh
+    }
+
+    fn cid_remove(&mut self, cid: u16) {
+        self.cids[cid as usize / 64] &= !(1 << (cid % 64));
+    }
+
+    fn advance_sq_head(&mut self) {
+        self.sq_head = if self.sq_head >= self.sqsize {
+            0
+        } else {
+            self.sq_head + 1
+        };
+    }
+
+    fn cqe(&self, cid: u16, status: Status, result: u64) -> Cqe {
+        Cqe {
+            result,
+            sq_head: if self.sqflow_disabled {
+                0xFFFF
+            } else {
+                self.sq_head
+            },
+            sq_id: self.qid(),
+            cid,
+            status: status.to_field(),
+        }
+    }
+
+    fn rsp_addr(&self, i: usize) -> (usize, u64) {
+        let off = self.depth * self.recv_size + i * CQE_LEN;
+        (off, self.mem.as_ptr() as u64 + off as u64)
+    }
+
+    /// Sends a response that has no slot (CID conflict, an AER firing).
+    fn respond_extra(&mut self, cid: u16, status: Status, result: u64) {
+        if self.state == State::Closed {
+            return;
+        }
+        let Some(i) = self.extra_free.pop() else {
+            tracing::warn!(peer = %self.peer, cid, "no response buffer free; closing");
+            return self.close("response buffers exhausted");
+        };
+        let cqe = self.cqe(cid, status, result);
+        let (off, addr) = self.rsp_addr(i as usize);
+        cqe.encode(&mut self.mem[off..off + CQE_LEN]);
+        let mut sge = verbs::ibv_sge {
+            addr,
+            length: CQE_LEN as u32,
+            lkey: self.mem_lkey,
+        };
+        let mut s = verbs::ibv_send_wr {
+            wr_id: wr::SEND_EXTRA | i as u64,
+            sg_list: &mut sge,
+            num_sge: 1,
+            opcode: verbs::IBV_WR_SEND,
+            send_flags: verbs::IBV_SEND_SIGNALED,
+            ..Default::default()
+        };
+        // SAFETY: qp is live; sge points into registered `mem`.
+        let e = unsafe { verbs::post_send(self.qp, &mut s) };
+        if e != 0 {
+            self.extra_free.push(i);
+            tracing::warn!(peer = %self.peer, "ibv_post_send: errno {e}");
+            self.close("cannot post a send");
+        }
+    }
+
+    fn on_capsule(&mut self, idx: usize, len: usize, ctx: &mut IoCtx) {
+        if len < SQE_LEN || len > self.recv_size {
+            tracing::warn!(peer = %self.peer, len, "command capsule of a bad size");
+            return self.close("bad capsule size");
+        }
+        if self.state == State::Connecting {
+            // Receives can complete before ESTABLISHED is read: it is implied.
+            self.state = State::Live;
+        }
+        let base = idx * self.recv_size;
+        let Some(sqe) = Sqe::from_slice(&self.mem[base..base + SQE_LEN]) else {
+            return self.close("bad capsule");
+        };
+        let cid = sqe.cid();
+        self.advance_sq_head();
+        if !self.cid_insert(cid) {
+            tracing::warn!(peer = %self.peer, cid, "command id conflict");
+            return self.respond_extra(cid, Status::CID_CONFLICT, 0);
+        }
+        let Some(slot) = self.free_slots.pop() else {
+            self.cid_remove(cid);
+            tracing::warn!(peer = %self.peer, "more commands outstanding than the queue size");
+            return self.close("queue overrun");
+        };
+        self.slots[slot as usize] = Some(Request {
+            sqe,
+            state: ReqState::Executing,
+            desc: DataDescriptor::None,
+            buf: None,
+            chunk: None,
+            reply: None,
+            plan: None,
+            ns: None,
+            pending_ops: 0,
+            status: Status::SUCCESS,
+            arrived: ctx.now,
+        });
+        if let Err(st) = self.start_command(slot, base + SQE_LEN, len - SQE_LEN, ctx) {
+            self.finish(slot, st, 0, ctx);
+        }
+    }
+
+    fn refresh_namespaces(&mut self) {
+        if let Some(b) = self.binding.as_ref() {
+            let subsys = &b.ctrl().subsys;
+            let gen = subsys.ns_gen.load(Ordering::Acquire);
+            if gen != self.ns_gen {
+                self.ns_gen = gen;
+                self.namespaces = subsys.namespace_snapshot();
+            }
+        }
+    }
+
+    /// Validates the command and its data descriptor; takes in-capsule data or
+    /// starts the RDMA READ; executes once data is in place.
+    fn start_command(
+        &mut self,
+        slot: u16,
+        icd_off: usize,
+        icd_len: usize,
+        ctx: &mut IoCtx,
+    ) -> Result<(), Status> {
+        let sqe = self.slots[slot as usize]
+            .as_ref()
+            .ok_or(Status::INTERNAL_ERROR)?
+            .sqe;
+        let is_fabrics = sqe.opcode() == admin_opc::FABRICS;
+        if self.binding.is_none() && !(is_fabrics && sqe.fctype() == fctype::CONNECT) {
+            return Err(Status::COMMAND_SEQUENCE_ERROR);
+        }
+        if sqe.fuse() != 0 {
+            return Err(Status::INVALID_FIELD);
+        }
+        let mut plan = None;
+        if !self.is_admin() && !is_fabrics {
+            self.refresh_namespaces();
+            let ns = self
+                .namespaces
+                .iter()
+                .find(|n| n.nsid == sqe.nsid())
+                .cloned();
+            let p = tio::plan(ns.as_deref(), &sqe, self.target.limits.max_io_size)?;
+            plan = Some(p);
+            if let Some(r) = self.slots[slot as usize].as_mut() {
+                r.plan = Some(p);
+                r.ns = ns;
+            }
+        }
+        let desc = DataDescriptor::of(&sqe)?;
+        let max_len = self.target.limits.max_io_size.max(ADMIN_IN_CAPSULE_DATA);
+        if desc.len() > max_len {
+            return Err(Status::DATA_SGL_LENGTH_INVALID);
+        }
+        if let Some(r) = self.slots[slot as usize].as_mut() {
+            r.desc = desc;
+        }
+        match DataDirection::of(&sqe) {
+            DataDirection::None => {}
+            DataDirection::Bidirectional => return Err(Status::INVALID_FIELD),
+            DataDirection::ControllerToHost => {
+                if matches!(desc, DataDescriptor::InCapsule { .. }) {
+                    return Err(Status::SGL_DESCRIPTOR_TYPE_INVALID);
+                }
+                if let Some(IoPlan::Read { len, .. }) = plan {
+                    if (desc.len() as usize) < len {
+                        return Err(Status::DATA_SGL_LENGTH_INVALID);
+                    }
+                    return self.with_buffer(slot, len, ctx);
+                }
+            }
+            DataDirection::HostToController => match desc {
+                DataDescriptor::None => {}
+                DataDescriptor::InCapsule { offset, len } => {
+                    let limit = if self.is_admin() {
+                        ADMIN_IN_CAPSULE_DATA
+                    } else {
+                        self.target.limits.in_capsule_data
+                    };
+                    if offset != 0 {
+                        return Err(Status::SGL_OFFSET_INVALID);
+                    }
+                    let len = len as usize;
+                    if len > limit as usize || len > icd_len {
+                        return Err(Status::DATA_SGL_LENGTH_INVALID);
+                    }
+                    // The receive buffer is reposted at once: copy out.
+                    let mut b = ctx.bufs.get(len);
+                    b.copy_from_slice(&self.mem[icd_off..icd_off + len]);
+                    if let Some(r) = self.slots[slot as usize].as_mut() {
+                        r.buf = Some(b);
+                    }
+                }
+                DataDescriptor::Keyed { len, .. } => {
+                    return self.with_buffer(slot, len as usize, ctx);
+                }
+            },
+        }
+        self.execute(slot, ctx)
+    }
+
+    /// Gives the request `len` bytes of registered memory, then continues it
+    /// (RDMA READ for host data, execution for reads); waits if none is free.
+    fn with_buffer(&mut self, slot: u16, len: usize, ctx: &mut IoCtx) -> Result<(), Status> {
+        let got = self.arena.lock().ok().and_then(|mut a| a.alloc(len));
+        let Some((chunk, view)) = got else {
+            if let Some(r) = self.slots[slot as usize].as_mut() {
+                r.state = ReqState::AwaitBuffer;
+            }
+            self.buf_waiting.push_back(slot);
+            return Ok(());
+        };
+        let Some(r) = self.slots[slot as usize].as_mut() else {
+            if let Ok(mut a) = self.arena.lock() {
+                a.free(chunk);
+            }
+            return Err(Status::INTERNAL_ERROR);
+        };
+        r.chunk = Some(chunk);
+        r.buf = Some(view);
+        if DataDirection::of(&r.sqe) == DataDirection::HostToController {
+            r.state = ReqState::AwaitRead;
+            self.read_waiting.push_back(slot);
+            self.issue_reads();
+            Ok(())
+        } else {
+            r.state = ReqState::Executing;
+            self.execute(slot, ctx)
+        }
+    }
+
+    /// Requests waiting for arena memory retry (some was freed).
+    fn retry_buffers(&mut self, ctx: &mut IoCtx) {
+        while let Some(&slot) = self.buf_waiting.front() {
+            let len = match self.slots.get(slot as usize).and_then(|s| s.as_ref()) {
+                Some(r) => match (r.plan, r.desc) {
+                    (Some(IoPlan::Read { len, .. }), _) => len,
+                    (_, d) => d.len() as usize,
+                },
+                None => {
+                    self.buf_waiting.pop_front();
+                    continue;
+                }
+            };
+            let free = self
+                .arena
+                .lock()
+                .ok()
+                .and_then(|mut a| a.alloc(len).inspect(|(c, _)| a.free(*c)))
+                .is_some();
+            if !free {
+                return;
+            }
+            self.buf_waiting.pop_front();
+            if let Err(st) = self.with_buffer(slot, len, ctx) {
+                self.finish(slot, st, 0, ctx);
+            }
+        }
+    }
+
+    /// Posts RDMA READs for waiting requests while under the negotiated limit.
+    fn issue_reads(&mut self) {
+        while self.reads_active < self.max_reads && self.state != State::Closed {
+            let Some(slot) = self.read_waiting.pop_front() else {
+                return;
+            };
+            let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.as_mut()) else {
+                continue;
+            };
+            let DataDescriptor::Keyed { addr, key, len, .. } = r.desc else {
+                continue;
+            };
+            let Some(b) = r.buf.as_mut() else {
+                continue;
+            };
+            let mut sge = verbs::ibv_sge {
+                addr: b.as_mut_ptr() as u64,
+                length: len,
+                lkey: self.arena_lkey,
+            };
+            let mut w = verbs::ibv_send_wr {
+                wr_id: wr::READ | slot as u64,
+                sg_list: &mut sge,
+                num_sge: 1,
+                opcode: verbs::IBV_WR_RDMA_READ,
+                send_flags: verbs::IBV_SEND_SIGNALED,
+                remote_addr: addr,
+                rkey: key,
+                ..Default::default()
+            };
+            r.state = ReqState::Reading;
+            // SAFETY: qp is live; the local buffer is in the registered arena
+            // and owned by this request until its completion.
+            let e = unsafe { verbs::post_send(self.qp, &mut w) };
+            if e != 0 {
+                tracing::warn!(peer = %self.peer, "RDMA READ post failed: errno {e}");
+                self.close("cannot post an RDMA READ");
+                return;
+            }
+            self.reads_active += 1;
+        }
+    }
+
+    fn execute(&mut self, slot: u16, ctx: &mut IoCtx) -> Result<(), Status> {
+        let sqe = self.slots[slot as usize]
+            .as_ref()
+            .ok_or(Status::INTERNAL_ERROR)?
+            .sqe;
+        if sqe.opcode() == admin_opc::FABRICS {
+            return self.execute_fabrics(slot, &sqe, ctx);
+        }
+        let binding = self.binding.clone().ok_or(Status::COMMAND_SEQUENCE_ERROR)?;
+        let ctrl = binding.ctrl().clone();
+        if binding.qid() != 0 {
+            return self.execute_io(slot, ctx);
+        }
+        if !ctrl.is_ready() && sqe.opcode() != admin_opc::KEEP_ALIVE {
+            return Err(Status::COMMAND_SEQUENCE_ERROR);
+        }
+        match admin::execute(&self.target, &ctrl, &sqe, self.aers.len()) {
+            AdminOutcome::AsyncEventHeld => {
+                self.free_slot(slot, ctx);
+                self.aers.push(sqe.cid());
+                Ok(())
+            }
+            AdminOutcome::Done {
+                status,
+                result,
+                data,
+            } => {
+                if let (Some(mut d), Some(r)) = (data, self.slots[slot as usize].as_mut()) {
+                    d.truncate(r.desc.len() as usize);
+                    r.reply = Some(d);
+                }
+                self.finish(slot, status, result as u64, ctx);
+                Ok(())
+            }
+        }
+    }
+
+    fn execute_fabrics(&mut self, slot: u16, sqe: &Sqe, ctx: &mut IoCtx) -> Result<(), Status> {
+        match sqe.fctype() {
+            fctype::CONNECT => {
+                if self.binding.is_some() {
+                    return Err(Status::COMMAND_SEQUENCE_ERROR);
+                }
+                let cmd = ConnectCommand::parse(sqe);
+                let data = self.slots[slot as usize]
+                    .as_ref()
+                    .and_then(|r| r.buf.as_ref())
+                    .and_then(|b| ConnectData::parse(&b[..b.len().min(CONNECT_DATA_LEN)]));
+                let Some(data) = data else {
+                    return Err(Status::DATA_SGL_LENGTH_INVALID);
+                };
+                if cmd.qid != self.cm_qid {
+                    tracing::warn!(peer = %self.peer, cm_qid = self.cm_qid, qid = cmd.qid, "Connect QID differs from the RDMA CM request");
+                    self.finish(
+                        slot,
+                        Status::CONNECT_INVALID_PARAMETERS,
+                        (1 << 16) as u64,
+                        ctx,
+                    );
+                    return Ok(());
+                }
+                if cmd.sqsize as usize >= self.depth {
+                    self.finish(
+                        slot,
+                        Status::CONNECT_INVALID_PARAMETERS,
+                        (44 << 16) as u64,
+                        ctx,
+                    );
+                    return Ok(());
+                }
+                if self.discovery_only && data.subnqn != crate::wire::nvme::DISCOVERY_NQN {
+                    self.finish(
+                        slot,
+                        Status::CONNECT_INVALID_PARAMETERS,
+                        (256 | 1 << 16) as u64,
+                        ctx,
+                    );
+                    return Ok(());
+                }
+                match fabrics::connect(&self.target, &cmd, &data, &self.peer, Some(self.local)) {
+                    Ok(binding) => {
+                        let ctrl = binding.ctrl().clone();
+                        if binding.qid() == 0 {
+                            ctrl.keyed_sgl.store(true, Ordering::Release);
+                            tracing::info!(cntlid = ctrl.cntlid, host = %data.hostnqn, subnqn = %data.subnqn, peer = %self.peer, kato_ms = cmd.kato, "controller created (NVMe/RDMA)");
+                        }
+                        self.sqsize = cmd.sqsize;
+                        self.sq_head = 0;
+                        self.sqflow_disabled = cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0;
+                        let st = Arc::new(crate::target::QpairStats {
+                            subnqn: ctrl.subsys.nqn.clone(),
+                            cntlid: ctrl.cntlid,
+                            qid: binding.qid(),
+                            peer: self.peer.clone(),
+                            ..Default::default()
+                        });
+                        self.target.register_qpair(&st);
+                        self.stats = Some(st);
+                        self.ns_gen = ctrl.subsys.ns_gen.load(Ordering::Acquire);
+                        self.namespaces = ctrl.subsys.namespace_snapshot();
+                        self.binding = Some(binding);
+                        self.finish(slot, Status::SUCCESS, ctrl.cntlid as u64, ctx);
+                    }
+                    Err(refusal) => {
+                        if refusal.status == Status::CONNECT_INVALID_HOST {
+                            self.target.refused_host.fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            self.target.refused_other.fetch_add(1, Ordering::Relaxed);
+                        }
+                        tracing::warn!(peer = %self.peer, host = %data.hostnqn, subnqn = %data.subnqn, qid = cmd.qid, "connect refused: {}", refusal.reason);
+                        self.finish(slot, refusal.status, refusal.result as u64, ctx);
+                    }
+                }
+                Ok(())
+            }
+            fctype::PROPERTY_GET | fctype::PROPERTY_SET => {
+                let Some(QueueBinding::Admin(ctrl)) = self.binding.clone() else {
+                    return Err(Status::INVALID_OPCODE);
+                };
+                let p = PropertyCommand::parse(sqe);
+                ctrl.keep_alive();
+                if sqe.fctype() == fctype::PROPERTY_GET {
+                    let cap = admin::cap(&self.target, &ctrl);
+                    let v = ctrl.get_property(p.offset, cap)?;
+                    self.finish(slot, Status::SUCCESS, v, ctx);
+                } else {
+                    ctrl.set_property(p.offset, p.value)?;
+                    self.finish(slot, Status::SUCCESS, 0, ctx);
+                }
+                Ok(())
+            }
+            fctype::DISCONNECT => {
+                if self.qid() == 0 {
+                    return Err(Status::INVALID_FIELD);
+                }
+                self.finish(slot, Status::SUCCESS, 0, ctx);
+                Ok(())
+            }
+            _ => Err(Status::INVALID_OPCODE),
+        }
+    }
+
+    fn execute_io(&mut self, slot: u16, ctx: &mut IoCtx) -> Result<(), Status> {
+        let tag = ctx.tag(slot);
+        let r = self.slots[slot as usize]
+            .as_mut()
+            .ok_or(Status::INTERNAL_ERROR)?;
+        let plan = r.plan.ok_or(Status::INTERNAL_ERROR)?;
+        let ns = r.ns.clone();
+        let mut ops: Vec<(Arc<Namespace>, IoOp)> = Vec::new();
+        match plan {
+            IoPlan::Nothing => {
+                self.finish(slot, Status::SUCCESS, 0, ctx);
+                return Ok(());
+            }
+            IoPlan::Read { offset, len } => {
+                let ns = ns.ok_or(Status::INVALID_NAMESPACE)?;
+                let mut buf = r.buf.take().ok_or(Status::INTERNAL_ERROR)?;
+                buf.set_len(len);
+                ops.push((ns, IoOp::Read { offset, buf }));
+            }
+            IoPlan::Write { offset, len, fua } => {
+                let ns = ns.ok_or(Status::INVALID_NAMESPACE)?;
+                let mut buf = r.buf.take().ok_or(Status::DATA_TRANSFER_ERROR)?;
+                if buf.len() < len {
+                    r.buf = Some(buf);
+                    return Err(Status::DATA_SGL_LENGTH_INVALID);
+                }
+                buf.set_len(len);
+                ops.push((ns, IoOp::Write { offset, buf, fua }));
+            }
+            IoPlan::Flush { all } => {
+                if all {
+                    for n in &self.namespaces {
+                        ops.push((n.clone(), IoOp::Flush));
+                    }
+                } else {
+                    ops.push((ns.ok_or(Status::INVALID_NAMESPACE)?, IoOp::Flush));
+                }
+            }
+            IoPlan::WriteZeroes {
+                offset,
+                len,
+                deallocate,
+            } => {
+                let ns = ns.ok_or(Status::INVALID_NAMESPACE)?;
+                ops.push((
+                    ns,
+                    if deallocate {
+                        IoOp::Deallocate { offset, len }
+                    } else {
+                        IoOp::WriteZeroes { offset, len }
+                    },
+                ));
+            }
+            IoPlan::Deallocate { ranges } => {
+                let ns = ns.ok_or(Status::INVALID_NAMESPACE)?;
+                let res = {
+                    let data = r.buf.as_deref().ok_or(Status::DATA_TRANSFER_ERROR)?;
+                    tio::dsm_ranges(&ns, data, ranges)
+                };
+                for (offset, len) in res? {
+                    ops.push((ns.clone(), IoOp::Deallocate { offset, len }));
+                }
+            }
+        }
+        if ops.is_empty() {
+            self.finish(slot, Status::SUCCESS, 0, ctx);
+            return Ok(());
+        }
+        let mut submitted = 0u32;
+        let mut failure = None;
+        let mut back: Option<IoBuf> = None;
+        for (ns, op) in ops {
+            let ch = match ctx.channels.get(&ns) {
+                Ok(ch) => ch,
+                Err(_) => {
+                    back = op.into_buf();
+                    failure = Some(Status::INTERNAL_ERROR);
+                    break;
+                }
+            };
+            match ch.submit(tag, op) {
+                Ok(()) => submitted += 1,
+                Err((op, errno)) => {
+                    tracing::warn!(nsid = ns.nsid, "device submit failed: errno {errno}");
+                    back = op.into_buf();
+                    failure = Some(Status::INTERNAL_ERROR);
+                    break;
+                }
+            }
+        }
+        self.dev_ops += submitted as usize;
+        if let Some(r) = self.slots[slot as usize].as_mut() {
+            if back.is_some() {
+                r.buf = back;
+            }
+            r.pending_ops = submitted;
+            r.state = ReqState::Executing;
+            if let Some(f) = failure {
+                r.status = f;
+            }
+        }
+        if submitted == 0 {
+            return Err(failure.unwrap_or(Status::INTERNAL_ERROR));
+        }
+        Ok(())
+    }
+
+    fn count(&self, r: &Request, status: Status) {
+        if let Some(b) = self.binding.as_ref() {
+            let ctrl = b.ctrl();
+            if !status.is_success() {
+                let lba = if r.plan.is_some() { r.sqe.slba() } else { 0 };
+                ctrl.record_error(self.qid(), r.sqe.cid(), status, r.sqe.nsid(), lba);
+                if status.sct == 2 {
+                    ctrl.counters.media_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            } else {
+                match r.plan {
+                    Some(IoPlan::Read { len, .. }) => {
+                        ctrl.counters.read_cmds.fetch_add(1, Ordering::Relaxed);
+                        ctrl.counters
+                            .read_bytes
+                            .fetch_add(len as u64, Ordering::Relaxed);
+                    }
+                    Some(IoPlan::Write { len, .. }) => {
+                        ctrl.counters.write_cmds.fetch_add(1, Ordering::Relaxed);
+                        ctrl.counters
+                            .write_bytes
+                            .fetch_add(len as u64, Ordering::Relaxed);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if let Some(st) = &self.stats {
+            let ns = r.arrived.elapsed().as_nanos() as u64;
+            let b = crate::pool::volume::latency_bucket(ns);
+            if !status.is_success() {
+                st.errors.fetch_add(1, Ordering::Relaxed);
+                st.errors_by[crate::target::error_kind(status)].fetch_add(1, Ordering::Relaxed);
+            } else {
+                match r.plan {
+                    Some(IoPlan::Read { len, .. }) => {
+                        st.reads.fetch_add(1, Ordering::Relaxed);
+                        st.read_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                        st.read_hist[b].fetch_add(1, Ordering::Relaxed);
+                        st.read_ns.fetch_add(ns, Ordering::Relaxed);
+                    }
+                    Some(IoPlan::Write { len, .. }) => {
+                        st.writes.fetch_add(1, Ordering::Relaxed);
+                        st.write_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                        st.write_hist[b].fetch_add(1, Ordering::Relaxed);
+                        st.write_ns.fetch_add(ns, Ordering::Relaxed);
+                    }
+                    _ => {
+                        st.other.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Completes a command: RDMA WRITE of its data (reads and admin replies, on
+    /// success), then the response capsule by SEND. The slot is released when
+    /// the SEND completes.
+    fn finish(&mut self, slot: u16, status: Status, result: u64, ctx: &mut IoCtx) {
+        let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.as_mut()) else {
+            return;
+        };
+        let status = if r.status.is_success() {
+            status
+        } else {
+            r.status
+        };
+        let cid = r.sqe.cid();
+        if matches!(r.state, ReqState::AwaitRead | ReqState::AwaitBuffer) {
+            self.read_waiting.retain(|&s| s != slot);
+            self.buf_waiting.retain(|&s| s != slot);
+        }
+        let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.take()) else {
+            return;
+        };
+        self.count(&r, status);
+        let mut r = r;
+        self.cid_remove(cid);
+        if self.state == State::Closed {
+            self.slots[slot as usize] = Some(r);
+            return self.free_slot(slot, ctx);
+        }
+        // Controller-to-host data: admin replies go to arena memory first.
+        let mut write: Option<(u64, u32)> = None;
+        let mut status = status;
+        if status.is_success() {
+            if let Some(reply) = r.reply.take().filter(|d| !d.is_empty()) {
+                if let Some(b) = r.buf.take() {
+                    if b.is_owned() {
+                        ctx.bufs.put(b);
+                    }
+                }
+                if let Some(c) = r.chunk.take() {
+                    if let Ok(mut a) = self.arena.lock() {
+                        a.free(c);
+                    }
+                }
+                match self
+                    .arena
+                    .lock()
+                    .ok()
+                    .and_then(|mut a| a.alloc(reply.len()))
+                {
+                    Some((c, mut v)) => {
+                        v.copy_from_slice(&reply);
+                        write = Some((v.as_ptr() as u64, reply.len() as u32));
+                        r.chunk = Some(c);
+                        r.buf = Some(v);
+                    }
+                    None => status = Status::INTERNAL_ERROR,
+                }
+            } else if let (Some(IoPlan::Read { len, .. }), Some(b)) = (r.plan, r.buf.as_ref()) {
+                write = Some((b.as_ptr() as u64, len as u32));
+            }
+        }
+        let (key_inv, remote) = match r.desc {
+            DataDescriptor::Keyed {
+                addr,
+                key,
+                invalidate,
+                len,
+            } => (invalidate.then_some(key), Some((addr, key, len))),
+            _ => (None, None),
+        };
+        let cqe = self.cqe(cid, status, result);
+        let (off, rsp_addr) = self.rsp_addr(slot as usize);
+        cqe.encode(&mut self.mem[off..off + CQE_LEN]);
+        r.state = ReqState::Responding;
+        self.slots[slot as usize] = Some(r);
+        let mut rsp_sge = verbs::ibv_sge {
+            addr: rsp_addr,
+            length: CQE_LEN as u32,
+            lkey: self.mem_lkey,
+        };
+        let mut send = verbs::ibv_send_wr {
+            wr_id: wr::SEND | slot as u64,
+            sg_list: &mut rsp_sge,
+            num_sge: 1,
+            opcode: verbs::IBV_WR_SEND,
+            send_flags: verbs::IBV_SEND_SIGNALED,
+            ..Default::default()
+        };
+        if let Some(k) = key_inv {
+            send.opcode = verbs::IBV_WR_SEND_WITH_INV;
+            send.invalidate_rkey = k;
+        }
+        let mut data_sge = verbs::ibv_sge::default();
+        let mut wwr = verbs::ibv_send_wr::default();
+        let first: *mut verbs::ibv_send_wr = match (write, remote) {
+            (Some((local, len)), Some((raddr, rkey, rlen))) if status.is_success() => {
+                data_sge = verbs::ibv_sge {
+                    addr: local,
+                    length: len.min(rlen),
+                    lkey: self.arena_lkey,
+                };
+                wwr = verbs::ibv_send_wr {
+                    wr_id: wr::WRITE | slot as u64,
+                    sg_list: &mut data_sge,
+                    num_sge: 1,
+                    opcode: verbs::IBV_WR_RDMA_WRITE,
+                    send_flags: verbs::IBV_SEND_SIGNALED,
+                    remote_addr: raddr,
+                    rkey,
+                    next: &mut send,
+                    ..Default::default()
+                };
+                &mut wwr
+            }
+            _ => &mut send,
+        };
+        let _ = (&data_sge, &wwr);
+        // SAFETY: qp is live; every sge points into registered memory (`mem`
+        // or the arena) held by this slot until the SEND completes; the WR
+        // chain lives on this stack frame for the call.
+        let e = unsafe { verbs::post_send(self.qp, first) };
+        if e != 0 {
+            tracing::warn!(peer = %self.peer, "ibv_post_send: errno {e}");
+            self.close("cannot post a send");
+            self.free_slot(slot, ctx);
+        }
+    }
+
+    fn fail_waiting(&mut self, ctx: &mut IoCtx) {
+        // Requests parked for memory or READ slots on a closed QP release now.
+        let parked: Vec<u16> = self
+            .buf_waiting
+            .drain(..)
+            .chain(self.read_waiting.drain(..))
+            .collect();
+        for s in parked {
+            self.free_slot(s, ctx);
+        }
+    }
+}
+
+impl QueuePair for RdmaQueuePair {
+    fn fd(&self) -> RawFd {
+        self.epfd.as_raw_fd()
+    }
+
+    fn on_readable(&mut self, ctx: &mut IoCtx) {
+        // Drain the inner epoll set's readiness (level-triggered; reading the
+        // channels below is what clears it).
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        // SAFETY: evs is a valid array of 4 events; zero timeout.
+        unsafe { libc::epoll_wait(self.epfd.as_raw_fd(), evs.as_mut_ptr(), 4, 0) };
+        self.poll_completions(ctx);
+        self.drain_cm_events();
+        if self.state == State::Closed {
+            self.fail_waiting(ctx);
+        }
+    }
+
+    fn on_io_complete(
+        &mut self,
+        slot: u16,
+        result: Result<(), i32>,
+        buf: Option<IoBuf>,
+        ctx: &mut IoCtx,
+    ) {
+        self.dev_ops = self.dev_ops.saturating_sub(1);
+        let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.as_mut()) else {
+            if let Some(b) = buf.filter(|b| b.is_owned()) {
+                ctx.bufs.put(b);
+            }
+            return;
+        };
+        if let Err(errno) = result {
+            if errno != crate::bdev::ERRNO_UNWRITTEN {
+                tracing::warn!(
+                    cid = r.sqe.cid(),
+                    op = r.sqe.opcode(),
+                    "device error: errno {errno}"
+                );
+            }
+            r.status = tio::status_for_errno(errno, r.plan);
+        }
+        // Buffers come back to the request: reads send from them, and arena
+        // views are released with the slot.
+        if let Some(b) = buf {
+            if r.buf.is_none() {
+                r.buf = Some(b);
+            } else if b.is_owned() {
+                ctx.bufs.put(b);
+            }
+        }
+        r.pending_ops = r.pending_ops.saturating_sub(1);
+        if r.pending_ops == 0 {
+            if self.state == State::Closed {
+                self.free_slot(slot, ctx);
+            } else {
+                self.finish(slot, Status::SUCCESS, 0, ctx);
+            }
+        }
+    }
+
+    fn flush(&mut self, _bufs: &mut crate::mem::BufPool) -> bool {
+        // Work requests are posted as they are made: nothing is buffered.
+        false
+    }
+
+    fn housekeeping(&mut self, ctx: &mut IoCtx) {
+        if self.state == State::Connecting && self.since.elapsed() > ESTABLISH_TIMEOUT {
+            self.close("not established in time");
+        }
+        self.refresh_namespaces();
+        if let Some(b) = self.binding.clone() {
+            let ctrl = b.ctrl();
+            if b.qid() == 0 && !ctrl.is_failed() && ctrl.keep_alive_expired() {
+                tracing::warn!(cntlid = ctrl.cntlid, host = %ctrl.hostnqn, peer = %self.peer, "keep-alive timeout: tearing the controller down");
+                ctrl.fail();
+            }
+            if ctrl.is_failed() {
+                self.close("controller failed");
+            } else if b.qid() == 0 && !self.aers.is_empty() {
+                if let Some(dw0) = ctrl.take_event() {
+                    let cid = self.aers.remove(0);
+                    self.cid_remove(cid);
+                    self.respond_extra(cid, Status::SUCCESS, dw0 as u64);
+                }
+            }
+        }
+        if self.state != State::Closed {
+            self.retry_buffers(ctx);
+            // A completion event lost to a race would otherwise wait forever.
+            self.poll_completions(ctx);
+        } else {
+            self.fail_waiting(ctx);
+        }
+        if self.shutting_down && self.dev_ops == 0 {
+            self.close("target shutting down");
+        }
+    }
+
+    fn begin_shutdown(&mut self) {
+        self.shutting_down = true;
+        if self.dev_ops == 0 {
+            self.close("target shutting down");
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.state == State::Closed && self.dev_ops == 0
+    }
+
+    fn describe(&self) -> String {
+        format!("nvme/rdma {} qid {}", self.peer, self.qid())
+    }
+}
+
+impl Drop for RdmaQueuePair {
+    fn drop(&mut self) {
+        if let Some(b) = self.binding.take() {
+            fabrics::disconnect(&b);
+        }
+        let v = self.v;
+        if self.building {
+            reject(v, self.id, cm_status::NO_RESOURCES);
+        }
+        // SAFETY: each object was created in `create` (NULL when not reached)
+        // and is destroyed once, QP first so no DMA touches memory freed after.
+        unsafe {
+            if !self.qp.is_null() {
+                (v.rdma_destroy_qp)(self.id);
+            }
+            if !self.cq.is_null() {
+                (v.ibv_destroy_cq)(self.cq);
+            }
+            if !self.comp.is_null() {
+                (v.ibv_destroy_comp_channel)(self.comp);
+            }
+            if !self.mem_mr.is_null() {
+                (v.ibv_dereg_mr)(self.mem_mr);
+            }
+            (v.rdma_destroy_id)(self.id);
+            if !self.chan.is_null() {
+                (v.rdma_destroy_event_channel)(self.chan);
+            }
+        }
+        // No DMA can reach the arena now: give back what requests held.
+        if let Ok(mut a) = self.arena.lock() {
+            for r in self.slots.iter_mut().flatten() {
+                if let Some(c) = r.chunk.take() {
+                    a.free(c);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arena_allocates_disjoint_page_runs_and_reuses_freed_ones() {
+        // The allocator alone (no registration): a fake arena over plain memory.
+        let mut a = Arena {
+            buf: IoBuf::new(16 * ARENA_PAGE),
+            _mr: std::ptr::null_mut(),
+            lkey: 0,
+            used: vec![false; 16],
+            hint: 0,
+        };
+        let (c1, v1) = a.alloc(3 * ARENA_PAGE).unwrap();
+        let (c2, v2) = a.alloc(1).unwrap();
+        assert_eq!((c1.pages, c2.pages), (3, 1));
+        assert_eq!(v1.len(), 3 * ARENA_PAGE);
+        assert_eq!(v2.len(), 1);
+        let (p1, p2) = (v1.as_ptr() as usize, v2.as_ptr() as usize);
+        assert!(p2 >= p1 + 3 * ARENA_PAGE || p1 >= p2 + ARENA_PAGE);
+        assert!(a.alloc(13 * ARENA_PAGE).is_none());
+        let (c3, _) = a.alloc(12 * ARENA_PAGE).unwrap();
+        assert!(a.alloc(1).is_none());
+        a.free(c1);
+        let (c4, _) = a.alloc(2 * ARENA_PAGE).unwrap();
+        assert_eq!(c4.page, c1.page);
+        a.free(c2);
+        a.free(c3);
+        a.free(c4);
+        assert!(a.used.iter().all(|u| !u));
+        assert!(a.alloc(16 * ARENA_PAGE).is_some());
+    }
+
+    #[test]
+    fn listening_without_an_rdma_device_is_one_clear_line() {
+        // 192.0.2.1 (RFC 5737 documentation range) is on no RDMA device: the
+        // error names the address whether or not rdma-core is installed.
+        let e = match listen("192.0.2.1:4420".parse().unwrap(), false) {
+            Ok(_) => panic!("an RDMA listener on 192.0.2.1 cannot exist"),
+            Err(e) => e,
+        };
+        assert!(e.contains("192.0.2.1:4420"), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+    }
+}

@@ -1,0 +1,245 @@
+#!/bin/bash
+# NVMe/RDMA interop, run INSIDE the interop guest (soft-RoCE exists only there): the
+# guest kernel's nvme-rdma host against kvtarget running in the same guest.
+#
+#   1. soft-RoCE on eth0 (rdma link add rxe0 type rxe netdev eth0);
+#   2. kvtarget (the release binary, passed in through the 9p share) with an NVMe/RDMA
+#      listener on 10.0.2.15:4420, its namespaces thin volumes of a pool on a loop
+#      device (io_uring needs O_DIRECT, which tmpfs lacks in 6.1);
+#   3. tcp-suite.sh --transport rdma: the NVMe/TCP scenario list over RDMA (discovery,
+#      1/2/4 I/O queues, id-ctrl/list fields, fio verify 4k..1M, flush, discard,
+#      write-zeroes, keep-alive, disconnect/reconnect, target restart, volumes, ...),
+#      with this script serving the suite's restart and RPC requests over the share
+#      exactly as tests/interop/run.sh does on the host for NVMe/TCP;
+#   4. RDMA-only checks: host teardown with I/O in flight, kvtarget survives it,
+#      exits 0 on SIGTERM, and the pool checks clean offline.
+# Output: the suite's lines, then this script's own ok/FAIL lines and one final
+# "N passed, N failed, N skipped" line over both.
+set -u
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+SHARE=/mnt/share
+BIN=/tmp/kvtarget
+ADDR=10.0.2.15
+PORT=4420
+NQN=nqn.2026-11.io.kvtarget:interop
+HOSTNQN=nqn.2026-11.io.kvtarget:interop-host
+HOSTID=6b7a7f1e-0c1d-4d2e-9a41-6b7674000001
+SIZE_MIB=256
+VOLUMES="1:$SIZE_MIB:4096:zeroes 2:64:4096:zeroes 3:64:512:error"
+POOL_MIB=640
+SERIAL=KVTRDMA0000001
+MODEL=kvtarget
+WORK=/tmp/rdma-guest
+mkdir -p "$WORK"
+LOG=$SHARE/kvtarget.log
+: > "$LOG"
+
+P=0 F=0
+check() { # NAME OK REASON
+    if [ "$2" = 1 ]; then echo "ok - $1"; P=$((P + 1)); else echo "FAIL - $1: $3"; F=$((F + 1)); fi
+}
+die() {
+    echo "FAIL - rdma-setup: $*"
+    echo "0 passed, 1 failed, 0 skipped"
+    exit 1
+}
+
+# kvtarget runs from tmpfs: 9p file mappings are not what a long-lived process wants.
+cp "$SHARE/kvtarget" "$BIN" && chmod 755 "$BIN" || die "no kvtarget binary in the share"
+
+rdma link add rxe0 type rxe netdev eth0 || die "rdma link add rxe0 failed"
+echo "# soft-RoCE: $(rdma link show 2>&1 | tr '\n' ' ')"
+
+truncate -s "${POOL_MIB}M" /tmp/pool.img || die "cannot create the pool image"
+LOOP=$(losetup -f) && losetup "$LOOP" /tmp/pool.img || die "losetup failed"
+
+CFG=$WORK/kvtarget.toml
+{
+cat <<EOF
+[reactors]
+count = 2
+idle = "adaptive"
+
+[rdma]
+buffer_pool_size = "32MiB"
+
+[[listeners]]
+address = "$ADDR"
+port = $PORT
+transport = "rdma"
+
+[[pools]]
+name = "interop"
+backend = "uring"
+path = "$LOOP"
+size = "${POOL_MIB}MiB"
+extent_size = "1MiB"
+EOF
+for v in $VOLUMES; do
+    IFS=: read -r n m b u <<< "$v"
+    printf '\n[[pools.volumes]]\nname = "ns%s"\nsize = "%sMiB"\nblock_size = %s\nunwritten = "%s"\n' "$n" "$m" "$b" "$u"
+done
+cat <<EOF
+
+[[subsystems]]
+nqn = "$NQN"
+serial = "$SERIAL"
+model = "$MODEL"
+allow_any_host = false
+hosts = ["$HOSTNQN"]
+EOF
+for v in $VOLUMES; do
+    IFS=: read -r n m b u <<< "$v"
+    printf '\n[[subsystems.namespaces]]\nnsid = %s\nvolume = "interop/ns%s"\n' "$n" "$n"
+done
+} > "$CFG"
+"$BIN" check-config "$CFG" >> "$LOG" 2>&1 || die "kvtarget rejects $CFG: $(tail -n 1 "$LOG")"
+
+kv_pid=
+kv_start() {
+    local mark
+    mark=$(wc -l < "$LOG")
+    NO_COLOR=1 RUST_LOG=${KVT_LOG:-info} "$BIN" --config "$CFG" -r "$WORK/rpc.sock" >> "$LOG" 2>&1 &
+    kv_pid=$!
+    local i
+    for i in $(seq 1 150); do
+        if ! kill -0 "$kv_pid" 2>/dev/null; then
+            wait "$kv_pid"; echo "# kvtarget exited with status $? during start-up: $(tail -n 3 "$LOG" | tr '\n' ' ')"
+            kv_pid=; return 1
+        fi
+        tail -n +"$((mark + 1))" "$LOG" | grep -q "listening on $ADDR:$PORT (NVMe/RDMA)" && return 0
+        sleep 0.2
+    done
+    echo "# kvtarget not listening after 30s"
+    return 1
+}
+KV_STOP_STATUS=
+kv_stop() {
+    KV_STOP_STATUS=
+    [ -n "$kv_pid" ] || { KV_STOP_STATUS=not-running; return 1; }
+    if ! kill -0 "$kv_pid" 2>/dev/null; then
+        wait "$kv_pid"; KV_STOP_STATUS="already-exited($?)"; kv_pid=; return 1
+    fi
+    kill -TERM "$kv_pid"
+    local i
+    for i in $(seq 1 100); do kill -0 "$kv_pid" 2>/dev/null || break; sleep 0.2; done
+    if kill -0 "$kv_pid" 2>/dev/null; then
+        kill -KILL "$kv_pid"; wait "$kv_pid" 2>/dev/null; KV_STOP_STATUS=timeout; kv_pid=; return 1
+    fi
+    wait "$kv_pid"; KV_STOP_STATUS=$?; kv_pid=
+    [ "$KV_STOP_STATUS" = 0 ]
+}
+
+kv_start || die "kvtarget did not start (see kvtarget.log in the share)"
+
+# The suite's restart and RPC requests, served like run.sh does on the host (this
+# shell started kvtarget, so only it can wait for its exit status).
+orchestrate_once() {
+    if [ -e "$SHARE/rpc-request" ]; then
+        local req rc out
+        req=$(cat "$SHARE/rpc-request"); rm -f "$SHARE/rpc-request"
+        # shellcheck disable=SC2086
+        out=$("$BIN" rpc -r "$WORK/rpc.sock" --json $req 2>&1); rc=$?
+        echo "---- rdma-guest: rpc $req -> $rc ----" >> "$LOG"
+        { echo "$rc"; echo "$out"; } > "$SHARE/rpc-response.tmp"
+        mv "$SHARE/rpc-response.tmp" "$SHARE/rpc-response"
+    fi
+    if [ -e "$SHARE/restart-request" ]; then
+        rm -f "$SHARE/restart-request"
+        echo "---- rdma-guest: SIGTERM for a restart ----" >> "$LOG"
+        kv_stop || echo "restart: kvtarget did not exit 0 on SIGTERM ($KV_STOP_STATUS)" >> "$WORK/restart-errors"
+        echo "stopped, status $KV_STOP_STATUS" > "$SHARE/restart-stopped"
+        local i
+        for i in $(seq 1 300); do [ -e "$SHARE/restart-resume" ] && break; sleep 0.2; done
+        if kv_start; then
+            echo restarted > "$SHARE/restart-done"
+        else
+            echo "restart: kvtarget did not come back" >> "$WORK/restart-errors"
+            echo failed > "$SHARE/restart-done"
+        fi
+    fi
+}
+
+bash "$SHARE/tcp-suite.sh" --transport rdma --addr "$ADDR" --port "$PORT" --disc-port "$PORT" \
+    --nqn "$NQN" --hostnqn "$HOSTNQN" --hostid "$HOSTID" --size $((SIZE_MIB * 1048576)) \
+    --block-size 4096 --restart share --serial "$SERIAL" --model "$MODEL" \
+    --volumes "$VOLUMES" ${RDMA_ONLY:+--only "$RDMA_ONLY"} 2>&1 | tee "$WORK/suite.log" &
+suite_pid=$!
+while kill -0 "$suite_pid" 2>/dev/null; do
+    orchestrate_once
+    sleep 0.2
+done
+wait "$suite_pid"
+suite_line=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$WORK/suite.log" | tail -n 1)
+[ -n "$suite_line" ] || { echo "FAIL - suite-did-not-finish"; F=$((F + 1)); }
+read -r sp _ sf _ ss _ <<< "${suite_line:-0 passed, 0 failed, 0 skipped}"
+
+# Host teardown with I/O in flight: the host disconnects while fio has 64 commands
+# outstanding on each of 4 queues (keyed RDMA READs/WRITEs in progress); the target
+# must drop those queue pairs cleanly and serve the next host at once.
+echo "# -- host-teardown-during-io"
+out=$(timeout 60 nvme connect -t rdma -a "$ADDR" -s "$PORT" -n "$NQN" --hostnqn "$HOSTNQN" \
+    --hostid "$HOSTID" --nr-io-queues=4 -o json 2>&1)
+ctrl=$(echo "$out" | jq -r '.device // empty' 2>/dev/null)
+ok=0 why="connect failed: $(echo $out)"
+if [ -n "$ctrl" ]; then
+    dev=
+    for i in $(seq 1 100); do
+        for d in /sys/block/nvme*n*; do
+            d=$(basename "$d"); case "$d" in nvme*c*) continue ;; esac
+            [ "$(cat /sys/block/$d/nsid 2>/dev/null)" = 1 ] && dev=/dev/$d
+        done
+        [ -n "$dev" ] && [ -b "$dev" ] && break
+        sleep 0.1
+    done
+    fio --name=teardown --filename="$dev" --direct=1 --ioengine=libaio --rw=randrw --bs=128k \
+        --iodepth=64 --numjobs=4 --size=64M --time_based --runtime=30 > "$WORK/teardown-fio.log" 2>&1 &
+    fpid=$!
+    sleep 4
+    timeout 60 nvme disconnect -d "$ctrl" > /dev/null 2>&1
+    wait "$fpid"
+    sleep 1
+    if ! kill -0 "$kv_pid" 2>/dev/null; then
+        why="kvtarget died when the host tore down with I/O in flight"
+    else
+        out=$(timeout 60 nvme connect -t rdma -a "$ADDR" -s "$PORT" -n "$NQN" --hostnqn "$HOSTNQN" \
+            --hostid "$HOSTID" -o json 2>&1)
+        c2=$(echo "$out" | jq -r '.device // empty' 2>/dev/null)
+        if [ -n "$c2" ] && [ "$(cat /sys/class/nvme/$c2/state)" = live ]; then
+            dd if=/dev/urandom of="$WORK/pat" bs=1M count=4 status=none
+            sleep 1
+            dev2=
+            for d in /sys/block/nvme*n*; do
+                d=$(basename "$d"); case "$d" in nvme*c*) continue ;; esac
+                [ "$(cat /sys/block/$d/nsid 2>/dev/null)" = 1 ] && dev2=/dev/$d
+            done
+            dd if="$WORK/pat" of="$dev2" bs=1M seek=200 count=4 oflag=direct conv=notrunc status=none
+            if [ "$(dd if="$dev2" bs=1M skip=200 count=4 iflag=direct status=none | sha256sum)" = "$(sha256sum < "$WORK/pat")" ]; then
+                ok=1
+            else
+                why="data written after the teardown reads back wrong"
+            fi
+            timeout 60 nvme disconnect -d "$c2" > /dev/null 2>&1
+        else
+            why="reconnect after the teardown failed: $(echo $out)"
+        fi
+    fi
+fi
+check host-teardown-during-io "$ok" "$why"
+
+alive=0
+kill -0 "$kv_pid" 2>/dev/null && alive=1
+check kvtarget-alive-after-suite "$alive" "kvtarget is no longer running (see kvtarget.log)"
+if [ -e "$WORK/restart-errors" ]; then
+    check kvtarget-restart-on-sigterm 0 "$(head -n 1 "$WORK/restart-errors")"
+fi
+if [ "$alive" = 1 ]; then
+    kv_stop
+    check kvtarget-sigterm-exit-0 "$([ "$KV_STOP_STATUS" = 0 ] && echo 1 || echo 0)" "exit status after SIGTERM: $KV_STOP_STATUS"
+    "$BIN" check "$LOOP" > "$WORK/pool-check.log" 2>&1
+    crc=$?
+    check kvtarget-pool-check "$([ "$crc" = 0 ] && echo 1 || echo 0)" "kvtarget check exited $crc: $(tail -n 3 "$WORK/pool-check.log" | tr '\n' ' ')"
+fi
+cp "$WORK/pool-check.log" "$SHARE/" 2>/dev/null
+echo "$((sp + P)) passed, $((sf + F)) failed, $ss skipped"
+[ $((sf + F)) = 0 ]

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Host side of the NVMe/RDMA interop suite. Soft-RoCE exists only inside the guest, so
+# kvtarget runs there too: this script puts the release binary, tcp-suite.sh and
+# rdma-guest.sh into a fresh 9p share, boots the guest (ci/guest/run.sh) running
+# rdma-guest.sh, and prints the result lines (ok/FAIL/skip and a last
+# "N passed, N failed, N skipped"). Exit status non-zero when anything failed.
+#
+# Usage: tests/interop/rdma-run.sh [--only REGEX] [--verbose]
+# Env:   KVTARGET_BIN (default <repo>/target/release/kvtarget)
+#        INTEROP_OUT (default <repo>/.cache/interop/rdma-<time>), INTEROP_TIMEOUT (900)
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+only= verbose=
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --only) only=$2; shift 2 ;;
+        --verbose) verbose=--verbose; shift ;;
+        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        *) echo "rdma-interop: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+bin=${KVTARGET_BIN:-$repo/target/release/kvtarget}
+[ -x "$bin" ] || { echo "rdma-interop: no kvtarget binary at $bin (cargo build --release)" >&2; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
+out=${INTEROP_OUT:-$repo/.cache/interop/rdma-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+ls -1dt "$repo"/.cache/interop/rdma-* 2>/dev/null | tail -n +4 | xargs -r rm -rf
+share=$out/share
+rm -rf "$share"; mkdir -p "$share"
+cp "$bin" "$share/kvtarget"
+cp "$here/tcp-suite.sh" "$here/rdma-guest.sh" "$share/"
+echo "RDMA_ONLY='$only' exec bash /mnt/share/rdma-guest.sh" > "$share/run-rdma.sh"
+guest=$("$repo/ci/guest/build.sh") || { echo "rdma-interop: guest build failed" >&2; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
+export GUEST_DIR=$guest
+echo "rdma-interop: logs in $out" >&2
+"$repo/ci/guest/run.sh" --share "$share" --script run-rdma.sh --timeout "${INTEROP_TIMEOUT:-900}" \
+    --mem 3G --pidfile "$out/qemu.pid" $verbose 2> "$out/guest-run.log"
+rc=$?
+cat "$out/guest-run.log" >&2
+echo "=== kvtarget NVMe/RDMA (in the guest, soft-RoCE 10.0.2.15:4420) ==="
+grep -E '^(ok - |FAIL - |skip - |# tcp-suite|# suite took|# soft-RoCE)' "$share/guest-output.log" 2>/dev/null || echo "(no suite output)"
+last=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$share/guest-output.log" 2>/dev/null | tail -n 1)
+if [ -z "$last" ] || [ "$rc" != 0 ]; then
+    echo "# guest exit status $rc; console tail ($share/console.log):"
+    tail -n 40 "$share/console.log" 2>/dev/null | sed 's/^/# | /'
+    echo "# kvtarget log tail ($share/kvtarget.log):"
+    tail -n 30 "$share/kvtarget.log" 2>/dev/null | sed 's/\x1b\[[0-9;]*m//g; s/^/# | /'
+fi
+if [ -z "$last" ]; then
+    echo "0 passed, 1 failed, 0 skipped"
+    exit 1
+fi
+echo "$last"
+[ "$rc" = 0 ]
