@@ -102,6 +102,8 @@ depmod -b "$kroot" "$krel"
 # crc32c-intel/crc32c_generic: NVMe/TCP header/data digests; preloaded so that digests
 # never depend on the kernel's request_module (which busybox modprobe serves otherwise).
 # configfs: nvmet's configuration interface (a module in Debian's kernel).
+# nvme + vfio*: the user-space `nvme` backend test (ci/vfio.sh) hands an emulated PCIe
+# controller from the kernel driver to vfio-pci and back.
 top_modules=(
     virtio_pci virtio_net virtio_rng
     netfs fscache 9pnet 9pnet_virtio 9p
@@ -109,6 +111,7 @@ top_modules=(
     configfs loop
     nvme-core nvme-fabrics nvme-tcp
     nvmet nvmet-tcp
+    nvme vfio vfio_iommu_type1 vfio-pci
 )
 ramfs=$work/root
 mkdir -p "$ramfs"/{bin,sbin,usr/bin,usr/sbin,lib64,etc/nvme,proc,sys,dev,tmp,mnt/share,run,root}

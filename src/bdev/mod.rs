@@ -7,6 +7,7 @@
 //! completion, so no buffer can be freed or reused while the device still uses it.
 
 pub mod fault;
+pub mod nvme;
 pub mod ram;
 pub mod uring;
 

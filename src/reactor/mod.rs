@@ -130,6 +130,14 @@ impl ChannelCache {
         });
     }
 
+    /// True while a channel without a completion fd (a polled device) has
+    /// operations in flight: only polling finds their completions.
+    fn polled_in_flight(&self) -> bool {
+        self.channels
+            .values()
+            .any(|(_, ch)| ch.completion_fd().is_none() && ch.in_flight() > 0)
+    }
+
     fn flush_submissions(&mut self) {
         for (_, ch) in self.channels.values_mut() {
             ch.flush_submissions();
@@ -453,9 +461,13 @@ impl Reactor {
                     && self.channels.in_flight() == 0
                 {
                     timeout = self.next_timer_ms();
-                } else if self.shared.inbox.is_empty() && self.tasks.is_empty() {
+                } else if self.shared.inbox.is_empty()
+                    && self.tasks.is_empty()
+                    && !self.channels.polled_in_flight()
+                {
                     // Device I/O outstanding: its completion fd wakes us (RAM
-                    // completes inline, so never sleeps here long).
+                    // completes inline, so never sleeps here long). A polled
+                    // device (nvme) has no fd: keep spinning while it has I/O.
                     timeout = 1;
                 }
             }
