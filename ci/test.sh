@@ -39,3 +39,6 @@ KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-rpc/run.sh
 
 step "interop: Linux kernel NVMe/TCP host in a QEMU guest"
 KVTARGET_BIN="$PWD/target/release/kvtarget" ci/interop.sh
+
+step "nvme backend: kvtarget's user-space NVMe driver over VFIO in a QEMU guest"
+KVTARGET_BIN="$PWD/target/release/kvtarget" ci/vfio.sh

@@ -899,6 +899,49 @@ block_size = 4096
     }
 
     #[test]
+    fn nvme_backend_fields() {
+        let nvme = GOOD.replace(
+            "backend = \"uring\"\npath = \"/tmp/x.img\"\nsize = \"1GiB\"\nblock_size = 4096\n",
+            "backend = \"nvme\"\npci = \"0000:00:10.0\"\n",
+        );
+        Config::parse(&nvme).unwrap();
+        Config::parse(&nvme.replace("pci = ", "nvme_nsid = 2\npci = ")).unwrap();
+        let e = err(&nvme.replace("pci = \"0000:00:10.0\"\n", ""));
+        assert!(e.contains("namespaces[0].pci: required"), "{e}");
+        let e = err(&nvme.replace("0000:00:10.0", "00:10.0"));
+        assert!(
+            e.contains("namespaces[0].pci") && e.contains("00:10.0"),
+            "{e}"
+        );
+        let e = err(&nvme.replace("pci = ", "nvme_nsid = 0\npci = "));
+        assert!(e.contains("namespaces[0].nvme_nsid"), "{e}");
+        let e = err(&nvme.replace("pci = ", "path = \"/x\"\npci = "));
+        assert!(
+            e.contains("namespaces[0]: the nvme backend takes no path"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace(
+            "block_size = 4096\n",
+            "block_size = 4096\npci = \"0000:00:10.0\"\n",
+        ));
+        assert!(
+            e.contains("namespaces[0].pci: `pci` and `nvme_nsid` only apply"),
+            "{e}"
+        );
+        let pools = "[[pools]]\nname = \"a\"\nbackend = \"nvme\"\npci = \"0000:00:10.0\"\n\n[[pools]]\nname = \"b\"\nbackend = \"nvme\"\npci = \"0000:00:10.0\"\nnvme_nsid = 1\n";
+        let e = err(&format!("{pools}{GOOD}"));
+        assert!(
+            e.contains("pools[1].pci: also the namespace of pool `a`"),
+            "{e}"
+        );
+        Config::parse(&format!(
+            "{}{GOOD}",
+            pools.replace("nvme_nsid = 1", "nvme_nsid = 2")
+        ))
+        .unwrap();
+    }
+
+    #[test]
     fn sizes() {
         assert_eq!(parse_size("4096"), Ok(4096));
         assert_eq!(parse_size("64KiB"), Ok(65536));

@@ -523,7 +523,7 @@ mod tests {
         let big = IoBuf::new(5 << 20);
         assert!(big.iter().all(|&x| x == 0));
         assert!(dma::iova(big.as_ptr(), big.len()).is_some());
-        let on_heap = vec![0u8; 64];
+        let on_heap = Box::new([0u8; 64]);
         assert_eq!(dma::iova(on_heap.as_ptr(), 64), None);
     }
 

@@ -76,7 +76,8 @@ fi
 if [ ${#nvme_disks[@]} -gt 0 ]; then
     extra+=(-device nvme,id=nvme0,serial=kvtnvme0,addr=0x10)
     for i in "${!nvme_disks[@]}"; do
-        extra+=(-drive "file=${nvme_disks[$i]},if=none,id=nvmd$i,format=raw"
+        # discard=unmap: Deallocate really punches the file, as DLFEAT promises.
+        extra+=(-drive "file=${nvme_disks[$i]},if=none,id=nvmd$i,format=raw,discard=unmap"
                 -device "nvme-ns,drive=nvmd$i,bus=nvme0,nsid=$((i + 1))")
     done
 fi
