@@ -17,7 +17,9 @@ rm -rf "$work/share"
 mkdir -p "$work/share/lib" "$work/share/valgrind/lib"
 cp "$bin" "$work/share/kvtarget"
 ldd "$bin" | awk '/=> \// {print $3}' | grep -E 'libgcc_s' | xargs -r -I{} cp {} "$work/share/lib/"
-cp "$(command -v valgrind)" "$(command -v vgdb)" "$work/share/valgrind/"
+# /usr/bin/valgrind is a wrapper script; the launcher itself is valgrind.bin.
+cp "$(command -v valgrind).bin" "$work/share/valgrind/valgrind"
+cp "$(command -v vgdb)" "$work/share/valgrind/"
 for f in callgrind-amd64-linux vgpreload_core-amd64-linux.so default.supp; do
     cp "/usr/libexec/valgrind/$f" "$work/share/valgrind/lib/"
 done
