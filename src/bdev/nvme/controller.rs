@@ -122,6 +122,7 @@ impl Controller {
             max_transfer = c.max_transfer_bytes,
             oncs = c.info.oncs,
             vwc = c.info.vwc,
+            sgl = c.info.supports_sgl(),
             hugepages = dma::uses_hugepages(),
             "NVMe controller ready"
         );

@@ -150,6 +150,8 @@ pub struct NvmeChannel {
     polls: u32,
     dead: bool,
     max_transfer: u64,
+    /// Multi-page transfers use an SGL descriptor (the controller has SGLs).
+    sgl: bool,
 }
 
 impl NvmeChannel {
@@ -178,6 +180,7 @@ impl NvmeChannel {
         tracing::debug!(pci = %ctrl.bdf, qid, entries = size, "I/O queue pair created");
         Ok(NvmeChannel {
             max_transfer: ctrl.max_transfer_bytes,
+            sgl: ctrl.info.supports_sgl() && std::env::var_os("KVTARGET_NVME_NO_SGL").is_none(),
             ctrl,
             nsid,
             ns,
@@ -452,14 +455,20 @@ impl NvmeChannel {
                 break;
             };
             part.sqe.set_cid(cid);
-            if let Some((iova, len)) = part.data {
+            let pages = part.data.map_or(0, |(iova, len)| {
+                let first = iova & !(PAGE_BYTES as u64 - 1);
+                (iova + len as u64 - first).div_ceil(PAGE_BYTES as u64)
+            });
+            if let (true, Some((iova, len))) = (self.sgl && pages > 2, part.data) {
+                // One Data Block descriptor instead of a PRP list: the buffer is
+                // contiguous in IOVA space.
+                part.sqe.set_sgl_data(iova, len as u32);
+            } else if let Some((iova, len)) = part.data {
                 let list_iova = self.prp_iova + cid as u64 * PAGE_BYTES as u64;
                 match spec::build_prps(iova, len, &mut self.prp_scratch, list_iova) {
                     Ok((p1, p2)) => {
                         if p2 == list_iova && p2 != 0 {
-                            let first = iova & !(PAGE_BYTES as u64 - 1);
-                            let n = ((iova + len as u64 - first).div_ceil(PAGE_BYTES as u64) - 1)
-                                as usize;
+                            let n = pages as usize - 1;
                             let at = cid as usize * PAGE_BYTES;
                             for (i, e) in self.prp_scratch[..n].iter().enumerate() {
                                 self.prp_lists[at + i * 8..at + i * 8 + 8]

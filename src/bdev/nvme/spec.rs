@@ -123,6 +123,16 @@ impl Sqe {
         self.0[8] = prp2 as u32;
         self.0[9] = (prp2 >> 32) as u32;
     }
+    /// Describes the data with one SGL Data Block descriptor (PSDT = 01b:
+    /// SGLs for data), for a transfer contiguous in IOVA space.
+    pub fn set_sgl_data(&mut self, addr: u64, len: u32) {
+        self.0[0] = (self.0[0] & !(3 << 14)) | 1 << 14;
+        self.0[6] = addr as u32;
+        self.0[7] = (addr >> 32) as u32;
+        self.0[8] = len;
+        // Bytes 12..15: reserved, then SGL identifier 0 (Data Block, Address).
+        self.0[9] = 0;
+    }
     /// Sets CDW10 + n.
     pub fn cdw(mut self, n: usize, v: u32) -> Sqe {
         self.0[10 + n] = v;
@@ -248,6 +258,11 @@ impl ControllerInfo {
     }
     /// Largest transfer one command may carry, in bytes, given the minimum page
     /// size, never above `cap`.
+    /// SGLs for NVM commands (SGLS bits 1:0 = 01b or 10b; our buffers meet the
+    /// dword alignment 10b asks for).
+    pub fn supports_sgl(&self) -> bool {
+        matches!(self.sgls & 3, 1 | 2)
+    }
     pub fn max_transfer_bytes(&self, mps_min_bytes: u64, cap: u64) -> u64 {
         if self.mdts == 0 || self.mdts >= 40 {
             cap
@@ -421,6 +436,26 @@ mod tests {
         assert_eq!(&b[32..40], &0x9_0000_1000u64.to_le_bytes());
         assert_eq!(&b[40..48], &0x1_0000_0002u64.to_le_bytes());
         assert_eq!(&b[48..52], &(7 | 1u32 << 30).to_le_bytes());
+    }
+
+    #[test]
+    fn sgl_data_block() {
+        let mut s = Sqe::rw(io::READ, 1, 0, 256, 0);
+        s.set_cid(7);
+        s.set_sgl_data(0x1_0000_0200, 128 << 10);
+        let b = s.to_bytes();
+        assert_eq!(b[1] >> 6, 0b01, "PSDT = SGL for data");
+        assert_eq!(b[0], io::READ);
+        assert_eq!(&b[2..4], &7u16.to_le_bytes());
+        assert_eq!(&b[24..32], &0x1_0000_0200u64.to_le_bytes());
+        assert_eq!(&b[32..36], &(128u32 << 10).to_le_bytes());
+        assert_eq!(&b[36..40], &[0, 0, 0, 0], "Data Block descriptor");
+        let mut c = ControllerInfo::parse(&[0u8; 4096]).unwrap();
+        assert!(!c.supports_sgl());
+        c.sgls = 0x0010_0001;
+        assert!(c.supports_sgl());
+        c.sgls = 3;
+        assert!(!c.supports_sgl());
     }
 
     #[test]
