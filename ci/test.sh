@@ -42,3 +42,6 @@ KVTARGET_BIN="$PWD/target/release/kvtarget" ci/interop.sh
 
 step "interop: Linux kernel NVMe/RDMA host over soft-RoCE, kvtarget in the QEMU guest"
 KVTARGET_BIN="$PWD/target/release/kvtarget" ci/rdma.sh
+
+step "nvme backend: kvtarget's user-space NVMe driver over VFIO in a QEMU guest"
+KVTARGET_BIN="$PWD/target/release/kvtarget" ci/vfio.sh

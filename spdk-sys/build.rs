@@ -1,28 +1,155 @@
-//! Probes pkg-config for SPDK. Where SPDK is installed this is where bindgen will
-//! run over its public headers (the `spdk` backend issue); elsewhere the crate builds
-//! empty and says so with `cfg(spdk_unavailable)`, so a fresh machine builds kvtarget.
+//! Probes pkg-config for SPDK and, with the `spdk` feature, generates the bindings.
+//!
+//! Without the feature nothing is generated and the crate builds empty
+//! (`cfg(spdk_unavailable)`), so a fresh machine builds kvtarget. With the feature:
+//! - pkg-config must find `spdk_nvme` and `spdk_env_dpdk` (point PKG_CONFIG_PATH at
+//!   SPDK's `build/lib/pkgconfig`), else lib.rs stops the build with one line;
+//! - bindgen runs over `wrapper.h` (SPDK's public nvme.h and env.h), and its
+//!   `wrap_static_fns` writes C wrappers for SPDK's `static inline` functions,
+//!   which `cc` compiles into `libspdk_sys_static_fns.a`;
+//! - SPDK's libraries are linked as its pkg-config files ask, wrapped so that its
+//!   self-registering modules (transports, the env layer) survive the linker:
+//!   `--no-as-needed` for shared libraries, `--whole-archive` for static ones
+//!   (`SPDK_STATIC=1`); system libraries come only from
+//!   `pkg-config --static --libs spdk_syslibs`.
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(spdk_available)");
     println!("cargo::rustc-check-cfg=cfg(spdk_unavailable)");
     println!("cargo::rerun-if-env-changed=PKG_CONFIG_PATH");
-    let required = std::env::var_os("CARGO_FEATURE_SPDK").is_some();
-    match pkg_config::Config::new()
+    println!("cargo::rerun-if-env-changed=SPDK_STATIC");
+    println!("cargo::rerun-if-changed=wrapper.h");
+    let wanted = std::env::var_os("CARGO_FEATURE_SPDK").is_some();
+    let probe = pkg_config::Config::new()
         .cargo_metadata(false)
-        .probe("spdk_nvme")
-    {
-        Ok(lib) => {
+        .probe("spdk_nvme");
+    match (wanted, probe) {
+        (true, Ok(nvme)) => {
+            #[cfg(feature = "spdk")]
+            generate::run(&nvme);
             println!("cargo::rustc-cfg=spdk_available");
-            println!("cargo::rustc-env=SPDK_VERSION={}", lib.version);
+            println!("cargo::rustc-env=SPDK_VERSION={}", nvme.version);
         }
-        Err(err) => {
-            if required {
-                panic!(
-                    "feature `spdk` needs SPDK installed where pkg-config finds `spdk_nvme`: {err}"
-                );
-            }
+        (true, Err(err)) => {
+            // lib.rs turns this into the one-line compile error.
+            let text = err.to_string();
+            let line = text
+                .lines()
+                .map(str::trim)
+                .find(|l| !l.is_empty())
+                .unwrap_or_default()
+                .to_string();
             println!("cargo::rustc-cfg=spdk_unavailable");
             println!("cargo::rustc-env=SPDK_VERSION=");
+            println!("cargo::rustc-env=SPDK_PROBE_ERROR={line}");
+        }
+        (false, _) => {
+            println!("cargo::rustc-cfg=spdk_unavailable");
+            println!("cargo::rustc-env=SPDK_VERSION=");
+            println!("cargo::rustc-env=SPDK_PROBE_ERROR=");
+        }
+    }
+}
+
+#[cfg(feature = "spdk")]
+mod generate {
+    use std::path::PathBuf;
+
+    /// SPDK libraries the backend needs, as pkg-config modules.
+    const MODULES: &[&str] = &["spdk_nvme", "spdk_env_dpdk"];
+
+    fn probe(name: &str, statik: bool) -> pkg_config::Library {
+        match pkg_config::Config::new()
+            .cargo_metadata(false)
+            .statik(statik)
+            .probe(name)
+        {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("spdk-sys: pkg-config cannot find `{name}`: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+
+    pub fn run(nvme: &pkg_config::Library) {
+        let out = PathBuf::from(std::env::var_os("OUT_DIR").unwrap_or_default());
+        let statik = std::env::var_os("SPDK_STATIC").is_some();
+        let libs: Vec<pkg_config::Library> = MODULES.iter().map(|m| probe(m, statik)).collect();
+        let sys = probe("spdk_syslibs", true);
+
+        // --- bindings + wrappers for static inline functions -------------------
+        let wrap = out.join("spdk_static_fns");
+        let mut b = bindgen::Builder::default()
+            .header("wrapper.h")
+            .allowlist_function("spdk_.*")
+            .allowlist_type("spdk_.*")
+            .allowlist_var("SPDK_.*")
+            .derive_default(true)
+            .prepend_enum_name(false)
+            .layout_tests(false)
+            .wrap_static_fns(true)
+            .wrap_static_fns_path(&wrap)
+            .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()));
+        for p in nvme
+            .include_paths
+            .iter()
+            .chain(libs.iter().flat_map(|l| &l.include_paths))
+        {
+            b = b.clang_arg(format!("-I{}", p.display()));
+        }
+        let bindings = match b.generate() {
+            Ok(x) => x,
+            Err(e) => {
+                eprintln!("spdk-sys: bindgen over SPDK's headers failed: {e}");
+                std::process::exit(1);
+            }
+        };
+        if let Err(e) = bindings.write_to_file(out.join("bindings.rs")) {
+            eprintln!("spdk-sys: writing bindings: {e}");
+            std::process::exit(1);
+        }
+        let mut c = cc::Build::new();
+        c.file(wrap.with_extension("c")).include(".");
+        for p in nvme
+            .include_paths
+            .iter()
+            .chain(libs.iter().flat_map(|l| &l.include_paths))
+        {
+            c.include(p);
+        }
+        c.compile("spdk_sys_static_fns");
+
+        // --- linking ---------------------------------------------------------------
+        for l in libs.iter().chain(std::iter::once(&sys)) {
+            for p in &l.link_paths {
+                println!("cargo::rustc-link-search=native={}", p.display());
+            }
+        }
+        let mut spdk_libs: Vec<&str> = Vec::new();
+        for l in &libs {
+            for name in &l.libs {
+                if !spdk_libs.contains(&name.as_str()) && !sys.libs.contains(name) {
+                    spdk_libs.push(name);
+                }
+            }
+        }
+        // Self-registering modules (constructors) must not be dropped by the linker.
+        if statik {
+            println!("cargo::rustc-link-arg=-Wl,--whole-archive");
+            for n in &spdk_libs {
+                println!("cargo::rustc-link-arg=-l:lib{n}.a");
+            }
+            println!("cargo::rustc-link-arg=-Wl,--no-whole-archive");
+        } else {
+            println!("cargo::rustc-link-arg=-Wl,--no-as-needed");
+            for n in &spdk_libs {
+                println!("cargo::rustc-link-arg=-l{n}");
+            }
+            println!("cargo::rustc-link-arg=-Wl,--as-needed");
+        }
+        for n in &sys.libs {
+            println!("cargo::rustc-link-arg=-l{n}");
         }
     }
 }

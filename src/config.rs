@@ -70,6 +70,12 @@ pub struct PoolConfig {
     pub backend: Backend,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
+    /// The controller of an `nvme` backend, by PCI address ("0000:00:04.0").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci: Option<String>,
+    /// The controller's namespace an `nvme` backend uses (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvme_nsid: Option<u32>,
     /// Size of a file created for the pool, or of a RAM pool.
     #[serde(
         default,
@@ -382,6 +388,8 @@ fn d_model() -> String {
 pub enum Backend {
     Ram,
     Uring,
+    /// A namespace of a PCIe NVMe controller driven by kvtarget's own driver (VFIO).
+    Nvme,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -396,6 +404,12 @@ pub struct NamespaceConfig {
     pub backend: Option<Backend>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
+    /// The controller of an `nvme` backend, by PCI address ("0000:00:04.0").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci: Option<String>,
+    /// The controller's namespace an `nvme` backend uses (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvme_nsid: Option<u32>,
     #[serde(
         default,
         deserialize_with = "opt_size",
@@ -664,6 +678,8 @@ impl Config {
                 }
                 if let Some(v) = &n.volume {
                     if n.backend.is_some()
+                        || n.pci.is_some()
+                        || n.nvme_nsid.is_some()
                         || n.path.is_some()
                         || n.size.is_some()
                         || n.block_size.is_some()
@@ -721,7 +737,13 @@ impl Config {
                             return Err(format!("{f}.path: required for the uring backend"));
                         }
                     }
+                    Backend::Nvme => {
+                        if n.path.is_some() || n.size.is_some() || n.block_size.is_some() {
+                            return Err(format!("{f}: the nvme backend takes no path, size or block_size (the controller's namespace has them)"));
+                        }
+                    }
                 }
+                validate_nvme(&f, backend, &n.pci, n.nvme_nsid)?;
             }
         }
         Ok(())
@@ -763,6 +785,26 @@ impl Config {
                     if p.path.is_none() {
                         return Err(format!("{f}.path: required for the uring backend"));
                     }
+                }
+                Backend::Nvme => {
+                    if p.path.is_some() || p.size.is_some() {
+                        return Err(format!(
+                            "{f}: the nvme backend takes no path or size (the namespace has them)"
+                        ));
+                    }
+                }
+            }
+            validate_nvme(&f, p.backend, &p.pci, p.nvme_nsid)?;
+            if p.backend == Backend::Nvme {
+                if let Some(other) = self.pools[..i].iter().find(|o| {
+                    o.backend == Backend::Nvme
+                        && o.pci == p.pci
+                        && o.nvme_nsid.unwrap_or(1) == p.nvme_nsid.unwrap_or(1)
+                }) {
+                    return Err(format!(
+                        "{f}.pci: also the namespace of pool `{}`",
+                        other.name
+                    ));
                 }
             }
             if let Some(other) = self.pools[..i]
@@ -827,6 +869,31 @@ impl Config {
 
 /// NVMe Qualified Name rules (NVMe Base 2.0 §4.5): "nqn." followed by a domain
 /// date and name, or the UUID form; at most 223 bytes of UTF-8.
+/// `pci` and `nvme_nsid` belong to the nvme backend, which needs a valid `pci`.
+fn validate_nvme(
+    f: &str,
+    backend: Backend,
+    pci: &Option<String>,
+    nsid: Option<u32>,
+) -> Result<(), String> {
+    if backend != Backend::Nvme {
+        if pci.is_some() || nsid.is_some() {
+            return Err(format!(
+                "{f}.pci: `pci` and `nvme_nsid` only apply to the nvme backend"
+            ));
+        }
+        return Ok(());
+    }
+    let Some(pci) = pci else {
+        return Err(format!("{f}.pci: required for the nvme backend"));
+    };
+    crate::bdev::nvme::pci::parse_bdf(pci).map_err(|e| format!("{f}.pci: {e}"))?;
+    if nsid == Some(0) || nsid == Some(u32::MAX) {
+        return Err(format!("{f}.nvme_nsid: must be a namespace id from 1"));
+    }
+    Ok(())
+}
+
 pub fn validate_nqn(nqn: &str) -> Result<(), String> {
     if nqn.len() > crate::wire::nvme::NQN_MAX_LEN {
         return Err(format!("`{nqn}` is longer than 223 bytes"));
@@ -929,6 +996,49 @@ block_size = 4096
         assert!(err(&GOOD.replace("nsid = 1", "nsid = 0")).contains("nsid"));
         let e = err(&GOOD.replace("count = 1", "count = \"one\""));
         assert!(e.starts_with("line 3"), "{e}");
+    }
+
+    #[test]
+    fn nvme_backend_fields() {
+        let nvme = GOOD.replace(
+            "backend = \"uring\"\npath = \"/tmp/x.img\"\nsize = \"1GiB\"\nblock_size = 4096\n",
+            "backend = \"nvme\"\npci = \"0000:00:10.0\"\n",
+        );
+        Config::parse(&nvme).unwrap();
+        Config::parse(&nvme.replace("pci = ", "nvme_nsid = 2\npci = ")).unwrap();
+        let e = err(&nvme.replace("pci = \"0000:00:10.0\"\n", ""));
+        assert!(e.contains("namespaces[0].pci: required"), "{e}");
+        let e = err(&nvme.replace("0000:00:10.0", "00:10.0"));
+        assert!(
+            e.contains("namespaces[0].pci") && e.contains("00:10.0"),
+            "{e}"
+        );
+        let e = err(&nvme.replace("pci = ", "nvme_nsid = 0\npci = "));
+        assert!(e.contains("namespaces[0].nvme_nsid"), "{e}");
+        let e = err(&nvme.replace("pci = ", "path = \"/x\"\npci = "));
+        assert!(
+            e.contains("namespaces[0]: the nvme backend takes no path"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace(
+            "block_size = 4096\n",
+            "block_size = 4096\npci = \"0000:00:10.0\"\n",
+        ));
+        assert!(
+            e.contains("namespaces[0].pci: `pci` and `nvme_nsid` only apply"),
+            "{e}"
+        );
+        let pools = "[[pools]]\nname = \"a\"\nbackend = \"nvme\"\npci = \"0000:00:10.0\"\n\n[[pools]]\nname = \"b\"\nbackend = \"nvme\"\npci = \"0000:00:10.0\"\nnvme_nsid = 1\n";
+        let e = err(&format!("{pools}{GOOD}"));
+        assert!(
+            e.contains("pools[1].pci: also the namespace of pool `a`"),
+            "{e}"
+        );
+        Config::parse(&format!(
+            "{}{GOOD}",
+            pools.replace("nvme_nsid = 1", "nvme_nsid = 2")
+        ))
+        .unwrap();
     }
 
     #[test]

@@ -41,6 +41,9 @@ USAGE:
                                   call a JSON-RPC method (SPDK names, e.g.
                                   nvmf_get_subsystems, nvmf_subsystem_add_ns,
                                   bdev_lvol_create; rpc_get_methods lists them)
+    kvtarget nvme list | bind <PCI>... | unbind <PCI>...
+                                  hand the named NVMe controllers to vfio-pci
+                                  (for the nvme backend) or back to the kernel
     kvtarget --version
 
 OPTIONS:
@@ -55,6 +58,15 @@ fn main() -> ExitCode {
         Some("perf") => return perf(&args[1..]),
         Some("check") => return check(&args[1..]),
         Some("rpc") => return rpc_cli(&args[1..]),
+        Some("nvme") => {
+            return match kvtarget::bdev::nvme::pci::command(&args[1..]) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("kvtarget: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Some("pool") | Some("volume") => {
             return match tools::run(&args) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -155,6 +167,9 @@ fn main() -> ExitCode {
     let sig = signals.wait();
     tracing::info!("received {sig}; shutting down (completing in-flight I/O, syncing)");
     server.shutdown();
+    // Controllers of the nvme backend get a normal shutdown even if a reference
+    // outlived the server, so the kernel driver can take them back.
+    kvtarget::bdev::nvme::shutdown_all();
     tracing::info!("stopped");
     ExitCode::SUCCESS
 }

@@ -1,7 +1,13 @@
-//! I/O buffers: page-aligned heap memory that O_DIRECT, io_uring and (later) DMA can
-//! use, recycled through a per-reactor pool so the data path does not allocate.
+//! I/O buffers: page-aligned memory that O_DIRECT, io_uring and PCIe DMA can use,
+//! recycled through a per-reactor pool so the data path does not allocate.
+//!
+//! Ownership of the memory: every `IoBuf` is carved from one process-wide DMA arena
+//! (`dma`), a virtual range reserved once and filled in 2 MiB chunks (hugepages where
+//! the system has them, ordinary anonymous memory otherwise). Chunks are never
+//! returned to the OS, so a chunk an IOMMU maps stays valid for the process lifetime
+//! and no freed-and-reused range can leave a stale mapping. An `IoBuf` owns its block
+//! until dropped, when the block goes back to the arena's free lists.
 
-use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
 
 /// Alignment of every I/O buffer: a page, which satisfies O_DIRECT on any device
@@ -26,15 +32,7 @@ impl IoBuf {
     /// Allocates `cap` bytes (rounded up to the alignment), length `len`.
     pub fn new(cap: usize) -> IoBuf {
         let cap = cap.max(IO_BUF_ALIGN).div_ceil(IO_BUF_ALIGN) * IO_BUF_ALIGN;
-        let layout = match Layout::from_size_align(cap, IO_BUF_ALIGN) {
-            Ok(l) => l,
-            Err(_) => std::alloc::handle_alloc_error(Layout::new::<u8>()),
-        };
-        // SAFETY: layout has non-zero size (cap >= IO_BUF_ALIGN).
-        let raw = unsafe { alloc_zeroed(layout) };
-        let Some(ptr) = NonNull::new(raw) else {
-            std::alloc::handle_alloc_error(layout)
-        };
+        let ptr = dma::alloc_zeroed(cap);
         IoBuf {
             ptr,
             cap,
@@ -108,13 +106,7 @@ impl Drop for IoBuf {
         if !self.owned {
             return;
         }
-        // SAFETY: allocated in `new` with exactly this size and alignment.
-        unsafe {
-            dealloc(
-                self.ptr.as_ptr(),
-                Layout::from_size_align_unchecked(self.cap, IO_BUF_ALIGN),
-            )
-        }
+        dma::free(self.ptr, self.cap);
     }
 }
 
@@ -171,6 +163,308 @@ impl BufPool {
                 c.push(buf);
             }
         }
+    }
+}
+
+/// The process-wide DMA arena behind every `IoBuf`, and the hook an IOMMU user (the
+/// `nvme` backend's VFIO container) registers to map each chunk exactly once.
+///
+/// IOVAs are linear in the arena: `iova = DMA_IOVA_BASE + (vaddr - arena base)`, so
+/// translating a buffer on the data path is arithmetic, any buffer (and any view of
+/// one) is contiguous in IOVA space as it is in virtual memory, and IOVAs stay below
+/// 2^39 (the default address width of QEMU's emulated VT-d).
+pub mod dma {
+    use std::ptr::NonNull;
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    /// Arena growth unit and largest pooled block: one x86-64 hugepage.
+    pub const CHUNK_BYTES: usize = 2 << 20;
+    /// Virtual space reserved for the arena (reserved, not committed).
+    const RESERVE_BYTES: usize = 64 << 30;
+    /// Smaller reservation for processes with a limited address space (ulimit -v).
+    const RESERVE_FALLBACK_BYTES: usize = 4 << 30;
+    /// First IOVA: above the 32-bit MMIO/MSI holes, far below 2^39.
+    pub const DMA_IOVA_BASE: u64 = 1 << 32;
+    const MAX_CHUNKS: usize = RESERVE_BYTES / CHUNK_BYTES;
+    /// Size classes 4 KiB << c for c in 0..CLASSES (4 KiB .. 2 MiB).
+    const CLASSES: usize = 10;
+    const PAGE: usize = super::IO_BUF_ALIGN;
+
+    /// One mapped range of the arena, as handed to a mapper.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct DmaRange {
+        pub vaddr: usize,
+        pub iova: u64,
+        pub len: usize,
+    }
+
+    type Mapper = Box<dyn FnMut(&DmaRange) -> Result<(), String> + Send>;
+
+    struct Arena {
+        base: usize,
+        reserved: usize,
+        chunks: usize,
+        hugepages: bool,
+        /// Free blocks per class: (offset from base, known to be all zeros).
+        free: Vec<Vec<(usize, bool)>>,
+        /// Free multi-chunk blocks: (offset, chunks).
+        large_free: Vec<(usize, usize)>,
+        mappers: Vec<(u64, Mapper)>,
+        next_mapper: u64,
+    }
+
+    static ARENA: Mutex<Option<Arena>> = Mutex::new(None);
+    /// Arena base and length, readable without the lock for translation.
+    static BASE: AtomicUsize = AtomicUsize::new(0);
+    static MAPPED_LEN: AtomicUsize = AtomicUsize::new(0);
+    /// One bit per chunk whose mapping failed in some mapper: never handed to DMA.
+    static UNMAPPED: [AtomicU64; MAX_CHUNKS / 64] = [const { AtomicU64::new(0) }; MAX_CHUNKS / 64];
+
+    fn lock() -> std::sync::MutexGuard<'static, Option<Arena>> {
+        // A panic while holding the lock left the free lists consistent (every
+        // mutation is a push/pop), so a poisoned lock is still usable.
+        ARENA.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn reserve() -> Option<(usize, usize)> {
+        for want in [RESERVE_BYTES, RESERVE_FALLBACK_BYTES] {
+            // SAFETY: a fresh PROT_NONE anonymous reservation; nothing aliases it.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    want + CHUNK_BYTES,
+                    libc::PROT_NONE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                    -1,
+                    0,
+                )
+            };
+            if p != libc::MAP_FAILED {
+                // Chunk-aligned base, so hugepages can back every chunk.
+                let base = (p as usize).div_ceil(CHUNK_BYTES) * CHUNK_BYTES;
+                return Some((base, want));
+            }
+        }
+        None
+    }
+
+    impl Arena {
+        fn new() -> Option<Arena> {
+            let (base, reserved) = reserve()?;
+            BASE.store(base, Ordering::Release);
+            Some(Arena {
+                base,
+                reserved,
+                chunks: 0,
+                hugepages: std::env::var_os("KVTARGET_NO_HUGEPAGES").is_none(),
+                free: (0..CLASSES).map(|_| Vec::new()).collect(),
+                large_free: Vec::new(),
+                mappers: Vec::new(),
+                next_mapper: 1,
+            })
+        }
+
+        /// Commits `n` more chunks; returns the offset of the first.
+        fn grow(&mut self, n: usize) -> Option<usize> {
+            let off = self.chunks * CHUNK_BYTES;
+            let len = n * CHUNK_BYTES;
+            if off + len > self.reserved {
+                return None;
+            }
+            let addr = (self.base + off) as *mut libc::c_void;
+            let prot = libc::PROT_READ | libc::PROT_WRITE;
+            let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED;
+            let mut ok = false;
+            if self.hugepages {
+                // SAFETY: [addr, addr+len) lies inside our own reservation, unused.
+                let p = unsafe { libc::mmap(addr, len, prot, flags | libc::MAP_HUGETLB, -1, 0) };
+                ok = p != libc::MAP_FAILED;
+                if !ok {
+                    tracing::debug!("no 2 MiB hugepages for the DMA arena; using 4 KiB pages");
+                    self.hugepages = false;
+                }
+            }
+            if !ok {
+                // SAFETY: as above.
+                let p = unsafe { libc::mmap(addr, len, prot, flags, -1, 0) };
+                if p == libc::MAP_FAILED {
+                    return None;
+                }
+                // SAFETY: advisory only, on memory we own.
+                unsafe { libc::madvise(addr, len, libc::MADV_HUGEPAGE) };
+            }
+            self.chunks += n;
+            MAPPED_LEN.store(self.chunks * CHUNK_BYTES, Ordering::Release);
+            let range = DmaRange {
+                vaddr: self.base + off,
+                iova: DMA_IOVA_BASE + off as u64,
+                len,
+            };
+            let mut failed = false;
+            for (id, m) in &mut self.mappers {
+                if let Err(e) = m(&range) {
+                    tracing::error!(mapper = *id, "cannot map DMA memory {range:?}: {e}");
+                    failed = true;
+                }
+            }
+            if failed {
+                mark_unmapped(off, len);
+            }
+            Some(off)
+        }
+
+        fn alloc(&mut self, cap: usize) -> Option<(usize, bool)> {
+            if cap > CHUNK_BYTES {
+                let n = cap.div_ceil(CHUNK_BYTES);
+                if let Some(i) = self.large_free.iter().position(|&(_, c)| c == n) {
+                    let (off, _) = self.large_free.swap_remove(i);
+                    return Some((off, false));
+                }
+                return Some((self.grow(n)?, true));
+            }
+            let class = class_of(cap);
+            self.alloc_class(class)
+        }
+
+        fn alloc_class(&mut self, class: usize) -> Option<(usize, bool)> {
+            if let Some(b) = self.free[class].pop() {
+                return Some(b);
+            }
+            // Split a block of the next class (or a fresh chunk) in two.
+            let (off, clean) = if class + 1 < CLASSES {
+                self.alloc_class(class + 1)?
+            } else {
+                (self.grow(1)?, true)
+            };
+            if class + 1 < CLASSES {
+                self.free[class].push((off + (PAGE << class), clean));
+            }
+            Some((off, clean))
+        }
+
+        fn free(&mut self, off: usize, cap: usize) {
+            if cap > CHUNK_BYTES {
+                self.large_free.push((off, cap.div_ceil(CHUNK_BYTES)));
+            } else {
+                self.free[class_of(cap)].push((off, false));
+            }
+        }
+    }
+
+    fn mark_unmapped(off: usize, len: usize) {
+        for c in off / CHUNK_BYTES..(off + len).div_ceil(CHUNK_BYTES) {
+            UNMAPPED[c / 64].fetch_or(1 << (c % 64), Ordering::Release);
+        }
+    }
+
+    fn class_of(cap: usize) -> usize {
+        cap.div_ceil(PAGE).next_power_of_two().trailing_zeros() as usize
+    }
+
+    /// Block size actually backing a buffer of `cap` bytes.
+    pub fn block_bytes(cap: usize) -> usize {
+        if cap > CHUNK_BYTES {
+            cap.div_ceil(CHUNK_BYTES) * CHUNK_BYTES
+        } else {
+            PAGE << class_of(cap)
+        }
+    }
+
+    /// Zeroed, page-aligned memory for `cap` bytes (a multiple of the page size).
+    pub(super) fn alloc_zeroed(cap: usize) -> NonNull<u8> {
+        let layout = std::alloc::Layout::from_size_align(cap, PAGE)
+            .unwrap_or(std::alloc::Layout::new::<u8>());
+        let mut g = lock();
+        if g.is_none() {
+            *g = Arena::new();
+        }
+        let Some(arena) = g.as_mut() else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        let Some((off, clean)) = arena.alloc(cap) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        let base = arena.base;
+        drop(g);
+        let p = (base + off) as *mut u8;
+        if !clean {
+            // SAFETY: the block [p, p + block) is ours alone until freed.
+            unsafe { std::ptr::write_bytes(p, 0, block_bytes(cap)) };
+        }
+        match NonNull::new(p) {
+            Some(p) => p,
+            None => std::alloc::handle_alloc_error(layout),
+        }
+    }
+
+    /// Returns a block from `alloc_zeroed(cap)`.
+    pub(super) fn free(p: NonNull<u8>, cap: usize) {
+        let mut g = lock();
+        if let Some(arena) = g.as_mut() {
+            let off = p.as_ptr() as usize - arena.base;
+            arena.free(off, cap);
+        }
+    }
+
+    /// The IOVA of `len` bytes at `ptr`, if they lie in arena memory every
+    /// registered mapper has mapped.
+    pub fn iova(ptr: *const u8, len: usize) -> Option<u64> {
+        let base = BASE.load(Ordering::Acquire);
+        let off = (ptr as usize).checked_sub(base)?;
+        let end = off.checked_add(len)?;
+        if base == 0 || end > MAPPED_LEN.load(Ordering::Acquire) {
+            return None;
+        }
+        let last = end.saturating_sub(1).max(off) / CHUNK_BYTES;
+        for c in off / CHUNK_BYTES..=last {
+            if UNMAPPED[c / 64].load(Ordering::Acquire) & (1 << (c % 64)) != 0 {
+                return None;
+            }
+        }
+        Some(DMA_IOVA_BASE + off as u64)
+    }
+
+    /// Identifies a registered mapper.
+    #[derive(Debug, PartialEq, Eq)]
+    pub struct MapperId(u64);
+
+    /// Registers `map`, calls it for every chunk committed so far and, from now on,
+    /// for every new chunk before any of its memory is handed out. Fails (and stays
+    /// unregistered) if mapping the existing chunks fails.
+    pub fn register_mapper(
+        mut map: impl FnMut(&DmaRange) -> Result<(), String> + Send + 'static,
+    ) -> Result<MapperId, String> {
+        let mut g = lock();
+        if g.is_none() {
+            *g = Arena::new();
+        }
+        let arena = g
+            .as_mut()
+            .ok_or("cannot reserve address space for the DMA arena")?;
+        if arena.chunks > 0 {
+            map(&DmaRange {
+                vaddr: arena.base,
+                iova: DMA_IOVA_BASE,
+                len: arena.chunks * CHUNK_BYTES,
+            })?;
+        }
+        let id = arena.next_mapper;
+        arena.next_mapper += 1;
+        arena.mappers.push((id, Box::new(map)));
+        Ok(MapperId(id))
+    }
+
+    /// Stops calling a mapper (its container is going away with its mappings).
+    pub fn unregister_mapper(id: MapperId) {
+        if let Some(arena) = lock().as_mut() {
+            arena.mappers.retain(|(i, _)| *i != id.0);
+        }
+    }
+
+    /// Whether the arena got hugepages (for logs).
+    pub fn uses_hugepages() -> bool {
+        lock().as_ref().is_some_and(|a| a.hugepages && a.chunks > 0)
     }
 }
 
@@ -231,5 +525,55 @@ mod tests {
         assert!(unsafe { IoBuf::view(&mut parent, 4096, 8192) }.is_none());
         let fresh = pool.get(4096);
         assert_ne!(fresh.as_ptr(), parent.as_ptr());
+    }
+
+    #[test]
+    fn arena_buffers_translate_linearly_and_come_back_zeroed() {
+        let mut a = IoBuf::new(3 * 4096);
+        assert_eq!(dma::block_bytes(a.capacity()), 4 * 4096);
+        a.fill(0xa5);
+        let ia = dma::iova(a.as_ptr(), a.len()).expect("arena memory has an IOVA");
+        // SAFETY: `a` outlives the view.
+        let v = unsafe { IoBuf::view(&mut a, 4096 + 512, 512) }.unwrap();
+        assert_eq!(dma::iova(v.as_ptr(), v.len()), Some(ia + 4096 + 512));
+        drop(v);
+        let p = a.as_ptr();
+        drop(a);
+        // Freed blocks are reused (LIFO per class) and zeroed again.
+        let b = IoBuf::new(4 * 4096);
+        if b.as_ptr() == p {
+            assert!(b.iter().all(|&x| x == 0));
+        }
+        let big = IoBuf::new(5 << 20);
+        assert!(big.iter().all(|&x| x == 0));
+        assert!(dma::iova(big.as_ptr(), big.len()).is_some());
+        let on_heap = Box::new([0u8; 64]);
+        assert_eq!(dma::iova(on_heap.as_ptr(), 64), None);
+    }
+
+    #[test]
+    fn mapper_sees_existing_and_new_chunks() {
+        use std::sync::{Arc, Mutex};
+        let _keep = IoBuf::new(4096);
+        let seen = Arc::new(Mutex::new(Vec::<dma::DmaRange>::new()));
+        let s2 = seen.clone();
+        let id = dma::register_mapper(move |r| {
+            s2.lock().unwrap().push(*r);
+            Ok(())
+        })
+        .unwrap();
+        let first = seen.lock().unwrap().clone();
+        assert_eq!(first.len(), 1, "existing chunks come in one range");
+        assert_eq!(first[0].iova, dma::DMA_IOVA_BASE);
+        // A fresh multi-chunk block forces growth, which the mapper must see.
+        let big = IoBuf::new(7 * dma::CHUNK_BYTES);
+        let i = dma::iova(big.as_ptr(), big.len()).unwrap();
+        let covered = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.iova <= i && i + big.len() as u64 <= r.iova + r.len as u64);
+        dma::unregister_mapper(id);
+        assert!(covered);
     }
 }

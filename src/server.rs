@@ -1,6 +1,7 @@
 //! Assembles a running target from a configuration: devices, namespaces,
 //! subsystems, reactors, listeners; and takes it down cleanly.
 
+use crate::bdev::nvme::NvmeDevice;
 use crate::bdev::ram::RamDevice;
 use crate::bdev::uring::UringDevice;
 use crate::bdev::SharedDevice;
@@ -43,6 +44,10 @@ pub fn open_pool_device(p: &PoolConfig, field: &str) -> Result<SharedDevice, Str
         Backend::Uring => {
             let path = p.path.as_deref().ok_or(format!("{field}.path: required"))?;
             UringDevice::open(path, p.size, 512).map_err(|e| format!("{field}: {e}"))?
+        }
+        Backend::Nvme => {
+            let pci = p.pci.as_deref().ok_or(format!("{field}.pci: required"))?;
+            NvmeDevice::open(pci, p.nvme_nsid.unwrap_or(1)).map_err(|e| format!("{field}: {e}"))?
         }
     })
 }
@@ -229,6 +234,11 @@ impl Server {
                             let path =
                                 n.path.as_deref().ok_or(format!("{field}.path: required"))?;
                             UringDevice::open(path, n.size, n.block_size())
+                                .map_err(|e| format!("{field}: {e}"))?
+                        }
+                        Some(Backend::Nvme) => {
+                            let pci = n.pci.as_deref().ok_or(format!("{field}.pci: required"))?;
+                            NvmeDevice::open(pci, n.nvme_nsid.unwrap_or(1))
                                 .map_err(|e| format!("{field}: {e}"))?
                         }
                         None => return Err(format!("{field}: needs a volume or a backend")),

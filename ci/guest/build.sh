@@ -106,6 +106,8 @@ depmod -b "$kroot" "$krel"
 # never depend on the kernel's request_module (which busybox modprobe serves otherwise).
 # configfs: nvmet's configuration interface (a module in Debian's kernel).
 # crc32_generic/crc32-pclmul: the "crc32" hash soft-RoCE (rdma_rxe) computes ICRCs with.
+# nvme + vfio*: the user-space `nvme` backend test (ci/vfio.sh) hands an emulated PCIe
+# controller from the kernel driver to vfio-pci and back.
 top_modules=(
     virtio_pci virtio_net virtio_rng
     netfs fscache 9pnet 9pnet_virtio 9p
@@ -115,6 +117,7 @@ top_modules=(
     nvmet nvmet-tcp
     crc32_generic crc32-pclmul
     ib_core ib_uverbs rdma_cm rdma_ucm rdma_rxe nvme-rdma
+    nvme vfio vfio_iommu_type1 vfio-pci
 )
 ramfs=$work/root
 mkdir -p "$ramfs"/{bin,sbin,usr/bin,usr/sbin,lib64,etc/nvme,proc,sys,dev,tmp,mnt/share,run,root}

@@ -8,13 +8,18 @@
 #
 # Usage: ci/guest/run.sh --share DIR --script REL [--timeout SECS] [--log FILE]
 #                        [--smp N] [--mem SIZE] [--pidfile FILE] [--verbose]
-#                        [--append "KERNEL ARGS"]
+#                        [--append "KERNEL ARGS"] [--iommu] [--nvme-disk FILE]...
+# --iommu: emulated VT-d (q35 with split irqchip, intel-iommu with interrupt remapping)
+#          and guest args intel_iommu=on iommu=pt, for VFIO in the guest.
+# --nvme-disk: an emulated PCIe NVMe controller at 0000:00:10.0 with one namespace per
+#          raw FILE given (NSIDs 1, 2, ... in order).
 # The console log (kernel + script output) goes to --log (default <share>/console.log);
 # its path is printed at the end, and its tail too when the run failed.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 share= script= append= timeout_s=900 log= smp=4 mem=2G pidfile= verbose=${INTEROP_VERBOSE:-}
+iommu= nvme_disks=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --share) share=$2; shift 2 ;;
@@ -26,7 +31,9 @@ while [ $# -gt 0 ]; do
         --mem) mem=$2; shift 2 ;;
         --pidfile) pidfile=$2; shift 2 ;;
         --verbose) verbose=1; shift ;;
-        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+        --iommu) iommu=1; shift ;;
+        --nvme-disk) nvme_disks+=("$2"); shift 2 ;;
+        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
         *) echo "guest-run: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -59,9 +66,25 @@ trap 'exit 143' TERM
 # and the suite connects with 4 I/O queues. mitigations=off: no speculative-execution
 # workarounds to emulate.
 cmdline="console=ttyS0 quiet panic=-1 mitigations=off random.trust_cpu=on interop.run=$script$append"
+# The IOMMU comes before every other PCI device so that all of them sit behind it.
+machine=q35 extra=()
+if [ -n "$iommu" ]; then
+    machine=q35,kernel-irqchip=split
+    extra+=(-device intel-iommu,intremap=on,caching-mode=on)
+    cmdline="$cmdline intel_iommu=on iommu=pt"
+fi
+if [ ${#nvme_disks[@]} -gt 0 ]; then
+    extra+=(-device nvme,id=nvme0,serial=kvtnvme0,addr=0x10)
+    for i in "${!nvme_disks[@]}"; do
+        # discard=unmap: Deallocate really punches the file, as DLFEAT promises.
+        extra+=(-drive "file=${nvme_disks[$i]},if=none,id=nvmd$i,format=raw,discard=unmap"
+                -device "nvme-ns,drive=nvmd$i,bus=nvme0,nsid=$((i + 1))")
+    done
+fi
 qemu-system-x86_64 \
     -nodefaults -no-user-config -no-reboot \
-    -machine q35 -accel tcg,thread=multi -cpu max -smp "$smp" -m "$mem" \
+    -machine "$machine" -accel tcg,thread=multi -cpu max -smp "$smp" -m "$mem" \
+    ${extra[@]+"${extra[@]}"} \
     -display none -serial stdio -monitor none \
     -kernel "$guest/vmlinuz" -initrd "$guest/initramfs.cpio" -append "$cmdline" \
     -netdev user,id=n0 -device virtio-net-pci,netdev=n0,romfile= \

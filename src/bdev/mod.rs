@@ -1,12 +1,13 @@
 //! Block device backends.
 //!
 //! A `BlockDevice` is shared by every reactor; each reactor opens its own
-//! `IoChannel` on it (its own io_uring, later its own NVMe queue pair), submits
+//! `IoChannel` on it (its own io_uring, or its own NVMe queue pair), submits
 //! operations tagged with a caller-chosen `u64`, and polls completions in its loop.
 //! Buffers move into the channel with the operation and come back with the
 //! completion, so no buffer can be freed or reused while the device still uses it.
 
 pub mod fault;
+pub mod nvme;
 pub mod ram;
 pub mod uring;
 
@@ -81,7 +82,9 @@ pub trait IoChannel: Send {
     /// Operations submitted and not yet returned by `poll`.
     fn in_flight(&self) -> usize;
     /// A file descriptor that becomes readable when completions are ready, for
-    /// reactors that sleep in epoll when idle. `None` for synchronous devices.
+    /// reactors that sleep in epoll when idle. `None` for synchronous devices and
+    /// for polled ones (nvme), which the reactor keeps polling while they have
+    /// operations in flight.
     fn completion_fd(&self) -> Option<RawFd>;
     /// A second fd that wakes the reactor for this channel (a volume channel's
     /// notifications from the pool's metadata thread).

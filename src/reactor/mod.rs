@@ -166,6 +166,14 @@ impl ChannelCache {
         }
     }
 
+    /// True while a channel without a completion fd (a polled device) has
+    /// operations in flight: only polling finds their completions.
+    fn polled_in_flight(&self) -> bool {
+        self.entries
+            .iter()
+            .any(|(_, ch)| ch.completion_fd().is_none() && ch.in_flight() > 0)
+    }
+
     fn flush_submissions(&mut self) {
         for (_, ch) in self.entries.iter_mut() {
             ch.flush_submissions();
@@ -491,9 +499,13 @@ impl Reactor {
                     && self.channels.in_flight() == 0
                 {
                     timeout = self.next_timer_ms();
-                } else if self.shared.inbox.is_empty() && self.tasks.is_empty() {
+                } else if self.shared.inbox.is_empty()
+                    && self.tasks.is_empty()
+                    && !self.channels.polled_in_flight()
+                {
                     // Device I/O outstanding: its completion fd wakes us (RAM
-                    // completes inline, so never sleeps here long).
+                    // completes inline, so never sleeps here long). A polled
+                    // device (nvme) has no fd: keep spinning while it has I/O.
                     timeout = 1;
                 }
             }

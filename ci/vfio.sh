@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The `nvme` backend (kvtarget's user-space NVMe driver over VFIO) in the QEMU guest:
+# an emulated PCIe NVMe controller (two namespaces on raw files in the cache dir)
+# behind an emulated VT-d; kvtarget runs in the guest, the guest kernel's NVMe/TCP
+# host attaches over loopback and runs fio verify; afterwards the kernel nvme driver
+# rebinds and must read the same data (tests/vfio/guest.sh).
+#
+# Usage: ci/vfio.sh [--verbose]    (expects target/release/kvtarget, or KVTARGET_BIN)
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+[ "$(id -u)" = 0 ] || { echo "ci/vfio.sh: must run as root (apt-get, QEMU)" >&2; exit 1; }
+bin=${KVTARGET_BIN:-$repo/target/release/kvtarget}
+[ -x "$bin" ] || { echo "ci/vfio.sh: no kvtarget binary at $bin (cargo build --release)" >&2; exit 1; }
+guest=$("$repo/ci/guest/build.sh")
+work=${VFIO_CACHE:-$repo/.cache/vfio}
+rm -rf "$work/share"
+mkdir -p "$work/share/lib"
+cp "$bin" "$work/share/kvtarget"
+# Shared libraries the guest image lacks (libgcc_s for Rust's unwinder).
+ldd "$bin" | awk '/=> \// {print $3}' | grep -E 'libgcc_s' | xargs -r -I{} cp {} "$work/share/lib/"
+cp "$repo/tests/vfio/guest.sh" "$work/share/guest.sh"
+# Fresh namespaces each run: the test writes a pool and patterns.
+rm -f "$work/ns1.raw" "$work/ns2.raw"
+truncate -s 64M "$work/ns1.raw"
+truncate -s 256M "$work/ns2.raw"
+GUEST_DIR=$guest exec "$repo/ci/guest/run.sh" --share "$work/share" --script guest.sh \
+    --timeout 1200 --iommu --nvme-disk "$work/ns1.raw" --nvme-disk "$work/ns2.raw" "$@"
