@@ -30,6 +30,9 @@ share=$out/share
 rm -rf "$share"; mkdir -p "$share"
 cp "$bin" "$share/kvtarget"
 cp "$here/tcp-suite.sh" "$here/rdma-guest.sh" "$share/"
+# bench/fio's job files, run by the bench-fio-profiles scenario.
+mkdir -p "$share/fio"
+cp "$repo"/bench/fio/*.fio "$share/fio/"
 echo "RDMA_ONLY='$only' exec bash /mnt/share/rdma-guest.sh" > "$share/run-rdma.sh"
 guest=$("$repo/ci/guest/build.sh") || { echo "rdma-interop: guest build failed" >&2; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
 export GUEST_DIR=$guest
