@@ -595,7 +595,9 @@ restart_start() {
 #   guest: rpc-request (kvtarget rpc arguments)   host: rpc-response (status, output)
 rpc_call() { # ARGS...: runs `kvtarget rpc ARGS` on the host; RPC_OUT holds the output
     rm -f "$SHARE/rpc-response"
-    echo "$*" > "$SHARE/rpc-request"
+    # Written aside and renamed: over 9p the host can see a file created by
+    # `>` before its contents, and read an empty request (a CI run did).
+    echo "$*" > "$SHARE/rpc-request.tmp" && mv "$SHARE/rpc-request.tmp" "$SHARE/rpc-request"
     wait_file "$SHARE/rpc-response" 30 || { fail "host orchestrator did not answer rpc $1 within 30s"; return 1; }
     local st
     st=$(head -n 1 "$SHARE/rpc-response")
