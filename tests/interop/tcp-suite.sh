@@ -563,7 +563,7 @@ restart_stop() {
     case "$RESTART" in
         share)
             rm -f "$SHARE"/restart-stopped "$SHARE"/restart-resume "$SHARE"/restart-done
-            echo "$NQN" > "$SHARE/restart-request"
+            echo "$NQN" > "$SHARE/restart-request.tmp" && mv "$SHARE/restart-request.tmp" "$SHARE/restart-request"
             wait_file "$SHARE/restart-stopped" 60 || { fail "host orchestrator did not stop the target within 60s"; return 1; }
             ;;
         nvmet)
