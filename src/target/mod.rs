@@ -6,6 +6,7 @@
 //! commands, connect, configuration), never an I/O.
 
 pub mod admin;
+pub mod command;
 pub mod controller;
 pub mod fabrics;
 pub mod io;

@@ -9,6 +9,7 @@ use crate::bdev::IoOp;
 use crate::mem::{BufPool, IoBuf};
 use crate::reactor::{IoCtx, QueuePair};
 use crate::target::admin::{self, AdminOutcome};
+use crate::target::command;
 use crate::target::fabrics::{self, QueueBinding};
 use crate::target::io::{self as tio, IoPlan};
 use crate::target::{Namespace, Target, ADMIN_IN_CAPSULE_DATA};
@@ -957,108 +958,44 @@ impl TcpConnection {
         let Some(plan) = req.plan else {
             return Err(Status::INTERNAL_ERROR);
         };
-        let ns = req.ns.clone();
-        // Reused across commands: the data path does not allocate.
         let mut ops = std::mem::take(&mut self.ops_scratch);
-        ops.clear();
-        match plan {
-            IoPlan::Nothing => {
-                self.finish(slot, Status::SUCCESS, 0, ctx);
-                return Ok(());
-            }
-            IoPlan::Read { offset, len } => {
-                let ns = ns.ok_or(Status::INVALID_NAMESPACE)?;
-                let buf = ctx.bufs.get(len);
-                ops.push((ns, IoOp::Read { offset, buf }));
-            }
-            IoPlan::Write { offset, len, fua } => {
-                let ns = ns.ok_or(Status::INVALID_NAMESPACE)?;
-                let mut buf = req.buf.take().ok_or(Status::DATA_TRANSFER_ERROR)?;
-                buf.set_len(len);
-                ops.push((ns, IoOp::Write { offset, buf, fua }));
-            }
-            IoPlan::Flush { all } => {
-                if all {
-                    for n in &self.namespaces {
-                        ops.push((n.clone(), IoOp::Flush));
+        let planned = command::device_ops(
+            plan,
+            req.ns.as_ref(),
+            &self.namespaces,
+            &mut req.buf,
+            ctx.bufs,
+            &mut ops,
+        );
+        let sent = match planned {
+            Ok(()) if ops.is_empty() => None,
+            Ok(()) => Some(command::submit(&mut ops, tag, ctx.channels, ctx.bufs)),
+            Err(e) => {
+                for (_, op) in ops.drain(..) {
+                    if let Some(b) = op.into_buf() {
+                        ctx.bufs.put(b);
                     }
-                } else {
-                    ops.push((ns.ok_or(Status::INVALID_NAMESPACE)?, IoOp::Flush));
                 }
+                self.ops_scratch = ops;
+                return Err(e);
             }
-            IoPlan::WriteZeroes {
-                offset,
-                len,
-                deallocate,
-            } => {
-                let ns = ns.ok_or(Status::INVALID_NAMESPACE)?;
-                ops.push((
-                    ns,
-                    if deallocate {
-                        IoOp::Deallocate { offset, len }
-                    } else {
-                        IoOp::WriteZeroes { offset, len }
-                    },
-                ));
-            }
-            IoPlan::Deallocate { ranges } => {
-                let ns = ns.ok_or(Status::INVALID_NAMESPACE)?;
-                let data = req.buf.take().ok_or(Status::DATA_TRANSFER_ERROR)?;
-                let r = tio::dsm_ranges(&ns, &data, ranges);
-                ctx.bufs.put(data);
-                for (offset, len) in r? {
-                    ops.push((ns.clone(), IoOp::Deallocate { offset, len }));
-                }
-            }
-        }
-        if ops.is_empty() {
-            self.ops_scratch = ops;
+        };
+        self.ops_scratch = ops;
+        let Some(sent) = sent else {
+            // Nothing for a device to do (DSM hints, a flush of no namespace).
             self.finish(slot, Status::SUCCESS, 0, ctx);
             return Ok(());
-        }
-        let mut submitted = 0u32;
-        let mut failure = None;
-        let mut pending = ops.drain(..);
-        for (ns, op) in pending.by_ref() {
-            let ch = match ctx.channels.get(&ns) {
-                Ok(ch) => ch,
-                Err(_) => {
-                    if let Some(b) = op.into_buf() {
-                        ctx.bufs.put(b);
-                    }
-                    failure = Some(Status::INTERNAL_ERROR);
-                    break;
-                }
-            };
-            match ch.submit(tag, op) {
-                Ok(()) => submitted += 1,
-                Err((op, errno)) => {
-                    tracing::warn!(nsid = ns.nsid, "device submit failed: errno {errno}");
-                    if let Some(b) = op.into_buf() {
-                        ctx.bufs.put(b);
-                    }
-                    failure = Some(Status::INTERNAL_ERROR);
-                    break;
-                }
-            }
-        }
-        for (_, op) in pending {
-            // Not submitted after a failure: its buffer goes back.
-            if let Some(b) = op.into_buf() {
-                ctx.bufs.put(b);
-            }
-        }
-        self.ops_scratch = ops;
-        self.dev_ops += submitted as usize;
+        };
+        self.dev_ops += sent.ops as usize;
         if let Some(r) = self.slots[slot as usize].as_mut() {
-            r.pending_ops = submitted;
+            r.pending_ops = sent.ops;
             r.state = ReqState::Executing;
-            if let Some(f) = failure {
+            if let Some(f) = sent.failure {
                 r.status = f;
             }
         }
-        if submitted == 0 {
-            return Err(failure.unwrap_or(Status::INTERNAL_ERROR));
+        if sent.ops == 0 {
+            return Err(sent.failure.unwrap_or(Status::INTERNAL_ERROR));
         }
         Ok(())
     }
@@ -1098,58 +1035,15 @@ impl TcpConnection {
         } else {
             r.status
         };
-        if let Some(b) = self.binding.as_ref() {
-            let ctrl = b.ctrl();
-            if !status.is_success() {
-                let lba = if r.plan.is_some() { r.sqe.slba() } else { 0 };
-                ctrl.record_error(self.qid(), cid, status, r.sqe.nsid(), lba);
-                if status.sct == 2 {
-                    ctrl.counters.media_errors.fetch_add(1, Ordering::Relaxed);
-                }
-            } else {
-                match r.plan {
-                    Some(IoPlan::Read { len, .. }) => {
-                        ctrl.counters.read_cmds.fetch_add(1, Ordering::Relaxed);
-                        ctrl.counters
-                            .read_bytes
-                            .fetch_add(len as u64, Ordering::Relaxed);
-                    }
-                    Some(IoPlan::Write { len, .. }) => {
-                        ctrl.counters.write_cmds.fetch_add(1, Ordering::Relaxed);
-                        ctrl.counters
-                            .write_bytes
-                            .fetch_add(len as u64, Ordering::Relaxed);
-                    }
-                    _ => {}
-                }
-            }
-        }
-        if let Some(st) = &self.stats {
-            let ns = ctx.now.saturating_duration_since(r.arrived).as_nanos() as u64;
-            let b = crate::pool::volume::latency_bucket(ns);
-            if !status.is_success() {
-                st.errors.fetch_add(1, Ordering::Relaxed);
-                st.errors_by[crate::target::error_kind(status)].fetch_add(1, Ordering::Relaxed);
-            } else {
-                match r.plan {
-                    Some(IoPlan::Read { len, .. }) => {
-                        st.reads.fetch_add(1, Ordering::Relaxed);
-                        st.read_bytes.fetch_add(len as u64, Ordering::Relaxed);
-                        st.read_hist[b].fetch_add(1, Ordering::Relaxed);
-                        st.read_ns.fetch_add(ns, Ordering::Relaxed);
-                    }
-                    Some(IoPlan::Write { len, .. }) => {
-                        st.writes.fetch_add(1, Ordering::Relaxed);
-                        st.write_bytes.fetch_add(len as u64, Ordering::Relaxed);
-                        st.write_hist[b].fetch_add(1, Ordering::Relaxed);
-                        st.write_ns.fetch_add(ns, Ordering::Relaxed);
-                    }
-                    _ => {
-                        st.other.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-        }
+        command::account(
+            self.binding.as_ref(),
+            self.stats.as_deref(),
+            self.qid(),
+            &r.sqe,
+            r.plan,
+            status,
+            ctx.now.saturating_duration_since(r.arrived).as_nanos() as u64,
+        );
         // Read data goes out from its device buffer (no copy); admin replies are
         // small and encoded inline.
         let read_buf = if status.is_success() && matches!(r.plan, Some(IoPlan::Read { .. })) {

@@ -1,0 +1,423 @@
+//! The transport-independent middle of an I/O command: its checked plan turned
+//! into device operations, their submission to this reactor's channels, and the
+//! controller and queue-pair accounting when it completes. NVMe/TCP and NVMe/RDMA
+//! differ only in how the data moves, so both call these.
+
+use super::fabrics::QueueBinding;
+use super::io::{self as tio, IoPlan};
+use super::{error_kind, Namespace, QpairStats};
+use crate::bdev::IoOp;
+use crate::mem::{BufPool, IoBuf};
+use crate::reactor::ChannelCache;
+use crate::wire::nvme::{Sqe, Status};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// The device operations of one command. Transports keep one and reuse it, so
+/// the data path does not allocate.
+pub type DeviceOps = Vec<(Arc<Namespace>, IoOp)>;
+
+/// Turns `plan` into device operations appended to `ops`.
+///
+/// `data` is the command's buffer: the host's data for writes and Dataset
+/// Management, or for reads a buffer the transport has already placed (NVMe/RDMA
+/// reads into registered memory); a read without one takes a buffer from `bufs`.
+/// Writes take the buffer; a DSM buffer stays with the command. `all` is the
+/// controller's namespaces, for a flush of NSID FFFFFFFFh.
+pub fn device_ops(
+    plan: IoPlan,
+    ns: Option<&Arc<Namespace>>,
+    all: &[Arc<Namespace>],
+    data: &mut Option<IoBuf>,
+    bufs: &mut BufPool,
+    ops: &mut DeviceOps,
+) -> Result<(), Status> {
+    let the_ns = || ns.cloned().ok_or(Status::INVALID_NAMESPACE);
+    match plan {
+        IoPlan::Nothing => {}
+        IoPlan::Read { offset, len } => {
+            let ns = the_ns()?;
+            let mut buf = data.take().unwrap_or_else(|| bufs.get(len));
+            buf.set_len(len);
+            if buf.len() < len {
+                *data = Some(buf);
+                return Err(Status::INTERNAL_ERROR);
+            }
+            ops.push((ns, IoOp::Read { offset, buf }));
+        }
+        IoPlan::Write { offset, len, fua } => {
+            let ns = the_ns()?;
+            let mut buf = data.take().ok_or(Status::DATA_TRANSFER_ERROR)?;
+            buf.set_len(len);
+            if buf.len() < len {
+                // The transport's buffer is shorter than the command: never
+                // write a short run of the host's blocks.
+                *data = Some(buf);
+                return Err(Status::DATA_SGL_LENGTH_INVALID);
+            }
+            ops.push((ns, IoOp::Write { offset, buf, fua }));
+        }
+        IoPlan::Flush { all: true } => ops.extend(all.iter().map(|n| (n.clone(), IoOp::Flush))),
+        IoPlan::Flush { all: false } => ops.push((the_ns()?, IoOp::Flush)),
+        IoPlan::WriteZeroes {
+            offset,
+            len,
+            deallocate,
+        } => {
+            let op = if deallocate {
+                IoOp::Deallocate { offset, len }
+            } else {
+                IoOp::WriteZeroes { offset, len }
+            };
+            ops.push((the_ns()?, op));
+        }
+        IoPlan::Deallocate { ranges } => {
+            let ns = the_ns()?;
+            let ranges = {
+                let d = data.as_deref().ok_or(Status::DATA_TRANSFER_ERROR)?;
+                tio::dsm_ranges(&ns, d, ranges)?
+            };
+            ops.extend(
+                ranges
+                    .into_iter()
+                    .map(|(offset, len)| (ns.clone(), IoOp::Deallocate { offset, len })),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// How a command's device operations went to the devices.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Submitted {
+    /// Operations the devices accepted: completions to wait for.
+    pub ops: u32,
+    /// Why the rest were not submitted (the command fails with it once the
+    /// accepted ones complete).
+    pub failure: Option<Status>,
+}
+
+/// Submits `ops` (emptying it) under `tag`. At the first operation a device
+/// refuses, the rest are not submitted and their buffers go back to `bufs`.
+pub fn submit(
+    ops: &mut DeviceOps,
+    tag: u64,
+    channels: &mut ChannelCache,
+    bufs: &mut BufPool,
+) -> Submitted {
+    let mut s = Submitted::default();
+    for (ns, op) in ops.drain(..) {
+        if s.failure.is_some() {
+            if let Some(b) = op.into_buf() {
+                bufs.put(b);
+            }
+            continue;
+        }
+        let refused = match channels.get(&ns) {
+            Ok(ch) => match ch.submit(tag, op) {
+                Ok(()) => None,
+                Err((op, errno)) => {
+                    tracing::warn!(nsid = ns.nsid, "device submit failed: errno {errno}");
+                    Some(op)
+                }
+            },
+            Err(_) => Some(op),
+        };
+        match refused {
+            None => s.ops += 1,
+            Some(op) => {
+                if let Some(b) = op.into_buf() {
+                    bufs.put(b);
+                }
+                s.failure = Some(Status::INTERNAL_ERROR);
+            }
+        }
+    }
+    s
+}
+
+/// Records a finished command in its controller's SMART counters and error log
+/// and in the queue pair's statistics. `latency_ns` runs from the capsule's
+/// arrival to now.
+pub fn account(
+    binding: Option<&QueueBinding>,
+    stats: Option<&QpairStats>,
+    qid: u16,
+    sqe: &Sqe,
+    plan: Option<IoPlan>,
+    status: Status,
+    latency_ns: u64,
+) {
+    if let Some(b) = binding {
+        let ctrl = b.ctrl();
+        if !status.is_success() {
+            let lba = if plan.is_some() { sqe.slba() } else { 0 };
+            ctrl.record_error(qid, sqe.cid(), status, sqe.nsid(), lba);
+            if status.sct == 2 {
+                ctrl.counters.media_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        } else {
+            match plan {
+                Some(IoPlan::Read { len, .. }) => {
+                    ctrl.counters.read_cmds.fetch_add(1, Ordering::Relaxed);
+                    ctrl.counters
+                        .read_bytes
+                        .fetch_add(len as u64, Ordering::Relaxed);
+                }
+                Some(IoPlan::Write { len, .. }) => {
+                    ctrl.counters.write_cmds.fetch_add(1, Ordering::Relaxed);
+                    ctrl.counters
+                        .write_bytes
+                        .fetch_add(len as u64, Ordering::Relaxed);
+                }
+                _ => {}
+            }
+        }
+    }
+    let Some(st) = stats else { return };
+    let b = crate::pool::volume::latency_bucket(latency_ns);
+    if !status.is_success() {
+        st.errors.fetch_add(1, Ordering::Relaxed);
+        st.errors_by[error_kind(status)].fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    match plan {
+        Some(IoPlan::Read { len, .. }) => {
+            st.reads.fetch_add(1, Ordering::Relaxed);
+            st.read_bytes.fetch_add(len as u64, Ordering::Relaxed);
+            st.read_hist[b].fetch_add(1, Ordering::Relaxed);
+            st.read_ns.fetch_add(latency_ns, Ordering::Relaxed);
+        }
+        Some(IoPlan::Write { len, .. }) => {
+            st.writes.fetch_add(1, Ordering::Relaxed);
+            st.write_bytes.fetch_add(len as u64, Ordering::Relaxed);
+            st.write_hist[b].fetch_add(1, Ordering::Relaxed);
+            st.write_ns.fetch_add(latency_ns, Ordering::Relaxed);
+        }
+        _ => {
+            st.other.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bdev::ram::RamDevice;
+    use crate::bdev::{BlockDevice, IoChannel, IoCompletion};
+    use crate::wire::nvme::DSM_RANGE_LEN;
+    use std::os::fd::RawFd;
+
+    fn ns(nsid: u32) -> Arc<Namespace> {
+        Arc::new(Namespace::new(
+            "nqn.cmd",
+            nsid,
+            RamDevice::new("r", 1 << 20).unwrap(),
+            512,
+        ))
+    }
+
+    /// A device whose every submission is refused (a full or failed queue).
+    struct Refusing;
+    struct RefusingChannel;
+    impl BlockDevice for Refusing {
+        fn describe(&self) -> String {
+            "refusing".into()
+        }
+        fn size_bytes(&self) -> u64 {
+            1 << 20
+        }
+        fn open_channel(&self) -> std::io::Result<Box<dyn IoChannel>> {
+            Ok(Box::new(RefusingChannel))
+        }
+        fn sync(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn volatile(&self) -> bool {
+            true
+        }
+    }
+    impl IoChannel for RefusingChannel {
+        fn submit(&mut self, _tag: u64, op: IoOp) -> Result<(), (IoOp, i32)> {
+            Err((op, libc::EAGAIN))
+        }
+        fn flush_submissions(&mut self) {}
+        fn poll(&mut self, _out: &mut Vec<IoCompletion>) -> usize {
+            0
+        }
+        fn in_flight(&self) -> usize {
+            0
+        }
+        fn completion_fd(&self) -> Option<RawFd> {
+            None
+        }
+    }
+
+    #[test]
+    fn a_write_takes_the_hosts_buffer_and_a_short_one_is_refused() {
+        let (n, mut bufs, mut ops) = (ns(1), BufPool::new(4), DeviceOps::new());
+        let plan = IoPlan::Write {
+            offset: 4096,
+            len: 8192,
+            fua: true,
+        };
+        let mut data = Some(IoBuf::new(8192));
+        device_ops(plan, Some(&n), &[], &mut data, &mut bufs, &mut ops).unwrap();
+        assert!(data.is_none());
+        assert!(
+            matches!(&ops[..], [(_, IoOp::Write { offset: 4096, buf, fua: true })] if buf.len() == 8192)
+        );
+
+        ops.clear();
+        let mut short = Some(IoBuf::new(4096));
+        assert_eq!(
+            device_ops(plan, Some(&n), &[], &mut short, &mut bufs, &mut ops),
+            Err(Status::DATA_SGL_LENGTH_INVALID)
+        );
+        assert!(
+            ops.is_empty() && short.is_some(),
+            "the buffer stays with the command"
+        );
+        assert_eq!(
+            device_ops(plan, Some(&n), &[], &mut None, &mut bufs, &mut ops),
+            Err(Status::DATA_TRANSFER_ERROR)
+        );
+        assert_eq!(
+            device_ops(
+                plan,
+                None,
+                &[],
+                &mut Some(IoBuf::new(8192)),
+                &mut bufs,
+                &mut ops
+            ),
+            Err(Status::INVALID_NAMESPACE)
+        );
+    }
+
+    #[test]
+    fn a_read_uses_the_placed_buffer_or_one_from_the_pool() {
+        let (n, mut bufs, mut ops) = (ns(1), BufPool::new(4), DeviceOps::new());
+        let plan = IoPlan::Read {
+            offset: 0,
+            len: 512,
+        };
+        let mut placed = IoBuf::new(4096);
+        let at = placed.as_mut_ptr();
+        device_ops(plan, Some(&n), &[], &mut Some(placed), &mut bufs, &mut ops).unwrap();
+        device_ops(plan, Some(&n), &[], &mut None, &mut bufs, &mut ops).unwrap();
+        match &mut ops[..] {
+            [(_, IoOp::Read { buf: a, .. }), (_, IoOp::Read { buf: b, .. })] => {
+                assert_eq!((a.as_mut_ptr(), a.len(), b.len()), (at, 512, 512));
+            }
+            _ => panic!("expected two reads, got {} operations", ops.len()),
+        }
+    }
+
+    #[test]
+    fn flush_all_is_one_flush_per_namespace_and_hints_need_nothing() {
+        let (mut bufs, mut ops) = (BufPool::new(4), DeviceOps::new());
+        let all = [ns(1), ns(2), ns(3)];
+        device_ops(
+            IoPlan::Flush { all: true },
+            None,
+            &all,
+            &mut None,
+            &mut bufs,
+            &mut ops,
+        )
+        .unwrap();
+        let nsids: Vec<u32> = ops.iter().map(|(n, _)| n.nsid).collect();
+        assert_eq!(nsids, [1, 2, 3]);
+        ops.clear();
+        device_ops(IoPlan::Nothing, None, &all, &mut None, &mut bufs, &mut ops).unwrap();
+        assert!(ops.is_empty());
+    }
+
+    #[test]
+    fn dsm_ranges_become_deallocates_and_the_range_list_stays() {
+        let (n, mut bufs, mut ops) = (ns(1), BufPool::new(4), DeviceOps::new());
+        let mut list = IoBuf::new(4096);
+        list.set_len(2 * DSM_RANGE_LEN);
+        list.fill(0);
+        // Range 0: 8 blocks at LBA 16; range 1: 1 block at LBA 100.
+        list[4..8].copy_from_slice(&8u32.to_le_bytes());
+        list[8..16].copy_from_slice(&16u64.to_le_bytes());
+        list[20..24].copy_from_slice(&1u32.to_le_bytes());
+        list[24..32].copy_from_slice(&100u64.to_le_bytes());
+        let mut data = Some(list);
+        let plan = IoPlan::Deallocate { ranges: 2 };
+        device_ops(plan, Some(&n), &[], &mut data, &mut bufs, &mut ops).unwrap();
+        assert!(data.is_some());
+        let got: Vec<(u64, u64)> = ops
+            .iter()
+            .map(|(_, op)| match op {
+                IoOp::Deallocate { offset, len } => (*offset, *len),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(got, [(16 * 512, 8 * 512), (100 * 512, 512)]);
+    }
+
+    #[test]
+    fn submission_stops_at_the_first_refusal() {
+        let (mut bufs, mut channels) = (BufPool::new(4), ChannelCache::default());
+        let good = ns(1);
+        let refusing = Arc::new(Namespace::new("nqn.cmd", 2, Arc::new(Refusing), 512));
+        let write = |b: usize| IoOp::Write {
+            offset: 0,
+            buf: IoBuf::new(b),
+            fua: false,
+        };
+        let mut ops: DeviceOps = vec![
+            (good.clone(), write(4096)),
+            (refusing, write(4096)),
+            (good.clone(), write(4096)),
+        ];
+        let s = submit(&mut ops, 7, &mut channels, &mut bufs);
+        assert_eq!(
+            s,
+            Submitted {
+                ops: 1,
+                failure: Some(Status::INTERNAL_ERROR)
+            }
+        );
+        assert!(ops.is_empty());
+        let mut ok: DeviceOps = vec![(good.clone(), IoOp::Flush), (good, IoOp::Flush)];
+        assert_eq!(
+            submit(&mut ok, 8, &mut channels, &mut bufs),
+            Submitted {
+                ops: 2,
+                failure: None
+            }
+        );
+    }
+
+    #[test]
+    fn accounting_counts_reads_writes_and_errors() {
+        let st = QpairStats::default();
+        let sqe = Sqe::default();
+        let read = Some(IoPlan::Read {
+            offset: 0,
+            len: 4096,
+        });
+        account(None, Some(&st), 1, &sqe, read, Status::SUCCESS, 1_000);
+        account(None, Some(&st), 1, &sqe, read, Status::SUCCESS, 3_000);
+        account(None, Some(&st), 1, &sqe, read, Status::LBA_OUT_OF_RANGE, 10);
+        let write = Some(IoPlan::Write {
+            offset: 0,
+            len: 512,
+            fua: false,
+        });
+        account(None, Some(&st), 1, &sqe, write, Status::SUCCESS, 500);
+        account(None, Some(&st), 1, &sqe, None, Status::SUCCESS, 5);
+        let v = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        assert_eq!(
+            (v(&st.reads), v(&st.read_bytes), v(&st.read_ns)),
+            (2, 8192, 4_000)
+        );
+        assert_eq!((v(&st.writes), v(&st.write_bytes)), (1, 512));
+        assert_eq!((v(&st.errors), v(&st.other)), (1, 1));
+        assert_eq!(st.read_hist.iter().map(v).sum::<u64>(), 2);
+    }
+}
