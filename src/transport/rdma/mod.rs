@@ -17,10 +17,10 @@
 
 pub mod verbs;
 
-use crate::bdev::IoOp;
 use crate::mem::IoBuf;
 use crate::reactor::{IoCtx, Message, QueuePair, ReactorShared};
 use crate::target::admin::{self, AdminOutcome};
+use crate::target::command;
 use crate::target::fabrics::{self, QueueBinding};
 use crate::target::io::{self as tio, IoPlan};
 use crate::target::{Namespace, Target, ADMIN_IN_CAPSULE_DATA};
@@ -1560,160 +1560,51 @@ impl RdmaQueuePair {
             .as_mut()
             .ok_or(Status::INTERNAL_ERROR)?;
         let plan = r.plan.ok_or(Status::INTERNAL_ERROR)?;
-        let ns = r.ns.clone();
-        let mut ops: Vec<(Arc<Namespace>, IoOp)> = Vec::new();
-        match plan {
-            IoPlan::Nothing => {
-                self.finish(slot, Status::SUCCESS, 0, ctx);
-                return Ok(());
-            }
-            IoPlan::Read { offset, len } => {
-                let ns = ns.ok_or(Status::INVALID_NAMESPACE)?;
-                let mut buf = r.buf.take().ok_or(Status::INTERNAL_ERROR)?;
-                buf.set_len(len);
-                ops.push((ns, IoOp::Read { offset, buf }));
-            }
-            IoPlan::Write { offset, len, fua } => {
-                let ns = ns.ok_or(Status::INVALID_NAMESPACE)?;
-                let mut buf = r.buf.take().ok_or(Status::DATA_TRANSFER_ERROR)?;
-                if buf.len() < len {
-                    r.buf = Some(buf);
-                    return Err(Status::DATA_SGL_LENGTH_INVALID);
-                }
-                buf.set_len(len);
-                ops.push((ns, IoOp::Write { offset, buf, fua }));
-            }
-            IoPlan::Flush { all } => {
-                if all {
-                    for n in &self.namespaces {
-                        ops.push((n.clone(), IoOp::Flush));
-                    }
-                } else {
-                    ops.push((ns.ok_or(Status::INVALID_NAMESPACE)?, IoOp::Flush));
-                }
-            }
-            IoPlan::WriteZeroes {
-                offset,
-                len,
-                deallocate,
-            } => {
-                let ns = ns.ok_or(Status::INVALID_NAMESPACE)?;
-                ops.push((
-                    ns,
-                    if deallocate {
-                        IoOp::Deallocate { offset, len }
-                    } else {
-                        IoOp::WriteZeroes { offset, len }
-                    },
-                ));
-            }
-            IoPlan::Deallocate { ranges } => {
-                let ns = ns.ok_or(Status::INVALID_NAMESPACE)?;
-                let res = {
-                    let data = r.buf.as_deref().ok_or(Status::DATA_TRANSFER_ERROR)?;
-                    tio::dsm_ranges(&ns, data, ranges)
-                };
-                for (offset, len) in res? {
-                    ops.push((ns.clone(), IoOp::Deallocate { offset, len }));
-                }
-            }
+        if matches!(plan, IoPlan::Read { .. }) && r.buf.is_none() {
+            // Read data must land in registered memory for the RDMA WRITE;
+            // `with_buffer` placed it, so this is never a host's doing.
+            return Err(Status::INTERNAL_ERROR);
         }
+        let mut ops = command::DeviceOps::new();
+        command::device_ops(
+            plan,
+            r.ns.as_ref(),
+            &self.namespaces,
+            &mut r.buf,
+            ctx.bufs,
+            &mut ops,
+        )?;
         if ops.is_empty() {
             self.finish(slot, Status::SUCCESS, 0, ctx);
             return Ok(());
         }
-        let mut submitted = 0u32;
-        let mut failure = None;
-        let mut back: Option<IoBuf> = None;
-        for (ns, op) in ops {
-            let ch = match ctx.channels.get(&ns) {
-                Ok(ch) => ch,
-                Err(_) => {
-                    back = op.into_buf();
-                    failure = Some(Status::INTERNAL_ERROR);
-                    break;
-                }
-            };
-            match ch.submit(tag, op) {
-                Ok(()) => submitted += 1,
-                Err((op, errno)) => {
-                    tracing::warn!(nsid = ns.nsid, "device submit failed: errno {errno}");
-                    back = op.into_buf();
-                    failure = Some(Status::INTERNAL_ERROR);
-                    break;
-                }
-            }
-        }
-        self.dev_ops += submitted as usize;
+        // Buffers of operations not submitted are arena views: dropping them
+        // is enough, the slot's chunk is freed with the slot.
+        let sent = command::submit(&mut ops, tag, ctx.channels, ctx.bufs);
+        self.dev_ops += sent.ops as usize;
         if let Some(r) = self.slots[slot as usize].as_mut() {
-            if back.is_some() {
-                r.buf = back;
-            }
-            r.pending_ops = submitted;
+            r.pending_ops = sent.ops;
             r.state = ReqState::Executing;
-            if let Some(f) = failure {
+            if let Some(f) = sent.failure {
                 r.status = f;
             }
         }
-        if submitted == 0 {
-            return Err(failure.unwrap_or(Status::INTERNAL_ERROR));
+        if sent.ops == 0 {
+            return Err(sent.failure.unwrap_or(Status::INTERNAL_ERROR));
         }
         Ok(())
     }
 
     fn count(&self, r: &Request, status: Status) {
-        if let Some(b) = self.binding.as_ref() {
-            let ctrl = b.ctrl();
-            if !status.is_success() {
-                let lba = if r.plan.is_some() { r.sqe.slba() } else { 0 };
-                ctrl.record_error(self.qid(), r.sqe.cid(), status, r.sqe.nsid(), lba);
-                if status.sct == 2 {
-                    ctrl.counters.media_errors.fetch_add(1, Ordering::Relaxed);
-                }
-            } else {
-                match r.plan {
-                    Some(IoPlan::Read { len, .. }) => {
-                        ctrl.counters.read_cmds.fetch_add(1, Ordering::Relaxed);
-                        ctrl.counters
-                            .read_bytes
-                            .fetch_add(len as u64, Ordering::Relaxed);
-                    }
-                    Some(IoPlan::Write { len, .. }) => {
-                        ctrl.counters.write_cmds.fetch_add(1, Ordering::Relaxed);
-                        ctrl.counters
-                            .write_bytes
-                            .fetch_add(len as u64, Ordering::Relaxed);
-                    }
-                    _ => {}
-                }
-            }
-        }
-        if let Some(st) = &self.stats {
-            let ns = r.arrived.elapsed().as_nanos() as u64;
-            let b = crate::pool::volume::latency_bucket(ns);
-            if !status.is_success() {
-                st.errors.fetch_add(1, Ordering::Relaxed);
-                st.errors_by[crate::target::error_kind(status)].fetch_add(1, Ordering::Relaxed);
-            } else {
-                match r.plan {
-                    Some(IoPlan::Read { len, .. }) => {
-                        st.reads.fetch_add(1, Ordering::Relaxed);
-                        st.read_bytes.fetch_add(len as u64, Ordering::Relaxed);
-                        st.read_hist[b].fetch_add(1, Ordering::Relaxed);
-                        st.read_ns.fetch_add(ns, Ordering::Relaxed);
-                    }
-                    Some(IoPlan::Write { len, .. }) => {
-                        st.writes.fetch_add(1, Ordering::Relaxed);
-                        st.write_bytes.fetch_add(len as u64, Ordering::Relaxed);
-                        st.write_hist[b].fetch_add(1, Ordering::Relaxed);
-                        st.write_ns.fetch_add(ns, Ordering::Relaxed);
-                    }
-                    _ => {
-                        st.other.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-        }
+        command::account(
+            self.binding.as_ref(),
+            self.stats.as_deref(),
+            self.qid(),
+            &r.sqe,
+            r.plan,
+            status,
+            r.arrived.elapsed().as_nanos() as u64,
+        );
     }
 
     /// Completes a command: RDMA WRITE of its data (reads and admin replies, on
