@@ -6,7 +6,7 @@
 #       starts the target from config/bench-ram.toml (one reactor busy-polling
 #       core 0, a 1 GiB RAM namespace) and, for the steady-state rows,
 #       bench/profiles-pool.toml (a thin volume filling a 1 GiB RAM pool).
-#   bench/run-profiles.sh --addr A:P --nqn NQN [--nsid N] [--target-pid PID] ...
+#   bench/run-profiles.sh --addr A:P --nqn NQN [--nsid N] [--target-pid PID] [--rpc SOCK] ...
 #       measures a target that is already running (the steady-state rows need
 #       the pool target and are skipped, and said so).
 #
@@ -17,10 +17,14 @@
 # not, and its baseline shares core 0 with it). The "of TCP" column is kvtarget's IOPS over it. The
 # target's CPU time per I/O comes from /proc/<pid>/stat (utime + stime) around
 # each run. The load generator runs on core 1 (--cpus 1), the target on core 0.
+# "reactor busy" is the share of the target's reactor passes that found work
+# (framework_get_reactors, over warm-up and run; needs the RPC socket, --rpc for a
+# running target): well under 100 % means the target waited on the load
+# generator or the network, not the other way round.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-secs=5 only=. results=bench/RESULTS.md addr= nqn= nsid=1 tpid=
+secs=5 only=. results=bench/RESULTS.md addr= nqn= nsid=1 tpid= rpcsock=
 while [ $# -gt 0 ]; do
     case "$1" in
         --secs) secs=$2; shift 2 ;;
@@ -30,6 +34,7 @@ while [ $# -gt 0 ]; do
         --nqn) nqn=$2; shift 2 ;;
         --nsid) nsid=$2; shift 2 ;;
         --target-pid) tpid=$2; shift 2 ;;
+        --rpc) rpcsock=$2; shift 2 ;;
         -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
         *) echo "run-profiles: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -70,6 +75,7 @@ own=0
 if [ -z "$addr" ]; then
     own=1
     start_target config/bench-ram.toml ram
+    rpcsock=$log/ram.sock
     addr=127.0.0.1:4420 nqn=nqn.2026-11.io.kvtarget:bench-ram
     # Write the whole namespace once, so reads find memory already backed (as
     # SPDK's Malloc bdev is) rather than first-touch page faults.
@@ -92,8 +98,8 @@ rev=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo "+dirty"
     echo "Load: \`kvtarget perf --cpus 1\` (busy-poll). Baseline: \`kvtarget perf --echo-baseline --server-cpu 0 --cpus 1\`, same workload shape."
     echo "Machine: $(nproc) cores, load average at start $(cut -d' ' -f1-3 /proc/loadavg)."
     echo
-    echo "| profile | IOPS | MiB/s | avg us | p50 us | p99 us | p99.9 us | target CPU us/IO | perf CPU us/IO | TCP echo IOPS | of TCP | SPDK ref IOPS | of SPDK |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    echo "| profile | IOPS | MiB/s | avg us | p50 us | p99 us | p99.9 us | target CPU us/IO | reactor busy | perf CPU us/IO | TCP echo IOPS | of TCP | SPDK ref IOPS | of SPDK |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 } >>"$results"
 
 # SPDK nvmf_tgt reference (issue 6; spdk_nvme_perf, Malloc bdev, same kind of machine).
@@ -103,20 +109,34 @@ declare -A spdk=(
     ["read 128KiB 16"]=26703 ["write 1MiB 4"]=3624
 )
 
+reactor_ns() { # -> "busy idle" nanoseconds summed over the target's reactors, or "-"
+    [ -n "$rpcsock" ] || { echo -; return; }
+    "$bin" rpc -r "$rpcsock" --json framework_get_reactors 2>/dev/null | python3 -c '
+import json, sys
+r = json.load(sys.stdin)["reactors"]
+print(sum(x["busy"] for x in r), sum(x["idle"] for x in r))' 2>/dev/null || echo -
+}
+
 perf_json() { # extra perf args...
     taskset -c 1 "$bin" perf --addr "$addr" --nqn "$nqn" --nsid "$nsid" --cpus 1 \
         --time "$secs" --warmup 1 --json --quiet "$@"
 }
 
-row() { # label, perf-json, target-cpu-seconds, echo-json, spdk
-    local label=$1 j=$2 tcpu=$3 e=$4 ref=$5
-    python3 - "$label" "$j" "$tcpu" "$e" "$ref" <<'PY' | tee -a "$results"
+row() { # label, perf-json, target-cpu-seconds, echo-json, spdk, reactor ns before, after
+    local label=$1 j=$2 tcpu=$3 e=$4 ref=$5 r0=${6:--} r1=${7:--}
+    python3 - "$label" "$j" "$tcpu" "$e" "$ref" "$r0" "$r1" <<'PY' | tee -a "$results"
 import json, sys
 label, j, tcpu, e, ref = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
+r0, r1 = sys.argv[6].split(), sys.argv[7].split()
+busy = '-'
+if len(r0) == 2 and len(r1) == 2:
+    db, di = int(r1[0]) - int(r0[0]), int(r1[1]) - int(r0[1])
+    if db + di > 0:
+        busy = f'{100 * db / (db + di):.0f} %'
 l = j["lat_us"]
 ios = max(j["ios"], 1)
 cells = [label, f'{j["iops"]:.0f}', f'{j["mib_s"]:.1f}', f'{l["mean"]:.1f}', f'{l["p50"]:.1f}',
-         f'{l["p99"]:.1f}', f'{l["p99_9"]:.1f}', f'{tcpu * 1e6 / ios:.2f}', f'{j["cpu_us_per_io"]:.2f}']
+         f'{l["p99"]:.1f}', f'{l["p99_9"]:.1f}', f'{tcpu * 1e6 / ios:.2f}', busy, f'{j["cpu_us_per_io"]:.2f}']
 if e:
     ej = json.loads(e)
     cells += [f'{ej["iops"]:.0f}', f'{j["iops"] / max(ej["iops"], 1):.2f}']
@@ -143,12 +163,15 @@ measure() { # label, spdk ref key or "", perf args...
     e=$(taskset -c 1 "$bin" perf --echo-baseline --server-cpu 0 --cpus 1 --time "$secs" \
         --warmup 1 --json --quiet "$@")
     [ $own = 0 ] || kill -CONT "$tpid"
+    local r0 r1
+    r0=$(reactor_ns)
     t0=$(cpu_ticks "$tpid")
     j=$(perf_json "$@")
     t1=$(cpu_ticks "$tpid")
+    r1=$(reactor_ns)
     local ref=
     [ -z "$key" ] || ref=${spdk[$key]:-}
-    row "$label" "$j" "$(awk -v a="$t0" -v b="$t1" -v h="$hz" 'BEGIN{print (b-a)/h}')" "$e" "$ref"
+    row "$label" "$j" "$(awk -v a="$t0" -v b="$t1" -v h="$hz" 'BEGIN{print (b-a)/h}')" "$e" "$ref" "$r0" "$r1"
 }
 
 for qd in 1 32 128; do
@@ -169,14 +192,16 @@ if echo "mixed" | grep -Eq "$only"; then
         --bs 1MiB --qd 4 --time $((secs + 3)) --warmup 0 --json --quiet --poll sleep >"$log/stream.json" &
     stream=$!
     sleep 1
+    r0=$(reactor_ns)
     t0=$(cpu_ticks "$tpid")
     j=$(perf_json --workload randread --bs 4KiB --qd 32)
     t1=$(cpu_ticks "$tpid")
+    r1=$(reactor_ns)
     wait $stream
     s=$(cat "$log/stream.json")
     alone=$(perf_json --workload randread --bs 4KiB --qd 32)
     row "4KiB randread QD32 beside 1MiB writes QD4 (stream $(field "$s" mib_s) MiB/s; alone p99 $(field "$alone" lat_us.p99) us)" \
-        "$j" "$(awk -v a="$t0" -v b="$t1" -v h="$hz" 'BEGIN{print (b-a)/h}')" "$alone" ""
+        "$j" "$(awk -v a="$t0" -v b="$t1" -v h="$hz" 'BEGIN{print (b-a)/h}')" "$alone" "" "$r0" "$r1"
 fi
 
 # Steady state on a thin volume at 50 % and 90 % pool fill with GC active: a churn
@@ -185,6 +210,7 @@ fi
 if [ $own = 1 ] && echo "steady" | grep -Eq "$only"; then
     kill "$tpid"; wait "$tpid" 2>/dev/null || true
     start_target bench/profiles-pool.toml pool
+    rpcsock=$log/pool.sock
     paddr=127.0.0.1:4421 pnqn=nqn.2026-11.io.kvtarget:bench-pool
     for fill in 50 90; do
         dpct=$((100 - fill))
@@ -198,10 +224,12 @@ if [ $own = 1 ] && echo "steady" | grep -Eq "$only"; then
         # script measured that by mistake); the churn is the write load.
         for w in randread; do
             g0=$("$bin" rpc -r "$log/pool.sock" --json kvtarget_get_pools)
+            r0=$(reactor_ns)
             t0=$(cpu_ticks "$tpid")
             j=$(taskset -c 1 "$bin" perf --addr $paddr --nqn $pnqn --cpus 1 --workload $w --bs 4KiB \
                 --qd 32 --time "$secs" --warmup 1 --json --quiet)
             t1=$(cpu_ticks "$tpid")
+            r1=$(reactor_ns)
             g1=$("$bin" rpc -r "$log/pool.sock" --json kvtarget_get_pools)
             gc=$(python3 -c 'import json,sys
 a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2])
@@ -210,10 +238,10 @@ fill = 100 * p1["mapped"] / max(p1["extents"], 1)
 scrubbed = p1["gc"]["scrubbed"] - p0["gc"]["scrubbed"]
 print("fill %.0f%%, %d extents scrubbed, GC %s" % (fill, scrubbed, p1["gc"]["mode"]))' "$g0" "$g1")
             row "steady ${fill}% fill: 4KiB $w QD32 beside 1MiB write+deallocate churn ($gc)" \
-                "$j" "$(awk -v a="$t0" -v b="$t1" -v h="$hz" 'BEGIN{print (b-a)/h}')" "" ""
+                "$j" "$(awk -v a="$t0" -v b="$t1" -v h="$hz" 'BEGIN{print (b-a)/h}')" "" "" "$r0" "$r1"
         done
         wait $churn || true
-        echo "| steady ${fill}% fill: the churn itself (1MiB randwrite QD2, ${dpct}% of them deallocates) | $(field "$(cat "$log/churn.json")" iops) IOPS, $(field "$(cat "$log/churn.json")" mib_s) MiB/s over its whole run | | | | | | | | | | | |" | tee -a "$results"
+        echo "| steady ${fill}% fill: the churn itself (1MiB randwrite QD2, ${dpct}% of them deallocates) | $(field "$(cat "$log/churn.json")" iops) IOPS, $(field "$(cat "$log/churn.json")" mib_s) MiB/s over its whole run | | | | | | | | | | | | |" | tee -a "$results"
     done
 elif echo "steady" | grep -Eq "$only"; then
     echo "| steady-state rows | skipped: they need the pool target this script starts itself (run without --addr) |" | tee -a "$results"
