@@ -410,5 +410,44 @@ if [ "$alive" = 1 ]; then
     check kvtarget-pool-check "$([ "$crc" = 0 ] && echo 1 || echo 0)" "kvtarget check exited $crc: $(tail -n 3 "$WORK/pool-check.log" | tr '\n' ' ')"
 fi
 cp "$WORK/pool-check.log" "$SHARE/" 2>/dev/null
+
+# (d) A QP the reactor's CQ cannot hold is refused (CM reject + one log line), never
+# overflows the CQ. rdma.max_qpairs_per_reactor = 1 gives each reactor a CQ of 400
+# entries (one queue of depth 128: 3 x 128 + 16): the admin queue (112) and I/O
+# queue 1 (400) fit on reactors 0 and 1, I/O queue 2 (400 more on reactor 0) does not.
+echo "# -- rdma-cq-full-refused"
+ok=0 why=
+sed 's/^buffer_pool_size = "32MiB"$/&\nmax_qpairs_per_reactor = 1/' "$CFG" > "$WORK/cq-small.toml"
+CFG_SAVED=$CFG CFG=$WORK/cq-small.toml
+if ! grep -q '^max_qpairs_per_reactor = 1' "$CFG"; then
+    why="could not write the small-CQ configuration"
+elif ! kv_start; then
+    why="kvtarget did not start with max_qpairs_per_reactor = 1"
+else
+    mark=$(wc -l < "$LOG")
+    c=$(rconnect --nr-io-queues=2 --ctrl-loss-tmo=0)
+    [ -n "$c" ] && timeout 60 nvme disconnect -d "$c" > /dev/null 2>&1
+    refused=$(tail -n +"$((mark + 1))" "$LOG" | grep -c "completion queue of reactor 0 on .* is full")
+    # The refused controller's QPs give their CQ entries back first.
+    qpairs_drained
+    c2=$(rconnect --nr-io-queues=1)
+    if [ -n "$c" ]; then
+        why="a second I/O queue was accepted on a full CQ"
+    elif [ "$refused" = 0 ]; then
+        why="no 'completion queue ... is full' line in kvtarget.log: $(tail -n +"$((mark + 1))" "$LOG" | grep -i refused | tail -n 1)"
+    elif [ -z "$c2" ]; then
+        why="a controller with one I/O queue (fits) was not accepted afterwards"
+    elif ! kill -0 "$kv_pid" 2>/dev/null; then
+        why="kvtarget died"
+    else
+        ok=1
+        echo "# $(tail -n +"$((mark + 1))" "$LOG" | grep -m1 'is full' | sed 's/.*RDMA connect refused: //' | cut -c1-200)"
+    fi
+    [ -n "$c2" ] && timeout 60 nvme disconnect -d "$c2" > /dev/null 2>&1
+    kv_stop || { ok=0; why="${why:+$why; }exit status after SIGTERM: $KV_STOP_STATUS"; }
+fi
+CFG=$CFG_SAVED
+check rdma-cq-full-refused "$ok" "$why"
+
 echo "$((sp + P)) passed, $((sf + F)) failed, $ss skipped"
 [ $((sf + F)) = 0 ]
