@@ -334,6 +334,12 @@ pub struct RdmaConfig {
     /// and the host's responder resources).
     #[serde(default = "d_rdma_reads")]
     pub max_outstanding_reads: u32,
+    /// QPs one reactor serves on one RDMA device. Each reactor has one
+    /// completion queue per device, sized for this many QPs of the largest
+    /// queue depth (3 x depth + 16 entries each), capped by the device's
+    /// max_cqe; a connection past what the CQ holds is refused.
+    #[serde(default = "d_rdma_qpairs")]
+    pub max_qpairs_per_reactor: u32,
 }
 
 fn d_rdma_pool() -> u64 {
@@ -342,12 +348,16 @@ fn d_rdma_pool() -> u64 {
 fn d_rdma_reads() -> u32 {
     16
 }
+fn d_rdma_qpairs() -> u32 {
+    64
+}
 
 impl Default for RdmaConfig {
     fn default() -> Self {
         RdmaConfig {
             buffer_pool_size: d_rdma_pool(),
             max_outstanding_reads: d_rdma_reads(),
+            max_qpairs_per_reactor: d_rdma_qpairs(),
         }
     }
 }
@@ -606,6 +616,12 @@ impl Config {
             return Err(format!(
                 "rdma.max_outstanding_reads: must be 1..=128 (got {})",
                 rd.max_outstanding_reads
+            ));
+        }
+        if !(1..=4096).contains(&rd.max_qpairs_per_reactor) {
+            return Err(format!(
+                "rdma.max_qpairs_per_reactor: must be 1..=4096 (got {})",
+                rd.max_qpairs_per_reactor
             ));
         }
         self.rdma_listen_addrs()?;
@@ -985,6 +1001,10 @@ block_size = 4096
             .contains("rdma.buffer_pool_size"));
         assert!(err(&format!("{GOOD}\n[rdma]\nmax_outstanding_reads = 0\n"))
             .contains("rdma.max_outstanding_reads"));
+        assert!(
+            err(&format!("{GOOD}\n[rdma]\nmax_qpairs_per_reactor = 0\n"))
+                .contains("rdma.max_qpairs_per_reactor")
+        );
         let e = err(&format!(
             "{GOOD}\n[[listeners]]\naddress = \"127.0.0.1\"\ntransport = \"iwarp\"\n"
         ));

@@ -95,6 +95,8 @@ pub fn render(ctl: &Control) -> String {
         );
     }
 
+    rdma_poll_groups(&mut o, &crate::transport::rdma::poll_group_stats());
+
     o.head(
         "kvtarget_connect_refused_total",
         "counter",
@@ -478,6 +480,102 @@ pub fn render(ctl: &Control) -> String {
         );
     }
     o.s
+}
+
+/// NVMe/RDMA poll groups: one completion queue per (reactor, device), shared
+/// by that reactor's QPs on the device.
+fn rdma_poll_groups(o: &mut Out, groups: &[crate::transport::rdma::PollGroupStats]) {
+    let labels = |g: &crate::transport::rdma::PollGroupStats| {
+        [
+            ("reactor", g.reactor.to_string()),
+            ("device", g.device.clone()),
+        ]
+    };
+    type Field = fn(&crate::transport::rdma::PollGroupStats) -> u64;
+    let rows: [(&str, &str, &str, Field); 10] = [
+        (
+            "kvtarget_rdma_poll_group_polls_total",
+            "counter",
+            "Polls of the reactor's RDMA completion queue.",
+            |g| g.polls,
+        ),
+        (
+            "kvtarget_rdma_poll_group_idle_polls_total",
+            "counter",
+            "Polls of the RDMA completion queue that found nothing.",
+            |g| g.idle_polls,
+        ),
+        (
+            "kvtarget_rdma_poll_group_completions_total",
+            "counter",
+            "Work completions polled from the RDMA completion queue.",
+            |g| g.completions,
+        ),
+        (
+            "kvtarget_rdma_poll_group_requests_total",
+            "counter",
+            "NVMe command capsules received by the poll group's QPs.",
+            |g| g.requests,
+        ),
+        (
+            "kvtarget_rdma_poll_group_send_wrs_total",
+            "counter",
+            "Send work requests posted (SEND, RDMA READ, RDMA WRITE).",
+            |g| g.send_wrs,
+        ),
+        (
+            "kvtarget_rdma_poll_group_recv_wrs_total",
+            "counter",
+            "Receive work requests posted.",
+            |g| g.recv_wrs,
+        ),
+        (
+            "kvtarget_rdma_poll_group_dropped_completions_total",
+            "counter",
+            "Completions that belonged to no live QP (dropped, never delivered).",
+            |g| g.dropped_completions,
+        ),
+        (
+            "kvtarget_rdma_poll_group_queue_pairs",
+            "gauge",
+            "QPs whose sends and receives complete on this completion queue.",
+            |g| g.qpairs as u64,
+        ),
+        (
+            "kvtarget_rdma_poll_group_cq_entries",
+            "gauge",
+            "Size of the completion queue.",
+            |g| g.cq_entries as u64,
+        ),
+        (
+            "kvtarget_rdma_poll_group_cq_entries_reserved",
+            "gauge",
+            "Completion queue entries reserved by live QPs.",
+            |g| g.cq_entries_reserved as u64,
+        ),
+    ];
+    for (name, kind, help, f) in rows {
+        o.head(name, kind, help);
+        for g in groups {
+            o.line(name, &labels(g), f(g));
+        }
+    }
+    o.head(
+        "kvtarget_rdma_completion_queues",
+        "gauge",
+        "RDMA completion queues per reactor (one per device it serves).",
+    );
+    let mut per_reactor: std::collections::BTreeMap<usize, usize> = Default::default();
+    for g in groups {
+        *per_reactor.entry(g.reactor).or_default() += 1;
+    }
+    for (r, n) in per_reactor {
+        o.line(
+            "kvtarget_rdma_completion_queues",
+            &[("reactor", r.to_string())],
+            n,
+        );
+    }
 }
 
 /// The metrics HTTP endpoint.

@@ -335,6 +335,7 @@ impl Server {
             transport::rdma::RdmaSettings {
                 buffer_pool_bytes: cfg.rdma.buffer_pool_size as usize,
                 max_outstanding_reads: cfg.rdma.max_outstanding_reads,
+                max_qpairs_per_reactor: cfg.rdma.max_qpairs_per_reactor,
             },
             stop.clone(),
         ));

@@ -107,6 +107,21 @@ fn methods_build_a_subsystem_a_host_can_use() {
     if rdma_core {
         assert_eq!(t[1]["trtype"], "RDMA");
     }
+    // nvmf_get_stats: one poll group per reactor (SPDK's shape); under RDMA
+    // one device entry per completion queue, none before any QP.
+    let st = c.call("nvmf_get_stats", json!({})).unwrap();
+    let pgs = st["poll_groups"].as_array().unwrap();
+    assert!(!pgs.is_empty());
+    assert_eq!(pgs[0]["name"], "nvmf_tgt_poll_group_000");
+    let rdma_entries: Vec<_> = pgs
+        .iter()
+        .flat_map(|g| g["transports"].as_array().unwrap().iter())
+        .filter(|t| t["trtype"] == "RDMA")
+        .collect();
+    assert_eq!(rdma_entries.len(), if rdma_core { pgs.len() } else { 0 });
+    for t in rdma_entries {
+        assert!(t["devices"].as_array().unwrap().is_empty(), "{t}");
+    }
 
     // Subsystem, host list, a thin volume as its namespace.
     assert_eq!(

@@ -5,7 +5,13 @@
 //! timeout while busy), poll device completions, run ready async tasks, fire timers,
 //! flush socket writes. In `busy` mode it never sleeps; in `adaptive` mode it sleeps
 //! in epoll after a run of empty polls, woken by sockets, device completion fds,
-//! the inbox eventfd, or the next timer.
+//! shared pollers' fds, the inbox eventfd, or the next timer.
+//!
+//! Shared pollers: a transport may give a reactor one completion source that
+//! many of its queue pairs share (an RDMA completion queue). The reactor polls
+//! each once per pass and routes every event to the queue pair that named
+//! (poller, key) in `QueuePair::route` when it was adopted; the event's type is
+//! the transport's own, carried as `&dyn Any`.
 
 pub mod signals;
 pub mod sys;
@@ -14,6 +20,7 @@ use crate::bdev::{IoChannel, IoCompletion};
 use crate::mem::{BufPool, IoBuf};
 use crate::target::Namespace;
 use crossbeam_queue::{ArrayQueue, SegQueue};
+use std::any::Any;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::future::Future;
@@ -45,6 +52,7 @@ pub const INBOX_CAPACITY: usize = 4096;
 /// Epoll token space: connection ids are small; these mark the rest.
 const TOKEN_WAKE: u64 = u64::MAX;
 const TOKEN_CHANNEL: u64 = 1 << 63;
+const TOKEN_POLLER: u64 = 1 << 62;
 
 /// What a queue pair needs from its reactor while handling an event.
 pub struct IoCtx<'a> {
@@ -85,6 +93,33 @@ pub trait QueuePair: Send {
     /// Closed and no device operation outstanding: the reactor may drop it.
     fn finished(&self) -> bool;
     fn describe(&self) -> String;
+    /// The shared poller (by `SharedPoller::id`) and key whose events belong
+    /// to this queue pair; read once, at adoption.
+    fn route(&self) -> Option<(u64, u64)> {
+        None
+    }
+    /// An event a shared poller routed to this queue pair.
+    fn on_polled(&mut self, _event: &dyn Any, _ctx: &mut IoCtx) {}
+}
+
+/// A completion source many queue pairs of one reactor share, polled once per
+/// pass of the loop (SPDK's poll group poller).
+pub trait SharedPoller: Send {
+    /// Names this poller in `QueuePair::route`; unique within the reactor.
+    fn id(&self) -> u64;
+    /// Readable once the poller is armed and an event arrives: what wakes a
+    /// sleeping reactor.
+    fn fd(&self) -> Option<RawFd>;
+    /// The fd was readable: consume its notification.
+    fn on_wake(&mut self);
+    /// Polls once. Each event goes to `deliver(key, event)`, which returns
+    /// false when no queue pair has that key (not adopted yet, or gone); the
+    /// poller decides whether to retry or drop it. Returns the events found.
+    fn poll(&mut self, now: Instant, deliver: &mut dyn FnMut(u64, &dyn Any) -> bool) -> usize;
+    /// Before the reactor sleeps: asks for a notification on the next event.
+    /// True when it armed just now, so the reactor polls once more before
+    /// sleeping (an event that raced the arming would not notify).
+    fn arm(&mut self) -> bool;
 }
 
 thread_local! {
@@ -229,6 +264,9 @@ pub struct Reactor {
     idle: IdleMode,
     epoll: Epoll,
     conns: Vec<Option<Box<dyn QueuePair>>>,
+    pollers: Vec<Box<dyn SharedPoller>>,
+    /// (poller id, key) -> conn id, for the adopted queue pairs with a route.
+    routes: HashMap<(u64, u64), u32, std::hash::BuildHasherDefault<KeyHasher>>,
     /// The clock as of the start of this pass of the loop.
     now: Instant,
     wants_out: Vec<bool>,
@@ -264,6 +302,8 @@ impl Reactor {
             idle,
             epoll,
             conns: Vec::new(),
+            pollers: Vec::new(),
+            routes: HashMap::default(),
             now: Instant::now(),
             wants_out: Vec::new(),
             free_ids: Vec::new(),
@@ -339,6 +379,28 @@ impl Reactor {
         self.timer_fns.insert(id, Box::new(f));
     }
 
+    /// Adds a shared poller (see `SharedPoller`); its fd joins the epoll set.
+    pub fn add_poller(&mut self, p: Box<dyn SharedPoller>) {
+        if self.pollers.iter().any(|q| q.id() == p.id()) {
+            tracing::warn!(
+                reactor = self.shared.id,
+                poller = p.id(),
+                "shared poller added twice; ignored"
+            );
+            return;
+        }
+        if let Some(fd) = p.fd() {
+            let token = TOKEN_POLLER | self.pollers.len() as u64;
+            if let Err(e) = self.epoll.add(fd, EPOLLIN, token) {
+                tracing::warn!(
+                    reactor = self.shared.id,
+                    "cannot watch a shared poller: {e}"
+                );
+            }
+        }
+        self.pollers.push(p);
+    }
+
     pub fn queue_pair_count(&self) -> usize {
         self.conns.iter().filter(|c| c.is_some()).count()
     }
@@ -363,6 +425,9 @@ impl Reactor {
             "adopted {}",
             qp.describe()
         );
+        if let Some(r) = qp.route() {
+            self.routes.insert(r, id);
+        }
         self.conns[id as usize] = Some(qp);
         self.wants_out[id as usize] = false;
         self.shared.queue_pairs.fetch_add(1, Ordering::Relaxed);
@@ -464,6 +529,11 @@ impl Reactor {
                     "released {}",
                     c.describe()
                 );
+                if let Some(r) = c.route() {
+                    if self.routes.get(&r) == Some(&(id as u32)) {
+                        self.routes.remove(&r);
+                    }
+                }
                 self.conns[id] = None;
                 self.free_ids.push(id as u32);
                 self.shared.queue_pairs.fetch_sub(1, Ordering::Relaxed);
@@ -476,6 +546,43 @@ impl Reactor {
                 }
             }
         }
+    }
+
+    /// Polls every shared poller once, routing each event by (poller, key) to
+    /// its queue pair. A key no adopted queue pair has is refused, never
+    /// delivered elsewhere: routes are removed when a queue pair is released.
+    fn poll_shared(&mut self) -> usize {
+        let Reactor {
+            pollers,
+            routes,
+            conns,
+            channels,
+            bufs,
+            now,
+            ..
+        } = self;
+        let now = *now;
+        let mut n = 0;
+        for p in pollers.iter_mut() {
+            let pid = p.id();
+            n += p.poll(now, &mut |key, ev| {
+                let Some(&conn_id) = routes.get(&(pid, key)) else {
+                    return false;
+                };
+                let Some(Some(c)) = conns.get_mut(conn_id as usize) else {
+                    return false;
+                };
+                let mut ctx = IoCtx {
+                    channels,
+                    bufs,
+                    conn_id,
+                    now,
+                };
+                c.on_polled(ev, &mut ctx);
+                true
+            });
+        }
+        n
     }
 
     /// The poll loop. Returns after a Shutdown message once every queue pair has
@@ -508,6 +615,14 @@ impl Reactor {
                     // device (nvme) has no fd: keep spinning while it has I/O.
                     timeout = 1;
                 }
+                // Every shared poller must notify before the reactor sleeps.
+                let mut armed_now = false;
+                for p in self.pollers.iter_mut() {
+                    armed_now |= p.arm();
+                }
+                if armed_now {
+                    timeout = 0;
+                }
             }
             if let Err(e) = self.epoll.wait(&mut events, timeout) {
                 tracing::error!("epoll_wait: {e}");
@@ -521,10 +636,20 @@ impl Reactor {
                     self.shared.wake.drain();
                 } else if token & TOKEN_CHANNEL != 0 {
                     // Completions are reaped below for every channel.
+                } else if token & TOKEN_POLLER != 0 {
+                    // Polled below with the others; only the notification is
+                    // consumed here.
+                    if let Some(p) = self.pollers.get_mut((token & !TOKEN_POLLER) as usize) {
+                        p.on_wake();
+                    }
                 } else {
                     busy = true;
                     self.with_conn(token as u32, |c, ctx| c.on_readable(ctx));
                 }
+            }
+
+            if self.poll_shared() > 0 {
+                busy = true;
             }
 
             self.channels.flush_submissions();
@@ -615,6 +740,145 @@ mod tests {
             .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
             .collect();
         assert_eq!(got, vec!["call", "task", "timer"]);
+        assert!(shared.send(Message::Shutdown).is_ok());
+        h.join().unwrap();
+    }
+
+    /// Events of a fake shared poller: (key, payload) to deliver, and those
+    /// no queue pair claimed.
+    #[derive(Default)]
+    struct FakeEvents {
+        pending: std::collections::VecDeque<(u64, u32)>,
+        refused: Vec<(u64, u32)>,
+    }
+
+    struct FakePoller(Arc<std::sync::Mutex<FakeEvents>>);
+
+    impl SharedPoller for FakePoller {
+        fn id(&self) -> u64 {
+            7
+        }
+        fn fd(&self) -> Option<RawFd> {
+            None
+        }
+        fn on_wake(&mut self) {}
+        fn poll(&mut self, _now: Instant, deliver: &mut dyn FnMut(u64, &dyn Any) -> bool) -> usize {
+            let mut ev = self.0.lock().unwrap();
+            let mut n = 0;
+            while let Some((key, payload)) = ev.pending.pop_front() {
+                n += 1;
+                if !deliver(key, &payload) {
+                    ev.refused.push((key, payload));
+                }
+            }
+            n
+        }
+        fn arm(&mut self) -> bool {
+            false
+        }
+    }
+
+    struct FakeQp {
+        fd: EventFd,
+        key: u64,
+        got: Arc<std::sync::Mutex<Vec<(u32, u32)>>>,
+        done: Arc<AtomicBool>,
+    }
+
+    impl QueuePair for FakeQp {
+        fn fd(&self) -> RawFd {
+            self.fd.raw()
+        }
+        fn on_readable(&mut self, _ctx: &mut IoCtx) {}
+        fn on_io_complete(&mut self, _: u16, _: Result<(), i32>, _: Option<IoBuf>, _: &mut IoCtx) {}
+        fn flush(&mut self, _bufs: &mut BufPool) -> bool {
+            false
+        }
+        fn housekeeping(&mut self, _ctx: &mut IoCtx) {}
+        fn begin_shutdown(&mut self) {
+            self.done.store(true, Ordering::Release);
+        }
+        fn finished(&self) -> bool {
+            self.done.load(Ordering::Acquire)
+        }
+        fn describe(&self) -> String {
+            format!("fake qp {}", self.key)
+        }
+        fn route(&self) -> Option<(u64, u64)> {
+            Some((7, self.key))
+        }
+        fn on_polled(&mut self, event: &dyn Any, ctx: &mut IoCtx) {
+            if let Some(&p) = event.downcast_ref::<u32>() {
+                self.got.lock().unwrap().push((ctx.conn_id, p));
+            }
+        }
+    }
+
+    fn wait_for(what: &str, f: impl Fn() -> bool) {
+        let t = Instant::now();
+        while !f() {
+            assert!(t.elapsed() < Duration::from_secs(10), "timed out: {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn shared_poller_events_reach_only_the_queue_pair_with_that_route() {
+        let (shared, h) = Reactor::spawn(2, IdleMode::Adaptive, None).unwrap();
+        let events = Arc::new(std::sync::Mutex::new(FakeEvents::default()));
+        let p = FakePoller(events.clone());
+        assert!(shared
+            .send(Message::Call(Box::new(move |r| r.add_poller(Box::new(p)))))
+            .is_ok());
+        let qp = |key| {
+            let got = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let done = Arc::new(AtomicBool::new(false));
+            let q = FakeQp {
+                fd: EventFd::new().unwrap(),
+                key,
+                got: got.clone(),
+                done: done.clone(),
+            };
+            (q, got, done)
+        };
+        let push = |key, payload| events.lock().unwrap().pending.push_back((key, payload));
+        let refused = || events.lock().unwrap().refused.clone();
+
+        // A (key 100) is adopted: its events reach it; key 200 has no owner.
+        let (a, got_a, done_a) = qp(100);
+        assert!(shared.send(Message::Adopt(Box::new(a))).is_ok());
+        wait_for("A adopted", || {
+            shared.queue_pairs.load(Ordering::Relaxed) == 1
+        });
+        push(100, 1);
+        push(200, 2);
+        wait_for("A got its event", || got_a.lock().unwrap().len() == 1);
+        wait_for("key 200 refused", || refused() == vec![(200, 2)]);
+        let a_conn = got_a.lock().unwrap()[0].0;
+
+        // A is released; B takes its conn slot with another route. A late event
+        // of A's route is refused, never handed to B.
+        done_a.store(true, Ordering::Release);
+        wait_for("A released", || {
+            shared.queue_pairs.load(Ordering::Relaxed) == 0
+        });
+        let (b, got_b, _done_b) = qp(200);
+        assert!(shared.send(Message::Adopt(Box::new(b))).is_ok());
+        wait_for("B adopted", || {
+            shared.queue_pairs.load(Ordering::Relaxed) == 1
+        });
+        push(100, 3);
+        push(200, 4);
+        wait_for("B got its event", || got_b.lock().unwrap().len() == 1);
+        wait_for("A's late event refused", || refused().len() == 2);
+        assert_eq!(
+            got_b.lock().unwrap()[0],
+            (a_conn, 4),
+            "B reuses A's conn slot"
+        );
+        assert_eq!(refused(), vec![(200, 2), (100, 3)]);
+        assert_eq!(got_a.lock().unwrap().len(), 1);
+
         assert!(shared.send(Message::Shutdown).is_ok());
         h.join().unwrap();
     }

@@ -52,6 +52,7 @@ pub const METHODS: &[&str] = &[
     "nvmf_subsystem_allow_any_host",
     "nvmf_subsystem_get_controllers",
     "nvmf_subsystem_get_qpairs",
+    "nvmf_get_stats",
     "bdev_get_bdevs",
     "bdev_get_iostat",
     "bdev_lvol_create_lvstore",
@@ -225,6 +226,7 @@ impl Control {
             "nvmf_subsystem_allow_any_host" => self.allow_any_host(&mut p),
             "nvmf_subsystem_get_controllers" => self.get_controllers(&mut p),
             "nvmf_subsystem_get_qpairs" => self.get_qpairs(&mut p),
+            "nvmf_get_stats" => self.get_stats(&mut p),
             "bdev_get_bdevs" => self.get_bdevs(&mut p),
             "bdev_get_iostat" => self.get_iostat(&mut p),
             "bdev_lvol_get_lvstores" => self.get_lvstores(&mut p),
@@ -963,6 +965,50 @@ impl Control {
             })
             .unwrap_or_default();
         Ok(Value::Array(ctrls))
+    }
+
+    /// SPDK's nvmf_get_stats: one poll group per reactor; under RDMA one
+    /// device entry per completion queue (SPDK's field names, plus kvtarget's
+    /// `qpairs`, `cq_entries`, `cq_entries_reserved`, `dropped_completions`).
+    fn get_stats(&self, p: &mut Params) -> RpcResult {
+        p.opt_str("tgt_name")?;
+        let groups = crate::transport::rdma::poll_group_stats();
+        let rdma_started = self.rdma.is_started();
+        let pgs: Vec<Value> = self
+            .reactors
+            .iter()
+            .map(|r| {
+                let mut transports = vec![json!({"trtype": "TCP"})];
+                if rdma_started {
+                    let devices: Vec<Value> = groups
+                        .iter()
+                        .filter(|g| g.reactor == r.id)
+                        .map(|g| {
+                            json!({
+                                "name": g.device,
+                                "polls": g.polls,
+                                "idle_polls": g.idle_polls,
+                                "completions": g.completions,
+                                "requests": g.requests,
+                                "total_send_wrs": g.send_wrs,
+                                "total_recv_wrs": g.recv_wrs,
+                                "qpairs": g.qpairs,
+                                "cq_entries": g.cq_entries,
+                                "cq_entries_reserved": g.cq_entries_reserved,
+                                "dropped_completions": g.dropped_completions,
+                            })
+                        })
+                        .collect();
+                    transports.push(json!({"trtype": "RDMA", "devices": devices}));
+                }
+                json!({
+                    "name": format!("nvmf_tgt_poll_group_{:03}", r.id),
+                    "current_qpairs": r.queue_pairs.load(Ordering::Relaxed),
+                    "transports": transports,
+                })
+            })
+            .collect();
+        Ok(json!({"tick_rate": 1_000_000_000u64, "poll_groups": pgs}))
     }
 
     fn get_qpairs(&self, p: &mut Params) -> RpcResult {

@@ -63,6 +63,9 @@ idle = "adaptive"
 [rdma]
 buffer_pool_size = "32MiB"
 
+[metrics]
+address = "127.0.0.1:9464"
+
 [[listeners]]
 address = "$ADDR"
 port = $PORT
@@ -227,6 +230,172 @@ if [ -n "$ctrl" ]; then
 fi
 check host-teardown-during-io "$ok" "$why"
 
+# --- Poll groups: one completion queue per (reactor, RDMA device), shared by QPs ---
+REACTORS=2
+rpc() { "$BIN" rpc -r "$WORK/rpc.sock" --json "$@"; }
+metrics() { # GET /metrics with bash's /dev/tcp (the guest has no curl)
+    exec 3<> /dev/tcp/127.0.0.1/9464 || return 1
+    printf 'GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n' >&3
+    cat <&3
+    exec 3<&-
+}
+metric_sum() { # NAME: the sum of that metric over its label sets
+    metrics | awk -v n="$1" 'index($0, n "{") == 1 { s += $NF } END { print s + 0 }'
+}
+# "CQS QPAIRS MAX_QPAIRS_ON_ONE_CQ RESERVED DROPPED COMPLETIONS" over every RDMA
+# poll group device entry of nvmf_get_stats (each entry is one CQ).
+cq_facts() {
+    rpc nvmf_get_stats 2>/dev/null | jq -r '[.poll_groups[].transports[] | select(.trtype == "RDMA") | .devices[]]
+        | "\(length) \(map(.qpairs) | add // 0) \(map(.qpairs) | max // 0) \(map(.cq_entries_reserved) | add // 0) \(map(.dropped_completions) | add // 0) \(map(.completions) | add // 0)"'
+}
+ndevs=$(rdma link show 2>/dev/null | grep -c '^link ')
+ns_dev() { # NSID: the block device of that namespace (one controller connected)
+    local i d
+    for i in $(seq 1 100); do
+        for d in /sys/block/nvme*n*; do
+            d=$(basename "$d"); case "$d" in nvme*c*) continue ;; esac
+            [ "$(cat /sys/block/$d/nsid 2>/dev/null)" = "$1" ] && [ -b /dev/$d ] && { echo /dev/$d; return 0; }
+        done
+        sleep 0.1
+    done
+    return 1
+}
+rconnect() { # extra nvme connect args; prints the controller name
+    timeout 60 nvme connect -t rdma -a "$ADDR" -s "$PORT" -n "$NQN" --hostnqn "$HOSTNQN" \
+        --hostid "$HOSTID" -o json "$@" 2>&1 | jq -r '.device // empty' 2>/dev/null
+}
+fio_verify() { # DEV NAME: 4 jobs (one per CPU, so every I/O queue), written then read back checked
+    fio --name="$2" --filename="$1" --direct=1 --ioengine=libaio --rw=randwrite --bsrange=4k-128k \
+        --iodepth=16 --numjobs=4 --size=16M --offset_increment=16M --verify=crc32c --do_verify=1 \
+        --verify_fatal=1 --group_reporting > "$WORK/$2.log" 2>&1
+}
+qpairs_drained() { # waits up to 15 s for no QP and no CQ reservation left
+    local i f
+    for i in $(seq 1 75); do
+        f=$(cq_facts); read -r _ q _ res _ _ <<< "$f"
+        [ "$q" = 0 ] && [ "$res" = 0 ] && return 0
+        sleep 0.2
+    done
+    return 1
+}
+
+# (a) More I/O queues than reactors: 4 I/O queues + the admin queue over 2 reactors
+# share 2 CQs (reactors x devices), never one CQ per QP; fio verify over all queues.
+echo "# -- rdma-shared-cq-io-queues-over-reactors"
+ok=0 why=
+c=$(rconnect --nr-io-queues=4)
+if [ -z "$c" ]; then
+    why="connect with 4 I/O queues failed"
+else
+    qc=$(cat /sys/class/nvme/$c/queue_count 2>/dev/null)
+    read -r cqs qps maxq res _ _ <<< "$(cq_facts)"
+    dev=$(ns_dev 1)
+    if [ "$qc" != 5 ]; then
+        why="queue_count $qc, expected 5 (admin + 4 I/O)"
+    elif [ "$cqs" != $((REACTORS * ndevs)) ]; then
+        why="$cqs completion queues for $qps QPs; expected $((REACTORS * ndevs)) ($REACTORS reactors x $ndevs RDMA devices)"
+    elif [ "$qps" != 5 ] || [ "$maxq" -lt 3 ]; then
+        why="QPs on the CQs: $qps in all, at most $maxq on one; expected 5, at least 3 sharing one CQ"
+    elif [ "$(metric_sum kvtarget_rdma_completion_queues)" != "$cqs" ] \
+        || [ "$(metric_sum kvtarget_rdma_poll_group_queue_pairs)" != "$qps" ]; then
+        why="metrics disagree: $(metric_sum kvtarget_rdma_completion_queues) CQs, $(metric_sum kvtarget_rdma_poll_group_queue_pairs) QPs (nvmf_get_stats: $cqs, $qps)"
+    elif [ -z "$dev" ]; then
+        why="no block device for namespace 1"
+    elif ! fio_verify "$dev" shared-cq-verify; then
+        why="fio verify failed: $(grep -iE 'error|bad|verify' "$WORK/shared-cq-verify.log" | head -n 3 | tr '\n' ' ')"
+    else
+        ok=1
+        echo "# $cqs CQs ($REACTORS reactors x $ndevs devices) carry $qps QPs, up to $maxq on one; $res CQ entries reserved"
+    fi
+    timeout 60 nvme disconnect -d "$c" > /dev/null 2>&1
+fi
+check rdma-shared-cq-io-queues-over-reactors "$ok" "$why"
+
+# (b) Disconnect/reconnect cycles with I/O in flight, then a fresh connection passes
+# fio verify: the closed QPs' completions were all flushed and none reached a new QP.
+echo "# -- rdma-reconnect-cycles-during-io"
+ok=1 why=
+for cycle in 1 2 3 4; do
+    c=$(rconnect --nr-io-queues=4)
+    [ -n "$c" ] || { ok=0; why="connect failed in cycle $cycle"; break; }
+    dev=$(ns_dev 1) || { ok=0; why="no block device in cycle $cycle"; timeout 60 nvme disconnect -d "$c" > /dev/null 2>&1; break; }
+    fio --name=cycle --filename="$dev" --direct=1 --ioengine=libaio --rw=randrw --bsrange=4k-128k \
+        --iodepth=32 --numjobs=4 --size=64M --time_based --runtime=30 > "$WORK/cycle-$cycle.log" 2>&1 &
+    fpid=$!
+    sleep 3
+    timeout 60 nvme disconnect -d "$c" > /dev/null 2>&1
+    wait "$fpid"
+    kill -0 "$kv_pid" 2>/dev/null || { ok=0; why="kvtarget died in cycle $cycle"; break; }
+done
+if [ "$ok" = 1 ]; then
+    if ! qpairs_drained; then
+        ok=0; why="QPs or CQ entries left after the cycles: $(cq_facts) (CQS QPAIRS MAXQ RESERVED DROPPED COMPLETIONS)"
+    else
+        c=$(rconnect --nr-io-queues=4)
+        dev=$(ns_dev 1)
+        if [ -z "$c" ] || [ -z "$dev" ]; then
+            ok=0; why="fresh connect after the cycles failed"
+        elif ! fio_verify "$dev" after-cycles-verify; then
+            ok=0; why="fio verify on a fresh connection failed: $(grep -iE 'error|bad|verify' "$WORK/after-cycles-verify.log" | head -n 3 | tr '\n' ' ')"
+        fi
+        [ -n "$c" ] && timeout 60 nvme disconnect -d "$c" > /dev/null 2>&1
+        qpairs_drained || { ok=0; why="${why:+$why; }QPs left after the last disconnect: $(cq_facts)"; }
+    fi
+fi
+echo "# after the cycles: $(cq_facts) (CQS QPAIRS MAXQ RESERVED DROPPED COMPLETIONS)"
+check rdma-reconnect-cycles-during-io "$ok" "$why"
+
+# (c) A Fabrics Disconnect on an I/O queue: answered, then that QP closes (the host
+# recovers by reconnecting). The Linux host never sends one itself; a passthrough
+# command with opcode 0x7f on namespace 8 puts fctype 0x08 (Disconnect) in byte 4.
+echo "# -- rdma-fabrics-disconnect-io-queue"
+ok=0 why=
+if ! rpc bdev_lvol_create '{"lvol_name": "disc8", "size_in_mib": 16, "lvs_name": "interop", "thin_provision": true}' > "$WORK/disc8.log" 2>&1 \
+    || ! rpc nvmf_subsystem_add_ns "{\"nqn\": \"$NQN\", \"namespace\": {\"bdev_name\": \"interop/disc8\", \"nsid\": 8}}" >> "$WORK/disc8.log" 2>&1; then
+    why="cannot add namespace 8: $(tail -n 2 "$WORK/disc8.log" | tr '\n' ' ')"
+else
+    mark=$(wc -l < "$LOG")
+    c=$(rconnect --nr-io-queues=4 --reconnect-delay=1 --ctrl-loss-tmo=60)
+    dev8=$(ns_dev 8)
+    if [ -z "$c" ] || [ -z "$dev8" ]; then
+        why="connect failed or no namespace 8 ($c $dev8)"
+    elif ! out=$(timeout 30 nvme io-passthru "$dev8" --opcode=0x7f --namespace-id=8 2>&1); then
+        why="the Disconnect passthrough failed: $(echo $out)"
+    else
+        seen=0
+        for i in $(seq 1 50); do
+            tail -n +"$((mark + 1))" "$LOG" | grep -q "Fabrics Disconnect" && { seen=1; break; }
+            sleep 0.2
+        done
+        # The host notices the closed QP, resets and reconnects (1 s delay).
+        sleep 2
+        live=0
+        for i in $(seq 1 150); do
+            [ "$(cat /sys/class/nvme/$c/state 2>/dev/null)" = live ] && { live=1; break; }
+            sleep 0.2
+        done
+        sleep 1
+        dev=$(ns_dev 1)
+        if [ "$seen" != 1 ]; then
+            why="kvtarget did not log the Fabrics Disconnect"
+        elif [ "$live" != 1 ] || [ "$(cat /sys/class/nvme/$c/state 2>/dev/null)" != live ]; then
+            why="controller not live again after the I/O queue closed: $(cat /sys/class/nvme/$c/state 2>/dev/null)"
+        elif [ -z "$dev" ] || ! fio_verify "$dev" after-disconnect-verify; then
+            why="fio verify after the Disconnect failed: $(grep -iE 'error|bad|verify' "$WORK/after-disconnect-verify.log" 2>/dev/null | head -n 3 | tr '\n' ' ')"
+        else
+            ok=1
+        fi
+    fi
+    [ -n "$c" ] && timeout 60 nvme disconnect -d "$c" > /dev/null 2>&1
+    rpc nvmf_subsystem_remove_ns "{\"nqn\": \"$NQN\", \"nsid\": 8}" > /dev/null 2>&1
+    rpc bdev_lvol_delete '{"name": "interop/disc8"}' > /dev/null 2>&1
+    if [ "$ok" = 1 ] && ! qpairs_drained; then
+        ok=0; why="QPs left after the last disconnect: $(cq_facts)"
+    fi
+fi
+check rdma-fabrics-disconnect-io-queue "$ok" "$why"
+
+
 alive=0
 kill -0 "$kv_pid" 2>/dev/null && alive=1
 check kvtarget-alive-after-suite "$alive" "kvtarget is no longer running (see kvtarget.log)"
@@ -241,5 +410,44 @@ if [ "$alive" = 1 ]; then
     check kvtarget-pool-check "$([ "$crc" = 0 ] && echo 1 || echo 0)" "kvtarget check exited $crc: $(tail -n 3 "$WORK/pool-check.log" | tr '\n' ' ')"
 fi
 cp "$WORK/pool-check.log" "$SHARE/" 2>/dev/null
+
+# (d) A QP the reactor's CQ cannot hold is refused (CM reject + one log line), never
+# overflows the CQ. rdma.max_qpairs_per_reactor = 1 gives each reactor a CQ of 400
+# entries (one queue of depth 128: 3 x 128 + 16): the admin queue (112) and I/O
+# queue 1 (400) fit on reactors 0 and 1, I/O queue 2 (400 more on reactor 0) does not.
+echo "# -- rdma-cq-full-refused"
+ok=0 why=
+sed 's/^buffer_pool_size = "32MiB"$/&\nmax_qpairs_per_reactor = 1/' "$CFG" > "$WORK/cq-small.toml"
+CFG_SAVED=$CFG CFG=$WORK/cq-small.toml
+if ! grep -q '^max_qpairs_per_reactor = 1' "$CFG"; then
+    why="could not write the small-CQ configuration"
+elif ! kv_start; then
+    why="kvtarget did not start with max_qpairs_per_reactor = 1"
+else
+    mark=$(wc -l < "$LOG")
+    c=$(rconnect --nr-io-queues=2 --ctrl-loss-tmo=0)
+    [ -n "$c" ] && timeout 60 nvme disconnect -d "$c" > /dev/null 2>&1
+    refused=$(tail -n +"$((mark + 1))" "$LOG" | grep -c "completion queue of reactor 0 on .* is full")
+    # The refused controller's QPs give their CQ entries back first.
+    qpairs_drained
+    c2=$(rconnect --nr-io-queues=1)
+    if [ -n "$c" ]; then
+        why="a second I/O queue was accepted on a full CQ"
+    elif [ "$refused" = 0 ]; then
+        why="no 'completion queue ... is full' line in kvtarget.log: $(tail -n +"$((mark + 1))" "$LOG" | grep -i refused | tail -n 1)"
+    elif [ -z "$c2" ]; then
+        why="a controller with one I/O queue (fits) was not accepted afterwards"
+    elif ! kill -0 "$kv_pid" 2>/dev/null; then
+        why="kvtarget died"
+    else
+        ok=1
+        echo "# $(tail -n +"$((mark + 1))" "$LOG" | grep -m1 'is full' | sed 's/.*RDMA connect refused: //' | cut -c1-200)"
+    fi
+    [ -n "$c2" ] && timeout 60 nvme disconnect -d "$c2" > /dev/null 2>&1
+    kv_stop || { ok=0; why="${why:+$why; }exit status after SIGTERM: $KV_STOP_STATUS"; }
+fi
+CFG=$CFG_SAVED
+check rdma-cq-full-refused "$ok" "$why"
+
 echo "$((sp + P)) passed, $((sf + F)) failed, $ss skipped"
 [ $((sf + F)) = 0 ]

@@ -142,6 +142,8 @@ step nvmf_subsystem_remove_ns nvmf_subsystem_remove_ns "$nqn" 1
 step bdev_lvol_delete bdev_lvol_delete kv/lv0
 step nvmf_delete_subsystem nvmf_delete_subsystem "$nqn"
 step rpc_get_methods rpc_get_methods
+step nvmf_get_stats nvmf_get_stats
+echo "$LAST" | grep -q nvmf_tgt_poll_group_000 || bad nvmf_get_stats-content "$LAST"
 
 kill -TERM "$kv_pid" 2>/dev/null
 if wait "$kv_pid"; then ok kvtarget-clean-exit; else bad kvtarget-clean-exit "see $work/kvtarget.log"; cat "$work/kvtarget.log" | tail -20; fi

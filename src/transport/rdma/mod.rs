@@ -3,12 +3,19 @@
 //! host asked for it), over reliable-connected QPs set up by the RDMA CM.
 //!
 //! Place in the I/O path: the CM thread (`cm_loop`) answers connection requests
-//! (checking the NVMe/RDMA private data), builds the QP with its own completion
-//! queue and hands it to a reactor like a TCP connection. From then on the
-//! reactor owns it: the QP's fd is a small epoll set holding the CQ's completion
-//! channel and the connection's CM event channel, so the reactor's loop (busy or
-//! sleeping) wakes for completions and disconnects. Commands then go through the
-//! same target core as NVMe/TCP (fabrics Connect, admin, I/O planning, devices).
+//! (checking the NVMe/RDMA private data), picks a reactor, builds the QP on that
+//! reactor's completion queue for the device and hands the QP to the reactor
+//! like a TCP connection. From then on the reactor owns it; the QP's fd is its
+//! CM event channel (disconnects). Commands then go through the same target
+//! core as NVMe/TCP (fabrics Connect, admin, I/O planning, devices).
+//!
+//! Poll groups: each (RDMA device, reactor) pair has ONE completion queue (and
+//! one completion channel, which wakes a sleeping reactor), shared by every QP
+//! of that reactor on that device for sends and receives. The reactor polls it
+//! once per pass (`RdmaPoller`, a `SharedPoller`) and routes each work
+//! completion by `wc.qp_num` to its QP. A QP that closes goes to the error
+//! state and is destroyed only once every work request it posted has come back
+//! (flushed): nothing of it is left in the shared CQ.
 //!
 //! Memory: receive buffers and response capsules live in one registered block
 //! per QP. Data for RDMA READ/WRITE comes from a registered arena per (device,
@@ -18,6 +25,7 @@
 pub mod verbs;
 
 use crate::mem::IoBuf;
+use crate::reactor::SharedPoller;
 use crate::reactor::{IoCtx, Message, QueuePair, ReactorShared};
 use crate::target::admin::{self, AdminOutcome};
 use crate::target::command;
@@ -29,11 +37,12 @@ use crate::wire::nvme::{
     Status, CATTR_DISABLE_SQ_FLOW, CONNECT_DATA_LEN, CQE_LEN, SQE_LEN,
 };
 use crate::wire::rdma::{self as rwire, cm_status, CmRequest, DataDescriptor};
+use std::any::Any;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use verbs::{ibv_comp_channel, ibv_cq, ibv_mr, ibv_qp, rdma_cm_id, rdma_event_channel, Verbs};
 
@@ -45,6 +54,9 @@ pub struct RdmaSettings {
     /// Cap on RDMA READs one QP keeps outstanding (the device and the host's
     /// responder resources may lower it further).
     pub max_outstanding_reads: u32,
+    /// QPs one reactor serves per device: sizes the reactor's completion queue
+    /// (the device's max_cqe may lower it); a QP past it is refused.
+    pub max_qpairs_per_reactor: u32,
 }
 
 impl Default for RdmaSettings {
@@ -52,6 +64,7 @@ impl Default for RdmaSettings {
         RdmaSettings {
             buffer_pool_bytes: 64 << 20,
             max_outstanding_reads: 16,
+            max_qpairs_per_reactor: 64,
         }
     }
 }
@@ -65,6 +78,18 @@ const EXTRA_RESPONSES: usize = 16;
 const ESTABLISH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Completions polled per `ibv_poll_cq` call.
 const POLL_BATCH: usize = 32;
+/// `ibv_poll_cq` calls per reactor pass at most (256 completions): the rest of
+/// the loop (devices, sockets) runs between batches.
+const POLL_BATCHES_PER_PASS: usize = 8;
+/// How long a completion whose QP the reactor has not adopted yet is kept and
+/// retried: the CM thread accepts (the host may send at once) just before its
+/// Adopt message reaches the reactor, so a first receive can beat it by
+/// microseconds. Anything older belongs to no QP and is dropped.
+const PARK_TTL: Duration = Duration::from_secs(1);
+/// A closed QP waits this long for its flushed completions before it is
+/// destroyed anyway (a device that never flushes must not pin it forever; a
+/// late completion is then dropped by the qp_num route and generation checks).
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A registered block carved into page runs.
 struct Arena {
@@ -165,23 +190,106 @@ impl Arena {
     }
 }
 
-/// One RDMA device context as seen by kvtarget: its PD and data arenas.
+/// One RDMA device context as seen by kvtarget: its PD, and per reactor its
+/// data arena and poll group.
 struct Device {
     ctx: usize,
+    name: String,
     pd: usize,
     limits: verbs::DeviceLimits,
     arenas: Vec<Option<Arc<Mutex<Arena>>>>,
+    groups: Vec<Option<Arc<PollGroup>>>,
+    /// The reactor each group's poller was handed to (a restarted target in
+    /// the same process has new reactors: the poller is handed over again).
+    pollers: Vec<Weak<ReactorShared>>,
 }
 
 static DEVICES: Mutex<Vec<Device>> = Mutex::new(Vec::new());
 
-/// PD, limits and the arena of `reactor` for device context `ctx`.
-fn device_for(
-    v: &Verbs,
-    ctx: *mut verbs::ibv_context,
+/// The completion queue one reactor shares among its QPs on one device, with
+/// its counters. Like the arenas it lives as long as the process (a CQ is
+/// small, and nothing can then complete into a destroyed one).
+pub struct PollGroup {
+    /// The shared poller's id in its reactor: the device's index.
+    id: u64,
     reactor: usize,
+    device: String,
+    cq: *mut ibv_cq,
+    comp: *mut ibv_comp_channel,
+    /// Entries the CQ holds; the sum of the QPs' reservations never exceeds it.
+    cq_entries: u32,
+    /// Entries reserved by live QPs (each: its send queue + receive queue).
+    cq_reserved: AtomicU32,
+    qpairs: AtomicU32,
+    polls: AtomicU64,
+    idle_polls: AtomicU64,
+    completions: AtomicU64,
+    requests: AtomicU64,
+    send_wrs: AtomicU64,
+    recv_wrs: AtomicU64,
+    dropped: AtomicU64,
+}
+
+// SAFETY: the CQ and channel are rdma-core objects usable from any thread:
+// QPs are created on the CQ by the CM thread, and only the owning reactor's
+// poller polls it; the rest is atomics.
+unsafe impl Send for PollGroup {}
+// SAFETY: as above.
+unsafe impl Sync for PollGroup {}
+
+impl PollGroup {
+    /// Reserves CQ entries for one QP; refuses (the CQ would overflow, which
+    /// is fatal on a real HCA) when the reactor's CQ has too few left.
+    fn reserve(&self, entries: u32) -> Result<(), String> {
+        let r = self
+            .cq_reserved
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(entries).filter(|&n| n <= self.cq_entries)
+            });
+        match r {
+            Ok(_) => {
+                self.qpairs.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(used) => Err(format!(
+                "completion queue of reactor {} on {} is full: {used} of {} entries reserved, this queue pair needs {entries} (raise rdma.max_qpairs_per_reactor or reactors.count)",
+                self.reactor, self.device, self.cq_entries
+            )),
+        }
+    }
+
+    fn release(&self, entries: u32) {
+        let _ = self
+            .cq_reserved
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                Some(u.saturating_sub(entries))
+            });
+        let _ = self
+            .qpairs
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                Some(q.saturating_sub(1))
+            });
+    }
+}
+
+/// What `device_for` gives a new QP.
+struct DeviceShare {
+    pd: usize,
+    limits: verbs::DeviceLimits,
+    arena: Arc<Mutex<Arena>>,
+    group: Arc<PollGroup>,
+}
+
+/// PD, limits, and the arena and poll group of `reactor` for device context
+/// `ctx`; the group's poller is handed to the reactor the first time.
+fn device_for(
+    v: &'static Verbs,
+    ctx: *mut verbs::ibv_context,
+    reactor: &Arc<ReactorShared>,
     settings: &RdmaSettings,
-) -> Result<(usize, verbs::DeviceLimits, Arc<Mutex<Arena>>), String> {
+    cqes_per_qpair: u32,
+) -> Result<DeviceShare, String> {
+    let ri = reactor.id;
     let mut devs = DEVICES.lock().map_err(|_| "RDMA device table poisoned")?;
     let i = match devs.iter().position(|d| d.ctx == ctx as usize) {
         Some(i) => i,
@@ -190,30 +298,350 @@ fn device_for(
             let limits = unsafe { verbs::query_device(v, ctx) }
                 .map_err(|e| format!("ibv_query_device failed: {e}"))?;
             // SAFETY: as above.
+            let name = unsafe { verbs::device_name(v, ctx) };
+            // SAFETY: as above.
             let pd = unsafe { (v.ibv_alloc_pd)(ctx) };
             if pd.is_null() {
                 return Err("ibv_alloc_pd failed".into());
             }
-            tracing::info!(?limits, "RDMA device opened");
+            tracing::info!(device = %name, ?limits, "RDMA device opened");
             devs.push(Device {
                 ctx: ctx as usize,
+                name,
                 pd: pd as usize,
                 limits,
                 arenas: Vec::new(),
+                groups: Vec::new(),
+                pollers: Vec::new(),
             });
             devs.len() - 1
         }
     };
     let d = &mut devs[i];
-    if d.arenas.len() <= reactor {
-        d.arenas.resize_with(reactor + 1, || None);
+    if d.arenas.len() <= ri {
+        d.arenas.resize_with(ri + 1, || None);
+        d.groups.resize_with(ri + 1, || None);
+        d.pollers.resize_with(ri + 1, Weak::new);
     }
-    if d.arenas[reactor].is_none() {
+    if d.arenas[ri].is_none() {
         let a = Arena::new(v, d.pd as *mut _, settings.buffer_pool_bytes)?;
-        d.arenas[reactor] = Some(Arc::new(Mutex::new(a)));
+        d.arenas[ri] = Some(Arc::new(Mutex::new(a)));
     }
-    let arena = d.arenas[reactor].clone().ok_or("arena missing")?;
-    Ok((d.pd, d.limits, arena))
+    if d.groups[ri].is_none() {
+        // Every QP of this reactor may need its send plus receive queue depth
+        // of entries at once; the device caps the whole CQ.
+        let want = settings
+            .max_qpairs_per_reactor
+            .saturating_mul(cqes_per_qpair)
+            .min(d.limits.max_cqe)
+            .max(1);
+        d.groups[ri] = Some(Arc::new(create_poll_group(
+            v, ctx, i as u64, ri, &d.name, want,
+        )?));
+    }
+    let group = d.groups[ri].clone().ok_or("poll group missing")?;
+    let handed = d.pollers[ri]
+        .upgrade()
+        .is_some_and(|r| Arc::ptr_eq(&r, reactor));
+    if !handed {
+        // Sent before the QP's Adopt message, so the reactor polls the CQ
+        // before it owns any QP on it (one inbox, in order).
+        let p = RdmaPoller::new(v, group.clone());
+        if reactor
+            .send(Message::Call(Box::new(move |r| r.add_poller(Box::new(p)))))
+            .is_err()
+        {
+            return Err(format!("reactor {ri} inbox full"));
+        }
+        d.pollers[ri] = Arc::downgrade(reactor);
+    }
+    let arena = d.arenas[ri].clone().ok_or("arena missing")?;
+    Ok(DeviceShare {
+        pd: d.pd,
+        limits: d.limits,
+        arena,
+        group,
+    })
+}
+
+fn create_poll_group(
+    v: &Verbs,
+    ctx: *mut verbs::ibv_context,
+    id: u64,
+    reactor: usize,
+    device: &str,
+    entries: u32,
+) -> Result<PollGroup, String> {
+    // SAFETY: ctx is a live device context; results are checked for NULL and
+    // the channel is destroyed if the CQ cannot be made.
+    unsafe {
+        let comp = (v.ibv_create_comp_channel)(ctx);
+        if comp.is_null() {
+            return Err("ibv_create_comp_channel failed".into());
+        }
+        let cq = (v.ibv_create_cq)(
+            ctx,
+            entries.min(i32::MAX as u32) as i32,
+            std::ptr::null_mut(),
+            comp,
+            0,
+        );
+        if cq.is_null() {
+            let e = std::io::Error::last_os_error();
+            (v.ibv_destroy_comp_channel)(comp);
+            return Err(format!(
+                "ibv_create_cq ({entries} entries) on {device}: {e}"
+            ));
+        }
+        if let Err(e) = verbs::set_nonblocking((*comp).fd) {
+            (v.ibv_destroy_cq)(cq);
+            (v.ibv_destroy_comp_channel)(comp);
+            return Err(format!("completion channel: {e}"));
+        }
+        // The provider may round the size up; never count on more than asked.
+        let got = (*(cq as *mut verbs::ibv_cq_head)).cqe.max(0) as u32;
+        let cq_entries = entries.min(got);
+        tracing::info!(device, reactor, cq_entries, "RDMA completion queue created");
+        Ok(PollGroup {
+            id,
+            reactor,
+            device: device.to_string(),
+            cq,
+            comp,
+            cq_entries,
+            cq_reserved: AtomicU32::new(0),
+            qpairs: AtomicU32::new(0),
+            polls: AtomicU64::new(0),
+            idle_polls: AtomicU64::new(0),
+            completions: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            send_wrs: AtomicU64::new(0),
+            recv_wrs: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        })
+    }
+}
+
+/// One poll group's counters, for metrics and `nvmf_get_stats`.
+#[derive(Debug, Clone)]
+pub struct PollGroupStats {
+    pub reactor: usize,
+    pub device: String,
+    pub polls: u64,
+    pub idle_polls: u64,
+    pub completions: u64,
+    pub requests: u64,
+    pub send_wrs: u64,
+    pub recv_wrs: u64,
+    pub dropped_completions: u64,
+    /// QPs whose sends and receives complete on this group's CQ.
+    pub qpairs: u32,
+    pub cq_entries: u32,
+    pub cq_entries_reserved: u32,
+}
+
+/// Every poll group (one completion queue each) of this process.
+pub fn poll_group_stats() -> Vec<PollGroupStats> {
+    let Ok(devs) = DEVICES.lock() else {
+        return Vec::new();
+    };
+    let mut out: Vec<PollGroupStats> = devs
+        .iter()
+        .flat_map(|d| d.groups.iter().flatten())
+        .map(|g| PollGroupStats {
+            reactor: g.reactor,
+            device: g.device.clone(),
+            polls: g.polls.load(Ordering::Relaxed),
+            idle_polls: g.idle_polls.load(Ordering::Relaxed),
+            completions: g.completions.load(Ordering::Relaxed),
+            requests: g.requests.load(Ordering::Relaxed),
+            send_wrs: g.send_wrs.load(Ordering::Relaxed),
+            recv_wrs: g.recv_wrs.load(Ordering::Relaxed),
+            dropped_completions: g.dropped.load(Ordering::Relaxed),
+            qpairs: g.qpairs.load(Ordering::Relaxed),
+            cq_entries: g.cq_entries,
+            cq_entries_reserved: g.cq_reserved.load(Ordering::Relaxed),
+        })
+        .collect();
+    out.sort_by(|a, b| (a.reactor, &a.device).cmp(&(b.reactor, &b.device)));
+    out
+}
+
+/// The reactor side of a poll group: polls its CQ once per pass and routes
+/// every work completion to its QP.
+///
+/// Routing is by `wc.qp_num` (the reactor maps (group, qp_num) to the QP's
+/// conn id at adoption): the device stamps it on every completion, and the QP
+/// knows it before its first receive is posted, while the conn id exists only
+/// after adoption (too late to put in the receives' wr_ids, which must be
+/// posted before rdma_accept). A qp_num is unique on its device while the QP
+/// lives; a recycled one is caught by the QP generation in each wr_id.
+struct RdmaPoller {
+    v: &'static Verbs,
+    group: Arc<PollGroup>,
+    /// A notification was requested and has not fired yet.
+    armed: bool,
+    router: CompletionRouter,
+    wcs: [verbs::ibv_wc; POLL_BATCH],
+}
+
+impl RdmaPoller {
+    fn new(v: &'static Verbs, group: Arc<PollGroup>) -> RdmaPoller {
+        let cap = group.cq_entries as usize;
+        RdmaPoller {
+            v,
+            group,
+            armed: false,
+            router: CompletionRouter::new(cap),
+            wcs: [verbs::ibv_wc::default(); POLL_BATCH],
+        }
+    }
+}
+
+impl SharedPoller for RdmaPoller {
+    fn id(&self) -> u64 {
+        self.group.id
+    }
+
+    fn fd(&self) -> Option<RawFd> {
+        // SAFETY: the channel lives for the process.
+        Some(unsafe { (*self.group.comp).fd })
+    }
+
+    fn on_wake(&mut self) {
+        let mut events = 0u32;
+        loop {
+            let mut cq: *mut ibv_cq = std::ptr::null_mut();
+            let mut cqctx: *mut std::ffi::c_void = std::ptr::null_mut();
+            // SAFETY: the channel is live and non-blocking.
+            if unsafe { (self.v.ibv_get_cq_event)(self.group.comp, &mut cq, &mut cqctx) } != 0 {
+                break;
+            }
+            events += 1;
+        }
+        if events > 0 {
+            // SAFETY: the CQ is live; acks exactly the events just taken.
+            unsafe { (self.v.ibv_ack_cq_events)(self.group.cq, events) };
+            self.armed = false;
+        }
+    }
+
+    fn poll(&mut self, now: Instant, deliver: &mut dyn FnMut(u64, &dyn Any) -> bool) -> usize {
+        self.group.polls.fetch_add(1, Ordering::Relaxed);
+        let mut dropped = self.router.retry(now, deliver);
+        let mut found = 0usize;
+        for _ in 0..POLL_BATCHES_PER_PASS {
+            // SAFETY: the CQ lives for the process; only this poller polls it.
+            let n = unsafe { verbs::poll_cq(self.group.cq, &mut self.wcs) };
+            if n <= 0 {
+                if n < 0 {
+                    tracing::warn!(device = %self.group.device, reactor = self.group.reactor, "ibv_poll_cq: {n}");
+                }
+                break;
+            }
+            let n = n as usize;
+            found += n;
+            dropped += self.router.route(now, &self.wcs[..n], deliver);
+            if n < POLL_BATCH {
+                break;
+            }
+        }
+        if found == 0 {
+            self.group.idle_polls.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.group
+                .completions
+                .fetch_add(found as u64, Ordering::Relaxed);
+        }
+        if dropped > 0 {
+            self.group.dropped.fetch_add(dropped, Ordering::Relaxed);
+        }
+        found
+    }
+
+    fn arm(&mut self) -> bool {
+        if self.armed {
+            return false;
+        }
+        // SAFETY: the CQ is live.
+        if unsafe { verbs::req_notify_cq(self.group.cq) } != 0 {
+            // Not armed: report "armed now" so the reactor keeps polling
+            // rather than sleep through completions.
+            return true;
+        }
+        self.armed = true;
+        true
+    }
+}
+
+/// Routes work completions by qp_num, keeping those no adopted QP claims yet
+/// (see PARK_TTL) and retrying them first on the next pass, so one QP's
+/// completions are delivered in order. No device here: unit-tested.
+struct CompletionRouter {
+    parked: VecDeque<(Instant, verbs::ibv_wc)>,
+    /// At most this many parked (the CQ's size: more cannot be in flight).
+    cap: usize,
+}
+
+impl CompletionRouter {
+    fn new(cap: usize) -> CompletionRouter {
+        CompletionRouter {
+            parked: VecDeque::new(),
+            cap: cap.max(1),
+        }
+    }
+
+    /// Retries every parked completion once; returns how many were dropped
+    /// (older than PARK_TTL: their QP is gone, or never came).
+    fn retry(&mut self, now: Instant, deliver: &mut dyn FnMut(u64, &dyn Any) -> bool) -> u64 {
+        let mut dropped = 0;
+        for _ in 0..self.parked.len() {
+            let Some((at, wc)) = self.parked.pop_front() else {
+                break;
+            };
+            if deliver(wc.qp_num as u64, &wc) {
+                continue;
+            }
+            if now.saturating_duration_since(at) > PARK_TTL {
+                tracing::debug!(
+                    qp_num = wc.qp_num,
+                    wr_id = wc.wr_id,
+                    status = wc.status,
+                    "completion for no queue pair dropped"
+                );
+                dropped += 1;
+            } else {
+                self.parked.push_back((at, wc));
+            }
+        }
+        dropped
+    }
+
+    /// Delivers fresh completions, parking the unclaimed ones; returns how
+    /// many were dropped because the parking space was full.
+    fn route(
+        &mut self,
+        now: Instant,
+        wcs: &[verbs::ibv_wc],
+        deliver: &mut dyn FnMut(u64, &dyn Any) -> bool,
+    ) -> u64 {
+        let mut dropped = 0;
+        for wc in wcs {
+            if deliver(wc.qp_num as u64, wc) {
+                continue;
+            }
+            if self.parked.len() >= self.cap {
+                tracing::warn!(
+                    qp_num = wc.qp_num,
+                    "too many completions for unknown queue pairs; dropped"
+                );
+                dropped += 1;
+            } else {
+                self.parked.push_back((now, *wc));
+            }
+        }
+        dropped
+    }
 }
 
 /// A listening RDMA CM id.
@@ -494,7 +922,7 @@ pub fn cm_loop(
                 }
                 let r = &reactors[next % reactors.len()];
                 next = next.wrapping_add(1);
-                match accept(v, id, &conn.0, conn.1, l, &target, r.id, &settings) {
+                match accept(v, id, &conn.0, conn.1, l, &target, r, &settings) {
                     Ok(qp) => {
                         tracing::debug!(peer = %qp.peer, qid = qp.cm_qid, reactor = r.id, "RDMA queue pair accepted");
                         if let Err(Message::Adopt(qp)) = r.send(Message::Adopt(Box::new(qp))) {
@@ -544,7 +972,7 @@ fn accept(
     host_ird: u8,
     l: &RdmaListener,
     target: &Arc<Target>,
-    reactor: usize,
+    reactor: &Arc<ReactorShared>,
     settings: &RdmaSettings,
 ) -> Result<RdmaQueuePair, Refused> {
     let req = CmRequest::parse(private_data).map_err(|s| {
@@ -591,19 +1019,33 @@ fn accept(
             "request has no device".into(),
         ));
     }
-    let (pd, dev, arena) = device_for(v, ctx, reactor, settings)
+    // A QP's sends (data WRITE + response SEND per slot, plus extra
+    // responses) and receives (one per slot) may all be outstanding at once:
+    // that many entries of the shared CQ are its own.
+    let max_depth = lim.max_queue_depth.max(lim.max_admin_queue_depth) as u32;
+    let cqes_per_qpair = 3 * max_depth + EXTRA_RESPONSES as u32;
+    let DeviceShare {
+        pd,
+        limits: dev,
+        arena,
+        group,
+    } = device_for(v, ctx, reactor, settings, cqes_per_qpair)
         .map_err(|e| Refused::Before(cm_status::NO_RESOURCES, e))?;
     let ord = u32::from(host_ird)
         .min(dev.max_qp_init_rd_atom)
         .min(settings.max_outstanding_reads)
         .max(1);
     let send_wr = 2 * depth + EXTRA_RESPONSES;
-    if send_wr as u32 > dev.max_qp_wr || (send_wr + depth) as u32 > dev.max_cqe {
+    let cqes = (send_wr + depth) as u32;
+    if send_wr as u32 > dev.max_qp_wr || cqes > dev.max_cqe {
         return Err(Refused::Before(
             cm_status::INVALID_HSQSIZE,
             format!("queue depth {depth} exceeds the device's limits"),
         ));
     }
+    group
+        .reserve(cqes)
+        .map_err(|e| Refused::Before(cm_status::NO_RESOURCES, format!("qid {}: {e}", req.qid)))?;
     // SAFETY: id is live (as above).
     let (peer, local) = unsafe {
         (
@@ -617,7 +1059,8 @@ fn accept(
         v,
         id,
         pd as *mut _,
-        ctx,
+        group,
+        cqes,
         depth,
         send_wr,
         target.clone(),
@@ -689,7 +1132,10 @@ struct Request {
     arrived: Instant,
 }
 
-/// Work request ids: kind in the top byte, index below.
+/// Work request ids: kind in the top byte, the QP's generation in bits
+/// 16..48, the slot or buffer index in the low 16 bits. The generation tells a
+/// QP's own completions from those of an earlier QP whose qp_num the device
+/// recycled (the shared CQ outlives QPs).
 mod wr {
     pub const RECV: u64 = 1 << 56;
     pub const READ: u64 = 2 << 56;
@@ -697,16 +1143,41 @@ mod wr {
     pub const SEND: u64 = 4 << 56;
     pub const SEND_EXTRA: u64 = 5 << 56;
     pub const KIND: u64 = 0xFF << 56;
+
+    pub fn id(kind: u64, gen: u32, index: u16) -> u64 {
+        kind | (gen as u64) << 16 | index as u64
+    }
+    pub fn gen(wr_id: u64) -> u32 {
+        (wr_id >> 16) as u32
+    }
+    pub fn index(wr_id: u64) -> u16 {
+        wr_id as u16
+    }
 }
+
+/// QP generations, one per QP this process creates (0 is never used).
+static NEXT_QP_GEN: AtomicU32 = AtomicU32::new(1);
 
 pub struct RdmaQueuePair {
     v: &'static Verbs,
     id: *mut rdma_cm_id,
     qp: *mut ibv_qp,
-    cq: *mut ibv_cq,
-    comp: *mut ibv_comp_channel,
+    /// `qp->qp_num`: the route of this QP's completions on the shared CQ.
+    qp_num: u32,
+    /// This QP's generation, carried in every wr_id it posts.
+    gen: u32,
+    /// The reactor's poll group this QP's sends and receives complete on.
+    group: Arc<PollGroup>,
+    /// CQ entries reserved in `group` (released on Drop).
+    cq_reserved: u32,
+    /// Work requests posted and not yet completed: a closed QP is destroyed
+    /// only when this is 0 (all flushed back), or after FLUSH_TIMEOUT.
+    wrs_outstanding: u32,
+    closed_at: Option<Instant>,
+    flush_given_up: bool,
+    /// The slot answering a Fabrics Disconnect: its SEND's completion closes.
+    disconnect_after: Option<u16>,
     chan: *mut rdma_event_channel,
-    epfd: OwnedFd,
     /// Receive buffers then response capsules, registered as `mem_mr`.
     mem: IoBuf,
     mem_mr: *mut ibv_mr,
@@ -755,7 +1226,8 @@ impl RdmaQueuePair {
         v: &'static Verbs,
         id: *mut rdma_cm_id,
         pd: *mut std::ffi::c_void,
-        ctx: *mut verbs::ibv_context,
+        group: Arc<PollGroup>,
+        cq_reserved: u32,
         depth: usize,
         send_wr: usize,
         target: Arc<Target>,
@@ -772,21 +1244,26 @@ impl RdmaQueuePair {
         let rsp_count = depth + EXTRA_RESPONSES;
         let mem = IoBuf::new(depth * recv_size + rsp_count * CQE_LEN);
         let arena_lkey = arena.lock().map(|a| a.lkey).unwrap_or(0);
-        // SAFETY: epoll_create1 returns a new fd or -1.
-        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if ep < 0 {
-            return Err(format!("epoll: {}", std::io::Error::last_os_error()));
-        }
-        // SAFETY: ep was just created and is owned only here.
-        let epfd = unsafe { OwnedFd::from_raw_fd(ep) };
+        let cq = group.cq;
+        // From here on `q` owns the id and the CQ reservation: its Drop
+        // releases whatever was made.
         let mut q = RdmaQueuePair {
             v,
             id,
             qp: std::ptr::null_mut(),
-            cq: std::ptr::null_mut(),
-            comp: std::ptr::null_mut(),
+            qp_num: 0,
+            gen: NEXT_QP_GEN
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |g| {
+                    Some(g.wrapping_add(1).max(1))
+                })
+                .unwrap_or(1),
+            group,
+            cq_reserved,
+            wrs_outstanding: 0,
+            closed_at: None,
+            flush_given_up: false,
+            disconnect_after: None,
             chan: std::ptr::null_mut(),
-            epfd,
             mem,
             mem_mr: std::ptr::null_mut(),
             mem_lkey: 0,
@@ -821,9 +1298,9 @@ impl RdmaQueuePair {
             shutting_down: false,
             building: true,
         };
-        // From here on `q` owns the id: its Drop releases whatever was made.
         // SAFETY: every pointer below is checked before use and stored in `q`,
-        // whose Drop destroys each exactly once in reverse order.
+        // whose Drop destroys each exactly once in reverse order. The CQ is
+        // the poll group's, which lives for the process.
         unsafe {
             q.chan = (v.rdma_create_event_channel)();
             if q.chan.is_null() {
@@ -835,27 +1312,10 @@ impl RdmaQueuePair {
                     std::io::Error::last_os_error()
                 ));
             }
-            q.comp = (v.ibv_create_comp_channel)(ctx);
-            if q.comp.is_null() {
-                return Err("ibv_create_comp_channel failed".into());
-            }
-            q.cq = (v.ibv_create_cq)(
-                ctx,
-                (send_wr + depth) as i32,
-                std::ptr::null_mut(),
-                q.comp,
-                0,
-            );
-            if q.cq.is_null() {
-                return Err(format!(
-                    "ibv_create_cq: {}",
-                    std::io::Error::last_os_error()
-                ));
-            }
             let mut attr = verbs::ibv_qp_init_attr {
                 qp_context: std::ptr::null_mut(),
-                send_cq: q.cq,
-                recv_cq: q.cq,
+                send_cq: cq,
+                recv_cq: cq,
                 srq: std::ptr::null_mut(),
                 cap: verbs::ibv_qp_cap {
                     max_send_wr: send_wr as u32,
@@ -874,6 +1334,7 @@ impl RdmaQueuePair {
                 ));
             }
             q.qp = (*id).qp;
+            q.qp_num = (*q.qp).qp_num;
             q.mem_mr = (v.ibv_reg_mr)(
                 pd,
                 q.mem.as_mut_ptr() as *mut _,
@@ -889,24 +1350,8 @@ impl RdmaQueuePair {
             q.post_recv(i)
                 .map_err(|e| format!("ibv_post_recv: errno {e}"))?;
         }
-        // SAFETY: comp and chan are live (created above).
-        let (cfd, chfd) = unsafe { ((*q.comp).fd, (*q.chan).fd) };
-        for fd in [cfd, chfd] {
-            verbs::set_nonblocking(fd).map_err(|e| format!("{e}"))?;
-            let mut ev = libc::epoll_event {
-                events: libc::EPOLLIN as u32,
-                u64: fd as u64,
-            };
-            // SAFETY: both fds are live; ev is valid for the call.
-            if unsafe { libc::epoll_ctl(q.epfd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0
-            {
-                return Err(format!("epoll_ctl: {}", std::io::Error::last_os_error()));
-            }
-        }
-        // SAFETY: cq is live.
-        if unsafe { verbs::req_notify_cq(q.cq) } != 0 {
-            return Err("ibv_req_notify_cq failed".into());
-        }
+        // SAFETY: chan is live (created above).
+        verbs::set_nonblocking(unsafe { (*q.chan).fd }).map_err(|e| format!("{e}"))?;
         q.building = false;
         Ok(q)
     }
@@ -929,7 +1374,7 @@ impl RdmaQueuePair {
             lkey: self.mem_lkey,
         };
         let mut wr = verbs::ibv_recv_wr {
-            wr_id: wr::RECV | i as u64,
+            wr_id: wr::id(wr::RECV, self.gen, i as u16),
             next: std::ptr::null_mut(),
             sg_list: &mut sge,
             num_sge: 1,
@@ -937,20 +1382,32 @@ impl RdmaQueuePair {
         // SAFETY: qp is live; the buffer is inside the registered `mem`, which
         // lives as long as the QP.
         match unsafe { verbs::post_recv(self.qp, &mut wr) } {
-            0 => Ok(()),
+            0 => {
+                self.wrs_outstanding += 1;
+                self.group.recv_wrs.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
             e => Err(e),
         }
     }
 
     /// Ends the connection: the QP goes to the error state (outstanding work
-    /// is flushed), the host sees a disconnect, the controller binding ends.
+    /// is flushed back to the shared CQ, and counted down before the QP may be
+    /// destroyed), the host sees a disconnect, the controller binding ends.
     fn close(&mut self, why: &str) {
         if self.state == State::Closed {
             return;
         }
         tracing::debug!(peer = %self.peer, qid = self.qid(), "RDMA queue pair closing: {why}");
-        // SAFETY: id is live until Drop.
-        unsafe { (self.v.rdma_disconnect)(self.id) };
+        // SAFETY: qp and id are live until Drop. ERR first: rdma_disconnect
+        // alone does not move a QP that never connected.
+        unsafe {
+            if !self.qp.is_null() {
+                verbs::modify_qp_to_error(self.v, self.qp);
+            }
+            (self.v.rdma_disconnect)(self.id);
+        }
+        self.closed_at = Some(Instant::now());
         if let Some(b) = self.binding.take() {
             let ctrl = b.ctrl();
             if b.qid() == 0 {
@@ -992,44 +1449,9 @@ impl RdmaQueuePair {
         }
     }
 
-    fn poll_completions(&mut self, ctx: &mut IoCtx) -> bool {
-        // Consume and acknowledge channel events, re-arm, then poll: a
-        // completion that raced the re-arm is picked up by this poll.
-        let mut events = 0u32;
-        loop {
-            let mut cq: *mut ibv_cq = std::ptr::null_mut();
-            let mut cqctx: *mut std::ffi::c_void = std::ptr::null_mut();
-            // SAFETY: comp is live and non-blocking.
-            if unsafe { (self.v.ibv_get_cq_event)(self.comp, &mut cq, &mut cqctx) } != 0 {
-                break;
-            }
-            events += 1;
-        }
-        if events > 0 {
-            // SAFETY: cq is live; acks exactly the events just taken.
-            unsafe { (self.v.ibv_ack_cq_events)(self.cq, events) };
-        }
-        // SAFETY: cq is live.
-        unsafe { verbs::req_notify_cq(self.cq) };
-        let mut any = false;
-        let mut wcs = [verbs::ibv_wc::default(); POLL_BATCH];
-        loop {
-            // SAFETY: cq is live.
-            let n = unsafe { verbs::poll_cq(self.cq, &mut wcs) };
-            if n <= 0 {
-                break;
-            }
-            any = true;
-            for wc in &wcs[..n as usize] {
-                self.on_completion(wc, ctx);
-            }
-        }
-        any
-    }
-
     fn on_completion(&mut self, wc: &verbs::ibv_wc, ctx: &mut IoCtx) {
         let kind = wc.wr_id & wr::KIND;
-        let idx = (wc.wr_id & 0xFFFF) as u16;
+        let idx = wr::index(wc.wr_id);
         if wc.status != verbs::IBV_WC_SUCCESS {
             if wc.status != verbs::IBV_WC_WR_FLUSH_ERR {
                 tracing::warn!(peer = %self.peer, qid = self.qid(), status = wc.status, kind = kind >> 56, "RDMA work request failed");
@@ -1071,6 +1493,12 @@ impl RdmaQueuePair {
             wr::WRITE => {}
             wr::SEND => {
                 self.free_slot(idx, ctx);
+                if self.disconnect_after == Some(idx) {
+                    // The Disconnect's response reached the host: now the QP
+                    // goes (NVMe-oF: the queue is deleted after the response).
+                    self.disconnect_after = None;
+                    return self.close("host sent a Fabrics Disconnect");
+                }
                 self.retry_buffers(ctx);
             }
             wr::SEND_EXTRA => self.extra_free.push(idx),
@@ -1154,7 +1582,7 @@ impl RdmaQueuePair {
             lkey: self.mem_lkey,
         };
         let mut s = verbs::ibv_send_wr {
-            wr_id: wr::SEND_EXTRA | i as u64,
+            wr_id: wr::id(wr::SEND_EXTRA, self.gen, i),
             sg_list: &mut sge,
             num_sge: 1,
             opcode: verbs::IBV_WR_SEND,
@@ -1162,7 +1590,8 @@ impl RdmaQueuePair {
             ..Default::default()
         };
         // SAFETY: qp is live; sge points into registered `mem`.
-        let e = unsafe { verbs::post_send(self.qp, &mut s) };
+        let (e, posted) = unsafe { verbs::post_send(self.qp, &mut s) };
+        self.count_sends(posted);
         if e != 0 {
             self.extra_free.push(i);
             tracing::warn!(peer = %self.peer, "ibv_post_send: errno {e}");
@@ -1183,6 +1612,7 @@ impl RdmaQueuePair {
         let Some(sqe) = Sqe::from_slice(&self.mem[base..base + SQE_LEN]) else {
             return self.close("bad capsule");
         };
+        self.group.requests.fetch_add(1, Ordering::Relaxed);
         let cid = sqe.cid();
         self.advance_sq_head();
         if !self.cid_insert(cid) {
@@ -1390,7 +1820,7 @@ impl RdmaQueuePair {
                 lkey: self.arena_lkey,
             };
             let mut w = verbs::ibv_send_wr {
-                wr_id: wr::READ | slot as u64,
+                wr_id: wr::id(wr::READ, self.gen, slot),
                 sg_list: &mut sge,
                 num_sge: 1,
                 opcode: verbs::IBV_WR_RDMA_READ,
@@ -1402,7 +1832,8 @@ impl RdmaQueuePair {
             r.state = ReqState::Reading;
             // SAFETY: qp is live; the local buffer is in the registered arena
             // and owned by this request until its completion.
-            let e = unsafe { verbs::post_send(self.qp, &mut w) };
+            let (e, posted) = unsafe { verbs::post_send(self.qp, &mut w) };
+            self.count_sends(posted);
             if e != 0 {
                 tracing::warn!(peer = %self.peer, "RDMA READ post failed: errno {e}");
                 self.close("cannot post an RDMA READ");
@@ -1547,6 +1978,9 @@ impl RdmaQueuePair {
                 if self.qid() == 0 {
                     return Err(Status::INVALID_FIELD);
                 }
+                // Answered first; the SEND's completion closes the QP.
+                tracing::info!(peer = %self.peer, qid = self.qid(), "Fabrics Disconnect: the queue pair closes after the response");
+                self.disconnect_after = Some(slot);
                 self.finish(slot, Status::SUCCESS, 0, ctx);
                 Ok(())
             }
@@ -1687,7 +2121,7 @@ impl RdmaQueuePair {
             lkey: self.mem_lkey,
         };
         let mut send = verbs::ibv_send_wr {
-            wr_id: wr::SEND | slot as u64,
+            wr_id: wr::id(wr::SEND, self.gen, slot),
             sg_list: &mut rsp_sge,
             num_sge: 1,
             opcode: verbs::IBV_WR_SEND,
@@ -1708,7 +2142,7 @@ impl RdmaQueuePair {
                     lkey: self.arena_lkey,
                 };
                 wwr = verbs::ibv_send_wr {
-                    wr_id: wr::WRITE | slot as u64,
+                    wr_id: wr::id(wr::WRITE, self.gen, slot),
                     sg_list: &mut data_sge,
                     num_sge: 1,
                     opcode: verbs::IBV_WR_RDMA_WRITE,
@@ -1726,12 +2160,20 @@ impl RdmaQueuePair {
         // SAFETY: qp is live; every sge points into registered memory (`mem`
         // or the arena) held by this slot until the SEND completes; the WR
         // chain lives on this stack frame for the call.
-        let e = unsafe { verbs::post_send(self.qp, first) };
+        let (e, posted) = unsafe { verbs::post_send(self.qp, first) };
+        self.count_sends(posted);
         if e != 0 {
             tracing::warn!(peer = %self.peer, "ibv_post_send: errno {e}");
             self.close("cannot post a send");
             self.free_slot(slot, ctx);
         }
+    }
+
+    fn count_sends(&mut self, posted: u32) {
+        self.wrs_outstanding += posted;
+        self.group
+            .send_wrs
+            .fetch_add(posted as u64, Ordering::Relaxed);
     }
 
     fn fail_waiting(&mut self, ctx: &mut IoCtx) {
@@ -1749,17 +2191,35 @@ impl RdmaQueuePair {
 
 impl QueuePair for RdmaQueuePair {
     fn fd(&self) -> RawFd {
-        self.epfd.as_raw_fd()
+        // The CM event channel (established, disconnected); completions come
+        // through the reactor's shared poller.
+        // SAFETY: chan is live until Drop (a QP is handed over only built).
+        unsafe { (*self.chan).fd }
     }
 
     fn on_readable(&mut self, ctx: &mut IoCtx) {
-        // Drain the inner epoll set's readiness (level-triggered; reading the
-        // channels below is what clears it).
-        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
-        // SAFETY: evs is a valid array of 4 events; zero timeout.
-        unsafe { libc::epoll_wait(self.epfd.as_raw_fd(), evs.as_mut_ptr(), 4, 0) };
-        self.poll_completions(ctx);
         self.drain_cm_events();
+        if self.state == State::Closed {
+            self.fail_waiting(ctx);
+        }
+    }
+
+    fn route(&self) -> Option<(u64, u64)> {
+        Some((self.group.id, self.qp_num as u64))
+    }
+
+    fn on_polled(&mut self, event: &dyn Any, ctx: &mut IoCtx) {
+        let Some(wc) = event.downcast_ref::<verbs::ibv_wc>() else {
+            return;
+        };
+        if wr::gen(wc.wr_id) != self.gen {
+            // An earlier QP's completion under a recycled qp_num: not ours.
+            tracing::debug!(peer = %self.peer, qp_num = wc.qp_num, wr_id = wc.wr_id, "completion of an earlier queue pair dropped");
+            self.group.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.wrs_outstanding = self.wrs_outstanding.saturating_sub(1);
+        self.on_completion(wc, ctx);
         if self.state == State::Closed {
             self.fail_waiting(ctx);
         }
@@ -1836,10 +2296,17 @@ impl QueuePair for RdmaQueuePair {
         }
         if self.state != State::Closed {
             self.retry_buffers(ctx);
-            // A completion event lost to a race would otherwise wait forever.
-            self.poll_completions(ctx);
         } else {
             self.fail_waiting(ctx);
+            if let Some(t) = self.closed_at {
+                if self.wrs_outstanding > 0
+                    && !self.flush_given_up
+                    && ctx.now.saturating_duration_since(t) > FLUSH_TIMEOUT
+                {
+                    tracing::warn!(peer = %self.peer, qid = self.qid(), outstanding = self.wrs_outstanding, "RDMA work requests not flushed in time; destroying the queue pair anyway");
+                    self.flush_given_up = true;
+                }
+            }
         }
         if self.shutting_down && self.dev_ops == 0 {
             self.close("target shutting down");
@@ -1854,7 +2321,9 @@ impl QueuePair for RdmaQueuePair {
     }
 
     fn finished(&self) -> bool {
-        self.state == State::Closed && self.dev_ops == 0
+        self.state == State::Closed
+            && self.dev_ops == 0
+            && (self.wrs_outstanding == 0 || self.flush_given_up)
     }
 
     fn describe(&self) -> String {
@@ -1873,15 +2342,10 @@ impl Drop for RdmaQueuePair {
         }
         // SAFETY: each object was created in `create` (NULL when not reached)
         // and is destroyed once, QP first so no DMA touches memory freed after.
+        // The shared CQ stays (the poll group's).
         unsafe {
             if !self.qp.is_null() {
                 (v.rdma_destroy_qp)(self.id);
-            }
-            if !self.cq.is_null() {
-                (v.ibv_destroy_cq)(self.cq);
-            }
-            if !self.comp.is_null() {
-                (v.ibv_destroy_comp_channel)(self.comp);
             }
             if !self.mem_mr.is_null() {
                 (v.ibv_dereg_mr)(self.mem_mr);
@@ -1891,6 +2355,9 @@ impl Drop for RdmaQueuePair {
                 (v.rdma_destroy_event_channel)(self.chan);
             }
         }
+        // No completion of this QP can come any more (flushed, or dropped by
+        // route when late): its CQ entries go back to the group.
+        self.group.release(self.cq_reserved);
         // No DMA can reach the arena now: give back what requests held.
         if let Ok(mut a) = self.arena.lock() {
             for r in self.slots.iter_mut().flatten() {
@@ -1934,6 +2401,113 @@ mod tests {
         a.free(c4);
         assert!(a.used.iter().all(|u| !u));
         assert!(a.alloc(16 * ARENA_PAGE).is_some());
+    }
+
+    fn wc(qp_num: u32, wr_id: u64) -> verbs::ibv_wc {
+        verbs::ibv_wc {
+            qp_num,
+            wr_id,
+            ..Default::default()
+        }
+    }
+
+    /// A stand-in for the reactor's routes: qp_num -> delivered wr_ids.
+    struct Routes(std::collections::HashMap<u64, Vec<u64>>);
+
+    impl Routes {
+        fn deliver(&mut self) -> impl FnMut(u64, &dyn Any) -> bool + '_ {
+            |key, ev| match (self.0.get_mut(&key), ev.downcast_ref::<verbs::ibv_wc>()) {
+                (Some(v), Some(wc)) => {
+                    v.push(wc.wr_id);
+                    true
+                }
+                _ => false,
+            }
+        }
+    }
+
+    #[test]
+    fn completions_before_adoption_wait_and_arrive_in_order() {
+        let t0 = Instant::now();
+        let mut r = CompletionRouter::new(16);
+        let mut routes = Routes([(1u64, vec![])].into_iter().collect());
+        // QP 2's first receives complete before its Adopt reached the reactor.
+        let d = r.route(t0, &[wc(2, 10), wc(1, 5), wc(2, 11)], &mut routes.deliver());
+        assert_eq!(d, 0);
+        assert_eq!(routes.0[&1], vec![5]);
+        assert_eq!(r.parked.len(), 2);
+        // Adopted: the parked ones come first, then the fresh one, in order.
+        routes.0.insert(2, vec![]);
+        assert_eq!(r.retry(t0, &mut routes.deliver()), 0);
+        r.route(t0, &[wc(2, 12)], &mut routes.deliver());
+        assert_eq!(routes.0[&2], vec![10, 11, 12]);
+        assert!(r.parked.is_empty());
+    }
+
+    #[test]
+    fn completions_of_no_queue_pair_are_dropped_never_delivered() {
+        let t0 = Instant::now();
+        let mut r = CompletionRouter::new(2);
+        let mut routes = Routes([(1u64, vec![])].into_iter().collect());
+        // Three for a gone QP: two park, the third finds the space full.
+        assert_eq!(
+            r.route(t0, &[wc(9, 1), wc(9, 2), wc(9, 3)], &mut routes.deliver()),
+            1
+        );
+        assert_eq!(r.retry(t0 + PARK_TTL / 2, &mut routes.deliver()), 0);
+        assert_eq!(r.parked.len(), 2);
+        // Past the TTL they are dropped, and never reach another QP.
+        assert_eq!(r.retry(t0 + PARK_TTL * 2, &mut routes.deliver()), 2);
+        assert!(r.parked.is_empty());
+        assert!(routes.0[&1].is_empty());
+    }
+
+    #[test]
+    fn wr_ids_carry_kind_generation_and_index() {
+        let id = wr::id(wr::SEND, 0xDEAD_BEEF, 0xFFFF);
+        assert_eq!(id & wr::KIND, wr::SEND);
+        assert_eq!(wr::gen(id), 0xDEAD_BEEF);
+        assert_eq!(wr::index(id), 0xFFFF);
+        // A recycled qp_num with another generation is told apart.
+        assert_ne!(
+            wr::gen(wr::id(wr::RECV, 2, 3)),
+            wr::gen(wr::id(wr::RECV, 1, 3))
+        );
+    }
+
+    fn fake_group(cq_entries: u32) -> PollGroup {
+        PollGroup {
+            id: 0,
+            reactor: 1,
+            device: "rxe0".into(),
+            cq: std::ptr::null_mut(),
+            comp: std::ptr::null_mut(),
+            cq_entries,
+            cq_reserved: AtomicU32::new(0),
+            qpairs: AtomicU32::new(0),
+            polls: AtomicU64::new(0),
+            idle_polls: AtomicU64::new(0),
+            completions: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            send_wrs: AtomicU64::new(0),
+            recv_wrs: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    #[test]
+    fn a_queue_pair_that_would_overflow_the_cq_is_refused() {
+        // Depth 128: 2 x 128 + 16 sends + 128 receives = 400 entries each.
+        let g = fake_group(1000);
+        assert!(g.reserve(400).is_ok());
+        assert!(g.reserve(400).is_ok());
+        let e = g.reserve(400).unwrap_err();
+        assert!(e.contains("reactor 1 on rxe0 is full: 800 of 1000"), "{e}");
+        assert_eq!(g.qpairs.load(Ordering::Relaxed), 2);
+        g.release(400);
+        assert!(g.reserve(400).is_ok());
+        assert_eq!(g.cq_reserved.load(Ordering::Relaxed), 800);
+        assert!(g.reserve(u32::MAX).is_err());
     }
 
     #[test]

@@ -190,6 +190,16 @@ pub struct ibv_qp {
     pub qp_num: u32,
 }
 
+/// The head of `struct ibv_cq` through `cqe` (the size the provider gave).
+#[repr(C)]
+pub struct ibv_cq_head {
+    pub context: *mut ibv_context,
+    pub channel: *mut ibv_comp_channel,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+}
+
 /// `struct ibv_comp_channel`.
 #[repr(C)]
 pub struct ibv_comp_channel {
@@ -262,6 +272,7 @@ const _: () = assert!(
 );
 const _: () = assert!(std::mem::offset_of!(ibv_qp, qp_num) == 52);
 const _: () = assert!(std::mem::offset_of!(ibv_comp_channel, fd) == 8);
+const _: () = assert!(std::mem::offset_of!(ibv_cq_head, cqe) == 28);
 const _: () = assert!(std::mem::offset_of!(ibv_mr, lkey) == 36);
 const _: () = assert!(std::mem::offset_of!(ibv_mr, rkey) == 40);
 const _: () = assert!(std::mem::offset_of!(rdma_cm_id, qp) == 24);
@@ -284,6 +295,13 @@ pub const IBV_SEND_SIGNALED: c_uint = 2;
 /// `enum ibv_wc_status`.
 pub const IBV_WC_SUCCESS: c_uint = 0;
 pub const IBV_WC_WR_FLUSH_ERR: c_uint = 5;
+/// `enum ibv_qp_state`: error (outstanding work requests complete as flushed).
+pub const IBV_QPS_ERR: c_uint = 6;
+/// `enum ibv_qp_attr_mask`: the state field.
+pub const IBV_QP_STATE: c_int = 1;
+/// `struct ibv_qp_attr` is 144 bytes in rdma-core 44; `modify_qp_to_error`
+/// passes a zeroed buffer of this size with only `qp_state` (offset 0) set.
+const QP_ATTR_LEN: usize = 144;
 /// `enum rdma_cm_event_type`.
 pub mod cm_event {
     pub const CONNECT_REQUEST: u32 = 4;
@@ -322,6 +340,8 @@ pub struct Verbs {
         unsafe extern "C" fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int,
     pub ibv_ack_cq_events: unsafe extern "C" fn(*mut ibv_cq, c_uint),
     pub ibv_query_device: unsafe extern "C" fn(*mut ibv_context, *mut c_void) -> c_int,
+    pub ibv_modify_qp: unsafe extern "C" fn(*mut ibv_qp, *mut c_void, c_int) -> c_int,
+    pub ibv_get_device_name: unsafe extern "C" fn(*mut c_void) -> *const c_char,
     pub rdma_create_event_channel: unsafe extern "C" fn() -> *mut rdma_event_channel,
     pub rdma_destroy_event_channel: unsafe extern "C" fn(*mut rdma_event_channel),
     pub rdma_create_id: unsafe extern "C" fn(
@@ -433,6 +453,8 @@ fn open() -> Result<Verbs, String> {
         ibv_get_cq_event: f!(ib, ibv_get_cq_event),
         ibv_ack_cq_events: f!(ib, ibv_ack_cq_events),
         ibv_query_device: f!(ib, ibv_query_device),
+        ibv_modify_qp: f!(ib, ibv_modify_qp),
+        ibv_get_device_name: f!(ib, ibv_get_device_name),
         rdma_create_event_channel: f!(cm, rdma_create_event_channel),
         rdma_destroy_event_channel: f!(cm, rdma_destroy_event_channel),
         rdma_create_id: f!(cm, rdma_create_id),
@@ -487,19 +509,66 @@ pub unsafe fn query_device(v: &Verbs, ctx: *mut ibv_context) -> Result<DeviceLim
     })
 }
 
-/// The inline `ibv_post_send`.
+/// The inline `ibv_post_send`: 0 or an errno, and how many work requests of
+/// the chain were posted (all on success; those before the bad one on error,
+/// whose completions will still arrive).
 ///
 /// # Safety
 /// `qp` is a live QP; `wr` a valid chain whose buffers stay registered and alive
 /// until their completions are polled.
-pub unsafe fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr) -> c_int {
+pub unsafe fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr) -> (c_int, u32) {
     let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
     // SAFETY: qp and its context are live (caller); ops.post_send is filled in
     // by every provider.
-    unsafe {
+    let rc = unsafe {
         match (*(*qp).context).ops.post_send {
             Some(f) => f(qp, wr, &mut bad),
             None => libc::ENOSYS,
+        }
+    };
+    let mut posted = 0;
+    let mut w = wr;
+    while !w.is_null() && (rc == 0 || w != bad) {
+        posted += 1;
+        // SAFETY: the chain is valid (caller) and unchanged by the provider.
+        w = unsafe { (*w).next };
+    }
+    if rc != 0 && bad.is_null() {
+        // A provider that failed without naming the bad request posted none
+        // we can count on; assume none (the QP is closed on any error).
+        posted = 0;
+    }
+    (rc, posted)
+}
+
+/// Moves a QP to the error state: every outstanding work request completes
+/// with IBV_WC_WR_FLUSH_ERR on its CQ, and no new one starts.
+///
+/// # Safety
+/// `qp` is a live QP.
+pub unsafe fn modify_qp_to_error(v: &Verbs, qp: *mut ibv_qp) -> c_int {
+    #[repr(C, align(8))]
+    struct QpAttr([u32; QP_ATTR_LEN / 4]);
+    let mut attr = QpAttr([0; QP_ATTR_LEN / 4]);
+    attr.0[0] = IBV_QPS_ERR; // qp_state, the first field
+                             // SAFETY: attr is a zeroed, 8-aligned struct ibv_qp_attr of the right size
+                             // whose qp_state is ERR; with IBV_QP_STATE only that field is read.
+    unsafe { (v.ibv_modify_qp)(qp, &mut attr as *mut QpAttr as *mut c_void, IBV_QP_STATE) }
+}
+
+/// The device name (`rxe0`, `mlx5_0`) of a device context.
+///
+/// # Safety
+/// `ctx` is a live device context.
+pub unsafe fn device_name(v: &Verbs, ctx: *mut ibv_context) -> String {
+    // SAFETY: ctx is live (caller); its device pointer is valid for its life;
+    // the name is a NUL-terminated string inside the device.
+    unsafe {
+        let n = (v.ibv_get_device_name)((*ctx).device);
+        if n.is_null() {
+            "unknown".into()
+        } else {
+            CStr::from_ptr(n).to_string_lossy().into_owned()
         }
     }
 }
