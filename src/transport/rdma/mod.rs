@@ -1105,6 +1105,24 @@ enum State {
     Closed,
 }
 
+/// What happens to a responding slot when `ibv_post_send` refused part of its
+/// chain (a data WRITE, when `chained`, then the response SEND).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotAfterFailedPost {
+    /// Nothing of it reached the QP: free it now.
+    Free,
+    /// The WRITE is on the QP and reads the slot's memory until it completes.
+    AwaitWrite,
+}
+
+fn slot_after_failed_post(chained: bool, posted: u32) -> SlotAfterFailedPost {
+    if chained && posted > 0 {
+        SlotAfterFailedPost::AwaitWrite
+    } else {
+        SlotAfterFailedPost::Free
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ReqState {
     /// Waiting for arena memory.
@@ -1116,6 +1134,10 @@ enum ReqState {
     Executing,
     /// Data WRITE and response SEND posted; freed on the SEND completion.
     Responding,
+    /// The data WRITE was posted but its SEND was refused (the QP is closing):
+    /// the WRITE may still be reading the slot's arena memory, so the slot is
+    /// freed on the WRITE's own completion (success or flush), not before.
+    WriteOrphaned,
 }
 
 struct Request {
@@ -1465,6 +1487,7 @@ impl RdmaQueuePair {
                 }
                 wr::SEND => self.free_slot(idx, ctx),
                 wr::SEND_EXTRA => self.extra_free.push(idx),
+                wr::WRITE => self.free_orphaned_write(idx, ctx),
                 _ => {}
             }
             return;
@@ -1490,7 +1513,7 @@ impl RdmaQueuePair {
                     self.finish(idx, st, 0, ctx);
                 }
             }
-            wr::WRITE => {}
+            wr::WRITE => self.free_orphaned_write(idx, ctx),
             wr::SEND => {
                 self.free_slot(idx, ctx);
                 if self.disconnect_after == Some(idx) {
@@ -1503,6 +1526,18 @@ impl RdmaQueuePair {
             }
             wr::SEND_EXTRA => self.extra_free.push(idx),
             _ => tracing::warn!(wr_id = wc.wr_id, "completion of an unknown work request"),
+        }
+    }
+
+    /// A WRITE whose SEND never went out has finished with the slot's memory.
+    fn free_orphaned_write(&mut self, slot: u16, ctx: &mut IoCtx) {
+        let orphaned = self
+            .slots
+            .get(slot as usize)
+            .and_then(|s| s.as_ref())
+            .is_some_and(|r| r.state == ReqState::WriteOrphaned);
+        if orphaned {
+            self.free_slot(slot, ctx);
         }
     }
 
@@ -2165,7 +2200,14 @@ impl RdmaQueuePair {
         if e != 0 {
             tracing::warn!(peer = %self.peer, "ibv_post_send: errno {e}");
             self.close("cannot post a send");
-            self.free_slot(slot, ctx);
+            let chained = !std::ptr::eq(first, &send);
+            match (
+                slot_after_failed_post(chained, posted),
+                self.slots.get_mut(slot as usize).and_then(|s| s.as_mut()),
+            ) {
+                (SlotAfterFailedPost::AwaitWrite, Some(r)) => r.state = ReqState::WriteOrphaned,
+                _ => self.free_slot(slot, ctx),
+            }
         }
     }
 
@@ -2372,6 +2414,16 @@ impl Drop for RdmaQueuePair {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_posted_write_keeps_its_slot_until_it_completes() {
+        use SlotAfterFailedPost::*;
+        // WRITE went, SEND refused: the WRITE still reads the arena memory.
+        assert_eq!(slot_after_failed_post(true, 1), AwaitWrite);
+        // Nothing posted, or a lone SEND refused: nothing reads the slot.
+        assert_eq!(slot_after_failed_post(true, 0), Free);
+        assert_eq!(slot_after_failed_post(false, 0), Free);
+    }
 
     #[test]
     fn arena_allocates_disjoint_page_runs_and_reuses_freed_ones() {
