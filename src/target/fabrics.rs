@@ -1,11 +1,12 @@
 //! Fabrics Connect: creates a controller (admin queue) or joins an existing one (I/O
 //! queue), with the access checks and the error details the host prints.
 
-use super::{Controller, SubsystemKind, Target};
+use super::{Controller, Namespace, QpairStats, SubsystemKind, Target};
 use crate::wire::nvme::{
     ConnectCommand, ConnectData, Status, CONNECT_DATA_CNTLID_OFF, CONNECT_DATA_HOSTNQN_OFF,
     CONNECT_DATA_SUBNQN_OFF, NQN_MAX_LEN,
 };
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Which queue of which controller a connection now is.
@@ -35,6 +36,68 @@ pub struct ConnectRefusal {
     pub status: Status,
     pub result: u32,
     pub reason: String,
+}
+
+/// A queue a Connect has bound, with what its transport keeps for it.
+pub struct Connected {
+    pub binding: QueueBinding,
+    /// This queue pair's counters, registered with the target for metrics.
+    pub stats: Arc<QpairStats>,
+    /// The subsystem's namespace generation and namespaces at connect time.
+    pub ns_gen: u64,
+    pub namespaces: Vec<Arc<Namespace>>,
+}
+
+/// A Connect as every transport answers it: `connect`, then the queue pair's
+/// statistics registered, the namespaces snapshotted, and the outcome logged
+/// and (for refusals) counted. `transport` names the transport in the log.
+pub fn accept_connect(
+    target: &Target,
+    cmd: &ConnectCommand,
+    data: &ConnectData,
+    peer: &str,
+    local: Option<std::net::SocketAddr>,
+    transport: &str,
+) -> Result<Connected, ConnectRefusal> {
+    let binding = match connect(target, cmd, data, peer, local) {
+        Ok(b) => b,
+        Err(refusal) => {
+            let counter = if refusal.status == Status::CONNECT_INVALID_HOST {
+                &target.refused_host
+            } else {
+                &target.refused_other
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(peer, host = %data.hostnqn, subnqn = %data.subnqn, qid = cmd.qid, transport, "connect refused: {}", refusal.reason);
+            return Err(refusal);
+        }
+    };
+    let ctrl = binding.ctrl();
+    let stats = Arc::new(QpairStats {
+        subnqn: ctrl.subsys.nqn.clone(),
+        cntlid: ctrl.cntlid,
+        qid: binding.qid(),
+        peer: peer.to_string(),
+        ..Default::default()
+    });
+    target.register_qpair(&stats);
+    if binding.qid() == 0 {
+        tracing::info!(cntlid = ctrl.cntlid, host = %data.hostnqn, subnqn = %data.subnqn, peer, kato_ms = cmd.kato, transport, "controller created");
+    } else {
+        tracing::debug!(
+            cntlid = ctrl.cntlid,
+            qid = binding.qid(),
+            sqsize = cmd.sqsize,
+            transport,
+            "I/O queue connected"
+        );
+    }
+    Ok(Connected {
+        ns_gen: ctrl.subsys.ns_gen.load(Ordering::Acquire),
+        namespaces: ctrl.subsys.namespace_snapshot(),
+        stats,
+        binding,
+    })
 }
 
 /// SQE byte offsets of Connect fields (IATTR 0).
@@ -249,6 +312,50 @@ mod tests {
             subnqn: sub.into(),
             hostnqn: host.into(),
         }
+    }
+
+    #[test]
+    fn accepting_registers_the_queue_and_counts_refusals() {
+        let t = setup();
+        let c = accept_connect(
+            &t,
+            &cmd(0),
+            &data("nqn.s", "nqn.h", 0xFFFF),
+            "p",
+            None,
+            "tcp",
+        )
+        .unwrap();
+        assert_eq!(
+            (c.binding.qid(), c.stats.qid, c.stats.subnqn.as_str()),
+            (0, 0, "nqn.s")
+        );
+        assert_eq!(c.stats.cntlid, c.binding.ctrl().cntlid);
+        assert_eq!(t.live_qpairs().len(), 1);
+        let refused = accept_connect(
+            &t,
+            &cmd(0),
+            &data("nqn.s", "nqn.other", 0xFFFF),
+            "p",
+            None,
+            "rdma",
+        );
+        assert_eq!(
+            refused.err().map(|r| r.status),
+            Some(Status::CONNECT_INVALID_HOST)
+        );
+        let refused = accept_connect(
+            &t,
+            &cmd(0),
+            &data("nqn.nope", "nqn.h", 0xFFFF),
+            "p",
+            None,
+            "tcp",
+        );
+        assert!(refused.is_err());
+        assert_eq!(t.refused_host.load(Ordering::Relaxed), 1);
+        assert_eq!(t.refused_other.load(Ordering::Relaxed), 1);
+        assert_eq!(t.live_qpairs().len(), 1);
     }
 
     #[test]

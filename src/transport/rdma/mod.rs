@@ -1957,37 +1957,30 @@ impl RdmaQueuePair {
                     );
                     return Ok(());
                 }
-                match fabrics::connect(&self.target, &cmd, &data, &self.peer, Some(self.local)) {
-                    Ok(binding) => {
-                        let ctrl = binding.ctrl().clone();
-                        if binding.qid() == 0 {
+                match fabrics::accept_connect(
+                    &self.target,
+                    &cmd,
+                    &data,
+                    &self.peer,
+                    Some(self.local),
+                    "rdma",
+                ) {
+                    Ok(c) => {
+                        let ctrl = c.binding.ctrl().clone();
+                        if c.binding.qid() == 0 {
+                            // Hosts on this controller describe data with keyed SGLs.
                             ctrl.keyed_sgl.store(true, Ordering::Release);
-                            tracing::info!(cntlid = ctrl.cntlid, host = %data.hostnqn, subnqn = %data.subnqn, peer = %self.peer, kato_ms = cmd.kato, "controller created (NVMe/RDMA)");
                         }
                         self.sqsize = cmd.sqsize;
                         self.sq_head = 0;
                         self.sqflow_disabled = cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0;
-                        let st = Arc::new(crate::target::QpairStats {
-                            subnqn: ctrl.subsys.nqn.clone(),
-                            cntlid: ctrl.cntlid,
-                            qid: binding.qid(),
-                            peer: self.peer.clone(),
-                            ..Default::default()
-                        });
-                        self.target.register_qpair(&st);
-                        self.stats = Some(st);
-                        self.ns_gen = ctrl.subsys.ns_gen.load(Ordering::Acquire);
-                        self.namespaces = ctrl.subsys.namespace_snapshot();
-                        self.binding = Some(binding);
+                        self.stats = Some(c.stats);
+                        self.ns_gen = c.ns_gen;
+                        self.namespaces = c.namespaces;
+                        self.binding = Some(c.binding);
                         self.finish(slot, Status::SUCCESS, ctrl.cntlid as u64, ctx);
                     }
                     Err(refusal) => {
-                        if refusal.status == Status::CONNECT_INVALID_HOST {
-                            self.target.refused_host.fetch_add(1, Ordering::Relaxed);
-                        } else {
-                            self.target.refused_other.fetch_add(1, Ordering::Relaxed);
-                        }
-                        tracing::warn!(peer = %self.peer, host = %data.hostnqn, subnqn = %data.subnqn, qid = cmd.qid, "connect refused: {}", refusal.reason);
                         self.finish(slot, refusal.status, refusal.result as u64, ctx);
                     }
                 }
