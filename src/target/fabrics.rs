@@ -3,8 +3,8 @@
 
 use super::{Controller, Namespace, QpairStats, SubsystemKind, Target};
 use crate::wire::nvme::{
-    ConnectCommand, ConnectData, Status, CONNECT_DATA_CNTLID_OFF, CONNECT_DATA_HOSTNQN_OFF,
-    CONNECT_DATA_SUBNQN_OFF, NQN_MAX_LEN,
+    fctype, ConnectCommand, ConnectData, PropertyCommand, Sqe, Status, CONNECT_DATA_CNTLID_OFF,
+    CONNECT_DATA_HOSTNQN_OFF, CONNECT_DATA_SUBNQN_OFF, NQN_MAX_LEN,
 };
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -98,6 +98,22 @@ pub fn accept_connect(
         stats,
         binding,
     })
+}
+
+/// Property Get / Property Set, on the admin queue only: the value read (0 for
+/// a set), to put in the response's DW0.
+pub fn property(target: &Target, binding: Option<&QueueBinding>, sqe: &Sqe) -> Result<u64, Status> {
+    let Some(QueueBinding::Admin(ctrl)) = binding else {
+        return Err(Status::INVALID_OPCODE);
+    };
+    let p = PropertyCommand::parse(sqe);
+    ctrl.keep_alive();
+    if sqe.fctype() == fctype::PROPERTY_GET {
+        ctrl.get_property(p.offset, super::admin::cap(target, ctrl))
+    } else {
+        ctrl.set_property(p.offset, p.value)?;
+        Ok(0)
+    }
 }
 
 /// SQE byte offsets of Connect fields (IATTR 0).

@@ -15,8 +15,8 @@ use crate::target::io::{self as tio, IoPlan};
 use crate::target::{Namespace, Target, ADMIN_IN_CAPSULE_DATA};
 use crate::transport::out::OutQueue;
 use crate::wire::nvme::{
-    admin_opc, fctype, ConnectCommand, ConnectData, Cqe, DataDirection, PropertyCommand,
-    SglDescriptor, Sqe, Status, CATTR_DISABLE_SQ_FLOW, CONNECT_DATA_LEN,
+    admin_opc, fctype, ConnectCommand, ConnectData, Cqe, DataDirection, SglDescriptor, Sqe, Status,
+    CATTR_DISABLE_SQ_FLOW, CONNECT_DATA_LEN,
 };
 use crate::wire::tcp::{self as pdu, fes, DataHeader, Digests, ICResp, ParseLimits, Pdu, PduError};
 use std::io::{ErrorKind, Read};
@@ -885,19 +885,8 @@ impl TcpConnection {
                 Ok(())
             }
             fctype::PROPERTY_GET | fctype::PROPERTY_SET => {
-                let Some(QueueBinding::Admin(ctrl)) = self.binding.clone() else {
-                    return Err(Status::INVALID_OPCODE);
-                };
-                let p = PropertyCommand::parse(sqe);
-                ctrl.keep_alive();
-                if sqe.fctype() == fctype::PROPERTY_GET {
-                    let cap = admin::cap(&self.target, &ctrl);
-                    let v = ctrl.get_property(p.offset, cap)?;
-                    self.finish(slot, Status::SUCCESS, v, ctx);
-                } else {
-                    ctrl.set_property(p.offset, p.value)?;
-                    self.finish(slot, Status::SUCCESS, 0, ctx);
-                }
+                let v = fabrics::property(&self.target, self.binding.as_ref(), sqe)?;
+                self.finish(slot, Status::SUCCESS, v, ctx);
                 Ok(())
             }
             fctype::DISCONNECT => {

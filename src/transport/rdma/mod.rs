@@ -33,8 +33,8 @@ use crate::target::fabrics::{self, QueueBinding};
 use crate::target::io::{self as tio, IoPlan};
 use crate::target::{Namespace, Target, ADMIN_IN_CAPSULE_DATA};
 use crate::wire::nvme::{
-    admin_opc, fctype, ConnectCommand, ConnectData, Cqe, DataDirection, PropertyCommand, Sqe,
-    Status, CATTR_DISABLE_SQ_FLOW, CONNECT_DATA_LEN, CQE_LEN, SQE_LEN,
+    admin_opc, fctype, ConnectCommand, ConnectData, Cqe, DataDirection, Sqe, Status,
+    CATTR_DISABLE_SQ_FLOW, CONNECT_DATA_LEN, CQE_LEN, SQE_LEN,
 };
 use crate::wire::rdma::{self as rwire, cm_status, CmRequest, DataDescriptor};
 use std::any::Any;
@@ -1987,19 +1987,8 @@ impl RdmaQueuePair {
                 Ok(())
             }
             fctype::PROPERTY_GET | fctype::PROPERTY_SET => {
-                let Some(QueueBinding::Admin(ctrl)) = self.binding.clone() else {
-                    return Err(Status::INVALID_OPCODE);
-                };
-                let p = PropertyCommand::parse(sqe);
-                ctrl.keep_alive();
-                if sqe.fctype() == fctype::PROPERTY_GET {
-                    let cap = admin::cap(&self.target, &ctrl);
-                    let v = ctrl.get_property(p.offset, cap)?;
-                    self.finish(slot, Status::SUCCESS, v, ctx);
-                } else {
-                    ctrl.set_property(p.offset, p.value)?;
-                    self.finish(slot, Status::SUCCESS, 0, ctx);
-                }
+                let v = fabrics::property(&self.target, self.binding.as_ref(), sqe)?;
+                self.finish(slot, Status::SUCCESS, v, ctx);
                 Ok(())
             }
             fctype::DISCONNECT => {
