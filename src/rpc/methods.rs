@@ -285,6 +285,22 @@ impl Control {
         Ok(json!({"tick_rate": 1_000_000_000u64, "pid": std::process::id(), "reactors": rs}))
     }
 
+    /// Adds a listener the RPC just opened to the target's list (discovery log
+    /// entries, port IDs).
+    fn announce_listener(&self, addr: std::net::SocketAddr, discovery_only: bool, rdma: bool) {
+        if let Ok(mut l) = self.target.listeners.write() {
+            let portid = l.iter().map(|x| x.portid).max().unwrap_or(0) + 1;
+            l.push(crate::target::Listener {
+                addr,
+                discovery_only,
+                portid,
+                rdma,
+            });
+        }
+        let transport = if rdma { "rdma" } else { "tcp" };
+        tracing::info!(listener = %addr, transport, "rpc: listening");
+    }
+
     fn transport_json(&self) -> Value {
         let l = &self.target.limits;
         json!({
@@ -751,32 +767,14 @@ impl Control {
                     .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
                 let bound = l.addr;
                 self.rdma.listeners.add(l);
-                if let Ok(mut l) = self.target.listeners.write() {
-                    let portid = l.iter().map(|x| x.portid).max().unwrap_or(0) + 1;
-                    l.push(crate::target::Listener {
-                        addr: bound,
-                        discovery_only: false,
-                        portid,
-                        rdma: true,
-                    });
-                }
-                tracing::info!(listener = %bound, "rpc: listening (NVMe/RDMA)");
+                self.announce_listener(bound, false, true);
             }
         } else if !self.listeners.contains(addr) {
             let spec = crate::transport::bind(addr, discovery)
                 .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
             let bound = spec.addr;
             self.listeners.add(spec);
-            if let Ok(mut l) = self.target.listeners.write() {
-                let portid = l.iter().map(|x| x.portid).max().unwrap_or(0) + 1;
-                l.push(crate::target::Listener {
-                    addr: bound,
-                    discovery_only: discovery,
-                    portid,
-                    rdma: false,
-                });
-            }
-            tracing::info!(listener = %bound, "rpc: listening");
+            self.announce_listener(bound, discovery, false);
         }
         if !discovery {
             let mut l = s
