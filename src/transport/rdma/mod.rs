@@ -1232,6 +1232,8 @@ pub struct RdmaQueuePair {
     read_waiting: VecDeque<u16>,
     buf_waiting: VecDeque<u16>,
     dev_ops: usize,
+    /// Reused for every command's device operations (no allocation per I/O).
+    ops_scratch: command::DeviceOps,
     shutting_down: bool,
     /// Still being built: Drop rejects the connection request first.
     building: bool,
@@ -1317,6 +1319,7 @@ impl RdmaQueuePair {
             read_waiting: VecDeque::new(),
             buf_waiting: VecDeque::new(),
             dev_ops: 0,
+            ops_scratch: Vec::with_capacity(4),
             shutting_down: false,
             building: true,
         };
@@ -2016,22 +2019,32 @@ impl RdmaQueuePair {
             // `with_buffer` placed it, so this is never a host's doing.
             return Err(Status::INTERNAL_ERROR);
         }
-        let mut ops = command::DeviceOps::new();
-        command::device_ops(
+        let mut ops = std::mem::take(&mut self.ops_scratch);
+        ops.clear();
+        let planned = command::device_ops(
             plan,
             r.ns.as_ref(),
             &self.namespaces,
             &mut r.buf,
             ctx.bufs,
             &mut ops,
-        )?;
-        if ops.is_empty() {
-            self.finish(slot, Status::SUCCESS, 0, ctx);
-            return Ok(());
-        }
+        );
         // Buffers of operations not submitted are arena views: dropping them
         // is enough, the slot's chunk is freed with the slot.
-        let sent = command::submit(&mut ops, tag, ctx.channels, ctx.bufs);
+        let sent = match planned {
+            Ok(()) if ops.is_empty() => None,
+            Ok(()) => Some(command::submit(&mut ops, tag, ctx.channels, ctx.bufs)),
+            Err(e) => {
+                ops.clear();
+                self.ops_scratch = ops;
+                return Err(e);
+            }
+        };
+        self.ops_scratch = ops;
+        let Some(sent) = sent else {
+            self.finish(slot, Status::SUCCESS, 0, ctx);
+            return Ok(());
+        };
         self.dev_ops += sent.ops as usize;
         if let Some(r) = self.slots[slot as usize].as_mut() {
             r.pending_ops = sent.ops;
