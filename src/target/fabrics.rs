@@ -145,11 +145,15 @@ pub fn connect(
             reason: format!("record format {} not supported", cmd.recfmt),
         });
     }
-    if data.hostnqn.is_empty() || data.hostnqn.len() > NQN_MAX_LEN {
+    // An empty host NQN is what SPDK's initiator sends unless told otherwise
+    // (spdk_nvme_perf without `hostnqn:`); like SPDK's nvmf_tgt and Linux nvmet we
+    // let it reach subsystems that allow any host. A host list never holds "" (host
+    // NQNs are validated on the way in), so it opens nothing that was closed.
+    if data.hostnqn.len() > NQN_MAX_LEN {
         return Err(invalid(
             true,
             CONNECT_DATA_HOSTNQN_OFF,
-            "bad host NQN".into(),
+            format!("host NQN is {} bytes (at most {NQN_MAX_LEN})", data.hostnqn.len()),
         ));
     }
     let Some(subsys) = target.find_subsystem(&data.subnqn) else {
@@ -438,11 +442,53 @@ mod tests {
                 .status,
             Status::CONNECT_INCOMPATIBLE_FORMAT
         );
+        // A host NQN too long for the field is refused, pointing at it.
+        let long = format!("nqn.{}", "x".repeat(NQN_MAX_LEN));
+        let e = connect(&t, &cmd(0), &data("nqn.s", &long, 0xFFFF), "p", None)
+            .err()
+            .unwrap();
+        assert_eq!(e.result, 512 | 1 << 16);
         // Anyone may reach discovery.
         assert!(connect(
             &t,
             &cmd(0),
             &data(crate::wire::nvme::DISCOVERY_NQN, "nqn.x", 0xFFFF),
+            "p",
+            None
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn empty_host_nqn_reaches_only_open_subsystems() {
+        let t = setup();
+        // "nqn.s" lists one host: an empty NQN can never match it.
+        let e = connect(&t, &cmd(0), &data("nqn.s", "", 0xFFFF), "p", None)
+            .err()
+            .unwrap();
+        assert_eq!(e.status, Status::CONNECT_INVALID_HOST);
+        t.add_subsystem(Arc::new(Subsystem::new(
+            "nqn.open",
+            SubsystemKind::Nvm,
+            "S",
+            "M",
+            true,
+            Vec::new(),
+        )));
+        let b = connect(&t, &cmd(0), &data("nqn.open", "", 0xFFFF), "p", None).unwrap();
+        let ctrl = b.ctrl().clone();
+        ctrl.set_property(prop::CC, 0x460001).unwrap();
+        let io = connect(&t, &cmd(1), &data("nqn.open", "", ctrl.cntlid), "p", None).unwrap();
+        assert_eq!(io.qid(), 1);
+        // The I/O queue must still come from the same (empty) host NQN.
+        let e = connect(&t, &cmd(2), &data("nqn.open", "nqn.h", ctrl.cntlid), "p", None)
+            .err()
+            .unwrap();
+        assert_eq!(e.result, 512 | 1 << 16);
+        assert!(connect(
+            &t,
+            &cmd(0),
+            &data(crate::wire::nvme::DISCOVERY_NQN, "", 0xFFFF),
             "p",
             None
         )
