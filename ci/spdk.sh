@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Build SPDK (v25.09 from ../shared/vendor/spdk, with ISA-L and isa-l_crypto) once into
+# an ignored cache folder keyed by the tarballs' checksums and this script, and print the
+# environment a kvtarget build with `--features spdk` and SPDK's own tools need.
+#
+#   ci/spdk.sh                 build if needed; print `export ...` lines on stdout
+#   ci/spdk.sh --dir           build if needed; print the SPDK tree on stdout
+#   SPDK_DIR=/my/spdk ci/spdk.sh   use a user's own built SPDK tree instead (no build)
+#
+# Env: SPDK_CACHE (default <repo>/.cache/spdk), SPDK_VENDOR (default
+#      <repo>/../shared/vendor/spdk), SPDK_FORCE_REBUILD=1.
+#
+# Facts behind the steps are in ../shared/vendor/spdk/README.md: Debian 12's DPDK 22.11
+# forces shared libraries, SPDK's DPDK-version guard must allow 22.11.11, and
+# CONFIG_IPSEC_MB must be off because Debian's DPDK pkg-config mentions it.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/.." && pwd)
+vendor=${SPDK_VENDOR:-$repo/../shared/vendor/spdk}
+cache=${SPDK_CACHE:-$repo/.cache/spdk}
+mode=env
+[ "${1:-}" = "--dir" ] && mode=dir
+
+log() { echo "spdk-build: $*" >&2; }
+die() { echo "spdk-build: error: $*" >&2; exit 1; }
+
+emit() {
+    local dir=$1
+    if [ "$mode" = dir ]; then
+        echo "$dir"
+        return
+    fi
+    local pc="$dir/build/lib/pkgconfig"
+    [ -d "$dir/dpdk/build/lib/pkgconfig" ] && pc="$pc:$dir/dpdk/build/lib/pkgconfig"
+    local ld="$dir/build/lib"
+    [ -d "$dir/isa-l/.libs" ] && ld="$ld:$dir/isa-l/.libs"
+    [ -d "$dir/isa-l-crypto/.libs" ] && ld="$ld:$dir/isa-l-crypto/.libs"
+    echo "export SPDK_DIR=$dir"
+    echo "export PKG_CONFIG_PATH=$pc\${PKG_CONFIG_PATH:+:\$PKG_CONFIG_PATH}"
+    echo "export LD_LIBRARY_PATH=$ld\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+}
+
+# Debian packages for building SPDK and for bindgen (libclang) over its headers.
+pkgs=(build-essential pkgconf python3 libdpdk-dev libnuma-dev libaio-dev uuid-dev
+      libssl-dev libkeyutils-dev libbsd-dev libarchive-dev nasm autoconf automake libtool
+      help2man libclang-dev clang xz-utils)
+install_pkgs() {
+    local missing=() p
+    for p in "${pkgs[@]}"; do
+        dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
+            || missing+=("$p")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        [ "$(id -u)" = 0 ] || die "missing Debian packages (run as root to install): ${missing[*]}"
+        log "installing missing packages: ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -q >&2
+        apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+    fi
+}
+
+if [ -n "${SPDK_DIR:-}" ]; then
+    [ -f "$SPDK_DIR/build/lib/pkgconfig/spdk_nvme.pc" ] \
+        || die "SPDK_DIR=$SPDK_DIR has no build/lib/pkgconfig/spdk_nvme.pc (build SPDK there first)"
+    install_pkgs
+    emit "$SPDK_DIR"
+    exit 0
+fi
+
+[ -f "$vendor/spdk-v25.09.tar.xz" ] || die "no SPDK sources at $vendor (expected spdk-v25.09.tar.xz)"
+(cd "$vendor" && sha256sum --quiet -c SHA256SUMS >&2) || die "checksums in $vendor/SHA256SUMS do not match"
+
+# The key: the tarballs plus the build recipe's version. Bump RECIPE when the
+# configure flags or the edits below change (other edits to this script reuse the build).
+RECIPE=1
+key=$( (cat "$vendor/SHA256SUMS"; echo "recipe $RECIPE") | sha256sum | cut -c1-16)
+out=$cache/$key
+if [ -z "${SPDK_FORCE_REBUILD:-}" ] && [ -f "$out/.complete" ]; then
+    install_pkgs
+    ln -sfn "$key" "$cache/current"
+    log "cached SPDK $out/spdk"
+    emit "$out/spdk"
+    exit 0
+fi
+
+install_pkgs
+log "building SPDK v25.09 into $out (about 5 minutes on 2 idle cores)"
+rm -rf "$out"
+mkdir -p "$out"
+tar -C "$out" -xJf "$vendor/spdk-v25.09.tar.xz"
+rm -rf "$out/spdk/isa-l" "$out/spdk/isa-l-crypto"
+tar -C "$out/spdk" -xJf "$vendor/isa-l-v2.31.0.tar.xz"
+tar -C "$out/spdk" -xJf "$vendor/isa-l_crypto-v2.25.0.tar.xz"
+cd "$out/spdk"
+
+# Edit 1: the run-time DPDK-version guard refuses 22.11.x for x > 4; Debian ships
+# 22.11.11, whose bus/dev headers equal SPDK's bundled 22.11 copies.
+grep -q 'minor > 4' lib/env_dpdk/pci_dpdk.c || die "pci_dpdk.c: DPDK version guard not found"
+sed -i 's/minor > 4/minor > 11/' lib/env_dpdk/pci_dpdk.c
+
+./configure --with-dpdk --with-shared --without-crypto --without-nvme-cuse \
+    --disable-tests --disable-unit-tests >"$out/configure.log" 2>&1 \
+    || { tail -n 30 "$out/configure.log" >&2; die "configure failed (log: $out/configure.log)"; }
+
+# Edit 2: Debian's DPDK pkg-config lists -lIPSec_MB, so configure enables
+# CONFIG_IPSEC_MB and make would build the absent intel-ipsec-mb submodule.
+if grep -q '^CONFIG_IPSEC_MB?=y' mk/config.mk; then
+    sed -i 's/^CONFIG_IPSEC_MB?=y/CONFIG_IPSEC_MB?=n/' mk/config.mk
+fi
+
+jobs=$(nproc)
+make -j"$jobs" >"$out/make.log" 2>&1 \
+    || { tail -n 40 "$out/make.log" >&2; die "make failed (log: $out/make.log)"; }
+for f in build/lib/pkgconfig/spdk_nvme.pc build/bin/nvmf_tgt build/bin/spdk_nvme_perf \
+         build/bin/spdk_nvme_identify scripts/rpc.py; do
+    [ -e "$f" ] || die "build finished without $f"
+done
+touch "$out/.complete"
+ln -sfn "$key" "$cache/current"
+log "built SPDK $out/spdk"
+emit "$out/spdk"
