@@ -25,8 +25,20 @@ mode=env
 log() { echo "spdk-build: $*" >&2; }
 die() { echo "spdk-build: error: $*" >&2; exit 1; }
 
+# SPDK's .pc files hold absolute paths; when the tree was moved (a renamed cache
+# folder, a moved checkout), point them at where it is now.
+fix_pc() {
+    local dir=$1 pcdir=$1/build/lib/pkgconfig was
+    was=$(sed -n 's#^Cflags: -I\(.*\)/build/include.*#\1#p' "$pcdir/spdk_nvme.pc" | head -n 1)
+    if [ -n "$was" ] && [ "$was" != "$dir" ]; then
+        log "repointing pkg-config files from $was to $dir"
+        sed -i "s#$was/#$dir/#g" "$pcdir"/*.pc
+    fi
+}
+
 emit() {
     local dir=$1
+    fix_pc "$dir"
     if [ "$mode" = dir ]; then
         echo "$dir"
         return
