@@ -56,7 +56,9 @@ mod generate {
     use std::path::PathBuf;
 
     /// SPDK libraries the backend needs, as pkg-config modules.
-    const MODULES: &[&str] = &["spdk_nvme", "spdk_env_dpdk"];
+    /// `spdk_sock_posix` registers the socket implementation NVMe/TCP needs from a
+    /// constructor: nothing references it, so it is named here.
+    const MODULES: &[&str] = &["spdk_nvme", "spdk_env_dpdk", "spdk_sock_posix"];
 
     /// The SPDK functions kvtarget calls (the narrower the allowlist, the fewer
     /// of SPDK's spec structs bindgen must express).
@@ -69,6 +71,8 @@ mod generate {
         "spdk_vtophys",
         "spdk_nvme_transport_id_parse",
         "spdk_nvme_transport_id_trtype_str",
+        // static inline in nvme.h: reached through the cc-compiled wrapper.
+        "spdk_nvme_trtype_is_fabrics",
         "spdk_nvme_ctrlr_get_default_ctrlr_opts",
         "spdk_nvme_connect",
         "spdk_nvme_detach",
@@ -112,6 +116,10 @@ mod generate {
         "spdk_nvme_status",
         "spdk_nvme_dsm_range",
         "spdk_nvme_cap_register",
+        // Unions of packed bitfield structs whose size bindgen gets wrong (its
+        // layout checks fail): opaque, never read field by field.
+        "spdk_nvme_feat_.*",
+        "spdk_nvme_cmd_cdw1[0-5]",
     ];
 
     fn probe(name: &str, statik: bool) -> pkg_config::Library {
@@ -180,8 +188,15 @@ mod generate {
             eprintln!("spdk-sys: writing bindings: {e}");
             std::process::exit(1);
         }
+        // bindgen writes the wrapper file only when an allowlisted function is
+        // `static inline`.
+        let wrappers = wrap.with_extension("c");
+        if !wrappers.exists() {
+            eprintln!("spdk-sys: bindgen wrote no wrappers for static inline functions");
+            std::process::exit(1);
+        }
         let mut c = cc::Build::new();
-        c.file(wrap.with_extension("c")).include(".");
+        c.file(wrappers).include(".");
         for p in nvme
             .include_paths
             .iter()
@@ -192,9 +207,30 @@ mod generate {
         c.compile("spdk_sys_static_fns");
 
         // --- linking ---------------------------------------------------------------
+        // `rustc-link-arg` reaches only this package's own targets, so the full
+        // argument list also goes to dependents as `links` metadata
+        // (DEP_SPDK_LINK_ARGS, one argument per line), which kvtarget's build.rs
+        // hands to its binaries and tests.
+        let mut args: Vec<String> = Vec::new();
+        let mut search: Vec<String> = Vec::new();
         for l in libs.iter().chain(std::iter::once(&sys)) {
             for p in &l.link_paths {
-                println!("cargo::rustc-link-search=native={}", p.display());
+                let p = p.display().to_string();
+                if !search.contains(&p) {
+                    search.push(p);
+                }
+            }
+        }
+        // System directories last: Debian's libisal has the same SONAME as the
+        // ISA-L SPDK built, but lacks symbols SPDK uses (crc64_rocksoft_refl).
+        search.sort_by_key(|p| p.starts_with("/usr/") || p.starts_with("/lib"));
+        for p in &search {
+            println!("cargo::rustc-link-search=native={p}");
+            args.push(format!("-L{p}"));
+            // RUNPATH, so the binary finds SPDK's libraries without LD_LIBRARY_PATH
+            // on the machine that built it.
+            if !p.starts_with("/usr/") && !p.starts_with("/lib") {
+                args.push(format!("-Wl,-rpath,{p}"));
             }
         }
         let mut spdk_libs: Vec<&str> = Vec::new();
@@ -207,20 +243,22 @@ mod generate {
         }
         // Self-registering modules (constructors) must not be dropped by the linker.
         if statik {
-            println!("cargo::rustc-link-arg=-Wl,--whole-archive");
-            for n in &spdk_libs {
-                println!("cargo::rustc-link-arg=-l:lib{n}.a");
-            }
-            println!("cargo::rustc-link-arg=-Wl,--no-whole-archive");
+            args.push("-Wl,--whole-archive".into());
+            args.extend(spdk_libs.iter().map(|n| format!("-l:lib{n}.a")));
+            args.push("-Wl,--no-whole-archive".into());
         } else {
-            println!("cargo::rustc-link-arg=-Wl,--no-as-needed");
-            for n in &spdk_libs {
-                println!("cargo::rustc-link-arg=-l{n}");
-            }
-            println!("cargo::rustc-link-arg=-Wl,--as-needed");
+            args.push("-Wl,--no-as-needed".into());
+            args.extend(spdk_libs.iter().map(|n| format!("-l{n}")));
         }
-        for n in &sys.libs {
-            println!("cargo::rustc-link-arg=-l{n}");
+        // SPDK's shared libraries carry no DT_NEEDED for these, so they are
+        // linked (and kept) explicitly.
+        args.extend(sys.libs.iter().map(|n| format!("-l{n}")));
+        if !statik {
+            args.push("-Wl,--as-needed".into());
         }
+        for a in &args {
+            println!("cargo::rustc-link-arg={a}");
+        }
+        println!("cargo::metadata=link_args={}", args.join("\\n"));
     }
 }

@@ -26,10 +26,66 @@ pub struct Config {
     /// Prometheus endpoint; absent: off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics: Option<MetricsConfig>,
+    /// SPDK's environment, for `spdk` backends.
+    #[serde(default, skip_serializing_if = "SpdkConfig::is_default")]
+    pub spdk: SpdkConfig,
     #[serde(default)]
     pub pools: Vec<PoolConfig>,
     #[serde(default)]
     pub subsystems: Vec<SubsystemConfig>,
+}
+
+/// How SPDK's environment (DPDK's EAL) is set up when a `spdk` backend is used.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SpdkConfig {
+    /// Run SPDK without hugepages (DPDK `--no-huge`) in `mem_size` of ordinary
+    /// memory (default 1GiB then). NVMe/TCP controllers work so; PCIe needs an
+    /// IOMMU for it.
+    #[serde(default)]
+    pub no_huge: bool,
+    /// Memory SPDK may use; default: grown on demand from hugepages.
+    #[serde(
+        default,
+        deserialize_with = "opt_size",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub mem_size: Option<u64>,
+    /// The hugetlbfs mount SPDK uses; default: the one DPDK finds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hugedir: Option<PathBuf>,
+}
+
+impl SpdkConfig {
+    fn is_default(&self) -> bool {
+        *self == SpdkConfig::default()
+    }
+}
+
+impl Config {
+    /// SPDK environment settings for this configuration's `spdk` devices.
+    pub fn spdk_env(&self) -> crate::bdev::spdk::EnvSettings {
+        let pci = self
+            .pools
+            .iter()
+            .map(|p| &p.trid)
+            .chain(
+                self.subsystems
+                    .iter()
+                    .flat_map(|s| s.namespaces.iter().map(|n| &n.trid)),
+            )
+            .flatten()
+            .any(|t| {
+                t.parse::<crate::bdev::spdk::TransportId>()
+                    .is_ok_and(|t| !t.is_fabrics())
+            });
+        crate::bdev::spdk::EnvSettings {
+            no_huge: self.spdk.no_huge,
+            mem_size_mib: self.spdk.mem_size.map(|b| (b >> 20) as u32),
+            hugedir: self.spdk.hugedir.as_ref().map(|p| p.display().to_string()),
+            pci,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -73,9 +129,14 @@ pub struct PoolConfig {
     /// The controller of an `nvme` backend, by PCI address ("0000:00:04.0").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pci: Option<String>,
-    /// The controller's namespace an `nvme` backend uses (default 1).
+    /// The controller's namespace an `nvme` or `spdk` backend uses (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvme_nsid: Option<u32>,
+    /// The controller of an `spdk` backend, as an SPDK transport ID
+    /// ("trtype:PCIe traddr:0000:00:04.0", or "trtype:TCP adrfam:IPv4
+    /// traddr:10.0.0.5 trsvcid:4420 subnqn:..." for a remote NVMe-oF namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trid: Option<String>,
     /// Size of a file created for the pool, or of a RAM pool.
     #[serde(
         default,
@@ -400,6 +461,9 @@ pub enum Backend {
     Uring,
     /// A namespace of a PCIe NVMe controller driven by kvtarget's own driver (VFIO).
     Nvme,
+    /// A namespace behind SPDK's NVMe driver: PCIe, or NVMe-oF through SPDK's host
+    /// (needs a build with `--features spdk`).
+    Spdk,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -417,9 +481,14 @@ pub struct NamespaceConfig {
     /// The controller of an `nvme` backend, by PCI address ("0000:00:04.0").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pci: Option<String>,
-    /// The controller's namespace an `nvme` backend uses (default 1).
+    /// The controller's namespace an `nvme` or `spdk` backend uses (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvme_nsid: Option<u32>,
+    /// The controller of an `spdk` backend, as an SPDK transport ID
+    /// ("trtype:PCIe traddr:0000:00:04.0", or "trtype:TCP adrfam:IPv4
+    /// traddr:10.0.0.5 trsvcid:4420 subnqn:..." for a remote NVMe-oF namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trid: Option<String>,
     #[serde(
         default,
         deserialize_with = "opt_size",
@@ -650,6 +719,13 @@ impl Config {
                 )
             })?;
         }
+        if let Some(m) = self.spdk.mem_size {
+            if !(64 << 20..=1 << 40).contains(&m) || m % (1 << 20) != 0 {
+                return Err(format!(
+                    "spdk.mem_size: a whole number of MiB from 64MiB to 1TiB (got {m})"
+                ));
+            }
+        }
         self.validate_pools()?;
         let mut served: Vec<String> = Vec::new();
         for (i, s) in self.subsystems.iter().enumerate() {
@@ -695,6 +771,7 @@ impl Config {
                 if let Some(v) = &n.volume {
                     if n.backend.is_some()
                         || n.pci.is_some()
+                        || n.trid.is_some()
                         || n.nvme_nsid.is_some()
                         || n.path.is_some()
                         || n.size.is_some()
@@ -753,13 +830,14 @@ impl Config {
                             return Err(format!("{f}.path: required for the uring backend"));
                         }
                     }
-                    Backend::Nvme => {
+                    Backend::Nvme | Backend::Spdk => {
                         if n.path.is_some() || n.size.is_some() || n.block_size.is_some() {
-                            return Err(format!("{f}: the nvme backend takes no path, size or block_size (the controller's namespace has them)"));
+                            return Err(format!("{f}: the {} backend takes no path, size or block_size (the controller's namespace has them)", backend.name()));
                         }
                     }
                 }
                 validate_nvme(&f, backend, &n.pci, n.nvme_nsid)?;
+                validate_spdk(&f, backend, &n.trid)?;
             }
         }
         Ok(())
@@ -802,15 +880,34 @@ impl Config {
                         return Err(format!("{f}.path: required for the uring backend"));
                     }
                 }
-                Backend::Nvme => {
+                Backend::Nvme | Backend::Spdk => {
                     if p.path.is_some() || p.size.is_some() {
                         return Err(format!(
-                            "{f}: the nvme backend takes no path or size (the namespace has them)"
+                            "{f}: the {} backend takes no path or size (the namespace has them)",
+                            p.backend.name()
                         ));
                     }
                 }
             }
             validate_nvme(&f, p.backend, &p.pci, p.nvme_nsid)?;
+            validate_spdk(&f, p.backend, &p.trid)?;
+            if p.backend == Backend::Spdk {
+                let key = |o: &PoolConfig| {
+                    o.trid
+                        .as_deref()
+                        .and_then(|t| t.parse::<crate::bdev::spdk::TransportId>().ok())
+                        .map(|t| (t.spdk_string(), o.nvme_nsid.unwrap_or(1)))
+                };
+                if let Some(other) = self.pools[..i]
+                    .iter()
+                    .find(|o| o.backend == Backend::Spdk && key(o) == key(p))
+                {
+                    return Err(format!(
+                        "{f}.trid: also the namespace of pool `{}`",
+                        other.name
+                    ));
+                }
+            }
             if p.backend == Backend::Nvme {
                 if let Some(other) = self.pools[..i].iter().find(|o| {
                     o.backend == Backend::Nvme
@@ -892,10 +989,16 @@ fn validate_nvme(
     pci: &Option<String>,
     nsid: Option<u32>,
 ) -> Result<(), String> {
+    if nsid == Some(0) || nsid == Some(u32::MAX) {
+        return Err(format!("{f}.nvme_nsid: must be a namespace id from 1"));
+    }
     if backend != Backend::Nvme {
-        if pci.is_some() || nsid.is_some() {
+        if pci.is_some() {
+            return Err(format!("{f}.pci: `pci` only applies to the nvme backend"));
+        }
+        if nsid.is_some() && backend != Backend::Spdk {
             return Err(format!(
-                "{f}.pci: `pci` and `nvme_nsid` only apply to the nvme backend"
+                "{f}.nvme_nsid: only applies to the nvme and spdk backends"
             ));
         }
         return Ok(());
@@ -904,10 +1007,43 @@ fn validate_nvme(
         return Err(format!("{f}.pci: required for the nvme backend"));
     };
     crate::bdev::nvme::pci::parse_bdf(pci).map_err(|e| format!("{f}.pci: {e}"))?;
-    if nsid == Some(0) || nsid == Some(u32::MAX) {
-        return Err(format!("{f}.nvme_nsid: must be a namespace id from 1"));
+    Ok(())
+}
+
+/// `trid` belongs to the spdk backend, which needs a valid one and a build with
+/// SPDK.
+fn validate_spdk(f: &str, backend: Backend, trid: &Option<String>) -> Result<(), String> {
+    if backend != Backend::Spdk {
+        if trid.is_some() {
+            return Err(format!("{f}.trid: only applies to the spdk backend"));
+        }
+        return Ok(());
+    }
+    let Some(trid) = trid else {
+        return Err(format!(
+            "{f}.trid: required for the spdk backend (e.g. \"trtype:PCIe traddr:0000:00:04.0\")"
+        ));
+    };
+    trid.parse::<crate::bdev::spdk::TransportId>()
+        .map_err(|e| format!("{f}.trid: {e}"))?;
+    if !crate::bdev::spdk::AVAILABLE {
+        return Err(format!(
+            "{f}.backend: {}",
+            crate::bdev::spdk::SpdkError::NotBuilt
+        ));
     }
     Ok(())
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Ram => "ram",
+            Backend::Uring => "uring",
+            Backend::Nvme => "nvme",
+            Backend::Spdk => "spdk",
+        }
+    }
 }
 
 pub fn validate_nqn(nqn: &str) -> Result<(), String> {

@@ -170,6 +170,8 @@ fn main() -> ExitCode {
     // Controllers of the nvme backend get a normal shutdown even if a reference
     // outlived the server, so the kernel driver can take them back.
     kvtarget::bdev::nvme::shutdown_all();
+    // SPDK's environment goes last, after every SPDK controller has detached.
+    kvtarget::bdev::spdk::shutdown();
     tracing::info!("stopped");
     ExitCode::SUCCESS
 }

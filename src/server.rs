@@ -49,7 +49,37 @@ pub fn open_pool_device(p: &PoolConfig, field: &str) -> Result<SharedDevice, Str
             let pci = p.pci.as_deref().ok_or(format!("{field}.pci: required"))?;
             NvmeDevice::open(pci, p.nvme_nsid.unwrap_or(1)).map_err(|e| format!("{field}: {e}"))?
         }
+        Backend::Spdk => open_spdk(&p.trid, p.nvme_nsid, field)?,
     })
+}
+
+/// SPDK environment settings, set once from the configuration before the first
+/// `spdk` device opens (DPDK's EAL starts once per process).
+static SPDK_ENV: std::sync::OnceLock<crate::bdev::spdk::EnvSettings> = std::sync::OnceLock::new();
+
+/// Records the `[spdk]` settings `spdk` devices will start SPDK with.
+pub fn set_spdk_env(cfg: &Config) {
+    let _ = SPDK_ENV.set(cfg.spdk_env());
+}
+
+fn open_spdk(
+    trid: &Option<String>,
+    nsid: Option<u32>,
+    field: &str,
+) -> Result<SharedDevice, String> {
+    let trid = trid
+        .as_deref()
+        .ok_or(format!("{field}.trid: required"))?
+        .parse::<crate::bdev::spdk::TransportId>()
+        .map_err(|e| format!("{field}.trid: {e}"))?;
+    let env = SPDK_ENV
+        .get()
+        .cloned()
+        .unwrap_or_else(|| crate::bdev::spdk::EnvSettings {
+            pci: !trid.is_fabrics(),
+            ..Default::default()
+        });
+    crate::bdev::spdk::open(&trid, nsid.unwrap_or(1), &env).map_err(|e| format!("{field}: {e}"))
 }
 
 /// Opens a configured pool and makes sure its configured volumes exist.
@@ -160,6 +190,7 @@ fn start_pool(
 impl Server {
     /// Starts everything the configuration describes. Errors are one line.
     pub fn start(cfg: &Config) -> Result<Server, String> {
+        set_spdk_env(cfg);
         let t = &cfg.tcp;
         let limits = TransportLimits {
             max_queue_depth: t.max_queue_depth,
@@ -241,6 +272,7 @@ impl Server {
                             NvmeDevice::open(pci, n.nvme_nsid.unwrap_or(1))
                                 .map_err(|e| format!("{field}: {e}"))?
                         }
+                        Some(Backend::Spdk) => open_spdk(&n.trid, n.nvme_nsid, &field)?,
                         None => return Err(format!("{field}: needs a volume or a backend")),
                     }
                 };

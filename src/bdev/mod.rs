@@ -9,6 +9,7 @@
 pub mod fault;
 pub mod nvme;
 pub mod ram;
+pub mod spdk;
 pub mod uring;
 
 use crate::mem::IoBuf;
@@ -98,6 +99,24 @@ pub trait IoChannel: Send {
 pub const ERRNO_UNWRITTEN: i32 = libc::ENODATA;
 /// Errno for a write that needed space the pool does not have.
 pub const ERRNO_NO_SPACE: i32 = libc::ENOSPC;
+
+/// A device's NVMe status (SCT << 8 | SC) as the errno a channel completes with;
+/// the target maps the errno back to the NVMe status the host sees.
+pub fn errno_for_nvme_status(status: u16) -> i32 {
+    match status {
+        0 => 0,
+        // Generic: Invalid Field, LBA Out of Range.
+        0x002 | 0x080 => libc::EINVAL,
+        // Generic: Invalid Namespace or Format.
+        0x00b => libc::ENXIO,
+        // Generic: Capacity Exceeded.
+        0x081 => libc::ENOSPC,
+        // Media errors: Deallocated or Unwritten Logical Block (a thin remote's miss).
+        0x287 => ERRNO_UNWRITTEN,
+        // Everything else, including aborts of a failed queue: an I/O error.
+        _ => libc::EIO,
+    }
+}
 
 /// What a thin-provisioned device (a pool volume) reports in Identify Namespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

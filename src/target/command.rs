@@ -17,6 +17,38 @@ use std::sync::Arc;
 /// the data path does not allocate.
 pub type DeviceOps = Vec<(Arc<Namespace>, IoOp)>;
 
+/// Failed device operations a queue pair logs at warn: the first, then one in
+/// every `DEVICE_ERROR_LOG_EVERY` (a failed or vanished device fails every
+/// command, and a line per command would flood the log at I/O rates).
+pub const DEVICE_ERROR_LOG_EVERY: u64 = 4096;
+
+/// Logs a failed device operation on a queue pair whose running count of such
+/// failures is `count`. A read of unwritten blocks is a KV-cache miss, not a
+/// fault, and is not counted.
+pub fn log_device_error(count: &mut u64, cid: u16, opcode: u8, errno: i32) {
+    if errno == crate::bdev::ERRNO_UNWRITTEN {
+        tracing::debug!(cid, "read of unwritten blocks");
+        return;
+    }
+    *count += 1;
+    if *count % DEVICE_ERROR_LOG_EVERY == 1 {
+        tracing::warn!(
+            cid,
+            op = opcode,
+            failures = *count,
+            "device error: {} (errno {errno}){}",
+            std::io::Error::from_raw_os_error(errno),
+            if *count > 1 {
+                "; further ones on this queue are logged at debug level"
+            } else {
+                ""
+            }
+        );
+    } else {
+        tracing::debug!(cid, op = opcode, "device error: errno {errno}");
+    }
+}
+
 /// Turns `plan` into device operations appended to `ops`.
 ///
 /// `data` is the command's buffer: the host's data for writes and Dataset
@@ -419,5 +451,16 @@ mod tests {
         assert_eq!((v(&st.writes), v(&st.write_bytes)), (1, 512));
         assert_eq!((v(&st.errors), v(&st.other)), (1, 1));
         assert_eq!(st.read_hist.iter().map(v).sum::<u64>(), 2);
+    }
+
+    #[test]
+    fn device_errors_are_counted_but_misses_are_not() {
+        let mut n = 0;
+        log_device_error(&mut n, 1, 2, crate::bdev::ERRNO_UNWRITTEN);
+        assert_eq!(n, 0);
+        for _ in 0..DEVICE_ERROR_LOG_EVERY + 1 {
+            log_device_error(&mut n, 1, 2, libc::EIO);
+        }
+        assert_eq!(n, DEVICE_ERROR_LOG_EVERY + 1);
     }
 }

@@ -153,7 +153,10 @@ pub fn connect(
         return Err(invalid(
             true,
             CONNECT_DATA_HOSTNQN_OFF,
-            format!("host NQN is {} bytes (at most {NQN_MAX_LEN})", data.hostnqn.len()),
+            format!(
+                "host NQN is {} bytes (at most {NQN_MAX_LEN})",
+                data.hostnqn.len()
+            ),
         ));
     }
     let Some(subsys) = target.find_subsystem(&data.subnqn) else {
@@ -481,9 +484,15 @@ mod tests {
         let io = connect(&t, &cmd(1), &data("nqn.open", "", ctrl.cntlid), "p", None).unwrap();
         assert_eq!(io.qid(), 1);
         // The I/O queue must still come from the same (empty) host NQN.
-        let e = connect(&t, &cmd(2), &data("nqn.open", "nqn.h", ctrl.cntlid), "p", None)
-            .err()
-            .unwrap();
+        let e = connect(
+            &t,
+            &cmd(2),
+            &data("nqn.open", "nqn.h", ctrl.cntlid),
+            "p",
+            None,
+        )
+        .err()
+        .unwrap();
         assert_eq!(e.result, 512 | 1 << 16);
         assert!(connect(
             &t,

@@ -110,6 +110,8 @@ pub struct TcpConnection {
     r2t_waiting: std::collections::VecDeque<u16>,
     max_r2t_active: usize,
     dev_ops: usize,
+    /// Failed device operations so far (for rate-limited logging).
+    device_errors: u64,
     ops_scratch: Vec<(Arc<Namespace>, IoOp)>,
     direct: Option<DirectReceive>,
     limits: ParseLimits,
@@ -194,6 +196,7 @@ impl TcpConnection {
             r2t_waiting: Default::default(),
             max_r2t_active: 32,
             dev_ops: 0,
+            device_errors: 0,
             ops_scratch: Vec::with_capacity(4),
             direct: None,
             limits: ParseLimits { max_data },
@@ -1099,16 +1102,7 @@ impl QueuePair for TcpConnection {
             return;
         };
         if let Err(errno) = result {
-            // A read of unwritten blocks is a KV-cache miss, not a fault.
-            if errno == crate::bdev::ERRNO_UNWRITTEN {
-                tracing::debug!(cid = r.sqe.cid(), "read of unwritten blocks");
-            } else {
-                tracing::warn!(
-                    cid = r.sqe.cid(),
-                    op = r.sqe.opcode(),
-                    "device error: errno {errno}"
-                );
-            }
+            command::log_device_error(&mut self.device_errors, r.sqe.cid(), r.sqe.opcode(), errno);
             r.status = tio::status_for_errno(errno, r.plan);
         }
         // Reads keep their buffer to send; writes give it back.

@@ -497,18 +497,6 @@ impl NvmeChannel {
     }
 }
 
-/// NVMe status to the errno the target maps back to an NVMe status for the host.
-fn errno_for_status(status: u16) -> i32 {
-    match status {
-        // Generic: Invalid Field, LBA Out of Range, Invalid Namespace.
-        0x002 | 0x080 => libc::EINVAL,
-        0x00b => libc::ENXIO,
-        // Generic: Capacity Exceeded / Namespace Not Ready.
-        0x081 => libc::ENOSPC,
-        _ => libc::EIO,
-    }
-}
-
 impl IoChannel for NvmeChannel {
     fn submit(&mut self, tag: u64, op: IoOp) -> Result<(), (IoOp, i32)> {
         if self.dead || self.ctrl.is_shut_down() {
@@ -572,7 +560,7 @@ impl IoChannel for NvmeChannel {
                 Ok(())
             } else {
                 tracing::warn!(pci = %self.ctrl.bdf, opcode = cmd.part.sqe.opcode(), status = c.status, "command failed");
-                Err(errno_for_status(c.status))
+                Err(super::errno_for_nvme_status(c.status))
             };
             self.finish_part(cmd.part.op, result);
         }

@@ -1232,6 +1232,8 @@ pub struct RdmaQueuePair {
     read_waiting: VecDeque<u16>,
     buf_waiting: VecDeque<u16>,
     dev_ops: usize,
+    /// Failed device operations so far (for rate-limited logging).
+    device_errors: u64,
     /// Reused for every command's device operations (no allocation per I/O).
     ops_scratch: command::DeviceOps,
     shutting_down: bool,
@@ -1319,6 +1321,7 @@ impl RdmaQueuePair {
             read_waiting: VecDeque::new(),
             buf_waiting: VecDeque::new(),
             dev_ops: 0,
+            device_errors: 0,
             ops_scratch: Vec::with_capacity(4),
             shutting_down: false,
             building: true,
@@ -2277,13 +2280,7 @@ impl QueuePair for RdmaQueuePair {
             return;
         };
         if let Err(errno) = result {
-            if errno != crate::bdev::ERRNO_UNWRITTEN {
-                tracing::warn!(
-                    cid = r.sqe.cid(),
-                    op = r.sqe.opcode(),
-                    "device error: errno {errno}"
-                );
-            }
+            command::log_device_error(&mut self.device_errors, r.sqe.cid(), r.sqe.opcode(), errno);
             r.status = tio::status_for_errno(errno, r.plan);
         }
         // Buffers come back to the request: reads send from them, and arena
