@@ -1155,6 +1155,70 @@ block_size = 4096
     }
 
     #[test]
+    fn spdk_backend_fields() {
+        let tcp = "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:4430 subnqn:nqn.2016-06.io.spdk:cnode1";
+        let spdk = GOOD.replace(
+            "backend = \"uring\"\npath = \"/tmp/x.img\"\nsize = \"1GiB\"\nblock_size = 4096\n",
+            &format!("backend = \"spdk\"\ntrid = \"{tcp}\"\nnvme_nsid = 1\n"),
+        );
+        if crate::bdev::spdk::AVAILABLE {
+            Config::parse(&spdk).unwrap();
+        } else {
+            // Configured on a build without SPDK: one line naming the field.
+            let e = err(&spdk);
+            assert!(
+                e.starts_with("subsystems[0].namespaces[0].backend: the spdk backend needs kvtarget built with `--features spdk`"),
+                "{e}"
+            );
+        }
+        let e = err(&spdk.replace(&format!("trid = \"{tcp}\"\n"), ""));
+        assert!(
+            e.contains("namespaces[0].trid: required for the spdk backend"),
+            "{e}"
+        );
+        let e = err(&spdk.replace("trsvcid:4430 ", ""));
+        assert!(
+            e.contains("namespaces[0].trid: trsvcid (the port) is missing"),
+            "{e}"
+        );
+        let e = err(&spdk.replace("trid = ", "path = \"/x\"\ntrid = "));
+        assert!(
+            e.contains("namespaces[0]: the spdk backend takes no path"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace(
+            "block_size = 4096\n",
+            &format!("block_size = 4096\ntrid = \"{tcp}\"\n"),
+        ));
+        assert!(
+            e.contains("namespaces[0].trid: only applies to the spdk backend"),
+            "{e}"
+        );
+        // Two pools on one SPDK namespace would overwrite each other.
+        let pool = format!("[[pools]]\nname = \"a\"\nbackend = \"spdk\"\ntrid = \"{tcp}\"\n\n");
+        let e = err(&format!("{pool}{}{GOOD}", pool.replace("\"a\"", "\"b\"")));
+        if crate::bdev::spdk::AVAILABLE {
+            assert!(
+                e.contains("pools[1].trid: also the namespace of pool `a`"),
+                "{e}"
+            );
+        } else {
+            assert!(
+                e.contains("pools[0].backend: the spdk backend needs"),
+                "{e}"
+            );
+        }
+        let e = err(&format!("[spdk]\nmem_size = \"1MiB\"\n{GOOD}"));
+        assert!(e.contains("spdk.mem_size"), "{e}");
+        let cfg = Config::parse(&format!(
+            "[spdk]\nno_huge = true\nmem_size = \"2GiB\"\n{GOOD}"
+        ))
+        .unwrap();
+        assert_eq!(cfg.spdk_env().mem_size_mib, Some(2048));
+        assert!(!cfg.spdk_env().pci);
+    }
+
+    #[test]
     fn nvme_backend_fields() {
         let nvme = GOOD.replace(
             "backend = \"uring\"\npath = \"/tmp/x.img\"\nsize = \"1GiB\"\nblock_size = 4096\n",
@@ -1181,7 +1245,12 @@ block_size = 4096
             "block_size = 4096\npci = \"0000:00:10.0\"\n",
         ));
         assert!(
-            e.contains("namespaces[0].pci: `pci` and `nvme_nsid` only apply"),
+            e.contains("namespaces[0].pci: `pci` only applies to the nvme backend"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("block_size = 4096\n", "block_size = 4096\nnvme_nsid = 2\n"));
+        assert!(
+            e.contains("namespaces[0].nvme_nsid: only applies to the nvme and spdk"),
             "{e}"
         );
         let pools = "[[pools]]\nname = \"a\"\nbackend = \"nvme\"\npci = \"0000:00:10.0\"\n\n[[pools]]\nname = \"b\"\nbackend = \"nvme\"\npci = \"0000:00:10.0\"\nnvme_nsid = 1\n";

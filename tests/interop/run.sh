@@ -19,7 +19,13 @@
 # Env:   KVTARGET_BIN (default <repo>/target/release/kvtarget)
 #        INTEROP_OUT (default <repo>/.cache/interop/run-<time>; logs and shares)
 #        INTEROP_TIMEOUT (per guest boot, seconds; default 900)
-#        INTEROP_BACKEND (kvtarget pool backend; default uring)
+#        INTEROP_BACKEND (kvtarget pool backend: uring (default), ram, or spdk-tcp: the
+#          pool lives on a Malloc bdev of SPDK's own nvmf_tgt, started here on
+#          127.0.0.1:4430, reached through kvtarget's `spdk` backend, i.e. SPDK's
+#          NVMe/TCP host; needs KVTARGET_BIN built with --features spdk and SPDK_DIR)
+#        INTEROP_RESTART_SIGNAL (TERM (default) or KILL: how the suite's restarts stop
+#          kvtarget; with KILL only what was flushed may survive, which the restart
+#          scenarios check)
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -51,6 +57,10 @@ KV_SERIAL=KVTINTEROP0001
 KV_MODEL=kvtarget
 timeout_s=${INTEROP_TIMEOUT:-900}
 backend=${INTEROP_BACKEND:-uring}
+restart_signal=${INTEROP_RESTART_SIGNAL:-TERM}
+case "$restart_signal" in TERM|KILL) ;; *) echo "interop: INTEROP_RESTART_SIGNAL must be TERM or KILL" >&2; exit 2 ;; esac
+SPDK_TGT_PORT=4430
+SPDK_TGT_NQN=nqn.2016-06.io.spdk:interop-pool
 bin=${KVTARGET_BIN:-$repo/target/release/kvtarget}
 case "$bin" in /*) ;; *) bin=$PWD/$bin ;; esac
 
@@ -72,8 +82,13 @@ ls -1dt "$repo"/.cache/interop/run-* 2>/dev/null | tail -n +6 | xargs -r rm -rf
 log "logs in $out"
 
 # ---- cleanup: kvtarget and QEMU never outlive this script ----------------------------
-kv_pid= run_pid= tmpdir=
+kv_pid= run_pid= tmpdir= spdk_tgt_pid=
 cleanup() {
+    if [ -n "$spdk_tgt_pid" ] && kill -0 "$spdk_tgt_pid" 2>/dev/null; then
+        kill -TERM "$spdk_tgt_pid" 2>/dev/null
+        sleep 1
+        kill -KILL "$spdk_tgt_pid" 2>/dev/null
+    fi
     if [ -n "$run_pid" ] && kill -0 "$run_pid" 2>/dev/null; then
         kill -TERM "$run_pid" 2>/dev/null
     fi
@@ -174,11 +189,17 @@ kv_start() {
 }
 # kv_stop -> KV_STOP_STATUS: exit status after SIGTERM ("timeout" if it had to be killed)
 KV_STOP_STATUS=
-kv_stop() {
+kv_stop() { # [SIGNAL]: TERM (default; expects exit 0) or KILL (expects 137)
+    local sig=${1:-TERM}
     KV_STOP_STATUS=
     [ -n "$kv_pid" ] || { KV_STOP_STATUS=not-running; return 1; }
     if ! kill -0 "$kv_pid" 2>/dev/null; then
         wait "$kv_pid"; KV_STOP_STATUS="already-exited($?)"; kv_pid=; return 1
+    fi
+    if [ "$sig" = KILL ]; then
+        kill -KILL "$kv_pid"; wait "$kv_pid" 2>/dev/null; KV_STOP_STATUS=$?; kv_pid=
+        [ "$KV_STOP_STATUS" = 137 ]
+        return
     fi
     kill -TERM "$kv_pid"
     local i
@@ -199,12 +220,48 @@ host_check() { # NAME OK? REASON
     if [ "$2" = 1 ]; then host_checks+=("ok - $1"); else host_checks+=("FAIL - $1: $3"); fi
 }
 
+# SPDK's nvmf_tgt with a Malloc bdev of the pool's size on 127.0.0.1:$SPDK_TGT_PORT:
+# the device under kvtarget's pool for INTEROP_BACKEND=spdk-tcp. It outlives
+# kvtarget's restarts, as a remote NVMe-oF namespace would.
+spdk_tgt_start() {
+    local dir=${SPDK_DIR:-} sock=$out/kvtarget/spdk-tgt.sock rpc i
+    [ -x "$dir/build/bin/nvmf_tgt" ] || { log "SPDK_DIR=$dir has no build/bin/nvmf_tgt (eval \"\$(ci/spdk.sh)\")"; return 1; }
+    "$repo/ci/hugepages.sh" >&2 || return 1
+    if listening "$SPDK_TGT_PORT"; then log "port $SPDK_TGT_PORT already in use"; return 1; fi
+    "$dir/build/bin/nvmf_tgt" -m 0x1 -r "$sock" > "$out/kvtarget/spdk-tgt.log" 2>&1 &
+    spdk_tgt_pid=$!
+    for i in $(seq 1 150); do [ -S "$sock" ] && break; sleep 0.2; done
+    rpc() { python3 "$dir/scripts/rpc.py" -s "$sock" "$@" >> "$out/kvtarget/spdk-tgt.log" 2>&1; }
+    rpc framework_wait_init && rpc nvmf_create_transport -t TCP \
+        && rpc bdev_malloc_create -b Pool0 "$POOL_MIB" 4096 \
+        && rpc nvmf_create_subsystem "$SPDK_TGT_NQN" -a -s SPDKINTEROP01 \
+        && rpc nvmf_subsystem_add_ns "$SPDK_TGT_NQN" Pool0 \
+        && rpc nvmf_subsystem_add_listener "$SPDK_TGT_NQN" -t tcp -a 127.0.0.1 -s "$SPDK_TGT_PORT" \
+        || { log "nvmf_tgt set-up failed; log tail:"; tail -n 20 "$out/kvtarget/spdk-tgt.log" >&2; return 1; }
+    log "SPDK nvmf_tgt (pid $spdk_tgt_pid) serves a ${POOL_MIB} MiB Malloc bdev on 127.0.0.1:$SPDK_TGT_PORT"
+}
+
 run_kvtarget() {
     mkdir -p "$out/kvtarget"
     : > "$out/kvtarget/kvtarget.log"
     tmpdir=$(mktemp -d /tmp/kvtarget-interop.XXXXXX)
     pool_file=
-    [ "$backend" = ram ] || pool_file=$tmpdir/pool.img
+    case "$backend" in
+        ram) ;;
+        spdk-tcp)
+            if ! spdk_tgt_start; then
+                host_check spdk-nvmf-tgt-start 0 "SPDK's nvmf_tgt did not start (see $out/kvtarget/spdk-tgt.log)"
+                return
+            fi ;;
+        *) pool_file=$tmpdir/pool.img ;;
+    esac
+    local pool_backend=$backend pool_where
+    if [ "$backend" = spdk-tcp ]; then
+        pool_backend=spdk
+        pool_where="trid = \"trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$SPDK_TGT_PORT subnqn:$SPDK_TGT_NQN\""
+    else
+        pool_where=$( [ -z "$pool_file" ] || echo "path = \"$pool_file\""; echo "size = \"${POOL_MIB}MiB\"")
+    fi
     kv_cfg=$out/kvtarget/kvtarget.toml
     {
     cat <<EOF
@@ -224,9 +281,8 @@ port = $PORT
 # suite's writes stay well within it.
 [[pools]]
 name = "interop"
-backend = "$backend"
-$([ -z "$pool_file" ] || echo "path = \"$pool_file\"")
-size = "${POOL_MIB}MiB"
+backend = "$pool_backend"
+$pool_where
 extent_size = "1MiB"
 EOF
     local v n m b u
@@ -288,11 +344,11 @@ EOF
         if [ -e "$share/restart-request" ]; then
             rm -f "$share/restart-request"
             restarts=$((restarts + 1))
-            log "restart request $restarts: stopping kvtarget (SIGTERM)"
-            echo "---- interop: SIGTERM for restart $restarts ----" >> "$out/kvtarget/kvtarget.log"
-            if ! kv_stop; then
+            log "restart request $restarts: stopping kvtarget (SIG$restart_signal)"
+            echo "---- interop: SIG$restart_signal for restart $restarts ----" >> "$out/kvtarget/kvtarget.log"
+            if ! kv_stop "$restart_signal"; then
                 restart_ok=0
-                restart_reason="restart $restarts: kvtarget did not exit 0 on SIGTERM (status $KV_STOP_STATUS)"
+                restart_reason="restart $restarts: kvtarget did not stop as expected on SIG$restart_signal (status $KV_STOP_STATUS)"
             fi
             echo "stopped, status $KV_STOP_STATUS" > "$share/restart-stopped"
             local i
@@ -316,7 +372,7 @@ EOF
     [ -n "$kv_pid" ] && kill -0 "$kv_pid" 2>/dev/null && alive=1
     host_check kvtarget-alive-after-suite "$alive" "kvtarget is no longer running (see $out/kvtarget/kvtarget.log)"
     if [ "$restarts" -gt 0 ]; then
-        host_check kvtarget-restart-on-sigterm "$restart_ok" "$restart_reason"
+        host_check "kvtarget-restart-on-sig$(echo "$restart_signal" | tr 'A-Z' 'a-z')" "$restart_ok" "$restart_reason"
     fi
     if [ "$alive" = 0 ] && [ -n "$kv_pid" ]; then
         kv_stop   # reap it, so that the pool is known to be offline
