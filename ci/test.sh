@@ -21,8 +21,19 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
 
+# SPDK from ../shared/vendor/spdk, built once into .cache/spdk (about 5 minutes the
+# first time), for the `spdk` feature build and for SPDK's own tools below.
+step "SPDK v25.09 (ci/spdk.sh: cached build)"
+eval "$(ci/spdk.sh)"
+
+step "cargo clippy --all-targets --features spdk -- -D warnings"
+cargo clippy --all-targets --features spdk -- -D warnings
+
 step "cargo test (unit, property and loopback integration tests)"
 cargo test --all-targets
+
+step "cargo test --features spdk --lib (the spdk backend's unit tests, SPDK linked)"
+cargo test --features spdk --lib
 
 step "pool simulation: ${KVT_SIM_SEEDS:=2000} seeds (sim profile: optimised, overflow checks on)"
 KVT_SIM_SEEDS=$KVT_SIM_SEEDS cargo test --profile sim --lib pool::sim -- --nocapture
@@ -33,6 +44,12 @@ fi
 
 step "cargo build --release"
 cargo build --release
+
+# The SPDK-linked binary, in its own target folder so the two builds do not
+# invalidate each other.
+step "cargo build --release --features spdk (target/spdk)"
+cargo build --release --features spdk --target-dir target/spdk
+spdk_bin=$PWD/target/spdk/release/kvtarget
 
 step "SPDK's own JSON-RPC client (spdk-rpc from PyPI) drives kvtarget"
 KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-rpc/run.sh
@@ -45,3 +62,10 @@ KVTARGET_BIN="$PWD/target/release/kvtarget" ci/rdma.sh
 
 step "nvme backend: kvtarget's user-space NVMe driver over VFIO in a QEMU guest"
 KVTARGET_BIN="$PWD/target/release/kvtarget" ci/vfio.sh
+
+step "spdk backend: SPDK's NVMe/TCP host under a pool (SPDK nvmf_tgt Malloc bdev), the Linux host in the guest, restarts by SIGKILL"
+INTEROP_BACKEND=spdk-tcp INTEROP_RESTART_SIGNAL=KILL KVTARGET_BIN="$spdk_bin" \
+    ci/interop.sh --target kvtarget
+
+step "spdk backend: SPDK's PCIe NVMe driver over VFIO in a QEMU guest"
+VFIO_BACKEND=spdk KVTARGET_BIN="$spdk_bin" ci/vfio.sh

@@ -5,6 +5,11 @@
 # host attaches over loopback and runs fio verify; afterwards the kernel nvme driver
 # rebinds and must read the same data (tests/vfio/guest.sh).
 #
+# VFIO_BACKEND=spdk runs the same test on SPDK's PCIe NVMe driver instead (kvtarget's
+# `spdk` backend, KVTARGET_BIN built with --features spdk): the share then carries
+# every shared library the binary loads (SPDK's, DPDK's, ISA-L), and the guest
+# reserves hugepages for SPDK.
+#
 # Usage: ci/vfio.sh [--verbose]    (expects target/release/kvtarget, or KVTARGET_BIN)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -16,8 +21,22 @@ work=${VFIO_CACHE:-$repo/.cache/vfio}
 rm -rf "$work/share"
 mkdir -p "$work/share/lib"
 cp "$bin" "$work/share/kvtarget"
-# Shared libraries the guest image lacks (libgcc_s for Rust's unwinder).
-ldd "$bin" | awk '/=> \// {print $3}' | grep -E 'libgcc_s' | xargs -r -I{} cp {} "$work/share/lib/"
+backend=${VFIO_BACKEND:-nvme}
+case "$backend" in nvme|spdk) ;; *) echo "ci/vfio.sh: VFIO_BACKEND must be nvme or spdk" >&2; exit 2 ;; esac
+echo "$backend" > "$work/share/backend"
+if [ "$backend" = spdk ]; then
+    # Everything the SPDK-linked binary loads: the guest image has only glibc's
+    # basics (same glibc as the host, so host copies are safe).
+    ldd "$bin" | awk '/=> \// {print $3}' | grep -vE '/(libc|libm|libpthread|libdl|librt)\.so' \
+        | xargs -r -I{} cp -L {} "$work/share/lib/"
+    if ldd "$bin" | grep -q "not found"; then
+        echo "ci/vfio.sh: $bin has unresolved libraries: $(ldd "$bin" | grep 'not found' | tr '\n' ' ')" >&2
+        exit 1
+    fi
+else
+    # Shared libraries the guest image lacks (libgcc_s for Rust's unwinder).
+    ldd "$bin" | awk '/=> \// {print $3}' | grep -E 'libgcc_s' | xargs -r -I{} cp {} "$work/share/lib/"
+fi
 cp "$repo/tests/vfio/guest.sh" "$work/share/guest.sh"
 # Fresh namespaces each run: the test writes a pool and patterns.
 rm -f "$work/ns1.raw" "$work/ns2.raw"

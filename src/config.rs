@@ -1101,7 +1101,12 @@ block_size = 4096
         for e in std::fs::read_dir(dir).unwrap() {
             let p = e.unwrap().path();
             if p.extension().is_some_and(|x| x == "toml") {
-                Config::load(&p).unwrap_or_else(|e| panic!("{e}"));
+                match Config::load(&p) {
+                    Ok(_) => {}
+                    // The spdk examples need an SPDK build; without one they say so.
+                    Err(e) if !crate::bdev::spdk::AVAILABLE && e.contains(".backend: the spdk backend needs kvtarget built with `--features spdk`") => {}
+                    Err(e) => panic!("{e}"),
+                }
             }
         }
     }
