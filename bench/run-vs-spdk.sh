@@ -1,0 +1,350 @@
+#!/usr/bin/env bash
+# Same initiator, same run: SPDK v25.09's nvmf_tgt against kvtarget. Each target
+# serves a 1 GiB RAM namespace with 4096-byte blocks from one reactor busy-polling
+# core 0, over NVMe/TCP on 127.0.0.1 (a free port each, any host allowed), and each
+# is driven by SPDK's spdk_nvme_perf pinned to core 1 (-c 0x2). Runs alternate
+# SPDK, kvtarget, SPDK, kvtarget, ... profile by profile, round by round.
+#
+#   bench/run-vs-spdk.sh [--secs S] [--rounds N] [--only REGEX] [--record] [--keep]
+#
+#   --secs S      seconds per run (default 10)
+#   --rounds N    runs per target and profile (default 2); tables give the median
+#   --only REGEX  profiles whose name matches (grep -E), e.g. 'randread|4MiB'
+#   --record      also append the tables to bench/RESULTS.md under a heading with
+#                 date, commit, this command and the machine's load (uptime)
+#   --keep        keep the work directory (perf outputs, target logs) in /tmp
+#
+# SPDK: nvmf_tgt -m 0x1 (its own RPC socket, its own DPDK file prefix / shm id, no
+# PCI), configured through scripts/rpc.py: TCP transport with SPDK's defaults, a
+# Malloc bdev (1024 MiB, 4096-byte blocks), an allow-any-host subsystem.
+# kvtarget: config/bench-ram.toml (reactor on core 0, idle = "busy", [tcp]
+# max_queue_depth 256) with its port replaced by a free one and block_size 4096,
+# its own RPC socket. Only one target runs at a time: both busy-poll core 0, so the
+# one not being measured is stopped (SIGSTOP) and continued before its next run
+# (its counters are read only after that, so the stopped time is in no delta).
+# Both namespaces are written once in full (1 MiB writes) before the first run, so
+# reads find memory already backed.
+#
+# Per run: IOPS, MiB/s, average latency (spdk_nvme_perf's Total row), P99 (its -L
+# summary), and the target reactor's busy time per I/O: the difference of the
+# "busy" counters of framework_get_reactors (both targets answer it; SPDK counts
+# TSC ticks, kvtarget nanoseconds, each says its tick_rate) read with SPDK's
+# rpc.py just before and just after the run, divided by the run's I/O count
+# (IOPS x seconds). I/Os are spdk_nvme_perf's: where a target's MDTS is smaller
+# than the I/O (SPDK's 128 KiB), the initiator splits it and the target sees
+# several commands for one I/O.
+#
+# Nothing else may run on the machine during a real measurement (2 cores: the
+# targets own core 0, perf core 1); the script warns when the 1-minute load
+# average is above 0.5 at its start. Needs root (hugepages).
+# Env: KVTARGET_BIN (default: cargo build --release, then target/release/kvtarget),
+#      SPDK_CACHE / SPDK_DIR (see ci/spdk.sh).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+repo=$PWD
+cmdline="bench/run-vs-spdk.sh$(printf ' %q' "$@")"
+
+secs=10 rounds=2 only=. record=0 keep=0
+while [ $# -gt 0 ]; do
+    case $1 in
+        --secs) secs=${2:-}; shift 2 || exit 2 ;;
+        --rounds) rounds=${2:-}; shift 2 || exit 2 ;;
+        --only) only=${2:-}; shift 2 || exit 2 ;;
+        --record) record=1; shift ;;
+        --keep) keep=1; shift ;;
+        -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        *) echo "run-vs-spdk: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+for n in "$secs" "$rounds"; do
+    case $n in '' | *[!0-9]* | 0) echo "run-vs-spdk: --secs and --rounds take a positive integer" >&2; exit 2 ;; esac
+done
+
+log() { echo "run-vs-spdk: $*" >&2; }
+die() { failed=1; log "error: $*"; exit 1; }
+
+load_start=$(uptime)
+load1=$(cut -d' ' -f1 /proc/loadavg)
+if awk -v l="$load1" 'BEGIN { exit !(l > 0.5) }'; then
+    log "WARNING: 1-minute load average is $load1 (> 0.5): something else is running;"
+    log "WARNING: figures from this run are not a measurement. $load_start"
+fi
+
+# Packages: python3 (parsing, rpc.py), procps (uptime), coreutils (taskset is in
+# util-linux, not needed: perf pins itself with -c). ci/spdk.sh installs SPDK's own.
+missing=()
+command -v python3 >/dev/null || missing+=(python3)
+command -v uptime >/dev/null || missing+=(procps)
+if [ ${#missing[@]} -gt 0 ]; then
+    if ! { apt-get update -q && apt-get install -y -q --no-install-recommends "${missing[@]}"; } >&2; then
+        die "cannot install ${missing[*]}"
+    fi
+fi
+
+if [ -z "${KVTARGET_BIN:-}" ]; then
+    cargo build --release -q || die "cargo build --release failed"
+fi
+kvbin=${KVTARGET_BIN:-$repo/target/release/kvtarget}
+[ -x "$kvbin" ] || die "$kvbin not built"
+spdk_env=$("$repo/ci/spdk.sh") || die "ci/spdk.sh could not provide SPDK"
+eval "$spdk_env"
+nvmf_tgt=$SPDK_DIR/build/bin/nvmf_tgt
+perf=$SPDK_DIR/build/bin/spdk_nvme_perf
+rpc_py=$SPDK_DIR/scripts/rpc.py
+for t in "$nvmf_tgt" "$perf" "$rpc_py"; do [ -e "$t" ] || die "SPDK build in $SPDK_DIR has no $t"; done
+# nvmf_tgt with the 1 GiB Malloc bdev and its buffer pools takes about 700 pages of
+# 2 MiB, spdk_nvme_perf a few more.
+"$repo/ci/hugepages.sh" --free 800 || die "not enough hugepages"
+
+work=$(mktemp -d /tmp/kvtarget-vs-spdk.XXXXXX)
+spdk_pid='' kv_pid='' perf_pid='' shm_id='' failed=0
+stop_proc() { # PID: continue it (a stopped process cannot act on SIGTERM), stop it, reap it
+    local p=$1
+    kill -CONT "$p" 2>/dev/null
+    kill -TERM "$p" 2>/dev/null || return 0
+    for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$p" 2>/dev/null
+    wait "$p" 2>/dev/null
+}
+cleanup() {
+    [ -n "$perf_pid" ] && stop_proc "$perf_pid" && rm -rf "/var/run/dpdk/spdk_pid$perf_pid"
+    [ -n "$kv_pid" ] && stop_proc "$kv_pid"
+    [ -n "$spdk_pid" ] && stop_proc "$spdk_pid"
+    [ -n "$shm_id" ] && rm -rf "/var/run/dpdk/spdk$shm_id"
+    if [ "$keep" = 1 ] || [ "$failed" != 0 ]; then log "work directory kept: $work"; else rm -rf "$work"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+spdk_port=$(free_port)
+kv_port=$(free_port)
+while [ "$kv_port" = "$spdk_port" ]; do kv_port=$(free_port); done
+spdk_nqn=nqn.2016-06.io.spdk:kvtarget-vs-spdk
+kv_nqn=$(python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["subsystems"][0]["nqn"])' \
+    config/bench-ram.toml) || die "cannot read the subsystem NQN from config/bench-ram.toml"
+
+# --- SPDK nvmf_tgt ---
+# A shm id no other SPDK process uses: DPDK file prefix spdk<id>, /dev/shm/nvmf_trace.<id>.
+shm_id=$((1000 + $$ % 8000))
+while [ -e "/var/run/dpdk/spdk$shm_id" ] || [ -e "/dev/shm/nvmf_trace.$shm_id" ] \
+    || compgen -G "/dev/hugepages/spdk${shm_id}map_*" >/dev/null; do
+    shm_id=$((shm_id + 1))
+done
+spdk_sock=$work/spdk.sock
+"$nvmf_tgt" -m 0x1 -i "$shm_id" -r "$spdk_sock" --no-pci > "$work/nvmf_tgt.log" 2>&1 &
+spdk_pid=$!
+srpc() { python3 "$rpc_py" -s "$spdk_sock" "$@"; }
+for _ in $(seq 150); do
+    kill -0 "$spdk_pid" 2>/dev/null || break
+    srpc -t 2 spdk_get_version >/dev/null 2>&1 && break
+    sleep 0.2
+done
+srpc -t 30 framework_wait_init >/dev/null 2>&1 || { cat "$work/nvmf_tgt.log" >&2; die "nvmf_tgt did not start"; }
+{
+    srpc nvmf_create_transport -t TCP &&
+    srpc bdev_malloc_create -b Malloc0 1024 4096 &&
+    srpc nvmf_create_subsystem "$spdk_nqn" -a -s SPDK00000000000001 -d "SPDK bdev Controller" &&
+    srpc nvmf_subsystem_add_ns "$spdk_nqn" Malloc0 &&
+    srpc nvmf_subsystem_add_listener "$spdk_nqn" -t tcp -a 127.0.0.1 -s "$spdk_port" -f ipv4
+} > "$work/spdk-config.log" 2>&1 || { cat "$work/spdk-config.log" "$work/nvmf_tgt.log" >&2; die "configuring nvmf_tgt failed"; }
+# Its "git sha1" is whatever git checkout SPDK was built inside (the kvtarget
+# one, for ci/spdk.sh's cache), not SPDK's: left out.
+spdk_version=$(srpc spdk_get_version | python3 -c 'import json, sys; print(json.load(sys.stdin)["version"])' \
+    | sed 's/ git sha1 [0-9a-f]*//')
+kill -STOP "$spdk_pid"
+
+# --- kvtarget ---
+sed -e "s/^port = [0-9]*/port = $kv_port/" -e 's/^block_size = [0-9]*/block_size = 4096/' \
+    config/bench-ram.toml > "$work/kvtarget.toml"
+kv_sock=$work/kv.sock
+"$kvbin" --config "$work/kvtarget.toml" -r "$kv_sock" > "$work/kvtarget.log" 2>&1 &
+kv_pid=$!
+up=0
+for _ in $(seq 150); do
+    kill -0 "$kv_pid" 2>/dev/null || break
+    grep -q "listening on 127.0.0.1:$kv_port" "$work/kvtarget.log" && [ -S "$kv_sock" ] && { up=1; break; }
+    sleep 0.1
+done
+[ "$up" = 1 ] || { cat "$work/kvtarget.log" >&2; die "kvtarget did not start"; }
+grep -q "subnqn=$kv_nqn nsid=1 .*bytes=1073741824 block_size=4096" "$work/kvtarget.log" \
+    || { cat "$work/kvtarget.log" >&2; die "kvtarget's namespace is not 1 GiB of 4096-byte blocks"; }
+kv_version=$(python3 "$rpc_py" -s "$kv_sock" spdk_get_version | python3 -c 'import json, sys; print(json.load(sys.stdin)["version"])')
+kill -STOP "$kv_pid"
+
+declare -A pid_of=([spdk]=$spdk_pid [kvtarget]=$kv_pid)
+declare -A sock_of=([spdk]=$spdk_sock [kvtarget]=$kv_sock)
+declare -A trid_of=(
+    [spdk]="trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$spdk_port subnqn:$spdk_nqn"
+    [kvtarget]="trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$kv_port subnqn:$kv_nqn"
+)
+active=
+activate() { # TARGET: the other one is stopped, this one runs
+    local t=$1 o
+    [ "$active" = "$t" ] && return 0
+    for o in spdk kvtarget; do [ "$o" = "$t" ] || kill -STOP "${pid_of[$o]}"; done
+    kill -CONT "${pid_of[$t]}"
+    active=$t
+    sleep 0.5 # let the reactor settle before its counters are read
+}
+reactors() { # TARGET -> "busy_ticks tick_rate" summed over its reactors
+    python3 "$rpc_py" -s "${sock_of[$1]}" -t 10 framework_get_reactors | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+print(sum(r["busy"] for r in d["reactors"]), d["tick_rate"])'
+}
+run_perf() { # OUTFILE TARGET PERF-ARGS...: perf on core 1 against TARGET
+    local out=$1 t=$2; shift 2
+    "$perf" "$@" -c 0x2 -r "${trid_of[$t]}" > "$out" 2>&1 &
+    perf_pid=$!
+    wait "$perf_pid"
+    local rc=$?
+    rm -rf "/var/run/dpdk/spdk_pid$perf_pid"
+    perf_pid=
+    return $rc
+}
+
+# Both namespaces written once in full: 1024 sequential writes of 1 MiB.
+for t in spdk kvtarget; do
+    activate "$t"
+    log "writing $t's namespace once"
+    if ! run_perf "$work/prefill-$t.out" "$t" -q 8 -o 1048576 -w write -d 1024 -t 120 \
+        || ! grep -q '^Total' "$work/prefill-$t.out"; then
+        cat "$work/prefill-$t.out" >&2
+        die "writing $t's namespace failed"
+    fi
+done
+
+profiles=(
+    "4KiB randread QD1|-w randread -o 4096 -q 1"
+    "4KiB randread QD32|-w randread -o 4096 -q 32"
+    "4KiB randread QD128|-w randread -o 4096 -q 128"
+    "4KiB randwrite QD32|-w randwrite -o 4096 -q 32"
+    "4KiB randrw 70/30 QD32|-w randrw -M 70 -o 4096 -q 32"
+    "128KiB seq read QD16|-w read -o 131072 -q 16"
+    "1MiB seq write QD4|-w write -o 1048576 -q 4"
+    "4MiB seq write QD2|-w write -o 4194304 -q 2"
+)
+selected=()
+for p in "${profiles[@]}"; do
+    if echo "${p%%|*}" | grep -Eq -- "$only"; then selected+=("$p"); fi
+done
+[ ${#selected[@]} -gt 0 ] || die "--only '$only' matches no profile"
+
+runs=$work/runs.jsonl
+: > "$runs"
+n=0
+for r in $(seq "$rounds"); do
+    for p in "${selected[@]}"; do
+        name=${p%%|*}
+        read -ra args <<< "${p#*|}"
+        for t in spdk kvtarget; do
+            n=$((n + 1))
+            out=$work/run-$n.out
+            activate "$t"
+            before=$(reactors "$t") || before=
+            run_perf "$out" "$t" "${args[@]}" -t "$secs" -L
+            rc=$?
+            after=$(reactors "$t") || after=
+            log "round $r/$rounds $t: $name"
+            python3 - "$out" "$t" "$name" "$r" "$secs" "$rc" "$before" "$after" >> "$runs" <<'PY'
+import json, re, sys
+out, target, name, rnd, secs, rc, before, after = sys.argv[1:9]
+text = open(out, errors="replace").read().replace("\r", "\n")
+run = {"target": target, "profile": name, "round": int(rnd), "error": None}
+total = None
+for line in text.splitlines():
+    f = line.split()
+    # "Total : IOPS MiB/s Average min max"
+    if len(f) >= 7 and f[0] == "Total" and f[1] == ":":
+        total = [float(x) for x in f[2:7]]
+pct = {}
+in_summary = False
+for line in text.splitlines():
+    if line.startswith("Summary latency data"):
+        in_summary = True
+        continue
+    m = re.match(r"\s*([0-9.]+)%\s*:\s*([0-9.]+)us\s*$", line)
+    if in_summary and m:
+        pct[float(m.group(1))] = float(m.group(2))
+errors = [l for l in text.splitlines() if "completed with error" in l]
+if rc != "0":
+    run["error"] = f"spdk_nvme_perf exit {rc}"
+elif errors:
+    run["error"] = f"{len(errors)} I/O error lines: {errors[0].strip()[:120]}"
+elif total is None or total[0] <= 0:
+    run["error"] = "no Total row (no controller attached?)"
+if total is not None:
+    run.update(iops=total[0], mib_s=total[1], avg_us=total[2])
+run["p99_us"] = pct.get(99.0)
+b, a = before.split(), after.split()
+if total is not None and total[0] > 0 and len(b) == 2 and len(a) == 2:
+    ticks, rate = int(a[0]) - int(b[0]), float(a[1])
+    run["busy_us_per_io"] = ticks / rate * 1e6 / (total[0] * float(secs))
+print(json.dumps(run))
+PY
+            tail -n 1 "$runs" | grep -q '"error": null' || failed=1
+        done
+    done
+done
+
+load_end=$(uptime)
+rev=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo "+dirty")
+python3 - "$runs" "$secs" "$rounds" > "$work/tables.md" <<'PY'
+import json, statistics, sys
+runs = [json.loads(l) for l in open(sys.argv[1])]
+secs, rounds = sys.argv[2], sys.argv[3]
+profiles = list(dict.fromkeys(r["profile"] for r in runs))
+
+def med(p, t, key):
+    xs = [r[key] for r in runs if r["profile"] == p and r["target"] == t
+          and r["error"] is None and r.get(key) is not None]
+    return statistics.median(xs) if xs else None
+
+def fmt(x, nd=1):
+    return "-" if x is None else f"{x:,.{nd}f}"
+
+def ratio(a, b):
+    return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}"
+
+print(f"Median of {rounds} round(s), {secs} s per run; kvtarget/SPDK ratios of those medians "
+      "(IOPS: above 1 is kvtarget faster; P99 and busy: below 1 is kvtarget better).")
+print()
+print("| profile | SPDK IOPS | SPDK P99 us | SPDK busy us/IO | kvtarget IOPS | kvtarget P99 us "
+      "| kvtarget busy us/IO | IOPS kvt/SPDK | P99 kvt/SPDK | busy kvt/SPDK |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for p in profiles:
+    s = {k: med(p, "spdk", k) for k in ("iops", "p99_us", "busy_us_per_io")}
+    k = {k: med(p, "kvtarget", k) for k in ("iops", "p99_us", "busy_us_per_io")}
+    print(f"| {p} | {fmt(s['iops'], 0)} | {fmt(s['p99_us'])} | {fmt(s['busy_us_per_io'], 2)} "
+          f"| {fmt(k['iops'], 0)} | {fmt(k['p99_us'])} | {fmt(k['busy_us_per_io'], 2)} "
+          f"| {ratio(k['iops'], s['iops'])} | {ratio(k['p99_us'], s['p99_us'])} "
+          f"| {ratio(k['busy_us_per_io'], s['busy_us_per_io'])} |")
+print()
+print("Every run, in the order run:")
+print()
+print("| round | profile | target | IOPS | MiB/s | avg us | P99 us | busy us/IO | error |")
+print("|---|---|---|---|---|---|---|---|---|")
+for r in runs:
+    print(f"| {r['round']} | {r['profile']} | {r['target']} | {fmt(r.get('iops'), 0)} "
+          f"| {fmt(r.get('mib_s'))} | {fmt(r.get('avg_us'))} | {fmt(r.get('p99_us'))} "
+          f"| {fmt(r.get('busy_us_per_io'), 2)} | {r['error'] or ''} |")
+PY
+{
+    echo "### $(date -u '+%Y-%m-%d %H:%M') UTC, commit $rev: SPDK nvmf_tgt vs kvtarget, same initiator (spdk_nvme_perf), ${secs}s per run, $rounds round(s)"
+    echo
+    echo "Command: \`$cmdline\` (\`bench/run-vs-spdk.sh --help\` says what it sets up)."
+    echo "SPDK: $spdk_version, nvmf_tgt -m 0x1, TCP transport defaults, Malloc bdev 1 GiB / 4096 B."
+    echo "kvtarget: $kv_version, config/bench-ram.toml on a free port with 4096-byte blocks."
+    echo "Initiator: spdk_nvme_perf -c 0x2 -L. Machine: $(nproc) cores."
+    echo "Load at start: \`$load_start\`; at end: \`$load_end\`."
+    echo
+    cat "$work/tables.md"
+} > "$work/report.md"
+echo
+cat "$work/report.md"
+if [ "$record" = 1 ]; then
+    { echo; cat "$work/report.md"; } >> bench/RESULTS.md
+    log "appended to bench/RESULTS.md"
+fi
+[ "$failed" = 0 ] || { log "some runs failed (see the error column; logs in $work)"; exit 1; }
