@@ -54,6 +54,9 @@ spdk_bin=$PWD/target/spdk/release/kvtarget
 step "SPDK's own JSON-RPC client (spdk-rpc from PyPI) drives kvtarget"
 KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-rpc/run.sh
 
+step "SPDK v25.09's own host tools (spdk_nvme_identify, spdk_nvme_perf, bdevperf verify) against kvtarget, default options"
+KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-tools/run.sh
+
 step "interop: Linux kernel NVMe/TCP host in a QEMU guest"
 KVTARGET_BIN="$PWD/target/release/kvtarget" ci/interop.sh
 

@@ -424,6 +424,20 @@ fn get_features(ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
         fid::VOLATILE_WRITE_CACHE => (regs.volatile_write_cache as u32, 1, true),
         fid::ARBITRATION => (0, 0, false),
         fid::POWER_MANAGEMENT => (0, 0, false),
+        fid::TEMPERATURE_THRESHOLD => {
+            // DW11: TMPSEL (19:16), THSEL (21:20). There is only the composite
+            // temperature (TMPSEL 0); with no WCTEMP reported, its over-temperature
+            // threshold is FFFFh (never crossed) and its under-temperature one 0.
+            let cdw11 = sqe.cdw(11);
+            let (tmpsel, thsel) = ((cdw11 >> 16) & 0xF, (cdw11 >> 20) & 0x3);
+            let tmpth = match (tmpsel, thsel) {
+                (0, 0) => 0xFFFF,
+                (0, 1) => 0,
+                _ => return AdminOutcome::status(Status::INVALID_FIELD),
+            };
+            let v = tmpth | thsel << 20;
+            (v, v, false)
+        }
         fid::ERROR_RECOVERY => (0, 0, false),
         fid::INTERRUPT_COALESCING => (0, 0, false),
         fid::WRITE_ATOMICITY => (0, 0, false),
@@ -445,6 +459,23 @@ pub fn cap(target: &Target, ctrl: &Controller) -> u64 {
         cap_register(target.limits.max_admin_queue_depth)
     } else {
         cap_register(target.limits.max_queue_depth)
+    }
+}
+
+/// A command arrived on the admin queue with the CID of an Asynchronous Event
+/// Request the target still holds. SPDK's host completes its outstanding AERs
+/// itself when it shuts a controller down or resets it, and then reuses their CIDs
+/// (for the Property Get of CC in its shutdown sequence); SPDK's nvmf_tgt and Linux
+/// nvmet accept that. The held AER is abandoned and the new command takes the CID;
+/// returns false when `cid` is no held AER (a real CID conflict).
+pub fn abandon_held_aer(aers: &mut Vec<u16>, cid: u16) -> bool {
+    match aers.iter().position(|&a| a == cid) {
+        Some(i) => {
+            aers.remove(i);
+            tracing::debug!(cid, "host reused a held AER's command id: AER abandoned");
+            true
+        }
+        None => false,
     }
 }
 
@@ -595,5 +626,41 @@ mod tests {
         );
         let s = Sqe::new(0xC5, 1, 0);
         assert_eq!(status(execute(&t, &c, &s, 0)), Status::INVALID_OPCODE);
+    }
+
+    #[test]
+    fn temperature_threshold_can_be_read() {
+        let (t, c) = setup();
+        let result = |cdw11: u32| {
+            let mut s = Sqe::new(admin_opc::GET_FEATURES, 1, 0);
+            s.set_cdw(10, fid::TEMPERATURE_THRESHOLD as u32);
+            s.set_cdw(11, cdw11);
+            match execute(&t, &c, &s, 0) {
+                AdminOutcome::Done { result, status, .. } => (status, result),
+                o => panic!("{o:?}"),
+            }
+        };
+        assert_eq!(result(0), (Status::SUCCESS, 0xFFFF));
+        assert_eq!(result(1 << 20), (Status::SUCCESS, 1 << 20));
+        assert_eq!(result(1 << 16).0, Status::INVALID_FIELD, "no sensor 1");
+        let mut s = Sqe::new(admin_opc::SET_FEATURES, 1, 0);
+        s.set_cdw(10, fid::TEMPERATURE_THRESHOLD as u32);
+        assert_eq!(
+            status(execute(&t, &c, &s, 0)),
+            Status::FEATURE_NOT_CHANGEABLE
+        );
+    }
+
+    #[test]
+    fn a_reused_aer_cid_abandons_only_that_aer() {
+        let mut aers = vec![3, 4];
+        assert!(abandon_held_aer(&mut aers, 3));
+        assert_eq!(aers, vec![4]);
+        assert!(
+            !abandon_held_aer(&mut aers, 3),
+            "no longer held: a real conflict"
+        );
+        assert!(!abandon_held_aer(&mut aers, 9));
+        assert_eq!(aers, vec![4]);
     }
 }

@@ -170,7 +170,14 @@ pub fn connect(
         return Err(ConnectRefusal {
             status: Status::CONNECT_INVALID_HOST,
             result: 0,
-            reason: format!("host {} is not allowed on {}", data.hostnqn, subsys.nqn),
+            reason: if data.hostnqn.is_empty() {
+                format!(
+                    "an empty host NQN is not allowed on {} (it lists its hosts)",
+                    subsys.nqn
+                )
+            } else {
+                format!("host {} is not allowed on {}", data.hostnqn, subsys.nqn)
+            },
         });
     }
     if let Some(l) = local {

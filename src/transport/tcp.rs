@@ -473,7 +473,7 @@ impl TcpConnection {
     fn on_command(&mut self, sqe: Sqe, data: &[u8], data_error: bool, raw: &[u8], ctx: &mut IoCtx) {
         let cid = sqe.cid();
         self.advance_sq_head();
-        if !self.cids.insert(cid) {
+        if !self.cids.insert(cid) && !admin::abandon_held_aer(&mut self.aers, cid) {
             // The host reused an outstanding CID: answer without disturbing the
             // command that owns it.
             tracing::warn!(peer = %self.peer, cid, "command id conflict");

@@ -1656,7 +1656,7 @@ impl RdmaQueuePair {
         self.group.requests.fetch_add(1, Ordering::Relaxed);
         let cid = sqe.cid();
         self.advance_sq_head();
-        if !self.cid_insert(cid) {
+        if !self.cid_insert(cid) && !admin::abandon_held_aer(&mut self.aers, cid) {
             tracing::warn!(peer = %self.peer, cid, "command id conflict");
             return self.respond_extra(cid, Status::CID_CONFLICT, 0);
         }
