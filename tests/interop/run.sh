@@ -226,9 +226,9 @@ host_check() { # NAME OK? REASON
 spdk_tgt_start() {
     local dir=${SPDK_DIR:-} sock=$out/kvtarget/spdk-tgt.sock rpc i
     [ -x "$dir/build/bin/nvmf_tgt" ] || { log "SPDK_DIR=$dir has no build/bin/nvmf_tgt (eval \"\$(ci/spdk.sh)\")"; return 1; }
-    "$repo/ci/hugepages.sh" >&2 || return 1
+    "$repo/ci/hugepages.sh" --free $((POOL_MIB / 2 + 256)) >&2 || return 1
     if listening "$SPDK_TGT_PORT"; then log "port $SPDK_TGT_PORT already in use"; return 1; fi
-    "$dir/build/bin/nvmf_tgt" -m 0x1 -r "$sock" > "$out/kvtarget/spdk-tgt.log" 2>&1 &
+    "$dir/build/bin/nvmf_tgt" -m 0x1 --no-pci --disable-cpumask-locks -r "$sock" > "$out/kvtarget/spdk-tgt.log" 2>&1 &
     spdk_tgt_pid=$!
     for i in $(seq 1 150); do [ -S "$sock" ] && break; sleep 0.2; done
     rpc() { python3 "$dir/scripts/rpc.py" -s "$sock" "$@" >> "$out/kvtarget/spdk-tgt.log" 2>&1; }

@@ -410,7 +410,7 @@ impl NamespaceInfo {
 
 /// One command for an `IoQpair`. Block counts are the NVMe 0-based-free counts.
 #[derive(Debug)]
-pub enum Command<'a> {
+pub enum Command {
     Read {
         lba: u64,
         blocks: u32,
@@ -427,12 +427,16 @@ pub enum Command<'a> {
         lba: u64,
         blocks: u32,
     },
-    /// Dataset Management, deallocate: (first LBA, blocks) per range, at most
-    /// `MAX_DSM_RANGES`.
+    /// Dataset Management, deallocate: `blocks` from `lba`, at most
+    /// `MAX_DSM_BLOCKS` (ranges of at most u32::MAX blocks each).
     Deallocate {
-        ranges: &'a [(u64, u32)],
+        lba: u64,
+        blocks: u64,
     },
 }
+
+/// Blocks one Dataset Management command can deallocate.
+pub const MAX_DSM_BLOCKS: u64 = MAX_DSM_RANGES as u64 * u32::MAX as u64;
 
 /// Ranges one Dataset Management command carries (NVMe Base: NR is 8 bits).
 pub const MAX_DSM_RANGES: usize = ffi::SPDK_NVME_DATASET_MANAGEMENT_MAX_RANGES as usize;
@@ -549,9 +553,9 @@ impl IoQpair {
 
     /// Submits `cmd` under free slot `cell`. The command's buffer stays with the
     /// queue pair until `process` hands it back with the completion.
-    pub fn submit(&mut self, cell: u32, cmd: Command<'_>) -> Result<(), SubmitError> {
+    pub fn submit(&mut self, cell: u32, cmd: Command) -> Result<(), SubmitError> {
         let i = cell as usize;
-        let buf_of = |c: Command<'_>| match c {
+        let buf_of = |c: Command| match c {
             Command::Read { buf, .. } | Command::Write { buf, .. } => Some(buf),
             _ => None,
         };
@@ -634,17 +638,21 @@ impl IoQpair {
                     None,
                 )
             }
-            Command::Deallocate { ranges } => {
-                if ranges.is_empty() || ranges.len() > MAX_DSM_RANGES {
+            Command::Deallocate { lba, blocks } => {
+                if blocks == 0 || blocks > MAX_DSM_BLOCKS {
                     return Err(SubmitError::Failed(None, libc::EINVAL));
                 }
                 let mut list = [DsmRange::default(); MAX_DSM_RANGES];
-                for (d, &(slba, length)) in list.iter_mut().zip(ranges) {
-                    *d = DsmRange {
+                let (mut n, mut done) = (0, 0);
+                while done < blocks {
+                    let length = (blocks - done).min(u32::MAX as u64);
+                    list[n] = DsmRange {
                         attributes: 0,
-                        length,
-                        slba,
+                        length: length as u32,
+                        slba: lba + done,
                     };
+                    done += length;
+                    n += 1;
                 }
                 // SAFETY: SPDK copies the range list into its own request before
                 // returning (nvme_allocate_request_user_copy), so a stack array is
@@ -655,7 +663,7 @@ impl IoQpair {
                         qp,
                         ffi::SPDK_NVME_DSM_ATTR_DEALLOCATE,
                         list.as_ptr().cast(),
-                        ranges.len() as u16,
+                        n as u16,
                         cb,
                         arg,
                     )

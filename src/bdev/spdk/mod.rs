@@ -385,7 +385,7 @@ mod device {
             lba: u64,
             blocks: u32,
         },
-        /// Up to `ffi::MAX_DSM_RANGES` ranges of at most u32::MAX blocks each.
+        /// At most `ffi::MAX_DSM_BLOCKS` blocks (one Dataset Management command).
         Deallocate {
             lba: u64,
             blocks: u64,
@@ -520,10 +520,9 @@ mod device {
                     // Deallocate promises zeros on read; only a device whose
                     // deallocated blocks read as zeros may take it as DSM.
                     if self.ns.supports_deallocate() && self.ns.deallocated_reads_zero {
-                        let per_cmd = ffi::MAX_DSM_RANGES as u64 * u32::MAX as u64;
                         let mut done = 0;
                         while done < blocks {
-                            let n = (blocks - done).min(per_cmd);
+                            let n = (blocks - done).min(ffi::MAX_DSM_BLOCKS);
                             self.queue(
                                 slot,
                                 PartKind::Deallocate {
@@ -604,7 +603,6 @@ mod device {
                     self.pending.push_front(Part { slot, kind, buf });
                     return;
                 };
-                let mut ranges = [(0u64, 0u32); ffi::MAX_DSM_RANGES];
                 let cmd = match (kind, buf) {
                     (PartKind::Read { lba, blocks }, Some(buf)) => {
                         Command::Read { lba, blocks, buf }
@@ -626,16 +624,7 @@ mod device {
                         Command::WriteZeroes { lba, blocks }
                     }
                     (PartKind::Deallocate { lba, blocks }, _) => {
-                        let (mut n, mut done) = (0, 0);
-                        while done < blocks && n < ranges.len() {
-                            let len = (blocks - done).min(u32::MAX as u64);
-                            ranges[n] = (lba + done, len as u32);
-                            done += len;
-                            n += 1;
-                        }
-                        Command::Deallocate {
-                            ranges: &ranges[..n],
-                        }
+                        Command::Deallocate { lba, blocks }
                     }
                     (_, None) => unreachable!("data parts are built with their buffer"),
                 };
