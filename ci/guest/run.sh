@@ -70,7 +70,7 @@ cmdline="console=ttyS0 quiet panic=-1 mitigations=off random.trust_cpu=on intero
 machine=q35 extra=()
 if [ -n "$iommu" ]; then
     machine=q35,kernel-irqchip=split
-    extra+=(-device intel-iommu,intremap=on,caching-mode=on)
+    extra+=(-device intel-iommu,intremap=on,caching-mode=on,aw-bits=48)
     cmdline="$cmdline intel_iommu=on iommu=pt"
 fi
 if [ ${#nvme_disks[@]} -gt 0 ]; then

@@ -24,8 +24,14 @@ if [ "$BACKEND" = spdk ]; then
     # DPDK takes its memory from hugepages; kvtarget's own buffer arena uses
     # ordinary pages, which SPDK maps through the IOMMU when it registers them.
     mkdir -p /dev/hugepages
-    mountpoint -q /dev/hugepages || mount -t hugetlbfs nodev /dev/hugepages
+    grep -q " /dev/hugepages hugetlbfs " /proc/mounts || mount -t hugetlbfs nodev /dev/hugepages
     echo 256 > /proc/sys/vm/nr_hugepages
+    echo "# hugepages: $(grep -E 'HugePages_(Total|Free)' /proc/meminfo | tr -s ' \n' ' ')"
+    # SPDK's environment initialises OpenSSL, which reads its config file; the
+    # guest image has none, and an empty one is a valid configuration.
+    : > $W/openssl.cnf
+    mkdir -p /var/run /var/tmp   # DPDK's runtime folder; SPDK's PCI claim locks
+    export OPENSSL_CONF=$W/openssl.cnf
     export KVTARGET_NO_HUGEPAGES=1
     READY_LINE="SPDK controller attached"
     SHUTDOWN_LINE="SPDK controller detached"

@@ -101,12 +101,12 @@ fn init_env_once(o: &EnvOptions) -> Result<(), String> {
     restore_affinity(affinity);
     if rc != 0 {
         let hint = if o.no_huge {
-            "check spdk.mem_size".to_string()
+            "check spdk.mem_size"
         } else {
-            "no usable hugepages? mount hugetlbfs and reserve pages (ci/hugepages.sh does both) or set spdk.no_huge = true".to_string()
+            "often: no usable hugepages; mount hugetlbfs and reserve pages (ci/hugepages.sh does both) or set spdk.no_huge = true"
         };
         return Err(format!(
-            "spdk_env_init failed ({}): {hint}",
+            "spdk_env_init failed ({}); SPDK's lines above say why ({hint})",
             errno_text(-rc)
         ));
     }
