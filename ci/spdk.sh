@@ -56,7 +56,7 @@ emit() {
 # Debian packages for building SPDK and for bindgen (libclang) over its headers.
 pkgs=(build-essential pkgconf python3 libdpdk-dev libnuma-dev libaio-dev uuid-dev
       libssl-dev libkeyutils-dev libbsd-dev libarchive-dev nasm autoconf automake libtool
-      help2man libclang-dev clang xz-utils)
+      help2man libclang-dev clang xz-utils libibverbs-dev librdmacm-dev)
 install_pkgs() {
     local missing=() p
     for p in "${pkgs[@]}"; do
@@ -85,7 +85,7 @@ fi
 
 # The key: the tarballs plus the build recipe's version. Bump RECIPE when the
 # configure flags or the edits below change (other edits to this script reuse the build).
-RECIPE=1
+RECIPE=2
 key=$( (cat "$vendor/SHA256SUMS"; echo "recipe $RECIPE") | sha256sum | cut -c1-16)
 out=$cache/$key
 if [ -z "${SPDK_FORCE_REBUILD:-}" ] && [ -f "$out/.complete" ]; then
@@ -111,7 +111,9 @@ cd "$out/spdk"
 grep -q 'minor > 4' lib/env_dpdk/pci_dpdk.c || die "pci_dpdk.c: DPDK version guard not found"
 sed -i 's/minor > 4/minor > 11/' lib/env_dpdk/pci_dpdk.c
 
-./configure --with-dpdk --with-shared --without-crypto --without-nvme-cuse \
+# --with-rdma: SPDK's NVMe/RDMA host (and target), the independent initiator for
+# kvtarget's RDMA listener (rdma-core from Debian: libibverbs, librdmacm).
+./configure --with-dpdk --with-shared --without-crypto --without-nvme-cuse --with-rdma \
     --disable-tests --disable-unit-tests >"$out/configure.log" 2>&1 \
     || { tail -n 30 "$out/configure.log" >&2; die "configure failed (log: $out/configure.log)"; }
 
@@ -122,7 +124,9 @@ if grep -q '^CONFIG_IPSEC_MB?=y' mk/config.mk; then
 fi
 
 jobs=$(nproc)
-make -j"$jobs" >"$out/make.log" 2>&1 \
+# SPDK_GIT_COMMIT empty: SPDK's make would otherwise stamp its version string with
+# the commit of whatever git checkout it is built inside (kvtarget's).
+make -j"$jobs" SPDK_GIT_COMMIT= >"$out/make.log" 2>&1 \
     || { tail -n 40 "$out/make.log" >&2; die "make failed (log: $out/make.log)"; }
 for f in build/lib/pkgconfig/spdk_nvme.pc build/bin/nvmf_tgt build/bin/spdk_nvme_perf \
          build/bin/spdk_nvme_identify scripts/rpc.py; do

@@ -57,10 +57,13 @@ KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-rpc/run.sh
 step "SPDK v25.09's own host tools (spdk_nvme_identify, spdk_nvme_perf, bdevperf verify) against kvtarget, default options"
 KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-tools/run.sh
 
+step "spdk backend: its SPDK controller killed under load (I/O fails with a status, the target and its other namespaces carry on)"
+KVTARGET_BIN="$spdk_bin" tests/spdk-tools/backend-failure.sh
+
 step "interop: Linux kernel NVMe/TCP host in a QEMU guest"
 KVTARGET_BIN="$PWD/target/release/kvtarget" ci/interop.sh
 
-step "interop: Linux kernel NVMe/RDMA host over soft-RoCE, kvtarget in the QEMU guest"
+step "interop: Linux kernel NVMe/RDMA host (and SPDK's NVMe/RDMA host tools) over soft-RoCE, kvtarget in the QEMU guest"
 KVTARGET_BIN="$PWD/target/release/kvtarget" ci/rdma.sh
 
 step "nvme backend: kvtarget's user-space NVMe driver over VFIO in a QEMU guest"

@@ -719,6 +719,11 @@ impl Config {
                 )
             })?;
         }
+        if self.spdk.no_huge && self.spdk.hugedir.is_some() {
+            return Err(
+                "spdk.hugedir: a hugetlbfs mount makes no sense with no_huge = true".to_string(),
+            );
+        }
         if let Some(m) = self.spdk.mem_size {
             if !(64 << 20..=1 << 40).contains(&m) || m % (1 << 20) != 0 {
                 return Err(format!(
@@ -1213,6 +1218,10 @@ block_size = 4096
                 "{e}"
             );
         }
+        let e = err(&format!(
+            "[spdk]\nno_huge = true\nhugedir = \"/dev/hugepages\"\n{GOOD}"
+        ));
+        assert!(e.starts_with("spdk.hugedir:"), "{e}");
         let e = err(&format!("[spdk]\nmem_size = \"1MiB\"\n{GOOD}"));
         assert!(e.contains("spdk.mem_size"), "{e}");
         let cfg = Config::parse(&format!(

@@ -22,6 +22,13 @@ pub type DeviceOps = Vec<(Arc<Namespace>, IoOp)>;
 /// command, and a line per command would flood the log at I/O rates).
 pub const DEVICE_ERROR_LOG_EVERY: u64 = 4096;
 
+/// Counts one more device failure on a queue pair; true when it is one to log at
+/// warn level (the first, then one in every `DEVICE_ERROR_LOG_EVERY`).
+fn count_device_error(count: &mut u64) -> bool {
+    *count += 1;
+    *count % DEVICE_ERROR_LOG_EVERY == 1
+}
+
 /// Logs a failed device operation on a queue pair whose running count of such
 /// failures is `count`. A read of unwritten blocks is a KV-cache miss, not a
 /// fault, and is not counted.
@@ -30,8 +37,7 @@ pub fn log_device_error(count: &mut u64, cid: u16, opcode: u8, errno: i32) {
         tracing::debug!(cid, "read of unwritten blocks");
         return;
     }
-    *count += 1;
-    if *count % DEVICE_ERROR_LOG_EVERY == 1 {
+    if count_device_error(count) {
         tracing::warn!(
             cid,
             op = opcode,
@@ -136,6 +142,7 @@ pub fn submit(
     tag: u64,
     channels: &mut ChannelCache,
     bufs: &mut BufPool,
+    device_errors: &mut u64,
 ) -> Submitted {
     let mut s = Submitted::default();
     for (ns, op) in ops.drain(..) {
@@ -149,7 +156,19 @@ pub fn submit(
             Ok(ch) => match ch.submit(tag, op) {
                 Ok(()) => None,
                 Err((op, errno)) => {
-                    tracing::warn!(nsid = ns.nsid, "device submit failed: errno {errno}");
+                    if count_device_error(device_errors) {
+                        tracing::warn!(
+                            nsid = ns.nsid,
+                            failures = *device_errors,
+                            "device refused a submission: {} (errno {errno}); further ones on this queue are logged at debug level",
+                            std::io::Error::from_raw_os_error(errno)
+                        );
+                    } else {
+                        tracing::debug!(
+                            nsid = ns.nsid,
+                            "device refused a submission: errno {errno}"
+                        );
+                    }
                     Some(op)
                 }
             },
@@ -406,7 +425,8 @@ mod tests {
             (refusing, write(4096)),
             (good.clone(), write(4096)),
         ];
-        let s = submit(&mut ops, 7, &mut channels, &mut bufs);
+        let mut refusals = 0;
+        let s = submit(&mut ops, 7, &mut channels, &mut bufs, &mut refusals);
         assert_eq!(
             s,
             Submitted {
@@ -415,9 +435,13 @@ mod tests {
             }
         );
         assert!(ops.is_empty());
+        assert_eq!(
+            refusals, 1,
+            "the refusal is counted for rate-limited logging"
+        );
         let mut ok: DeviceOps = vec![(good.clone(), IoOp::Flush), (good, IoOp::Flush)];
         assert_eq!(
-            submit(&mut ok, 8, &mut channels, &mut bufs),
+            submit(&mut ok, 8, &mut channels, &mut bufs, &mut refusals),
             Submitted {
                 ops: 2,
                 failure: None

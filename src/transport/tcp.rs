@@ -924,7 +924,13 @@ impl TcpConnection {
         );
         let sent = match planned {
             Ok(()) if ops.is_empty() => None,
-            Ok(()) => Some(command::submit(&mut ops, tag, ctx.channels, ctx.bufs)),
+            Ok(()) => Some(command::submit(
+                &mut ops,
+                tag,
+                ctx.channels,
+                ctx.bufs,
+                &mut self.device_errors,
+            )),
             Err(e) => {
                 for (_, op) in ops.drain(..) {
                     if let Some(b) = op.into_buf() {

@@ -395,6 +395,69 @@ else
 fi
 check rdma-fabrics-disconnect-io-queue "$ok" "$why"
 
+# (e) SPDK's own NVMe/RDMA host against kvtarget's RDMA listener, default options
+# (no hostnqn: SPDK then sends an empty host NQN, so the subsystem allows any host):
+# spdk_nvme_identify, spdk_nvme_perf writes and reads, and bdevperf -w verify
+# (SPDK's bdev_nvme initiator writes, reads back and compares every block). Runs
+# when the share carries SPDK's tools (tests/interop/rdma-run.sh with SPDK_DIR).
+SPDK=$SHARE/spdk
+if [ -x "$SPDK/spdk_nvme_perf" ]; then
+    echo "# -- spdk-rdma-host"
+    SNQN=nqn.2026-11.io.kvtarget:spdk-rdma-host
+    STRID="trtype:RDMA adrfam:IPv4 traddr:$ADDR trsvcid:$PORT subnqn:$SNQN"
+    mkdir -p /dev/hugepages /var/run /var/tmp
+    grep -q " /dev/hugepages hugetlbfs " /proc/mounts || mount -t hugetlbfs nodev /dev/hugepages
+    echo 384 > /proc/sys/vm/nr_hugepages
+    : > "$WORK/openssl.cnf" # SPDK initialises OpenSSL; the guest image has no config
+    spdk_env() { OPENSSL_CONF=$WORK/openssl.cnf LD_LIBRARY_PATH=$SPDK/lib "$@"; }
+    sok=1 swhy=
+    if ! {
+        rpc nvmf_create_subsystem "{\"nqn\": \"$SNQN\", \"allow_any_host\": true, \"serial_number\": \"KVTSPDKRDMA001\"}" &&
+            rpc bdev_lvol_create '{"lvol_name": "spdkhost", "size_in_mib": 64, "lvs_name": "interop", "thin_provision": true}' &&
+            rpc nvmf_subsystem_add_ns "{\"nqn\": \"$SNQN\", \"namespace\": {\"bdev_name\": \"interop/spdkhost\", \"nsid\": 1}}" &&
+            rpc nvmf_subsystem_add_listener "{\"nqn\": \"$SNQN\", \"listen_address\": {\"trtype\": \"RDMA\", \"adrfam\": \"IPv4\", \"traddr\": \"$ADDR\", \"trsvcid\": \"$PORT\"}}"
+    } > "$WORK/spdk-setup.log" 2>&1; then
+        sok=0 swhy="cannot set up $SNQN over RPC: $(tail -n 2 "$WORK/spdk-setup.log" | tr '\n' ' ')"
+    fi
+    if [ "$sok" = 1 ]; then
+        spdk_env timeout 120 "$SPDK/spdk_nvme_identify" -r "$STRID" > "$WORK/spdk-identify.log" 2>&1
+        if grep -q "Serial Number: *KVTSPDKRDMA001" "$WORK/spdk-identify.log" &&
+            grep -qE "Namespace ID: *1" "$WORK/spdk-identify.log"; then
+            check spdk-rdma-host-identify 1 ""
+        else
+            check spdk-rdma-host-identify 0 "spdk_nvme_identify: $(grep -iE 'error|fail' "$WORK/spdk-identify.log" | head -n 3 | tr '\n' ' ')"
+        fi
+        for w in randwrite randread; do
+            spdk_env timeout 120 "$SPDK/spdk_nvme_perf" -q 16 -o 4096 -w $w -t 3 -r "$STRID" > "$WORK/spdk-perf-$w.log" 2>&1
+            iops=$(awk '$1 == "Total" && $2 == ":" {print $3}' "$WORK/spdk-perf-$w.log" | tail -n 1)
+            if [ -n "$iops" ] && awk -v x="$iops" 'BEGIN { exit !(x > 0) }' &&
+                ! grep -q "completed with error" "$WORK/spdk-perf-$w.log"; then
+                check "spdk-rdma-host-perf-$w" 1 ""
+                echo "# spdk_nvme_perf RDMA $w 4 KiB QD16: $iops IOPS (TCG guest, soft-RoCE)"
+            else
+                check "spdk-rdma-host-perf-$w" 0 "spdk_nvme_perf: $(grep -iE 'error|fail' "$WORK/spdk-perf-$w.log" | head -n 3 | tr '\n' ' ')"
+            fi
+        done
+        printf '%s\n' '{"subsystems": [{"subsystem": "bdev", "config": [{"method": "bdev_nvme_attach_controller",' \
+            "  \"params\": {\"name\": \"kvt\", \"trtype\": \"RDMA\", \"adrfam\": \"IPv4\", \"traddr\": \"$ADDR\"," \
+            "             \"trsvcid\": \"$PORT\", \"subnqn\": \"$SNQN\"}}]}]}" > "$WORK/bdevperf.json"
+        spdk_env timeout 180 "$SPDK/bdevperf" --json "$WORK/bdevperf.json" -q 16 -o 65536 -w verify -t 5 \
+            > "$WORK/spdk-bdevperf.log" 2>&1
+        brc=$?
+        if [ "$brc" = 0 ] && grep -qE "^ *Total *:" "$WORK/spdk-bdevperf.log" &&
+            ! grep -qiE "mismatch|miscompare" "$WORK/spdk-bdevperf.log"; then
+            check spdk-rdma-host-bdevperf-verify 1 ""
+        else
+            check spdk-rdma-host-bdevperf-verify 0 "bdevperf exit $brc: $(grep -iE 'error|fail|mismatch' "$WORK/spdk-bdevperf.log" | head -n 3 | tr '\n' ' ')"
+        fi
+    else
+        check spdk-rdma-host-setup 0 "$swhy"
+    fi
+    rpc nvmf_delete_subsystem "{\"nqn\": \"$SNQN\"}" > /dev/null 2>&1
+    rpc bdev_lvol_delete '{"name": "interop/spdkhost"}' > /dev/null 2>&1
+    cp "$WORK"/spdk-*.log "$SHARE/" 2>/dev/null
+fi
+
 
 alive=0
 kill -0 "$kv_pid" 2>/dev/null && alive=1

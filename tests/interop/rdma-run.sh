@@ -30,6 +30,16 @@ share=$out/share
 rm -rf "$share"; mkdir -p "$share"
 cp "$bin" "$share/kvtarget"
 cp "$here/tcp-suite.sh" "$here/rdma-guest.sh" "$share/"
+# SPDK's NVMe/RDMA host tools for the spdk-rdma-host scenario, with every library
+# they load (the guest has only glibc's basics; same glibc as the host).
+if [ -n "${SPDK_DIR:-}" ] && [ -x "$SPDK_DIR/build/bin/spdk_nvme_perf" ]; then
+    mkdir -p "$share/spdk/lib"
+    for t in build/bin/spdk_nvme_perf build/bin/spdk_nvme_identify build/examples/bdevperf; do
+        cp "$SPDK_DIR/$t" "$share/spdk/"
+        ldd "$SPDK_DIR/$t" | awk '/=> \// {print $3}' | grep -vE '/(libc|libm|libpthread|libdl|librt)\.so' \
+            | xargs -r -I{} cp -L -n {} "$share/spdk/lib/"
+    done
+fi
 # bench/fio's job files, run by the bench-fio-profiles scenario.
 mkdir -p "$share/fio"
 cp "$repo"/bench/fio/*.fio "$share/fio/"

@@ -82,13 +82,14 @@ fn init_env_once(o: &EnvOptions) -> Result<(), String> {
     opts.no_pci = o.no_pci;
     opts.no_huge = o.no_huge;
     // Hugepage files are unlinked once mapped: a killed target leaves none behind.
-    opts.unlink_hugepage = true;
+    // (DPDK refuses hugepage options together with --no-huge.)
+    opts.unlink_hugepage = !o.no_huge;
     if let Some(mb) = o.mem_size_mib {
         opts.mem_size = mb as i32;
     } else if o.no_huge {
         opts.mem_size = 1024;
     }
-    if let Some(d) = &hugedir {
+    if let (Some(d), false) = (&hugedir, o.no_huge) {
         opts.hugedir = d.as_ptr();
     }
     opts.env_context = context.as_mut_ptr().cast();
@@ -783,4 +784,49 @@ pub fn shutdown() {
     }
     // SAFETY: initialised once, no controller or queue pair is left.
     unsafe { ffi::spdk_env_fini() };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SPDK's environment comes up in the test process without hugepages, once
+    /// (a second call returns the first outcome), and attaching a controller that
+    /// is not there is a typed error naming it, not a crash or a hang.
+    #[test]
+    fn environment_once_and_a_missing_controller_is_an_error() {
+        let opts = EnvOptions {
+            no_huge: true,
+            mem_size_mib: Some(256),
+            hugedir: None,
+            no_pci: true,
+        };
+        let before = save_affinity();
+        init_env(&opts).expect("SPDK environment (no hugepages)");
+        assert!(
+            init_env(&opts).is_ok(),
+            "second init returns the first outcome"
+        );
+        if let (Some(b), Some(a)) = (before, save_affinity()) {
+            // SAFETY: comparing two initialised cpu_set_t values.
+            assert!(
+                unsafe { libc::CPU_EQUAL(&b, &a) },
+                "DPDK's pinning was undone"
+            );
+        }
+        // A port nothing listens on (bound, never listening).
+        let sock = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = sock.local_addr().unwrap().port();
+        drop(sock);
+        let trid: TransportId = format!(
+            "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:nqn.2026-11.io.kvtarget:nobody"
+        )
+        .parse()
+        .unwrap();
+        match Controller::connect(&trid) {
+            Err(SpdkError::Connect(t)) => assert!(t.contains(&port.to_string()), "{t}"),
+            Err(e) => panic!("unexpected error {e}"),
+            Ok(_) => panic!("attached a controller nobody serves"),
+        }
+    }
 }

@@ -2036,7 +2036,13 @@ impl RdmaQueuePair {
         // is enough, the slot's chunk is freed with the slot.
         let sent = match planned {
             Ok(()) if ops.is_empty() => None,
-            Ok(()) => Some(command::submit(&mut ops, tag, ctx.channels, ctx.bufs)),
+            Ok(()) => Some(command::submit(
+                &mut ops,
+                tag,
+                ctx.channels,
+                ctx.bufs,
+                &mut self.device_errors,
+            )),
             Err(e) => {
                 ops.clear();
                 self.ops_scratch = ops;
