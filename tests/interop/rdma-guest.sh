@@ -444,9 +444,13 @@ if [ -x "$SPDK/spdk_nvme_perf" ]; then
         spdk_env timeout 180 "$SPDK/bdevperf" --json "$WORK/bdevperf.json" -q 16 -o 65536 -w verify -t 5 \
             > "$WORK/spdk-bdevperf.log" 2>&1
         brc=$?
-        if [ "$brc" = 0 ] && grep -qE "^ *Total *:" "$WORK/spdk-bdevperf.log" &&
+        # bdevperf's live progress ends in a carriage return before its Total row
+        # ("Total : runtime IOPS MiB/s Fail/s TO/s ..."): IOPS column 3, Fail/s 5.
+        btotal=$(tr '\r' '\n' < "$WORK/spdk-bdevperf.log" | awk '$1 == "Total" && $2 == ":" { print $3, $5; exit }')
+        if [ "$brc" = 0 ] && [ -n "$btotal" ] && awk -v t="$btotal" 'BEGIN { split(t, f, " "); exit !(f[1] > 0 && f[2] == 0) }' &&
             ! grep -qiE "mismatch|miscompare" "$WORK/spdk-bdevperf.log"; then
             check spdk-rdma-host-bdevperf-verify 1 ""
+            echo "# bdevperf verify over RDMA, 64 KiB QD16: $btotal (IOPS, failures/s)"
         else
             check spdk-rdma-host-bdevperf-verify 0 "bdevperf exit $brc: $(grep -iE 'error|fail|mismatch' "$WORK/spdk-bdevperf.log" | head -n 3 | tr '\n' ' ')"
         fi
