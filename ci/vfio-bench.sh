@@ -4,6 +4,7 @@
 # Not part of ci/test.sh (it measures, it does not check).
 #
 # Usage: ci/vfio-bench.sh     (expects target/release/kvtarget, or KVTARGET_BIN;
+#                              KVTARGET_SPDK_BIN adds the spdk backend;
 #                              valgrind is installed on the host if missing)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -23,6 +24,14 @@ cp "$(command -v vgdb)" "$work/share/valgrind/"
 for f in callgrind-amd64-linux vgpreload_core-amd64-linux.so default.supp; do
     cp "/usr/libexec/valgrind/$f" "$work/share/valgrind/lib/"
 done
+# KVTARGET_SPDK_BIN (built with --features spdk): also measure the spdk backend,
+# with every library it loads in lib-spdk/.
+if [ -n "${KVTARGET_SPDK_BIN:-}" ]; then
+    mkdir -p "$work/share/lib-spdk"
+    cp "$KVTARGET_SPDK_BIN" "$work/share/kvtarget-spdk"
+    ldd "$KVTARGET_SPDK_BIN" | awk '/=> \// {print $3}' | grep -vE '/(libc|libm|libpthread|libdl|librt)\.so' \
+        | xargs -r -I{} cp -L {} "$work/share/lib-spdk/"
+fi
 cp "$repo/tests/vfio/bench-guest.sh" "$work/share/bench.sh"
 rm -f "$work/ns1.raw"
 truncate -s 64M "$work/ns1.raw"

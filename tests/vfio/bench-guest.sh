@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs INSIDE the QEMU guest (ci/vfio-bench.sh starts it): target CPU instructions
-# per I/O for the ram, uring and nvme backends, same workload, same kvtarget run.
+# per I/O for the ram, uring and nvme backends, same workload, same kvtarget run;
+# then, when the share has an SPDK-linked kvtarget, the spdk backend (SPDK's PCIe
+# driver) on the same controller in a second run with the same workload.
 #
 # kvtarget (one reactor) runs under callgrind and serves three namespaces: 1 = ram,
 # 2 = uring (a file on the guest's tmpfs: page cache, no O_DIRECT), 3 = nvme (the
@@ -96,5 +98,66 @@ for pair in 1:ram 2:uring 3:nvme; do
 done
 nvme disconnect -n "$NQN" > /dev/null
 kill -TERM $vg_pid; wait $vg_pid
+
+# The `spdk` backend on the same controller (SPDK's PCIe driver), when the share has
+# an SPDK-linked kvtarget: a second kvtarget run under callgrind, same fio job.
+KS=$S/kvtarget-spdk
+if [ -x "$KS" ]; then
+    mkdir -p /var/run /var/tmp
+    : > $W/openssl.cnf
+    cat > $W/kvt-spdk.toml <<EOT
+[reactors]
+count = 1
+idle = "adaptive"
+[rpc]
+enabled = false
+[spdk]
+no_huge = true
+mem_size = "256MiB"
+[[listeners]]
+address = "127.0.0.1"
+port = 4420
+[[subsystems]]
+nqn = "$NQN"
+allow_any_host = true
+[[subsystems.namespaces]]
+nsid = 1
+backend = "spdk"
+trid = "trtype:PCIe traddr:$PCI"
+nvme_nsid = 1
+EOT
+    OPENSSL_CONF=$W/openssl.cnf LD_LIBRARY_PATH=$S/lib-spdk:$S/lib \
+        "$VG" --tool=callgrind --callgrind-out-file=$W/cg-spdk.out --vgdb=yes --vgdb-prefix=$W/vgdb-spdk \
+        "$KS" --config $W/kvt-spdk.toml > $W/kvtarget-spdk.log 2>&1 &
+    vg_pid=$!
+    n=0
+    until grep -q "listening on 127.0.0.1:4420" $W/kvtarget-spdk.log; do
+        kill -0 $vg_pid 2>/dev/null || { echo "# spdk backend under callgrind exited:"; tail -n 15 $W/kvtarget-spdk.log; vg_pid=; break; }
+        [ $n -lt 3000 ] || { echo "# spdk backend did not start"; tail -n 15 $W/kvtarget-spdk.log; break; }
+        sleep 0.1; n=$((n + 1))
+    done
+    if [ -n "$vg_pid" ] && nvme connect -t tcp -a 127.0.0.1 -s 4420 -n "$NQN" > /dev/null; then
+        dev=
+        for c in /sys/class/nvme/nvme*; do
+            [ "$(cat "$c/transport" 2>/dev/null)" = tcp ] && dev=/dev/$(basename "$c")
+        done
+        n=0; while [ ! -b ${dev}n1 ] && [ $n -lt 300 ]; do sleep 0.1; n=$((n + 1)); done
+        name=spdk
+        dd if=/dev/urandom of=${dev}n1 bs=1M count=32 oflag=direct status=none
+        fio --name=w --filename=${dev}n1 --direct=1 --ioengine=libaio --rw=randrw \
+            --bs=4k --iodepth=8 --size=32M --number_ios=512 > /dev/null 2>&1 || die "warm-up on $name"
+        "$VGDB" --vgdb-prefix=$W/vgdb-spdk --pid=$vg_pid zero > /dev/null 2>&1 || die "vgdb zero"
+        fio --name=b --filename=${dev}n1 --direct=1 --ioengine=libaio --rw=randrw --rwmixread=50 \
+            --bs=4k --iodepth=8 --size=32M --number_ios=$IOS --norandommap --randrepeat=1 \
+            --output-format=json --output=$W/fio-$name.json > /dev/null 2>&1 || die "fio on $name"
+        "$VGDB" --vgdb-prefix=$W/vgdb-spdk --pid=$vg_pid dump > /dev/null 2>&1 || die "vgdb dump"
+        f=$W/cg-spdk.out.1
+        ir=$(awk '/^(summary|totals):/ {print $2; exit}' "$f")
+        ios=$(sed -n '/^{/,$p' $W/fio-$name.json | jq '.jobs[0].read.total_ios + .jobs[0].write.total_ios')
+        printf '  %-6s %14s %8s %12s\n' $name "$ir" "$ios" $((ir / ios))
+        nvme disconnect -n "$NQN" > /dev/null
+    fi
+    [ -z "$vg_pid" ] || { kill -TERM $vg_pid; wait $vg_pid; }
+fi
 "$K" nvme unbind $PCI > /dev/null || die "unbind"
 echo "# bench done"
