@@ -428,6 +428,12 @@ pub enum Command {
         lba: u64,
         blocks: u32,
     },
+    /// Zeroes written from the queue pair's own zeroed buffer, for devices without
+    /// Write Zeroes: at most `ZERO_BUFFER_BYTES`.
+    WriteFromZeroBuffer {
+        lba: u64,
+        blocks: u32,
+    },
     /// Dataset Management, deallocate: `blocks` from `lba`, at most
     /// `MAX_DSM_BLOCKS` (ranges of at most u32::MAX blocks each).
     Deallocate {
@@ -435,6 +441,9 @@ pub enum Command {
         blocks: u64,
     },
 }
+
+/// Size of a queue pair's zeroed buffer (`Command::WriteFromZeroBuffer`).
+pub const ZERO_BUFFER_BYTES: usize = 1 << 20;
 
 /// Blocks one Dataset Management command can deallocate.
 pub const MAX_DSM_BLOCKS: u64 = MAX_DSM_RANGES as u64 * u32::MAX as u64;
@@ -480,6 +489,9 @@ pub struct IoQpair {
     outstanding: usize,
     failed: bool,
     block_bytes: u32,
+    /// Zeroed, never written: the source of every `WriteFromZeroBuffer` (devices
+    /// only read it, so commands in flight share it). Made on first use.
+    zeros: Option<IoBuf>,
 }
 
 // SAFETY: an IoQpair is used by one thread at a time (it is not Sync), which is
@@ -539,6 +551,7 @@ impl IoQpair {
             failed: false,
             // SAFETY: `ns` belongs to the attached controller.
             block_bytes: unsafe { ffi::spdk_nvme_ns_get_sector_size(ns.as_ptr()) },
+            zeros: None,
         })
     }
 
@@ -624,6 +637,31 @@ impl IoQpair {
                     )
                 };
                 (rc, Some(buf))
+            }
+            Command::WriteFromZeroBuffer { lba, blocks } => {
+                let bytes = blocks as usize * self.block_bytes as usize;
+                if blocks == 0 || bytes > ZERO_BUFFER_BYTES {
+                    return Err(SubmitError::Failed(None, libc::EINVAL));
+                }
+                let zeros = self
+                    .zeros
+                    .get_or_insert_with(|| IoBuf::new(ZERO_BUFFER_BYTES));
+                // SAFETY: the zero buffer is owned by this queue pair and dropped
+                // only after the queue pair is freed; devices only read from it, so
+                // several commands may use it at once. ns/qp/arg as for Read.
+                let rc = unsafe {
+                    ffi::spdk_nvme_ns_cmd_write(
+                        ns,
+                        qp,
+                        zeros.as_mut_ptr().cast(),
+                        lba,
+                        blocks,
+                        cb,
+                        arg,
+                        0,
+                    )
+                };
+                (rc, None)
             }
             Command::Flush => {
                 // SAFETY: ns/qp live; `arg` is this cell.

@@ -258,7 +258,7 @@ mod device {
     /// Blocks per Write Zeroes command (NLB is 16 bits, 0-based).
     const MAX_ZEROES_BLOCKS: u64 = 1 << 16;
     /// Bytes per write of the zero buffer where Write Zeroes is missing.
-    const ZERO_PIECE: u64 = 1 << 20;
+    const ZERO_PIECE: u64 = ffi::ZERO_BUFFER_BYTES as u64;
 
     /// Controllers by transport ID (without hostnqn), so several namespaces or
     /// pools on one controller share one attachment.
@@ -390,8 +390,8 @@ mod device {
             lba: u64,
             blocks: u64,
         },
-        /// Zeroes written from the channel's own zeroed buffer (devices without
-        /// Write Zeroes); that buffer never goes back to the caller.
+        /// Zeroes written from the queue pair's zeroed buffer (devices without
+        /// Write Zeroes).
         ZeroWrite {
             lba: u64,
             blocks: u32,
@@ -421,9 +421,8 @@ mod device {
         free_ops: Vec<usize>,
         /// Parts not yet at SPDK (no free cell, or SPDK's request pool full).
         pending: VecDeque<Part>,
-        /// Per cell: the operation slot, and whether the cell's buffer is the
-        /// caller's (false for zero-write buffers).
-        cell_op: Vec<(usize, bool)>,
+        /// Per cell: the operation slot.
+        cell_op: Vec<usize>,
         free_cells: Vec<u32>,
         reaped: Vec<(u32, u16, Option<IoBuf>)>,
         ready: Vec<IoCompletion>,
@@ -439,7 +438,7 @@ mod device {
                 ops: Vec::new(),
                 free_ops: Vec::new(),
                 pending: VecDeque::new(),
-                cell_op: vec![(0, false); cells as usize],
+                cell_op: vec![0; cells as usize],
                 free_cells: (0..cells).rev().collect(),
                 reaped: Vec::with_capacity(cells as usize),
                 ready: Vec::new(),
@@ -554,9 +553,7 @@ mod device {
                 let n = (blocks - done).min(step);
                 let (lba, nb) = (lba + done, n as u32);
                 if with_buffer {
-                    // Rare devices only: a zeroed buffer per piece (cold path).
-                    let buf = IoBuf::new((n << shift) as usize);
-                    self.queue(slot, PartKind::ZeroWrite { lba, blocks: nb }, Some(buf));
+                    self.queue(slot, PartKind::ZeroWrite { lba, blocks: nb }, None);
                 } else {
                     self.queue(slot, PartKind::WriteZeroes { lba, blocks: nb }, None);
                 }
@@ -594,9 +591,8 @@ mod device {
         fn push_pending(&mut self) {
             while let Some(part) = self.pending.pop_front() {
                 let Part { slot, kind, buf } = part;
-                let caller = !matches!(kind, PartKind::ZeroWrite { .. });
                 if self.dead {
-                    self.finish_part(slot, Err(libc::EIO), buf.filter(|_| caller));
+                    self.finish_part(slot, Err(libc::EIO), buf);
                     continue;
                 }
                 let Some(cell) = self.free_cells.pop() else {
@@ -613,12 +609,9 @@ mod device {
                         buf,
                         fua,
                     },
-                    (PartKind::ZeroWrite { lba, blocks }, Some(buf)) => Command::Write {
-                        lba,
-                        blocks,
-                        buf,
-                        fua: false,
-                    },
+                    (PartKind::ZeroWrite { lba, blocks }, _) => {
+                        Command::WriteFromZeroBuffer { lba, blocks }
+                    }
                     (PartKind::Flush, _) => Command::Flush,
                     (PartKind::WriteZeroes { lba, blocks }, _) => {
                         Command::WriteZeroes { lba, blocks }
@@ -629,7 +622,7 @@ mod device {
                     (_, None) => unreachable!("data parts are built with their buffer"),
                 };
                 match self.qp.submit(cell, cmd) {
-                    Ok(()) => self.cell_op[cell as usize] = (slot, caller),
+                    Ok(()) => self.cell_op[cell as usize] = slot,
                     Err(SubmitError::Busy(buf)) => {
                         // SPDK's request pool is full: the part waits, in order,
                         // for completions to free requests.
@@ -644,7 +637,7 @@ mod device {
                         }
                         tracing::debug!(errno = e, "SPDK refused a command");
                         let e = if e == libc::ENXIO { libc::EIO } else { e };
-                        self.finish_part(slot, Err(e), buf.filter(|_| caller));
+                        self.finish_part(slot, Err(e), buf);
                     }
                 }
             }
@@ -695,8 +688,7 @@ mod device {
             let failed = self.qp.process(&mut reaped).is_err();
             for (cell, status, buf) in reaped.drain(..) {
                 self.free_cells.push(cell);
-                let (slot, caller) = self.cell_op[cell as usize];
-                let buf = buf.filter(|_| caller);
+                let slot = self.cell_op[cell as usize];
                 let result = if status == 0 {
                     Ok(())
                 } else {
