@@ -160,4 +160,6 @@ EOT
     [ -z "$vg_pid" ] || { kill -TERM $vg_pid; wait $vg_pid; }
 fi
 "$K" nvme unbind $PCI > /dev/null || die "unbind"
+# The profiles, for callgrind_annotate on the host (where the instructions went).
+mkdir -p $S/profiles && cp $W/cg*.out* $S/profiles/ 2>/dev/null
 echo "# bench done"
