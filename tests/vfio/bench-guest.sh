@@ -157,7 +157,17 @@ EOT
         printf '  %-6s %14s %8s %12s\n' $name "$ir" "$ios" $((ir / ios))
         nvme disconnect -n "$NQN" > /dev/null
     fi
-    [ -z "$vg_pid" ] || { kill -TERM $vg_pid; wait $vg_pid; }
+    if [ -n "$vg_pid" ]; then
+        # Bounded: under valgrind, DPDK's exit (its threads are cancelled) can hang.
+        kill -TERM $vg_pid
+        n=0; while kill -0 $vg_pid 2>/dev/null && [ $n -lt 600 ]; do sleep 0.1; n=$((n + 1)); done
+        if kill -0 $vg_pid 2>/dev/null; then
+            echo "# spdk run did not exit within 60 s of SIGTERM under valgrind; its log ends:"
+            tail -n 5 $W/kvtarget-spdk.log | sed 's/^/#   /'
+            kill -KILL $vg_pid
+        fi
+        wait $vg_pid 2>/dev/null
+    fi
 fi
 "$K" nvme unbind $PCI > /dev/null || die "unbind"
 # The profiles, for callgrind_annotate on the host (where the instructions went).
