@@ -77,24 +77,29 @@ for i in 1 2 3; do n=0; while [ ! -b ${dev}n$i ] && [ $n -lt 300 ]; do sleep 0.1
 
 echo "# instructions per I/O: fio randrw 50/50 4k, iodepth 8, $IOS I/Os, libaio O_DIRECT, one reactor"
 printf '# %-6s %14s %8s %12s\n' backend Ir ios Ir/io
-dumps=0
-for pair in 1:ram 2:uring 3:nvme; do
-    ns=${pair%%:*} name=${pair#*:}
+# measure NAME DEVICE VGDB_PREFIX PROFILE: fill, warm up, zero callgrind's
+# counters, run the fio job, dump them into PROFILE, print the row.
+measure() {
+    local name=$1 d=$2 prefix=$3 f=$4 ir ios
     # Not measured: data first, so reads read something on every backend, and a
     # warm-up run so one-time costs (channel open, buffer pools filling) stay out.
-    dd if=/dev/urandom of=${dev}n$ns bs=1M count=32 oflag=direct status=none
-    fio --name=w --filename=${dev}n$ns --direct=1 --ioengine=libaio --rw=randrw \
+    dd if=/dev/urandom of=$d bs=1M count=32 oflag=direct status=none
+    fio --name=w --filename=$d --direct=1 --ioengine=libaio --rw=randrw \
         --bs=4k --iodepth=8 --size=32M --number_ios=512 > /dev/null 2>&1 || die "warm-up on $name"
-    "$VGDB" --vgdb-prefix=$W/vgdb --pid=$vg_pid zero > /dev/null 2>&1 || die "vgdb zero"
-    fio --name=b --filename=${dev}n$ns --direct=1 --ioengine=libaio --rw=randrw --rwmixread=50 \
+    "$VGDB" --vgdb-prefix=$prefix --pid=$vg_pid zero > /dev/null 2>&1 || die "vgdb zero"
+    fio --name=b --filename=$d --direct=1 --ioengine=libaio --rw=randrw --rwmixread=50 \
         --bs=4k --iodepth=8 --size=32M --number_ios=$IOS --norandommap --randrepeat=1 \
         --output-format=json --output=$W/fio-$name.json > /dev/null 2>&1 || die "fio on $name"
-    "$VGDB" --vgdb-prefix=$W/vgdb --pid=$vg_pid dump > /dev/null 2>&1 || die "vgdb dump"
-    dumps=$((dumps + 1))
-    f=$W/cg.out.$dumps
+    "$VGDB" --vgdb-prefix=$prefix --pid=$vg_pid dump > /dev/null 2>&1 || die "vgdb dump"
     ir=$(awk '/^(summary|totals):/ {print $2; exit}' "$f")
     ios=$(sed -n '/^{/,$p' $W/fio-$name.json | jq '.jobs[0].read.total_ios + .jobs[0].write.total_ios')
     printf '  %-6s %14s %8s %12s\n' $name "$ir" "$ios" $((ir / ios))
+}
+dumps=0
+for pair in 1:ram 2:uring 3:nvme; do
+    ns=${pair%%:*} name=${pair#*:}
+    dumps=$((dumps + 1))
+    measure $name ${dev}n$ns $W/vgdb $W/cg.out.$dumps
 done
 nvme disconnect -n "$NQN" > /dev/null
 kill -TERM $vg_pid; wait $vg_pid
@@ -142,19 +147,7 @@ EOT
             [ "$(cat "$c/transport" 2>/dev/null)" = tcp ] && dev=/dev/$(basename "$c")
         done
         n=0; while [ ! -b ${dev}n1 ] && [ $n -lt 300 ]; do sleep 0.1; n=$((n + 1)); done
-        name=spdk
-        dd if=/dev/urandom of=${dev}n1 bs=1M count=32 oflag=direct status=none
-        fio --name=w --filename=${dev}n1 --direct=1 --ioengine=libaio --rw=randrw \
-            --bs=4k --iodepth=8 --size=32M --number_ios=512 > /dev/null 2>&1 || die "warm-up on $name"
-        "$VGDB" --vgdb-prefix=$W/vgdb-spdk --pid=$vg_pid zero > /dev/null 2>&1 || die "vgdb zero"
-        fio --name=b --filename=${dev}n1 --direct=1 --ioengine=libaio --rw=randrw --rwmixread=50 \
-            --bs=4k --iodepth=8 --size=32M --number_ios=$IOS --norandommap --randrepeat=1 \
-            --output-format=json --output=$W/fio-$name.json > /dev/null 2>&1 || die "fio on $name"
-        "$VGDB" --vgdb-prefix=$W/vgdb-spdk --pid=$vg_pid dump > /dev/null 2>&1 || die "vgdb dump"
-        f=$W/cg-spdk.out.1
-        ir=$(awk '/^(summary|totals):/ {print $2; exit}' "$f")
-        ios=$(sed -n '/^{/,$p' $W/fio-$name.json | jq '.jobs[0].read.total_ios + .jobs[0].write.total_ios')
-        printf '  %-6s %14s %8s %12s\n' $name "$ir" "$ios" $((ir / ios))
+        measure spdk ${dev}n1 $W/vgdb-spdk $W/cg-spdk.out.1
         nvme disconnect -n "$NQN" > /dev/null
     fi
     if [ -n "$vg_pid" ]; then
