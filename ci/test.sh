@@ -38,6 +38,9 @@ cargo test --features spdk --lib
 step "pool simulation: ${KVT_SIM_SEEDS:=2000} seeds (sim profile: optimised, overflow checks on)"
 KVT_SIM_SEEDS=$KVT_SIM_SEEDS cargo test --profile sim --lib pool::sim -- --nocapture
 
+step "interop suite's kernel-log filter (tests/interop/klog-filter-test.sh)"
+tests/interop/klog-filter-test.sh
+
 if [[ $quick == 1 ]]; then
     exit 0
 fi

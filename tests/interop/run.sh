@@ -149,7 +149,7 @@ new_share() {
     local share=$out/$1
     rm -rf "$share"
     mkdir -p "$share"
-    cp "$here/tcp-suite.sh" "$here/nvmet-control.sh" "$share/"
+    cp "$here/tcp-suite.sh" "$here/klog-filter.sh" "$here/nvmet-control.sh" "$share/"
     # bench/fio's job files, run by the bench-fio-profiles scenario.
     mkdir -p "$share/fio"
     cp "$repo"/bench/fio/*.fio "$share/fio/"

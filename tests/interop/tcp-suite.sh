@@ -114,6 +114,9 @@ dd if=/dev/urandom of="$WORK/random" bs=1M count=16 status=none
 
 # ---- helpers ----------------------------------------------------------------------
 
+# shellcheck source=klog-filter.sh
+. "$(dirname "$0")/klog-filter.sh"
+
 now() { cut -d' ' -f1 /proc/uptime; }
 kmarker() { echo "interop-suite: ==== $1" > /dev/kmsg; }
 # Kernel log lines since the last marker for scenario $1.
@@ -246,34 +249,19 @@ klog_errors() {
 }
 
 # With --volumes, every connect makes the kernel scan the "error" volume for partitions;
-# its never-written blocks fail with Deallocated or Unwritten Logical Block (SCT 2, SC
-# 87h), which the kernel logs ("nvmeXcYnZ: Read(0x2) @ LBA 0, ... (sct 0x2 / sc 0x87)"
-# and "Buffer I/O error on dev nvmeXnZ", then "ldm_validate_partition_table(): Disk read
-# failed."). Those lines, on the disks of error volumes and only those, are expected:
-# this filter drops them and says how many it dropped.
-expected_unwritten_errors_out() {
-    local disks= d n
+# the lines its failed reads log are expected there (klog-filter.sh says which).
+# error_volume_disks: the block devices (nvmeXnY) of the attached error volumes.
+error_volume_disks() {
+    local n d out=
     for n in $VOL_NSIDS; do
         [ "${VOL_UNW[$n]}" = error ] || continue
         for d in /sys/block/nvme*; do
-            [ "$(cat "$d/nsid" 2>/dev/null)" = "$n" ] && disks="$disks|$(basename "$d")"
+            [ "$(cat "$d/nsid" 2>/dev/null)" = "$n" ] && out="$out $(basename "$d")"
         done
     done
-    if [ -z "$disks" ]; then cat; return 0; fi
-    disks=${disks#|}
-    local re="^([[][^]]*[]] )?((${disks}): .*[(]sct 0x2 / sc 0x87[)]|Buffer I/O error on dev (${disks}), )"
-    local lines n
-    lines=$(cat)
-    [ -n "$lines" ] || return 0
-    n=$(printf '%s\n' "$lines" | grep -cE "$re")
-    # The LDM partition parser's own complaint about that failed read names no disk:
-    # dropped only when the error volume's failed reads are there too.
-    [ "$n" = 0 ] || re="$re|^([[][^]]*[]] )?ldm_validate_partition_table[(][)]: Disk read failed[.]\$"
-    n=$(printf '%s\n' "$lines" | grep -cE "$re")
-    printf '%s\n' "$lines" | grep -vE "$re"
-    [ "$n" = 0 ] || echo "#   (ignored $n expected unwritten-block read error lines on the error volume's disks: $disks)" >&2
-    return 0
+    echo $out
 }
+expected_unwritten_errors_out() { drop_unwritten_read_errors $(error_volume_disks); }
 
 # ---- discovery --------------------------------------------------------------------
 
