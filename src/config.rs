@@ -763,10 +763,10 @@ impl Config {
             }
             for (j, n) in s.namespaces.iter().enumerate() {
                 let f = format!("{f}.namespaces[{j}]");
-                if n.nsid == 0 || n.nsid > crate::target::admin::MAX_NAMESPACES {
+                if n.nsid == 0 || n.nsid > crate::nvmf::admin::MAX_NAMESPACES {
                     return Err(format!(
                         "{f}.nsid: must be 1..={} (got {})",
-                        crate::target::admin::MAX_NAMESPACES,
+                        crate::nvmf::admin::MAX_NAMESPACES,
                         n.nsid
                     ));
                 }

@@ -11,12 +11,12 @@ pub mod config;
 pub mod initiator;
 pub mod mem;
 pub mod metrics;
+pub mod nvmf;
 pub mod perf;
 pub mod pool;
 pub mod reactor;
 pub mod rpc;
 pub mod server;
-pub mod target;
 pub mod transport;
 pub mod wire;
 

@@ -155,7 +155,7 @@ pub fn render(ctl: &Control) -> String {
     // Queue pairs (connections): commands, bytes, errors, latency from capsule
     // in to response out.
     let qps = ctl.target.live_qpairs();
-    let ql = |q: &crate::target::QpairStats| {
+    let ql = |q: &crate::nvmf::QpairStats| {
         vec![
             ("subsystem", q.subnqn.clone()),
             ("cntlid", q.cntlid.to_string()),
@@ -197,7 +197,7 @@ pub fn render(ctl: &Control) -> String {
         "Commands completed with an error status, by kind.",
     );
     for q in &qps {
-        for (i, kind) in crate::target::ERROR_KINDS.iter().enumerate() {
+        for (i, kind) in crate::nvmf::ERROR_KINDS.iter().enumerate() {
             let mut l = ql(q);
             l.push(("status", kind.to_string()));
             o.line("kvtarget_qpair_errors_total", &l, ld(&q.errors_by[i]));

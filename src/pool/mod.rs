@@ -29,8 +29,8 @@ mod sim;
 
 use crate::bdev::{IoChannel, IoCompletion, IoOp, SharedDevice};
 use crate::mem::IoBuf;
+use crate::nvmf::stable_uuid;
 use crate::reactor::sys::EventFd;
-use crate::target::stable_uuid;
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use format::*;
 use gc::{Admission, GcMode, GcSettings};

@@ -18,7 +18,7 @@ pub mod sys;
 
 use crate::bdev::{IoChannel, IoCompletion};
 use crate::mem::{BufPool, IoBuf};
-use crate::target::Namespace;
+use crate::nvmf::Namespace;
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use std::any::Any;
 use std::cmp::Reverse;

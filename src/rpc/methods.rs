@@ -8,11 +8,11 @@
 //! refused with a clear message when on; unknown parameters are refused.
 
 use super::{code, RpcError, RpcResult};
+use crate::nvmf::{Namespace, Subsystem, SubsystemKind, Target};
 use crate::pool::channel::VolumeDevice;
 use crate::pool::format::VOL_UNWRITTEN_ERROR;
 use crate::pool::Pool;
 use crate::reactor::ReactorShared;
-use crate::target::{Namespace, Subsystem, SubsystemKind, Target};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
@@ -290,7 +290,7 @@ impl Control {
     fn announce_listener(&self, addr: std::net::SocketAddr, discovery_only: bool, rdma: bool) {
         if let Ok(mut l) = self.target.listeners.write() {
             let portid = l.iter().map(|x| x.portid).max().unwrap_or(0) + 1;
-            l.push(crate::target::Listener {
+            l.push(crate::nvmf::Listener {
                 addr,
                 discovery_only,
                 portid,
@@ -472,7 +472,7 @@ impl Control {
                 .collect();
             v["serial_number"] = json!(s.serial);
             v["model_number"] = json!(s.model);
-            v["max_namespaces"] = json!(crate::target::admin::MAX_NAMESPACES);
+            v["max_namespaces"] = json!(crate::nvmf::admin::MAX_NAMESPACES);
             v["min_cntlid"] = json!(1);
             v["max_cntlid"] = json!(0xFFEF);
             v["namespaces"] = json!(ns);
@@ -507,10 +507,10 @@ impl Control {
         let any = p.opt_bool("allow_any_host")?.unwrap_or(false);
         p.opt_str("tgt_name")?;
         if let Some(m) = p.opt_u64("max_namespaces")? {
-            if m > crate::target::admin::MAX_NAMESPACES as u64 {
+            if m > crate::nvmf::admin::MAX_NAMESPACES as u64 {
                 return Err(RpcError::params(format!(
                     "max_namespaces: at most {}",
-                    crate::target::admin::MAX_NAMESPACES
+                    crate::nvmf::admin::MAX_NAMESPACES
                 )));
             }
         }
@@ -648,13 +648,13 @@ impl Control {
         }
         let existing: Vec<u32> = s.namespace_snapshot().iter().map(|n| n.nsid).collect();
         let nsid = match nsid {
-            Some(0) | None => (1..=crate::target::admin::MAX_NAMESPACES)
+            Some(0) | None => (1..=crate::nvmf::admin::MAX_NAMESPACES)
                 .find(|i| !existing.contains(i))
                 .ok_or_else(|| RpcError::new(code::ENOSPC, format!("{nqn} has no free NSID")))?,
-            Some(n) if n > crate::target::admin::MAX_NAMESPACES as u64 => {
+            Some(n) if n > crate::nvmf::admin::MAX_NAMESPACES as u64 => {
                 return Err(RpcError::params(format!(
                     "namespace.nsid: must be 1..={}",
-                    crate::target::admin::MAX_NAMESPACES
+                    crate::nvmf::admin::MAX_NAMESPACES
                 )))
             }
             Some(n) => n as u32,
@@ -1018,7 +1018,7 @@ impl Control {
             .lock()
             .map(|c| c.values().cloned().collect())
             .unwrap_or_default();
-        ctrls.sort_by_key(|c: &Arc<crate::target::Controller>| c.cntlid);
+        ctrls.sort_by_key(|c: &Arc<crate::nvmf::Controller>| c.cntlid);
         let mut out = Vec::new();
         for c in ctrls {
             for qid in c.queue_ids() {

@@ -5,8 +5,8 @@ pub mod out;
 pub mod rdma;
 pub mod tcp;
 
+use crate::nvmf::Target;
 use crate::reactor::{Message, ReactorShared};
-use crate::target::Target;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;

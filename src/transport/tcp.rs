@@ -7,12 +7,12 @@
 
 use crate::bdev::IoOp;
 use crate::mem::{BufPool, IoBuf};
+use crate::nvmf::admin::{self, AdminOutcome};
+use crate::nvmf::command;
+use crate::nvmf::fabrics::{self, QueueBinding};
+use crate::nvmf::io::{self as tio, IoPlan};
+use crate::nvmf::{Namespace, Target, ADMIN_IN_CAPSULE_DATA};
 use crate::reactor::{IoCtx, QueuePair};
-use crate::target::admin::{self, AdminOutcome};
-use crate::target::command;
-use crate::target::fabrics::{self, QueueBinding};
-use crate::target::io::{self as tio, IoPlan};
-use crate::target::{Namespace, Target, ADMIN_IN_CAPSULE_DATA};
 use crate::transport::out::OutQueue;
 use crate::wire::nvme::{
     admin_opc, fctype, ConnectCommand, ConnectData, Cqe, DataDirection, SglDescriptor, Sqe, Status,
@@ -98,7 +98,7 @@ pub struct TcpConnection {
     /// The subsystem's namespace generation the snapshot above was taken at.
     ns_gen: u64,
     /// This queue pair's counters, once connected.
-    stats: Option<Arc<crate::target::QpairStats>>,
+    stats: Option<Arc<crate::nvmf::QpairStats>>,
     sq_head: u16,
     sqsize: u16,
     sqflow_disabled: bool,

@@ -25,13 +25,13 @@
 pub mod verbs;
 
 use crate::mem::IoBuf;
+use crate::nvmf::admin::{self, AdminOutcome};
+use crate::nvmf::command;
+use crate::nvmf::fabrics::{self, QueueBinding};
+use crate::nvmf::io::{self as tio, IoPlan};
+use crate::nvmf::{Namespace, Target, ADMIN_IN_CAPSULE_DATA};
 use crate::reactor::SharedPoller;
 use crate::reactor::{IoCtx, Message, QueuePair, ReactorShared};
-use crate::target::admin::{self, AdminOutcome};
-use crate::target::command;
-use crate::target::fabrics::{self, QueueBinding};
-use crate::target::io::{self as tio, IoPlan};
-use crate::target::{Namespace, Target, ADMIN_IN_CAPSULE_DATA};
 use crate::wire::nvme::{
     admin_opc, fctype, ConnectCommand, ConnectData, Cqe, DataDirection, Sqe, Status,
     CATTR_DISABLE_SQ_FLOW, CONNECT_DATA_LEN, CQE_LEN, SQE_LEN,
@@ -1219,7 +1219,7 @@ pub struct RdmaQueuePair {
     binding: Option<QueueBinding>,
     namespaces: Vec<Arc<Namespace>>,
     ns_gen: u64,
-    stats: Option<Arc<crate::target::QpairStats>>,
+    stats: Option<Arc<crate::nvmf::QpairStats>>,
     sq_head: u16,
     sqsize: u16,
     sqflow_disabled: bool,

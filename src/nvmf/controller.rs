@@ -322,7 +322,7 @@ pub fn cap_register(max_queue_depth: u16) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::target::SubsystemKind;
+    use crate::nvmf::SubsystemKind;
 
     fn ctrl(kato: u32) -> Controller {
         let s = Arc::new(Subsystem::new(

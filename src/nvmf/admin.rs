@@ -483,7 +483,7 @@ pub fn abandon_held_aer(aers: &mut Vec<u16>, cid: u16) -> bool {
 mod tests {
     use super::*;
     use crate::bdev::ram::RamDevice;
-    use crate::target::{Namespace, Subsystem, SubsystemKind, TransportLimits};
+    use crate::nvmf::{Namespace, Subsystem, SubsystemKind, TransportLimits};
     use std::sync::Arc;
 
     fn setup() -> (Target, Arc<Controller>) {

@@ -309,7 +309,7 @@ pub fn disconnect(binding: &QueueBinding) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::target::{Subsystem, TransportLimits};
+    use crate::nvmf::{Subsystem, TransportLimits};
     use crate::wire::nvme::prop;
 
     fn setup() -> Target {
