@@ -8,6 +8,7 @@
 
 pub mod bdev;
 pub mod config;
+pub mod ident;
 pub mod initiator;
 pub mod mem;
 pub mod metrics;
@@ -17,6 +18,7 @@ pub mod pool;
 pub mod reactor;
 pub mod rpc;
 pub mod server;
+pub mod stats;
 pub mod transport;
 pub mod wire;
 

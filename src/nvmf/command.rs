@@ -5,17 +5,18 @@
 
 use super::fabrics::QueueBinding;
 use super::io::{self as tio, IoPlan};
-use super::{error_kind, Namespace, QpairStats};
+use super::queue::NsTable;
+use super::{error_kind, QpairStats};
 use crate::bdev::IoOp;
 use crate::mem::{BufPool, IoBuf};
 use crate::reactor::ChannelCache;
 use crate::wire::nvme::{Sqe, Status};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
-/// The device operations of one command. Transports keep one and reuse it, so
-/// the data path does not allocate.
-pub type DeviceOps = Vec<(Arc<Namespace>, IoOp)>;
+/// The device operations of one command, by NSID (resolved through the
+/// queue's namespace table at submission: no `Arc` clone per command). A
+/// queue keeps one and reuses it, so the data path does not allocate.
+pub type DeviceOps = Vec<(u32, IoOp)>;
 
 /// Failed device operations a queue pair logs at warn: the first, then one in
 /// every `DEVICE_ERROR_LOG_EVERY` (a failed or vanished device fails every
@@ -60,31 +61,31 @@ pub fn log_device_error(count: &mut u64, cid: u16, opcode: u8, errno: i32) {
 /// `data` is the command's buffer: the host's data for writes and Dataset
 /// Management, or for reads a buffer the transport has already placed (NVMe/RDMA
 /// reads into registered memory); a read without one takes a buffer from `bufs`.
-/// Writes take the buffer; a DSM buffer stays with the command. `all` is the
-/// controller's namespaces, for a flush of NSID FFFFFFFFh.
+/// Writes take the buffer; a DSM buffer stays with the command. `table` is the
+/// queue's namespaces (all of them for a flush of NSID FFFFFFFFh).
 pub fn device_ops(
     plan: IoPlan,
-    ns: Option<&Arc<Namespace>>,
-    all: &[Arc<Namespace>],
+    nsid: u32,
+    table: &NsTable,
     data: &mut Option<IoBuf>,
     bufs: &mut BufPool,
     ops: &mut DeviceOps,
 ) -> Result<(), Status> {
-    let the_ns = || ns.cloned().ok_or(Status::INVALID_NAMESPACE);
+    let the_ns = || table.get(nsid).ok_or(Status::INVALID_NAMESPACE);
     match plan {
         IoPlan::Nothing => {}
         IoPlan::Read { offset, len } => {
-            let ns = the_ns()?;
+            the_ns()?;
             let mut buf = data.take().unwrap_or_else(|| bufs.get(len));
             buf.set_len(len);
             if buf.len() < len {
                 *data = Some(buf);
                 return Err(Status::INTERNAL_ERROR);
             }
-            ops.push((ns, IoOp::Read { offset, buf }));
+            ops.push((nsid, IoOp::Read { offset, buf }));
         }
         IoPlan::Write { offset, len, fua } => {
-            let ns = the_ns()?;
+            the_ns()?;
             let mut buf = data.take().ok_or(Status::DATA_TRANSFER_ERROR)?;
             buf.set_len(len);
             if buf.len() < len {
@@ -93,33 +94,34 @@ pub fn device_ops(
                 *data = Some(buf);
                 return Err(Status::DATA_SGL_LENGTH_INVALID);
             }
-            ops.push((ns, IoOp::Write { offset, buf, fua }));
+            ops.push((nsid, IoOp::Write { offset, buf, fua }));
         }
-        IoPlan::Flush { all: true } => ops.extend(all.iter().map(|n| (n.clone(), IoOp::Flush))),
-        IoPlan::Flush { all: false } => ops.push((the_ns()?, IoOp::Flush)),
+        IoPlan::Flush { all: true } => {
+            ops.extend(table.all().iter().map(|n| (n.nsid, IoOp::Flush)))
+        }
+        IoPlan::Flush { all: false } => {
+            the_ns()?;
+            ops.push((nsid, IoOp::Flush));
+        }
         IoPlan::WriteZeroes {
             offset,
             len,
             deallocate,
         } => {
+            the_ns()?;
             let op = if deallocate {
                 IoOp::Deallocate { offset, len }
             } else {
                 IoOp::WriteZeroes { offset, len }
             };
-            ops.push((the_ns()?, op));
+            ops.push((nsid, op));
         }
         IoPlan::Deallocate { ranges } => {
             let ns = the_ns()?;
-            let ranges = {
-                let d = data.as_deref().ok_or(Status::DATA_TRANSFER_ERROR)?;
-                tio::dsm_ranges(&ns, d, ranges)?
-            };
-            ops.extend(
-                ranges
-                    .into_iter()
-                    .map(|(offset, len)| (ns.clone(), IoOp::Deallocate { offset, len })),
-            );
+            let d = data.as_deref().ok_or(Status::DATA_TRANSFER_ERROR)?;
+            tio::dsm_ranges_into(ns, d, ranges, |offset, len| {
+                ops.push((nsid, IoOp::Deallocate { offset, len }))
+            })?;
         }
     }
     Ok(())
@@ -140,19 +142,28 @@ pub struct Submitted {
 pub fn submit(
     ops: &mut DeviceOps,
     tag: u64,
+    table: &NsTable,
     channels: &mut ChannelCache,
     bufs: &mut BufPool,
     device_errors: &mut u64,
 ) -> Submitted {
     let mut s = Submitted::default();
-    for (ns, op) in ops.drain(..) {
+    for (nsid, op) in ops.drain(..) {
         if s.failure.is_some() {
-            if let Some(b) = op.into_buf() {
+            if let Some(b) = op.into_buf().filter(|b| b.is_owned()) {
                 bufs.put(b);
             }
             continue;
         }
-        let refused = match channels.get(&ns) {
+        let Some(ns) = table.get(nsid) else {
+            // Removed since the command was checked.
+            if let Some(b) = op.into_buf().filter(|b| b.is_owned()) {
+                bufs.put(b);
+            }
+            s.failure = Some(Status::INVALID_NAMESPACE);
+            continue;
+        };
+        let refused = match channels.get(ns) {
             Ok(ch) => match ch.submit(tag, op) {
                 Ok(()) => None,
                 Err((op, errno)) => {
@@ -177,7 +188,7 @@ pub fn submit(
         match refused {
             None => s.ops += 1,
             Some(op) => {
-                if let Some(b) = op.into_buf() {
+                if let Some(b) = op.into_buf().filter(|b| b.is_owned()) {
                     bufs.put(b);
                 }
                 s.failure = Some(Status::INTERNAL_ERROR);
@@ -226,7 +237,7 @@ pub fn account(
         }
     }
     let Some(st) = stats else { return };
-    let b = crate::pool::volume::latency_bucket(latency_ns);
+    let b = crate::stats::latency_bucket(latency_ns);
     if !status.is_success() {
         st.errors.fetch_add(1, Ordering::Relaxed);
         st.errors_by[error_kind(status)].fetch_add(1, Ordering::Relaxed);
@@ -255,6 +266,8 @@ pub fn account(
 mod tests {
     use super::*;
     use crate::bdev::ram::RamDevice;
+    use crate::nvmf::Namespace;
+    use std::sync::Arc;
     use crate::bdev::{BlockDevice, IoChannel, IoCompletion};
     use crate::wire::nvme::DSM_RANGE_LEN;
     use std::os::fd::RawFd;
@@ -266,6 +279,10 @@ mod tests {
             RamDevice::new("r", 1 << 20).unwrap(),
             512,
         ))
+    }
+
+    fn table(nsids: &[u32]) -> NsTable {
+        NsTable::new(1, nsids.iter().map(|&n| ns(n)).collect())
     }
 
     /// A device whose every submission is refused (a full or failed queue).
@@ -306,14 +323,14 @@ mod tests {
 
     #[test]
     fn a_write_takes_the_hosts_buffer_and_a_short_one_is_refused() {
-        let (n, mut bufs, mut ops) = (ns(1), BufPool::new(4), DeviceOps::new());
+        let (n, mut bufs, mut ops) = (table(&[1]), BufPool::new(4), DeviceOps::new());
         let plan = IoPlan::Write {
             offset: 4096,
             len: 8192,
             fua: true,
         };
         let mut data = Some(IoBuf::new(8192));
-        device_ops(plan, Some(&n), &[], &mut data, &mut bufs, &mut ops).unwrap();
+        device_ops(plan, 1, &n, &mut data, &mut bufs, &mut ops).unwrap();
         assert!(data.is_none());
         assert!(
             matches!(&ops[..], [(_, IoOp::Write { offset: 4096, buf, fua: true })] if buf.len() == 8192)
@@ -322,7 +339,7 @@ mod tests {
         ops.clear();
         let mut short = Some(IoBuf::new(4096));
         assert_eq!(
-            device_ops(plan, Some(&n), &[], &mut short, &mut bufs, &mut ops),
+            device_ops(plan, 1, &n, &mut short, &mut bufs, &mut ops),
             Err(Status::DATA_SGL_LENGTH_INVALID)
         );
         assert!(
@@ -330,14 +347,14 @@ mod tests {
             "the buffer stays with the command"
         );
         assert_eq!(
-            device_ops(plan, Some(&n), &[], &mut None, &mut bufs, &mut ops),
+            device_ops(plan, 1, &n, &mut None, &mut bufs, &mut ops),
             Err(Status::DATA_TRANSFER_ERROR)
         );
         assert_eq!(
             device_ops(
                 plan,
-                None,
-                &[],
+                2,
+                &n,
                 &mut Some(IoBuf::new(8192)),
                 &mut bufs,
                 &mut ops
@@ -348,15 +365,15 @@ mod tests {
 
     #[test]
     fn a_read_uses_the_placed_buffer_or_one_from_the_pool() {
-        let (n, mut bufs, mut ops) = (ns(1), BufPool::new(4), DeviceOps::new());
+        let (n, mut bufs, mut ops) = (table(&[1]), BufPool::new(4), DeviceOps::new());
         let plan = IoPlan::Read {
             offset: 0,
             len: 512,
         };
         let mut placed = IoBuf::new(4096);
         let at = placed.as_mut_ptr();
-        device_ops(plan, Some(&n), &[], &mut Some(placed), &mut bufs, &mut ops).unwrap();
-        device_ops(plan, Some(&n), &[], &mut None, &mut bufs, &mut ops).unwrap();
+        device_ops(plan, 1, &n, &mut Some(placed), &mut bufs, &mut ops).unwrap();
+        device_ops(plan, 1, &n, &mut None, &mut bufs, &mut ops).unwrap();
         match &mut ops[..] {
             [(_, IoOp::Read { buf: a, .. }), (_, IoOp::Read { buf: b, .. })] => {
                 assert_eq!((a.as_mut_ptr(), a.len(), b.len()), (at, 512, 512));
@@ -368,26 +385,26 @@ mod tests {
     #[test]
     fn flush_all_is_one_flush_per_namespace_and_hints_need_nothing() {
         let (mut bufs, mut ops) = (BufPool::new(4), DeviceOps::new());
-        let all = [ns(1), ns(2), ns(3)];
+        let all = table(&[1, 2, 3]);
         device_ops(
             IoPlan::Flush { all: true },
-            None,
+            0xFFFF_FFFF,
             &all,
             &mut None,
             &mut bufs,
             &mut ops,
         )
         .unwrap();
-        let nsids: Vec<u32> = ops.iter().map(|(n, _)| n.nsid).collect();
+        let nsids: Vec<u32> = ops.iter().map(|(n, _)| *n).collect();
         assert_eq!(nsids, [1, 2, 3]);
         ops.clear();
-        device_ops(IoPlan::Nothing, None, &all, &mut None, &mut bufs, &mut ops).unwrap();
+        device_ops(IoPlan::Nothing, 7, &all, &mut None, &mut bufs, &mut ops).unwrap();
         assert!(ops.is_empty());
     }
 
     #[test]
     fn dsm_ranges_become_deallocates_and_the_range_list_stays() {
-        let (n, mut bufs, mut ops) = (ns(1), BufPool::new(4), DeviceOps::new());
+        let (n, mut bufs, mut ops) = (table(&[1]), BufPool::new(4), DeviceOps::new());
         let mut list = IoBuf::new(4096);
         list.set_len(2 * DSM_RANGE_LEN);
         list.fill(0);
@@ -398,7 +415,7 @@ mod tests {
         list[24..32].copy_from_slice(&100u64.to_le_bytes());
         let mut data = Some(list);
         let plan = IoPlan::Deallocate { ranges: 2 };
-        device_ops(plan, Some(&n), &[], &mut data, &mut bufs, &mut ops).unwrap();
+        device_ops(plan, 1, &n, &mut data, &mut bufs, &mut ops).unwrap();
         assert!(data.is_some());
         let got: Vec<(u64, u64)> = ops
             .iter()
@@ -413,20 +430,16 @@ mod tests {
     #[test]
     fn submission_stops_at_the_first_refusal() {
         let (mut bufs, mut channels) = (BufPool::new(4), ChannelCache::default());
-        let good = ns(1);
         let refusing = Arc::new(Namespace::new("nqn.cmd", 2, Arc::new(Refusing), 512));
+        let t = NsTable::new(1, vec![ns(1), refusing]);
         let write = |b: usize| IoOp::Write {
             offset: 0,
             buf: IoBuf::new(b),
             fua: false,
         };
-        let mut ops: DeviceOps = vec![
-            (good.clone(), write(4096)),
-            (refusing, write(4096)),
-            (good.clone(), write(4096)),
-        ];
+        let mut ops: DeviceOps = vec![(1, write(4096)), (2, write(4096)), (1, write(4096))];
         let mut refusals = 0;
-        let s = submit(&mut ops, 7, &mut channels, &mut bufs, &mut refusals);
+        let s = submit(&mut ops, 7, &t, &mut channels, &mut bufs, &mut refusals);
         assert_eq!(
             s,
             Submitted {
@@ -439,9 +452,9 @@ mod tests {
             refusals, 1,
             "the refusal is counted for rate-limited logging"
         );
-        let mut ok: DeviceOps = vec![(good.clone(), IoOp::Flush), (good, IoOp::Flush)];
+        let mut ok: DeviceOps = vec![(1, IoOp::Flush), (1, IoOp::Flush)];
         assert_eq!(
-            submit(&mut ok, 8, &mut channels, &mut bufs, &mut refusals),
+            submit(&mut ok, 8, &t, &mut channels, &mut bufs, &mut refusals),
             Submitted {
                 ops: 2,
                 failure: None

@@ -61,7 +61,8 @@ pub struct Controller {
     /// `created`.
     last_keep_alive_ms: AtomicU64,
     created: Instant,
-    /// The admin queue is NVMe/RDMA: Identify reports keyed SGL support.
+    /// The admin queue is NVMe/RDMA: Identify reports keyed SGL support and
+    /// error log entries name RDMA as the transport.
     pub keyed_sgl: AtomicBool,
     /// Set when the controller is torn down (keep-alive expiry, admin queue gone,
     /// fatal error): every queue of it closes.
@@ -285,7 +286,11 @@ impl Controller {
                 param_location: 0xFFFF,
                 lba,
                 nsid,
-                trtype: nvme::trtype::TCP,
+                trtype: if self.keyed_sgl.load(Ordering::Acquire) {
+                    nvme::trtype::RDMA
+                } else {
+                    nvme::trtype::TCP
+                },
             });
         }
     }
@@ -403,5 +408,18 @@ mod tests {
         assert_eq!(e[0].cid, 99);
         assert_eq!(e[0].error_count, 100);
         assert_eq!(c.error_count(), 100);
+    }
+
+    #[test]
+    fn error_log_entries_name_the_controllers_transport() {
+        let c = ctrl(0);
+        c.record_error(1, 1, Status::LBA_OUT_OF_RANGE, 1, 0);
+        c.keyed_sgl.store(true, Ordering::Release);
+        c.record_error(1, 2, Status::LBA_OUT_OF_RANGE, 1, 0);
+        let e = c.error_entries();
+        assert_eq!(
+            (e[0].trtype, e[1].trtype),
+            (nvme::trtype::RDMA, nvme::trtype::TCP)
+        );
     }
 }

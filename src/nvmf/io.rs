@@ -134,17 +134,37 @@ pub fn status_for_errno(errno: i32, plan: Option<IoPlan>) -> Status {
 /// Decodes Dataset Management ranges into byte ranges, checking each one.
 pub fn dsm_ranges(ns: &Namespace, data: &[u8], ranges: usize) -> Result<Vec<(u64, u64)>, Status> {
     let mut out = Vec::with_capacity(ranges);
-    for i in 0..ranges {
+    dsm_ranges_into(ns, data, ranges, |o, l| out.push((o, l)))?;
+    Ok(out)
+}
+
+/// `dsm_ranges` without the vector: every range is checked first, then each
+/// non-empty one goes to `each(offset, len)` (so a bad range means none is used).
+pub fn dsm_ranges_into(
+    ns: &Namespace,
+    data: &[u8],
+    ranges: usize,
+    mut each: impl FnMut(u64, u64),
+) -> Result<(), Status> {
+    let range = |i: usize| -> Result<Option<(u64, u64)>, Status> {
         let Some(b) = data.get(i * DSM_RANGE_LEN..(i + 1) * DSM_RANGE_LEN) else {
             return Err(Status::DATA_SGL_LENGTH_INVALID);
         };
         let r = DsmRange::decode(b);
         if r.nlb == 0 {
-            continue;
+            return Ok(None);
         }
-        out.push(lba_range(ns, r.slba, r.nlb as u64)?);
+        lba_range(ns, r.slba, r.nlb as u64).map(Some)
+    };
+    for i in 0..ranges {
+        range(i)?;
     }
-    Ok(out)
+    for i in 0..ranges {
+        if let Some((o, l)) = range(i)? {
+            each(o, l);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ pub mod command;
 pub mod controller;
 pub mod fabrics;
 pub mod io;
+pub mod queue;
 
 use crate::bdev::SharedDevice;
 use crate::wire::nvme::{self, DiscoveryEntry};
@@ -123,21 +124,22 @@ impl Namespace {
     }
 }
 
-/// A name-based UUID (version 8, "custom"): two CRC32C passes over the name with
-/// different seeds stretched to 128 bits. Stable and unique enough for identifiers;
-/// not a security property.
-pub fn stable_uuid(name: &str) -> [u8; 16] {
-    let mut out = [0u8; 16];
-    for (i, chunk) in out.chunks_mut(4).enumerate() {
-        let mut h =
-            crc32c::crc32c_append(0x9E37_79B9u32.wrapping_mul(i as u32 + 1), name.as_bytes());
-        h ^= h >> 15;
-        chunk.copy_from_slice(&h.to_le_bytes());
+impl crate::reactor::ChannelSource for Namespace {
+    fn key(&self) -> u64 {
+        self.key
     }
-    out[6] = (out[6] & 0x0F) | 0x80; // version 8
-    out[8] = (out[8] & 0x3F) | 0x80; // RFC 4122 variant
-    out
+    fn removed(&self) -> bool {
+        self.removed.load(Ordering::Acquire)
+    }
+    fn open_channel(&self) -> std::io::Result<Box<dyn crate::bdev::IoChannel>> {
+        self.dev.open_channel()
+    }
+    fn describe(&self) -> String {
+        format!("nsid {} ({})", self.nsid, self.dev.describe())
+    }
 }
+
+pub use crate::ident::stable_uuid;
 
 /// What kind of subsystem an NQN names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -360,8 +362,8 @@ pub struct QpairStats {
     pub errors_by: [AtomicU64; ERROR_KINDS.len()],
     /// Command latency (capsule in to response out) histograms for reads and
     /// writes, buckets as `pool::volume::latency_bucket`, plus sums in ns.
-    pub read_hist: [AtomicU64; crate::pool::volume::LATENCY_BUCKETS],
-    pub write_hist: [AtomicU64; crate::pool::volume::LATENCY_BUCKETS],
+    pub read_hist: [AtomicU64; crate::stats::LATENCY_BUCKETS],
+    pub write_hist: [AtomicU64; crate::stats::LATENCY_BUCKETS],
     pub read_ns: AtomicU64,
     pub write_ns: AtomicU64,
 }

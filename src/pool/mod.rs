@@ -28,8 +28,8 @@ pub mod volume;
 mod sim;
 
 use crate::bdev::{IoChannel, IoCompletion, IoOp, SharedDevice};
+use crate::ident::stable_uuid;
 use crate::mem::IoBuf;
-use crate::nvmf::stable_uuid;
 use crate::reactor::sys::EventFd;
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use format::*;

@@ -18,7 +18,6 @@ pub mod sys;
 
 use crate::bdev::{IoChannel, IoCompletion};
 use crate::mem::{BufPool, IoBuf};
-use crate::nvmf::Namespace;
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use std::any::Any;
 use std::cmp::Reverse;
@@ -132,13 +131,23 @@ pub fn current_reactor() -> usize {
     CURRENT_REACTOR.with(|c| c.get())
 }
 
-/// Per-reactor device channels, opened on first use of each namespace.
-/// This reactor's device channels, one per namespace it has served. Kept in a
-/// vector (every pass polls them all) with an index by namespace key for the
-/// per-command lookup.
+/// What a reactor opens a device channel to (a namespace): the reactor knows
+/// it only through this, so it does not depend on the NVMe-oF core.
+pub trait ChannelSource: Send + Sync {
+    /// Process-unique key.
+    fn key(&self) -> u64;
+    /// Gone from its subsystem: the channel is dropped once idle.
+    fn removed(&self) -> bool;
+    fn open_channel(&self) -> std::io::Result<Box<dyn IoChannel>>;
+    fn describe(&self) -> String;
+}
+
+/// This reactor's device channels, one per namespace it has served, opened on
+/// first use. Kept in a vector (every pass polls them all) with an index by key
+/// for the per-command lookup.
 #[derive(Default)]
 pub struct ChannelCache {
-    entries: Vec<(Arc<Namespace>, Box<dyn IoChannel>)>,
+    entries: Vec<(Arc<dyn ChannelSource>, Box<dyn IoChannel>)>,
     index: HashMap<u64, usize, std::hash::BuildHasherDefault<KeyHasher>>,
     new_fds: Vec<(u64, RawFd)>,
 }
@@ -163,20 +172,24 @@ impl std::hash::Hasher for KeyHasher {
 }
 
 impl ChannelCache {
-    pub fn get(&mut self, ns: &Arc<Namespace>) -> Result<&mut dyn IoChannel, i32> {
-        let i = match self.index.get(&ns.key) {
+    pub fn get<S: ChannelSource + 'static>(
+        &mut self,
+        src: &Arc<S>,
+    ) -> Result<&mut dyn IoChannel, i32> {
+        let key = src.key();
+        let i = match self.index.get(&key) {
             Some(&i) => i,
             None => {
-                let ch = ns.dev.open_channel().map_err(|e| {
-                    tracing::error!(nsid = ns.nsid, dev = %ns.dev.describe(), "cannot open device channel: {e}");
+                let ch = src.open_channel().map_err(|e| {
+                    tracing::error!(dev = %src.describe(), "cannot open device channel: {e}");
                     e.raw_os_error().unwrap_or(libc::EIO)
                 })?;
                 for fd in [ch.completion_fd(), ch.notify_fd()].into_iter().flatten() {
-                    self.new_fds.push((ns.key, fd));
+                    self.new_fds.push((key, fd));
                 }
-                self.entries.push((ns.clone(), ch));
+                self.entries.push((src.clone(), ch));
                 let i = self.entries.len() - 1;
-                self.index.insert(ns.key, i);
+                self.index.insert(key, i);
                 i
             }
         };
@@ -188,15 +201,14 @@ impl ChannelCache {
 
     fn evict_removed(&mut self) {
         let before = self.entries.len();
-        self.entries.retain(|(ns, ch)| {
-            !ns.removed.load(std::sync::atomic::Ordering::Acquire) || ch.in_flight() > 0
-        });
+        self.entries
+            .retain(|(src, ch)| !src.removed() || ch.in_flight() > 0);
         if self.entries.len() != before {
             self.index = self
                 .entries
                 .iter()
                 .enumerate()
-                .map(|(i, (ns, _))| (ns.key, i))
+                .map(|(i, (src, _))| (src.key(), i))
                 .collect();
         }
     }

@@ -107,9 +107,10 @@ pub mod sgl_type {
 }
 
 /// Where a command's data is, from its SGL descriptor (SQE bytes 24-39).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DataDescriptor {
     /// No data (length 0).
+    #[default]
     None,
     /// In-capsule data at `offset` bytes past the SQE.
     InCapsule { offset: u64, len: u32 },

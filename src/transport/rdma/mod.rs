@@ -25,17 +25,13 @@
 pub mod verbs;
 
 use crate::mem::IoBuf;
-use crate::nvmf::admin::{self, AdminOutcome};
-use crate::nvmf::command;
-use crate::nvmf::fabrics::{self, QueueBinding};
-use crate::nvmf::io::{self as tio, IoPlan};
-use crate::nvmf::{Namespace, Target, ADMIN_IN_CAPSULE_DATA};
+use crate::nvmf::queue::{
+    C2h, DataDesc, Link, Queue, QueueConfig, Received, Release, Request, Response, TransportKind,
+};
+use crate::nvmf::{Target, ADMIN_IN_CAPSULE_DATA};
 use crate::reactor::SharedPoller;
 use crate::reactor::{IoCtx, Message, QueuePair, ReactorShared};
-use crate::wire::nvme::{
-    admin_opc, fctype, ConnectCommand, ConnectData, Cqe, DataDirection, Sqe, Status,
-    CATTR_DISABLE_SQ_FLOW, CONNECT_DATA_LEN, CQE_LEN, SQE_LEN,
-};
+use crate::wire::nvme::{Cqe, DataDirection, Sqe, Status, CQE_LEN, SQE_LEN};
 use crate::wire::rdma::{self as rwire, cm_status, CmRequest, DataDescriptor};
 use std::any::Any;
 use std::collections::VecDeque;
@@ -924,7 +920,7 @@ pub fn cm_loop(
                 next = next.wrapping_add(1);
                 match accept(v, id, &conn.0, conn.1, l, &target, r, &settings) {
                     Ok(qp) => {
-                        tracing::debug!(peer = %qp.peer, qid = qp.cm_qid, reactor = r.id, "RDMA queue pair accepted");
+                        tracing::debug!(peer = %qp.l.peer, qid = qp.q.qid(), reactor = r.id, "RDMA queue pair accepted");
                         if let Err(Message::Adopt(qp)) = r.send(Message::Adopt(Box::new(qp))) {
                             tracing::warn!(
                                 reactor = r.id,
@@ -1087,10 +1083,10 @@ fn accept(
     };
     // SAFETY: id has its QP and posted receives; param and its private data
     // are valid for the call.
-    if unsafe { (v.rdma_accept)(qp.id, &mut param) } != 0 {
+    if unsafe { (v.rdma_accept)(qp.l.id, &mut param) } != 0 {
         let e = std::io::Error::last_os_error();
         // The QP owns the id now: its Drop destroys everything.
-        qp.state = State::Closed;
+        qp.l.state = State::Closed;
         return Err(Refused::After(format!("rdma_accept: {e}")));
     }
     Ok(qp)
@@ -1123,35 +1119,34 @@ fn slot_after_failed_post(chained: bool, posted: u32) -> SlotAfterFailedPost {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ReqState {
+/// NVMe/RDMA's part of a request: where its data is and the registered
+/// memory it moves through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum XState {
+    /// Nothing of the transport's in progress.
+    #[default]
+    Idle,
     /// Waiting for arena memory.
     AwaitBuffer,
     /// Waiting for an RDMA READ slot (outstanding reads are bounded).
     AwaitRead,
     /// RDMA READ of host data in flight.
     Reading,
-    Executing,
-    /// Data WRITE and response SEND posted; freed on the SEND completion.
+    /// Data WRITE and response SEND posted; released on the SEND completion.
     Responding,
     /// The data WRITE was posted but its SEND was refused (the QP is closing):
     /// the WRITE may still be reading the slot's arena memory, so the slot is
-    /// freed on the WRITE's own completion (success or flush), not before.
+    /// released on the WRITE's own completion (success or flush), not before.
     WriteOrphaned,
 }
 
-struct Request {
-    sqe: Sqe,
-    state: ReqState,
+#[derive(Debug, Default)]
+pub struct RdmaReq {
+    state: XState,
     desc: DataDescriptor,
-    buf: Option<IoBuf>,
     chunk: Option<Chunk>,
-    reply: Option<Vec<u8>>,
-    plan: Option<IoPlan>,
-    ns: Option<Arc<Namespace>>,
-    pending_ops: u32,
-    status: Status,
-    arrived: Instant,
+    /// The data `Received::NeedData` asked for.
+    need: Option<(usize, DataDirection)>,
 }
 
 /// Work request ids: kind in the top byte, the QP's generation in bits
@@ -1180,7 +1175,8 @@ mod wr {
 /// QP generations, one per QP this process creates (0 is never used).
 static NEXT_QP_GEN: AtomicU32 = AtomicU32::new(1);
 
-pub struct RdmaQueuePair {
+/// The RDMA side of a queue: the QP, its registered memory, posting.
+struct RdmaLink {
     v: &'static Verbs,
     id: *mut rdma_cm_id,
     qp: *mut ibv_qp,
@@ -1210,41 +1206,35 @@ pub struct RdmaQueuePair {
     arena_lkey: u32,
     extra_free: Vec<u16>,
     peer: String,
-    local: SocketAddr,
-    target: Arc<Target>,
-    discovery_only: bool,
-    cm_qid: u16,
     state: State,
     since: Instant,
-    binding: Option<QueueBinding>,
-    namespaces: Vec<Arc<Namespace>>,
-    ns_gen: u64,
-    stats: Option<Arc<crate::nvmf::QpairStats>>,
-    sq_head: u16,
-    sqsize: u16,
-    sqflow_disabled: bool,
-    slots: Vec<Option<Request>>,
-    free_slots: Vec<u16>,
-    cids: Vec<u64>,
-    aers: Vec<u16>,
     max_reads: u32,
     reads_active: u32,
     read_waiting: VecDeque<u16>,
     buf_waiting: VecDeque<u16>,
-    dev_ops: usize,
-    /// Failed device operations so far (for rate-limited logging).
-    device_errors: u64,
-    /// Reused for every command's device operations (no allocation per I/O).
-    ops_scratch: command::DeviceOps,
     shutting_down: bool,
     /// Still being built: Drop rejects the connection request first.
     building: bool,
+}
+
+pub struct RdmaQueuePair {
+    q: Queue<RdmaReq>,
+    l: RdmaLink,
 }
 
 // SAFETY: the rdma-core objects are owned by this queue pair alone and used by
 // whichever single thread owns it (the CM thread while building it, then its
 // reactor); rdma-core objects may be used from any thread.
 unsafe impl Send for RdmaQueuePair {}
+
+/// The transport-neutral form of an NVMe/RDMA data descriptor.
+fn neutral(desc: DataDescriptor) -> DataDesc {
+    match desc {
+        DataDescriptor::None => DataDesc::None,
+        DataDescriptor::InCapsule { offset, len } => DataDesc::InCapsule { offset, len },
+        DataDescriptor::Keyed { len, .. } => DataDesc::Host { len },
+    }
+}
 
 impl RdmaQueuePair {
     #[allow(clippy::too_many_arguments)]
@@ -1271,70 +1261,67 @@ impl RdmaQueuePair {
         let mem = IoBuf::new(depth * recv_size + rsp_count * CQE_LEN);
         let arena_lkey = arena.lock().map(|a| a.lkey).unwrap_or(0);
         let cq = group.cq;
+        let cfg = QueueConfig {
+            kind: TransportKind::Rdma,
+            peer: peer.clone(),
+            local: Some(local),
+            discovery_only,
+            expected_qid: Some(cm_qid),
+            // Slot indices name response buffers: at most `depth` of them.
+            max_entries: Some(depth),
+            exact_capsule: false,
+            places_read_buffers: true,
+        };
         // From here on `q` owns the id and the CQ reservation: its Drop
         // releases whatever was made.
         let mut q = RdmaQueuePair {
-            v,
-            id,
-            qp: std::ptr::null_mut(),
-            qp_num: 0,
-            gen: NEXT_QP_GEN
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |g| {
-                    Some(g.wrapping_add(1).max(1))
-                })
-                .unwrap_or(1),
-            group,
-            cq_reserved,
-            wrs_outstanding: 0,
-            closed_at: None,
-            flush_given_up: false,
-            disconnect_after: None,
-            chan: std::ptr::null_mut(),
-            mem,
-            mem_mr: std::ptr::null_mut(),
-            mem_lkey: 0,
-            recv_size,
-            depth,
-            arena,
-            arena_lkey,
-            extra_free: (depth..rsp_count).map(|i| i as u16).rev().collect(),
-            peer,
-            local,
-            target,
-            discovery_only,
-            cm_qid,
-            state: State::Connecting,
-            since: Instant::now(),
-            binding: None,
-            namespaces: Vec::new(),
-            ns_gen: 0,
-            stats: None,
-            sq_head: 0,
-            sqsize: (depth - 1) as u16,
-            sqflow_disabled: false,
-            slots: (0..depth).map(|_| None).collect(),
-            free_slots: (0..depth as u16).rev().collect(),
-            cids: vec![0; 1024],
-            aers: Vec::new(),
-            max_reads,
-            reads_active: 0,
-            read_waiting: VecDeque::new(),
-            buf_waiting: VecDeque::new(),
-            dev_ops: 0,
-            device_errors: 0,
-            ops_scratch: Vec::with_capacity(4),
-            shutting_down: false,
-            building: true,
+            q: Queue::new(target, cfg),
+            l: RdmaLink {
+                v,
+                id,
+                qp: std::ptr::null_mut(),
+                qp_num: 0,
+                gen: NEXT_QP_GEN
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |g| {
+                        Some(g.wrapping_add(1).max(1))
+                    })
+                    .unwrap_or(1),
+                group,
+                cq_reserved,
+                wrs_outstanding: 0,
+                closed_at: None,
+                flush_given_up: false,
+                disconnect_after: None,
+                chan: std::ptr::null_mut(),
+                mem,
+                mem_mr: std::ptr::null_mut(),
+                mem_lkey: 0,
+                recv_size,
+                depth,
+                arena,
+                arena_lkey,
+                extra_free: (depth..rsp_count).map(|i| i as u16).rev().collect(),
+                peer,
+                state: State::Connecting,
+                since: Instant::now(),
+                max_reads,
+                reads_active: 0,
+                read_waiting: VecDeque::new(),
+                buf_waiting: VecDeque::new(),
+                shutting_down: false,
+                building: true,
+            },
         };
-        // SAFETY: every pointer below is checked before use and stored in `q`,
-        // whose Drop destroys each exactly once in reverse order. The CQ is
-        // the poll group's, which lives for the process.
+        let l = &mut q.l;
+        // SAFETY: every pointer below is checked before use and stored in `l`,
+        // whose owner's Drop destroys each exactly once in reverse order. The
+        // CQ is the poll group's, which lives for the process.
         unsafe {
-            q.chan = (v.rdma_create_event_channel)();
-            if q.chan.is_null() {
+            l.chan = (v.rdma_create_event_channel)();
+            if l.chan.is_null() {
                 return Err("rdma_create_event_channel failed".into());
             }
-            if (v.rdma_migrate_id)(id, q.chan) != 0 {
+            if (v.rdma_migrate_id)(id, l.chan) != 0 {
                 return Err(format!(
                     "rdma_migrate_id: {}",
                     std::io::Error::last_os_error()
@@ -1361,40 +1348,265 @@ impl RdmaQueuePair {
                     std::io::Error::last_os_error()
                 ));
             }
-            q.qp = (*id).qp;
-            q.qp_num = (*q.qp).qp_num;
-            q.mem_mr = (v.ibv_reg_mr)(
+            l.qp = (*id).qp;
+            l.qp_num = (*l.qp).qp_num;
+            l.mem_mr = (v.ibv_reg_mr)(
                 pd,
-                q.mem.as_mut_ptr() as *mut _,
-                q.mem.capacity(),
+                l.mem.as_mut_ptr() as *mut _,
+                l.mem.capacity(),
                 verbs::IBV_ACCESS_LOCAL_WRITE,
             );
-            if q.mem_mr.is_null() {
+            if l.mem_mr.is_null() {
                 return Err("ibv_reg_mr for receive buffers failed".into());
             }
-            q.mem_lkey = (*q.mem_mr).lkey;
+            l.mem_lkey = (*l.mem_mr).lkey;
         }
         for i in 0..depth {
-            q.post_recv(i)
+            l.post_recv(i)
                 .map_err(|e| format!("ibv_post_recv: errno {e}"))?;
         }
         // SAFETY: chan is live (created above).
-        verbs::set_nonblocking(unsafe { (*q.chan).fd }).map_err(|e| format!("{e}"))?;
-        q.building = false;
+        verbs::set_nonblocking(unsafe { (*l.chan).fd }).map_err(|e| format!("{e}"))?;
+        l.building = false;
         Ok(q)
     }
 
-    fn qid(&self) -> u16 {
-        self.binding
-            .as_ref()
-            .map(|b| b.qid())
-            .unwrap_or(self.cm_qid)
+    /// Ends the connection: the QP errors out, the controller binding ends.
+    fn close(&mut self, why: &str) {
+        self.l.close(why);
+        self.q.unbind();
     }
 
-    fn is_admin(&self) -> bool {
-        self.cm_qid == 0
+    /// The link closed on its own (a post failed, the host went): the queue
+    /// lets go of its controller too.
+    fn sync_closed(&mut self) {
+        if self.l.state == State::Closed {
+            self.q.unbind();
+        }
     }
 
+    fn on_completion(&mut self, wc: &verbs::ibv_wc, ctx: &mut IoCtx) {
+        let kind = wc.wr_id & wr::KIND;
+        let idx = wr::index(wc.wr_id);
+        if wc.status != verbs::IBV_WC_SUCCESS {
+            if wc.status != verbs::IBV_WC_WR_FLUSH_ERR {
+                tracing::warn!(peer = %self.l.peer, qid = self.q.qid(), status = wc.status, kind = kind >> 56, "RDMA work request failed");
+            }
+            self.close("work request failed");
+            // Release what the failed request held.
+            match kind {
+                wr::READ => {
+                    self.l.reads_active = self.l.reads_active.saturating_sub(1);
+                    self.q.abandon(idx, &mut self.l, ctx);
+                }
+                wr::SEND => self.q.release(idx, &mut self.l, ctx),
+                wr::SEND_EXTRA => self.l.extra_free.push(idx),
+                wr::WRITE => self.release_orphaned_write(idx, ctx),
+                _ => {}
+            }
+            return;
+        }
+        match kind {
+            wr::RECV => {
+                let len = wc.byte_len as usize;
+                self.on_capsule(idx as usize, len, ctx);
+                if self.l.state != State::Closed {
+                    if let Err(e) = self.l.post_recv(idx as usize) {
+                        tracing::warn!(peer = %self.l.peer, "ibv_post_recv: errno {e}");
+                        self.close("cannot repost a receive");
+                    }
+                }
+            }
+            wr::READ => {
+                self.l.reads_active = self.l.reads_active.saturating_sub(1);
+                if let Some(r) = self.q.request_mut(idx) {
+                    r.x.state = XState::Idle;
+                }
+                self.issue_reads();
+                self.q.data_ready(idx, false, &mut self.l, ctx);
+            }
+            wr::WRITE => self.release_orphaned_write(idx, ctx),
+            wr::SEND => {
+                self.q.release(idx, &mut self.l, ctx);
+                if self.l.disconnect_after == Some(idx) {
+                    // The Disconnect's response reached the host: now the QP
+                    // goes (NVMe-oF: the queue is deleted after the response).
+                    self.l.disconnect_after = None;
+                    return self.close("host sent a Fabrics Disconnect");
+                }
+                self.retry_buffers(ctx);
+            }
+            wr::SEND_EXTRA => self.l.extra_free.push(idx),
+            _ => tracing::warn!(wr_id = wc.wr_id, "completion of an unknown work request"),
+        }
+    }
+
+    /// A WRITE whose SEND never went out has finished with the slot's memory.
+    fn release_orphaned_write(&mut self, slot: u16, ctx: &mut IoCtx) {
+        let orphaned = self
+            .q
+            .request(slot)
+            .is_some_and(|r| r.x.state == XState::WriteOrphaned);
+        if orphaned {
+            self.q.release(slot, &mut self.l, ctx);
+        }
+    }
+
+    fn on_capsule(&mut self, idx: usize, len: usize, ctx: &mut IoCtx) {
+        let l = &mut self.l;
+        if len < SQE_LEN || len > l.recv_size {
+            tracing::warn!(peer = %l.peer, len, "command capsule of a bad size");
+            return self.close("bad capsule size");
+        }
+        if l.state == State::Connecting {
+            // Receives can complete before ESTABLISHED is read: it is implied.
+            l.state = State::Live;
+        }
+        let base = idx * l.recv_size;
+        let Some(sqe) = Sqe::from_slice(&l.mem[base..base + SQE_LEN]) else {
+            return self.close("bad capsule");
+        };
+        l.group.requests.fetch_add(1, Ordering::Relaxed);
+        let desc = DataDescriptor::of(&sqe);
+        // The receive buffer is reposted only after this returns: the core
+        // copies in-capsule data out of it before then.
+        let icd = l.mem.as_ptr() as usize + base + SQE_LEN;
+        // SAFETY: `icd..icd + len - SQE_LEN` lies inside `mem` (len <=
+        // recv_size, checked above); nothing writes that receive buffer until
+        // it is reposted after this call, and the link writes `mem` during
+        // `receive` only through `write_response`, a slice over the response
+        // area, disjoint from every receive buffer.
+        let icd = unsafe { std::slice::from_raw_parts(icd as *const u8, len - SQE_LEN) };
+        let received = self
+            .q
+            .receive(sqe, desc.map(neutral), icd, false, &mut self.l, ctx);
+        match received {
+            Received::Done => {}
+            Received::Overrun => self.close("queue overrun"),
+            Received::NeedData { slot, len, dir } => {
+                if let (Some(r), Ok(d)) = (self.q.request_mut(slot), desc) {
+                    r.x.desc = d;
+                    r.x.need = Some((len, dir));
+                }
+                self.with_buffer(slot, ctx);
+            }
+        }
+        self.sync_closed();
+    }
+
+    /// Gives the request the registered memory it needs, then continues it
+    /// (RDMA READ for host data, execution for reads); waits if none is free.
+    fn with_buffer(&mut self, slot: u16, ctx: &mut IoCtx) {
+        let Some((len, dir)) = self.q.request(slot).and_then(|r| r.x.need) else {
+            return;
+        };
+        let got = self.l.arena.lock().ok().and_then(|mut a| a.alloc(len));
+        let Some((chunk, view)) = got else {
+            if let Some(r) = self.q.request_mut(slot) {
+                r.x.state = XState::AwaitBuffer;
+            }
+            self.l.buf_waiting.push_back(slot);
+            return;
+        };
+        let Some(r) = self.q.request_mut(slot) else {
+            if let Ok(mut a) = self.l.arena.lock() {
+                a.free(chunk);
+            }
+            return;
+        };
+        r.x.chunk = Some(chunk);
+        r.buf = Some(view);
+        if dir == DataDirection::HostToController {
+            r.x.state = XState::AwaitRead;
+            self.l.read_waiting.push_back(slot);
+            self.issue_reads();
+        } else {
+            r.x.state = XState::Idle;
+            self.q.data_ready(slot, false, &mut self.l, ctx);
+        }
+    }
+
+    /// Requests waiting for arena memory retry (some was freed).
+    fn retry_buffers(&mut self, ctx: &mut IoCtx) {
+        while let Some(&slot) = self.l.buf_waiting.front() {
+            let Some((len, _)) = self.q.request(slot).and_then(|r| r.x.need) else {
+                self.l.buf_waiting.pop_front();
+                continue;
+            };
+            let free = self
+                .l
+                .arena
+                .lock()
+                .ok()
+                .and_then(|mut a| a.alloc(len).inspect(|(c, _)| a.free(*c)))
+                .is_some();
+            if !free {
+                return;
+            }
+            self.l.buf_waiting.pop_front();
+            self.with_buffer(slot, ctx);
+        }
+    }
+
+    /// Posts RDMA READs for waiting requests while under the negotiated limit.
+    fn issue_reads(&mut self) {
+        let l = &mut self.l;
+        while l.reads_active < l.max_reads && l.state != State::Closed {
+            let Some(slot) = l.read_waiting.pop_front() else {
+                return;
+            };
+            let Some(r) = self.q.request_mut(slot) else {
+                continue;
+            };
+            let DataDescriptor::Keyed { addr, key, len, .. } = r.x.desc else {
+                continue;
+            };
+            let Some(b) = r.buf.as_mut() else {
+                continue;
+            };
+            let mut sge = verbs::ibv_sge {
+                addr: b.as_mut_ptr() as u64,
+                length: len,
+                lkey: l.arena_lkey,
+            };
+            let mut w = verbs::ibv_send_wr {
+                wr_id: wr::id(wr::READ, l.gen, slot),
+                sg_list: &mut sge,
+                num_sge: 1,
+                opcode: verbs::IBV_WR_RDMA_READ,
+                send_flags: verbs::IBV_SEND_SIGNALED,
+                remote_addr: addr,
+                rkey: key,
+                ..Default::default()
+            };
+            r.x.state = XState::Reading;
+            // SAFETY: qp is live; the local buffer is in the registered arena
+            // and owned by this request until its completion.
+            let (e, posted) = unsafe { verbs::post_send(l.qp, &mut w) };
+            l.count_sends(posted);
+            if e != 0 {
+                tracing::warn!(peer = %l.peer, "RDMA READ post failed: errno {e}");
+                l.close("cannot post an RDMA READ");
+                return;
+            }
+            l.reads_active += 1;
+        }
+    }
+
+    fn fail_waiting(&mut self, ctx: &mut IoCtx) {
+        // Requests parked for memory or READ slots on a closed QP release now.
+        while let Some(s) = self
+            .l
+            .buf_waiting
+            .pop_front()
+            .or_else(|| self.l.read_waiting.pop_front())
+        {
+            self.q.abandon(s, &mut self.l, ctx);
+        }
+    }
+}
+
+impl RdmaLink {
     fn post_recv(&mut self, i: usize) -> Result<(), i32> {
         let mut sge = verbs::ibv_sge {
             addr: self.mem.as_ptr() as u64 + (i * self.recv_size) as u64,
@@ -1419,14 +1631,14 @@ impl RdmaQueuePair {
         }
     }
 
-    /// Ends the connection: the QP goes to the error state (outstanding work
-    /// is flushed back to the shared CQ, and counted down before the QP may be
-    /// destroyed), the host sees a disconnect, the controller binding ends.
+    /// The QP goes to the error state (outstanding work is flushed back to
+    /// the shared CQ, and counted down before the QP may be destroyed) and the
+    /// host sees a disconnect.
     fn close(&mut self, why: &str) {
         if self.state == State::Closed {
             return;
         }
-        tracing::debug!(peer = %self.peer, qid = self.qid(), "RDMA queue pair closing: {why}");
+        tracing::debug!(peer = %self.peer, "RDMA queue pair closing: {why}");
         // SAFETY: qp and id are live until Drop. ERR first: rdma_disconnect
         // alone does not move a QP that never connected.
         unsafe {
@@ -1436,13 +1648,6 @@ impl RdmaQueuePair {
             (self.v.rdma_disconnect)(self.id);
         }
         self.closed_at = Some(Instant::now());
-        if let Some(b) = self.binding.take() {
-            let ctrl = b.ctrl();
-            if b.qid() == 0 {
-                tracing::info!(cntlid = ctrl.cntlid, host = %ctrl.hostnqn, peer = %self.peer, "controller released");
-            }
-            fabrics::disconnect(&b);
-        }
         self.state = State::Closed;
     }
 
@@ -1477,650 +1682,64 @@ impl RdmaQueuePair {
         }
     }
 
-    fn on_completion(&mut self, wc: &verbs::ibv_wc, ctx: &mut IoCtx) {
-        let kind = wc.wr_id & wr::KIND;
-        let idx = wr::index(wc.wr_id);
-        if wc.status != verbs::IBV_WC_SUCCESS {
-            if wc.status != verbs::IBV_WC_WR_FLUSH_ERR {
-                tracing::warn!(peer = %self.peer, qid = self.qid(), status = wc.status, kind = kind >> 56, "RDMA work request failed");
-            }
-            self.close("work request failed");
-            // Release what the failed request held.
-            match kind {
-                wr::READ => {
-                    self.reads_active = self.reads_active.saturating_sub(1);
-                    self.free_slot(idx, ctx);
-                }
-                wr::SEND => self.free_slot(idx, ctx),
-                wr::SEND_EXTRA => self.extra_free.push(idx),
-                wr::WRITE => self.free_orphaned_write(idx, ctx),
-                _ => {}
-            }
-            return;
-        }
-        match kind {
-            wr::RECV => {
-                let len = wc.byte_len as usize;
-                self.on_capsule(idx as usize, len, ctx);
-                if self.state != State::Closed {
-                    if let Err(e) = self.post_recv(idx as usize) {
-                        tracing::warn!(peer = %self.peer, "ibv_post_recv: errno {e}");
-                        self.close("cannot repost a receive");
-                    }
-                }
-            }
-            wr::READ => {
-                self.reads_active = self.reads_active.saturating_sub(1);
-                if let Some(r) = self.slots.get_mut(idx as usize).and_then(|s| s.as_mut()) {
-                    r.state = ReqState::Executing;
-                }
-                self.issue_reads();
-                if let Err(st) = self.execute(idx, ctx) {
-                    self.finish(idx, st, 0, ctx);
-                }
-            }
-            wr::WRITE => self.free_orphaned_write(idx, ctx),
-            wr::SEND => {
-                self.free_slot(idx, ctx);
-                if self.disconnect_after == Some(idx) {
-                    // The Disconnect's response reached the host: now the QP
-                    // goes (NVMe-oF: the queue is deleted after the response).
-                    self.disconnect_after = None;
-                    return self.close("host sent a Fabrics Disconnect");
-                }
-                self.retry_buffers(ctx);
-            }
-            wr::SEND_EXTRA => self.extra_free.push(idx),
-            _ => tracing::warn!(wr_id = wc.wr_id, "completion of an unknown work request"),
-        }
-    }
-
-    /// A WRITE whose SEND never went out has finished with the slot's memory.
-    fn free_orphaned_write(&mut self, slot: u16, ctx: &mut IoCtx) {
-        let orphaned = self
-            .slots
-            .get(slot as usize)
-            .and_then(|s| s.as_ref())
-            .is_some_and(|r| r.state == ReqState::WriteOrphaned);
-        if orphaned {
-            self.free_slot(slot, ctx);
-        }
-    }
-
-    /// Releases a slot and everything it holds.
-    fn free_slot(&mut self, slot: u16, ctx: &mut IoCtx) {
-        let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.take()) else {
-            return;
-        };
-        if let Some(b) = r.buf {
-            if b.is_owned() {
-                ctx.bufs.put(b);
-            }
-        }
-        if let Some(c) = r.chunk {
-            if let Ok(mut a) = self.arena.lock() {
-                a.free(c);
-            }
-        }
-        self.read_waiting.retain(|&s| s != slot);
-        self.buf_waiting.retain(|&s| s != slot);
-        self.free_slots.push(slot);
-    }
-
-    fn cid_insert(&mut self, cid: u16) -> bool {
-        let (w, b) = (cid as usize / 64, cid % 64);
-        let fresh = self.cids[w] & (1 << b) == 0;
-        self.cids[w] |= 1 << b;
-        fresh
-    }
-
-    fn cid_remove(&mut self, cid: u16) {
-        self.cids[cid as usize / 64] &= !(1 << (cid % 64));
-    }
-
-    fn advance_sq_head(&mut self) {
-        self.sq_head = if self.sq_head >= self.sqsize {
-            0
-        } else {
-            self.sq_head + 1
-        };
-    }
-
-    fn cqe(&self, cid: u16, status: Status, result: u64) -> Cqe {
-        Cqe {
-            result,
-            sq_head: if self.sqflow_disabled {
-                0xFFFF
-            } else {
-                self.sq_head
-            },
-            sq_id: self.qid(),
-            cid,
-            status: status.to_field(),
-        }
-    }
-
-    fn rsp_addr(&self, i: usize) -> (usize, u64) {
+    /// Encodes `cqe` into response buffer `i` (past the receive buffers);
+    /// returns its address for the SEND.
+    fn write_response(&mut self, i: usize, cqe: &Cqe) -> u64 {
         let off = self.depth * self.recv_size + i * CQE_LEN;
-        (off, self.mem.as_ptr() as u64 + off as u64)
+        if off + CQE_LEN > self.mem.len() {
+            return self.mem.as_ptr() as u64;
+        }
+        // SAFETY: off..off + CQE_LEN is inside `mem` (checked above) and in
+        // its response area, which no receive buffer overlaps; a slice over
+        // those bytes alone never aliases a receive buffer's in-capsule data,
+        // which the core may be reading while it answers (`on_capsule`).
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut(self.mem.as_mut_ptr().add(off), CQE_LEN) };
+        cqe.encode(dst);
+        self.mem.as_ptr() as u64 + off as u64
     }
 
-    /// Sends a response that has no slot (CID conflict, an AER firing).
-    fn respond_extra(&mut self, cid: u16, status: Status, result: u64) {
-        if self.state == State::Closed {
-            return;
-        }
-        let Some(i) = self.extra_free.pop() else {
-            tracing::warn!(peer = %self.peer, cid, "no response buffer free; closing");
-            return self.close("response buffers exhausted");
-        };
-        let cqe = self.cqe(cid, status, result);
-        let (off, addr) = self.rsp_addr(i as usize);
-        cqe.encode(&mut self.mem[off..off + CQE_LEN]);
-        let mut sge = verbs::ibv_sge {
-            addr,
-            length: CQE_LEN as u32,
-            lkey: self.mem_lkey,
-        };
-        let mut s = verbs::ibv_send_wr {
-            wr_id: wr::id(wr::SEND_EXTRA, self.gen, i),
-            sg_list: &mut sge,
-            num_sge: 1,
-            opcode: verbs::IBV_WR_SEND,
-            send_flags: verbs::IBV_SEND_SIGNALED,
-            ..Default::default()
-        };
-        // SAFETY: qp is live; sge points into registered `mem`.
-        let (e, posted) = unsafe { verbs::post_send(self.qp, &mut s) };
-        self.count_sends(posted);
-        if e != 0 {
-            self.extra_free.push(i);
-            tracing::warn!(peer = %self.peer, "ibv_post_send: errno {e}");
-            self.close("cannot post a send");
-        }
+    fn count_sends(&mut self, posted: u32) {
+        self.wrs_outstanding += posted;
+        self.group
+            .send_wrs
+            .fetch_add(posted as u64, Ordering::Relaxed);
     }
 
-    fn on_capsule(&mut self, idx: usize, len: usize, ctx: &mut IoCtx) {
-        if len < SQE_LEN || len > self.recv_size {
-            tracing::warn!(peer = %self.peer, len, "command capsule of a bad size");
-            return self.close("bad capsule size");
-        }
-        if self.state == State::Connecting {
-            // Receives can complete before ESTABLISHED is read: it is implied.
-            self.state = State::Live;
-        }
-        let base = idx * self.recv_size;
-        let Some(sqe) = Sqe::from_slice(&self.mem[base..base + SQE_LEN]) else {
-            return self.close("bad capsule");
-        };
-        self.group.requests.fetch_add(1, Ordering::Relaxed);
-        let cid = sqe.cid();
-        self.advance_sq_head();
-        if !self.cid_insert(cid) && !admin::abandon_held_aer(&mut self.aers, cid) {
-            tracing::warn!(peer = %self.peer, cid, "command id conflict");
-            return self.respond_extra(cid, Status::CID_CONFLICT, 0);
-        }
-        let Some(slot) = self.free_slots.pop() else {
-            self.cid_remove(cid);
-            tracing::warn!(peer = %self.peer, "more commands outstanding than the queue size");
-            return self.close("queue overrun");
-        };
-        self.slots[slot as usize] = Some(Request {
-            sqe,
-            state: ReqState::Executing,
-            desc: DataDescriptor::None,
-            buf: None,
-            chunk: None,
-            reply: None,
-            plan: None,
-            ns: None,
-            pending_ops: 0,
-            status: Status::SUCCESS,
-            arrived: ctx.now,
-        });
-        if let Err(st) = self.start_command(slot, base + SQE_LEN, len - SQE_LEN, ctx) {
-            self.finish(slot, st, 0, ctx);
+    fn free_chunk(&mut self, c: Chunk) {
+        if let Ok(mut a) = self.arena.lock() {
+            a.free(c);
         }
     }
+}
 
-    fn refresh_namespaces(&mut self) {
-        if let Some(b) = self.binding.as_ref() {
-            let subsys = &b.ctrl().subsys;
-            let gen = subsys.ns_gen.load(Ordering::Acquire);
-            if gen != self.ns_gen {
-                self.ns_gen = gen;
-                self.namespaces = subsys.namespace_snapshot();
-            }
-        }
-    }
-
-    /// Validates the command and its data descriptor; takes in-capsule data or
-    /// starts the RDMA READ; executes once data is in place.
-    fn start_command(
+impl Link<RdmaReq> for RdmaLink {
+    /// RDMA WRITE of the data (reads and admin replies, on success), then the
+    /// response capsule by SEND. The slot is released when the SEND completes.
+    fn respond(
         &mut self,
         slot: u16,
-        icd_off: usize,
-        icd_len: usize,
-        ctx: &mut IoCtx,
-    ) -> Result<(), Status> {
-        let sqe = self.slots[slot as usize]
-            .as_ref()
-            .ok_or(Status::INTERNAL_ERROR)?
-            .sqe;
-        let is_fabrics = sqe.opcode() == admin_opc::FABRICS;
-        if self.binding.is_none() && !(is_fabrics && sqe.fctype() == fctype::CONNECT) {
-            return Err(Status::COMMAND_SEQUENCE_ERROR);
+        r: &mut Request<RdmaReq>,
+        rsp: &Response,
+        _ctx: &mut IoCtx,
+    ) -> Release {
+        match r.x.state {
+            XState::AwaitRead => self.read_waiting.retain(|&s| s != slot),
+            XState::AwaitBuffer => self.buf_waiting.retain(|&s| s != slot),
+            _ => {}
         }
-        if sqe.fuse() != 0 {
-            return Err(Status::INVALID_FIELD);
-        }
-        let mut plan = None;
-        if !self.is_admin() && !is_fabrics {
-            self.refresh_namespaces();
-            let ns = self
-                .namespaces
-                .iter()
-                .find(|n| n.nsid == sqe.nsid())
-                .cloned();
-            let p = tio::plan(ns.as_deref(), &sqe, self.target.limits.max_io_size)?;
-            plan = Some(p);
-            if let Some(r) = self.slots[slot as usize].as_mut() {
-                r.plan = Some(p);
-                r.ns = ns;
-            }
-        }
-        let desc = DataDescriptor::of(&sqe)?;
-        let max_len = self.target.limits.max_io_size.max(ADMIN_IN_CAPSULE_DATA);
-        if desc.len() > max_len {
-            return Err(Status::DATA_SGL_LENGTH_INVALID);
-        }
-        if let Some(r) = self.slots[slot as usize].as_mut() {
-            r.desc = desc;
-        }
-        match DataDirection::of(&sqe) {
-            DataDirection::None => {}
-            DataDirection::Bidirectional => return Err(Status::INVALID_FIELD),
-            DataDirection::ControllerToHost => {
-                if matches!(desc, DataDescriptor::InCapsule { .. }) {
-                    return Err(Status::SGL_DESCRIPTOR_TYPE_INVALID);
-                }
-                if let Some(IoPlan::Read { len, .. }) = plan {
-                    if (desc.len() as usize) < len {
-                        return Err(Status::DATA_SGL_LENGTH_INVALID);
-                    }
-                    return self.with_buffer(slot, len, ctx);
-                }
-            }
-            DataDirection::HostToController => match desc {
-                DataDescriptor::None => {}
-                DataDescriptor::InCapsule { offset, len } => {
-                    let limit = if self.is_admin() {
-                        ADMIN_IN_CAPSULE_DATA
-                    } else {
-                        self.target.limits.in_capsule_data
-                    };
-                    if offset != 0 {
-                        return Err(Status::SGL_OFFSET_INVALID);
-                    }
-                    let len = len as usize;
-                    if len > limit as usize || len > icd_len {
-                        return Err(Status::DATA_SGL_LENGTH_INVALID);
-                    }
-                    // The receive buffer is reposted at once: copy out.
-                    let mut b = ctx.bufs.get(len);
-                    b.copy_from_slice(&self.mem[icd_off..icd_off + len]);
-                    if let Some(r) = self.slots[slot as usize].as_mut() {
-                        r.buf = Some(b);
-                    }
-                }
-                DataDescriptor::Keyed { len, .. } => {
-                    return self.with_buffer(slot, len as usize, ctx);
-                }
-            },
-        }
-        self.execute(slot, ctx)
-    }
-
-    /// Gives the request `len` bytes of registered memory, then continues it
-    /// (RDMA READ for host data, execution for reads); waits if none is free.
-    fn with_buffer(&mut self, slot: u16, len: usize, ctx: &mut IoCtx) -> Result<(), Status> {
-        let got = self.arena.lock().ok().and_then(|mut a| a.alloc(len));
-        let Some((chunk, view)) = got else {
-            if let Some(r) = self.slots[slot as usize].as_mut() {
-                r.state = ReqState::AwaitBuffer;
-            }
-            self.buf_waiting.push_back(slot);
-            return Ok(());
-        };
-        let Some(r) = self.slots[slot as usize].as_mut() else {
-            if let Ok(mut a) = self.arena.lock() {
-                a.free(chunk);
-            }
-            return Err(Status::INTERNAL_ERROR);
-        };
-        r.chunk = Some(chunk);
-        r.buf = Some(view);
-        if DataDirection::of(&r.sqe) == DataDirection::HostToController {
-            r.state = ReqState::AwaitRead;
-            self.read_waiting.push_back(slot);
-            self.issue_reads();
-            Ok(())
-        } else {
-            r.state = ReqState::Executing;
-            self.execute(slot, ctx)
-        }
-    }
-
-    /// Requests waiting for arena memory retry (some was freed).
-    fn retry_buffers(&mut self, ctx: &mut IoCtx) {
-        while let Some(&slot) = self.buf_waiting.front() {
-            let len = match self.slots.get(slot as usize).and_then(|s| s.as_ref()) {
-                Some(r) => match (r.plan, r.desc) {
-                    (Some(IoPlan::Read { len, .. }), _) => len,
-                    (_, d) => d.len() as usize,
-                },
-                None => {
-                    self.buf_waiting.pop_front();
-                    continue;
-                }
-            };
-            let free = self
-                .arena
-                .lock()
-                .ok()
-                .and_then(|mut a| a.alloc(len).inspect(|(c, _)| a.free(*c)))
-                .is_some();
-            if !free {
-                return;
-            }
-            self.buf_waiting.pop_front();
-            if let Err(st) = self.with_buffer(slot, len, ctx) {
-                self.finish(slot, st, 0, ctx);
-            }
-        }
-    }
-
-    /// Posts RDMA READs for waiting requests while under the negotiated limit.
-    fn issue_reads(&mut self) {
-        while self.reads_active < self.max_reads && self.state != State::Closed {
-            let Some(slot) = self.read_waiting.pop_front() else {
-                return;
-            };
-            let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.as_mut()) else {
-                continue;
-            };
-            let DataDescriptor::Keyed { addr, key, len, .. } = r.desc else {
-                continue;
-            };
-            let Some(b) = r.buf.as_mut() else {
-                continue;
-            };
-            let mut sge = verbs::ibv_sge {
-                addr: b.as_mut_ptr() as u64,
-                length: len,
-                lkey: self.arena_lkey,
-            };
-            let mut w = verbs::ibv_send_wr {
-                wr_id: wr::id(wr::READ, self.gen, slot),
-                sg_list: &mut sge,
-                num_sge: 1,
-                opcode: verbs::IBV_WR_RDMA_READ,
-                send_flags: verbs::IBV_SEND_SIGNALED,
-                remote_addr: addr,
-                rkey: key,
-                ..Default::default()
-            };
-            r.state = ReqState::Reading;
-            // SAFETY: qp is live; the local buffer is in the registered arena
-            // and owned by this request until its completion.
-            let (e, posted) = unsafe { verbs::post_send(self.qp, &mut w) };
-            self.count_sends(posted);
-            if e != 0 {
-                tracing::warn!(peer = %self.peer, "RDMA READ post failed: errno {e}");
-                self.close("cannot post an RDMA READ");
-                return;
-            }
-            self.reads_active += 1;
-        }
-    }
-
-    fn execute(&mut self, slot: u16, ctx: &mut IoCtx) -> Result<(), Status> {
-        let sqe = self.slots[slot as usize]
-            .as_ref()
-            .ok_or(Status::INTERNAL_ERROR)?
-            .sqe;
-        if sqe.opcode() == admin_opc::FABRICS {
-            return self.execute_fabrics(slot, &sqe, ctx);
-        }
-        let binding = self.binding.clone().ok_or(Status::COMMAND_SEQUENCE_ERROR)?;
-        let ctrl = binding.ctrl().clone();
-        if binding.qid() != 0 {
-            return self.execute_io(slot, ctx);
-        }
-        if !ctrl.is_ready() && sqe.opcode() != admin_opc::KEEP_ALIVE {
-            return Err(Status::COMMAND_SEQUENCE_ERROR);
-        }
-        match admin::execute(&self.target, &ctrl, &sqe, self.aers.len()) {
-            AdminOutcome::AsyncEventHeld => {
-                self.free_slot(slot, ctx);
-                self.aers.push(sqe.cid());
-                Ok(())
-            }
-            AdminOutcome::Done {
-                status,
-                result,
-                data,
-            } => {
-                if let (Some(mut d), Some(r)) = (data, self.slots[slot as usize].as_mut()) {
-                    d.truncate(r.desc.len() as usize);
-                    r.reply = Some(d);
-                }
-                self.finish(slot, status, result as u64, ctx);
-                Ok(())
-            }
-        }
-    }
-
-    fn execute_fabrics(&mut self, slot: u16, sqe: &Sqe, ctx: &mut IoCtx) -> Result<(), Status> {
-        match sqe.fctype() {
-            fctype::CONNECT => {
-                if self.binding.is_some() {
-                    return Err(Status::COMMAND_SEQUENCE_ERROR);
-                }
-                let cmd = ConnectCommand::parse(sqe);
-                let data = self.slots[slot as usize]
-                    .as_ref()
-                    .and_then(|r| r.buf.as_ref())
-                    .and_then(|b| ConnectData::parse(&b[..b.len().min(CONNECT_DATA_LEN)]));
-                let Some(data) = data else {
-                    return Err(Status::DATA_SGL_LENGTH_INVALID);
-                };
-                if cmd.qid != self.cm_qid {
-                    tracing::warn!(peer = %self.peer, cm_qid = self.cm_qid, qid = cmd.qid, "Connect QID differs from the RDMA CM request");
-                    self.finish(
-                        slot,
-                        Status::CONNECT_INVALID_PARAMETERS,
-                        (1 << 16) as u64,
-                        ctx,
-                    );
-                    return Ok(());
-                }
-                if cmd.sqsize as usize >= self.depth {
-                    self.finish(
-                        slot,
-                        Status::CONNECT_INVALID_PARAMETERS,
-                        (44 << 16) as u64,
-                        ctx,
-                    );
-                    return Ok(());
-                }
-                if self.discovery_only && data.subnqn != crate::wire::nvme::DISCOVERY_NQN {
-                    self.finish(
-                        slot,
-                        Status::CONNECT_INVALID_PARAMETERS,
-                        (256 | 1 << 16) as u64,
-                        ctx,
-                    );
-                    return Ok(());
-                }
-                match fabrics::accept_connect(
-                    &self.target,
-                    &cmd,
-                    &data,
-                    &self.peer,
-                    Some(self.local),
-                    "rdma",
-                ) {
-                    Ok(c) => {
-                        let ctrl = c.binding.ctrl().clone();
-                        if c.binding.qid() == 0 {
-                            // Hosts on this controller describe data with keyed SGLs.
-                            ctrl.keyed_sgl.store(true, Ordering::Release);
-                        }
-                        self.sqsize = cmd.sqsize;
-                        self.sq_head = 0;
-                        self.sqflow_disabled = cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0;
-                        self.stats = Some(c.stats);
-                        self.ns_gen = c.ns_gen;
-                        self.namespaces = c.namespaces;
-                        self.binding = Some(c.binding);
-                        self.finish(slot, Status::SUCCESS, ctrl.cntlid as u64, ctx);
-                    }
-                    Err(refusal) => {
-                        self.finish(slot, refusal.status, refusal.result as u64, ctx);
-                    }
-                }
-                Ok(())
-            }
-            fctype::PROPERTY_GET | fctype::PROPERTY_SET => {
-                let v = fabrics::property(&self.target, self.binding.as_ref(), sqe)?;
-                self.finish(slot, Status::SUCCESS, v, ctx);
-                Ok(())
-            }
-            fctype::DISCONNECT => {
-                if self.qid() == 0 {
-                    return Err(Status::INVALID_FIELD);
-                }
-                // Answered first; the SEND's completion closes the QP.
-                tracing::info!(peer = %self.peer, qid = self.qid(), "Fabrics Disconnect: the queue pair closes after the response");
-                self.disconnect_after = Some(slot);
-                self.finish(slot, Status::SUCCESS, 0, ctx);
-                Ok(())
-            }
-            _ => Err(Status::INVALID_OPCODE),
-        }
-    }
-
-    fn execute_io(&mut self, slot: u16, ctx: &mut IoCtx) -> Result<(), Status> {
-        let tag = ctx.tag(slot);
-        let r = self.slots[slot as usize]
-            .as_mut()
-            .ok_or(Status::INTERNAL_ERROR)?;
-        let plan = r.plan.ok_or(Status::INTERNAL_ERROR)?;
-        if matches!(plan, IoPlan::Read { .. }) && r.buf.is_none() {
-            // Read data must land in registered memory for the RDMA WRITE;
-            // `with_buffer` placed it, so this is never a host's doing.
-            return Err(Status::INTERNAL_ERROR);
-        }
-        let mut ops = std::mem::take(&mut self.ops_scratch);
-        ops.clear();
-        let planned = command::device_ops(
-            plan,
-            r.ns.as_ref(),
-            &self.namespaces,
-            &mut r.buf,
-            ctx.bufs,
-            &mut ops,
-        );
-        // Buffers of operations not submitted are arena views: dropping them
-        // is enough, the slot's chunk is freed with the slot.
-        let sent = match planned {
-            Ok(()) if ops.is_empty() => None,
-            Ok(()) => Some(command::submit(
-                &mut ops,
-                tag,
-                ctx.channels,
-                ctx.bufs,
-                &mut self.device_errors,
-            )),
-            Err(e) => {
-                ops.clear();
-                self.ops_scratch = ops;
-                return Err(e);
-            }
-        };
-        self.ops_scratch = ops;
-        let Some(sent) = sent else {
-            self.finish(slot, Status::SUCCESS, 0, ctx);
-            return Ok(());
-        };
-        self.dev_ops += sent.ops as usize;
-        if let Some(r) = self.slots[slot as usize].as_mut() {
-            r.pending_ops = sent.ops;
-            r.state = ReqState::Executing;
-            if let Some(f) = sent.failure {
-                r.status = f;
-            }
-        }
-        if sent.ops == 0 {
-            return Err(sent.failure.unwrap_or(Status::INTERNAL_ERROR));
-        }
-        Ok(())
-    }
-
-    fn count(&self, r: &Request, status: Status) {
-        command::account(
-            self.binding.as_ref(),
-            self.stats.as_deref(),
-            self.qid(),
-            &r.sqe,
-            r.plan,
-            status,
-            r.arrived.elapsed().as_nanos() as u64,
-        );
-    }
-
-    /// Completes a command: RDMA WRITE of its data (reads and admin replies, on
-    /// success), then the response capsule by SEND. The slot is released when
-    /// the SEND completes.
-    fn finish(&mut self, slot: u16, status: Status, result: u64, ctx: &mut IoCtx) {
-        let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.as_mut()) else {
-            return;
-        };
-        let status = if r.status.is_success() {
-            status
-        } else {
-            r.status
-        };
-        let cid = r.sqe.cid();
-        if matches!(r.state, ReqState::AwaitRead | ReqState::AwaitBuffer) {
-            self.read_waiting.retain(|&s| s != slot);
-            self.buf_waiting.retain(|&s| s != slot);
-        }
-        let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.take()) else {
-            return;
-        };
-        self.count(&r, status);
-        let mut r = r;
-        self.cid_remove(cid);
         if self.state == State::Closed {
-            self.slots[slot as usize] = Some(r);
-            return self.free_slot(slot, ctx);
+            return Release::Now;
         }
         // Controller-to-host data: admin replies go to arena memory first.
+        let mut cqe = rsp.cqe;
         let mut write: Option<(u64, u32)> = None;
-        let mut status = status;
-        if status.is_success() {
-            if let Some(reply) = r.reply.take().filter(|d| !d.is_empty()) {
-                if let Some(b) = r.buf.take() {
-                    if b.is_owned() {
-                        ctx.bufs.put(b);
-                    }
-                }
-                if let Some(c) = r.chunk.take() {
-                    if let Ok(mut a) = self.arena.lock() {
-                        a.free(c);
-                    }
+        match rsp.c2h {
+            C2h::Reply => {
+                let reply = r.reply.take().unwrap_or_default();
+                r.buf = None;
+                if let Some(c) = r.x.chunk.take() {
+                    self.free_chunk(c);
                 }
                 match self
                     .arena
@@ -2131,16 +1750,20 @@ impl RdmaQueuePair {
                     Some((c, mut v)) => {
                         v.copy_from_slice(&reply);
                         write = Some((v.as_ptr() as u64, reply.len() as u32));
-                        r.chunk = Some(c);
+                        r.x.chunk = Some(c);
                         r.buf = Some(v);
                     }
-                    None => status = Status::INTERNAL_ERROR,
+                    None => cqe.status = Status::INTERNAL_ERROR.to_field(),
                 }
-            } else if let (Some(IoPlan::Read { len, .. }), Some(b)) = (r.plan, r.buf.as_ref()) {
-                write = Some((b.as_ptr() as u64, len as u32));
             }
+            C2h::Data(len) => {
+                if let Some(b) = r.buf.as_ref() {
+                    write = Some((b.as_ptr() as u64, len as u32));
+                }
+            }
+            C2h::None => {}
         }
-        let (key_inv, remote) = match r.desc {
+        let (key_inv, remote) = match r.x.desc {
             DataDescriptor::Keyed {
                 addr,
                 key,
@@ -2149,11 +1772,11 @@ impl RdmaQueuePair {
             } => (invalidate.then_some(key), Some((addr, key, len))),
             _ => (None, None),
         };
-        let cqe = self.cqe(cid, status, result);
-        let (off, rsp_addr) = self.rsp_addr(slot as usize);
-        cqe.encode(&mut self.mem[off..off + CQE_LEN]);
-        r.state = ReqState::Responding;
-        self.slots[slot as usize] = Some(r);
+        let rsp_addr = self.write_response(slot as usize, &cqe);
+        r.x.state = XState::Responding;
+        if rsp.close_after {
+            self.disconnect_after = Some(slot);
+        }
         let mut rsp_sge = verbs::ibv_sge {
             addr: rsp_addr,
             length: CQE_LEN as u32,
@@ -2173,8 +1796,9 @@ impl RdmaQueuePair {
         }
         let mut data_sge = verbs::ibv_sge::default();
         let mut wwr = verbs::ibv_send_wr::default();
+        let ok = cqe.status == Status::SUCCESS.to_field();
         let first: *mut verbs::ibv_send_wr = match (write, remote) {
-            (Some((local, len)), Some((raddr, rkey, rlen))) if status.is_success() => {
+            (Some((local, len)), Some((raddr, rkey, rlen))) if ok => {
                 data_sge = verbs::ibv_sge {
                     addr: local,
                     length: len.min(rlen),
@@ -2201,36 +1825,65 @@ impl RdmaQueuePair {
         // chain lives on this stack frame for the call.
         let (e, posted) = unsafe { verbs::post_send(self.qp, first) };
         self.count_sends(posted);
-        if e != 0 {
-            tracing::warn!(peer = %self.peer, "ibv_post_send: errno {e}");
-            self.close("cannot post a send");
-            let chained = !std::ptr::eq(first, &send);
-            match (
-                slot_after_failed_post(chained, posted),
-                self.slots.get_mut(slot as usize).and_then(|s| s.as_mut()),
-            ) {
-                (SlotAfterFailedPost::AwaitWrite, Some(r)) => r.state = ReqState::WriteOrphaned,
-                _ => self.free_slot(slot, ctx),
+        if e == 0 {
+            return Release::Later;
+        }
+        tracing::warn!(peer = %self.peer, "ibv_post_send: errno {e}");
+        self.close("cannot post a send");
+        let chained = !std::ptr::eq(first, &send);
+        match slot_after_failed_post(chained, posted) {
+            SlotAfterFailedPost::AwaitWrite => {
+                r.x.state = XState::WriteOrphaned;
+                Release::Later
             }
+            SlotAfterFailedPost::Free => Release::Now,
         }
     }
 
-    fn count_sends(&mut self, posted: u32) {
-        self.wrs_outstanding += posted;
-        self.group
-            .send_wrs
-            .fetch_add(posted as u64, Ordering::Relaxed);
+    /// A response with no slot (CID conflict, an AER firing), from the extra
+    /// response buffers.
+    fn respond_unslotted(&mut self, cqe: &Cqe) {
+        if self.state == State::Closed {
+            return;
+        }
+        let Some(i) = self.extra_free.pop() else {
+            tracing::warn!(peer = %self.peer, cid = cqe.cid, "no response buffer free; closing");
+            return self.close("response buffers exhausted");
+        };
+        let addr = self.write_response(i as usize, cqe);
+        let mut sge = verbs::ibv_sge {
+            addr,
+            length: CQE_LEN as u32,
+            lkey: self.mem_lkey,
+        };
+        let mut s = verbs::ibv_send_wr {
+            wr_id: wr::id(wr::SEND_EXTRA, self.gen, i),
+            sg_list: &mut sge,
+            num_sge: 1,
+            opcode: verbs::IBV_WR_SEND,
+            send_flags: verbs::IBV_SEND_SIGNALED,
+            ..Default::default()
+        };
+        // SAFETY: qp is live; sge points into registered `mem`.
+        let (e, posted) = unsafe { verbs::post_send(self.qp, &mut s) };
+        self.count_sends(posted);
+        if e != 0 {
+            self.extra_free.push(i);
+            tracing::warn!(peer = %self.peer, "ibv_post_send: errno {e}");
+            self.close("cannot post a send");
+        }
     }
 
-    fn fail_waiting(&mut self, ctx: &mut IoCtx) {
-        // Requests parked for memory or READ slots on a closed QP release now.
-        let parked: Vec<u16> = self
-            .buf_waiting
-            .drain(..)
-            .chain(self.read_waiting.drain(..))
-            .collect();
-        for s in parked {
-            self.free_slot(s, ctx);
+    fn discard(&mut self, slot: u16, r: &mut Request<RdmaReq>, _ctx: &mut IoCtx) {
+        // Arena views need no giving back; their chunk does.
+        r.buf = None;
+        if let Some(c) = r.x.chunk.take() {
+            self.free_chunk(c);
+        }
+        match r.x.state {
+            XState::AwaitRead => self.read_waiting.retain(|&s| s != slot),
+            XState::AwaitBuffer => self.buf_waiting.retain(|&s| s != slot),
+            _ => {}
         }
     }
 }
@@ -2240,33 +1893,35 @@ impl QueuePair for RdmaQueuePair {
         // The CM event channel (established, disconnected); completions come
         // through the reactor's shared poller.
         // SAFETY: chan is live until Drop (a QP is handed over only built).
-        unsafe { (*self.chan).fd }
+        unsafe { (*self.l.chan).fd }
     }
 
     fn on_readable(&mut self, ctx: &mut IoCtx) {
-        self.drain_cm_events();
-        if self.state == State::Closed {
+        self.l.drain_cm_events();
+        self.sync_closed();
+        if self.l.state == State::Closed {
             self.fail_waiting(ctx);
         }
     }
 
     fn route(&self) -> Option<(u64, u64)> {
-        Some((self.group.id, self.qp_num as u64))
+        Some((self.l.group.id, self.l.qp_num as u64))
     }
 
     fn on_polled(&mut self, event: &dyn Any, ctx: &mut IoCtx) {
         let Some(wc) = event.downcast_ref::<verbs::ibv_wc>() else {
             return;
         };
-        if wr::gen(wc.wr_id) != self.gen {
+        if wr::gen(wc.wr_id) != self.l.gen {
             // An earlier QP's completion under a recycled qp_num: not ours.
-            tracing::debug!(peer = %self.peer, qp_num = wc.qp_num, wr_id = wc.wr_id, "completion of an earlier queue pair dropped");
-            self.group.dropped.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(peer = %self.l.peer, qp_num = wc.qp_num, wr_id = wc.wr_id, "completion of an earlier queue pair dropped");
+            self.l.group.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        self.wrs_outstanding = self.wrs_outstanding.saturating_sub(1);
+        self.l.wrs_outstanding = self.l.wrs_outstanding.saturating_sub(1);
         self.on_completion(wc, ctx);
-        if self.state == State::Closed {
+        self.sync_closed();
+        if self.l.state == State::Closed {
             self.fail_waiting(ctx);
         }
     }
@@ -2278,34 +1933,8 @@ impl QueuePair for RdmaQueuePair {
         buf: Option<IoBuf>,
         ctx: &mut IoCtx,
     ) {
-        self.dev_ops = self.dev_ops.saturating_sub(1);
-        let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.as_mut()) else {
-            if let Some(b) = buf.filter(|b| b.is_owned()) {
-                ctx.bufs.put(b);
-            }
-            return;
-        };
-        if let Err(errno) = result {
-            command::log_device_error(&mut self.device_errors, r.sqe.cid(), r.sqe.opcode(), errno);
-            r.status = tio::status_for_errno(errno, r.plan);
-        }
-        // Buffers come back to the request: reads send from them, and arena
-        // views are released with the slot.
-        if let Some(b) = buf {
-            if r.buf.is_none() {
-                r.buf = Some(b);
-            } else if b.is_owned() {
-                ctx.bufs.put(b);
-            }
-        }
-        r.pending_ops = r.pending_ops.saturating_sub(1);
-        if r.pending_ops == 0 {
-            if self.state == State::Closed {
-                self.free_slot(slot, ctx);
-            } else {
-                self.finish(slot, Status::SUCCESS, 0, ctx);
-            }
-        }
+        self.q.io_complete(slot, result, buf, &mut self.l, ctx);
+        self.sync_closed();
     }
 
     fn flush(&mut self, _bufs: &mut crate::mem::BufPool) -> bool {
@@ -2314,94 +1943,82 @@ impl QueuePair for RdmaQueuePair {
     }
 
     fn housekeeping(&mut self, ctx: &mut IoCtx) {
-        if self.state == State::Connecting && self.since.elapsed() > ESTABLISH_TIMEOUT {
+        if self.l.state == State::Connecting && self.l.since.elapsed() > ESTABLISH_TIMEOUT {
             self.close("not established in time");
         }
-        self.refresh_namespaces();
-        if let Some(b) = self.binding.clone() {
-            let ctrl = b.ctrl();
-            if b.qid() == 0 && !ctrl.is_failed() && ctrl.keep_alive_expired() {
-                tracing::warn!(cntlid = ctrl.cntlid, host = %ctrl.hostnqn, peer = %self.peer, "keep-alive timeout: tearing the controller down");
-                ctrl.fail();
-            }
-            if ctrl.is_failed() {
-                self.close("controller failed");
-            } else if b.qid() == 0 && !self.aers.is_empty() {
-                if let Some(dw0) = ctrl.take_event() {
-                    let cid = self.aers.remove(0);
-                    self.cid_remove(cid);
-                    self.respond_extra(cid, Status::SUCCESS, dw0 as u64);
-                }
-            }
+        if let Some(why) = self.q.housekeeping(&mut self.l) {
+            self.close(why);
         }
-        if self.state != State::Closed {
+        if self.l.state != State::Closed {
             self.retry_buffers(ctx);
         } else {
             self.fail_waiting(ctx);
-            if let Some(t) = self.closed_at {
-                if self.wrs_outstanding > 0
-                    && !self.flush_given_up
+            let l = &mut self.l;
+            if let Some(t) = l.closed_at {
+                if l.wrs_outstanding > 0
+                    && !l.flush_given_up
                     && ctx.now.saturating_duration_since(t) > FLUSH_TIMEOUT
                 {
-                    tracing::warn!(peer = %self.peer, qid = self.qid(), outstanding = self.wrs_outstanding, "RDMA work requests not flushed in time; destroying the queue pair anyway");
-                    self.flush_given_up = true;
+                    tracing::warn!(peer = %l.peer, outstanding = l.wrs_outstanding, "RDMA work requests not flushed in time; destroying the queue pair anyway");
+                    l.flush_given_up = true;
                 }
             }
         }
-        if self.shutting_down && self.dev_ops == 0 {
+        if self.l.shutting_down && self.q.dev_ops() == 0 {
             self.close("target shutting down");
         }
+        self.sync_closed();
     }
 
     fn begin_shutdown(&mut self) {
-        self.shutting_down = true;
-        if self.dev_ops == 0 {
+        self.l.shutting_down = true;
+        if self.q.dev_ops() == 0 {
             self.close("target shutting down");
         }
     }
 
     fn finished(&self) -> bool {
-        self.state == State::Closed
-            && self.dev_ops == 0
-            && (self.wrs_outstanding == 0 || self.flush_given_up)
+        self.l.state == State::Closed
+            && self.q.dev_ops() == 0
+            && (self.l.wrs_outstanding == 0 || self.l.flush_given_up)
     }
 
     fn describe(&self) -> String {
-        format!("nvme/rdma {} qid {}", self.peer, self.qid())
+        format!("nvme/rdma {} qid {}", self.l.peer, self.q.qid())
     }
 }
 
 impl Drop for RdmaQueuePair {
     fn drop(&mut self) {
-        if let Some(b) = self.binding.take() {
-            fabrics::disconnect(&b);
-        }
-        let v = self.v;
-        if self.building {
-            reject(v, self.id, cm_status::NO_RESOURCES);
+        self.q.unbind();
+        let l = &mut self.l;
+        let v = l.v;
+        if l.building {
+            reject(v, l.id, cm_status::NO_RESOURCES);
         }
         // SAFETY: each object was created in `create` (NULL when not reached)
         // and is destroyed once, QP first so no DMA touches memory freed after.
         // The shared CQ stays (the poll group's).
         unsafe {
-            if !self.qp.is_null() {
-                (v.rdma_destroy_qp)(self.id);
+            if !l.qp.is_null() {
+                (v.rdma_destroy_qp)(l.id);
             }
-            if !self.mem_mr.is_null() {
-                (v.ibv_dereg_mr)(self.mem_mr);
+            if !l.mem_mr.is_null() {
+                (v.ibv_dereg_mr)(l.mem_mr);
             }
-            (v.rdma_destroy_id)(self.id);
-            if !self.chan.is_null() {
-                (v.rdma_destroy_event_channel)(self.chan);
+            (v.rdma_destroy_id)(l.id);
+            if !l.chan.is_null() {
+                (v.rdma_destroy_event_channel)(l.chan);
             }
         }
         // No completion of this QP can come any more (flushed, or dropped by
         // route when late): its CQ entries go back to the group.
-        self.group.release(self.cq_reserved);
+        l.group.release(l.cq_reserved);
         // No DMA can reach the arena now: give back what requests held.
-        if let Ok(mut a) = self.arena.lock() {
-            for r in self.slots.iter_mut().flatten() {
-                if let Some(c) = r.chunk.take() {
+        if let Ok(mut a) = l.arena.lock() {
+            for r in self.q.requests_mut() {
+                r.buf = None;
+                if let Some(c) = r.x.chunk.take() {
                     a.free(c);
                 }
             }

@@ -1,0 +1,941 @@
+//! One submission queue of a controller, as every transport runs it.
+//!
+//! A `Queue` owns what NVMe says a queue has: command identifiers, request slots
+//! and their state, the SQ head, the binding to its controller, the namespaces it
+//! sees, dispatch (Connect, Property Get/Set, Disconnect, admin and I/O commands)
+//! and accounting. A transport keeps only what differs between transports: it
+//! turns its capsule into an `Sqe` and a `DataDesc`, moves data in and out, and
+//! sends responses. It calls the core once per command (`receive`) and, when the
+//! data it was asked for is in place, once more (`data_ready`); the core answers
+//! every command through one callback, `Link::respond`.
+//!
+//! `X` is the transport's own per-request state (R2T windows, RDMA keys and
+//! registered chunks), kept in the slot next to the core's.
+
+use super::admin::{self, AdminOutcome};
+use super::command::{self, DeviceOps};
+use super::fabrics::{self, QueueBinding};
+use super::io::{self as tio, IoPlan};
+use super::{Namespace, QpairStats, Target, ADMIN_IN_CAPSULE_DATA};
+use crate::mem::IoBuf;
+use crate::reactor::IoCtx;
+use crate::wire::nvme::{
+    admin_opc, fctype, ConnectCommand, ConnectData, Cqe, DataDirection, Sqe, Status,
+    CATTR_DISABLE_SQ_FLOW, CONNECT_DATA_LEN, DISCOVERY_NQN,
+};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Status for a command whose data arrived corrupt (a failed data digest): the
+/// host retries it (Transient Transport Error).
+pub const TRANSIENT_TRANSPORT_ERROR: Status = Status::generic(0x22);
+
+/// The fabric a queue runs over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportKind {
+    Tcp,
+    Rdma,
+}
+
+impl TransportKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Tcp => "tcp",
+            TransportKind::Rdma => "rdma",
+        }
+    }
+}
+
+/// What a transport tells the core about the connection a queue runs on.
+#[derive(Debug, Clone)]
+pub struct QueueConfig {
+    pub kind: TransportKind,
+    pub peer: String,
+    pub local: Option<SocketAddr>,
+    /// A discovery-only listener (port 8009): Connect to an NVM subsystem is refused.
+    pub discovery_only: bool,
+    /// The QID the transport's own connection setup named (RDMA CM private
+    /// data): Connect must name the same one.
+    pub expected_qid: Option<u16>,
+    /// Queue entries the transport has room for (RDMA receive and response
+    /// buffers); a Connect asking for more is refused, and slot indices stay below.
+    pub max_entries: Option<usize>,
+    /// In-capsule data arrives exactly as long as its capsule (NVMe/TCP PDUs);
+    /// otherwise the receive may be longer than the data (NVMe/RDMA buffers).
+    pub exact_capsule: bool,
+    /// Reads need a buffer the transport places (NVMe/RDMA: registered memory),
+    /// so they too go through `Received::NeedData` before they run.
+    pub places_read_buffers: bool,
+}
+
+/// A command's data descriptor in transport-neutral terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataDesc {
+    None,
+    /// Data in the capsule, at `offset` (which must be 0).
+    InCapsule {
+        offset: u64,
+        len: u32,
+    },
+    /// Data that stays with the host until the transport moves it (NVMe/TCP
+    /// R2T and C2HData, NVMe/RDMA READ and WRITE).
+    Host {
+        len: u32,
+    },
+}
+
+impl DataDesc {
+    pub fn len(&self) -> u32 {
+        match *self {
+            DataDesc::None => 0,
+            DataDesc::InCapsule { len, .. } | DataDesc::Host { len } => len,
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Where a request is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// The transport is moving its data (or waiting for memory to move it into).
+    Moving,
+    /// Running: admin work, or device operations outstanding.
+    Executing,
+    /// Answered; the transport still holds its resources until `Queue::release`.
+    Responding,
+}
+
+/// One command in a slot.
+pub struct Request<X> {
+    pub sqe: Sqe,
+    pub phase: Phase,
+    /// Host data for writes and DSM, device data for reads.
+    pub buf: Option<IoBuf>,
+    /// Controller-to-host data an admin command produced.
+    pub reply: Option<Vec<u8>>,
+    pub plan: Option<IoPlan>,
+    pending_ops: u32,
+    /// A failure met on the way (device error, refused submission); the
+    /// command completes with it.
+    status: Status,
+    /// The data arrived corrupt; the command fails once it is all here.
+    data_error: bool,
+    arrived: Instant,
+    /// The transport's state for this request.
+    pub x: X,
+}
+
+/// The data a response carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum C2h {
+    None,
+    /// The first `n` bytes of the request's `buf` (read data).
+    Data(usize),
+    /// The request's `reply` (admin data).
+    Reply,
+}
+
+/// A command's answer, for the transport to send.
+#[derive(Debug, Clone, Copy)]
+pub struct Response {
+    pub cqe: Cqe,
+    pub status: Status,
+    pub c2h: C2h,
+    /// Fabrics Disconnect: the queue closes once this response is out.
+    pub close_after: bool,
+}
+
+/// Whether a responded slot can be reused at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    Now,
+    /// The transport still uses the slot's resources (an RDMA SEND in flight):
+    /// it calls `Queue::release` when done.
+    Later,
+}
+
+/// What the core needs from a transport.
+pub trait Link<X> {
+    /// Sends `rsp` for the command in `slot`, with its data when `rsp.c2h` says.
+    fn respond(
+        &mut self,
+        slot: u16,
+        req: &mut Request<X>,
+        rsp: &Response,
+        ctx: &mut IoCtx,
+    ) -> Release;
+    /// Sends a response for a command that has no slot (CID conflict, an AER).
+    fn respond_unslotted(&mut self, cqe: &Cqe);
+    /// A slot is being freed: release the transport's part of it. The core
+    /// returns owned buffers to the pool itself.
+    fn discard(&mut self, slot: u16, req: &mut Request<X>, ctx: &mut IoCtx);
+}
+
+/// What the transport does next with a command it passed to `receive`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Received {
+    /// Nothing: the core runs or has answered it.
+    Done,
+    /// Move `len` bytes: host data into the request's buffer (`HostToController`),
+    /// or place a buffer the read data can leave from (`ControllerToHost`).
+    /// Then `data_ready`.
+    NeedData {
+        slot: u16,
+        len: usize,
+        dir: DataDirection,
+    },
+    /// More commands outstanding than the queue has entries: a protocol error
+    /// the transport answers by ending the connection.
+    Overrun,
+}
+
+/// The namespaces a queue sees, indexed by NSID (no search per command),
+/// refreshed when the subsystem's namespace generation moves.
+#[derive(Default)]
+pub struct NsTable {
+    by_nsid: Vec<Option<Arc<Namespace>>>,
+    all: Vec<Arc<Namespace>>,
+    gen: u64,
+}
+
+impl NsTable {
+    pub fn new(gen: u64, all: Vec<Arc<Namespace>>) -> NsTable {
+        let mut t = NsTable::default();
+        t.load(gen, all);
+        t
+    }
+    fn load(&mut self, gen: u64, all: Vec<Arc<Namespace>>) {
+        self.gen = gen;
+        self.by_nsid.clear();
+        let top = all.iter().map(|n| n.nsid as usize).max().unwrap_or(0);
+        self.by_nsid.resize(top + 1, None);
+        for n in &all {
+            if let Some(e) = self.by_nsid.get_mut(n.nsid as usize) {
+                *e = Some(n.clone());
+            }
+        }
+        self.all = all;
+    }
+    pub fn get(&self, nsid: u32) -> Option<&Arc<Namespace>> {
+        self.by_nsid.get(nsid as usize).and_then(|n| n.as_ref())
+    }
+    pub fn all(&self) -> &[Arc<Namespace>] {
+        &self.all
+    }
+}
+
+/// Which command IDs are outstanding, to refuse duplicates.
+struct CidSet(Vec<u64>);
+
+impl CidSet {
+    fn new() -> CidSet {
+        CidSet(vec![0; 1024])
+    }
+    fn insert(&mut self, cid: u16) -> bool {
+        let (w, b) = (cid as usize / 64, cid % 64);
+        let fresh = self.0[w] & (1 << b) == 0;
+        self.0[w] |= 1 << b;
+        fresh
+    }
+    fn remove(&mut self, cid: u16) {
+        self.0[cid as usize / 64] &= !(1 << (cid % 64));
+    }
+}
+
+/// The SQ size a queue assumes before Connect sets it.
+const DEFAULT_SQSIZE: u16 = 31;
+
+pub struct Queue<X> {
+    target: Arc<Target>,
+    cfg: QueueConfig,
+    binding: Option<QueueBinding>,
+    ns: NsTable,
+    stats: Option<Arc<QpairStats>>,
+    sq_head: u16,
+    sqsize: u16,
+    sqflow_disabled: bool,
+    slots: Vec<Option<Request<X>>>,
+    free_slots: Vec<u16>,
+    cids: CidSet,
+    /// Held Asynchronous Event Requests, by CID, oldest first.
+    aers: Vec<u16>,
+    dev_ops: usize,
+    /// Failed device operations so far (for rate-limited logging).
+    device_errors: u64,
+    /// Reused for every command's device operations (no allocation per I/O).
+    ops_scratch: DeviceOps,
+}
+
+impl<X: Default> Queue<X> {
+    pub fn new(target: Arc<Target>, cfg: QueueConfig) -> Queue<X> {
+        Queue {
+            target,
+            cfg,
+            binding: None,
+            ns: NsTable::default(),
+            stats: None,
+            sq_head: 0,
+            sqsize: DEFAULT_SQSIZE,
+            sqflow_disabled: false,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            cids: CidSet::new(),
+            aers: Vec::new(),
+            dev_ops: 0,
+            device_errors: 0,
+            ops_scratch: Vec::with_capacity(4),
+        }
+    }
+
+    pub fn qid(&self) -> u16 {
+        match &self.binding {
+            Some(b) => b.qid(),
+            None => self.cfg.expected_qid.unwrap_or(0),
+        }
+    }
+
+    /// Admin queue, or not yet connected (only Connect is accepted then).
+    pub fn is_admin(&self) -> bool {
+        matches!(self.binding, Some(QueueBinding::Admin(_)) | None)
+    }
+
+    pub fn binding(&self) -> Option<&QueueBinding> {
+        self.binding.as_ref()
+    }
+
+    pub fn peer(&self) -> &str {
+        &self.cfg.peer
+    }
+
+    pub fn limits(&self) -> &super::TransportLimits {
+        &self.target.limits
+    }
+
+    /// Device operations outstanding.
+    pub fn dev_ops(&self) -> usize {
+        self.dev_ops
+    }
+
+    pub fn request(&self, slot: u16) -> Option<&Request<X>> {
+        self.slots.get(slot as usize).and_then(|s| s.as_ref())
+    }
+
+    pub fn request_mut(&mut self, slot: u16) -> Option<&mut Request<X>> {
+        self.slots.get_mut(slot as usize).and_then(|s| s.as_mut())
+    }
+
+    /// Every request in a slot (for a transport tearing down).
+    pub fn requests_mut(&mut self) -> impl Iterator<Item = &mut Request<X>> {
+        self.slots.iter_mut().flatten()
+    }
+
+    pub fn cqe(&self, cid: u16, status: Status, result: u64) -> Cqe {
+        Cqe {
+            result,
+            sq_head: if self.sqflow_disabled {
+                0xFFFF
+            } else {
+                self.sq_head
+            },
+            sq_id: self.qid(),
+            cid,
+            status: status.to_field(),
+        }
+    }
+
+    fn slot_limit(&self) -> usize {
+        let entries = self.sqsize as usize + 1;
+        self.cfg.max_entries.map_or(entries, |m| entries.min(m))
+    }
+
+    fn alloc_slot(&mut self, req: Request<X>) -> Option<u16> {
+        match self.free_slots.pop() {
+            Some(i) => {
+                self.slots[i as usize] = Some(req);
+                Some(i)
+            }
+            None if self.slots.len() < self.slot_limit() => {
+                self.slots.push(Some(req));
+                Some((self.slots.len() - 1) as u16)
+            }
+            None => None,
+        }
+    }
+
+    fn advance_sq_head(&mut self) {
+        self.sq_head = if self.sq_head >= self.sqsize {
+            0
+        } else {
+            self.sq_head + 1
+        };
+    }
+
+    /// Picks up namespaces added or removed at run time (one atomic load when
+    /// nothing changed).
+    fn refresh_namespaces(&mut self) {
+        if let Some(b) = self.binding.as_ref() {
+            let subsys = &b.ctrl().subsys;
+            let gen = subsys.ns_gen.load(Ordering::Acquire);
+            if gen != self.ns.gen {
+                self.ns.load(gen, subsys.namespace_snapshot());
+            }
+        }
+    }
+
+    /// A command capsule arrived: its SQE, its data descriptor (or the status
+    /// the transport's decoding of it failed with), the in-capsule data, and
+    /// whether that data failed its digest.
+    pub fn receive<L: Link<X>>(
+        &mut self,
+        sqe: Sqe,
+        desc: Result<DataDesc, Status>,
+        icd: &[u8],
+        icd_corrupt: bool,
+        link: &mut L,
+        ctx: &mut IoCtx,
+    ) -> Received {
+        let cid = sqe.cid();
+        self.advance_sq_head();
+        if !self.cids.insert(cid) && !admin::abandon_held_aer(&mut self.aers, cid) {
+            // The host reused an outstanding CID: answer without disturbing the
+            // command that owns it.
+            tracing::warn!(peer = %self.cfg.peer, cid, "command id conflict");
+            link.respond_unslotted(&self.cqe(cid, Status::CID_CONFLICT, 0));
+            return Received::Done;
+        }
+        let req = Request {
+            sqe,
+            phase: Phase::Executing,
+            buf: None,
+            reply: None,
+            plan: None,
+            pending_ops: 0,
+            status: Status::SUCCESS,
+            data_error: icd_corrupt,
+            arrived: ctx.now,
+            x: X::default(),
+        };
+        let Some(slot) = self.alloc_slot(req) else {
+            self.cids.remove(cid);
+            tracing::warn!(peer = %self.cfg.peer, qid = self.qid(), "more commands outstanding than the queue size");
+            return Received::Overrun;
+        };
+        match self.admit(slot, desc, icd, ctx) {
+            Ok(None) => {
+                self.execute(slot, link, ctx);
+                Received::Done
+            }
+            Ok(Some((len, dir))) => {
+                if let Some(r) = self.request_mut(slot) {
+                    r.phase = Phase::Moving;
+                }
+                Received::NeedData { slot, len, dir }
+            }
+            Err(status) => {
+                self.finish(slot, status, 0, link, ctx);
+                Received::Done
+            }
+        }
+    }
+
+    /// Checks a command and its data descriptor before any data moves (so a
+    /// bad write never costs a data transfer), and takes in-capsule data.
+    /// Returns the data the transport must move first, if any.
+    fn admit(
+        &mut self,
+        slot: u16,
+        desc: Result<DataDesc, Status>,
+        icd: &[u8],
+        ctx: &mut IoCtx,
+    ) -> Result<Option<(usize, DataDirection)>, Status> {
+        let sqe = self.request(slot).ok_or(Status::INTERNAL_ERROR)?.sqe;
+        let is_fabrics = sqe.opcode() == admin_opc::FABRICS;
+        if self.binding.is_none() && !(is_fabrics && sqe.fctype() == fctype::CONNECT) {
+            return Err(Status::COMMAND_SEQUENCE_ERROR);
+        }
+        if sqe.fuse() != 0 {
+            return Err(Status::INVALID_FIELD);
+        }
+        let mut plan = None;
+        if !self.is_admin() && !is_fabrics {
+            self.refresh_namespaces();
+            let ns = self.ns.get(sqe.nsid()).map(|n| &**n);
+            let p = tio::plan(ns, &sqe, self.target.limits.max_io_size)?;
+            plan = Some(p);
+            if let Some(r) = self.request_mut(slot) {
+                r.plan = Some(p);
+            }
+        }
+        let desc = desc?;
+        let lim = &self.target.limits;
+        if desc.len() > lim.max_io_size.max(ADMIN_IN_CAPSULE_DATA) {
+            return Err(Status::DATA_SGL_LENGTH_INVALID);
+        }
+        let exact = self.cfg.exact_capsule;
+        match DataDirection::of(&sqe) {
+            DataDirection::None => {}
+            DataDirection::Bidirectional => return Err(Status::INVALID_FIELD),
+            DataDirection::ControllerToHost => {
+                if matches!(desc, DataDesc::InCapsule { .. }) {
+                    return Err(Status::SGL_DESCRIPTOR_TYPE_INVALID);
+                }
+                if exact && !icd.is_empty() {
+                    return Err(Status::INVALID_FIELD);
+                }
+                if let Some(IoPlan::Read { len, .. }) = plan {
+                    if (desc.len() as usize) < len {
+                        return Err(Status::DATA_SGL_LENGTH_INVALID);
+                    }
+                    if self.cfg.places_read_buffers {
+                        return Ok(Some((len, DataDirection::ControllerToHost)));
+                    }
+                }
+            }
+            DataDirection::HostToController => match desc {
+                DataDesc::None => {}
+                DataDesc::InCapsule { offset, len } => {
+                    let limit = if self.is_admin() {
+                        ADMIN_IN_CAPSULE_DATA
+                    } else {
+                        lim.in_capsule_data
+                    };
+                    if offset != 0 {
+                        return Err(Status::SGL_OFFSET_INVALID);
+                    }
+                    let len = len as usize;
+                    let fits = if exact {
+                        icd.len() == len
+                    } else {
+                        icd.len() >= len
+                    };
+                    if len > limit as usize || !fits {
+                        return Err(Status::DATA_SGL_LENGTH_INVALID);
+                    }
+                    // The transport's receive buffer is reused at once: copy out.
+                    let mut b = ctx.bufs.get(len);
+                    b.copy_from_slice(&icd[..len]);
+                    if let Some(r) = self.request_mut(slot) {
+                        r.buf = Some(b);
+                    }
+                }
+                DataDesc::Host { len } => {
+                    if exact && !icd.is_empty() {
+                        return Err(Status::INVALID_FIELD);
+                    }
+                    return Ok(Some((len as usize, DataDirection::HostToController)));
+                }
+            },
+        }
+        Ok(None)
+    }
+
+    /// The data `receive` asked for is in place (`corrupt`: it failed its
+    /// digest): the command runs.
+    pub fn data_ready<L: Link<X>>(
+        &mut self,
+        slot: u16,
+        corrupt: bool,
+        link: &mut L,
+        ctx: &mut IoCtx,
+    ) {
+        match self.request_mut(slot) {
+            Some(r) if r.phase == Phase::Moving => r.data_error |= corrupt,
+            _ => return,
+        }
+        self.execute(slot, link, ctx);
+    }
+
+    /// Fails a command the transport cannot carry on with (before it runs).
+    pub fn fail<L: Link<X>>(&mut self, slot: u16, status: Status, link: &mut L, ctx: &mut IoCtx) {
+        self.finish(slot, status, 0, link, ctx);
+    }
+
+    fn execute<L: Link<X>>(&mut self, slot: u16, link: &mut L, ctx: &mut IoCtx) {
+        if let Err(status) = self.try_execute(slot, link, ctx) {
+            self.finish(slot, status, 0, link, ctx);
+        }
+    }
+
+    fn try_execute<L: Link<X>>(
+        &mut self,
+        slot: u16,
+        link: &mut L,
+        ctx: &mut IoCtx,
+    ) -> Result<(), Status> {
+        let r = self.request_mut(slot).ok_or(Status::INTERNAL_ERROR)?;
+        if r.data_error {
+            return Err(TRANSIENT_TRANSPORT_ERROR);
+        }
+        r.phase = Phase::Executing;
+        let sqe = r.sqe;
+        if sqe.opcode() == admin_opc::FABRICS {
+            return self.execute_fabrics(slot, &sqe, link, ctx);
+        }
+        let binding = self
+            .binding
+            .as_ref()
+            .ok_or(Status::COMMAND_SEQUENCE_ERROR)?;
+        if binding.qid() != 0 {
+            return self.execute_io(slot, link, ctx);
+        }
+        let ctrl = binding.ctrl().clone();
+        if !ctrl.is_ready() && sqe.opcode() != admin_opc::KEEP_ALIVE {
+            return Err(Status::COMMAND_SEQUENCE_ERROR);
+        }
+        match admin::execute(&self.target, &ctrl, &sqe, self.aers.len()) {
+            AdminOutcome::AsyncEventHeld => {
+                // Held without a slot: it completes only when an event fires.
+                self.free_slot(slot, link, ctx);
+                self.aers.push(sqe.cid());
+            }
+            AdminOutcome::Done {
+                status,
+                result,
+                data,
+            } => {
+                if let (Some(mut d), Some(r)) = (data, self.request_mut(slot)) {
+                    d.truncate(sqe.sgl().length as usize);
+                    r.reply = Some(d);
+                }
+                self.finish(slot, status, result as u64, link, ctx);
+            }
+        }
+        Ok(())
+    }
+
+    fn execute_fabrics<L: Link<X>>(
+        &mut self,
+        slot: u16,
+        sqe: &Sqe,
+        link: &mut L,
+        ctx: &mut IoCtx,
+    ) -> Result<(), Status> {
+        match sqe.fctype() {
+            fctype::CONNECT => {
+                if self.binding.is_some() {
+                    return Err(Status::COMMAND_SEQUENCE_ERROR);
+                }
+                let cmd = ConnectCommand::parse(sqe);
+                let data = self
+                    .request(slot)
+                    .and_then(|r| r.buf.as_ref())
+                    .and_then(|b| ConnectData::parse(&b[..b.len().min(CONNECT_DATA_LEN)]))
+                    .ok_or(Status::DATA_SGL_LENGTH_INVALID)?;
+                // DW0 of a refusal points at the field: bit 16 set names the
+                // SQE (byte offset in bits 15:0), else the Connect data.
+                let refuse = if self.cfg.expected_qid.is_some_and(|q| q != cmd.qid) {
+                    tracing::warn!(peer = %self.cfg.peer, expected = ?self.cfg.expected_qid, qid = cmd.qid, "Connect QID differs from the transport's connection request");
+                    Some(1 << 16)
+                } else if self
+                    .cfg
+                    .max_entries
+                    .is_some_and(|m| cmd.sqsize as usize >= m)
+                {
+                    Some(44 << 16)
+                } else if self.cfg.discovery_only && data.subnqn != DISCOVERY_NQN {
+                    tracing::warn!(peer = %self.cfg.peer, subnqn = %data.subnqn, "connect to an NVM subsystem on the discovery port refused");
+                    Some(256 | 1 << 16)
+                } else {
+                    None
+                };
+                if let Some(dw0) = refuse {
+                    self.finish(slot, Status::CONNECT_INVALID_PARAMETERS, dw0, link, ctx);
+                    return Ok(());
+                }
+                match fabrics::accept_connect(
+                    &self.target,
+                    &cmd,
+                    &data,
+                    &self.cfg.peer,
+                    self.cfg.local,
+                    self.cfg.kind.name(),
+                ) {
+                    Ok(c) => {
+                        let ctrl = c.binding.ctrl().clone();
+                        if c.binding.qid() == 0 && self.cfg.kind == TransportKind::Rdma {
+                            // Hosts on this controller describe data with keyed
+                            // SGLs (Identify), and its error log names RDMA.
+                            ctrl.keyed_sgl.store(true, Ordering::Release);
+                        }
+                        self.sqsize = cmd.sqsize;
+                        self.sq_head = 0;
+                        self.sqflow_disabled = cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0;
+                        self.stats = Some(c.stats);
+                        self.ns.load(c.ns_gen, c.namespaces);
+                        self.binding = Some(c.binding);
+                        self.finish(slot, Status::SUCCESS, ctrl.cntlid as u64, link, ctx);
+                    }
+                    Err(refusal) => {
+                        self.finish(slot, refusal.status, refusal.result as u64, link, ctx)
+                    }
+                }
+                Ok(())
+            }
+            fctype::PROPERTY_GET | fctype::PROPERTY_SET => {
+                let v = fabrics::property(&self.target, self.binding.as_ref(), sqe)?;
+                self.finish(slot, Status::SUCCESS, v, link, ctx);
+                Ok(())
+            }
+            fctype::DISCONNECT => {
+                // Only meaningful on I/O queues: answered, then the queue closes
+                // once the answer is out.
+                if self.qid() == 0 {
+                    return Err(Status::INVALID_FIELD);
+                }
+                tracing::info!(peer = %self.cfg.peer, qid = self.qid(), "Fabrics Disconnect: the queue closes after the response");
+                self.respond(slot, Status::SUCCESS, 0, true, link, ctx);
+                Ok(())
+            }
+            _ => Err(Status::INVALID_OPCODE),
+        }
+    }
+
+    fn execute_io<L: Link<X>>(
+        &mut self,
+        slot: u16,
+        link: &mut L,
+        ctx: &mut IoCtx,
+    ) -> Result<(), Status> {
+        let tag = ctx.tag(slot);
+        let places = self.cfg.places_read_buffers;
+        let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.as_mut()) else {
+            return Err(Status::INTERNAL_ERROR);
+        };
+        let plan = r.plan.ok_or(Status::INTERNAL_ERROR)?;
+        if places && matches!(plan, IoPlan::Read { .. }) && r.buf.is_none() {
+            // Read data must be in the transport's memory; it placed it, so
+            // this is never a host's doing.
+            return Err(Status::INTERNAL_ERROR);
+        }
+        let mut ops = std::mem::take(&mut self.ops_scratch);
+        let planned =
+            command::device_ops(plan, r.sqe.nsid(), &self.ns, &mut r.buf, ctx.bufs, &mut ops);
+        let sent = match planned {
+            Ok(()) if ops.is_empty() => None,
+            Ok(()) => Some(command::submit(
+                &mut ops,
+                tag,
+                &self.ns,
+                ctx.channels,
+                ctx.bufs,
+                &mut self.device_errors,
+            )),
+            Err(e) => {
+                for (_, op) in ops.drain(..) {
+                    if let Some(b) = op.into_buf().filter(|b| b.is_owned()) {
+                        ctx.bufs.put(b);
+                    }
+                }
+                self.ops_scratch = ops;
+                return Err(e);
+            }
+        };
+        self.ops_scratch = ops;
+        let Some(sent) = sent else {
+            // Nothing for a device to do (DSM hints, a flush of no namespace).
+            self.finish(slot, Status::SUCCESS, 0, link, ctx);
+            return Ok(());
+        };
+        self.dev_ops += sent.ops as usize;
+        if let Some(r) = self.request_mut(slot) {
+            r.pending_ops = sent.ops;
+            if let Some(f) = sent.failure {
+                r.status = f;
+            }
+        }
+        if sent.ops == 0 {
+            return Err(sent.failure.unwrap_or(Status::INTERNAL_ERROR));
+        }
+        Ok(())
+    }
+
+    /// A device operation of `slot` finished. Reads keep the buffer to send
+    /// from; other buffers go back to the pool (views into transport memory
+    /// are dropped: their memory stays with the request).
+    pub fn io_complete<L: Link<X>>(
+        &mut self,
+        slot: u16,
+        result: Result<(), i32>,
+        buf: Option<IoBuf>,
+        link: &mut L,
+        ctx: &mut IoCtx,
+    ) {
+        self.dev_ops = self.dev_ops.saturating_sub(1);
+        let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.as_mut()) else {
+            if let Some(b) = buf.filter(|b| b.is_owned()) {
+                ctx.bufs.put(b);
+            }
+            return;
+        };
+        if let Err(errno) = result {
+            command::log_device_error(&mut self.device_errors, r.sqe.cid(), r.sqe.opcode(), errno);
+            r.status = tio::status_for_errno(errno, r.plan);
+        }
+        if let Some(b) = buf {
+            if r.buf.is_none() && matches!(r.plan, Some(IoPlan::Read { .. })) {
+                r.buf = Some(b);
+            } else if b.is_owned() {
+                ctx.bufs.put(b);
+            }
+        }
+        r.pending_ops = r.pending_ops.saturating_sub(1);
+        if r.pending_ops == 0 {
+            self.finish(slot, Status::SUCCESS, 0, link, ctx);
+        }
+    }
+
+    fn finish<L: Link<X>>(
+        &mut self,
+        slot: u16,
+        status: Status,
+        result: u64,
+        link: &mut L,
+        ctx: &mut IoCtx,
+    ) {
+        self.respond(slot, status, result, false, link, ctx);
+    }
+
+    /// Completes a command: accounting, then the transport sends its answer.
+    fn respond<L: Link<X>>(
+        &mut self,
+        slot: u16,
+        status: Status,
+        result: u64,
+        close_after: bool,
+        link: &mut L,
+        ctx: &mut IoCtx,
+    ) {
+        let Some(mut r) = self.slots.get_mut(slot as usize).and_then(|s| s.take()) else {
+            return;
+        };
+        if r.phase == Phase::Responding {
+            self.slots[slot as usize] = Some(r);
+            return;
+        }
+        let status = if r.status.is_success() {
+            status
+        } else {
+            r.status
+        };
+        let cid = r.sqe.cid();
+        self.cids.remove(cid);
+        command::account(
+            self.binding.as_ref(),
+            self.stats.as_deref(),
+            self.qid(),
+            &r.sqe,
+            r.plan,
+            status,
+            ctx.now.saturating_duration_since(r.arrived).as_nanos() as u64,
+        );
+        let c2h = match (status.is_success(), r.plan) {
+            (false, _) => {
+                r.reply = None;
+                C2h::None
+            }
+            (true, Some(IoPlan::Read { len, .. })) if r.buf.is_some() => C2h::Data(len),
+            _ if r.reply.as_ref().is_some_and(|d| !d.is_empty()) => C2h::Reply,
+            _ => C2h::None,
+        };
+        r.phase = Phase::Responding;
+        let rsp = Response {
+            cqe: self.cqe(cid, status, result),
+            status,
+            c2h,
+            close_after,
+        };
+        let release = link.respond(slot, &mut r, &rsp, ctx);
+        self.slots[slot as usize] = Some(r);
+        if release == Release::Now {
+            self.free_slot(slot, link, ctx);
+        }
+    }
+
+    /// The transport is done with a responded slot's resources.
+    pub fn release<L: Link<X>>(&mut self, slot: u16, link: &mut L, ctx: &mut IoCtx) {
+        self.free_slot(slot, link, ctx);
+    }
+
+    /// Drops a command without answering it (its connection is gone).
+    pub fn abandon<L: Link<X>>(&mut self, slot: u16, link: &mut L, ctx: &mut IoCtx) {
+        self.free_slot(slot, link, ctx);
+    }
+
+    fn free_slot<L: Link<X>>(&mut self, slot: u16, link: &mut L, ctx: &mut IoCtx) {
+        let Some(mut r) = self.slots.get_mut(slot as usize).and_then(|s| s.take()) else {
+            return;
+        };
+        if r.phase != Phase::Responding {
+            self.cids.remove(r.sqe.cid());
+        }
+        link.discard(slot, &mut r, ctx);
+        if let Some(b) = r.buf.take().filter(|b| b.is_owned()) {
+            ctx.bufs.put(b);
+        }
+        self.free_slots.push(slot);
+    }
+
+    /// Periodic checks: keep-alive, controller failure, namespace changes, and
+    /// held AERs completed by events. Returns why the queue must close, if it must.
+    pub fn housekeeping<L: Link<X>>(&mut self, link: &mut L) -> Option<&'static str> {
+        // Idle queues also let go of namespaces removed at run time.
+        self.refresh_namespaces();
+        let b = self.binding.as_ref()?;
+        let ctrl = b.ctrl().clone();
+        let admin = b.qid() == 0;
+        if admin && !ctrl.is_failed() && ctrl.keep_alive_expired() {
+            tracing::warn!(
+                cntlid = ctrl.cntlid,
+                host = %ctrl.hostnqn,
+                peer = %self.cfg.peer,
+                kato_ms = ctrl.kato_ms.load(Ordering::Relaxed),
+                "keep-alive timeout: tearing the controller down"
+            );
+            ctrl.fail();
+        }
+        if ctrl.is_failed() {
+            return Some("controller failed");
+        }
+        if admin && !self.aers.is_empty() {
+            if let Some(dw0) = ctrl.take_event() {
+                let cid = self.aers.remove(0);
+                // The command is done: its CID may be reused (the host sends its
+                // next AER with the same one).
+                self.cids.remove(cid);
+                link.respond_unslotted(&self.cqe(cid, Status::SUCCESS, dw0 as u64));
+            }
+        }
+        None
+    }
+
+    /// Ends the queue's association with its controller (the connection is
+    /// closing); deleting the admin queue deletes the controller.
+    pub fn unbind(&mut self) {
+        if let Some(b) = self.binding.take() {
+            let ctrl = b.ctrl();
+            if b.qid() == 0 {
+                tracing::info!(
+                    cntlid = ctrl.cntlid,
+                    host = %ctrl.hostnqn,
+                    subnqn = %ctrl.subsys.nqn,
+                    peer = %self.cfg.peer,
+                    transport = self.cfg.kind.name(),
+                    "controller released"
+                );
+            }
+            fabrics::disconnect(&b);
+        }
+    }
+}
+
+impl<X> Drop for Queue<X> {
+    fn drop(&mut self) {
+        if let Some(b) = self.binding.take() {
+            fabrics::disconnect(&b);
+        }
+    }
+}
