@@ -1,0 +1,51 @@
+//! `spdk_get_version`, `rpc_get_methods` and `framework_*`: what the daemon is
+//! and what it runs on.
+
+use super::{Control, Params, METHODS};
+use crate::rpc::RpcResult;
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+
+impl Control {
+    pub(super) fn version(&self, p: &mut Params) -> RpcResult {
+        p.ignore(&[]);
+        let v = env!("CARGO_PKG_VERSION");
+        let mut it = v.split('.').map(|x| x.parse::<u64>().unwrap_or(0));
+        Ok(json!({
+            "version": format!("kvtarget {v} (SPDK-compatible RPC)"),
+            "fields": {
+                "major": it.next().unwrap_or(0),
+                "minor": it.next().unwrap_or(0),
+                "patch": it.next().unwrap_or(0),
+                "suffix": format!("-kvtarget {}", self.target.firmware),
+            }
+        }))
+    }
+
+    pub(super) fn get_methods(&self, p: &mut Params) -> RpcResult {
+        p.opt_bool("current")?;
+        p.opt_bool("include_aliases")?;
+        Ok(json!(METHODS))
+    }
+
+    pub(super) fn reactors(&self, _p: &mut Params) -> RpcResult {
+        let rs: Vec<Value> = self
+            .reactors
+            .iter()
+            .map(|r| {
+                json!({
+                    "lcore": r.id,
+                    "busy": r.busy_ns.load(Ordering::Relaxed),
+                    "idle": r.idle_ns.load(Ordering::Relaxed),
+                    "in_interrupt": false,
+                    "irq_count": 0,
+                    "sys_count": 0,
+                    "queue_pairs": r.queue_pairs.load(Ordering::Relaxed),
+                    "lw_threads": [],
+                })
+            })
+            .collect();
+        // busy/idle are in nanoseconds: one tick is one nanosecond.
+        Ok(json!({"tick_rate": 1_000_000_000u64, "pid": std::process::id(), "reactors": rs}))
+    }
+}

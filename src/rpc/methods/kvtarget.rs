@@ -1,0 +1,222 @@
+//! `kvtarget_*` methods: pool state and tuning, and saving the running
+//! configuration.
+
+use super::{not_found, uuid_str, Control, Params};
+use crate::pool::format::VOL_UNWRITTEN_ERROR;
+use crate::rpc::{code, RpcError, RpcResult};
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+
+impl Control {
+    pub(super) fn get_pools(&self, p: &mut Params) -> RpcResult {
+        let name = p.opt_str("name")?;
+        let mut out = Vec::new();
+        for pool in &self.pools() {
+            if name.as_ref().is_some_and(|n| n != &pool.name) {
+                continue;
+            }
+            let s = pool.snapshot();
+            out.push(json!({
+                "name": pool.name,
+                "uuid": uuid_str(&pool.sb.uuid),
+                "device": pool.device().describe(),
+                "extent_size": s.extent_size,
+                "extents": s.extents,
+                "mapped": s.mapped,
+                "clean": s.clean,
+                "dirty": s.dirty,
+                "reserved": s.reserved,
+                "volumes": pool.volumes().len(),
+                "journal": {"used": s.journal_used, "size": s.journal_len, "commits": s.commits, "checkpoints": s.checkpoints},
+                "gc": {
+                    "mode": s.gc_mode.name(),
+                    "paused": pool.gc_paused(),
+                    "rate_extents_per_s": s.gc_rate,
+                    "backlog": s.dirty,
+                    "scrubbed": s.gc_scrubbed,
+                    "low_watermark": s.low_watermark,
+                    "high_watermark": s.high_watermark,
+                },
+            }));
+        }
+        if let Some(n) = name {
+            if out.is_empty() {
+                return Err(not_found(format!("pool {n} does not exist")));
+            }
+        }
+        Ok(Value::Array(out))
+    }
+
+    /// The running state as a configuration that reproduces it at the next
+    /// start: listeners, pools with every volume, subsystems with hosts,
+    /// listeners and namespaces. Written to `path` when given.
+    pub fn current_config(&self) -> Result<crate::config::Config, String> {
+        use crate::config::{
+            ListenerConfig, NamespaceConfig, SubsystemConfig, Unwritten, VolumeConfig,
+        };
+        let mut cfg = self.config.clone();
+        if let Ok(r) = self.runtime_pools.lock() {
+            cfg.pools.extend(r.iter().map(|(c, _)| c.clone()));
+        }
+        let listeners = self
+            .target
+            .listeners
+            .read()
+            .map(|l| l.clone())
+            .unwrap_or_default();
+        cfg.listeners = listeners
+            .iter()
+            .filter(|l| !l.discovery_only)
+            .map(|l| ListenerConfig {
+                address: l.addr.ip().to_string(),
+                port: l.addr.port(),
+                transport: if l.rdma {
+                    crate::config::TransportKind::Rdma
+                } else {
+                    crate::config::TransportKind::Tcp
+                },
+            })
+            .collect();
+        for pc in &mut cfg.pools {
+            if let Some(pool) = self.pools().iter().find(|p| p.name == pc.name) {
+                pc.volumes = pool
+                    .volumes()
+                    .iter()
+                    .map(|v| VolumeConfig {
+                        name: v.desc.name.clone(),
+                        size: v.desc.size_bytes,
+                        block_size: v.desc.block_size,
+                        unwritten: if v.desc.flags & VOL_UNWRITTEN_ERROR != 0 {
+                            Unwritten::Error
+                        } else {
+                            Unwritten::Zeroes
+                        },
+                    })
+                    .collect();
+            }
+        }
+        let subs = self
+            .target
+            .subsystems
+            .read()
+            .map(|s| s.clone())
+            .unwrap_or_default();
+        let mut out = Vec::new();
+        for s in subs {
+            let orig = self.config.subsystems.iter().find(|o| o.nqn == s.nqn);
+            let mut namespaces = Vec::new();
+            for n in s.namespace_snapshot() {
+                let vol = self.volume_alias(&n.uuid);
+                match vol {
+                    Some(v) => namespaces.push(NamespaceConfig {
+                        nsid: n.nsid,
+                        volume: Some(v),
+                        backend: None,
+                        path: None,
+                        pci: None,
+                        nvme_nsid: None,
+                        trid: None,
+                        size: None,
+                        block_size: None,
+                    }),
+                    None => match orig.and_then(|o| o.namespaces.iter().find(|x| x.nsid == n.nsid))
+                    {
+                        Some(c) => namespaces.push(c.clone()),
+                        None => {
+                            return Err(format!(
+                                "{} namespace {} has no configuration to save",
+                                s.nqn, n.nsid
+                            ))
+                        }
+                    },
+                }
+            }
+            out.push(SubsystemConfig {
+                nqn: s.nqn.clone(),
+                serial: s.serial.clone(),
+                model: s.model.clone(),
+                allow_any_host: s.allow_any_host.load(Ordering::Acquire),
+                hosts: s.hosts.read().map(|h| h.clone()).unwrap_or_default(),
+                listen: s
+                    .listen
+                    .read()
+                    .ok()
+                    .and_then(|l| l.clone())
+                    .map(|l| l.iter().map(|a| a.to_string()).collect()),
+                namespaces,
+            });
+        }
+        cfg.subsystems = out;
+        Ok(cfg)
+    }
+
+    pub(super) fn save_config(&self, p: &mut Params) -> RpcResult {
+        let path = p.opt_str("path")?;
+        let cfg = self
+            .current_config()
+            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
+        let text = cfg
+            .to_toml()
+            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
+        let text = format!("# Written by kvtarget_save_config from the running target.\n{text}");
+        // What we write must load: check it before it replaces anything.
+        crate::config::Config::parse(&text).map_err(|e| {
+            RpcError::new(
+                code::INTERNAL_ERROR,
+                format!("saved configuration does not load: {e}"),
+            )
+        })?;
+        if let Some(path) = path {
+            let tmp = format!("{path}.tmp");
+            std::fs::write(&tmp, &text)
+                .and_then(|_| std::fs::rename(&tmp, &path))
+                .map_err(|e| RpcError::params(format!("path: {path}: {e}")))?;
+        }
+        Ok(json!({"toml": text}))
+    }
+
+    /// Live consistency check of a pool (the offline one is `kvtarget check`).
+    pub(super) fn pool_check(&self, p: &mut Params) -> RpcResult {
+        let name = p.str("name")?;
+        let pool = self
+            .pools()
+            .into_iter()
+            .find(|x| x.name == name)
+            .ok_or_else(|| not_found(format!("pool {name} does not exist")))?;
+        let (problems, summary) = pool.verify_live();
+        Ok(json!({"consistent": problems.is_empty(), "problems": problems, "extents": summary}))
+    }
+
+    pub(super) fn pool_set_gc(&self, p: &mut Params) -> RpcResult {
+        let name = p.str("name")?;
+        let paused = p.opt_bool("paused")?;
+        let max_rate = match p.get("max_rate") {
+            None => None,
+            Some(v) => Some(
+                v.as_f64()
+                    .ok_or_else(|| RpcError::params("max_rate: must be a number"))?,
+            ),
+        };
+        let qd = p.opt_u64("max_foreground_qd")?;
+        let low = p.opt_u64("low_watermark_pct")?;
+        let high = p.opt_u64("high_watermark_pct")?;
+        let pool = self
+            .pools()
+            .into_iter()
+            .find(|x| x.name == name)
+            .ok_or_else(|| not_found(format!("pool {name} does not exist")))?;
+        pool.set_gc_settings(max_rate, qd, low, high)
+            .map_err(RpcError::params)?;
+        if let Some(pz) = paused {
+            pool.set_gc_paused(pz);
+        }
+        let g = pool.gc_settings();
+        Ok(json!({
+            "paused": pool.gc_paused(),
+            "max_rate": g.max_rate,
+            "max_foreground_qd": g.max_foreground_qd,
+            "low_watermark_pct": g.low_watermark_pct,
+            "high_watermark_pct": g.high_watermark_pct,
+        }))
+    }
+}

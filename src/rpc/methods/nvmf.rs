@@ -1,0 +1,323 @@
+//! `nvmf_*` methods on transports, whole subsystems and statistics; the
+//! per-subsystem ones (listeners, namespaces, hosts) are in `nvmf_subsystem`.
+
+use super::{hex_id, not_found, uuid_str, Control, Params};
+use crate::nvmf::{Subsystem, SubsystemKind};
+use crate::rpc::{code, RpcError, RpcResult};
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+impl Control {
+    fn transport_json(&self) -> Value {
+        let l = &self.target.limits;
+        json!({
+            "trtype": "TCP",
+            "max_queue_depth": l.max_queue_depth,
+            "max_io_qpairs_per_ctrlr": l.max_io_queues,
+            "in_capsule_data_size": l.in_capsule_data,
+            "max_io_size": l.max_io_size,
+            "io_unit_size": l.max_h2c_data,
+            "max_aq_depth": l.max_admin_queue_depth,
+            "c2h_success": l.c2h_success,
+            "sock_priority": 0,
+            "abort_timeout_sec": 1,
+        })
+    }
+
+    pub(super) fn create_transport(&self, p: &mut Params) -> RpcResult {
+        let trtype = p.str("trtype")?;
+        p.opt_str("tgt_name")?;
+        // The TCP transport exists from the configuration ([tcp]); scripts
+        // written for SPDK create it first, so that succeeds. Its limits are
+        // set in the configuration, not here.
+        p.ignore(&[
+            "max_queue_depth",
+            "max_qpairs_per_ctrlr",
+            "max_io_qpairs_per_ctrlr",
+            "in_capsule_data_size",
+            "max_io_size",
+            "io_unit_size",
+            "max_aq_depth",
+            "num_shared_buffers",
+            "buf_cache_size",
+            "iobuf_small_cache_size",
+            "iobuf_large_cache_size",
+            "num_cqe",
+            "max_srq_depth",
+            "no_srq",
+            "c2h_success",
+            "dif_insert_or_strip",
+            "sock_priority",
+            "acceptor_backlog",
+            "abort_timeout_sec",
+            "no_wr_batching",
+            "control_msg_num",
+            "disable_command_passthru",
+            "kas",
+            "min_kato",
+            "zcopy",
+            "ack_timeout",
+            "data_wr_pool_size",
+            "disable_adaptive_irq",
+            "disable_mappable_bar0",
+            "disable_shadow_doorbells",
+            "transport_specific",
+            "masked_oncs",
+            "masked_fuses",
+        ]);
+        match trtype.to_ascii_uppercase().as_str() {
+            "TCP" => Ok(Value::Bool(true)),
+            // Loads rdma-core and starts the RDMA CM thread; sizing comes from
+            // the configuration's [rdma] and [tcp] sections.
+            "RDMA" => self
+                .rdma
+                .start()
+                .map(|()| Value::Bool(true))
+                .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e)),
+            other => Err(RpcError::params(format!(
+                "trtype {other}: unknown transport"
+            ))),
+        }
+    }
+
+    pub(super) fn get_transports(&self, p: &mut Params) -> RpcResult {
+        p.opt_str("tgt_name")?;
+        let mut all = vec![self.transport_json()];
+        if self.rdma.is_started() {
+            let mut r = self.transport_json();
+            r["trtype"] = json!("RDMA");
+            r["io_unit_size"] = json!(self.target.limits.max_io_size);
+            r["num_shared_buffers"] = json!(self.rdma.settings.buffer_pool_bytes / 4096);
+            r["max_outstanding_reads"] = json!(self.rdma.settings.max_outstanding_reads);
+            if let Some(o) = r.as_object_mut() {
+                o.remove("c2h_success");
+                o.remove("sock_priority");
+            }
+            all.push(r);
+        }
+        match p.opt_str("trtype")? {
+            Some(t) => {
+                let t = t.to_ascii_uppercase();
+                let v: Vec<Value> = all.into_iter().filter(|x| x["trtype"] == t).collect();
+                if v.is_empty() {
+                    Err(not_found(format!("transport {t} does not exist")))
+                } else {
+                    Ok(json!(v))
+                }
+            }
+            None => Ok(json!(all)),
+        }
+    }
+
+    pub(super) fn subsystem(&self, nqn: &str) -> Result<Arc<Subsystem>, RpcError> {
+        self.target
+            .find_subsystem(nqn)
+            .ok_or_else(|| not_found(format!("subsystem {nqn} does not exist")))
+    }
+
+    pub(super) fn nvm_subsystem(&self, nqn: &str) -> Result<Arc<Subsystem>, RpcError> {
+        let s = self.subsystem(nqn)?;
+        if s.kind == SubsystemKind::Discovery {
+            return Err(RpcError::params(
+                "the discovery subsystem has no namespaces or hosts",
+            ));
+        }
+        Ok(s)
+    }
+
+    fn subsystem_json(&self, s: &Subsystem) -> Value {
+        let listeners = self
+            .target
+            .listeners
+            .read()
+            .map(|l| l.clone())
+            .unwrap_or_default();
+        let listen: Vec<Value> = listeners
+            .iter()
+            .filter(|l| {
+                if s.kind == SubsystemKind::Discovery {
+                    l.discovery_only || s.listener_allowed(l.addr)
+                } else {
+                    !l.discovery_only && s.listener_allowed(l.addr)
+                }
+            })
+            .map(|l| {
+                json!({
+                    "trtype": if l.rdma { "RDMA" } else { "TCP" },
+                    "adrfam": if l.addr.is_ipv4() { "IPv4" } else { "IPv6" },
+                    "traddr": l.addr.ip().to_string(),
+                    "trsvcid": l.addr.port().to_string(),
+                })
+            })
+            .collect();
+        let hosts: Vec<Value> = s
+            .hosts
+            .read()
+            .map(|h| h.iter().map(|n| json!({"nqn": n})).collect())
+            .unwrap_or_default();
+        let mut v = json!({
+            "nqn": s.nqn,
+            "subtype": if s.kind == SubsystemKind::Discovery { "Discovery" } else { "NVMe" },
+            "listen_addresses": listen,
+            "allow_any_host": s.allow_any_host.load(Ordering::Acquire),
+            "hosts": hosts,
+        });
+        if s.kind == SubsystemKind::Nvm {
+            let ns: Vec<Value> = s
+                .namespace_snapshot()
+                .iter()
+                .map(|n| {
+                    json!({
+                        "nsid": n.nsid,
+                        "bdev_name": self.bdev_name_of(n),
+                        "name": self.bdev_name_of(n),
+                        "nguid": hex_id(&n.nguid).to_uppercase(),
+                        "eui64": hex_id(&n.eui64).to_uppercase(),
+                        "uuid": uuid_str(&n.uuid),
+                    })
+                })
+                .collect();
+            v["serial_number"] = json!(s.serial);
+            v["model_number"] = json!(s.model);
+            v["max_namespaces"] = json!(crate::nvmf::admin::MAX_NAMESPACES);
+            v["min_cntlid"] = json!(1);
+            v["max_cntlid"] = json!(0xFFEF);
+            v["namespaces"] = json!(ns);
+        }
+        v
+    }
+
+    pub(super) fn create_subsystem(&self, p: &mut Params) -> RpcResult {
+        let nqn = p.str("nqn")?;
+        let serial = p
+            .opt_str("serial_number")?
+            .unwrap_or_else(|| "KVT0000000000001".into());
+        let model = p
+            .opt_str("model_number")?
+            .unwrap_or_else(|| "kvtarget".into());
+        let any = p.opt_bool("allow_any_host")?.unwrap_or(false);
+        p.opt_str("tgt_name")?;
+        if let Some(m) = p.opt_u64("max_namespaces")? {
+            if m > crate::nvmf::admin::MAX_NAMESPACES as u64 {
+                return Err(RpcError::params(format!(
+                    "max_namespaces: at most {}",
+                    crate::nvmf::admin::MAX_NAMESPACES
+                )));
+            }
+        }
+        p.opt_u64("min_cntlid")?;
+        p.opt_u64("max_cntlid")?;
+        p.opt_u64("dmrsl")?;
+        p.opt_u64("wzsl")?;
+        p.unsupported_flags(&["ana_reporting", "passthrough", "enable_nssr", "admin_label"])?;
+        crate::config::validate_nqn(&nqn).map_err(|e| RpcError::params(format!("nqn: {e}")))?;
+        if nqn == crate::wire::nvme::DISCOVERY_NQN {
+            return Err(RpcError::params("nqn: the discovery NQN is reserved"));
+        }
+        if serial.is_empty() || serial.len() > 20 || !serial.is_ascii() {
+            return Err(RpcError::params("serial_number: 1 to 20 ASCII characters"));
+        }
+        if model.is_empty() || model.len() > 40 || !model.is_ascii() {
+            return Err(RpcError::params("model_number: 1 to 40 ASCII characters"));
+        }
+        if self.target.find_subsystem(&nqn).is_some() {
+            return Err(RpcError::new(
+                code::EEXIST,
+                format!("subsystem {nqn} already exists"),
+            ));
+        }
+        let sub = Subsystem::new(&nqn, SubsystemKind::Nvm, &serial, &model, any, Vec::new());
+        // As in SPDK, a new subsystem is reachable only on listeners added to it.
+        if let Ok(mut l) = sub.listen.write() {
+            *l = Some(Vec::new());
+        }
+        self.target.add_subsystem(Arc::new(sub));
+        tracing::info!(nqn = %nqn, "rpc: subsystem created");
+        Ok(Value::Bool(true))
+    }
+
+    pub(super) fn delete_subsystem(&self, p: &mut Params) -> RpcResult {
+        let nqn = p.str("nqn")?;
+        p.opt_str("tgt_name")?;
+        let s = self.nvm_subsystem(&nqn)?;
+        if let Ok(mut subs) = self.target.subsystems.write() {
+            subs.retain(|x| !Arc::ptr_eq(x, &s));
+        }
+        self.target.genctr.fetch_add(1, Ordering::Relaxed);
+        // Connected hosts lose their controllers (their queues close).
+        if let Ok(c) = s.controllers.lock() {
+            for ctrl in c.values() {
+                ctrl.fail();
+            }
+        }
+        tracing::info!(nqn = %nqn, "rpc: subsystem deleted");
+        Ok(Value::Bool(true))
+    }
+
+    pub(super) fn get_subsystems(&self, p: &mut Params) -> RpcResult {
+        let want = p.opt_str("nqn")?;
+        p.opt_str("tgt_name")?;
+        let mut all = vec![self.target.discovery.clone()];
+        all.extend(
+            self.target
+                .subsystems
+                .read()
+                .map(|s| s.clone())
+                .unwrap_or_default(),
+        );
+        if let Some(n) = &want {
+            all.retain(|s| &s.nqn == n);
+            if all.is_empty() {
+                return Err(not_found(format!("subsystem {n} does not exist")));
+            }
+        }
+        Ok(Value::Array(
+            all.iter().map(|s| self.subsystem_json(s)).collect(),
+        ))
+    }
+
+    /// SPDK's nvmf_get_stats: one poll group per reactor; under RDMA one
+    /// device entry per completion queue (SPDK's field names, plus kvtarget's
+    /// `qpairs`, `cq_entries`, `cq_entries_reserved`, `dropped_completions`).
+    pub(super) fn get_stats(&self, p: &mut Params) -> RpcResult {
+        p.opt_str("tgt_name")?;
+        let groups = crate::transport::rdma::poll_group_stats();
+        let rdma_started = self.rdma.is_started();
+        let pgs: Vec<Value> = self
+            .reactors
+            .iter()
+            .map(|r| {
+                let mut transports = vec![json!({"trtype": "TCP"})];
+                if rdma_started {
+                    let devices: Vec<Value> = groups
+                        .iter()
+                        .filter(|g| g.reactor == r.id)
+                        .map(|g| {
+                            json!({
+                                "name": g.device,
+                                "polls": g.polls,
+                                "idle_polls": g.idle_polls,
+                                "completions": g.completions,
+                                "requests": g.requests,
+                                "total_send_wrs": g.send_wrs,
+                                "total_recv_wrs": g.recv_wrs,
+                                "qpairs": g.qpairs,
+                                "cq_entries": g.cq_entries,
+                                "cq_entries_reserved": g.cq_entries_reserved,
+                                "dropped_completions": g.dropped_completions,
+                            })
+                        })
+                        .collect();
+                    transports.push(json!({"trtype": "RDMA", "devices": devices}));
+                }
+                json!({
+                    "name": format!("nvmf_tgt_poll_group_{:03}", r.id),
+                    "current_qpairs": r.queue_pairs.load(Ordering::Relaxed),
+                    "transports": transports,
+                })
+            })
+            .collect();
+        Ok(json!({"tick_rate": 1_000_000_000u64, "poll_groups": pgs}))
+    }
+}

@@ -1,0 +1,398 @@
+//! `nvmf_subsystem_*` methods: a subsystem's listeners, namespaces, hosts,
+//! controllers and queue pairs.
+
+use super::{not_found, uuid_str, Control, Params};
+use crate::nvmf::{Namespace, SubsystemKind};
+use crate::pool::channel::VolumeDevice;
+use crate::rpc::{code, RpcError, RpcResult};
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+impl Control {
+    /// Adds a listener the RPC just opened to the target's list (discovery log
+    /// entries, port IDs).
+    fn announce_listener(&self, addr: std::net::SocketAddr, discovery_only: bool, rdma: bool) {
+        if let Ok(mut l) = self.target.listeners.write() {
+            let portid = l.iter().map(|x| x.portid).max().unwrap_or(0) + 1;
+            l.push(crate::nvmf::Listener {
+                addr,
+                discovery_only,
+                portid,
+                rdma,
+            });
+        }
+        let transport = if rdma { "rdma" } else { "tcp" };
+        tracing::info!(listener = %addr, transport, "rpc: listening");
+    }
+
+    pub(super) fn add_ns(&self, p: &mut Params) -> RpcResult {
+        let nqn = p.str("nqn")?;
+        p.opt_str("tgt_name")?;
+        let mut ns = p.object("namespace")?;
+        let bdev = ns.str("bdev_name")?;
+        let nsid = ns.opt_u64("nsid")?;
+        for k in ["nguid", "eui64", "uuid"] {
+            if ns.opt_str(k)?.is_some() {
+                return Err(RpcError::params(format!(
+                    "namespace.{k}: kvtarget uses the volume's persistent identifier"
+                )));
+            }
+        }
+        ns.opt_str("ptpl_file")?;
+        ns.opt_u64("anagrpid")?;
+        ns.unsupported_flags(&["no_auto_visible", "hide_metadata"])?;
+        ns.finish()?;
+        let s = self.nvm_subsystem(&nqn)?;
+        let (pool, vol) = self.volume(&bdev)?;
+        if let Some((other, id)) = self.served_by(&vol.desc.uuid) {
+            return Err(RpcError::new(
+                code::EBUSY,
+                format!("bdev {bdev} is already namespace {id} of {other}"),
+            ));
+        }
+        let existing: Vec<u32> = s.namespace_snapshot().iter().map(|n| n.nsid).collect();
+        let nsid = match nsid {
+            Some(0) | None => (1..=crate::nvmf::admin::MAX_NAMESPACES)
+                .find(|i| !existing.contains(i))
+                .ok_or_else(|| RpcError::new(code::ENOSPC, format!("{nqn} has no free NSID")))?,
+            Some(n) if n > crate::nvmf::admin::MAX_NAMESPACES as u64 => {
+                return Err(RpcError::params(format!(
+                    "namespace.nsid: must be 1..={}",
+                    crate::nvmf::admin::MAX_NAMESPACES
+                )))
+            }
+            Some(n) => n as u32,
+        };
+        if existing.contains(&nsid) {
+            return Err(RpcError::new(
+                code::EEXIST,
+                format!("NSID {nsid} is already in use in {nqn}"),
+            ));
+        }
+        let dev = VolumeDevice::new(pool, vol.clone());
+        let namespace = Namespace::new(&nqn, nsid, dev, vol.desc.block_size);
+        s.add_namespace(Arc::new(namespace))
+            .map_err(|e| RpcError::new(code::EEXIST, e))?;
+        tracing::info!(nqn = %nqn, nsid, bdev = %bdev, "rpc: namespace added");
+        Ok(json!(nsid))
+    }
+
+    pub(super) fn remove_ns(&self, p: &mut Params) -> RpcResult {
+        let nqn = p.str("nqn")?;
+        p.opt_str("tgt_name")?;
+        let nsid = p
+            .opt_u64("nsid")?
+            .ok_or_else(|| RpcError::params("nsid: required"))?;
+        let s = self.nvm_subsystem(&nqn)?;
+        let ns = s
+            .remove_namespace(nsid as u32)
+            .ok_or_else(|| not_found(format!("{nqn} has no namespace {nsid}")))?;
+        // Queues and reactors let go of it on their next housekeeping pass (its
+        // in-flight commands finish first); wait for that so the volume can be
+        // deleted or resized right after, as with SPDK.
+        let t0 = std::time::Instant::now();
+        while Arc::strong_count(&ns) > 1 && t0.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        tracing::info!(nqn = %nqn, nsid, "rpc: namespace removed");
+        Ok(Value::Bool(true))
+    }
+
+    /// The listen_address object: the address and whether it is NVMe/RDMA.
+    fn listen_address(p: &mut Params) -> Result<(std::net::SocketAddr, bool), RpcError> {
+        let mut la = p.object("listen_address")?;
+        let trtype = la.str("trtype")?;
+        let traddr = la.str("traddr")?;
+        // SPDK sends the port as a string; accept a number too.
+        let trsvcid = match la.get("trsvcid") {
+            None => None,
+            Some(Value::String(p)) => Some(p.clone()),
+            Some(Value::Number(n)) => Some(n.to_string()),
+            Some(_) => {
+                return Err(RpcError::params(
+                    "listen_address.trsvcid: must be a port number",
+                ))
+            }
+        };
+        let adrfam = la.opt_str("adrfam")?;
+        la.finish()?;
+        let rdma = if trtype.eq_ignore_ascii_case("rdma") {
+            true
+        } else if trtype.eq_ignore_ascii_case("tcp") {
+            false
+        } else {
+            return Err(RpcError::params(format!(
+                "listen_address.trtype: {trtype} is not available (TCP and RDMA are)"
+            )));
+        };
+        let ip: std::net::IpAddr = traddr.parse().map_err(|_| {
+            RpcError::params(format!(
+                "listen_address.traddr: `{traddr}` is not an IP address"
+            ))
+        })?;
+        if let Some(f) = adrfam {
+            let ok = match f.to_ascii_lowercase().as_str() {
+                "ipv4" => ip.is_ipv4(),
+                "ipv6" => ip.is_ipv6(),
+                _ => false,
+            };
+            if !ok {
+                return Err(RpcError::params(format!(
+                    "listen_address.adrfam: {f} does not match {traddr}"
+                )));
+            }
+        }
+        let port: u16 = trsvcid
+            .as_deref()
+            .unwrap_or("4420")
+            .parse()
+            .map_err(|_| RpcError::params("listen_address.trsvcid: must be a port number"))?;
+        Ok((std::net::SocketAddr::new(ip, port), rdma))
+    }
+
+    pub(super) fn add_listener(&self, p: &mut Params) -> RpcResult {
+        let nqn = p.str("nqn")?;
+        let (addr, rdma) = Self::listen_address(p)?;
+        p.opt_str("tgt_name")?;
+        p.opt_str("ana_state")?;
+        p.opt_str("sock_impl")?;
+        p.get("numa_id");
+        p.unsupported_flags(&["secure_channel"])?;
+        let s = self.subsystem(&nqn)?;
+        let discovery = s.kind == SubsystemKind::Discovery;
+        if rdma {
+            if !self.rdma.is_started() {
+                return Err(RpcError::params(
+                    "transport RDMA does not exist: call nvmf_create_transport with trtype RDMA first",
+                ));
+            }
+            if !self.rdma.listeners.contains(addr) {
+                let l = crate::transport::rdma::listen(addr, false)
+                    .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
+                let bound = l.addr;
+                self.rdma.listeners.add(l);
+                self.announce_listener(bound, false, true);
+            }
+        } else if !self.listeners.contains(addr) {
+            let spec = crate::transport::bind(addr, discovery)
+                .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
+            let bound = spec.addr;
+            self.listeners.add(spec);
+            self.announce_listener(bound, discovery, false);
+        }
+        if !discovery {
+            let mut l = s
+                .listen
+                .write()
+                .map_err(|_| RpcError::new(code::INTERNAL_ERROR, "listener list poisoned"))?;
+            if let Some(list) = l.as_mut() {
+                if list.contains(&addr) {
+                    return Err(RpcError::new(
+                        code::EEXIST,
+                        format!("{nqn} already listens on {addr}"),
+                    ));
+                }
+                list.push(addr);
+            }
+        }
+        self.target.genctr.fetch_add(1, Ordering::Relaxed);
+        Ok(Value::Bool(true))
+    }
+
+    pub(super) fn remove_listener(&self, p: &mut Params) -> RpcResult {
+        let nqn = p.str("nqn")?;
+        let (addr, rdma) = Self::listen_address(p)?;
+        p.opt_str("tgt_name")?;
+        let s = self.subsystem(&nqn)?;
+        if s.kind == SubsystemKind::Nvm {
+            let all: Vec<std::net::SocketAddr> = self
+                .target
+                .listeners
+                .read()
+                .map(|l| {
+                    l.iter()
+                        .filter(|x| !x.discovery_only)
+                        .map(|x| x.addr)
+                        .collect()
+                })
+                .unwrap_or_default();
+            let mut l = s
+                .listen
+                .write()
+                .map_err(|_| RpcError::new(code::INTERNAL_ERROR, "listener list poisoned"))?;
+            let list = l.get_or_insert_with(|| all.clone());
+            let n = list.len();
+            list.retain(|a| a != &addr);
+            if list.len() == n {
+                return Err(not_found(format!("{nqn} does not listen on {addr}")));
+            }
+        }
+        // Stop listening when nothing is reachable there any more. Connections
+        // already made stay up.
+        let subs = self
+            .target
+            .subsystems
+            .read()
+            .map(|s| s.clone())
+            .unwrap_or_default();
+        let used = subs.iter().any(|x| {
+            x.listen
+                .read()
+                .map(|l| l.as_ref().map_or(true, |l| l.contains(&addr)))
+                .unwrap_or(true)
+        });
+        if s.kind == SubsystemKind::Discovery || !used {
+            let is_disc = s.kind == SubsystemKind::Discovery;
+            let present = self
+                .target
+                .listeners
+                .read()
+                .map(|l| {
+                    l.iter()
+                        .any(|x| x.addr == addr && x.discovery_only == is_disc && x.rdma == rdma)
+                })
+                .unwrap_or(false);
+            if is_disc && !present {
+                return Err(not_found(format!("no discovery listener on {addr}")));
+            }
+            if present {
+                if rdma {
+                    self.rdma.listeners.remove(addr);
+                } else {
+                    self.listeners.remove(addr);
+                }
+                if let Ok(mut l) = self.target.listeners.write() {
+                    l.retain(|x| x.addr != addr || x.rdma != rdma);
+                }
+                tracing::info!(listener = %addr, "rpc: stopped listening");
+            }
+        }
+        self.target.genctr.fetch_add(1, Ordering::Relaxed);
+        Ok(Value::Bool(true))
+    }
+
+    pub(super) fn add_host(&self, p: &mut Params) -> RpcResult {
+        let nqn = p.str("nqn")?;
+        let host = p.str("host")?;
+        p.opt_str("tgt_name")?;
+        p.unsupported_flags(&["psk", "dhchap_key", "dhchap_ctrlr_key"])?;
+        crate::config::validate_nqn(&host).map_err(|e| RpcError::params(format!("host: {e}")))?;
+        let s = self.nvm_subsystem(&nqn)?;
+        let mut h = s
+            .hosts
+            .write()
+            .map_err(|_| RpcError::new(code::INTERNAL_ERROR, "host list poisoned"))?;
+        if h.contains(&host) {
+            return Err(RpcError::new(
+                code::EEXIST,
+                format!("{host} is already allowed on {nqn}"),
+            ));
+        }
+        h.push(host.clone());
+        self.target.genctr.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(nqn = %nqn, host = %host, "rpc: host allowed");
+        Ok(Value::Bool(true))
+    }
+
+    pub(super) fn remove_host(&self, p: &mut Params) -> RpcResult {
+        let nqn = p.str("nqn")?;
+        let host = p.str("host")?;
+        p.opt_str("tgt_name")?;
+        p.opt_u64("timeout_ms")?;
+        let s = self.nvm_subsystem(&nqn)?;
+        {
+            let mut h = s
+                .hosts
+                .write()
+                .map_err(|_| RpcError::new(code::INTERNAL_ERROR, "host list poisoned"))?;
+            let before = h.len();
+            h.retain(|x| x != &host);
+            if h.len() == before {
+                return Err(not_found(format!("{host} is not on {nqn}'s host list")));
+            }
+        }
+        self.target.genctr.fetch_add(1, Ordering::Relaxed);
+        // Unless any host may connect, its controllers go now.
+        let n = if s.allow_any_host.load(Ordering::Acquire) {
+            0
+        } else {
+            s.disconnect_host(&host)
+        };
+        tracing::info!(nqn = %nqn, host = %host, disconnected = n, "rpc: host removed");
+        Ok(Value::Bool(true))
+    }
+
+    pub(super) fn allow_any_host(&self, p: &mut Params) -> RpcResult {
+        let nqn = p.str("nqn")?;
+        let any = p
+            .opt_bool("allow_any_host")?
+            .ok_or_else(|| RpcError::params("allow_any_host: required"))?;
+        p.opt_str("tgt_name")?;
+        let s = self.nvm_subsystem(&nqn)?;
+        s.allow_any_host.store(any, Ordering::Release);
+        self.target.genctr.fetch_add(1, Ordering::Relaxed);
+        if !any {
+            // Hosts not on the list lose their controllers.
+            let hosts = s.hosts.read().map(|h| h.clone()).unwrap_or_default();
+            if let Ok(c) = s.controllers.lock() {
+                for ctrl in c.values().filter(|c| !hosts.contains(&c.hostnqn)) {
+                    ctrl.fail();
+                }
+            }
+        }
+        Ok(Value::Bool(true))
+    }
+
+    pub(super) fn get_controllers(&self, p: &mut Params) -> RpcResult {
+        let nqn = p.str("nqn")?;
+        p.opt_str("tgt_name")?;
+        let s = self.subsystem(&nqn)?;
+        let ctrls: Vec<Value> = s
+            .controllers
+            .lock()
+            .map(|c| {
+                let mut v: Vec<_> = c.values().cloned().collect();
+                v.sort_by_key(|c| c.cntlid);
+                v.iter()
+                    .map(|c| {
+                        json!({
+                            "cntlid": c.cntlid,
+                            "hostnqn": c.hostnqn,
+                            "hostid": uuid_str(&c.hostid),
+                            "num_io_qpairs": c.connected_io_queues(),
+                            "peer": c.peer,
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Value::Array(ctrls))
+    }
+
+    pub(super) fn get_qpairs(&self, p: &mut Params) -> RpcResult {
+        let nqn = p.str("nqn")?;
+        p.opt_str("tgt_name")?;
+        let s = self.subsystem(&nqn)?;
+        let mut ctrls: Vec<_> = s
+            .controllers
+            .lock()
+            .map(|c| c.values().cloned().collect())
+            .unwrap_or_default();
+        ctrls.sort_by_key(|c: &Arc<crate::nvmf::Controller>| c.cntlid);
+        let mut out = Vec::new();
+        for c in ctrls {
+            for qid in c.queue_ids() {
+                out.push(json!({
+                    "cntlid": c.cntlid,
+                    "qid": qid,
+                    "state": if c.is_failed() { "deleting" } else { "active" },
+                    "hostnqn": c.hostnqn,
+                    "trtype": "TCP",
+                    "admin_peer_address": c.peer,
+                }));
+            }
+        }
+        Ok(Value::Array(out))
+    }
+}

@@ -1,0 +1,344 @@
+//! Identify data structures: controller, namespace, namespace identification
+//! descriptors and the active namespace list.
+
+use super::{IDENTIFY_LEN, NQN_FIELD_LEN};
+use crate::wire::le::*;
+
+/// Identify CNS values.
+pub mod cns {
+    pub const NAMESPACE: u8 = 0x00;
+    pub const CONTROLLER: u8 = 0x01;
+    pub const ACTIVE_NS_LIST: u8 = 0x02;
+    pub const NS_DESCRIPTOR_LIST: u8 = 0x03;
+    pub const CSI_NAMESPACE: u8 = 0x05;
+    pub const CSI_CONTROLLER: u8 = 0x06;
+    pub const CSI_ACTIVE_NS_LIST: u8 = 0x07;
+}
+
+/// Values reported in Identify Controller. Only the fields a fabrics target sets;
+/// everything else is zero.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct IdentifyController {
+    pub vid: u16,
+    pub ssvid: u16,
+    pub serial: String,
+    pub model: String,
+    pub firmware: String,
+    pub ieee_oui: [u8; 3],
+    pub cmic: u8,
+    pub mdts: u8,
+    pub cntlid: u16,
+    pub version: u32,
+    pub oaes: u32,
+    pub ctratt: u32,
+    pub cntrltype: u8,
+    pub oacs: u16,
+    pub acl: u8,
+    pub aerl: u8,
+    pub frmw: u8,
+    pub lpa: u8,
+    pub elpe: u8,
+    pub kas: u16,
+    pub sqes: u8,
+    pub cqes: u8,
+    pub maxcmd: u16,
+    pub nn: u32,
+    pub oncs: u16,
+    pub fuses: u16,
+    pub vwc: u8,
+    pub awun: u16,
+    pub awupf: u16,
+    pub sgls: u32,
+    pub mnan: u32,
+    pub subnqn: String,
+    pub ioccsz: u32,
+    pub iorcsz: u32,
+    pub icdoff: u16,
+    pub fcatt: u8,
+    pub msdbd: u8,
+    pub ofcs: u16,
+}
+
+impl IdentifyController {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; IDENTIFY_LEN];
+        put_u16(&mut b, 0, self.vid);
+        put_u16(&mut b, 2, self.ssvid);
+        put_ascii_padded(&mut b, 4, 20, &self.serial);
+        put_ascii_padded(&mut b, 24, 40, &self.model);
+        put_ascii_padded(&mut b, 64, 8, &self.firmware);
+        b[73..76].copy_from_slice(&self.ieee_oui);
+        b[76] = self.cmic;
+        b[77] = self.mdts;
+        put_u16(&mut b, 78, self.cntlid);
+        put_u32(&mut b, 80, self.version);
+        put_u32(&mut b, 92, self.oaes);
+        put_u32(&mut b, 96, self.ctratt);
+        b[111] = self.cntrltype;
+        put_u16(&mut b, 256, self.oacs);
+        b[258] = self.acl;
+        b[259] = self.aerl;
+        b[260] = self.frmw;
+        b[261] = self.lpa;
+        b[262] = self.elpe;
+        put_u16(&mut b, 320, self.kas);
+        b[512] = self.sqes;
+        b[513] = self.cqes;
+        put_u16(&mut b, 514, self.maxcmd);
+        put_u32(&mut b, 516, self.nn);
+        put_u16(&mut b, 520, self.oncs);
+        put_u16(&mut b, 522, self.fuses);
+        b[525] = self.vwc;
+        put_u16(&mut b, 526, self.awun);
+        put_u16(&mut b, 528, self.awupf);
+        put_u32(&mut b, 536, self.sgls);
+        put_u32(&mut b, 540, self.mnan);
+        put_str_nul(&mut b, 768, NQN_FIELD_LEN, &self.subnqn);
+        put_u32(&mut b, 1792, self.ioccsz);
+        put_u32(&mut b, 1796, self.iorcsz);
+        put_u16(&mut b, 1800, self.icdoff);
+        b[1802] = self.fcatt;
+        b[1803] = self.msdbd;
+        put_u16(&mut b, 1804, self.ofcs);
+        // Power state 0: 0 W max is "not reported", entry/exit latencies unknown.
+        b
+    }
+    pub fn decode(b: &[u8]) -> IdentifyController {
+        let mut oui = [0u8; 3];
+        if let Some(s) = b.get(73..76) {
+            oui.copy_from_slice(s);
+        }
+        let byte = |o: usize| b.get(o).copied().unwrap_or(0);
+        IdentifyController {
+            vid: u16_at(b, 0),
+            ssvid: u16_at(b, 2),
+            serial: str_at(b, 4, 20),
+            model: str_at(b, 24, 40),
+            firmware: str_at(b, 64, 8),
+            ieee_oui: oui,
+            cmic: byte(76),
+            mdts: byte(77),
+            cntlid: u16_at(b, 78),
+            version: u32_at(b, 80),
+            oaes: u32_at(b, 92),
+            ctratt: u32_at(b, 96),
+            cntrltype: byte(111),
+            oacs: u16_at(b, 256),
+            acl: byte(258),
+            aerl: byte(259),
+            frmw: byte(260),
+            lpa: byte(261),
+            elpe: byte(262),
+            kas: u16_at(b, 320),
+            sqes: byte(512),
+            cqes: byte(513),
+            maxcmd: u16_at(b, 514),
+            nn: u32_at(b, 516),
+            oncs: u16_at(b, 520),
+            fuses: u16_at(b, 522),
+            vwc: byte(525),
+            awun: u16_at(b, 526),
+            awupf: u16_at(b, 528),
+            sgls: u32_at(b, 536),
+            mnan: u32_at(b, 540),
+            subnqn: str_at(b, 768, NQN_FIELD_LEN),
+            ioccsz: u32_at(b, 1792),
+            iorcsz: u32_at(b, 1796),
+            icdoff: u16_at(b, 1800),
+            fcatt: byte(1802),
+            msdbd: byte(1803),
+            ofcs: u16_at(b, 1804),
+        }
+    }
+}
+
+/// Values reported in Identify Namespace (NVM command set).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct IdentifyNamespace {
+    pub nsze: u64,
+    pub ncap: u64,
+    pub nuse: u64,
+    pub nsfeat: u8,
+    /// log2 of the logical block size of LBA format 0 (the only one).
+    pub lbads: u8,
+    pub nmic: u8,
+    pub dlfeat: u8,
+    /// Preferred write granularity/alignment and deallocate granularity, 0-based.
+    pub npwg: u16,
+    pub npwa: u16,
+    pub npdg: u16,
+    pub npda: u16,
+    pub nows: u16,
+    pub noiob: u16,
+    pub nvmcap: u128,
+    pub anagrpid: u32,
+    pub nguid: [u8; 16],
+    pub eui64: [u8; 8],
+}
+
+/// NSFEAT bit: the NPWG/NPWA/NPDG/NPDA/NOWS fields are valid.
+pub const NSFEAT_OPTPERF: u8 = 1 << 4;
+/// NSFEAT bit: the controller supports deallocated-or-unwritten error (DULBE).
+pub const NSFEAT_DULBE: u8 = 1 << 2;
+/// NSFEAT bit: thin provisioning (NCAP may be less than NSZE).
+pub const NSFEAT_THIN: u8 = 1 << 0;
+
+impl IdentifyNamespace {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; IDENTIFY_LEN];
+        put_u64(&mut b, 0, self.nsze);
+        put_u64(&mut b, 8, self.ncap);
+        put_u64(&mut b, 16, self.nuse);
+        b[24] = self.nsfeat;
+        b[25] = 0; // one LBA format
+        b[26] = 0; // flbas: format 0, no metadata
+        b[30] = self.nmic;
+        b[33] = self.dlfeat;
+        put_u16(&mut b, 46, self.noiob);
+        b[48..64].copy_from_slice(&self.nvmcap.to_le_bytes());
+        put_u16(&mut b, 64, self.npwg);
+        put_u16(&mut b, 66, self.npwa);
+        put_u16(&mut b, 68, self.npdg);
+        put_u16(&mut b, 70, self.npda);
+        put_u16(&mut b, 72, self.nows);
+        put_u32(&mut b, 92, self.anagrpid);
+        b[104..120].copy_from_slice(&self.nguid);
+        b[120..128].copy_from_slice(&self.eui64);
+        // LBA format 0: no metadata, lbads, relative performance 0 (best).
+        put_u32(&mut b, 128, (self.lbads as u32) << 16);
+        b
+    }
+    pub fn decode(b: &[u8]) -> IdentifyNamespace {
+        let byte = |o: usize| b.get(o).copied().unwrap_or(0);
+        let mut nguid = [0u8; 16];
+        if let Some(s) = b.get(104..120) {
+            nguid.copy_from_slice(s);
+        }
+        let mut eui64 = [0u8; 8];
+        if let Some(s) = b.get(120..128) {
+            eui64.copy_from_slice(s);
+        }
+        let flbas = (byte(26) & 0xF) as usize;
+        IdentifyNamespace {
+            nsze: u64_at(b, 0),
+            ncap: u64_at(b, 8),
+            nuse: u64_at(b, 16),
+            nsfeat: byte(24),
+            lbads: ((u32_at(b, 128 + 4 * flbas) >> 16) & 0xFF) as u8,
+            nmic: byte(30),
+            dlfeat: byte(33),
+            npwg: u16_at(b, 64),
+            npwa: u16_at(b, 66),
+            npdg: u16_at(b, 68),
+            npda: u16_at(b, 70),
+            nows: u16_at(b, 72),
+            noiob: u16_at(b, 46),
+            nvmcap: (u64_at(b, 48) as u128) | (u64_at(b, 56) as u128) << 64,
+            anagrpid: u32_at(b, 92),
+            nguid,
+            eui64,
+        }
+    }
+}
+
+/// Namespace identification descriptor types (Identify CNS 03h).
+pub mod nidt {
+    pub const EUI64: u8 = 1;
+    pub const NGUID: u8 = 2;
+    pub const UUID: u8 = 3;
+    pub const CSI: u8 = 4;
+}
+
+/// Encodes a namespace identification descriptor list.
+pub fn encode_ns_descriptors(eui64: &[u8; 8], nguid: &[u8; 16], uuid: &[u8; 16]) -> Vec<u8> {
+    let mut b = vec![0u8; IDENTIFY_LEN];
+    let mut off = 0;
+    let mut push = |t: u8, id: &[u8]| {
+        b[off] = t;
+        b[off + 1] = id.len() as u8;
+        b[off + 4..off + 4 + id.len()].copy_from_slice(id);
+        off += 4 + id.len();
+    };
+    push(nidt::EUI64, eui64);
+    push(nidt::NGUID, nguid);
+    push(nidt::UUID, uuid);
+    push(nidt::CSI, &[0]); // NVM command set
+    b
+}
+
+/// Decodes a namespace identification descriptor list into (type, id) pairs.
+pub fn decode_ns_descriptors(b: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off + 4 <= b.len() {
+        let t = b[off];
+        let l = b[off + 1] as usize;
+        if t == 0 || l == 0 || off + 4 + l > b.len() {
+            break;
+        }
+        out.push((t, b[off + 4..off + 4 + l].to_vec()));
+        off += 4 + l;
+    }
+    out
+}
+
+/// Encodes an active namespace ID list: up to 1024 NSIDs greater than `after`.
+pub fn encode_ns_list(nsids: impl Iterator<Item = u32>, after: u32) -> Vec<u8> {
+    let mut b = vec![0u8; IDENTIFY_LEN];
+    for (i, nsid) in nsids.filter(|&n| n > after).take(1024).enumerate() {
+        put_u32(&mut b, i * 4, nsid);
+    }
+    b
+}
+
+pub fn decode_ns_list(b: &[u8]) -> Vec<u32> {
+    b.chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .take_while(|&n| n != 0)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn identify_controller_offsets_match_spec() {
+        let id = IdentifyController {
+            serial: "SN1".into(),
+            model: "kvtarget".into(),
+            cntlid: 0x1234,
+            kas: 10,
+            maxcmd: 128,
+            sgls: 0x0010_0005,
+            subnqn: "nqn.2026-11.io.kvtarget:x".into(),
+            ioccsz: 260,
+            iorcsz: 1,
+            cntrltype: 1,
+            ..Default::default()
+        };
+        let b = id.encode();
+        assert_eq!(b.len(), 4096);
+        assert_eq!(&b[4..7], b"SN1");
+        assert_eq!(b[7], b' ');
+        assert_eq!(u16_at(&b, 78), 0x1234);
+        assert_eq!(u16_at(&b, 320), 10);
+        assert_eq!(u16_at(&b, 514), 128);
+        assert_eq!(u32_at(&b, 536), 0x0010_0005);
+        assert_eq!(&b[768..768 + 25], b"nqn.2026-11.io.kvtarget:x");
+        assert_eq!(u32_at(&b, 1792), 260);
+        assert_eq!(b[111], 1);
+        assert_eq!(IdentifyController::decode(&b), id);
+    }
+
+    proptest! {
+        #[test]
+        fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..5000)) {
+            let _ = IdentifyController::decode(&bytes);
+            let _ = IdentifyNamespace::decode(&bytes);
+            let _ = decode_ns_descriptors(&bytes);
+            let _ = decode_ns_list(&bytes);
+        }
+    }
+}

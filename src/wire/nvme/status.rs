@@ -1,0 +1,148 @@
+//! Completion status codes (status code type, status code, DNR).
+
+/// A completion status: status code type and status code, plus the DNR bit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Status {
+    pub sct: u8,
+    pub sc: u8,
+    pub dnr: bool,
+}
+
+impl Status {
+    pub const SUCCESS: Status = Status::generic(0x00);
+    pub const INVALID_OPCODE: Status = Status::generic(0x01).no_retry();
+    pub const INVALID_FIELD: Status = Status::generic(0x02).no_retry();
+    pub const CID_CONFLICT: Status = Status::generic(0x03).no_retry();
+    pub const DATA_TRANSFER_ERROR: Status = Status::generic(0x04);
+    pub const INTERNAL_ERROR: Status = Status::generic(0x06);
+    pub const ABORT_REQUESTED: Status = Status::generic(0x07);
+    pub const ABORTED_SQ_DELETION: Status = Status::generic(0x08);
+    pub const INVALID_NAMESPACE: Status = Status::generic(0x0B).no_retry();
+    pub const COMMAND_SEQUENCE_ERROR: Status = Status::generic(0x0C).no_retry();
+    pub const INVALID_SGL_DESCRIPTOR: Status = Status::generic(0x0D).no_retry();
+    pub const DATA_SGL_LENGTH_INVALID: Status = Status::generic(0x0F).no_retry();
+    pub const SGL_DESCRIPTOR_TYPE_INVALID: Status = Status::generic(0x11).no_retry();
+    pub const SGL_OFFSET_INVALID: Status = Status::generic(0x16).no_retry();
+    pub const KEEP_ALIVE_INVALID: Status = Status::generic(0x1A).no_retry();
+    pub const LBA_OUT_OF_RANGE: Status = Status::generic(0x80).no_retry();
+    pub const CAPACITY_EXCEEDED: Status = Status::generic(0x81).no_retry();
+    pub const NAMESPACE_NOT_READY: Status = Status::generic(0x82);
+
+    // Command specific (SCT 1).
+    pub const INVALID_QUEUE_ID: Status = Status::specific(0x01).no_retry();
+    pub const ASYNC_EVENT_LIMIT: Status = Status::specific(0x05).no_retry();
+    pub const INVALID_LOG_PAGE: Status = Status::specific(0x09).no_retry();
+    pub const FEATURE_NOT_SAVEABLE: Status = Status::specific(0x0D).no_retry();
+    pub const FEATURE_NOT_CHANGEABLE: Status = Status::specific(0x0E).no_retry();
+    pub const CONNECT_INCOMPATIBLE_FORMAT: Status = Status::specific(0x80).no_retry();
+    pub const CONNECT_CONTROLLER_BUSY: Status = Status::specific(0x81);
+    pub const CONNECT_INVALID_PARAMETERS: Status = Status::specific(0x82).no_retry();
+    pub const CONNECT_INVALID_HOST: Status = Status::specific(0x84).no_retry();
+
+    // Media and data integrity errors (SCT 2).
+    pub const WRITE_FAULT: Status = Status::media(0x80);
+    pub const UNRECOVERED_READ_ERROR: Status = Status::media(0x81);
+    pub const DEALLOCATED_OR_UNWRITTEN: Status = Status::media(0x87).no_retry();
+
+    pub const fn generic(sc: u8) -> Status {
+        Status {
+            sct: 0,
+            sc,
+            dnr: false,
+        }
+    }
+    pub const fn specific(sc: u8) -> Status {
+        Status {
+            sct: 1,
+            sc,
+            dnr: false,
+        }
+    }
+    pub const fn media(sc: u8) -> Status {
+        Status {
+            sct: 2,
+            sc,
+            dnr: false,
+        }
+    }
+    pub const fn no_retry(self) -> Status {
+        Status { dnr: true, ..self }
+    }
+    pub fn is_success(self) -> bool {
+        self.sct == 0 && self.sc == 0
+    }
+    /// The 15-bit status field as it sits in CQE bits 31:17 (phase bit excluded).
+    pub fn to_field(self) -> u16 {
+        ((self.sc as u16) << 1) | (((self.sct & 0x7) as u16) << 9) | ((self.dnr as u16) << 15)
+    }
+    pub fn from_field(f: u16) -> Status {
+        Status {
+            sc: ((f >> 1) & 0xFF) as u8,
+            sct: ((f >> 9) & 0x7) as u8,
+            dnr: f & 0x8000 != 0,
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = match (self.sct, self.sc) {
+            (0, 0x00) => "success",
+            (0, 0x01) => "invalid command opcode",
+            (0, 0x02) => "invalid field in command",
+            (0, 0x03) => "command id conflict",
+            (0, 0x04) => "data transfer error",
+            (0, 0x06) => "internal error",
+            (0, 0x07) => "command abort requested",
+            (0, 0x08) => "aborted: SQ deletion",
+            (0, 0x0B) => "invalid namespace or format",
+            (0, 0x0C) => "command sequence error",
+            (0, 0x0D) => "invalid SGL segment descriptor",
+            (0, 0x0F) => "data SGL length invalid",
+            (0, 0x11) => "SGL descriptor type invalid",
+            (0, 0x16) => "SGL offset invalid",
+            (0, 0x1A) => "keep alive timeout invalid",
+            (0, 0x80) => "LBA out of range",
+            (0, 0x81) => "capacity exceeded",
+            (0, 0x82) => "namespace not ready",
+            (1, 0x01) => "invalid queue identifier",
+            (1, 0x05) => "async event request limit exceeded",
+            (1, 0x09) => "invalid log page",
+            (1, 0x0D) => "feature not saveable",
+            (1, 0x0E) => "feature not changeable",
+            (1, 0x80) => "connect: incompatible format",
+            (1, 0x81) => "connect: controller busy",
+            (1, 0x82) => "connect: invalid parameters",
+            (1, 0x84) => "connect: invalid host",
+            (2, 0x80) => "write fault",
+            (2, 0x81) => "unrecovered read error",
+            (2, 0x87) => "deallocated or unwritten logical block",
+            _ => "status",
+        };
+        write!(f, "{name} (sct {:#x} sc {:#04x}", self.sct, self.sc)?;
+        if self.dnr {
+            write!(f, ", dnr")?;
+        }
+        write!(f, ")")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_field_round_trips() {
+        for s in [
+            Status::SUCCESS,
+            Status::INVALID_OPCODE,
+            Status::CONNECT_INVALID_HOST,
+            Status::DEALLOCATED_OR_UNWRITTEN,
+        ] {
+            assert_eq!(Status::from_field(s.to_field()), s);
+        }
+        // The Linux host's NVME_SC_CONNECT_INVALID_HOST is 0x184 (sct << 8 | sc) and
+        // DNR is 0x4000 in its shifted-down view.
+        assert_eq!(Status::CONNECT_INVALID_HOST.to_field() >> 1, 0x4184);
+    }
+}
