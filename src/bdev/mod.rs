@@ -76,6 +76,16 @@ pub struct IoCompletion {
 pub trait IoChannel: Send {
     /// Queues an operation. On error the operation (and its buffer) comes back.
     fn submit(&mut self, tag: u64, op: IoOp) -> Result<(), (IoOp, i32)>;
+    /// Queues an operation for one of the devices sharing this channel (see
+    /// `BlockDevice::shared_channel`); channels of one device ignore the lane.
+    fn submit_lane(&mut self, _lane: u32, tag: u64, op: IoOp) -> Result<(), (IoOp, i32)> {
+        self.submit(tag, op)
+    }
+    /// The device of `lane` is no longer served here: the channel lets go of
+    /// it unless it still has operations in flight (then false; asked again).
+    fn release_lane(&mut self, _lane: u32) -> bool {
+        true
+    }
     /// Pushes queued operations to the device (one syscall per batch at most).
     fn flush_submissions(&mut self);
     /// Moves finished operations into `out`; returns how many.
@@ -146,6 +156,13 @@ pub trait BlockDevice: Send + Sync {
     }
     /// The device's block size when it has its own (a volume); namespaces use it.
     fn block_size(&self) -> Option<u32> {
+        None
+    }
+    /// Devices that share one channel per reactor with others (the volumes of
+    /// one pool share its device queue): that channel's key, unique in the
+    /// process, and this device's lane in it (`IoChannel::submit_lane`).
+    /// `None`: the device has channels of its own.
+    fn shared_channel(&self) -> Option<(u64, u32)> {
         None
     }
 }

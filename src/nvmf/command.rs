@@ -163,27 +163,21 @@ pub fn submit(
             s.failure = Some(Status::INVALID_NAMESPACE);
             continue;
         };
-        let refused = match channels.get(ns) {
-            Ok(ch) => match ch.submit(tag, op) {
-                Ok(()) => None,
-                Err((op, errno)) => {
-                    if count_device_error(device_errors) {
-                        tracing::warn!(
-                            nsid = ns.nsid,
-                            failures = *device_errors,
-                            "device refused a submission: {} (errno {errno}); further ones on this queue are logged at debug level",
-                            std::io::Error::from_raw_os_error(errno)
-                        );
-                    } else {
-                        tracing::debug!(
-                            nsid = ns.nsid,
-                            "device refused a submission: errno {errno}"
-                        );
-                    }
-                    Some(op)
+        let refused = match channels.submit(ns, tag, op) {
+            Ok(()) => None,
+            Err((op, errno)) => {
+                if count_device_error(device_errors) {
+                    tracing::warn!(
+                        nsid = ns.nsid,
+                        failures = *device_errors,
+                        "device refused a submission: {} (errno {errno}); further ones on this queue are logged at debug level",
+                        std::io::Error::from_raw_os_error(errno)
+                    );
+                } else {
+                    tracing::debug!(nsid = ns.nsid, "device refused a submission: errno {errno}");
                 }
-            },
-            Err(_) => Some(op),
+                Some(op)
+            }
         };
         match refused {
             None => s.ops += 1,
@@ -266,11 +260,11 @@ pub fn account(
 mod tests {
     use super::*;
     use crate::bdev::ram::RamDevice;
-    use crate::nvmf::Namespace;
-    use std::sync::Arc;
     use crate::bdev::{BlockDevice, IoChannel, IoCompletion};
+    use crate::nvmf::Namespace;
     use crate::wire::nvme::DSM_RANGE_LEN;
     use std::os::fd::RawFd;
+    use std::sync::Arc;
 
     fn ns(nsid: u32) -> Arc<Namespace> {
         Arc::new(Namespace::new(

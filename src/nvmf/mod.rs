@@ -128,6 +128,9 @@ impl crate::reactor::ChannelSource for Namespace {
     fn key(&self) -> u64 {
         self.key
     }
+    fn shared(&self) -> Option<(u64, u32)> {
+        self.dev.shared_channel()
+    }
     fn removed(&self) -> bool {
         self.removed.load(Ordering::Acquire)
     }

@@ -1,8 +1,12 @@
 //! Volumes as block devices: `VolumeDevice` is what a namespace serves, and
-//! `VolumeChannel` is one reactor's path to it. A channel turns logical I/O into
-//! physical extent I/O on the reactor's own channel to the pool device:
+//! `PoolChannel` is one reactor's path to every volume of a pool: one channel
+//! (one device queue: one NVMe hardware queue on the `nvme` backend) per
+//! (reactor, pool device), shared by all the pool's volumes, each reached
+//! through a lane (`IoChannel::submit_lane`, the lane being the volume id). A
+//! channel turns logical I/O into physical extent I/O on that device queue:
 //! mapping on first write, zeros (or the unwritten-block error) for unmapped
-//! ranges, valid-block bitmaps, dual-path scheduling of large transfers, and
+//! ranges, valid-block bitmaps, dual-path scheduling of large transfers (at
+//! the shared queue, so the bound on large pieces holds across volumes), and
 //! Flush/FUA through the metadata thread's group commit.
 
 use super::volume::{AllocError, Volume};
@@ -37,10 +41,11 @@ impl BlockDevice for VolumeDevice {
         self.vol.desc.size_bytes
     }
     fn open_channel(&self) -> std::io::Result<Box<dyn IoChannel>> {
-        Ok(Box::new(VolumeChannel::new(
-            self.pool.clone(),
-            self.vol.clone(),
-        )?))
+        // Opened for one volume, used by all of the pool's (`shared_channel`).
+        Ok(Box::new(PoolChannel::new(self.pool.clone())?))
+    }
+    fn shared_channel(&self) -> Option<(u64, u32)> {
+        Some((self.pool.channel_key, self.vol.desc.id))
     }
     fn sync(&self) -> std::io::Result<()> {
         self.pool.sync().map_err(std::io::Error::other)
@@ -71,6 +76,8 @@ enum Kind {
 struct Req {
     tag: u64,
     kind: Kind,
+    /// The lane (index into `PoolChannel::lanes`) of the volume it is for.
+    lane: u32,
     /// Bytes the command covers (for the I/O counters).
     bytes: u64,
     deallocate: bool,
@@ -92,52 +99,147 @@ struct Req {
 /// How long a write waiting for clean extents waits before retrying anyway.
 const STALL_RETRY: Duration = Duration::from_millis(20);
 
-pub struct VolumeChannel {
-    pool: Arc<Pool>,
+/// One volume as this channel sees it.
+struct Lane {
     vol: Arc<Volume>,
+    stats: Arc<crate::pool::volume::ChannelStats>,
+    /// Requests of this lane not yet completed (a lane is released only idle).
+    active: std::cell::Cell<u32>,
+}
+
+fn lane_at(lanes: &[Option<Lane>], i: u32) -> Option<&Lane> {
+    lanes.get(i as usize).and_then(|l| l.as_ref())
+}
+
+/// One reactor's channel to a pool: every volume's I/O goes through the one
+/// device queue `base`.
+pub struct PoolChannel {
+    /// Volumes served here, by index: requests name theirs by it. Indices are
+    /// not reused: a volume deleted and replaced under the same id gets a new
+    /// lane while the old one's requests finish, and a released lane (its
+    /// namespace removed) leaves `None`, so this channel holds no volume
+    /// nothing serves (a volume in use cannot be deleted).
+    lanes: Vec<Option<Lane>>,
+    /// Volume id -> lane.
+    by_id: Vec<Option<u32>>,
+    /// The lane plain `submit` uses (`for_volume`).
+    default_lane: Option<u32>,
+    io: Engine,
+}
+
+/// A one-volume channel (the pool simulation's, and tools'): a pool channel
+/// whose plain `submit` goes to that volume.
+pub type VolumeChannel = PoolChannel;
+
+/// Everything of a pool channel but its lanes, so its methods can borrow a
+/// lane's volume while changing the rest.
+struct Engine {
+    pool: Arc<Pool>,
     base: Box<dyn IoChannel>,
     notify: Arc<Notifier>,
     reqs: Vec<Option<Req>>,
     free: Vec<u32>,
     active: usize,
     done: Vec<IoCompletion>,
-    stalled: VecDeque<(u64, IoOp)>,
+    stalled: VecDeque<(u32, u64, IoOp)>,
     stalled_at: Option<Instant>,
     large: VecDeque<(u32, IoOp)>,
     large_inflight: usize,
     scratch: Vec<IoCompletion>,
     reactor: usize,
-    stats: Arc<crate::pool::volume::ChannelStats>,
 }
 
-impl VolumeChannel {
-    pub fn new(pool: Arc<Pool>, vol: Arc<Volume>) -> std::io::Result<VolumeChannel> {
+impl PoolChannel {
+    pub fn new(pool: Arc<Pool>) -> std::io::Result<PoolChannel> {
         let base = pool.device().open_channel()?;
         let notify = Arc::new(Notifier::new());
         pool.register_waiter(&notify);
-        Ok(VolumeChannel {
-            stats: vol.new_channel_stats(),
-            reactor: crate::reactor::current_reactor(),
-            pool,
-            vol,
-            base,
-            notify,
-            reqs: Vec::new(),
-            free: Vec::new(),
-            active: 0,
-            done: Vec::new(),
-            stalled: VecDeque::new(),
-            stalled_at: None,
-            large: VecDeque::new(),
-            large_inflight: 0,
-            scratch: Vec::new(),
+        Ok(PoolChannel {
+            lanes: Vec::new(),
+            by_id: Vec::new(),
+            default_lane: None,
+            io: Engine {
+                reactor: crate::reactor::current_reactor(),
+                pool,
+                base,
+                notify,
+                reqs: Vec::new(),
+                free: Vec::new(),
+                active: 0,
+                done: Vec::new(),
+                stalled: VecDeque::new(),
+                stalled_at: None,
+                large: VecDeque::new(),
+                large_inflight: 0,
+                scratch: Vec::new(),
+            },
         })
     }
 
-    fn new_req(&mut self, tag: u64, kind: Kind, buf: Option<IoBuf>) -> u32 {
+    /// A channel whose plain `submit` goes to `vol`.
+    pub fn for_volume(pool: Arc<Pool>, vol: Arc<Volume>) -> std::io::Result<PoolChannel> {
+        let mut ch = PoolChannel::new(pool)?;
+        let id = vol.desc.id;
+        ch.default_lane = Some(ch.add_lane(vol));
+        if let Some(l) = ch.default_lane {
+            ch.set_lane(id, l);
+        }
+        Ok(ch)
+    }
+
+    fn add_lane(&mut self, vol: Arc<Volume>) -> u32 {
+        self.lanes.push(Some(Lane {
+            stats: vol.new_channel_stats(),
+            vol,
+            active: std::cell::Cell::new(0),
+        }));
+        (self.lanes.len() - 1) as u32
+    }
+
+    fn set_lane(&mut self, id: u32, lane: u32) {
+        let i = id as usize;
+        if self.by_id.len() <= i {
+            self.by_id.resize(i + 1, None);
+        }
+        self.by_id[i] = Some(lane);
+    }
+
+    /// The lane of volume `id`, looked up in the pool on first use (and again
+    /// after the volume it had was deleted, in case the id now names another).
+    fn lane_of(&mut self, id: u32) -> Option<u32> {
+        let known = self.by_id.get(id as usize).copied().flatten();
+        if let Some(l) = known {
+            let live =
+                lane_at(&self.lanes, l).is_some_and(|x| !x.vol.deleted.load(Ordering::Acquire));
+            if live {
+                return Some(l);
+            }
+        }
+        let vol = self.io.pool.volume_by_id(id)?;
+        if let Some(l) = known {
+            if lane_at(&self.lanes, l).is_some_and(|x| Arc::ptr_eq(&x.vol, &vol)) {
+                return Some(l);
+            }
+        }
+        let l = self.add_lane(vol);
+        self.set_lane(id, l);
+        Some(l)
+    }
+}
+
+impl Engine {
+    fn new_req(
+        &mut self,
+        lanes: &[Option<Lane>],
+        lane: u32,
+        tag: u64,
+        kind: Kind,
+        buf: Option<IoBuf>,
+    ) -> u32 {
         let r = Req {
             tag,
             kind,
+            lane,
             bytes: buf.as_ref().map_or(0, |b| b.len() as u64),
             deallocate: false,
             buf,
@@ -150,7 +252,9 @@ impl VolumeChannel {
         };
         self.active += 1;
         if kind != Kind::Flush {
-            self.stats.inflight.fetch_add(1, Ordering::Relaxed);
+            if let Some(l) = lane_at(lanes, lane) {
+                l.stats.inflight.fetch_add(1, Ordering::Relaxed);
+            }
         }
         match self.free.pop() {
             Some(i) => {
@@ -169,19 +273,23 @@ impl VolumeChannel {
     }
 
     /// Every device operation of request `ri` is done.
-    fn finish(&mut self, ri: u32) {
+    fn finish(&mut self, lanes: &[Option<Lane>], ri: u32) {
         let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.as_mut()) else {
             return;
         };
+        let Some(lane) = lane_at(lanes, r.lane) else {
+            return;
+        };
+        let vol = &lane.vol;
         for &lext in &r.pinned {
-            self.vol.unpin(lext);
+            vol.unpin(lext);
         }
         r.pinned.clear();
         for &lext in &r.emptied {
-            match self.vol.try_unmap_empty(lext) {
+            match vol.try_unmap_empty(lext) {
                 Ok(Some(p)) => self.pool.extent_freed(p),
                 Ok(None) => {}
-                Err(()) => self.pool.retry_unmap(self.vol.desc.id, lext),
+                Err(()) => self.pool.retry_unmap(vol.desc.id, lext),
             }
         }
         r.emptied.clear();
@@ -195,44 +303,45 @@ impl VolumeChannel {
         if r.kind == (Kind::Write { fua: true }) && r.err.is_none() {
             // Durable data and metadata before the acknowledgement.
             r.kind = Kind::Flush;
-            self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
+            lane.stats.inflight.fetch_sub(1, Ordering::Relaxed);
             self.pool.request_commit(ri as u64, self.notify.clone());
             return;
         }
-        self.release(ri);
+        self.release(lanes, ri);
     }
 
-    fn release(&mut self, ri: u32) {
+    fn release(&mut self, lanes: &[Option<Lane>], ri: u32) {
         let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.take()) else {
             return;
         };
         self.free.push(ri);
         self.active -= 1;
-        let ns = r.start.elapsed().as_nanos() as u64;
-        if r.kind != Kind::Flush {
-            self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
-        }
-        let st = &self.stats;
-        if r.err.is_some() {
-            st.errors.fetch_add(1, Ordering::Relaxed);
-        } else if r.kind == Kind::Flush {
-            st.flushes.fetch_add(1, Ordering::Relaxed);
-        } else {
-            let b = crate::pool::volume::latency_bucket(ns);
-            let (ops, bytes, time) = match r.kind {
-                Kind::Read => {
-                    st.read_hist[b].fetch_add(1, Ordering::Relaxed);
-                    (&st.reads, &st.read_bytes, &st.read_ns)
-                }
-                Kind::Zeroes if r.deallocate => (&st.unmaps, &st.unmap_bytes, &st.unmap_ns),
-                _ => {
-                    st.write_hist[b].fetch_add(1, Ordering::Relaxed);
-                    (&st.writes, &st.write_bytes, &st.write_ns)
-                }
-            };
-            ops.fetch_add(1, Ordering::Relaxed);
-            bytes.fetch_add(r.bytes, Ordering::Relaxed);
-            time.fetch_add(ns, Ordering::Relaxed);
+        if let Some(st) = lane_at(lanes, r.lane).map(|l| &l.stats) {
+            let ns = r.start.elapsed().as_nanos() as u64;
+            if r.kind != Kind::Flush {
+                st.inflight.fetch_sub(1, Ordering::Relaxed);
+            }
+            if r.err.is_some() {
+                st.errors.fetch_add(1, Ordering::Relaxed);
+            } else if r.kind == Kind::Flush {
+                st.flushes.fetch_add(1, Ordering::Relaxed);
+            } else {
+                let b = crate::pool::volume::latency_bucket(ns);
+                let (ops, bytes, time) = match r.kind {
+                    Kind::Read => {
+                        st.read_hist[b].fetch_add(1, Ordering::Relaxed);
+                        (&st.reads, &st.read_bytes, &st.read_ns)
+                    }
+                    Kind::Zeroes if r.deallocate => (&st.unmaps, &st.unmap_bytes, &st.unmap_ns),
+                    _ => {
+                        st.write_hist[b].fetch_add(1, Ordering::Relaxed);
+                        (&st.writes, &st.write_bytes, &st.write_ns)
+                    }
+                };
+                ops.fetch_add(1, Ordering::Relaxed);
+                bytes.fetch_add(r.bytes, Ordering::Relaxed);
+                time.fetch_add(ns, Ordering::Relaxed);
+            }
         }
         let result = match r.err {
             Some(e) => Err(e),
@@ -336,41 +445,51 @@ impl VolumeChannel {
         }
     }
 
-    fn settle(&mut self, ri: u32) {
+    fn settle(&mut self, lanes: &[Option<Lane>], ri: u32) {
         let pending = self
             .reqs
             .get(ri as usize)
             .and_then(|r| r.as_ref())
             .map(|r| r.pending);
         if pending == Some(0) {
-            self.finish(ri);
+            self.finish(lanes, ri);
         }
     }
 
-    fn check_range(&self, offset: u64, len: u64) -> bool {
-        let bs = self.vol.desc.block_size as u64;
+    fn check_range(vol: &Volume, offset: u64, len: u64) -> bool {
+        let bs = vol.desc.block_size as u64;
         offset % bs == 0
             && len % bs == 0
             && offset
                 .checked_add(len)
-                .is_some_and(|e| e <= self.vol.desc.size_bytes)
+                .is_some_and(|e| e <= vol.desc.size_bytes)
     }
 
-    fn start_read(&mut self, tag: u64, offset: u64, mut buf: IoBuf) {
+    fn start_read(
+        &mut self,
+        lanes: &[Option<Lane>],
+        lane: u32,
+        tag: u64,
+        offset: u64,
+        mut buf: IoBuf,
+    ) {
+        let Some(vol) = lane_at(lanes, lane).map(|l| &l.vol) else {
+            return self.complete_now(tag, Err(libc::ENXIO), Some(buf));
+        };
         let len = buf.len() as u64;
-        if !self.check_range(offset, len) {
+        if !Self::check_range(vol, offset, len) {
             return self.complete_now(tag, Err(libc::EINVAL), Some(buf));
         }
-        let bs = self.vol.desc.block_size as u64;
+        let bs = vol.desc.block_size as u64;
         let mut plan = Vec::new();
         let mut pinned = Vec::new();
         let mut zero_after = Vec::new();
         let mut runs = Vec::new();
         let mut err = None;
-        for (lext, off, n) in self.vol.pieces(offset, len) {
-            let at = ((lext as u64) * self.vol.extent_size() + off - offset) as usize;
-            let Some(phys) = self.vol.pin(lext) else {
-                if self.vol.unwritten_error() {
+        for (lext, off, n) in vol.pieces(offset, len) {
+            let at = ((lext as u64) * vol.extent_size() + off - offset) as usize;
+            let Some(phys) = vol.pin(lext) else {
+                if vol.unwritten_error() {
                     err = Some(ERRNO_UNWRITTEN);
                     break;
                 }
@@ -379,15 +498,15 @@ impl VolumeChannel {
             };
             let (first, nb) = ((off / bs) as u32, (n / bs) as u32);
             runs.clear();
-            self.vol.invalid_runs(lext, first, nb, &mut runs);
-            if !runs.is_empty() && self.vol.unwritten_error() {
-                self.vol.unpin(lext);
+            vol.invalid_runs(lext, first, nb, &mut runs);
+            if !runs.is_empty() && vol.unwritten_error() {
+                vol.unpin(lext);
                 err = Some(ERRNO_UNWRITTEN);
                 break;
             }
             if runs.len() == 1 && runs[0] == (first, nb) {
                 // Nothing valid here: zeros without device I/O.
-                self.vol.unpin(lext);
+                vol.unpin(lext);
                 buf[at..at + n as usize].fill(0);
                 continue;
             }
@@ -400,7 +519,7 @@ impl VolumeChannel {
             }
             plan.push((self.pool.sb.extent_offset(phys) + off, at, n));
         }
-        let ri = self.new_req(tag, Kind::Read, Some(buf));
+        let ri = self.new_req(lanes, lane, tag, Kind::Read, Some(buf));
         if let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.as_mut()) {
             r.pinned = pinned;
             r.err = err;
@@ -414,7 +533,7 @@ impl VolumeChannel {
                 });
             }
         }
-        self.settle(ri);
+        self.settle(lanes, ri);
     }
 
     /// Maps and pins every extent of a write. On `Wait` the extents mapped so
@@ -422,13 +541,14 @@ impl VolumeChannel {
     /// failure the range's extents with nothing valid in them are given back.
     fn map_range(
         &mut self,
+        vol: &Volume,
         offset: u64,
         len: u64,
     ) -> Result<Vec<(u32, u32, u64, u64)>, AllocError> {
         let mut got: Vec<(u32, u32, u64, u64)> = Vec::new();
-        for (lext, off, n) in self.vol.pieces(offset, len) {
+        for (lext, off, n) in vol.pieces(offset, len) {
             let (pool, reactor) = (&self.pool, self.reactor);
-            match self.vol.pin_or_map(
+            match vol.pin_or_map(
                 lext,
                 || pool.take_extent(reactor),
                 |c| pool.return_extent(reactor, c),
@@ -436,14 +556,14 @@ impl VolumeChannel {
                 Ok((phys, _)) => got.push((lext, phys, off, n)),
                 Err(e) => {
                     for (l, ..) in &got {
-                        self.vol.unpin(*l);
+                        vol.unpin(*l);
                     }
                     if e != AllocError::Wait {
-                        for (l, ..) in self.vol.pieces(offset, len) {
-                            match self.vol.try_unmap_empty(l) {
+                        for (l, ..) in vol.pieces(offset, len) {
+                            match vol.try_unmap_empty(l) {
                                 Ok(Some(p)) => self.pool.extent_freed(p),
                                 Ok(None) => {}
-                                Err(()) => self.pool.retry_unmap(self.vol.desc.id, l),
+                                Err(()) => self.pool.retry_unmap(vol.desc.id, l),
                             }
                         }
                     }
@@ -454,32 +574,45 @@ impl VolumeChannel {
         Ok(got)
     }
 
-    fn stall(&mut self, tag: u64, op: IoOp) {
+    fn stall(&mut self, lane: u32, tag: u64, op: IoOp) {
         if self.stalled.is_empty() {
             self.stalled_at = Some(Instant::now());
         }
-        self.stalled.push_back((tag, op));
+        self.stalled.push_back((lane, tag, op));
     }
 
-    fn start_write(&mut self, tag: u64, offset: u64, buf: IoBuf, fua: bool) {
+    fn start_write(
+        &mut self,
+        lanes: &[Option<Lane>],
+        lane: u32,
+        tag: u64,
+        offset: u64,
+        buf: IoBuf,
+        fua: bool,
+    ) {
+        let Some(vol) = lane_at(lanes, lane).map(|l| &l.vol) else {
+            return self.complete_now(tag, Err(libc::ENXIO), Some(buf));
+        };
         let len = buf.len() as u64;
-        if !self.check_range(offset, len) {
+        if !Self::check_range(vol, offset, len) {
             return self.complete_now(tag, Err(libc::EINVAL), Some(buf));
         }
-        let mapped = match self.map_range(offset, len) {
+        let mapped = match self.map_range(vol, offset, len) {
             Ok(m) => m,
-            Err(AllocError::Wait) => return self.stall(tag, IoOp::Write { offset, buf, fua }),
+            Err(AllocError::Wait) => {
+                return self.stall(lane, tag, IoOp::Write { offset, buf, fua })
+            }
             Err(AllocError::NoSpace) => {
                 return self.complete_now(tag, Err(ERRNO_NO_SPACE), Some(buf))
             }
             Err(AllocError::Failed) => return self.complete_now(tag, Err(libc::EIO), Some(buf)),
         };
-        let bs = self.vol.desc.block_size as u64;
-        let ri = self.new_req(tag, Kind::Write { fua }, Some(buf));
+        let bs = vol.desc.block_size as u64;
+        let ri = self.new_req(lanes, lane, tag, Kind::Write { fua }, Some(buf));
         let mut plan = Vec::new();
         for &(lext, phys, off, n) in &mapped {
-            self.vol.set_valid(lext, (off / bs) as u32, (n / bs) as u32);
-            let at = ((lext as u64) * self.vol.extent_size() + off - offset) as usize;
+            vol.set_valid(lext, (off / bs) as u32, (n / bs) as u32);
+            let at = ((lext as u64) * vol.extent_size() + off - offset) as usize;
             plan.push((self.pool.sb.extent_offset(phys) + off, at, n));
         }
         if let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.as_mut()) {
@@ -492,54 +625,67 @@ impl VolumeChannel {
                 fua: false,
             });
         }
-        self.settle(ri);
+        self.settle(lanes, ri);
     }
 
-    fn start_zeroes(&mut self, tag: u64, offset: u64, len: u64, deallocate: bool) {
-        if !self.check_range(offset, len) {
+    fn start_zeroes(
+        &mut self,
+        lanes: &[Option<Lane>],
+        lane: u32,
+        tag: u64,
+        offset: u64,
+        len: u64,
+        deallocate: bool,
+    ) {
+        let Some(vol) = lane_at(lanes, lane).map(|l| &l.vol) else {
+            return self.complete_now(tag, Err(libc::ENXIO), None);
+        };
+        if !Self::check_range(vol, offset, len) {
             return self.complete_now(tag, Err(libc::EINVAL), None);
         }
-        let bs = self.vol.desc.block_size as u64;
+        let bs = vol.desc.block_size as u64;
         let mut plan = Vec::new();
         let mut pinned = Vec::new();
         let mut emptied = Vec::new();
-        if deallocate || !self.vol.unwritten_error() {
+        if deallocate || !vol.unwritten_error() {
             // Deallocate, or Write Zeroes where unwritten blocks already read as
             // zeros: only mapped extents need device work.
-            for (lext, off, n) in self.vol.pieces(offset, len) {
-                let Some(phys) = self.vol.pin(lext) else {
+            for (lext, off, n) in vol.pieces(offset, len) {
+                let Some(phys) = vol.pin(lext) else {
                     continue;
                 };
                 pinned.push(lext);
                 let (first, nb) = ((off / bs) as u32, (n / bs) as u32);
                 if deallocate {
-                    if self.vol.clear_valid(lext, first, nb) {
+                    if vol.clear_valid(lext, first, nb) {
                         emptied.push(lext);
                     }
                 } else {
-                    self.vol.set_valid(lext, first, nb);
+                    vol.set_valid(lext, first, nb);
                 }
                 plan.push((self.pool.sb.extent_offset(phys) + off, n));
             }
         } else {
             // Write Zeroes on a volume that reports unwritten blocks: the zeros
             // are data, so the blocks become valid (mapping if needed).
-            match self.map_range(offset, len) {
+            match self.map_range(vol, offset, len) {
                 Ok(mapped) => {
                     for (lext, phys, off, n) in mapped {
                         pinned.push(lext);
-                        self.vol.set_valid(lext, (off / bs) as u32, (n / bs) as u32);
+                        vol.set_valid(lext, (off / bs) as u32, (n / bs) as u32);
                         plan.push((self.pool.sb.extent_offset(phys) + off, n));
                     }
                 }
-                Err(AllocError::Wait) => return self.stall(tag, IoOp::WriteZeroes { offset, len }),
+                Err(AllocError::Wait) => {
+                    return self.stall(lane, tag, IoOp::WriteZeroes { offset, len })
+                }
                 Err(AllocError::NoSpace) => {
                     return self.complete_now(tag, Err(ERRNO_NO_SPACE), None)
                 }
                 Err(AllocError::Failed) => return self.complete_now(tag, Err(libc::EIO), None),
             }
         }
-        let ri = self.new_req(tag, Kind::Zeroes, None);
+        let ri = self.new_req(lanes, lane, tag, Kind::Zeroes, None);
         if let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.as_mut()) {
             r.pinned = pinned;
             r.emptied = emptied;
@@ -561,10 +707,10 @@ impl VolumeChannel {
                 });
             }
         }
-        self.settle(ri);
+        self.settle(lanes, ri);
     }
 
-    fn retry_stalled(&mut self) {
+    fn retry_stalled(&mut self, lanes: &[Option<Lane>]) {
         let space = self.notify.space.swap(false, Ordering::AcqRel);
         let due = self.stalled_at.is_some_and(|t| t.elapsed() >= STALL_RETRY);
         if self.stalled.is_empty() || !(space || due) {
@@ -573,42 +719,39 @@ impl VolumeChannel {
         self.stalled_at = None;
         let n = self.stalled.len();
         for _ in 0..n {
-            let Some((tag, op)) = self.stalled.pop_front() else {
+            let Some((lane, tag, op)) = self.stalled.pop_front() else {
                 break;
             };
-            self.start(tag, op);
+            self.start(lanes, lane, tag, op);
         }
     }
 
-    fn start(&mut self, tag: u64, op: IoOp) {
-        if self.vol.deleted.load(Ordering::Acquire) {
+    fn start(&mut self, lanes: &[Option<Lane>], lane: u32, tag: u64, op: IoOp) {
+        let live = lane_at(lanes, lane).is_some_and(|l| !l.vol.deleted.load(Ordering::Acquire));
+        if !live {
             return self.complete_now(tag, Err(libc::ENXIO), op.into_buf());
         }
         match op {
-            IoOp::Read { offset, buf } => self.start_read(tag, offset, buf),
-            IoOp::Write { offset, buf, fua } => self.start_write(tag, offset, buf, fua),
-            IoOp::WriteZeroes { offset, len } => self.start_zeroes(tag, offset, len, false),
-            IoOp::Deallocate { offset, len } => self.start_zeroes(tag, offset, len, true),
+            IoOp::Read { offset, buf } => self.start_read(lanes, lane, tag, offset, buf),
+            IoOp::Write { offset, buf, fua } => {
+                self.start_write(lanes, lane, tag, offset, buf, fua)
+            }
+            IoOp::WriteZeroes { offset, len } => {
+                self.start_zeroes(lanes, lane, tag, offset, len, false)
+            }
+            IoOp::Deallocate { offset, len } => {
+                self.start_zeroes(lanes, lane, tag, offset, len, true)
+            }
             IoOp::Flush => {
-                let ri = self.new_req(tag, Kind::Flush, None);
+                let ri = self.new_req(lanes, lane, tag, Kind::Flush, None);
                 self.pool.request_commit(ri as u64, self.notify.clone());
             }
         }
     }
-}
 
-impl IoChannel for VolumeChannel {
-    fn submit(&mut self, tag: u64, op: IoOp) -> Result<(), (IoOp, i32)> {
-        self.start(tag, op);
-        self.pump_large();
-        Ok(())
-    }
-
-    fn flush_submissions(&mut self) {
-        self.base.flush_submissions();
-    }
-
-    fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
+    /// Completions from the device and the metadata thread, then whatever
+    /// waited for them (large pieces, stalled writes).
+    fn poll(&mut self, lanes: &[Option<Lane>], out: &mut Vec<IoCompletion>) -> usize {
         self.notify.clear();
         let mut scratch = std::mem::take(&mut self.scratch);
         self.base.poll(&mut scratch);
@@ -624,7 +767,7 @@ impl IoChannel for VolumeChannel {
                     r.err.get_or_insert(e);
                 }
             }
-            self.settle(ri);
+            self.settle(lanes, ri);
         }
         self.scratch = scratch;
         while let Some((ri, res)) = self.notify.committed.pop() {
@@ -632,25 +775,74 @@ impl IoChannel for VolumeChannel {
             if let Err(e) = res {
                 self.fail(ri, e);
             }
-            self.release(ri);
+            self.release(lanes, ri);
         }
         self.pump_large();
-        self.retry_stalled();
+        self.retry_stalled(lanes);
         self.base.flush_submissions();
         let n = self.done.len();
         out.append(&mut self.done);
         n
     }
+}
+
+impl IoChannel for PoolChannel {
+    /// Plain submissions go to the channel's own volume (`for_volume`).
+    fn submit(&mut self, tag: u64, op: IoOp) -> Result<(), (IoOp, i32)> {
+        match self.default_lane {
+            Some(l) => {
+                self.io.start(&self.lanes, l, tag, op);
+                self.io.pump_large();
+                Ok(())
+            }
+            None => Err((op, libc::EINVAL)),
+        }
+    }
+
+    fn submit_lane(&mut self, lane: u32, tag: u64, op: IoOp) -> Result<(), (IoOp, i32)> {
+        match self.lane_of(lane) {
+            Some(l) => self.io.start(&self.lanes, l, tag, op),
+            // The volume is gone: the command fails like one on a deleted volume.
+            None => self.io.complete_now(tag, Err(libc::ENXIO), op.into_buf()),
+        }
+        self.io.pump_large();
+        Ok(())
+    }
+
+    fn release_lane(&mut self, id: u32) -> bool {
+        let Some(l) = self.by_id.get(id as usize).copied().flatten() else {
+            return true;
+        };
+        // Stalled writes hold no request yet but are the lane's too.
+        let stalled = self.io.stalled.iter().any(|(x, ..)| *x == l);
+        let busy = stalled || lane_at(&self.lanes, l).is_some_and(|x| x.active.get() > 0);
+        if busy || self.default_lane == Some(l) {
+            return false;
+        }
+        self.by_id[id as usize] = None;
+        if let Some(x) = self.lanes.get_mut(l as usize) {
+            *x = None;
+        }
+        true
+    }
+
+    fn flush_submissions(&mut self) {
+        self.io.base.flush_submissions();
+    }
+
+    fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
+        self.io.poll(&self.lanes, out)
+    }
 
     fn in_flight(&self) -> usize {
-        self.active + self.stalled.len() + self.done.len()
+        self.io.active + self.io.stalled.len() + self.io.done.len()
     }
 
     fn completion_fd(&self) -> Option<RawFd> {
-        self.base.completion_fd()
+        self.io.base.completion_fd()
     }
 
     fn notify_fd(&self) -> Option<RawFd> {
-        self.notify.efd.as_ref().map(|e| e.raw())
+        self.io.notify.efd.as_ref().map(|e| e.raw())
     }
 }

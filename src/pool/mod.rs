@@ -319,6 +319,8 @@ const MAX_ENTRY: usize = 256 << 10;
 pub struct Pool {
     pub name: String,
     pub sb: Superblock,
+    /// Names this pool's shared per-reactor channel (`BlockDevice::shared_channel`).
+    pub channel_key: u64,
     dev: SharedDevice,
     pool_tag: u64,
     volumes: RwLock<BTreeMap<u32, Arc<Volume>>>,
@@ -346,6 +348,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
         Ok(g) => g,
         Err(p) => p.into_inner(),
     }
+}
+
+/// Shared-channel keys: their own space (bit 48 set), apart from the
+/// namespace keys a reactor's channel cache also holds.
+fn next_channel_key() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) | 1 << 48
 }
 
 fn pool_tag(uuid: &[u8; 16]) -> u64 {
@@ -567,6 +576,7 @@ impl Pool {
         let reactors = opts.reactors.max(1);
         let gc = opts.gc.clone();
         let pool = Arc::new(Pool {
+            channel_key: next_channel_key(),
             name: name.to_string(),
             pool_tag: pool_tag(&sb.uuid),
             volumes: RwLock::new(volumes),

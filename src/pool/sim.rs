@@ -169,7 +169,7 @@ impl Sim {
             let Some(vol) = pool.volume(name) else {
                 self.fail(format!("volume {name} missing"))
             };
-            let ch = VolumeChannel::new(pool, vol)
+            let ch = VolumeChannel::for_volume(pool, vol)
                 .unwrap_or_else(|e| panic!("seed {}: channel: {e}", self.seed));
             self.channels.insert(name.to_string(), ch);
         }

@@ -16,7 +16,7 @@
 pub mod signals;
 pub mod sys;
 
-use crate::bdev::{IoChannel, IoCompletion};
+use crate::bdev::{IoChannel, IoCompletion, IoOp};
 use crate::mem::{BufPool, IoBuf};
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use std::any::Any;
@@ -136,20 +136,35 @@ pub fn current_reactor() -> usize {
 pub trait ChannelSource: Send + Sync {
     /// Process-unique key.
     fn key(&self) -> u64;
+    /// The channel this source shares with others and its lane in it
+    /// (`BlockDevice::shared_channel`); `None`: a channel of its own.
+    fn shared(&self) -> Option<(u64, u32)> {
+        None
+    }
     /// Gone from its subsystem: the channel is dropped once idle.
     fn removed(&self) -> bool;
     fn open_channel(&self) -> std::io::Result<Box<dyn IoChannel>>;
     fn describe(&self) -> String;
 }
 
-/// This reactor's device channels, one per namespace it has served, opened on
-/// first use. Kept in a vector (every pass polls them all) with an index by key
-/// for the per-command lookup.
+/// This reactor's device channels: one per device queue, opened on first use by
+/// the first source (namespace) that needs it and shared by every source of
+/// that device queue (the volumes of one pool). Kept in a vector (every pass
+/// polls them all) with an index by source key for the per-command lookup.
 #[derive(Default)]
 pub struct ChannelCache {
-    entries: Vec<(Arc<dyn ChannelSource>, Box<dyn IoChannel>)>,
-    index: HashMap<u64, usize, std::hash::BuildHasherDefault<KeyHasher>>,
+    entries: Vec<ChannelEntry>,
+    /// Source key -> (entry, lane when the channel is shared).
+    index: HashMap<u64, (usize, Option<u32>), std::hash::BuildHasherDefault<KeyHasher>>,
     new_fds: Vec<(u64, RawFd)>,
+}
+
+struct ChannelEntry {
+    /// The channel's key: the source's own, or the shared channel's.
+    key: u64,
+    /// The sources using it; it closes when all are gone and it is idle.
+    sources: Vec<Arc<dyn ChannelSource>>,
+    ch: Box<dyn IoChannel>,
 }
 
 /// Namespace keys are small unique integers: a multiplicative hash spreads them
@@ -172,13 +187,62 @@ impl std::hash::Hasher for KeyHasher {
 }
 
 impl ChannelCache {
+    /// Submits `op` for `src` on this reactor's channel to it (opened on first
+    /// use; shared with the other sources of one device queue).
+    pub fn submit<S: ChannelSource + 'static>(
+        &mut self,
+        src: &Arc<S>,
+        tag: u64,
+        op: IoOp,
+    ) -> Result<(), (IoOp, i32)> {
+        let (i, lane) = match self.entry_of(src) {
+            Ok(x) => x,
+            Err(e) => return Err((op, e)),
+        };
+        let Some(e) = self.entries.get_mut(i) else {
+            return Err((op, libc::EIO));
+        };
+        match lane {
+            Some(lane) => e.ch.submit_lane(lane, tag, op),
+            None => e.ch.submit(tag, op),
+        }
+    }
+
+    /// Channels open on this reactor (each one device queue).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// `src`'s channel (opened on first use).
     pub fn get<S: ChannelSource + 'static>(
         &mut self,
         src: &Arc<S>,
     ) -> Result<&mut dyn IoChannel, i32> {
-        let key = src.key();
-        let i = match self.index.get(&key) {
-            Some(&i) => i,
+        let (i, _) = self.entry_of(src)?;
+        match self.entries.get_mut(i) {
+            Some(e) => Ok(e.ch.as_mut()),
+            None => Err(libc::EIO),
+        }
+    }
+
+    fn entry_of<S: ChannelSource + 'static>(
+        &mut self,
+        src: &Arc<S>,
+    ) -> Result<(usize, Option<u32>), i32> {
+        if let Some(&x) = self.index.get(&src.key()) {
+            return Ok(x);
+        }
+        // First use of this source on this reactor (cold): join the channel
+        // of its device queue, or open it.
+        let shared = src.shared();
+        let key = shared.map_or_else(|| src.key(), |(k, _)| k);
+        let found = shared.and_then(|_| self.entries.iter().position(|e| e.key == key));
+        let i = match found {
+            Some(i) => i,
             None => {
                 let ch = src.open_channel().map_err(|e| {
                     tracing::error!(dev = %src.describe(), "cannot open device channel: {e}");
@@ -187,29 +251,51 @@ impl ChannelCache {
                 for fd in [ch.completion_fd(), ch.notify_fd()].into_iter().flatten() {
                     self.new_fds.push((key, fd));
                 }
-                self.entries.push((src.clone(), ch));
-                let i = self.entries.len() - 1;
-                self.index.insert(key, i);
-                i
+                self.entries.push(ChannelEntry {
+                    key,
+                    sources: Vec::new(),
+                    ch,
+                });
+                self.entries.len() - 1
             }
         };
-        match self.entries.get_mut(i) {
-            Some((_, ch)) => Ok(ch.as_mut()),
-            None => Err(libc::EIO),
+        let x = (i, shared.map(|(_, lane)| lane));
+        if let Some(e) = self.entries.get_mut(i) {
+            e.sources.push(src.clone());
         }
+        self.index.insert(src.key(), x);
+        Ok(x)
     }
 
+    /// Lets go of removed sources (a shared channel's lane once it is idle)
+    /// and closes channels no source uses once they are idle.
     fn evict_removed(&mut self) {
+        let mut changed = false;
+        for e in &mut self.entries {
+            let ch = &mut e.ch;
+            let before = e.sources.len();
+            e.sources.retain(|src| {
+                if !src.removed() {
+                    return true;
+                }
+                match src.shared() {
+                    Some((_, lane)) => !ch.release_lane(lane),
+                    None => ch.in_flight() > 0,
+                }
+            });
+            changed |= e.sources.len() != before;
+        }
         let before = self.entries.len();
         self.entries
-            .retain(|(src, ch)| !src.removed() || ch.in_flight() > 0);
-        if self.entries.len() != before {
-            self.index = self
-                .entries
-                .iter()
-                .enumerate()
-                .map(|(i, (src, _))| (src.key(), i))
-                .collect();
+            .retain(|e| !e.sources.is_empty() || e.ch.in_flight() > 0);
+        if changed || self.entries.len() != before {
+            self.index.clear();
+            for (i, e) in self.entries.iter().enumerate() {
+                for src in &e.sources {
+                    self.index
+                        .insert(src.key(), (i, src.shared().map(|(_, lane)| lane)));
+                }
+            }
         }
     }
 
@@ -218,21 +304,21 @@ impl ChannelCache {
     fn polled_in_flight(&self) -> bool {
         self.entries
             .iter()
-            .any(|(_, ch)| ch.completion_fd().is_none() && ch.in_flight() > 0)
+            .any(|e| e.ch.completion_fd().is_none() && e.ch.in_flight() > 0)
     }
 
     fn flush_submissions(&mut self) {
-        for (_, ch) in self.entries.iter_mut() {
-            ch.flush_submissions();
+        for e in self.entries.iter_mut() {
+            e.ch.flush_submissions();
         }
     }
 
     fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
-        self.entries.iter_mut().map(|(_, ch)| ch.poll(out)).sum()
+        self.entries.iter_mut().map(|e| e.ch.poll(out)).sum()
     }
 
     fn in_flight(&self) -> usize {
-        self.entries.iter().map(|(_, ch)| ch.in_flight()).sum()
+        self.entries.iter().map(|e| e.ch.in_flight()).sum()
     }
 }
 
