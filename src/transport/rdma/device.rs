@@ -1,0 +1,117 @@
+//! Per-device state: the process-wide table of opened RDMA devices, each with
+//! its protection domain and, per reactor, its data arena and poll group.
+
+use super::arena::Arena;
+use super::poller::{create_poll_group, PollGroup, RdmaPoller};
+use super::verbs::{self, Verbs};
+use super::RdmaSettings;
+use crate::reactor::{Message, ReactorShared};
+use std::sync::{Arc, Mutex, Weak};
+
+/// One RDMA device context as seen by kvtarget: its PD, and per reactor its
+/// data arena and poll group.
+pub(super) struct Device {
+    ctx: usize,
+    name: String,
+    pd: usize,
+    limits: verbs::DeviceLimits,
+    arenas: Vec<Option<Arc<Mutex<Arena>>>>,
+    pub(super) groups: Vec<Option<Arc<PollGroup>>>,
+    /// The reactor each group's poller was handed to (a restarted target in
+    /// the same process has new reactors: the poller is handed over again).
+    pollers: Vec<Weak<ReactorShared>>,
+}
+
+pub(super) static DEVICES: Mutex<Vec<Device>> = Mutex::new(Vec::new());
+
+/// What `device_for` gives a new QP.
+pub(super) struct DeviceShare {
+    pub(super) pd: usize,
+    pub(super) limits: verbs::DeviceLimits,
+    pub(super) arena: Arc<Mutex<Arena>>,
+    pub(super) group: Arc<PollGroup>,
+}
+
+/// PD, limits, and the arena and poll group of `reactor` for device context
+/// `ctx`; the group's poller is handed to the reactor the first time.
+pub(super) fn device_for(
+    v: &'static Verbs,
+    ctx: *mut verbs::ibv_context,
+    reactor: &Arc<ReactorShared>,
+    settings: &RdmaSettings,
+    cqes_per_qpair: u32,
+) -> Result<DeviceShare, String> {
+    let ri = reactor.id;
+    let mut devs = DEVICES.lock().map_err(|_| "RDMA device table poisoned")?;
+    let i = match devs.iter().position(|d| d.ctx == ctx as usize) {
+        Some(i) => i,
+        None => {
+            // SAFETY: ctx is the live context of a connection request's cm_id.
+            let limits = unsafe { verbs::query_device(v, ctx) }
+                .map_err(|e| format!("ibv_query_device failed: {e}"))?;
+            // SAFETY: as above.
+            let name = unsafe { verbs::device_name(v, ctx) };
+            // SAFETY: as above.
+            let pd = unsafe { (v.ibv_alloc_pd)(ctx) };
+            if pd.is_null() {
+                return Err("ibv_alloc_pd failed".into());
+            }
+            tracing::info!(device = %name, ?limits, "RDMA device opened");
+            devs.push(Device {
+                ctx: ctx as usize,
+                name,
+                pd: pd as usize,
+                limits,
+                arenas: Vec::new(),
+                groups: Vec::new(),
+                pollers: Vec::new(),
+            });
+            devs.len() - 1
+        }
+    };
+    let d = &mut devs[i];
+    if d.arenas.len() <= ri {
+        d.arenas.resize_with(ri + 1, || None);
+        d.groups.resize_with(ri + 1, || None);
+        d.pollers.resize_with(ri + 1, Weak::new);
+    }
+    if d.arenas[ri].is_none() {
+        let a = Arena::new(v, d.pd as *mut _, settings.buffer_pool_bytes)?;
+        d.arenas[ri] = Some(Arc::new(Mutex::new(a)));
+    }
+    if d.groups[ri].is_none() {
+        // Every QP of this reactor may need its send plus receive queue depth
+        // of entries at once; the device caps the whole CQ.
+        let want = settings
+            .max_qpairs_per_reactor
+            .saturating_mul(cqes_per_qpair)
+            .min(d.limits.max_cqe)
+            .max(1);
+        d.groups[ri] = Some(Arc::new(create_poll_group(
+            v, ctx, i as u64, ri, &d.name, want,
+        )?));
+    }
+    let group = d.groups[ri].clone().ok_or("poll group missing")?;
+    let handed = d.pollers[ri]
+        .upgrade()
+        .is_some_and(|r| Arc::ptr_eq(&r, reactor));
+    if !handed {
+        // Sent before the QP's Adopt message, so the reactor polls the CQ
+        // before it owns any QP on it (one inbox, in order).
+        let p = RdmaPoller::new(v, group.clone());
+        if reactor
+            .send(Message::Call(Box::new(move |r| r.add_poller(Box::new(p)))))
+            .is_err()
+        {
+            return Err(format!("reactor {ri} inbox full"));
+        }
+        d.pollers[ri] = Arc::downgrade(reactor);
+    }
+    let arena = d.arenas[ri].clone().ok_or("arena missing")?;
+    Ok(DeviceShare {
+        pd: d.pd,
+        limits: d.limits,
+        arena,
+        group,
+    })
+}
