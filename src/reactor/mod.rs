@@ -269,7 +269,7 @@ impl ChannelCache {
 
     /// Lets go of removed sources (a shared channel's lane once it is idle)
     /// and closes channels no source uses once they are idle.
-    fn evict_removed(&mut self) {
+    pub fn evict_removed(&mut self) {
         let mut changed = false;
         for e in &mut self.entries {
             let ch = &mut e.ch;
