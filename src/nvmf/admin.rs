@@ -299,7 +299,7 @@ fn get_log_page(target: &Target, ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
 /// and no temperature sensor of its own; we report the host's first thermal zone
 /// where one exists, so the value is real, and 0 (not reported) otherwise.
 fn smart_log(ctrl: &Controller) -> SmartLog {
-    let c = &ctrl.counters;
+    let c = ctrl.io_totals();
     // Data units are thousands of 512-byte units, rounded up.
     let units = |bytes: u64| (bytes / 512).div_ceil(1000) as u128;
     SmartLog {
@@ -308,14 +308,14 @@ fn smart_log(ctrl: &Controller) -> SmartLog {
         available_spare: 100,
         spare_threshold: 10,
         percent_used: 0,
-        data_units_read: units(c.read_bytes.load(Ordering::Relaxed)),
-        data_units_written: units(c.write_bytes.load(Ordering::Relaxed)),
-        host_reads: c.read_cmds.load(Ordering::Relaxed) as u128,
-        host_writes: c.write_cmds.load(Ordering::Relaxed) as u128,
+        data_units_read: units(c.read_bytes),
+        data_units_written: units(c.write_bytes),
+        host_reads: c.read_cmds as u128,
+        host_writes: c.write_cmds as u128,
         power_cycles: 1,
         power_on_hours: ctrl.uptime_hours() as u128,
         unsafe_shutdowns: 0,
-        media_errors: c.media_errors.load(Ordering::Relaxed) as u128,
+        media_errors: c.media_errors as u128,
         error_log_entries: ctrl.error_count() as u128,
     }
 }

@@ -192,9 +192,9 @@ pub fn submit(
     s
 }
 
-/// Records a finished command in its controller's SMART counters and error log
-/// and in the queue pair's statistics. `latency_ns` runs from the capsule's
-/// arrival to now.
+/// Records a finished command in the queue pair's statistics and error log
+/// (its controller sums them when SMART or the error log is read).
+/// `latency_ns` runs from the capsule's arrival to now.
 pub fn account(
     binding: Option<&QueueBinding>,
     stats: Option<&QpairStats>,
@@ -204,33 +204,19 @@ pub fn account(
     status: Status,
     latency_ns: u64,
 ) {
-    if let Some(b) = binding {
-        let ctrl = b.ctrl();
-        if !status.is_success() {
-            let lba = if plan.is_some() { sqe.slba() } else { 0 };
-            ctrl.record_error(qid, sqe.cid(), status, sqe.nsid(), lba);
-            if status.sct == 2 {
-                ctrl.counters.media_errors.fetch_add(1, Ordering::Relaxed);
-            }
-        } else {
-            match plan {
-                Some(IoPlan::Read { len, .. }) => {
-                    ctrl.counters.read_cmds.fetch_add(1, Ordering::Relaxed);
-                    ctrl.counters
-                        .read_bytes
-                        .fetch_add(len as u64, Ordering::Relaxed);
-                }
-                Some(IoPlan::Write { len, .. }) => {
-                    ctrl.counters.write_cmds.fetch_add(1, Ordering::Relaxed);
-                    ctrl.counters
-                        .write_bytes
-                        .fetch_add(len as u64, Ordering::Relaxed);
-                }
-                _ => {}
-            }
+    let Some(st) = stats else { return };
+    // A read of unwritten blocks is a KV-cache miss, an answer rather than a
+    // fault: counted by kind below, but not logged as an error or a media error.
+    let miss = status == Status::DEALLOCATED_OR_UNWRITTEN;
+    if let (Some(b), false) = (binding, status.is_success() || miss) {
+        let lba = if plan.is_some() { sqe.slba() } else { 0 };
+        b.ctrl()
+            .record_error(st, qid, sqe.cid(), status, sqe.nsid(), lba);
+        if status.sct == 2 {
+            st.media_errors.fetch_add(1, Ordering::Relaxed);
         }
     }
-    let Some(st) = stats else { return };
+
     let b = crate::stats::latency_bucket(latency_ns);
     if !status.is_success() {
         st.errors.fetch_add(1, Ordering::Relaxed);
@@ -493,5 +479,57 @@ mod tests {
             log_device_error(&mut n, 1, 2, libc::EIO);
         }
         assert_eq!(n, DEVICE_ERROR_LOG_EVERY + 1);
+    }
+
+    #[test]
+    fn failures_go_to_the_queues_error_log_but_kv_misses_do_not() {
+        use crate::nvmf::{Controller, Subsystem, SubsystemKind};
+        let subsys = Arc::new(Subsystem::new(
+            "nqn.cmd",
+            SubsystemKind::Nvm,
+            "S",
+            "M",
+            true,
+            vec![],
+        ));
+        let ctrl = Arc::new(Controller::new(1, subsys, "nqn.h", [0; 16], 0, "p".into()));
+        let st = Arc::new(QpairStats::default());
+        ctrl.attach_queue(&st);
+        let binding = QueueBinding::Admin(ctrl.clone());
+        let read = Some(IoPlan::Read {
+            offset: 0,
+            len: 4096,
+        });
+        let sqe = Sqe::default();
+        account(
+            Some(&binding),
+            Some(&st),
+            1,
+            &sqe,
+            read,
+            Status::DEALLOCATED_OR_UNWRITTEN,
+            5,
+        );
+        assert_eq!(ctrl.error_count(), 0, "a miss is not an error log entry");
+        assert_eq!(st.media_errors.load(Ordering::Relaxed), 0);
+        assert_eq!(
+            st.errors_by[error_kind(Status::DEALLOCATED_OR_UNWRITTEN)].load(Ordering::Relaxed),
+            1
+        );
+        account(
+            Some(&binding),
+            Some(&st),
+            1,
+            &sqe,
+            read,
+            Status::UNRECOVERED_READ_ERROR,
+            5,
+        );
+        account(Some(&binding), Some(&st), 1, &sqe, read, Status::SUCCESS, 5);
+        let e = ctrl.error_entries();
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].status, Status::UNRECOVERED_READ_ERROR.to_field());
+        assert_eq!(ctrl.io_totals().media_errors, 1);
+        assert_eq!(ctrl.io_totals().read_cmds, 1);
     }
 }

@@ -1,7 +1,7 @@
 //! A controller: one host's association with one subsystem, created by an admin
 //! queue Connect and joined by that host's I/O queues.
 
-use super::Subsystem;
+use super::{QpairStats, Subsystem};
 use crate::wire::nvme::{self, cc, csts, ErrorLogEntry, Status};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -38,14 +38,32 @@ pub const AEN_NS_ATTR_CHANGED: u32 = 0x0004_0002;
 /// Async Event Configuration bit enabling namespace attribute notices.
 pub const AEC_NS_ATTR: u32 = 1 << 8;
 
-/// I/O counters for the SMART log; relaxed atomics, updated on completion.
-#[derive(Debug, Default)]
-pub struct IoCounters {
-    pub read_cmds: AtomicU64,
-    pub write_cmds: AtomicU64,
-    pub read_bytes: AtomicU64,
-    pub write_bytes: AtomicU64,
-    pub media_errors: AtomicU64,
+/// SMART counters summed over a controller's queues.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct IoTotals {
+    pub read_cmds: u64,
+    pub write_cmds: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub media_errors: u64,
+}
+
+impl IoTotals {
+    fn add(&mut self, st: &QpairStats) {
+        self.read_cmds += st.reads.load(Ordering::Relaxed);
+        self.write_cmds += st.writes.load(Ordering::Relaxed);
+        self.read_bytes += st.read_bytes.load(Ordering::Relaxed);
+        self.write_bytes += st.write_bytes.load(Ordering::Relaxed);
+        self.media_errors += st.media_errors.load(Ordering::Relaxed);
+    }
+}
+
+/// What the controller keeps of queues that have gone (cold: a queue
+/// disconnecting).
+#[derive(Default)]
+struct Retired {
+    totals: IoTotals,
+    errors: Vec<ErrorLogEntry>,
 }
 
 pub struct Controller {
@@ -70,9 +88,12 @@ pub struct Controller {
     pub regs: Mutex<ControllerRegs>,
     /// Which I/O queue IDs are connected (index = qid).
     io_queues: Mutex<Vec<bool>>,
-    pub counters: IoCounters,
-    errors: Mutex<VecDeque<ErrorLogEntry>>,
-    error_count: AtomicU64,
+    /// The counters and error entries of its connected queues, each written
+    /// only by the reactor that owns the queue and summed when read.
+    queues: Mutex<Vec<Arc<QpairStats>>>,
+    retired: Mutex<Retired>,
+    /// Error Information entries made so far (the next entry's error count).
+    error_seq: AtomicU64,
 }
 
 impl Controller {
@@ -106,9 +127,9 @@ impl Controller {
                 pending_events: VecDeque::new(),
             }),
             io_queues: Mutex::new(Vec::new()),
-            counters: IoCounters::default(),
-            errors: Mutex::new(VecDeque::new()),
-            error_count: AtomicU64::new(0),
+            queues: Mutex::new(Vec::new()),
+            retired: Mutex::new(Retired::default()),
+            error_seq: AtomicU64::new(0),
         }
     }
 
@@ -271,40 +292,87 @@ impl Controller {
         Ok(())
     }
 
-    /// Adds an Error Information log entry for a failed command.
-    pub fn record_error(&self, sqid: u16, cid: u16, status: Status, nsid: u32, lba: u64) {
-        let count = self.error_count.fetch_add(1, Ordering::Relaxed) + 1;
-        if let Ok(mut e) = self.errors.lock() {
-            if e.len() == ERROR_LOG_ENTRIES {
-                e.pop_back();
-            }
-            e.push_front(ErrorLogEntry {
-                error_count: count,
-                sqid,
-                cid,
-                status: status.to_field(),
-                param_location: 0xFFFF,
-                lba,
-                nsid,
-                trtype: if self.keyed_sgl.load(Ordering::Acquire) {
-                    nvme::trtype::RDMA
-                } else {
-                    nvme::trtype::TCP
-                },
-            });
+    /// A queue of this controller connected: its counters count for it.
+    pub fn attach_queue(&self, st: &Arc<QpairStats>) {
+        if let Ok(mut q) = self.queues.lock() {
+            q.push(st.clone());
         }
     }
 
-    pub fn error_count(&self) -> u64 {
-        self.error_count.load(Ordering::Relaxed)
+    /// A queue went: what it counted is kept.
+    pub fn retire_queue(&self, st: &Arc<QpairStats>) {
+        let gone = self.queues.lock().ok().and_then(|mut q| {
+            let i = q.iter().position(|x| Arc::ptr_eq(x, st))?;
+            Some(q.swap_remove(i))
+        });
+        let (Some(st), Ok(mut r)) = (gone, self.retired.lock()) else {
+            return;
+        };
+        r.totals.add(&st);
+        st.error_log.read_into(&mut r.errors);
+        r.errors
+            .sort_unstable_by_key(|e| std::cmp::Reverse(e.error_count));
+        r.errors.truncate(ERROR_LOG_ENTRIES);
     }
 
-    /// Error log entries, newest first.
+    /// Adds an Error Information log entry for a failed command to the log of
+    /// the queue it failed on (no lock: the queue's reactor owns that log).
+    pub fn record_error(
+        &self,
+        queue: &QpairStats,
+        sqid: u16,
+        cid: u16,
+        status: Status,
+        nsid: u32,
+        lba: u64,
+    ) {
+        let count = self.error_seq.fetch_add(1, Ordering::Relaxed) + 1;
+        queue.error_log.push(&ErrorLogEntry {
+            error_count: count,
+            sqid,
+            cid,
+            status: status.to_field(),
+            param_location: 0xFFFF,
+            lba,
+            nsid,
+            trtype: if self.keyed_sgl.load(Ordering::Acquire) {
+                nvme::trtype::RDMA
+            } else {
+                nvme::trtype::TCP
+            },
+        });
+    }
+
+    pub fn error_count(&self) -> u64 {
+        self.error_seq.load(Ordering::Relaxed)
+    }
+
+    /// The newest Error Information entries over every queue, newest first.
     pub fn error_entries(&self) -> Vec<ErrorLogEntry> {
-        self.errors
+        let mut out = self
+            .retired
             .lock()
-            .map(|e| e.iter().copied().collect())
-            .unwrap_or_default()
+            .map(|r| r.errors.clone())
+            .unwrap_or_default();
+        if let Ok(q) = self.queues.lock() {
+            for st in q.iter() {
+                st.error_log.read_into(&mut out);
+            }
+        }
+        out.sort_unstable_by_key(|e| std::cmp::Reverse(e.error_count));
+        out.truncate(ERROR_LOG_ENTRIES);
+        out
+    }
+
+    /// SMART counters over every queue this controller has had.
+    pub fn io_totals(&self) -> IoTotals {
+        let mut t = self.retired.lock().map(|r| r.totals).unwrap_or_default();
+        if let Ok(q) = self.queues.lock() {
+            for st in q.iter() {
+                t.add(st);
+            }
+        }
+        t
     }
 
     pub fn uptime_hours(&self) -> u64 {
@@ -398,24 +466,37 @@ mod tests {
     }
 
     #[test]
-    fn error_log_is_bounded_newest_first() {
+    fn error_log_is_bounded_newest_first_over_queues_and_keeps_departed_ones() {
         let c = ctrl(0);
+        let queues: Vec<Arc<QpairStats>> = (0..8).map(|_| Arc::default()).collect();
+        for q in &queues {
+            c.attach_queue(q);
+        }
         for i in 0..100u16 {
-            c.record_error(1, i, Status::LBA_OUT_OF_RANGE, 1, i as u64);
+            let q = &queues[i as usize % queues.len()];
+            c.record_error(q, 1, i, Status::LBA_OUT_OF_RANGE, 1, i as u64);
         }
         let e = c.error_entries();
         assert_eq!(e.len(), ERROR_LOG_ENTRIES);
-        assert_eq!(e[0].cid, 99);
-        assert_eq!(e[0].error_count, 100);
+        assert_eq!((e[0].cid, e[0].error_count), (99, 100));
+        assert!(e.windows(2).all(|w| w[0].error_count > w[1].error_count));
         assert_eq!(c.error_count(), 100);
+        // A queue that goes keeps its entries and counts in the controller's.
+        queues[3].reads.store(5, Ordering::Relaxed);
+        queues[4].reads.store(2, Ordering::Relaxed);
+        c.retire_queue(&queues[3]);
+        assert_eq!(c.error_entries(), e);
+        assert_eq!(c.io_totals().read_cmds, 7);
     }
 
     #[test]
     fn error_log_entries_name_the_controllers_transport() {
         let c = ctrl(0);
-        c.record_error(1, 1, Status::LBA_OUT_OF_RANGE, 1, 0);
+        let q = Arc::new(QpairStats::default());
+        c.attach_queue(&q);
+        c.record_error(&q, 1, 1, Status::LBA_OUT_OF_RANGE, 1, 0);
         c.keyed_sgl.store(true, Ordering::Release);
-        c.record_error(1, 2, Status::LBA_OUT_OF_RANGE, 1, 0);
+        c.record_error(&q, 1, 2, Status::LBA_OUT_OF_RANGE, 1, 0);
         let e = c.error_entries();
         assert_eq!(
             (e[0].trtype, e[1].trtype),

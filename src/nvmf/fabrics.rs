@@ -81,6 +81,7 @@ pub fn accept_connect(
         ..Default::default()
     });
     target.register_qpair(&stats);
+    ctrl.attach_queue(&stats);
     if binding.qid() == 0 {
         tracing::info!(cntlid = ctrl.cntlid, host = %data.hostnqn, subnqn = %data.subnqn, peer, kato_ms = cmd.kato, transport, "controller created");
     } else {

@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod command;
 pub mod controller;
+pub mod errlog;
 pub mod fabrics;
 pub mod io;
 pub mod queue;
@@ -369,6 +370,11 @@ pub struct QpairStats {
     pub write_hist: [AtomicU64; crate::stats::LATENCY_BUCKETS],
     pub read_ns: AtomicU64,
     pub write_ns: AtomicU64,
+    /// Media and data integrity errors (SMART), not counting reads of
+    /// unwritten blocks (KV-cache misses).
+    pub media_errors: AtomicU64,
+    /// This queue's Error Information entries (its controller's log reads them).
+    pub error_log: errlog::ErrorRing,
 }
 
 /// The whole target: subsystems and listeners, shared by reactors and the control

@@ -917,6 +917,9 @@ impl<X: Default> Queue<X> {
     pub fn unbind(&mut self) {
         if let Some(b) = self.binding.take() {
             let ctrl = b.ctrl();
+            if let Some(st) = self.stats.as_ref() {
+                ctrl.retire_queue(st);
+            }
             if b.qid() == 0 {
                 tracing::info!(
                     cntlid = ctrl.cntlid,
@@ -935,6 +938,9 @@ impl<X: Default> Queue<X> {
 impl<X> Drop for Queue<X> {
     fn drop(&mut self) {
         if let Some(b) = self.binding.take() {
+            if let Some(st) = self.stats.as_ref() {
+                b.ctrl().retire_queue(st);
+            }
             fabrics::disconnect(&b);
         }
     }
