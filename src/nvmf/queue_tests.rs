@@ -7,7 +7,7 @@ use super::*;
 use crate::bdev::ram::RamDevice;
 use crate::bdev::{BlockDevice, IoChannel, IoCompletion, IoOp};
 use crate::mem::BufPool;
-use crate::nvmf::controller::{cap_register, AEC_NS_ATTR};
+use crate::nvmf::controller::{cap_register, AEC_NS_ATTR, AEN_NS_ATTR_CHANGED, MAX_AERS};
 use crate::nvmf::{Controller, Listener, Subsystem, SubsystemKind, TransportLimits};
 use crate::reactor::ChannelCache;
 use crate::wire::nvme::{
@@ -357,6 +357,10 @@ impl Conn {
 
     fn drain(&mut self) {
         while self.poll() > 0 {}
+    }
+
+    fn housekeeping(&mut self) -> Option<&'static str> {
+        self.q.housekeeping(&mut self.link)
     }
 
     /// Responses sent since the last call.
@@ -1247,4 +1251,173 @@ fn unknown_and_bidirectional_admin_opcodes_are_refused() {
         &a.exec(fabrics(4, fctype::AUTH_RECV)),
         Status::INVALID_OPCODE,
     );
+}
+
+// ---------------------------------------------------------------------------
+// Asynchronous events, command identifiers, queue overrun.
+
+fn aer(cid: u16) -> Sqe {
+    Sqe::new(admin_opc::ASYNC_EVENT_REQUEST, cid, 0)
+}
+
+fn changed_ns(a: &mut Conn, cid: u16) -> Vec<u32> {
+    nvme::decode_ns_list(&ok_data(a.exec(get_log(
+        cid,
+        lid::CHANGED_NS_LIST,
+        4096,
+        0,
+    ))))
+}
+
+#[test]
+fn aer_is_held_until_a_namespace_change_completes_it() {
+    let e = env();
+    let (mut a, _) = e.admin();
+    ok(a.exec(set_features(1, fid::ASYNC_EVENT_CONFIG, AEC_NS_ATTR)));
+    assert_eq!(a.receive(aer(0x40)), Received::Done);
+    assert!(a.take().is_empty(), "held, not answered");
+    assert_eq!(a.q.requests_mut().count(), 0, "a held AER takes no slot");
+    assert_eq!(a.housekeeping(), None);
+    assert!(a.take().is_empty(), "no event yet");
+
+    e.add_ram_ns(2);
+    assert_eq!(a.housekeeping(), None);
+    let r = a.one();
+    assert_eq!(r.slot, None, "an AER completes unslotted");
+    assert_status(&r, Status::SUCCESS);
+    // Notice, Namespace Attribute Changed, log page 04h.
+    assert_eq!(
+        (r.cqe.cid, r.cqe.result, r.cqe.sq_id),
+        (0x40, 0x0004_0002, 0)
+    );
+    assert_eq!(r.cqe.result, AEN_NS_ATTR_CHANGED as u64);
+    assert_eq!(a.housekeeping(), None);
+    assert!(a.take().is_empty(), "one event, one completion");
+
+    // The host sends its next AER with the same CID; until it reads the log,
+    // further changes are masked.
+    assert_eq!(a.receive(aer(0x40)), Received::Done);
+    assert!(a.take().is_empty(), "not a CID conflict");
+    e.add_ram_ns(3);
+    a.housekeeping();
+    assert!(a.take().is_empty(), "masked until the log is read");
+    assert_eq!(changed_ns(&mut a, 2), vec![2, 3]);
+    assert_eq!(changed_ns(&mut a, 3), Vec::<u32>::new(), "read clears it");
+    e.subsys.remove_namespace(2);
+    a.housekeeping();
+    let r = a.one();
+    assert_eq!((r.slot, r.cqe.cid, r.cqe.result), (None, 0x40, 0x0004_0002));
+    assert_eq!(changed_ns(&mut a, 4), vec![2]);
+}
+
+#[test]
+fn aers_beyond_the_limit_are_refused() {
+    let e = env();
+    let (mut a, _) = e.admin();
+    assert_eq!(MAX_AERS, 4);
+    for cid in 1..=4 {
+        assert_eq!(a.receive(aer(cid)), Received::Done);
+    }
+    assert!(a.take().is_empty());
+    assert_status(&a.exec(aer(5)), Status::ASYNC_EVENT_LIMIT);
+    assert_eq!(a.q.aers, vec![1, 2, 3, 4]);
+}
+
+#[test]
+fn cid_conflict_is_answered_unslotted_without_disturbing_the_owner() {
+    let e = env();
+    let (_a, mut io) = e.pair();
+    let data = pattern(4096, 3);
+    let Received::NeedData { slot, .. } = io.receive(rw(io_opc::WRITE, 9, 1, 0, 8)) else {
+        panic!("write did not ask for its data");
+    };
+    assert_eq!(io.receive(rw(io_opc::READ, 9, 1, 0, 8)), Received::Done);
+    let r = io.one();
+    assert_eq!(r.slot, None);
+    assert_status(&r, Status::CID_CONFLICT);
+    assert_eq!((r.cqe.cid, r.cqe.sq_id), (9, 1));
+    let owner = io.q.request(slot).expect("the owner keeps its slot");
+    assert_eq!(
+        (owner.phase, owner.sqe.opcode()),
+        (Phase::Moving, io_opc::WRITE)
+    );
+    assert_eq!(io.stats().errors.load(Ordering::Relaxed), 0);
+
+    io.fill(slot, &data);
+    io.data_ready(slot, false);
+    io.drain();
+    let r = io.one();
+    assert_eq!((r.slot, r.cqe.cid), (Some(slot), 9));
+    assert_status(&r, Status::SUCCESS);
+    // Answered: the CID is free again.
+    assert_eq!(ok_data(io.read(9, 1, 0, 8)), data);
+}
+
+#[test]
+fn a_held_aers_cid_may_be_reused() {
+    let e = env();
+    let (mut a, _) = e.admin();
+    assert_eq!(a.receive(aer(3)), Received::Done);
+    // SPDK's host completes its AERs itself at shutdown and reuses the CID.
+    let r = a.exec(prop_get(3, prop::CSTS));
+    assert_status(&r, Status::SUCCESS);
+    assert_eq!((r.cqe.cid, r.cqe.result), (3, csts::RDY as u64));
+}
+
+#[test]
+#[ignore = "bug: a held AER's CID leaves the CID set when its slot is freed, so reusing it does not abandon the AER, which later completes under the reused CID"]
+fn reusing_a_held_aers_cid_abandons_that_aer() {
+    let e = env();
+    let (mut a, _) = e.admin();
+    ok(a.exec(set_features(1, fid::ASYNC_EVENT_CONFIG, AEC_NS_ATTR)));
+    assert_eq!(a.receive(aer(3)), Received::Done);
+    assert_status(
+        &a.exec(Sqe::new(admin_opc::KEEP_ALIVE, 3, 0)),
+        Status::SUCCESS,
+    );
+    e.add_ram_ns(2);
+    a.housekeeping();
+    // The host already considers CID 3 done twice over: no third completion.
+    assert_eq!(a.take(), vec![], "the abandoned AER completed");
+}
+
+#[test]
+#[ignore = "bug: a second AER with a held AER's CID is not a conflict and does not replace it: both are held under one CID"]
+fn an_aer_reusing_a_held_aers_cid_replaces_it() {
+    let e = env();
+    let (mut a, _) = e.admin();
+    assert_eq!(a.receive(aer(3)), Received::Done);
+    assert_eq!(a.receive(aer(3)), Received::Done);
+    assert!(a.take().is_empty());
+    assert_eq!(a.q.aers, vec![3], "one AER per CID");
+}
+
+#[test]
+fn more_commands_outstanding_than_queue_entries_is_an_overrun() {
+    let e = env();
+    let (_a, cntlid) = e.admin();
+    let mut io = e.conn(tcp_cfg());
+    // SQSIZE 3: four entries.
+    assert_status(&io.connect(1, 3, 0, cntlid, SUBNQN), Status::SUCCESS);
+    let mut slots = Vec::new();
+    for cid in 1..=4 {
+        match io.receive(rw(io_opc::WRITE, cid, 1, 0, 8)) {
+            Received::NeedData { slot, .. } => slots.push(slot),
+            other => panic!("cid {cid}: {other:?}"),
+        }
+    }
+    slots.sort_unstable();
+    assert_eq!(slots, vec![0, 1, 2, 3]);
+    assert_eq!(io.receive(rw(io_opc::WRITE, 5, 1, 0, 8)), Received::Overrun);
+    assert!(io.take().is_empty(), "an overrun is not answered");
+    // The refused command did not keep its CID.
+    io.fill(slots[0], &pattern(4096, 0));
+    io.data_ready(slots[0], false);
+    io.drain();
+    ok(io.one());
+    assert!(matches!(
+        io.receive(rw(io_opc::WRITE, 5, 1, 0, 8)),
+        Received::NeedData { .. }
+    ));
+    assert!(io.take().is_empty(), "no CID conflict");
 }
