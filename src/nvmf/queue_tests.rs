@@ -11,8 +11,9 @@ use crate::nvmf::controller::{cap_register, AEC_NS_ATTR, AEN_NS_ATTR_CHANGED, MA
 use crate::nvmf::{Controller, Listener, Subsystem, SubsystemKind, TransportLimits};
 use crate::reactor::ChannelCache;
 use crate::wire::nvme::{
-    self, cns, csts, fid, io_opc, lid, nidt, prop, ErrorLogEntry, GetLogPage, IdentifyController,
-    IdentifyNamespace, PropertyCommand, SglDescriptor, SmartLog,
+    self, cns, csts, fid, io_opc, lid, nidt, prop, DsmRange, ErrorLogEntry, GetLogPage,
+    IdentifyController, IdentifyNamespace, PropertyCommand, SglDescriptor, SmartLog,
+    DSM_ATTR_DEALLOCATE,
 };
 use std::os::fd::RawFd;
 
@@ -432,6 +433,24 @@ impl Conn {
 
     fn read(&mut self, cid: u16, nsid: u32, slba: u64, nlb: u32) -> Sent {
         self.exec(rw(io_opc::READ, cid, nsid, slba, nlb))
+    }
+
+    /// Runs a read whose buffer the transport places first (NVMe/RDMA).
+    fn read_placed(&mut self, cid: u16, nsid: u32, slba: u64, nlb: u32) -> Sent {
+        let len = (nlb * BS) as usize;
+        match self.receive(rw(io_opc::READ, cid, nsid, slba, nlb)) {
+            Received::NeedData {
+                slot,
+                len: l,
+                dir: DataDirection::ControllerToHost,
+            } if l == len => {
+                self.q.request_mut(slot).expect("request").buf = Some(IoBuf::new(len));
+                self.data_ready(slot, false);
+            }
+            other => panic!("expected a read buffer request, got {other:?}"),
+        }
+        self.drain();
+        self.one()
     }
 
     /// This queue's counters as the target's metrics see them.
@@ -1420,4 +1439,394 @@ fn more_commands_outstanding_than_queue_entries_is_an_overrun() {
         Received::NeedData { .. }
     ));
     assert!(io.take().is_empty(), "no CID conflict");
+}
+
+// ---------------------------------------------------------------------------
+// I/O commands.
+
+fn icd_write(cid: u16, nsid: u32, slba: u64, len: usize) -> Sqe {
+    let mut w = rw(io_opc::WRITE, cid, nsid, slba, (len / BS as usize) as u32);
+    w.set_sgl(icd_sgl(len as u32));
+    w
+}
+
+fn zeros(d: &[u8]) -> bool {
+    d.iter().all(|&b| b == 0)
+}
+
+#[test]
+fn write_after_r2t_then_read_round_trips() {
+    let e = env();
+    let (_a, mut io) = e.pair();
+    let data = pattern(4096, 7);
+    let w = io.write(1, 1, 8, &data);
+    assert_status(&w, Status::SUCCESS);
+    assert_eq!((w.cqe.cid, w.cqe.sq_id, w.data.len()), (1, 1, 0));
+    let r = io.read(2, 1, 8, 8);
+    assert_eq!((r.cqe.cid, r.cqe.sq_id), (2, 1));
+    assert_eq!(ok_data(r), data);
+    // Only the blocks written changed.
+    assert!(zeros(&ok_data(io.read(3, 1, 0, 8))));
+    assert!(zeros(&ok_data(io.read(4, 1, 16, 8))));
+    // Half of what was written, from its middle.
+    assert_eq!(ok_data(io.read(5, 1, 10, 4)), data[1024..3072]);
+}
+
+#[test]
+fn in_capsule_write_round_trips() {
+    let e = env();
+    let (_a, mut io) = e.pair();
+    let data = pattern(4096, 9);
+    assert_status(
+        &io.exec_icd(icd_write(1, 1, 100, 4096), &data),
+        Status::SUCCESS,
+    );
+    assert_eq!(ok_data(io.read(2, 1, 100, 8)), data);
+}
+
+#[test]
+fn in_capsule_data_must_match_its_length_only_with_exact_capsules() {
+    let e = env();
+    let (_a, mut tcp) = e.pair();
+    let data = pattern(1024, 4);
+    // NVMe/TCP: the PDU carries exactly the data.
+    assert_status(
+        &tcp.exec_icd(icd_write(1, 1, 0, 512), &data),
+        Status::DATA_SGL_LENGTH_INVALID,
+    );
+    assert_status(
+        &tcp.exec_icd(icd_write(2, 1, 0, 1024), &data[..512]),
+        Status::DATA_SGL_LENGTH_INVALID,
+    );
+    assert!(zeros(&ok_data(tcp.read(3, 1, 0, 2))));
+
+    // NVMe/RDMA: the receive buffer may be longer than the data.
+    let (_ra, cntlid) = e.admin_with(rdma_cfg(0));
+    let mut rdma = e.io_with(rdma_cfg(1), cntlid, 1);
+    assert_status(
+        &rdma.exec_icd(icd_write(1, 1, 0, 512), &data),
+        Status::SUCCESS,
+    );
+    let back = ok_data(rdma.read_placed(2, 1, 0, 2));
+    assert_eq!(back[..512], data[..512]);
+    assert!(zeros(&back[512..]), "only the command's length is written");
+    assert_status(
+        &rdma.exec_icd(icd_write(3, 1, 0, 1024), &data[..512]),
+        Status::DATA_SGL_LENGTH_INVALID,
+    );
+}
+
+#[test]
+fn in_capsule_data_above_the_queue_limit_is_refused() {
+    let e = env();
+    let (mut a, mut io) = e.pair();
+    // I/O queues take `in_capsule_data` (8 KiB) in a capsule.
+    assert_eq!(e.target.limits.in_capsule_data, 8192);
+    let big = pattern(8192 + 512, 5);
+    assert_status(
+        &io.exec_icd(icd_write(1, 1, 0, 8192), &big[..8192]),
+        Status::SUCCESS,
+    );
+    assert_status(
+        &io.exec_icd(icd_write(2, 1, 64, big.len()), &big),
+        Status::DATA_SGL_LENGTH_INVALID,
+    );
+    assert!(zeros(&ok_data(io.read(3, 1, 64, 17))));
+    // The admin queue takes 8 KiB as well.
+    let mut sf = set_features(1, fid::VOLATILE_WRITE_CACHE, 1);
+    sf.set_sgl(icd_sgl(big.len() as u32));
+    assert_status(&a.exec_icd(sf, &big), Status::DATA_SGL_LENGTH_INVALID);
+}
+
+#[test]
+fn reads_over_rdma_go_to_the_buffer_the_transport_placed() {
+    let e = env();
+    let (_a, cntlid) = e.admin_with(rdma_cfg(0));
+    let mut io = e.io_with(rdma_cfg(1), cntlid, 1);
+    let data = pattern(4096, 11);
+    ok(io.exec_icd(icd_write(1, 1, 40, 4096), &data));
+
+    let Received::NeedData {
+        slot,
+        len: 4096,
+        dir: DataDirection::ControllerToHost,
+    } = io.receive(rw(io_opc::READ, 2, 1, 40, 8))
+    else {
+        panic!("a read over RDMA waits for its buffer");
+    };
+    assert_eq!(
+        io.q.dev_ops(),
+        0,
+        "nothing runs before the buffer is placed"
+    );
+    let placed = IoBuf::new(8192);
+    let at = placed.as_ptr() as usize;
+    io.q.request_mut(slot).unwrap().buf = Some(placed);
+    io.data_ready(slot, false);
+    io.drain();
+    let r = io.one();
+    assert_eq!(r.data_ptr, Some(at), "sent from the placed buffer");
+    assert_eq!(ok_data(r), data);
+
+    // A transport that did not place one has failed, not the host.
+    let Received::NeedData { slot, .. } = io.receive(rw(io_opc::READ, 3, 1, 40, 8)) else {
+        panic!("no buffer request");
+    };
+    io.data_ready(slot, false);
+    io.drain();
+    assert_status(&io.one(), Status::INTERNAL_ERROR);
+}
+
+#[test]
+fn reads_over_tcp_run_at_once() {
+    let e = env();
+    let (_a, mut io) = e.pair();
+    let data = pattern(4096, 12);
+    ok(io.write(1, 1, 0, &data));
+    assert_eq!(io.receive(rw(io_opc::READ, 2, 1, 0, 8)), Received::Done);
+    assert_eq!(io.q.dev_ops(), 1, "submitted without a data request");
+    assert!(io.take().is_empty(), "answered when the device completes");
+    io.drain();
+    assert_eq!(io.q.dev_ops(), 0);
+    assert_eq!(ok_data(io.one()), data);
+}
+
+#[test]
+fn lba_out_of_range_fails_before_any_data_moves() {
+    let e = env();
+    let (_a, mut io) = e.pair();
+    // `exec` asserts `Received::Done`: no data was asked for.
+    assert_status(
+        &io.exec(rw(io_opc::WRITE, 1, 1, NS_BLOCKS - 1, 2)),
+        Status::LBA_OUT_OF_RANGE,
+    );
+    assert_status(&io.read(2, 1, NS_BLOCKS, 1), Status::LBA_OUT_OF_RANGE);
+    assert_status(&io.read(3, 1, u64::MAX, 1), Status::LBA_OUT_OF_RANGE);
+    let mut wz = Sqe::new(io_opc::WRITE_ZEROES, 4, 1);
+    wz.set_cdw(10, (NS_BLOCKS - 4) as u32);
+    wz.set_cdw(12, 7);
+    assert_status(&io.exec(wz), Status::LBA_OUT_OF_RANGE);
+    // The last block is in range.
+    ok(io.write(5, 1, NS_BLOCKS - 1, &pattern(512, 1)));
+    assert_eq!(io.q.dev_ops(), 0);
+}
+
+#[test]
+fn invalid_namespace_fails_before_any_data_moves() {
+    let e = env();
+    let (_a, mut io) = e.pair();
+    assert_status(
+        &io.exec(rw(io_opc::WRITE, 1, 7, 0, 8)),
+        Status::INVALID_NAMESPACE,
+    );
+    assert_status(&io.read(2, 0, 0, 8), Status::INVALID_NAMESPACE);
+    assert_status(
+        &io.exec(Sqe::new(io_opc::FLUSH, 3, 7)),
+        Status::INVALID_NAMESPACE,
+    );
+}
+
+#[test]
+fn sgl_length_must_match_the_transfer() {
+    let e = env();
+    let (_a, mut io) = e.pair();
+    let mut w = rw(io_opc::WRITE, 1, 1, 0, 8);
+    w.set_sgl(host_sgl(2048));
+    assert_status(&io.exec(w), Status::DATA_SGL_LENGTH_INVALID);
+    // The transport's descriptor has less room than the read returns.
+    let r = rw(io_opc::READ, 2, 1, 0, 8);
+    assert_eq!(
+        io.receive_raw(r, Ok(DataDesc::Host { len: 2048 }), &[], false),
+        Received::Done
+    );
+    assert_status(&io.one(), Status::DATA_SGL_LENGTH_INVALID);
+    // A descriptor longer than MDTS allows, whatever the command.
+    let big = DataDesc::Host { len: 2 << 20 };
+    assert_eq!(
+        io.receive_raw(Sqe::new(io_opc::FLUSH, 3, 1), Ok(big), &[], false),
+        Received::Done
+    );
+    assert_status(&io.one(), Status::DATA_SGL_LENGTH_INVALID);
+}
+
+#[test]
+fn data_descriptor_errors_fail_the_command() {
+    let e = env();
+    let (_a, mut io) = e.pair();
+    let read = rw(io_opc::READ, 1, 1, 0, 8);
+    // The transport could not decode the descriptor.
+    io.receive_raw(read, Err(Status::SGL_DESCRIPTOR_TYPE_INVALID), &[], false);
+    assert_status(&io.one(), Status::SGL_DESCRIPTOR_TYPE_INVALID);
+    // Read data cannot ride in the command capsule.
+    let mut r = rw(io_opc::READ, 2, 1, 0, 8);
+    r.set_sgl(icd_sgl(4096));
+    assert_status(&io.exec_icd(r, &[]), Status::SGL_DESCRIPTOR_TYPE_INVALID);
+    // In-capsule data starts right after the SQE.
+    let mut w = icd_write(3, 1, 0, 512);
+    w.set_sgl(SglDescriptor {
+        address: 16,
+        ..icd_sgl(512)
+    });
+    assert_status(
+        &io.exec_icd(w, &pattern(512, 0)),
+        Status::SGL_OFFSET_INVALID,
+    );
+    // NVMe/TCP: capsule data where the command has none to carry.
+    assert_status(
+        &io.exec_icd(rw(io_opc::READ, 4, 1, 0, 8), &[1; 16]),
+        Status::INVALID_FIELD,
+    );
+    assert_status(
+        &io.exec_icd(rw(io_opc::WRITE, 5, 1, 0, 8), &[1; 16]),
+        Status::INVALID_FIELD,
+    );
+    assert!(zeros(&ok_data(io.read(6, 1, 0, 8))));
+}
+
+#[test]
+fn unknown_and_bidirectional_io_opcodes_are_invalid_opcodes() {
+    let e = env();
+    let (_a, mut io) = e.pair();
+    // On I/O queues the NVM command check comes first: 03h (bits 1:0 = 11b,
+    // bidirectional) is no NVM command. The admin queue's check of the
+    // direction itself is in `unknown_and_bidirectional_admin_opcodes_are_refused`.
+    for (cid, opc) in [(1, 0x03), (2, 0x83), (3, 0x04), (4, 0xC0)] {
+        let mut s = Sqe::new(opc, cid, 1);
+        s.set_sgl(host_sgl(512));
+        assert_status(&io.exec(s), Status::INVALID_OPCODE);
+    }
+}
+
+#[test]
+fn corrupt_in_capsule_data_is_a_transient_transport_error() {
+    let e = env();
+    let (_a, mut io) = e.pair();
+    let data = pattern(4096, 13);
+    let w = icd_write(1, 1, 0, 4096);
+    assert_eq!(io.receive_raw(w, tcp_desc(&w), &data, true), Received::Done);
+    assert_eq!(io.q.dev_ops(), 0, "corrupt data never reaches the device");
+    let r = io.one();
+    assert_eq!(r.status(), TRANSIENT_TRANSPORT_ERROR);
+    // SCT 0, SC 22h, retryable.
+    assert_eq!(
+        (r.status().sct, r.status().sc, r.status().dnr),
+        (0, 0x22, false)
+    );
+    assert!(zeros(&ok_data(io.read(2, 1, 0, 8))));
+}
+
+#[test]
+fn corrupt_r2t_data_is_a_transient_transport_error() {
+    let e = env();
+    let (_a, mut io) = e.pair();
+    let data = pattern(4096, 14);
+    let Received::NeedData { slot, .. } = io.receive(rw(io_opc::WRITE, 1, 1, 0, 8)) else {
+        panic!("no data request");
+    };
+    io.fill(slot, &data);
+    io.data_ready(slot, true);
+    assert_eq!(io.q.dev_ops(), 0, "corrupt data never reaches the device");
+    assert_eq!(io.one().status(), TRANSIENT_TRANSPORT_ERROR);
+    assert!(zeros(&ok_data(io.read(2, 1, 0, 8))));
+    // The retry succeeds.
+    ok(io.write(3, 1, 0, &data));
+    assert_eq!(ok_data(io.read(4, 1, 0, 8)), data);
+}
+
+#[test]
+fn flush_of_nsid_ffffffff_flushes_every_namespace() {
+    let e = env();
+    e.add_ram_ns(2);
+    e.add_ram_ns(3);
+    let (_a, mut io) = e.pair();
+    assert_eq!(
+        io.receive(Sqe::new(io_opc::FLUSH, 1, 0xFFFF_FFFF)),
+        Received::Done
+    );
+    assert_eq!(io.q.dev_ops(), 3, "one flush per namespace");
+    assert!(io.take().is_empty());
+    io.drain();
+    ok(io.one());
+    assert_eq!(io.receive(Sqe::new(io_opc::FLUSH, 2, 2)), Received::Done);
+    assert_eq!(io.q.dev_ops(), 1);
+    io.drain();
+    ok(io.one());
+}
+
+fn dsm(cid: u16, ranges: &[(u64, u32)], deallocate: bool) -> (Sqe, Vec<u8>) {
+    let mut list = vec![0u8; ranges.len() * 16];
+    for (i, &(slba, nlb)) in ranges.iter().enumerate() {
+        DsmRange {
+            attributes: 0,
+            nlb,
+            slba,
+        }
+        .encode(&mut list[i * 16..(i + 1) * 16]);
+    }
+    let mut s = Sqe::new(io_opc::DATASET_MANAGEMENT, cid, 1);
+    s.set_cdw(10, ranges.len() as u32 - 1);
+    s.set_cdw(11, if deallocate { DSM_ATTR_DEALLOCATE } else { 0 });
+    s.set_sgl(icd_sgl(list.len() as u32));
+    (s, list)
+}
+
+#[test]
+fn dsm_deallocate_zeroes_its_ranges() {
+    let e = env();
+    let (_a, mut io) = e.pair();
+    let a = pattern(8192, 15);
+    let b = pattern(4096, 16);
+    ok(io.write(1, 1, 0, &a));
+    ok(io.write(2, 1, 64, &b));
+
+    // A bad range (past the end) means no range is used.
+    let (s, list) = dsm(3, &[(4, 4), (NS_BLOCKS, 1)], true);
+    assert_status(&io.exec_icd(s, &list), Status::LBA_OUT_OF_RANGE);
+    assert_eq!(ok_data(io.read(4, 1, 0, 16)), a);
+    // Hints alone need no device.
+    let (s, list) = dsm(5, &[(0, 16)], false);
+    assert_eq!(
+        io.receive_raw(s, tcp_desc(&s), &list, false),
+        Received::Done
+    );
+    assert_eq!(io.q.dev_ops(), 0);
+    ok(io.one());
+    assert_eq!(ok_data(io.read(6, 1, 0, 16)), a);
+    // A range list shorter than NR says.
+    let (mut s, list) = dsm(7, &[(4, 4), (64, 8)], true);
+    s.set_sgl(icd_sgl(16));
+    assert_status(
+        &io.exec_icd(s, &list[..16]),
+        Status::DATA_SGL_LENGTH_INVALID,
+    );
+
+    let (s, list) = dsm(8, &[(4, 4), (64, 8)], true);
+    ok(io.exec_icd(s, &list));
+    let got = ok_data(io.read(9, 1, 0, 16));
+    assert_eq!(got[..2048], a[..2048]);
+    assert!(zeros(&got[2048..4096]));
+    assert_eq!(got[4096..], a[4096..]);
+    assert!(zeros(&ok_data(io.read(10, 1, 64, 8))));
+}
+
+#[test]
+fn write_zeroes_zeroes_its_range() {
+    let e = env();
+    let (_a, mut io) = e.pair();
+    let a = pattern(8192, 17);
+    ok(io.write(1, 1, 0, &a));
+    let wz = |cid, slba: u64, nlb: u32, deallocate: bool| {
+        let mut s = Sqe::new(io_opc::WRITE_ZEROES, cid, 1);
+        s.set_cdw(10, slba as u32);
+        s.set_cdw(12, (nlb - 1) | (deallocate as u32) << 25);
+        s
+    };
+    ok(io.exec(wz(2, 2, 2, false)));
+    // With DEAC: may deallocate, still reads as zeros.
+    ok(io.exec(wz(3, 12, 4, true)));
+    let got = ok_data(io.read(4, 1, 0, 16));
+    assert_eq!(got[..1024], a[..1024]);
+    assert!(zeros(&got[1024..2048]));
+    assert_eq!(got[2048..6144], a[2048..6144]);
+    assert!(zeros(&got[6144..]));
 }
