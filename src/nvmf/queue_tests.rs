@@ -364,6 +364,14 @@ impl Conn {
         self.q.housekeeping(&mut self.link)
     }
 
+    fn release(&mut self, slot: u16) {
+        self.with(|q, l, ctx| q.release(slot, l, ctx))
+    }
+
+    fn abandon(&mut self, slot: u16) {
+        self.with(|q, l, ctx| q.abandon(slot, l, ctx))
+    }
+
     /// Responses sent since the last call.
     fn take(&mut self) -> Vec<Sent> {
         std::mem::take(&mut self.link.sent)
@@ -1829,4 +1837,300 @@ fn write_zeroes_zeroes_its_range() {
     assert!(zeros(&got[1024..2048]));
     assert_eq!(got[2048..6144], a[2048..6144]);
     assert!(zeros(&got[6144..]));
+}
+
+// ---------------------------------------------------------------------------
+// Namespaces added and removed at run time.
+
+#[test]
+fn namespace_removed_while_data_moves_fails_at_execution() {
+    let e = env();
+    let (_a, mut io) = e.pair();
+    let Received::NeedData { slot, .. } = io.receive(rw(io_opc::WRITE, 1, 1, 0, 8)) else {
+        panic!("no data request");
+    };
+    assert!(e.subsys.remove_namespace(1).is_some());
+    // A reactor pass runs housekeeping while the data is on its way.
+    assert_eq!(io.housekeeping(), None);
+    io.fill(slot, &pattern(4096, 1));
+    io.data_ready(slot, false);
+    assert_eq!(
+        io.q.dev_ops(),
+        0,
+        "nothing submitted to the removed namespace"
+    );
+    assert_status(&io.one(), Status::INVALID_NAMESPACE);
+    assert_status(&io.read(2, 1, 0, 8), Status::INVALID_NAMESPACE);
+}
+
+#[test]
+#[ignore = "bug: execute_io uses the queue's namespace table without refreshing it: data arriving after a removal is written to the removed namespace unless another command or housekeeping refreshed the table first"]
+fn namespace_removed_while_data_moves_fails_without_housekeeping_too() {
+    let e = env();
+    let (_a, mut io) = e.pair();
+    let Received::NeedData { slot, .. } = io.receive(rw(io_opc::WRITE, 1, 1, 0, 8)) else {
+        panic!("no data request");
+    };
+    assert!(e.subsys.remove_namespace(1).is_some());
+    io.fill(slot, &pattern(4096, 1));
+    io.data_ready(slot, false);
+    io.drain();
+    assert_status(&io.one(), Status::INVALID_NAMESPACE);
+}
+
+#[test]
+fn namespace_added_at_run_time_is_served() {
+    let e = env();
+    let (mut a, mut io) = e.pair();
+    assert_status(&io.read(1, 2, 0, 8), Status::INVALID_NAMESPACE);
+    e.add_ram_ns(2);
+    let data = pattern(4096, 21);
+    ok(io.write(2, 2, 0, &data));
+    assert_eq!(ok_data(io.read(3, 2, 0, 8)), data);
+    // A separate device: namespace 1 did not see the write.
+    assert!(zeros(&ok_data(io.read(4, 1, 0, 8))));
+    assert_eq!(
+        nvme::decode_ns_list(&ok_data(a.exec(identify(1, cns::ACTIVE_NS_LIST, 0)))),
+        vec![1, 2]
+    );
+    e.subsys.remove_namespace(2);
+    assert_status(&io.read(5, 2, 0, 8), Status::INVALID_NAMESPACE);
+    assert!(io.q.ns.get(2).is_none(), "the table let go of it");
+}
+
+// ---------------------------------------------------------------------------
+// Slots held by the transport, abandoned commands.
+
+#[test]
+fn a_held_slot_is_not_reused_until_released() {
+    let e = env();
+    let (_a, mut io) = e.pair();
+    // Every freed slot is discarded; count from here.
+    io.link.discarded.clear();
+    io.link.hold = true;
+    let flush = |cid| Sqe::new(io_opc::FLUSH, cid, 1);
+    let s1 = ok_slot(io.exec(flush(1)));
+    assert_eq!(io.q.request(s1).map(|r| r.phase), Some(Phase::Responding));
+    let s2 = ok_slot(io.exec(flush(2)));
+    // Answered, so the host may reuse CID 1 while its slot is still held.
+    let s3 = ok_slot(io.exec(flush(1)));
+    assert!(s1 != s2 && s3 != s1 && s3 != s2, "{s1} {s2} {s3}");
+    assert!(io.link.discarded.is_empty(), "held slots are not freed");
+
+    io.link.hold = false;
+    io.release(s1);
+    assert_eq!(io.link.discarded, vec![s1]);
+    assert!(io.q.request(s1).is_none());
+    // Released now, so `Release::Now` frees it at once.
+    assert_eq!(
+        ok_slot(io.exec(flush(4))),
+        s1,
+        "the released slot is reused"
+    );
+    assert_eq!(io.link.discarded, vec![s1, s1]);
+    // Releasing a free slot changes nothing.
+    io.release(s1);
+    assert_eq!(io.link.discarded, vec![s1, s1]);
+    assert_eq!(ok_slot(io.exec(flush(5))), s1);
+    // The other two are still held.
+    assert_eq!(io.q.request(s2).map(|r| r.phase), Some(Phase::Responding));
+    assert_eq!(io.q.request(s3).map(|r| r.phase), Some(Phase::Responding));
+}
+
+fn ok_slot(r: Sent) -> u16 {
+    assert_status(&r, Status::SUCCESS);
+    r.slot.expect("slotted response")
+}
+
+#[test]
+fn abandoning_a_moving_command_frees_its_slot_and_cid() {
+    let e = env();
+    let (_a, mut io) = e.pair();
+    let Received::NeedData { slot, .. } = io.receive(rw(io_opc::WRITE, 5, 1, 0, 8)) else {
+        panic!("no data request");
+    };
+    io.fill(slot, &pattern(4096, 2));
+    io.link.discarded.clear();
+    io.abandon(slot);
+    assert_eq!(io.link.discarded, vec![slot]);
+    assert!(io.q.request(slot).is_none());
+    assert!(io.take().is_empty(), "an abandoned command is not answered");
+    // Late data for it goes nowhere.
+    io.data_ready(slot, false);
+    assert_eq!(io.q.dev_ops(), 0);
+    assert!(io.take().is_empty());
+    // Its CID and slot are free.
+    match io.receive(rw(io_opc::WRITE, 5, 1, 0, 8)) {
+        Received::NeedData { slot: s, .. } => assert_eq!(s, slot),
+        other => panic!("{other:?}: {:?}", io.take()),
+    }
+    assert!(io.take().is_empty(), "no CID conflict");
+    assert!(zeros(&ok_data(io.read(6, 1, 0, 8))));
+}
+
+// ---------------------------------------------------------------------------
+// Disconnect, controller teardown.
+
+#[test]
+fn disconnect_on_an_io_queue_is_answered_then_closes() {
+    let e = env();
+    let (_a, mut io) = e.pair();
+    let before = io.read(1, 1, 0, 8);
+    assert!(!before.close_after);
+    let r = io.exec(fabrics(2, fctype::DISCONNECT));
+    assert_status(&r, Status::SUCCESS);
+    assert_eq!((r.cqe.cid, r.cqe.sq_id, r.close_after), (2, 1, true));
+}
+
+#[test]
+fn disconnect_on_the_admin_queue_is_invalid_field() {
+    let e = env();
+    let (mut a, cntlid) = e.admin();
+    let r = a.exec(fabrics(1, fctype::DISCONNECT));
+    assert_status(&r, Status::INVALID_FIELD);
+    assert!(!r.close_after);
+    assert!(!e.ctrl(cntlid).is_failed());
+}
+
+#[test]
+fn housekeeping_fails_the_controller_when_keep_alive_expires() {
+    let e = env();
+    let (mut a, mut io) = e.pair();
+    let cntlid = a.q.binding().unwrap().ctrl().cntlid;
+    assert_eq!(a.housekeeping(), None, "KATO 0: never expires");
+    ok(a.exec(set_features(1, fid::KEEP_ALIVE_TIMER, 1)));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(a.housekeeping(), Some("controller failed"));
+    assert!(e.ctrl(cntlid).is_failed());
+    // Every queue of the controller closes.
+    assert_eq!(io.housekeeping(), Some("controller failed"));
+}
+
+#[test]
+fn unbinding_the_admin_queue_deletes_the_controller() {
+    let e = env();
+    let (mut a, mut io) = e.pair();
+    let ctrl = a.q.binding().unwrap().ctrl().clone();
+    a.q.unbind();
+    assert!(a.q.binding().is_none());
+    assert!(ctrl.is_failed());
+    assert!(e.subsys.controllers.lock().unwrap().is_empty());
+    assert_eq!(io.housekeeping(), Some("controller failed"));
+}
+
+// ---------------------------------------------------------------------------
+// SQ head.
+
+#[test]
+fn sq_head_advances_per_command_and_wraps_at_sqsize() {
+    let e = env();
+    let mut a = e.conn(tcp_cfg());
+    // SQSIZE 3: heads run 0..=3.
+    let h0 = a.connect(0, 3, 0, 0xFFFF, SUBNQN).cqe.sq_head;
+    let heads: Vec<u16> = (1..=9)
+        .map(|cid| a.exec(Sqe::new(admin_opc::KEEP_ALIVE, cid, 0)).cqe.sq_head)
+        .collect();
+    let want: Vec<u16> = (1..=9).map(|i| (h0 + i) % 4).collect();
+    assert_eq!(heads, want);
+    assert!(heads.iter().all(|&h| h <= 3));
+    // A conflicting command took an entry too (CID 20 is a write's, waiting
+    // for its data).
+    ok(a.exec(prop_set(10, prop::CC, CC_ENABLE)));
+    let mut w = set_features(20, fid::VOLATILE_WRITE_CACHE, 1);
+    w.set_sgl(host_sgl(512));
+    assert!(matches!(a.receive(w), Received::NeedData { .. }));
+    a.receive(Sqe::new(admin_opc::KEEP_ALIVE, 20, 0));
+    let r = a.one();
+    assert_status(&r, Status::CID_CONFLICT);
+    assert_eq!(r.cqe.sq_head, (h0 + 12) % 4);
+}
+
+#[test]
+#[ignore = "bug: Connect sets sq_head to 0 after counting the Connect itself, so its response reports SQHD 0 (Linux nvmet and SPDK report 1) and every later CQE is one entry behind"]
+fn the_connect_response_counts_the_connect_in_sq_head() {
+    let e = env();
+    let mut a = e.conn(tcp_cfg());
+    assert_eq!(a.connect(0, 3, 0, 0xFFFF, SUBNQN).cqe.sq_head, 1);
+    assert_eq!(a.exec(Sqe::new(admin_opc::KEEP_ALIVE, 1, 0)).cqe.sq_head, 2);
+}
+
+#[test]
+fn sq_head_is_ffff_when_the_host_disables_sq_flow_control() {
+    let e = env();
+    let mut a = e.conn(tcp_cfg());
+    let r = a.connect(0, 31, CATTR_DISABLE_SQ_FLOW, 0xFFFF, SUBNQN);
+    assert_status(&r, Status::SUCCESS);
+    assert_eq!(r.cqe.sq_head, 0xFFFF, "already in the Connect response");
+    ok(a.exec(prop_set(1, prop::CC, CC_ENABLE)));
+    for cid in 2..6 {
+        assert_eq!(
+            a.exec(Sqe::new(admin_opc::KEEP_ALIVE, cid, 0)).cqe.sq_head,
+            0xFFFF
+        );
+    }
+    // Unslotted responses too.
+    ok(a.exec(set_features(6, fid::ASYNC_EVENT_CONFIG, AEC_NS_ATTR)));
+    a.receive(aer(7));
+    e.add_ram_ns(2);
+    a.housekeeping();
+    assert_eq!(a.one().cqe.sq_head, 0xFFFF);
+    // Without the attribute, the head is reported.
+    let mut b = e.conn(tcp_cfg());
+    b.connect(0, 31, 0, 0xFFFF, SUBNQN);
+    assert_ne!(b.exec(prop_get(1, prop::CSTS)).cqe.sq_head, 0xFFFF);
+}
+
+// ---------------------------------------------------------------------------
+// Accounting.
+
+#[test]
+fn qpair_stats_count_reads_writes_and_errors() {
+    let e = env();
+    let (a, mut io) = e.pair();
+    let st = io.stats();
+    let v = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
+    // The Connect itself is an "other" command of the queue.
+    assert_eq!((v(&st.other), v(&st.reads), v(&st.writes)), (1, 0, 0));
+    ok(io.write(1, 1, 0, &pattern(4096, 1)));
+    ok(io.write(2, 1, 8, &pattern(4096, 2)));
+    ok(io.read(3, 1, 0, 16));
+    assert_status(&io.read(4, 1, NS_BLOCKS, 1), Status::LBA_OUT_OF_RANGE);
+    assert_status(
+        &io.exec(rw(io_opc::WRITE, 5, 9, 0, 8)),
+        Status::INVALID_NAMESPACE,
+    );
+    ok(io.exec(Sqe::new(io_opc::FLUSH, 6, 1)));
+    assert_eq!((v(&st.reads), v(&st.read_bytes)), (1, 8192));
+    assert_eq!((v(&st.writes), v(&st.write_bytes)), (2, 8192));
+    assert_eq!((v(&st.errors), v(&st.other)), (2, 2));
+    // By kind: invalid_namespace, lba_out_of_range.
+    assert_eq!((v(&st.errors_by[0]), v(&st.errors_by[2])), (1, 1));
+    assert_eq!(st.errors_by.iter().map(v).sum::<u64>(), 2);
+    assert_eq!(st.read_hist.iter().map(v).sum::<u64>(), 1);
+    assert_eq!(st.write_hist.iter().map(v).sum::<u64>(), 2);
+
+    // The controller's SMART counters see the same traffic.
+    let ctrl = io.q.binding().unwrap().ctrl().clone();
+    let c = &ctrl.counters;
+    assert_eq!(
+        (
+            v(&c.read_cmds),
+            v(&c.write_cmds),
+            v(&c.read_bytes),
+            v(&c.write_bytes)
+        ),
+        (1, 2, 8192, 8192)
+    );
+    assert_eq!(ctrl.error_count(), 2);
+
+    // A digest failure is an error of kind "other"; the admin queue's
+    // counters are its own.
+    let w = icd_write(7, 1, 0, 512);
+    io.receive_raw(w, tcp_desc(&w), &pattern(512, 3), true);
+    assert_eq!(io.one().status(), TRANSIENT_TRANSPORT_ERROR);
+    assert_eq!((v(&st.errors), v(&st.errors_by[7])), (3, 1));
+    let ast = a.stats();
+    assert_eq!((v(&ast.reads), v(&ast.writes), v(&ast.errors)), (0, 0, 0));
+    // Connect and Property Set.
+    assert_eq!(v(&ast.other), 2);
 }
