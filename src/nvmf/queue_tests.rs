@@ -1658,6 +1658,36 @@ fn sgl_length_must_match_the_transfer() {
 }
 
 #[test]
+#[ignore = "bug: admit checks a read's descriptor against its LBA range but not a write's; a shorter write descriptor writes stale pool bytes past the host's data (no current transport sends one)"]
+fn write_with_a_descriptor_shorter_than_its_blocks_is_refused() {
+    let e = env();
+    let (_a, mut io) = e.pair();
+    // A pool buffer a previous command left its data in.
+    let mut stale = io.bufs.get(4096);
+    stale.fill(0xEE);
+    io.bufs.put(stale);
+    // The SGL says 4096 bytes (8 blocks), the transport's descriptor 512.
+    let w = icd_write(1, 1, 0, 4096);
+    let short = Ok(DataDesc::InCapsule {
+        offset: 0,
+        len: 512,
+    });
+    assert_eq!(
+        io.receive_raw(w, short, &[0x11; 512], false),
+        Received::Done
+    );
+    io.drain();
+    let r = io.one();
+    let back = ok_data(io.read(2, 1, 0, 8));
+    assert!(
+        zeros(&back),
+        "stale bytes reached the device: {:#x}",
+        back[600]
+    );
+    assert_status(&r, Status::DATA_SGL_LENGTH_INVALID);
+}
+
+#[test]
 fn data_descriptor_errors_fail_the_command() {
     let e = env();
     let (_a, mut io) = e.pair();
