@@ -945,3 +945,7 @@ impl<X> Drop for Queue<X> {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "queue_tests.rs"]
+mod tests;
