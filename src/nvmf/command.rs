@@ -209,7 +209,8 @@ pub fn account(
     // fault: counted by kind below, but not logged as an error or a media error.
     let miss = status == Status::DEALLOCATED_OR_UNWRITTEN;
     if let (Some(b), false) = (binding, status.is_success() || miss) {
-        let lba = if plan.is_some() { sqe.slba() } else { 0 };
+        // I/O commands name their LBA even when they failed before a plan.
+        let lba = if qid != 0 { sqe.slba() } else { 0 };
         b.ctrl()
             .record_error(st, qid, sqe.cid(), status, sqe.nsid(), lba);
         if status.sct == 2 {

@@ -21,7 +21,7 @@ use crate::mem::IoBuf;
 use crate::reactor::IoCtx;
 use crate::wire::nvme::{
     admin_opc, fctype, ConnectCommand, ConnectData, Cqe, DataDirection, Sqe, Status,
-    CATTR_DISABLE_SQ_FLOW, CONNECT_DATA_LEN, DISCOVERY_NQN,
+    CATTR_DISABLE_SQ_FLOW, CONNECT_DATA_LEN, CONNECT_DATA_SUBNQN_OFF, DISCOVERY_NQN,
 };
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -246,6 +246,10 @@ impl CidSet {
     }
 }
 
+/// SQE byte offsets of Connect fields, for refusals' DW0 (IATTR 0).
+const CONNECT_SQE_QID_OFF: u64 = 42;
+const CONNECT_SQE_SQSIZE_OFF: u64 = 44;
+
 /// The SQ size a queue assumes before Connect sets it.
 const DEFAULT_SQSIZE: u16 = 31;
 
@@ -347,9 +351,11 @@ impl<X: Default> Queue<X> {
         }
     }
 
+    /// Slots a queue may use: its entries, or all the transport has room for
+    /// (NVMe/RDMA holds a slot until its SEND completes, which the host may
+    /// not wait for before it sends the next command).
     fn slot_limit(&self) -> usize {
-        let entries = self.sqsize as usize + 1;
-        self.cfg.max_entries.map_or(entries, |m| entries.min(m))
+        self.cfg.max_entries.unwrap_or(self.sqsize as usize + 1)
     }
 
     fn alloc_slot(&mut self, req: Request<X>) -> Option<u16> {
@@ -495,6 +501,11 @@ impl<X: Default> Queue<X> {
                     }
                 }
             }
+            DataDirection::HostToController if matches!(plan, Some(IoPlan::Write { len, .. }) if desc.len() as usize != len) =>
+            {
+                // The data must be the blocks written, no more, no less.
+                return Err(Status::DATA_SGL_LENGTH_INVALID);
+            }
             DataDirection::HostToController => match desc {
                 DataDesc::None => {}
                 DataDesc::InCapsule { offset, len } => {
@@ -589,7 +600,10 @@ impl<X: Default> Queue<X> {
         match admin::execute(&self.target, &ctrl, &sqe, self.aers.len()) {
             AdminOutcome::AsyncEventHeld => {
                 // Held without a slot: it completes only when an event fires.
+                // Its CID stays outstanding, so a host reusing it is noticed
+                // (`receive` abandons the held AER then).
                 self.free_slot(slot, link, ctx);
+                self.cids.insert(sqe.cid());
                 self.aers.push(sqe.cid());
             }
             AdminOutcome::Done {
@@ -625,24 +639,27 @@ impl<X: Default> Queue<X> {
                     .and_then(|r| r.buf.as_ref())
                     .and_then(|b| ConnectData::parse(&b[..b.len().min(CONNECT_DATA_LEN)]))
                     .ok_or(Status::DATA_SGL_LENGTH_INVALID)?;
-                // DW0 of a refusal points at the field: bit 16 set names the
-                // SQE (byte offset in bits 15:0), else the Connect data.
+                // DW0 of a refusal points at the field: the byte offset in bits
+                // 15:0, in the Connect data when bit 16 (IATTR) is set, else in
+                // the SQE.
                 let refuse = if self.cfg.expected_qid.is_some_and(|q| q != cmd.qid) {
                     tracing::warn!(peer = %self.cfg.peer, expected = ?self.cfg.expected_qid, qid = cmd.qid, "Connect QID differs from the transport's connection request");
-                    Some(1 << 16)
+                    Some(CONNECT_SQE_QID_OFF)
                 } else if self
                     .cfg
                     .max_entries
                     .is_some_and(|m| cmd.sqsize as usize >= m)
                 {
-                    Some(44 << 16)
+                    tracing::warn!(peer = %self.cfg.peer, sqsize = cmd.sqsize, "Connect SQ size above what the transport has room for");
+                    Some(CONNECT_SQE_SQSIZE_OFF)
                 } else if self.cfg.discovery_only && data.subnqn != DISCOVERY_NQN {
                     tracing::warn!(peer = %self.cfg.peer, subnqn = %data.subnqn, "connect to an NVM subsystem on the discovery port refused");
-                    Some(256 | 1 << 16)
+                    Some(CONNECT_DATA_SUBNQN_OFF as u64 | 1 << 16)
                 } else {
                     None
                 };
                 if let Some(dw0) = refuse {
+                    self.target.refused_other.fetch_add(1, Ordering::Relaxed);
                     self.finish(slot, Status::CONNECT_INVALID_PARAMETERS, dw0, link, ctx);
                     return Ok(());
                 }
@@ -662,7 +679,8 @@ impl<X: Default> Queue<X> {
                             ctrl.keyed_sgl.store(true, Ordering::Release);
                         }
                         self.sqsize = cmd.sqsize;
-                        self.sq_head = 0;
+                        // The Connect itself took entry 0 of the new queue.
+                        self.sq_head = if cmd.sqsize == 0 { 0 } else { 1 };
                         self.sqflow_disabled = cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0;
                         self.stats = Some(c.stats);
                         self.ns.load(c.ns_gen, c.namespaces);
@@ -700,6 +718,9 @@ impl<X: Default> Queue<X> {
         link: &mut L,
         ctx: &mut IoCtx,
     ) -> Result<(), Status> {
+        // A namespace removed while this command's data moved is gone for it
+        // too (one atomic load when nothing changed).
+        self.refresh_namespaces();
         let tag = ctx.tag(slot);
         let places = self.cfg.places_read_buffers;
         let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.as_mut()) else {
