@@ -175,6 +175,21 @@ pub trait Link<X> {
     fn discard(&mut self, slot: u16, req: &mut Request<X>, ctx: &mut IoCtx);
 }
 
+/// A command capsule as a transport hands it to the core.
+pub struct Capsule<'a, X> {
+    pub sqe: Sqe,
+    /// Its data descriptor, or the status the transport's decoding of it
+    /// failed with.
+    pub desc: Result<DataDesc, Status>,
+    /// In-capsule data (NVMe/RDMA: the rest of the receive buffer).
+    pub icd: &'a [u8],
+    /// The in-capsule data failed its digest.
+    pub icd_corrupt: bool,
+    /// The transport's state for the request, from the start (NVMe/RDMA: the
+    /// keyed descriptor its answer is written to).
+    pub x: X,
+}
+
 /// What the transport does next with a command it passed to `receive`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Received {
@@ -274,7 +289,7 @@ pub struct Queue<X> {
     ops_scratch: DeviceOps,
 }
 
-impl<X: Default> Queue<X> {
+impl<X> Queue<X> {
     pub fn new(target: Arc<Target>, cfg: QueueConfig) -> Queue<X> {
         Queue {
             target,
@@ -392,18 +407,20 @@ impl<X: Default> Queue<X> {
         }
     }
 
-    /// A command capsule arrived: its SQE, its data descriptor (or the status
-    /// the transport's decoding of it failed with), the in-capsule data, and
-    /// whether that data failed its digest.
+    /// A command capsule arrived.
     pub fn receive<L: Link<X>>(
         &mut self,
-        sqe: Sqe,
-        desc: Result<DataDesc, Status>,
-        icd: &[u8],
-        icd_corrupt: bool,
+        capsule: Capsule<'_, X>,
         link: &mut L,
         ctx: &mut IoCtx,
     ) -> Received {
+        let Capsule {
+            sqe,
+            desc,
+            icd,
+            icd_corrupt,
+            x,
+        } = capsule;
         let cid = sqe.cid();
         self.advance_sq_head();
         if !self.cids.insert(cid) && !admin::abandon_held_aer(&mut self.aers, cid) {
@@ -423,7 +440,7 @@ impl<X: Default> Queue<X> {
             status: Status::SUCCESS,
             data_error: icd_corrupt,
             arrived: ctx.now,
-            x: X::default(),
+            x,
         };
         let Some(slot) = self.alloc_slot(req) else {
             self.cids.remove(cid);

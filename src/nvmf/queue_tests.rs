@@ -9,7 +9,7 @@ use crate::bdev::{BlockDevice, IoChannel, IoCompletion, IoOp};
 use crate::mem::BufPool;
 use crate::nvmf::controller::{cap_register, AEC_NS_ATTR, AEN_NS_ATTR_CHANGED, MAX_AERS};
 use crate::nvmf::{Controller, Listener, Subsystem, SubsystemKind, TransportLimits};
-use crate::reactor::ChannelCache;
+use crate::reactor::{ChannelCache, Locals};
 use crate::wire::nvme::{
     self, cns, csts, fid, io_opc, lid, nidt, prop, DsmRange, ErrorLogEntry, GetLogPage,
     IdentifyController, IdentifyNamespace, PropertyCommand, SglDescriptor, SmartLog,
@@ -57,17 +57,25 @@ struct FakeLink {
     discarded: Vec<u16>,
 }
 
-impl Link<()> for FakeLink {
+/// The fake transport's per-request state: the CID it saw in the capsule, to
+/// check the core hands the transport's own state back with every answer.
+type FakeReq = Option<u16>;
+
+impl Link<FakeReq> for FakeLink {
     fn respond(
         &mut self,
         slot: u16,
-        req: &mut Request<()>,
+        req: &mut Request<FakeReq>,
         rsp: &Response,
         _ctx: &mut IoCtx,
     ) -> Release {
         assert_eq!(req.phase, Phase::Responding, "answered before Responding");
         assert_eq!(rsp.cqe.status(), rsp.status, "CQE and status disagree");
         assert_eq!(rsp.cqe.cid, req.sqe.cid(), "response for another CID");
+        // What the transport put in the capsule is there at answer time, also
+        // for commands answered at once (NVMe/RDMA needs its keyed descriptor
+        // to write an Identify's data).
+        assert_eq!(req.x, Some(req.sqe.cid()), "the transport's request state was lost");
         let (data, data_ptr) = match rsp.c2h {
             C2h::None => (Vec::new(), None),
             C2h::Data(n) => {
@@ -100,7 +108,7 @@ impl Link<()> for FakeLink {
         });
     }
 
-    fn discard(&mut self, slot: u16, _req: &mut Request<()>, _ctx: &mut IoCtx) {
+    fn discard(&mut self, slot: u16, _req: &mut Request<FakeReq>, _ctx: &mut IoCtx) {
         self.discarded.push(slot);
     }
 }
@@ -229,6 +237,7 @@ impl Env {
             link: FakeLink::default(),
             channels: ChannelCache::default(),
             bufs: BufPool::new(8),
+            locals: Locals::default(),
             conn_id: 7,
             seen: Vec::new(),
         }
@@ -268,10 +277,11 @@ impl Env {
 
 /// One queue and what its transport and reactor would own.
 struct Conn {
-    q: Queue<()>,
+    q: Queue<FakeReq>,
     link: FakeLink,
     channels: ChannelCache,
     bufs: BufPool,
+    locals: Locals,
     conn_id: u32,
     /// Every namespace the queue has had in its table: the channels to poll.
     seen: Vec<Arc<Namespace>>,
@@ -291,18 +301,20 @@ fn tcp_desc(sqe: &Sqe) -> Result<DataDesc, Status> {
 }
 
 impl Conn {
-    fn with<R>(&mut self, f: impl FnOnce(&mut Queue<()>, &mut FakeLink, &mut IoCtx) -> R) -> R {
+    fn with<R>(&mut self, f: impl FnOnce(&mut Queue<FakeReq>, &mut FakeLink, &mut IoCtx) -> R) -> R {
         let Conn {
             q,
             link,
             channels,
             bufs,
+            locals,
             conn_id,
             ..
         } = self;
         let mut ctx = IoCtx {
             channels,
             bufs,
+            locals,
             conn_id: *conn_id,
             now: Instant::now(),
         };
@@ -322,7 +334,16 @@ impl Conn {
         icd: &[u8],
         corrupt: bool,
     ) -> Received {
-        self.with(|q, l, ctx| q.receive(sqe, desc, icd, corrupt, l, ctx))
+        self.with(|q, l, ctx| {
+            let capsule = Capsule {
+                sqe,
+                desc,
+                icd,
+                icd_corrupt: corrupt,
+                x: Some(sqe.cid()),
+            };
+            q.receive(capsule, l, ctx)
+        })
     }
 
     /// Receives `sqe` with the descriptor its SGL names and no capsule data.

@@ -57,8 +57,33 @@ const TOKEN_POLLER: u64 = 1 << 62;
 pub struct IoCtx<'a> {
     pub channels: &'a mut ChannelCache,
     pub bufs: &'a mut BufPool,
+    /// State a transport keeps per reactor (NVMe/RDMA's registered buffers).
+    pub locals: &'a mut Locals,
     pub conn_id: u32,
     pub now: Instant,
+}
+
+/// Objects a transport gives a reactor to own, found by key: only that
+/// reactor's thread touches them, so its queue pairs use them without a lock.
+#[derive(Default)]
+pub struct Locals {
+    items: Vec<(u64, Box<dyn Any + Send>)>,
+}
+
+impl Locals {
+    /// Adds (or replaces) the object under `key`.
+    pub fn insert(&mut self, key: u64, v: Box<dyn Any + Send>) {
+        self.items.retain(|(k, _)| *k != key);
+        self.items.push((key, v));
+    }
+    /// The object under `key`, if it has type `T` (a handful of entries: a
+    /// scan is cheaper than a hash).
+    pub fn get_mut<T: 'static>(&mut self, key: u64) -> Option<&mut T> {
+        self.items
+            .iter_mut()
+            .find(|(k, _)| *k == key)
+            .and_then(|(_, v)| v.downcast_mut::<T>())
+    }
 }
 
 impl IoCtx<'_> {
@@ -89,6 +114,9 @@ pub trait QueuePair: Send {
     fn housekeeping(&mut self, ctx: &mut IoCtx);
     /// Starts an orderly close (target shutdown).
     fn begin_shutdown(&mut self);
+    /// Finished: gives back what it holds of the reactor's own state
+    /// (`IoCtx::locals`), just before the reactor drops it.
+    fn release(&mut self, _ctx: &mut IoCtx) {}
     /// Closed and no device operation outstanding: the reactor may drop it.
     fn finished(&self) -> bool;
     fn describe(&self) -> String;
@@ -371,6 +399,7 @@ pub struct Reactor {
     free_ids: Vec<u32>,
     channels: ChannelCache,
     bufs: BufPool,
+    locals: Locals,
     tasks: Arc<SegQueue<Runnable>>,
     timers: BinaryHeap<Reverse<(Instant, u64)>>,
     timer_fns: HashMap<u64, TimerFn>,
@@ -407,6 +436,7 @@ impl Reactor {
             free_ids: Vec::new(),
             channels: ChannelCache::default(),
             bufs: BufPool::new(64),
+            locals: Locals::default(),
             tasks: Arc::new(SegQueue::new()),
             timers: BinaryHeap::new(),
             timer_fns: HashMap::new(),
@@ -475,6 +505,11 @@ impl Reactor {
         self.next_timer += 1;
         self.timers.push(Reverse((Instant::now() + after, id)));
         self.timer_fns.insert(id, Box::new(f));
+    }
+
+    /// Gives this reactor an object to own for a transport (`IoCtx::locals`).
+    pub fn insert_local(&mut self, key: u64, v: Box<dyn Any + Send>) {
+        self.locals.insert(key, v);
     }
 
     /// Adds a shared poller (see `SharedPoller`); its fd joins the epoll set.
@@ -564,6 +599,7 @@ impl Reactor {
         let mut ctx = IoCtx {
             channels: &mut self.channels,
             bufs: &mut self.bufs,
+            locals: &mut self.locals,
             conn_id: id,
             now: self.now,
         };
@@ -619,6 +655,14 @@ impl Reactor {
             };
             let want = c.flush(&mut self.bufs);
             if c.finished() {
+                let mut ctx = IoCtx {
+                    channels: &mut self.channels,
+                    bufs: &mut self.bufs,
+                    locals: &mut self.locals,
+                    conn_id: id as u32,
+                    now: self.now,
+                };
+                c.release(&mut ctx);
                 let fd = c.fd();
                 let _ = self.epoll.delete(fd);
                 tracing::debug!(
@@ -656,6 +700,7 @@ impl Reactor {
             conns,
             channels,
             bufs,
+            locals,
             now,
             ..
         } = self;
@@ -673,6 +718,7 @@ impl Reactor {
                 let mut ctx = IoCtx {
                     channels,
                     bufs,
+                    locals,
                     conn_id,
                     now,
                 };

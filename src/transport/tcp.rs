@@ -11,7 +11,8 @@
 
 use crate::mem::{BufPool, IoBuf};
 use crate::nvmf::queue::{
-    C2h, DataDesc, Link, Queue, QueueConfig, Received, Release, Request, Response, TransportKind,
+    C2h, Capsule, DataDesc, Link, Queue, QueueConfig, Received, Release, Request, Response,
+    TransportKind,
 };
 use crate::nvmf::{Target, ADMIN_IN_CAPSULE_DATA};
 use crate::reactor::{IoCtx, QueuePair};
@@ -511,11 +512,14 @@ impl TcpConnection {
     }
 
     fn on_command(&mut self, sqe: Sqe, data: &[u8], data_error: bool, raw: &[u8], ctx: &mut IoCtx) {
-        let desc = data_desc(&sqe);
-        match self
-            .q
-            .receive(sqe, desc, data, data_error, &mut self.l, ctx)
-        {
+        let capsule = Capsule {
+            desc: data_desc(&sqe),
+            sqe,
+            icd: data,
+            icd_corrupt: data_error,
+            x: TcpReq::default(),
+        };
+        match self.q.receive(capsule, &mut self.l, ctx) {
             Received::Done => {}
             Received::Overrun => self.terminate(
                 PduError {

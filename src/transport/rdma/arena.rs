@@ -1,6 +1,7 @@
 //! The registered data-buffer arena: one block per (device, reactor),
 //! registered once, carved into page runs that requests hold as `IoBuf` views
-//! for RDMA READ/WRITE and device I/O.
+//! for RDMA READ/WRITE and device I/O. The reactor owns its arenas (its
+//! `Locals`): its queue pairs use them without a lock.
 
 use super::verbs::{self, ibv_mr, Verbs};
 use crate::mem::IoBuf;
@@ -8,19 +9,38 @@ use crate::mem::IoBuf;
 /// Page size of the data arena allocator.
 const ARENA_PAGE: usize = 4096;
 
+/// Where a reactor keeps device `i`'s arena: `ARENA_KEY | i` in its locals.
+pub(super) const ARENA_KEY: u64 = 0x5244_4d41 << 32;
+
 /// A registered block carved into page runs.
 pub(super) struct Arena {
     buf: IoBuf,
-    /// Registered for the process lifetime (never deregistered).
-    _mr: *mut ibv_mr,
+    v: Option<&'static Verbs>,
+    /// Deregistered when the reactor that owns the arena goes (after its
+    /// queue pairs, so no work request can still reach the memory).
+    mr: *mut ibv_mr,
     pub(super) lkey: u32,
     used: Vec<bool>,
     hint: usize,
 }
 
-// SAFETY: the arena's memory and MR are only touched under its Mutex; the MR
+// SAFETY: an arena is made on the connection manager's thread and then owned
+// and used by one reactor alone (moved there whole, never shared); the MR
 // pointer is an rdma-core object usable from any thread.
 unsafe impl Send for Arena {}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        if let (Some(v), false) = (self.v, self.mr.is_null()) {
+            // SAFETY: mr was registered in `new` and is deregistered once,
+            // here; the reactor dropping it has no queue pair left, so no
+            // work request uses the memory.
+            unsafe {
+                (v.ibv_dereg_mr)(self.mr);
+            }
+        }
+    }
+}
 
 /// A run of arena pages owned by one request.
 #[derive(Debug, Clone, Copy)]
@@ -30,7 +50,11 @@ pub(super) struct Chunk {
 }
 
 impl Arena {
-    pub(super) fn new(v: &Verbs, pd: *mut std::ffi::c_void, bytes: usize) -> Result<Arena, String> {
+    pub(super) fn new(
+        v: &'static Verbs,
+        pd: *mut std::ffi::c_void,
+        bytes: usize,
+    ) -> Result<Arena, String> {
         let mut buf = IoBuf::new(bytes);
         // SAFETY: buf's memory is valid for its capacity and is never freed (the
         // arena lives for the process); pd is a live protection domain.
@@ -53,7 +77,8 @@ impl Arena {
         let pages = buf.capacity() / ARENA_PAGE;
         Ok(Arena {
             buf,
-            _mr: mr,
+            v: Some(v),
+            mr,
             lkey,
             used: vec![false; pages],
             hint: 0,
@@ -80,8 +105,9 @@ impl Arena {
                     self.used[start..start + need].fill(true);
                     self.hint = start + need;
                     // SAFETY: the pages are now marked used, so no other view
-                    // overlaps this one until `free`; the arena memory is never
-                    // freed or moved (the arena is kept for the process lifetime).
+                    // overlaps this one until `free`; the arena memory does not
+                    // move, and it is freed only with its reactor, after every
+                    // queue pair (and so every request holding a view) is gone.
                     let view = unsafe { IoBuf::view(&mut self.buf, start * ARENA_PAGE, len) }?;
                     return Some((
                         Chunk {
@@ -116,7 +142,8 @@ mod tests {
         // The allocator alone (no registration): a fake arena over plain memory.
         let mut a = Arena {
             buf: IoBuf::new(16 * ARENA_PAGE),
-            _mr: std::ptr::null_mut(),
+            v: None,
+            mr: std::ptr::null_mut(),
             lkey: 0,
             used: vec![false; 16],
             hint: 0,

@@ -396,7 +396,8 @@ fn accept(
     let DeviceShare {
         pd,
         limits: dev,
-        arena,
+        arena_key,
+        arena_lkey,
         group,
     } = device_for(v, ctx, reactor, settings, cqes_per_qpair)
         .map_err(|e| Refused::Before(cm_status::NO_RESOURCES, e))?;
@@ -433,7 +434,7 @@ fn accept(
         depth,
         send_wr,
         target.clone(),
-        arena,
+        (arena_key, arena_lkey),
         peer,
         local,
         l.discovery_only,

@@ -1,7 +1,7 @@
 //! Per-device state: the process-wide table of opened RDMA devices, each with
 //! its protection domain and, per reactor, its data arena and poll group.
 
-use super::arena::Arena;
+use super::arena::{Arena, ARENA_KEY};
 use super::poller::{create_poll_group, PollGroup, RdmaPoller};
 use super::verbs::{self, Verbs};
 use super::RdmaSettings;
@@ -15,7 +15,8 @@ pub(super) struct Device {
     name: String,
     pd: usize,
     limits: verbs::DeviceLimits,
-    arenas: Vec<Option<Arc<Mutex<Arena>>>>,
+    /// The lkey of each reactor's arena (the reactor owns the arena itself).
+    arena_lkeys: Vec<u32>,
     pub(super) groups: Vec<Option<Arc<PollGroup>>>,
     /// The reactor each group's poller was handed to (a restarted target in
     /// the same process has new reactors: the poller is handed over again).
@@ -28,7 +29,10 @@ pub(super) static DEVICES: Mutex<Vec<Device>> = Mutex::new(Vec::new());
 pub(super) struct DeviceShare {
     pub(super) pd: usize,
     pub(super) limits: verbs::DeviceLimits,
-    pub(super) arena: Arc<Mutex<Arena>>,
+    /// The reactor's arena for this device: its key in the reactor's locals
+    /// and its lkey.
+    pub(super) arena_key: u64,
+    pub(super) arena_lkey: u32,
     pub(super) group: Arc<PollGroup>,
 }
 
@@ -62,7 +66,7 @@ pub(super) fn device_for(
                 name,
                 pd: pd as usize,
                 limits,
-                arenas: Vec::new(),
+                arena_lkeys: Vec::new(),
                 groups: Vec::new(),
                 pollers: Vec::new(),
             });
@@ -70,14 +74,10 @@ pub(super) fn device_for(
         }
     };
     let d = &mut devs[i];
-    if d.arenas.len() <= ri {
-        d.arenas.resize_with(ri + 1, || None);
+    if d.groups.len() <= ri {
+        d.arena_lkeys.resize(ri + 1, 0);
         d.groups.resize_with(ri + 1, || None);
         d.pollers.resize_with(ri + 1, Weak::new);
-    }
-    if d.arenas[ri].is_none() {
-        let a = Arena::new(v, d.pd as *mut _, settings.buffer_pool_bytes)?;
-        d.arenas[ri] = Some(Arc::new(Mutex::new(a)));
     }
     if d.groups[ri].is_none() {
         // Every QP of this reactor may need its send plus receive queue depth
@@ -95,23 +95,29 @@ pub(super) fn device_for(
     let handed = d.pollers[ri]
         .upgrade()
         .is_some_and(|r| Arc::ptr_eq(&r, reactor));
+    let arena_key = ARENA_KEY | i as u64;
     if !handed {
         // Sent before the QP's Adopt message, so the reactor polls the CQ
-        // before it owns any QP on it (one inbox, in order).
+        // and owns the arena before it owns any QP using them (one inbox, in
+        // order). A new reactor (a restarted target) gets its own.
+        let a = Arena::new(v, d.pd as *mut _, settings.buffer_pool_bytes)?;
+        let lkey = a.lkey;
         let p = RdmaPoller::new(v, group.clone());
-        if reactor
-            .send(Message::Call(Box::new(move |r| r.add_poller(Box::new(p)))))
-            .is_err()
-        {
+        let install = move |r: &mut crate::reactor::Reactor| {
+            r.insert_local(arena_key, Box::new(a));
+            r.add_poller(Box::new(p));
+        };
+        if reactor.send(Message::Call(Box::new(install))).is_err() {
             return Err(format!("reactor {ri} inbox full"));
         }
         d.pollers[ri] = Arc::downgrade(reactor);
+        d.arena_lkeys[ri] = lkey;
     }
-    let arena = d.arenas[ri].clone().ok_or("arena missing")?;
     Ok(DeviceShare {
         pd: d.pd,
         limits: d.limits,
-        arena,
+        arena_key,
+        arena_lkey: d.arena_lkeys[ri],
         group,
     })
 }

@@ -9,7 +9,8 @@ use super::verbs::{self, ibv_mr, ibv_qp, rdma_cm_id, rdma_event_channel, Verbs};
 use super::EXTRA_RESPONSES;
 use crate::mem::IoBuf;
 use crate::nvmf::queue::{
-    C2h, DataDesc, Link, Queue, QueueConfig, Received, Release, Request, Response, TransportKind,
+    C2h, Capsule, DataDesc, Link, Queue, QueueConfig, Received, Release, Request, Response,
+    TransportKind,
 };
 use crate::nvmf::{Target, ADMIN_IN_CAPSULE_DATA};
 use crate::reactor::{IoCtx, QueuePair};
@@ -20,7 +21,7 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A connection not established within this long is dropped.
@@ -140,7 +141,8 @@ pub(super) struct RdmaLink {
     mem_lkey: u32,
     recv_size: usize,
     depth: usize,
-    arena: Arc<Mutex<Arena>>,
+    /// The reactor's arena for this QP's device: its key in `IoCtx::locals`.
+    arena_key: u64,
     arena_lkey: u32,
     extra_free: Vec<u16>,
     pub(super) peer: String,
@@ -185,7 +187,7 @@ impl RdmaQueuePair {
         depth: usize,
         send_wr: usize,
         target: Arc<Target>,
-        arena: Arc<Mutex<Arena>>,
+        (arena_key, arena_lkey): (u64, u32),
         peer: String,
         local: SocketAddr,
         discovery_only: bool,
@@ -197,7 +199,6 @@ impl RdmaQueuePair {
         let recv_size = (SQE_LEN + icd).div_ceil(64) * 64;
         let rsp_count = depth + EXTRA_RESPONSES;
         let mem = IoBuf::new(depth * recv_size + rsp_count * CQE_LEN);
-        let arena_lkey = arena.lock().map(|a| a.lkey).unwrap_or(0);
         let cq = group.cq;
         let cfg = QueueConfig {
             kind: TransportKind::Rdma,
@@ -236,7 +237,7 @@ impl RdmaQueuePair {
                 mem_lkey: 0,
                 recv_size,
                 depth,
-                arena,
+                arena_key,
                 arena_lkey,
                 extra_free: (depth..rsp_count).map(|i| i as u16).rev().collect(),
                 peer,
@@ -415,15 +416,22 @@ impl RdmaQueuePair {
         // `receive` only through `write_response`, a slice over the response
         // area, disjoint from every receive buffer.
         let icd = unsafe { std::slice::from_raw_parts(icd as *const u8, len - SQE_LEN) };
-        let received = self
-            .q
-            .receive(sqe, desc.map(neutral), icd, false, &mut self.l, ctx);
-        match received {
+        let capsule = Capsule {
+            sqe,
+            desc: desc.map(neutral),
+            icd,
+            icd_corrupt: false,
+            // Answers are written to the host memory the descriptor names.
+            x: RdmaReq {
+                desc: desc.unwrap_or_default(),
+                ..RdmaReq::default()
+            },
+        };
+        match self.q.receive(capsule, &mut self.l, ctx) {
             Received::Done => {}
             Received::Overrun => self.close("queue overrun"),
             Received::NeedData { slot, len, dir } => {
-                if let (Some(r), Ok(d)) = (self.q.request_mut(slot), desc) {
-                    r.x.desc = d;
+                if let Some(r) = self.q.request_mut(slot) {
                     r.x.need = Some((len, dir));
                 }
                 self.with_buffer(slot, ctx);
@@ -438,8 +446,12 @@ impl RdmaQueuePair {
         let Some((len, dir)) = self.q.request(slot).and_then(|r| r.x.need) else {
             return;
         };
-        let got = self.l.arena.lock().ok().and_then(|mut a| a.alloc(len));
-        let Some((chunk, view)) = got else {
+        let Some(arena) = ctx.locals.get_mut::<Arena>(self.l.arena_key) else {
+            // Installed before any QP of the reactor is adopted: never missing.
+            tracing::error!(peer = %self.l.peer, "RDMA buffer arena missing on this reactor");
+            return self.q.fail(slot, Status::INTERNAL_ERROR, &mut self.l, ctx);
+        };
+        let Some((chunk, view)) = arena.alloc(len) else {
             if let Some(r) = self.q.request_mut(slot) {
                 r.x.state = XState::AwaitBuffer;
             }
@@ -447,9 +459,7 @@ impl RdmaQueuePair {
             return;
         };
         let Some(r) = self.q.request_mut(slot) else {
-            if let Ok(mut a) = self.l.arena.lock() {
-                a.free(chunk);
-            }
+            arena.free(chunk);
             return;
         };
         r.x.chunk = Some(chunk);
@@ -471,12 +481,10 @@ impl RdmaQueuePair {
                 self.l.buf_waiting.pop_front();
                 continue;
             };
-            let free = self
-                .l
-                .arena
-                .lock()
-                .ok()
-                .and_then(|mut a| a.alloc(len).inspect(|(c, _)| a.free(*c)))
+            let free = ctx
+                .locals
+                .get_mut::<Arena>(self.l.arena_key)
+                .and_then(|a| a.alloc(len).inspect(|(c, _)| a.free(*c)))
                 .is_some();
             if !free {
                 return;
@@ -644,8 +652,8 @@ impl RdmaLink {
             .fetch_add(posted as u64, Ordering::Relaxed);
     }
 
-    fn free_chunk(&mut self, c: Chunk) {
-        if let Ok(mut a) = self.arena.lock() {
+    fn free_chunk(&self, c: Chunk, ctx: &mut IoCtx) {
+        if let Some(a) = ctx.locals.get_mut::<Arena>(self.arena_key) {
             a.free(c);
         }
     }
@@ -659,7 +667,7 @@ impl Link<RdmaReq> for RdmaLink {
         slot: u16,
         r: &mut Request<RdmaReq>,
         rsp: &Response,
-        _ctx: &mut IoCtx,
+        ctx: &mut IoCtx,
     ) -> Release {
         match r.x.state {
             XState::AwaitRead => self.read_waiting.retain(|&s| s != slot),
@@ -676,15 +684,13 @@ impl Link<RdmaReq> for RdmaLink {
             C2h::Reply => {
                 let reply = r.reply.take().unwrap_or_default();
                 r.buf = None;
-                if let Some(c) = r.x.chunk.take() {
-                    self.free_chunk(c);
-                }
-                match self
-                    .arena
-                    .lock()
-                    .ok()
-                    .and_then(|mut a| a.alloc(reply.len()))
-                {
+                let arena = ctx.locals.get_mut::<Arena>(self.arena_key);
+                match arena.and_then(|a| {
+                    if let Some(c) = r.x.chunk.take() {
+                        a.free(c);
+                    }
+                    a.alloc(reply.len())
+                }) {
                     Some((c, mut v)) => {
                         v.copy_from_slice(&reply);
                         write = Some((v.as_ptr() as u64, reply.len() as u32));
@@ -812,11 +818,11 @@ impl Link<RdmaReq> for RdmaLink {
         }
     }
 
-    fn discard(&mut self, slot: u16, r: &mut Request<RdmaReq>, _ctx: &mut IoCtx) {
+    fn discard(&mut self, slot: u16, r: &mut Request<RdmaReq>, ctx: &mut IoCtx) {
         // Arena views need no giving back; their chunk does.
         r.buf = None;
         if let Some(c) = r.x.chunk.take() {
-            self.free_chunk(c);
+            self.free_chunk(c, ctx);
         }
         match r.x.state {
             XState::AwaitRead => self.read_waiting.retain(|&s| s != slot),
@@ -924,6 +930,21 @@ impl QueuePair for RdmaQueuePair {
     fn describe(&self) -> String {
         format!("nvme/rdma {} qid {}", self.l.peer, self.q.qid())
     }
+
+    fn release(&mut self, ctx: &mut IoCtx) {
+        // Finished: every work request flushed back (or given up on, and the
+        // QP is destroyed right after, before anything else runs here), so no
+        // DMA reaches these chunks any more.
+        let Some(a) = ctx.locals.get_mut::<Arena>(self.l.arena_key) else {
+            return;
+        };
+        for r in self.q.requests_mut() {
+            r.buf = None;
+            if let Some(c) = r.x.chunk.take() {
+                a.free(c);
+            }
+        }
+    }
 }
 
 impl Drop for RdmaQueuePair {
@@ -952,15 +973,8 @@ impl Drop for RdmaQueuePair {
         // No completion of this QP can come any more (flushed, or dropped by
         // route when late): its CQ entries go back to the group.
         l.group.release(l.cq_reserved);
-        // No DMA can reach the arena now: give back what requests held.
-        if let Ok(mut a) = l.arena.lock() {
-            for r in self.q.requests_mut() {
-                r.buf = None;
-                if let Some(c) = r.x.chunk.take() {
-                    a.free(c);
-                }
-            }
-        }
+        // Arena chunks went back in `release`; a QP dropped without it (never
+        // adopted) holds none.
     }
 }
 
