@@ -41,6 +41,10 @@ else
     SHUTDOWN_LINE="controller shut down"
 fi
 MiB=$((1024 * 1024))
+# More volumes of the pool on namespace 2, served as NSIDs 3..: all of them
+# must share one device queue per reactor.
+EXTRA_VOLS="1 2 3 4"
+REACTORS=2
 pass=0 failed=0
 ok() { pass=$((pass + 1)); echo "ok $pass - $* [$(cut -d' ' -f1 /proc/uptime)s]"; }
 fail() { failed=$((failed + 1)); echo "not ok - $*"; }
@@ -87,7 +91,7 @@ run_fio() {
 start_kvtarget() {
     cat > $W/kvt.toml <<EOT
 [reactors]
-count = 2
+count = $REACTORS
 idle = "adaptive"
 [rpc]
 socket = "$W/kvt.sock"
@@ -102,6 +106,7 @@ extent_size = "1MiB"
 name = "kv0"
 size = "128MiB"
 block_size = 4096
+$(for i in $EXTRA_VOLS; do printf '[[pools.volumes]]\nname = "kv%s"\nsize = "16MiB"\nblock_size = 4096\n' $i; done)
 [[subsystems]]
 nqn = "$NQN"
 allow_any_host = true
@@ -111,6 +116,7 @@ $(dev_fields 1)
 [[subsystems.namespaces]]
 nsid = 2
 volume = "ssd/kv0"
+$(for i in $EXTRA_VOLS; do printf '[[subsystems.namespaces]]\nnsid = %s\nvolume = "ssd/kv%s"\n' $((i + 2)) $i; done)
 EOT
     touch $W/kvtarget.log
     local from=$(($(wc -l < $W/kvtarget.log) + 1))
@@ -141,6 +147,7 @@ stop_kvtarget() {
 
 # TCP namespaces of the loopback connection: sets TN1 and TN2.
 connect() {
+    LOG_AT_CONNECT=$(($(wc -l < $W/kvtarget.log) + 1))
     nvme connect -t tcp -a 127.0.0.1 -s 4420 -n "$NQN" > $W/connect.out 2>&1 \
         || { fail "nvme connect: $(cat $W/connect.out)"; return 1; }
     local c n=0
@@ -187,6 +194,30 @@ run_fio "$TN1" 4k 0 4
 run_fio "$TN1" 128k 8 8
 run_fio "$TN2" 4k 0 8
 run_fio "$TN2" 1M 32 16
+# Every other volume of the pool: its own data reads back, through the same
+# device queue(s) as kv0.
+vols_ok=0
+for i in $EXTRA_VOLS; do
+    d=${TN1%n1}n$((i + 2))
+    for _ in $(seq 50); do [ -b "$d" ] && break; sleep 0.1; done
+    [ -b "$d" ] || { fail "no block device $d for volume kv$i"; continue; }
+    dd if=/dev/urandom of=$W/v$i.bin bs=1M count=1 status=none
+    dd if=$W/v$i.bin of="$d" bs=1M seek=2 oflag=direct conv=fsync status=none \
+        && [ "$(sha_dev "$d" 2 1)" = "$(sha256sum < $W/v$i.bin | cut -d' ' -f1)" ] \
+        && vols_ok=$((vols_ok + 1)) || fail "volume kv$i ($d): data did not read back"
+done
+[ "$vols_ok" = "$(echo $EXTRA_VOLS | wc -w)" ] && ok "$vols_ok more volumes of the pool read back their own data"
+# Device queues the volumes' I/O opened on the pool's namespace (NVMe NSID 2)
+# since the host connected (the pool's own metadata queue opened at start):
+# at most one per reactor, however many volumes (each volume took its own on
+# every reactor before).
+nq=$(tail -n +"$LOG_AT_CONNECT" $W/kvtarget.log | grep -cE "I/O queue pair created.* nsid=2( |$)")
+nvols=$((1 + $(echo $EXTRA_VOLS | wc -w)))
+if [ "$nq" -ge 1 ] && [ "$nq" -le "$REACTORS" ]; then
+    ok "$nvols volumes on one device: $nq device queue(s) for their I/O ($REACTORS reactors)"
+else
+    fail "$nvols volumes on one device opened $nq device queues for their I/O (want 1..$REACTORS): $(tail -n +"$LOG_AT_CONNECT" $W/kvtarget.log | grep "I/O queue pair created" | head -12 | tr '\n' ' ')"
+fi
 # Deallocate and Write Zeroes pass through (QEMU's controller has ONCS DSM + WZ).
 dd if=/dev/urandom of=$W/a.bin bs=1M count=2 status=none
 dd if=$W/a.bin of="$TN1" bs=1M seek=50 oflag=direct status=none

@@ -177,7 +177,8 @@ impl NvmeChannel {
         let cids = size as usize - 1;
         let prp_lists = IoBuf::new(cids * PAGE_BYTES);
         let prp_iova = dma::iova(prp_lists.as_ptr(), prp_lists.len()).unwrap_or(0);
-        tracing::debug!(pci = %ctrl.bdf, qid, entries = size, "I/O queue pair created");
+        // One per (reactor, device): the VFIO suite counts these lines.
+        tracing::info!(pci = %ctrl.bdf, nsid, qid, entries = size, "I/O queue pair created");
         Ok(NvmeChannel {
             max_transfer: ctrl.max_transfer_bytes,
             sgl: ctrl.info.supports_sgl() && std::env::var_os("KVTARGET_NVME_NO_SGL").is_none(),
