@@ -38,6 +38,10 @@
 # targets own core 0, perf core 1); the script warns when the 1-minute load
 # average is above 0.5 at its start. Needs root (hugepages).
 # Env: KVTARGET_BIN (default: cargo build --release, then target/release/kvtarget),
+#      KVTARGET_BASE_BIN: a second kvtarget build (e.g. the commit before a change),
+#        run as a third target "base" in the same rounds (SPDK, base, kvtarget), with
+#        a table of kvtarget/base ratios: a before/after comparison on one machine
+#        state, not across days,
 #      SPDK_CACHE / SPDK_DIR (see ci/spdk.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -97,7 +101,7 @@ for t in "$nvmf_tgt" "$perf" "$rpc_py"; do [ -e "$t" ] || die "SPDK build in $SP
 "$repo/ci/hugepages.sh" --free 800 || die "not enough hugepages"
 
 work=$(mktemp -d /tmp/kvtarget-vs-spdk.XXXXXX)
-spdk_pid='' kv_pid='' perf_pid='' shm_id='' failed=0
+spdk_pid='' kv_pid='' base_pid='' perf_pid='' shm_id='' failed=0
 stop_proc() { # PID: continue it (a stopped process cannot act on SIGTERM), stop it, reap it
     local p=$1
     kill -CONT "$p" 2>/dev/null
@@ -109,6 +113,7 @@ stop_proc() { # PID: continue it (a stopped process cannot act on SIGTERM), stop
 cleanup() {
     [ -n "$perf_pid" ] && stop_proc "$perf_pid" && rm -rf "/var/run/dpdk/spdk_pid$perf_pid"
     [ -n "$kv_pid" ] && stop_proc "$kv_pid"
+    [ -n "$base_pid" ] && stop_proc "$base_pid"
     [ -n "$spdk_pid" ] && stop_proc "$spdk_pid"
     [ -n "$shm_id" ] && rm -rf "/var/run/dpdk/spdk$shm_id"
     if [ "$keep" = 1 ] || [ "$failed" != 0 ]; then log "work directory kept: $work"; else rm -rf "$work"; fi
@@ -120,6 +125,8 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 spdk_port=$(free_port)
 kv_port=$(free_port)
 while [ "$kv_port" = "$spdk_port" ]; do kv_port=$(free_port); done
+base_port=$(free_port)
+while [ "$base_port" = "$spdk_port" ] || [ "$base_port" = "$kv_port" ]; do base_port=$(free_port); done
 spdk_nqn=nqn.2016-06.io.spdk:kvtarget-vs-spdk
 kv_nqn=$(python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["subsystems"][0]["nqn"])' \
     config/bench-ram.toml) || die "cannot read the subsystem NQN from config/bench-ram.toml"
@@ -154,35 +161,50 @@ spdk_version=$(srpc spdk_get_version | python3 -c 'import json, sys; print(json.
     | sed 's/ git sha1 [0-9a-f]*//')
 kill -STOP "$spdk_pid"
 
-# --- kvtarget ---
-sed -e "s/^port = [0-9]*/port = $kv_port/" -e 's/^block_size = [0-9]*/block_size = 4096/' \
-    config/bench-ram.toml > "$work/kvtarget.toml"
-kv_sock=$work/kv.sock
-"$kvbin" --config "$work/kvtarget.toml" -r "$kv_sock" > "$work/kvtarget.log" 2>&1 &
-kv_pid=$!
-up=0
-for _ in $(seq 150); do
-    kill -0 "$kv_pid" 2>/dev/null || break
-    grep -q "listening on 127.0.0.1:$kv_port" "$work/kvtarget.log" && [ -S "$kv_sock" ] && { up=1; break; }
-    sleep 0.1
-done
-[ "$up" = 1 ] || { cat "$work/kvtarget.log" >&2; die "kvtarget did not start"; }
-grep -q "subnqn=$kv_nqn nsid=1 .*bytes=1073741824 block_size=4096" "$work/kvtarget.log" \
-    || { cat "$work/kvtarget.log" >&2; die "kvtarget's namespace is not 1 GiB of 4096-byte blocks"; }
-kv_version=$(python3 "$rpc_py" -s "$kv_sock" spdk_get_version | python3 -c 'import json, sys; print(json.load(sys.stdin)["version"])')
-kill -STOP "$kv_pid"
-
+# --- kvtarget (and its baseline build) ---
+start_kv() { # NAME BIN PORT -> sets started_pid, started_sock, started_version
+    local name=$1 bin=$2 port=$3
+    sed -e "s/^port = [0-9]*/port = $port/" -e 's/^block_size = [0-9]*/block_size = 4096/' \
+        config/bench-ram.toml > "$work/$name.toml"
+    started_sock=$work/$name.sock
+    "$bin" --config "$work/$name.toml" -r "$started_sock" > "$work/$name.log" 2>&1 &
+    started_pid=$!
+    local up=0
+    for _ in $(seq 150); do
+        kill -0 "$started_pid" 2>/dev/null || break
+        grep -q "listening on 127.0.0.1:$port" "$work/$name.log" && [ -S "$started_sock" ] && { up=1; break; }
+        sleep 0.1
+    done
+    [ "$up" = 1 ] || { cat "$work/$name.log" >&2; die "$name ($bin) did not start"; }
+    grep -q "subnqn=$kv_nqn nsid=1 .*bytes=1073741824 block_size=4096" "$work/$name.log" \
+        || { cat "$work/$name.log" >&2; die "$name's namespace is not 1 GiB of 4096-byte blocks"; }
+    started_version=$(python3 "$rpc_py" -s "$started_sock" spdk_get_version | python3 -c 'import json, sys; print(json.load(sys.stdin)["version"])')
+    kill -STOP "$started_pid"
+}
+start_kv kvtarget "$kvbin" "$kv_port"
+kv_pid=$started_pid kv_sock=$started_sock kv_version=$started_version
+targets=(spdk kvtarget)
 declare -A pid_of=([spdk]=$spdk_pid [kvtarget]=$kv_pid)
 declare -A sock_of=([spdk]=$spdk_sock [kvtarget]=$kv_sock)
 declare -A trid_of=(
     [spdk]="trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$spdk_port subnqn:$spdk_nqn"
     [kvtarget]="trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$kv_port subnqn:$kv_nqn"
 )
+base_version=
+if [ -n "${KVTARGET_BASE_BIN:-}" ]; then
+    [ -x "$KVTARGET_BASE_BIN" ] || die "KVTARGET_BASE_BIN $KVTARGET_BASE_BIN is not an executable"
+    start_kv base "$KVTARGET_BASE_BIN" "$base_port"
+    base_pid=$started_pid base_version=$started_version
+    targets=(spdk base kvtarget)
+    pid_of[base]=$base_pid
+    sock_of[base]=$started_sock
+    trid_of[base]="trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$base_port subnqn:$kv_nqn"
+fi
 active=
-activate() { # TARGET: the other one is stopped, this one runs
+activate() { # TARGET: the others are stopped, this one runs
     local t=$1 o
     [ "$active" = "$t" ] && return 0
-    for o in spdk kvtarget; do [ "$o" = "$t" ] || kill -STOP "${pid_of[$o]}"; done
+    for o in "${targets[@]}"; do [ "$o" = "$t" ] || kill -STOP "${pid_of[$o]}"; done
     kill -CONT "${pid_of[$t]}"
     active=$t
     sleep 0.5 # let the reactor settle before its counters are read
@@ -204,8 +226,8 @@ run_perf() { # OUTFILE TARGET PERF-ARGS...: perf on core 1 against TARGET
     return $rc
 }
 
-# Both namespaces written once in full: 1024 sequential writes of 1 MiB.
-for t in spdk kvtarget; do
+# Every namespace written once in full: 1024 sequential writes of 1 MiB.
+for t in "${targets[@]}"; do
     activate "$t"
     log "writing $t's namespace once"
     if ! run_perf "$work/prefill-$t.out" "$t" -q 8 -o 1048576 -w write -d 1024 -t 120 \
@@ -238,7 +260,7 @@ for r in $(seq "$rounds"); do
     for p in "${selected[@]}"; do
         name=${p%%|*}
         read -ra args <<< "${p#*|}"
-        for t in spdk kvtarget; do
+        for t in "${targets[@]}"; do
             n=$((n + 1))
             out=$work/run-$n.out
             activate "$t"
@@ -320,6 +342,22 @@ for p in profiles:
           f"| {fmt(k['iops'], 0)} | {fmt(k['p99_us'])} | {fmt(k['busy_us_per_io'], 2)} "
           f"| {ratio(k['iops'], s['iops'])} | {ratio(k['p99_us'], s['p99_us'])} "
           f"| {ratio(k['busy_us_per_io'], s['busy_us_per_io'])} |")
+if any(r["target"] == "base" for r in runs):
+    print()
+    print("The same rounds, kvtarget against its baseline build (`KVTARGET_BASE_BIN`): "
+          "IOPS above 1 and P99/busy below 1 mean this build is better.")
+    print()
+    print("| profile | base IOPS | base P99 us | base busy us/IO | IOPS kvt/base | P99 kvt/base "
+          "| busy kvt/base | IOPS base/SPDK | P99 base/SPDK |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for p in profiles:
+        s = {k: med(p, "spdk", k) for k in ("iops", "p99_us")}
+        b = {k: med(p, "base", k) for k in ("iops", "p99_us", "busy_us_per_io")}
+        k = {k: med(p, "kvtarget", k) for k in ("iops", "p99_us", "busy_us_per_io")}
+        print(f"| {p} | {fmt(b['iops'], 0)} | {fmt(b['p99_us'])} | {fmt(b['busy_us_per_io'], 2)} "
+              f"| {ratio(k['iops'], b['iops'])} | {ratio(k['p99_us'], b['p99_us'])} "
+              f"| {ratio(k['busy_us_per_io'], b['busy_us_per_io'])} "
+              f"| {ratio(b['iops'], s['iops'])} | {ratio(b['p99_us'], s['p99_us'])} |")
 print()
 print("Every run, in the order run:")
 print()
@@ -336,6 +374,7 @@ PY
     echo "Command: \`$cmdline\` (\`bench/run-vs-spdk.sh --help\` says what it sets up)."
     echo "SPDK: $spdk_version, nvmf_tgt -m 0x1, TCP transport defaults, Malloc bdev 1 GiB / 4096 B."
     echo "kvtarget: $kv_version, config/bench-ram.toml on a free port with 4096-byte blocks."
+    [ -z "$base_version" ] || echo "base: $base_version (\`KVTARGET_BASE_BIN=$KVTARGET_BASE_BIN\`), the same configuration on its own port."
     echo "Initiator: spdk_nvme_perf -c 0x2 -L. Machine: $(nproc) cores."
     echo "Load at start: \`$load_start\`; at end: \`$load_end\`."
     echo
