@@ -4,7 +4,7 @@
 //! one reactor (per-channel volume counters, reactor busy/idle time); a scrape
 //! sums them here.
 
-use crate::pool::volume::{latency_bucket_le_us, LATENCY_BUCKETS};
+use crate::stats::{latency_bucket_le_us, LATENCY_BUCKETS};
 use crate::rpc::methods::Control;
 use std::fmt::Write as _;
 use std::io::{Read, Write};

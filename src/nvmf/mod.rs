@@ -365,7 +365,7 @@ pub struct QpairStats {
     /// Errors by kind (`ERROR_KINDS`).
     pub errors_by: [AtomicU64; ERROR_KINDS.len()],
     /// Command latency (capsule in to response out) histograms for reads and
-    /// writes, buckets as `pool::volume::latency_bucket`, plus sums in ns.
+    /// writes, buckets as `stats::latency_bucket`, plus sums in ns.
     pub read_hist: [AtomicU64; crate::stats::LATENCY_BUCKETS],
     pub write_hist: [AtomicU64; crate::stats::LATENCY_BUCKETS],
     pub read_ns: AtomicU64,

@@ -326,7 +326,7 @@ impl Engine {
             } else if r.kind == Kind::Flush {
                 st.flushes.fetch_add(1, Ordering::Relaxed);
             } else {
-                let b = crate::pool::volume::latency_bucket(ns);
+                let b = crate::stats::latency_bucket(ns);
                 let (ops, bytes, time) = match r.kind {
                     Kind::Read => {
                         st.read_hist[b].fetch_add(1, Ordering::Relaxed);
