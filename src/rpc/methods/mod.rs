@@ -7,9 +7,14 @@
 //! for features kvtarget lacks (ANA, passthrough, ...) are accepted when off and
 //! refused with a clear message when on; unknown parameters are refused.
 //!
+//! A bad call changes nothing: every handler is split in two by its type. The
+//! handler proper reads and checks all parameters without access to the
+//! target, and returns the action; `call` refuses unknown parameters, and only
+//! then runs the action, which cannot read parameters any more.
+//!
 //! One file per method family (`framework`, `nvmf`, `nvmf_subsystem`, `bdev`,
-//! `kvtarget`), each adding its handlers to `Control`; this module holds the
-//! shared state, the parameter reader and the one name -> handler table.
+//! `kvtarget`) holds its handlers; this module holds the shared state, the
+//! parameter reader and the one name -> handler table.
 
 mod bdev;
 mod framework;
@@ -41,43 +46,68 @@ pub struct Control {
     edit: Mutex<()>,
 }
 
-/// A method's handler. It reads its parameters through `Params`; `call` then
-/// refuses any it did not read.
-type Handler = fn(&Control, &mut Params) -> RpcResult;
+/// What a method does once its parameters are read and checked. `'static`, so
+/// it cannot hold the `Params` (nothing can be read, or refused, after it
+/// starts); it gets the target only when it runs.
+type Action = Box<dyn FnOnce(&Control) -> RpcResult>;
+
+/// A handler's result: the action, or the first thing wrong with the
+/// parameters.
+type Parsed = Result<Action, RpcError>;
+
+/// A method's handler: reads every parameter it knows through `Params` and
+/// checks what can be checked without the target (types, ranges, names). It
+/// has no `Control`, so it cannot change anything; `call` refuses the keys it
+/// did not read before running the action it returns.
+type Handler = fn(&mut Params) -> Parsed;
+
+/// Wraps a handler's action (for closure type inference).
+fn act(f: impl FnOnce(&Control) -> RpcResult + 'static) -> Parsed {
+    Ok(Box::new(f))
+}
 
 /// Every method and its handler, in the order `rpc_get_methods` lists them.
 /// Dispatch and the list both read this one table, so a method cannot be
 /// listed without a handler or handled without being listed.
 const TABLE: &[(&str, Handler)] = &[
-    ("spdk_get_version", Control::version),
-    ("rpc_get_methods", Control::get_methods),
-    ("framework_get_reactors", Control::reactors),
-    ("nvmf_create_transport", Control::create_transport),
-    ("nvmf_get_transports", Control::get_transports),
-    ("nvmf_create_subsystem", Control::create_subsystem),
-    ("nvmf_delete_subsystem", Control::delete_subsystem),
-    ("nvmf_get_subsystems", Control::get_subsystems),
-    ("nvmf_subsystem_add_listener", Control::add_listener),
-    ("nvmf_subsystem_remove_listener", Control::remove_listener),
-    ("nvmf_subsystem_add_ns", Control::add_ns),
-    ("nvmf_subsystem_remove_ns", Control::remove_ns),
-    ("nvmf_subsystem_add_host", Control::add_host),
-    ("nvmf_subsystem_remove_host", Control::remove_host),
-    ("nvmf_subsystem_allow_any_host", Control::allow_any_host),
-    ("nvmf_subsystem_get_controllers", Control::get_controllers),
-    ("nvmf_subsystem_get_qpairs", Control::get_qpairs),
-    ("nvmf_get_stats", Control::get_stats),
-    ("bdev_get_bdevs", Control::get_bdevs),
-    ("bdev_get_iostat", Control::get_iostat),
-    ("bdev_lvol_create_lvstore", Control::create_lvstore),
-    ("bdev_lvol_get_lvstores", Control::get_lvstores),
-    ("bdev_lvol_create", Control::lvol_create),
-    ("bdev_lvol_delete", Control::lvol_delete),
-    ("bdev_lvol_resize", Control::lvol_resize),
-    ("kvtarget_get_pools", Control::get_pools),
-    ("kvtarget_pool_set_gc", Control::pool_set_gc),
-    ("kvtarget_save_config", Control::save_config),
-    ("kvtarget_pool_check", Control::pool_check),
+    ("spdk_get_version", framework::version),
+    ("rpc_get_methods", framework::get_methods),
+    ("framework_get_reactors", framework::reactors),
+    ("nvmf_create_transport", nvmf::create_transport),
+    ("nvmf_get_transports", nvmf::get_transports),
+    ("nvmf_create_subsystem", nvmf::create_subsystem),
+    ("nvmf_delete_subsystem", nvmf::delete_subsystem),
+    ("nvmf_get_subsystems", nvmf::get_subsystems),
+    ("nvmf_subsystem_add_listener", nvmf_subsystem::add_listener),
+    (
+        "nvmf_subsystem_remove_listener",
+        nvmf_subsystem::remove_listener,
+    ),
+    ("nvmf_subsystem_add_ns", nvmf_subsystem::add_ns),
+    ("nvmf_subsystem_remove_ns", nvmf_subsystem::remove_ns),
+    ("nvmf_subsystem_add_host", nvmf_subsystem::add_host),
+    ("nvmf_subsystem_remove_host", nvmf_subsystem::remove_host),
+    (
+        "nvmf_subsystem_allow_any_host",
+        nvmf_subsystem::allow_any_host,
+    ),
+    (
+        "nvmf_subsystem_get_controllers",
+        nvmf_subsystem::get_controllers,
+    ),
+    ("nvmf_subsystem_get_qpairs", nvmf_subsystem::get_qpairs),
+    ("nvmf_get_stats", nvmf::get_stats),
+    ("bdev_get_bdevs", bdev::get_bdevs),
+    ("bdev_get_iostat", bdev::get_iostat),
+    ("bdev_lvol_create_lvstore", bdev::create_lvstore),
+    ("bdev_lvol_get_lvstores", bdev::get_lvstores),
+    ("bdev_lvol_create", bdev::lvol_create),
+    ("bdev_lvol_delete", bdev::lvol_delete),
+    ("bdev_lvol_resize", bdev::lvol_resize),
+    ("kvtarget_get_pools", kvtarget::get_pools),
+    ("kvtarget_pool_set_gc", kvtarget::pool_set_gc),
+    ("kvtarget_save_config", kvtarget::save_config),
+    ("kvtarget_pool_check", kvtarget::pool_check),
 ];
 
 /// The method names, in `TABLE` order (what `rpc_get_methods` returns).
@@ -120,8 +150,10 @@ impl Params {
         }
     }
     fn str(&mut self, k: &str) -> Result<String, RpcError> {
-        self.opt_str(k)?
-            .ok_or_else(|| RpcError::params(format!("{k}: required")))
+        self.opt_str(k)?.ok_or_else(|| self.required(k))
+    }
+    fn required(&self, k: &str) -> RpcError {
+        RpcError::params(format!("{k}: required"))
     }
     fn opt_u64(&mut self, k: &str) -> Result<Option<u64>, RpcError> {
         match self.get(k) {
@@ -131,6 +163,9 @@ impl Params {
                 .map(Some)
                 .ok_or_else(|| RpcError::params(format!("{k}: must be a non-negative integer"))),
         }
+    }
+    fn u64(&mut self, k: &str) -> Result<u64, RpcError> {
+        self.opt_u64(k)?.ok_or_else(|| self.required(k))
     }
     fn opt_bool(&mut self, k: &str) -> Result<Option<bool>, RpcError> {
         match self.get(k) {
@@ -226,20 +261,21 @@ impl Control {
         self.pools.read().map(|p| p.clone()).unwrap_or_default()
     }
 
-    /// Runs one method, under the edit lock. Parameters its handler did not
-    /// read are refused once it returns.
+    /// Runs one method. Its parameters are read and checked, unknown ones
+    /// included, before its action runs (under the edit lock): a bad call
+    /// changes nothing.
     pub fn call(&self, method: &str, params: Value) -> RpcResult {
         let mut p = Params::new(params)?;
-        let _guard = self.edit.lock().unwrap_or_else(|e| e.into_inner());
         let Some(&(_, handler)) = TABLE.iter().find(|(name, _)| *name == method) else {
             return Err(RpcError::new(
                 code::METHOD_NOT_FOUND,
                 format!("Method not found: {method}"),
             ));
         };
-        let r = handler(self, &mut p)?;
+        let action = handler(&mut p)?;
         p.finish()?;
-        Ok(r)
+        let _guard = self.edit.lock().unwrap_or_else(|e| e.into_inner());
+        action(self)
     }
 
     /// The "pool/volume" alias of the volume with this UUID, if one is open.
@@ -336,9 +372,9 @@ mod tests {
     fn every_listed_method_dispatches() {
         let ctl = control();
         for name in METHODS {
-            // Every handler refuses an unknown parameter (`call` checks after
-            // the handler ran), and each fails on it or on a missing required
-            // one before changing anything.
+            // Every method refuses an unknown parameter (`call` checks once
+            // the handler has read its own), or fails on a missing required
+            // one first; either way before its action runs.
             match ctl.call(name, json!({"no_such_parameter": 1})) {
                 Ok(v) => panic!("{name}: accepted an unknown parameter: {v}"),
                 Err(e) => assert_ne!(e.code, code::METHOD_NOT_FOUND, "{name}: {}", e.message),
