@@ -337,7 +337,7 @@ mod tests {
     use crate::transport::rdma::{RdmaSettings, RdmaTransport};
     use crate::transport::ListenerSet;
     use serde_json::json;
-    use std::sync::atomic::AtomicBool;
+    use std::sync::atomic::{AtomicBool, Ordering};
 
     /// A control with no pools, reactors or listeners: enough to reach every
     /// handler's parameter checks.
@@ -383,6 +383,390 @@ mod tests {
         match ctl.call("no_such_method", json!({})) {
             Err(e) => assert_eq!(e.code, code::METHOD_NOT_FOUND),
             Ok(v) => panic!("no_such_method answered {v}"),
+        }
+    }
+
+    const NQN: &str = "nqn.2026-11.io.kvtarget:unit";
+    const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6b767461-7267-6574-0000-000000000001";
+    const OTHER: &str = "nqn.2014-08.org.nvmexpress:uuid:6b767461-7267-6574-0000-0000000000cc";
+    /// The key every refusal test adds to otherwise valid parameters.
+    const BOGUS: &str = "bogus_key";
+
+    fn ok(ctl: &Control, method: &str, params: Value) -> Value {
+        ctl.call(method, params)
+            .unwrap_or_else(|e| panic!("{method}: {}", e.message))
+    }
+
+    /// A port nothing listens on (bound once by the OS, then let go).
+    fn free_port() -> std::net::SocketAddr {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+    }
+
+    fn listen_address(a: std::net::SocketAddr) -> Value {
+        json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": a.ip().to_string(), "trsvcid": a.port().to_string()})
+    }
+
+    /// `control()` plus a RAM pool `kv` (volumes `base`, `spare` and
+    /// `served`) and a subsystem with one host, one listener (returned) and
+    /// `kv/served` as namespace 1: something for every mutating method to
+    /// change.
+    fn populated() -> (Control, std::net::SocketAddr) {
+        use crate::pool::{FormatOptions, PoolOptions};
+        let ctl = control();
+        let dev: crate::bdev::SharedDevice =
+            crate::bdev::ram::RamDevice::new("unit", 64 << 20).expect("ram device");
+        crate::pool::format(
+            &dev,
+            &FormatOptions {
+                extent_size: 1 << 20,
+                force: false,
+                journal_len: None,
+            },
+        )
+        .expect("format");
+        // No metadata thread: commits are synchronous and nothing moves
+        // behind the test's back.
+        let opts = PoolOptions {
+            md_thread: false,
+            commit_interval: None,
+            ..PoolOptions::default()
+        };
+        let pool = Pool::open("kv", dev, opts).expect("open pool");
+        if let Ok(mut p) = ctl.pools.write() {
+            p.push(pool);
+        }
+        for v in ["base", "spare", "served"] {
+            ok(
+                &ctl,
+                "bdev_lvol_create",
+                json!({"lvol_name": v, "size_in_mib": 8, "lvs_name": "kv"}),
+            );
+        }
+        ok(&ctl, "nvmf_create_subsystem", json!({"nqn": NQN}));
+        ok(
+            &ctl,
+            "nvmf_subsystem_add_host",
+            json!({"nqn": NQN, "host": HOST}),
+        );
+        ok(
+            &ctl,
+            "nvmf_subsystem_add_ns",
+            json!({"nqn": NQN, "namespace": {"bdev_name": "kv/served", "nsid": 1}}),
+        );
+        let addr = free_port();
+        ok(
+            &ctl,
+            "nvmf_subsystem_add_listener",
+            json!({"nqn": NQN, "listen_address": listen_address(addr)}),
+        );
+        (ctl, addr)
+    }
+
+    /// Everything an RPC can change, as the read-only methods and the
+    /// target's own tables show it.
+    fn state(ctl: &Control) -> Value {
+        let pools: Vec<Value> = ctl
+            .pools()
+            .iter()
+            .map(|p| json!([p.name, format!("{:?}", p.gc_settings()), p.gc_paused()]))
+            .collect();
+        let announced: Vec<Value> = ctl
+            .target
+            .listeners
+            .read()
+            .map(|l| {
+                l.iter()
+                    .map(|x| json!([x.addr.to_string(), x.discovery_only, x.rdma, x.portid]))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let bound: Vec<String> = ctl
+            .listeners
+            .snapshot()
+            .iter()
+            .map(|s| s.addr.to_string())
+            .collect();
+        json!({
+            "subsystems": ok(ctl, "nvmf_get_subsystems", json!({})),
+            "bdevs": ok(ctl, "bdev_get_bdevs", json!({})),
+            "lvstores": ok(ctl, "bdev_lvol_get_lvstores", json!({})),
+            "kv_pools": ok(ctl, "kvtarget_get_pools", json!({})),
+            "gc": pools,
+            "transports": ok(ctl, "nvmf_get_transports", json!({})),
+            "rdma_started": ctl.rdma.is_started(),
+            "announced": announced,
+            "bound": bound,
+            "genctr": ctl.target.genctr.load(Ordering::Relaxed),
+        })
+    }
+
+    /// The call fails with a params error naming `key`, and nothing changed;
+    /// else what went wrong.
+    fn check_refused(ctl: &Control, method: &str, params: Value, key: &str) -> Result<(), String> {
+        let before = state(ctl);
+        match ctl.call(method, params) {
+            Ok(v) => return Err(format!("{method}: accepted unknown parameter {key}: {v}")),
+            Err(e) if e.code != code::INVALID_PARAMS => {
+                return Err(format!("{method}: code {}: {}", e.code, e.message))
+            }
+            Err(e) if !e.message.contains(&format!("`{key}`")) => {
+                return Err(format!("{method}: does not name {key}: {}", e.message))
+            }
+            Err(_) => {}
+        }
+        let after = state(ctl);
+        let changed: Vec<&String> = before
+            .as_object()
+            .map(|o| o.keys().filter(|k| before[*k] != after[*k]).collect())
+            .unwrap_or_default();
+        if changed.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{method}: refused but changed {changed:?}"))
+        }
+    }
+
+    fn refused(ctl: &Control, method: &str, params: Value, key: &str) {
+        if let Err(e) = check_refused(ctl, method, params, key) {
+            panic!("{e}");
+        }
+    }
+
+    /// `params` plus the unknown key.
+    fn with_bogus(mut params: Value) -> Value {
+        params[BOGUS] = json!(1);
+        params
+    }
+
+    /// Every method with otherwise valid parameters for `populated()` (whose
+    /// listener is `bound`).
+    fn refusal_cases(bound: std::net::SocketAddr) -> Vec<(&'static str, Value)> {
+        let disc = crate::wire::nvme::DISCOVERY_NQN;
+        vec![
+            ("spdk_get_version", json!({})),
+            ("rpc_get_methods", json!({"current": true})),
+            ("framework_get_reactors", json!({})),
+            ("nvmf_create_transport", json!({"trtype": "RDMA"})),
+            ("nvmf_create_transport", json!({"trtype": "TCP"})),
+            ("nvmf_get_transports", json!({"trtype": "TCP"})),
+            (
+                "nvmf_create_subsystem",
+                json!({"nqn": "nqn.2026-11.io.kvtarget:new"}),
+            ),
+            ("nvmf_delete_subsystem", json!({"nqn": NQN})),
+            ("nvmf_get_subsystems", json!({"nqn": NQN})),
+            (
+                "nvmf_subsystem_add_listener",
+                json!({"nqn": NQN, "listen_address": listen_address(free_port())}),
+            ),
+            (
+                "nvmf_subsystem_add_listener",
+                json!({"nqn": disc, "listen_address": listen_address(free_port())}),
+            ),
+            (
+                "nvmf_subsystem_remove_listener",
+                json!({"nqn": NQN, "listen_address": listen_address(bound)}),
+            ),
+            (
+                "nvmf_subsystem_add_ns",
+                json!({"nqn": NQN, "namespace": {"bdev_name": "kv/spare"}}),
+            ),
+            ("nvmf_subsystem_remove_ns", json!({"nqn": NQN, "nsid": 1})),
+            (
+                "nvmf_subsystem_add_host",
+                json!({"nqn": NQN, "host": OTHER}),
+            ),
+            (
+                "nvmf_subsystem_remove_host",
+                json!({"nqn": NQN, "host": HOST}),
+            ),
+            (
+                "nvmf_subsystem_allow_any_host",
+                json!({"nqn": NQN, "allow_any_host": true}),
+            ),
+            ("nvmf_subsystem_get_controllers", json!({"nqn": NQN})),
+            ("nvmf_subsystem_get_qpairs", json!({"nqn": NQN})),
+            ("nvmf_get_stats", json!({})),
+            ("bdev_get_bdevs", json!({"name": "kv/base"})),
+            ("bdev_get_iostat", json!({"name": "kv/base"})),
+            // bdev_lvol_create_lvstore needs a file: see
+            // refused_create_lvstore_leaves_the_file_alone.
+            ("bdev_lvol_get_lvstores", json!({"lvs_name": "kv"})),
+            (
+                "bdev_lvol_create",
+                json!({"lvol_name": "new", "size_in_mib": 4, "lvs_name": "kv"}),
+            ),
+            ("bdev_lvol_delete", json!({"name": "kv/base"})),
+            (
+                "bdev_lvol_resize",
+                json!({"name": "kv/base", "size_in_mib": 16}),
+            ),
+            ("kvtarget_get_pools", json!({"name": "kv"})),
+            (
+                "kvtarget_pool_set_gc",
+                json!({"name": "kv", "paused": true, "max_foreground_qd": 3, "max_rate": 10.0}),
+            ),
+            ("kvtarget_save_config", json!({})),
+            ("kvtarget_pool_check", json!({"name": "kv"})),
+        ]
+    }
+
+    /// Every method, with otherwise valid parameters plus an unknown key:
+    /// refused, naming the key, with nothing changed. Methods whose effect is
+    /// outside `state` (ports, files) have their own tests below.
+    #[test]
+    fn unknown_parameters_are_refused_before_anything_changes() {
+        // Valid as given: the unknown key is the only thing wrong. Each case
+        // gets a fresh target (one that wrongly acted cannot hide the next),
+        // and every failure is listed, not just the first.
+        let n = refusal_cases(free_port()).len();
+        let failures: Vec<String> = (0..n)
+            .filter_map(|i| {
+                let (ctl, bound) = populated();
+                let (method, params) = refusal_cases(bound).swap_remove(i);
+                check_refused(&ctl, method, with_bogus(params), BOGUS).err()
+            })
+            .collect();
+        assert!(failures.is_empty(), "{failures:#?}");
+        // A method added to the table without a case here fails this test.
+        let covered: BTreeSet<&str> = refusal_cases(free_port())
+            .iter()
+            .map(|(m, _)| *m)
+            .chain(["bdev_lvol_create_lvstore"])
+            .collect();
+        let all: BTreeSet<&str> = METHODS.iter().copied().collect();
+        assert_eq!(covered, all, "methods without a refusal case");
+    }
+
+    /// The port of a refused add_listener is not bound, for an NVM and for
+    /// the discovery subsystem.
+    #[test]
+    fn refused_add_listener_binds_nothing() {
+        let (ctl, _) = populated();
+        for nqn in [NQN, crate::wire::nvme::DISCOVERY_NQN] {
+            let addr = free_port();
+            refused(
+                &ctl,
+                "nvmf_subsystem_add_listener",
+                with_bogus(json!({"nqn": nqn, "listen_address": listen_address(addr)})),
+                BOGUS,
+            );
+            assert!(!ctl.listeners.contains(addr), "{nqn}: {addr} in the set");
+            assert!(
+                std::net::TcpListener::bind(addr).is_ok(),
+                "{nqn}: {addr} is bound"
+            );
+        }
+    }
+
+    /// A refused remove_listener leaves the socket open.
+    #[test]
+    fn refused_remove_listener_keeps_listening() {
+        let (ctl, addr) = populated();
+        refused(
+            &ctl,
+            "nvmf_subsystem_remove_listener",
+            with_bogus(json!({"nqn": NQN, "listen_address": listen_address(addr)})),
+            BOGUS,
+        );
+        assert!(ctl.listeners.contains(addr));
+        assert!(std::net::TcpListener::bind(addr).is_err(), "{addr} closed");
+    }
+
+    /// A refused bdev_lvol_create_lvstore neither formats nor locks the file.
+    #[test]
+    fn refused_create_lvstore_leaves_the_file_alone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("lvs.img");
+        let f = std::fs::File::create(&path).expect("create");
+        f.set_len(64 << 20).expect("set_len");
+        drop(f);
+        let (ctl, _) = populated();
+        let path_str = path.to_str().expect("utf-8 path");
+        refused(
+            &ctl,
+            "bdev_lvol_create_lvstore",
+            with_bogus(json!({"bdev_name": path_str, "lvs_name": "extra"})),
+            BOGUS,
+        );
+        assert_eq!(ctl.pools().len(), 1);
+        let head = std::fs::read(&path).expect("read");
+        assert!(head.iter().all(|&b| b == 0), "the file was written");
+        crate::pool::lock_pool(&path, true).expect("the file is not locked");
+    }
+
+    /// A refused kvtarget_save_config writes no file.
+    #[test]
+    fn refused_save_config_writes_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("saved.toml");
+        let (ctl, _) = populated();
+        refused(
+            &ctl,
+            "kvtarget_save_config",
+            with_bogus(json!({"path": path.to_str().expect("utf-8 path")})),
+            BOGUS,
+        );
+        assert!(!path.exists(), "the configuration was written");
+        assert!(!dir.path().join("saved.toml.tmp").exists());
+    }
+
+    /// The cases above are valid without the unknown key: each does change
+    /// the target (so `refused` is not passing for another reason).
+    #[test]
+    fn the_refused_calls_work_without_the_unknown_key() {
+        let (ctl, bound) = populated();
+        let cases: Vec<(&str, Value)> = vec![
+            (
+                "nvmf_create_subsystem",
+                json!({"nqn": "nqn.2026-11.io.kvtarget:new"}),
+            ),
+            (
+                "nvmf_subsystem_add_listener",
+                json!({"nqn": NQN, "listen_address": listen_address(free_port())}),
+            ),
+            (
+                "nvmf_subsystem_add_ns",
+                json!({"nqn": NQN, "namespace": {"bdev_name": "kv/spare"}}),
+            ),
+            (
+                "nvmf_subsystem_add_host",
+                json!({"nqn": NQN, "host": OTHER}),
+            ),
+            (
+                "nvmf_subsystem_remove_host",
+                json!({"nqn": NQN, "host": HOST}),
+            ),
+            (
+                "nvmf_subsystem_allow_any_host",
+                json!({"nqn": NQN, "allow_any_host": true}),
+            ),
+            (
+                "bdev_lvol_create",
+                json!({"lvol_name": "new", "size_in_mib": 4, "lvs_name": "kv"}),
+            ),
+            (
+                "bdev_lvol_resize",
+                json!({"name": "kv/base", "size_in_mib": 16}),
+            ),
+            ("bdev_lvol_delete", json!({"name": "kv/base"})),
+            (
+                "kvtarget_pool_set_gc",
+                json!({"name": "kv", "paused": true, "max_foreground_qd": 3, "max_rate": 10.0}),
+            ),
+            (
+                "nvmf_subsystem_remove_listener",
+                json!({"nqn": NQN, "listen_address": listen_address(bound)}),
+            ),
+            ("nvmf_subsystem_remove_ns", json!({"nqn": NQN, "nsid": 1})),
+            ("nvmf_delete_subsystem", json!({"nqn": NQN})),
+        ];
+        for (method, params) in cases {
+            let before = state(&ctl);
+            ok(&ctl, method, params);
+            assert_ne!(state(&ctl), before, "{method} changed nothing");
         }
     }
 }
