@@ -122,21 +122,35 @@ pub const METHODS: &[&str] = &{
 };
 
 /// Typed access to a params object; remembers which keys were read so unknown
-/// ones can be refused.
+/// ones can be refused. Errors name keys by their full path (`namespace.nsid`).
 struct Params {
     map: Map<String, Value>,
     seen: BTreeSet<String>,
+    /// "" at the top; "namespace." etc. for a nested object.
+    path: String,
 }
 
 impl Params {
     fn new(v: Value) -> Result<Params, RpcError> {
+        Params::nested(v, String::new())
+    }
+    fn nested(v: Value, path: String) -> Result<Params, RpcError> {
         match v {
             Value::Object(map) => Ok(Params {
                 map,
                 seen: BTreeSet::new(),
+                path,
             }),
-            _ => Err(RpcError::params("params must be an object")),
+            _ if path.is_empty() => Err(RpcError::params("params must be an object")),
+            _ => Err(RpcError::params(format!(
+                "{}: must be an object",
+                path.trim_end_matches('.')
+            ))),
         }
+    }
+    /// `k` as the client sees it, for error messages.
+    fn name(&self, k: &str) -> String {
+        format!("{}{k}", self.path)
     }
     fn get(&mut self, k: &str) -> Option<&Value> {
         self.seen.insert(k.to_string());
@@ -146,22 +160,28 @@ impl Params {
         match self.get(k) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(RpcError::params(format!("{k}: must be a string"))),
+            Some(_) => Err(RpcError::params(format!(
+                "{}: must be a string",
+                self.name(k)
+            ))),
         }
     }
     fn str(&mut self, k: &str) -> Result<String, RpcError> {
         self.opt_str(k)?.ok_or_else(|| self.required(k))
     }
     fn required(&self, k: &str) -> RpcError {
-        RpcError::params(format!("{k}: required"))
+        RpcError::params(format!("{}: required", self.name(k)))
     }
     fn opt_u64(&mut self, k: &str) -> Result<Option<u64>, RpcError> {
         match self.get(k) {
             None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(Some)
-                .ok_or_else(|| RpcError::params(format!("{k}: must be a non-negative integer"))),
+            Some(v) => match v.as_u64() {
+                Some(n) => Ok(Some(n)),
+                None => Err(RpcError::params(format!(
+                    "{}: must be a non-negative integer",
+                    self.name(k)
+                ))),
+            },
         }
     }
     fn u64(&mut self, k: &str) -> Result<u64, RpcError> {
@@ -171,14 +191,17 @@ impl Params {
         match self.get(k) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(_) => Err(RpcError::params(format!("{k}: must be true or false"))),
+            Some(_) => Err(RpcError::params(format!(
+                "{}: must be true or false",
+                self.name(k)
+            ))),
         }
     }
     fn object(&mut self, k: &str) -> Result<Params, RpcError> {
-        match self.get(k) {
-            Some(v @ Value::Object(_)) => Params::new(v.clone()),
-            Some(_) => Err(RpcError::params(format!("{k}: must be an object"))),
-            None => Err(RpcError::params(format!("{k}: required"))),
+        let path = format!("{}.", self.name(k));
+        match self.get(k).cloned() {
+            Some(v) => Params::nested(v, path),
+            None => Err(self.required(k)),
         }
     }
     /// SPDK options kvtarget does not implement: fine when off or absent.
@@ -187,7 +210,12 @@ impl Params {
             match self.get(k) {
                 None | Some(Value::Bool(false)) => {}
                 Some(Value::String(s)) if s.is_empty() => {}
-                Some(_) => return Err(RpcError::params(format!("{k}: not supported by kvtarget"))),
+                Some(_) => {
+                    return Err(RpcError::params(format!(
+                        "{}: not supported by kvtarget",
+                        self.name(k)
+                    )))
+                }
             }
         }
         Ok(())
@@ -198,10 +226,24 @@ impl Params {
             self.seen.insert(k.to_string());
         }
     }
+    /// Refuses the keys no one read: all of them, by full name.
     fn finish(self) -> Result<(), RpcError> {
-        match self.map.keys().find(|k| !self.seen.contains(*k)) {
-            Some(k) => Err(RpcError::params(format!("unknown parameter `{k}`"))),
-            None => Ok(()),
+        let unknown: Vec<String> = self
+            .map
+            .keys()
+            .filter(|k| !self.seen.contains(*k))
+            .map(|k| format!("`{}`", self.name(k)))
+            .collect();
+        match unknown.len() {
+            0 => Ok(()),
+            1 => Err(RpcError::params(format!(
+                "unknown parameter {}",
+                unknown[0]
+            ))),
+            _ => Err(RpcError::params(format!(
+                "unknown parameters {}",
+                unknown.join(", ")
+            ))),
         }
     }
 }
@@ -638,6 +680,51 @@ mod tests {
             .collect();
         let all: BTreeSet<&str> = METHODS.iter().copied().collect();
         assert_eq!(covered, all, "methods without a refusal case");
+    }
+
+    /// Unknown keys inside the nested objects are refused by their full name.
+    #[test]
+    fn unknown_nested_parameters_are_refused_by_path() {
+        let (ctl, _) = populated();
+        let mut la = listen_address(free_port());
+        la[BOGUS] = json!(1);
+        refused(
+            &ctl,
+            "nvmf_subsystem_add_listener",
+            json!({"nqn": NQN, "listen_address": la}),
+            &format!("listen_address.{BOGUS}"),
+        );
+        refused(
+            &ctl,
+            "nvmf_subsystem_add_ns",
+            json!({"nqn": NQN, "namespace": {"bdev_name": "kv/spare", BOGUS: 1}}),
+            &format!("namespace.{BOGUS}"),
+        );
+        // Every unknown key is named, not just the first.
+        let e = ctl
+            .call(
+                "nvmf_subsystem_add_host",
+                json!({"nqn": NQN, "host": OTHER, "hots": 1, "tgt_nam": 2}),
+            )
+            .expect_err("two unknown keys");
+        assert_eq!(e.message, "unknown parameters `hots`, `tgt_nam`");
+        // Type errors and missing keys inside an object name the full path too.
+        for (ns, msg) in [
+            (
+                json!({"bdev_name": 5}),
+                "namespace.bdev_name: must be a string",
+            ),
+            (json!({"nsid": 1}), "namespace.bdev_name: required"),
+            (json!("kv/spare"), "namespace: must be an object"),
+        ] {
+            let e = ctl
+                .call(
+                    "nvmf_subsystem_add_ns",
+                    json!({"nqn": NQN, "namespace": ns}),
+                )
+                .expect_err(msg);
+            assert_eq!((e.code, e.message.as_str()), (code::INVALID_PARAMS, msg));
+        }
     }
 
     /// The port of a refused add_listener is not bound, for an NVM and for
