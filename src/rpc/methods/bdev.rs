@@ -291,7 +291,15 @@ pub(super) fn lvol_create(p: &mut Params) -> Parsed {
             )));
         }
     }
-    let block_size = p.opt_u64("block_size")?.unwrap_or(4096);
+    // Checked here, not truncated to u32 on the way to the pool.
+    let block_size = match p.opt_u64("block_size")?.unwrap_or(4096) {
+        b @ (512 | 4096) => b as u32,
+        b => {
+            return Err(RpcError::params(format!(
+                "block_size: {b} is not 512 or 4096"
+            )))
+        }
+    };
     let flags = match p.opt_str("unwritten")?.as_deref() {
         None | Some("zeroes") => 0,
         Some("error") => VOL_UNWRITTEN_ERROR,
@@ -307,7 +315,7 @@ pub(super) fn lvol_create(p: &mut Params) -> Parsed {
     act(move |ctl| {
         let pool = ctl.pool(lvs_name, lvs_uuid)?;
         let v = pool
-            .create_volume(&name, size, block_size as u32, flags)
+            .create_volume(&name, size, block_size, flags)
             .map_err(|e| {
                 if e.contains("already exists") {
                     RpcError::new(code::EEXIST, e)

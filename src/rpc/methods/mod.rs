@@ -544,17 +544,28 @@ mod tests {
         })
     }
 
-    /// The call fails with a params error naming `key`, and nothing changed;
-    /// else what went wrong.
+    /// The call fails with a params error naming unknown `key`, and nothing
+    /// changed; else what went wrong.
     fn check_refused(ctl: &Control, method: &str, params: Value, key: &str) -> Result<(), String> {
+        check_params_error(ctl, method, params, &format!("`{key}`"))
+    }
+
+    /// The call fails with a params error whose message contains `needle`,
+    /// and nothing changed; else what went wrong.
+    fn check_params_error(
+        ctl: &Control,
+        method: &str,
+        params: Value,
+        needle: &str,
+    ) -> Result<(), String> {
         let before = state(ctl);
         match ctl.call(method, params) {
-            Ok(v) => return Err(format!("{method}: accepted unknown parameter {key}: {v}")),
+            Ok(v) => return Err(format!("{method}: accepted bad parameters ({needle}): {v}")),
             Err(e) if e.code != code::INVALID_PARAMS => {
                 return Err(format!("{method}: code {}: {}", e.code, e.message))
             }
-            Err(e) if !e.message.contains(&format!("`{key}`")) => {
-                return Err(format!("{method}: does not name {key}: {}", e.message))
+            Err(e) if !e.message.contains(needle) => {
+                return Err(format!("{method}: does not say {needle}: {}", e.message))
             }
             Err(_) => {}
         }
@@ -724,6 +735,35 @@ mod tests {
                 )
                 .expect_err(msg);
             assert_eq!((e.code, e.message.as_str()), (code::INVALID_PARAMS, msg));
+        }
+    }
+
+    /// Numbers too large for their field are refused, not truncated (an NSID
+    /// of 2^32 + 1 used to remove namespace 1).
+    #[test]
+    fn out_of_range_numbers_are_refused_not_truncated() {
+        let (ctl, _) = populated();
+        let cases = [
+            (
+                "nvmf_subsystem_remove_ns",
+                json!({"nqn": NQN, "nsid": (1u64 << 32) + 1}),
+                "nsid: 4294967297",
+            ),
+            (
+                "bdev_lvol_create",
+                json!({"lvol_name": "t", "size_in_mib": 4, "lvs_name": "kv", "block_size": (1u64 << 32) + 4096}),
+                "block_size: 4294971392",
+            ),
+            (
+                "bdev_lvol_create",
+                json!({"lvol_name": "t", "size_in_mib": 4, "lvs_name": "kv", "block_size": 1024}),
+                "block_size: 1024",
+            ),
+        ];
+        for (method, params, msg) in cases {
+            if let Err(e) = check_params_error(&ctl, method, params, msg) {
+                panic!("{e}");
+            }
         }
     }
 

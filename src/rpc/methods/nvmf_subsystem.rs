@@ -88,11 +88,14 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
 pub(super) fn remove_ns(p: &mut Params) -> Parsed {
     let nqn = p.str("nqn")?;
     p.opt_str("tgt_name")?;
+    // Checked, not truncated: 2^32 + 1 must not name namespace 1.
     let nsid = p.u64("nsid")?;
+    let nsid = u32::try_from(nsid)
+        .map_err(|_| RpcError::params(format!("nsid: {nsid} is not a namespace ID")))?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
         let ns = s
-            .remove_namespace(nsid as u32)
+            .remove_namespace(nsid)
             .ok_or_else(|| not_found(format!("{nqn} has no namespace {nsid}")))?;
         // Queues and reactors let go of it on their next housekeeping pass (its
         // in-flight commands finish first); wait for that so the volume can be
