@@ -544,6 +544,19 @@ mod tests {
         })
     }
 
+    /// Which parts of `state` differ (names, not the whole dump).
+    fn changed(before: &Value, after: &Value) -> Vec<String> {
+        before
+            .as_object()
+            .map(|o| {
+                o.keys()
+                    .filter(|k| before[*k] != after[*k])
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// The call fails with a params error naming unknown `key`, and nothing
     /// changed; else what went wrong.
     fn check_refused(ctl: &Control, method: &str, params: Value, key: &str) -> Result<(), String> {
@@ -569,11 +582,7 @@ mod tests {
             }
             Err(_) => {}
         }
-        let after = state(ctl);
-        let changed: Vec<&String> = before
-            .as_object()
-            .map(|o| o.keys().filter(|k| before[*k] != after[*k]).collect())
-            .unwrap_or_default();
+        let changed = changed(&before, &state(ctl));
         if changed.is_empty() {
             Ok(())
         } else {
@@ -786,6 +795,30 @@ mod tests {
                 "{nqn}: {addr} is bound"
             );
         }
+    }
+
+    /// An address the subsystem already lists (here without a socket, as
+    /// when it listens there over the other transport) is refused before
+    /// anything is bound or announced.
+    #[test]
+    fn duplicate_listener_is_refused_before_binding() {
+        let (ctl, _) = populated();
+        let addr = free_port();
+        let s = ctl.target.find_subsystem(NQN).expect("the subsystem");
+        if let Ok(mut l) = s.listen.write() {
+            l.get_or_insert_with(Vec::new).push(addr);
+        }
+        let before = state(&ctl);
+        let e = ctl
+            .call(
+                "nvmf_subsystem_add_listener",
+                json!({"nqn": NQN, "listen_address": listen_address(addr)}),
+            )
+            .expect_err("a listed address");
+        assert_eq!(e.code, code::EEXIST, "{}", e.message);
+        assert_eq!(changed(&before, &state(&ctl)), Vec::<String>::new());
+        assert!(!ctl.listeners.contains(addr));
+        assert!(std::net::TcpListener::bind(addr).is_ok(), "{addr} is bound");
     }
 
     /// A refused remove_listener leaves the socket open.

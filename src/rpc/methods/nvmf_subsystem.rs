@@ -172,6 +172,18 @@ pub(super) fn add_listener(p: &mut Params) -> Parsed {
     act(move |ctl| {
         let s = ctl.subsystem(&nqn)?;
         let discovery = s.kind == SubsystemKind::Discovery;
+        // A duplicate is refused before anything is bound or announced. The
+        // list holds addresses only: the same address over the other transport
+        // counts as a duplicate too.
+        let listed = |l: &Option<Vec<std::net::SocketAddr>>| {
+            l.as_ref().is_some_and(|list| list.contains(&addr))
+        };
+        if !discovery && s.listen.read().map(|l| listed(&l)).unwrap_or(false) {
+            return Err(RpcError::new(
+                code::EEXIST,
+                format!("{nqn} already listens on {addr}"),
+            ));
+        }
         if rdma {
             if !ctl.rdma.is_started() {
                 return Err(RpcError::params(
@@ -197,13 +209,8 @@ pub(super) fn add_listener(p: &mut Params) -> Parsed {
                 .listen
                 .write()
                 .map_err(|_| RpcError::new(code::INTERNAL_ERROR, "listener list poisoned"))?;
+            // Not listed (checked above; the edit lock keeps it so).
             if let Some(list) = l.as_mut() {
-                if list.contains(&addr) {
-                    return Err(RpcError::new(
-                        code::EEXIST,
-                        format!("{nqn} already listens on {addr}"),
-                    ));
-                }
                 list.push(addr);
             }
         }
