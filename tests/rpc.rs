@@ -829,3 +829,176 @@ size = "256MiB"
     }
     server.shutdown();
 }
+
+/// What the RPCs show of the target, minus counters that move on their own.
+fn rpc_state(c: &mut RpcClient) -> Value {
+    let mut get = |m: &str| {
+        c.call(m, json!({}))
+            .unwrap_or_else(|e| panic!("{m}: {}", e.message))
+    };
+    let pools: Vec<Value> = get("kvtarget_get_pools")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            json!([
+                p["name"],
+                p["volumes"],
+                p["gc"]["paused"],
+                p["gc"]["low_watermark"],
+                p["gc"]["high_watermark"]
+            ])
+        })
+        .collect();
+    json!({
+        "subsystems": get("nvmf_get_subsystems"),
+        "bdevs": get("bdev_get_bdevs"),
+        "lvstores": get("bdev_lvol_get_lvstores"),
+        "transports": get("nvmf_get_transports"),
+        "pools": pools,
+    })
+}
+
+#[test]
+fn unknown_keys_are_refused_over_the_socket_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path());
+    let mut c = client(&server);
+    let la = |a: std::net::SocketAddr| json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": a.ip().to_string(), "trsvcid": a.port().to_string()});
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    };
+    // Something for each method to change: a subsystem with a host, a
+    // namespace and a listener of its own, and an idle volume.
+    for v in ["served", "spare"] {
+        c.call(
+            "bdev_lvol_create",
+            json!({"lvol_name": v, "size_in_mib": 8, "lvs_name": "kv"}),
+        )
+        .unwrap();
+    }
+    c.call("nvmf_create_subsystem", json!({"nqn": NQN}))
+        .unwrap();
+    c.call("nvmf_subsystem_add_host", json!({"nqn": NQN, "host": HOST}))
+        .unwrap();
+    c.call(
+        "nvmf_subsystem_add_ns",
+        json!({"nqn": NQN, "namespace": {"bdev_name": "kv/served", "nsid": 1}}),
+    )
+    .unwrap();
+    let own = free_port();
+    c.call(
+        "nvmf_subsystem_add_listener",
+        json!({"nqn": NQN, "listen_address": la(own)}),
+    )
+    .unwrap();
+    let unbound = free_port();
+    let lvs_file = dir.path().join("lvs.img");
+    std::fs::File::create(&lvs_file)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let saved = dir.path().join("saved.toml");
+    let cases = [
+        ("nvmf_create_transport", json!({"trtype": "RDMA"})),
+        (
+            "nvmf_create_subsystem",
+            json!({"nqn": "nqn.2026-11.io.kvtarget:new"}),
+        ),
+        ("nvmf_delete_subsystem", json!({"nqn": NQN})),
+        (
+            "nvmf_subsystem_add_listener",
+            json!({"nqn": NQN, "listen_address": la(unbound)}),
+        ),
+        (
+            "nvmf_subsystem_remove_listener",
+            json!({"nqn": NQN, "listen_address": la(own)}),
+        ),
+        (
+            "nvmf_subsystem_add_ns",
+            json!({"nqn": NQN, "namespace": {"bdev_name": "kv/spare"}}),
+        ),
+        ("nvmf_subsystem_remove_ns", json!({"nqn": NQN, "nsid": 1})),
+        (
+            "nvmf_subsystem_add_host",
+            json!({"nqn": NQN, "host": OTHER}),
+        ),
+        (
+            "nvmf_subsystem_remove_host",
+            json!({"nqn": NQN, "host": HOST}),
+        ),
+        (
+            "nvmf_subsystem_allow_any_host",
+            json!({"nqn": NQN, "allow_any_host": true}),
+        ),
+        (
+            "bdev_lvol_create_lvstore",
+            json!({"bdev_name": lvs_file.to_str().unwrap(), "lvs_name": "extra"}),
+        ),
+        (
+            "bdev_lvol_create",
+            json!({"lvol_name": "new", "size_in_mib": 4, "lvs_name": "kv"}),
+        ),
+        ("bdev_lvol_delete", json!({"name": "kv/spare"})),
+        (
+            "bdev_lvol_resize",
+            json!({"name": "kv/spare", "size_in_mib": 16}),
+        ),
+        (
+            "kvtarget_pool_set_gc",
+            json!({"name": "kv", "paused": true}),
+        ),
+        (
+            "kvtarget_save_config",
+            json!({"path": saved.to_str().unwrap()}),
+        ),
+    ];
+    // Each call must be refused with the key named and leave the target as
+    // it was; every failure is listed, not just the first (each against the
+    // state just before it, so one wrong change is reported once).
+    let mut before = rpc_state(&mut c);
+    let mut failures = Vec::new();
+    for (method, mut params) in cases {
+        params["bogus_key"] = json!(1);
+        match c.call(method, params) {
+            Ok(v) => failures.push(format!("{method}: accepted an unknown key: {v}")),
+            Err(e)
+                if e.code != code::INVALID_PARAMS
+                    || e.message != "unknown parameter `bogus_key`" =>
+            {
+                failures.push(format!("{method}: {} {}", e.code, e.message))
+            }
+            Err(_) => {}
+        }
+        let after = rpc_state(&mut c);
+        let changed: Vec<&String> = before
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| before[*k] != after[*k])
+            .collect();
+        if !changed.is_empty() {
+            failures.push(format!("{method}: changed {changed:?}"));
+        }
+        before = after;
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+    // What the state above does not show: sockets and files.
+    assert!(
+        std::net::TcpListener::bind(unbound).is_ok(),
+        "add_listener bound {unbound}"
+    );
+    assert!(
+        std::net::TcpStream::connect(own).is_ok(),
+        "remove_listener closed {own}"
+    );
+    assert!(
+        std::fs::read(&lvs_file).unwrap().iter().all(|&b| b == 0),
+        "create_lvstore wrote its file"
+    );
+    assert!(!saved.exists(), "save_config wrote its file");
+    server.shutdown();
+}

@@ -1,19 +1,54 @@
 //! `bdev_*` and `bdev_lvol_*` methods: pool volumes as bdevs, pools as lvol
 //! stores.
 
-use super::{not_found, uuid_str, Control, Params};
+use super::{act, not_found, uuid_str, Control, Params, Parsed};
 use crate::pool::format::VOL_UNWRITTEN_ERROR;
 use crate::pool::Pool;
-use crate::rpc::{code, RpcError, RpcResult};
+use crate::rpc::{code, RpcError};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
 impl Control {
-    pub(super) fn get_bdevs(&self, p: &mut Params) -> RpcResult {
-        let name = p.opt_str("name")?;
-        p.opt_u64("timeout")?;
+    fn pool(&self, name: Option<String>, uuid: Option<String>) -> Result<Arc<Pool>, RpcError> {
+        let pools = self.pools();
+        let found = match (&name, &uuid) {
+            (Some(n), _) => pools.iter().find(|p| &p.name == n),
+            (None, Some(u)) => pools.iter().find(|p| &uuid_str(&p.sb.uuid) == u),
+            (None, None) if pools.len() == 1 => pools.first(),
+            (None, None) => {
+                return Err(RpcError::params(
+                    "lvs_name or uuid: required (more than one pool)",
+                ))
+            }
+        };
+        found.cloned().ok_or_else(|| {
+            not_found(format!(
+                "lvol store {} does not exist",
+                name.or(uuid).unwrap_or_default()
+            ))
+        })
+    }
+
+    /// A volume no namespace serves: its pool and name (the volume itself is
+    /// not held, so the pool may change it).
+    fn idle_volume(&self, name: &str, to: &str) -> Result<(Arc<Pool>, String), RpcError> {
+        let (pool, vol) = self.volume(name)?;
+        if let Some((nqn, nsid)) = self.served_by(&vol.desc.uuid) {
+            return Err(RpcError::new(
+                code::EBUSY,
+                format!("{name} is namespace {nsid} of {nqn}; remove the namespace to {to}"),
+            ));
+        }
+        Ok((pool, vol.desc.name.clone()))
+    }
+}
+
+pub(super) fn get_bdevs(p: &mut Params) -> Parsed {
+    let name = p.opt_str("name")?;
+    p.opt_u64("timeout")?;
+    act(move |ctl| {
         let mut out = Vec::new();
-        for pool in &self.pools() {
+        for pool in &ctl.pools() {
             for v in pool.volumes() {
                 let alias = format!("{}/{}", pool.name, v.desc.name);
                 let uuid = uuid_str(&v.desc.uuid);
@@ -30,7 +65,7 @@ impl Control {
                     "block_size": bs,
                     "num_blocks": v.desc.size_bytes / bs,
                     "uuid": uuid,
-                    "claimed": self.served_by(&v.desc.uuid).is_some(),
+                    "claimed": ctl.served_by(&v.desc.uuid).is_some(),
                     "supported_io_types": {
                         "read": true, "write": true, "flush": true, "unmap": true,
                         "write_zeroes": true, "reset": false, "nvme_admin": false, "nvme_io": false,
@@ -54,35 +89,37 @@ impl Control {
             }
         }
         Ok(Value::Array(out))
-    }
+    })
+}
 
-    pub(super) fn get_iostat(&self, p: &mut Params) -> RpcResult {
-        let mut names: Vec<String> = p.opt_str("name")?.into_iter().collect();
-        match p.get("names") {
-            None => {}
-            Some(Value::Array(a)) => {
-                for n in a {
-                    match n.as_str() {
-                        Some(n) => names.push(n.to_string()),
-                        None => return Err(RpcError::params("names: must be an array of strings")),
-                    }
+pub(super) fn get_iostat(p: &mut Params) -> Parsed {
+    let mut names: Vec<String> = p.opt_str("name")?.into_iter().collect();
+    match p.get("names") {
+        None => {}
+        Some(Value::Array(a)) => {
+            for n in a {
+                match n.as_str() {
+                    Some(n) => names.push(n.to_string()),
+                    None => return Err(RpcError::params("names: must be an array of strings")),
                 }
             }
-            Some(_) => return Err(RpcError::params("names: must be an array of strings")),
         }
-        if p.opt_bool("per_channel")? == Some(true) {
-            return Err(RpcError::params("per_channel: not supported by kvtarget"));
+        Some(_) => return Err(RpcError::params("names: must be an array of strings")),
+    }
+    if p.opt_bool("per_channel")? == Some(true) {
+        return Err(RpcError::params("per_channel: not supported by kvtarget"));
+    }
+    match p.opt_str("reset_mode")?.as_deref() {
+        None | Some("none") => {}
+        Some(m) => {
+            return Err(RpcError::params(format!(
+                "reset_mode: `{m}` is not supported (counters are cumulative)"
+            )))
         }
-        match p.opt_str("reset_mode")?.as_deref() {
-            None | Some("none") => {}
-            Some(m) => {
-                return Err(RpcError::params(format!(
-                    "reset_mode: `{m}` is not supported (counters are cumulative)"
-                )))
-            }
-        }
+    }
+    act(move |ctl| {
         let mut out = Vec::new();
-        for pool in &self.pools() {
+        for pool in &ctl.pools() {
             for v in pool.volumes() {
                 let alias = format!("{}/{}", pool.name, v.desc.name);
                 let uuid = uuid_str(&v.desc.uuid);
@@ -116,52 +153,34 @@ impl Control {
         }
         Ok(json!({
             "tick_rate": 1_000_000_000u64,
-            "ticks": self.target.started.elapsed().as_nanos() as u64,
+            "ticks": ctl.target.started.elapsed().as_nanos() as u64,
             "bdevs": out,
         }))
-    }
+    })
+}
 
-    fn pool(&self, name: Option<String>, uuid: Option<String>) -> Result<Arc<Pool>, RpcError> {
-        let pools = self.pools();
-        let found = match (&name, &uuid) {
-            (Some(n), _) => pools.iter().find(|p| &p.name == n),
-            (None, Some(u)) => pools.iter().find(|p| &uuid_str(&p.sb.uuid) == u),
-            (None, None) if pools.len() == 1 => pools.first(),
-            (None, None) => {
-                return Err(RpcError::params(
-                    "lvs_name or uuid: required (more than one pool)",
-                ))
-            }
-        };
-        found.cloned().ok_or_else(|| {
-            not_found(format!(
-                "lvol store {} does not exist",
-                name.or(uuid).unwrap_or_default()
-            ))
-        })
+/// Formats a file or block device as a new pool (lvol store) and opens it.
+/// `bdev_name` is the path of an existing file or block device: kvtarget
+/// has no separate base-bdev layer.
+pub(super) fn create_lvstore(p: &mut Params) -> Parsed {
+    use crate::config::{Backend, DualPathConfig, GcConfig, PoolConfig};
+    let path = p.str("bdev_name")?;
+    let name = p.str("lvs_name")?;
+    let cluster = p.opt_u64("cluster_sz")?.unwrap_or(1 << 20);
+    if let Some(c) = p.opt_str("clear_method")? {
+        if !matches!(c.as_str(), "none" | "unmap" | "write_zeroes") {
+            return Err(RpcError::params(format!(
+                "clear_method: `{c}` is not none, unmap or write_zeroes"
+            )));
+        }
     }
-
-    /// Formats a file or block device as a new pool (lvol store) and opens it.
-    /// `bdev_name` is the path of an existing file or block device: kvtarget
-    /// has no separate base-bdev layer.
-    pub(super) fn create_lvstore(&self, p: &mut Params) -> RpcResult {
-        use crate::config::{Backend, DualPathConfig, GcConfig, PoolConfig};
-        let path = p.str("bdev_name")?;
-        let name = p.str("lvs_name")?;
-        let cluster = p.opt_u64("cluster_sz")?.unwrap_or(1 << 20);
-        if let Some(c) = p.opt_str("clear_method")? {
-            if !matches!(c.as_str(), "none" | "unmap" | "write_zeroes") {
-                return Err(RpcError::params(format!(
-                    "clear_method: `{c}` is not none, unmap or write_zeroes"
-                )));
-            }
-        }
-        p.opt_u64("num_md_pages_per_cluster_ratio")?;
-        p.opt_u64("md_page_size")?;
-        if name.is_empty() || name.contains('/') || name.len() > 64 {
-            return Err(RpcError::params("lvs_name: 1 to 64 characters without `/`"));
-        }
-        if self.pools().iter().any(|x| x.name == name) {
+    p.opt_u64("num_md_pages_per_cluster_ratio")?;
+    p.opt_u64("md_page_size")?;
+    if name.is_empty() || name.contains('/') || name.len() > 64 {
+        return Err(RpcError::params("lvs_name: 1 to 64 characters without `/`"));
+    }
+    act(move |ctl| {
+        if ctl.pools().iter().any(|x| x.name == name) {
             return Err(RpcError::new(
                 code::EEXIST,
                 format!("lvol store {name} already exists"),
@@ -192,16 +211,16 @@ impl Control {
             }
         })?;
         let opts = crate::pool::PoolOptions {
-            reactors: self.reactors.len().max(1),
+            reactors: ctl.reactors.len().max(1),
             ..Default::default()
         };
         let pool =
             Pool::open(&name, dev, opts).map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
         let uuid = uuid_str(&pool.sb.uuid);
-        if let Ok(mut v) = self.pools.write() {
+        if let Ok(mut v) = ctl.pools.write() {
             v.push(pool);
         }
-        if let Ok(mut r) = self.runtime_pools.lock() {
+        if let Ok(mut r) = ctl.runtime_pools.lock() {
             r.push((
                 PoolConfig {
                     name: name.clone(),
@@ -222,15 +241,17 @@ impl Control {
         }
         tracing::info!(pool = %name, path = %path, "rpc: pool created");
         Ok(json!(uuid))
-    }
+    })
+}
 
-    pub(super) fn get_lvstores(&self, p: &mut Params) -> RpcResult {
-        let name = p.opt_str("lvs_name")?;
-        let uuid = p.opt_str("uuid")?;
+pub(super) fn get_lvstores(p: &mut Params) -> Parsed {
+    let name = p.opt_str("lvs_name")?;
+    let uuid = p.opt_str("uuid")?;
+    act(move |ctl| {
         let pools: Vec<Arc<Pool>> = if name.is_some() || uuid.is_some() {
-            vec![self.pool(name, uuid)?]
+            vec![ctl.pool(name, uuid)?]
         } else {
-            self.pools()
+            ctl.pools()
         };
         Ok(Value::Array(
             pools
@@ -249,42 +270,52 @@ impl Control {
                 })
                 .collect(),
         ))
-    }
+    })
+}
 
-    pub(super) fn lvol_create(&self, p: &mut Params) -> RpcResult {
-        let name = p.str("lvol_name")?;
-        let mib = p
-            .opt_u64("size_in_mib")?
-            .ok_or_else(|| RpcError::params("size_in_mib: required"))?;
-        let pool = self.pool(p.opt_str("lvs_name")?, p.opt_str("uuid")?)?;
-        // Volumes are always thin; a thick request is refused rather than faked.
-        if p.opt_bool("thin_provision")? == Some(false) {
-            return Err(RpcError::params(
-                "thin_provision: kvtarget volumes are always thin-provisioned; pass thin_provision: true",
-            ));
+pub(super) fn lvol_create(p: &mut Params) -> Parsed {
+    let name = p.str("lvol_name")?;
+    let mib = p.u64("size_in_mib")?;
+    let lvs_name = p.opt_str("lvs_name")?;
+    let lvs_uuid = p.opt_str("uuid")?;
+    // Volumes are always thin; a thick request is refused rather than faked.
+    if p.opt_bool("thin_provision")? == Some(false) {
+        return Err(RpcError::params(
+            "thin_provision: kvtarget volumes are always thin-provisioned; pass thin_provision: true",
+        ));
+    }
+    if let Some(c) = p.opt_str("clear_method")? {
+        if !matches!(c.as_str(), "default" | "unmap" | "none" | "write_zeroes") {
+            return Err(RpcError::params(format!(
+                "clear_method: `{c}` is not default, none, unmap or write_zeroes"
+            )));
         }
-        if let Some(c) = p.opt_str("clear_method")? {
-            if !matches!(c.as_str(), "default" | "unmap" | "none" | "write_zeroes") {
-                return Err(RpcError::params(format!(
-                    "clear_method: `{c}` is not default, none, unmap or write_zeroes"
-                )));
-            }
+    }
+    // Checked here, not truncated to u32 on the way to the pool.
+    let block_size = match p.opt_u64("block_size")?.unwrap_or(4096) {
+        b @ (512 | 4096) => b as u32,
+        b => {
+            return Err(RpcError::params(format!(
+                "block_size: {b} is not 512 or 4096"
+            )))
         }
-        let block_size = p.opt_u64("block_size")?.unwrap_or(4096);
-        let flags = match p.opt_str("unwritten")?.as_deref() {
-            None | Some("zeroes") => 0,
-            Some("error") => VOL_UNWRITTEN_ERROR,
-            Some(o) => {
-                return Err(RpcError::params(format!(
-                    "unwritten: `{o}` is not zeroes or error"
-                )))
-            }
-        };
-        let size = mib
-            .checked_mul(1 << 20)
-            .ok_or_else(|| RpcError::params("size_in_mib: too large"))?;
+    };
+    let flags = match p.opt_str("unwritten")?.as_deref() {
+        None | Some("zeroes") => 0,
+        Some("error") => VOL_UNWRITTEN_ERROR,
+        Some(o) => {
+            return Err(RpcError::params(format!(
+                "unwritten: `{o}` is not zeroes or error"
+            )))
+        }
+    };
+    let size = mib
+        .checked_mul(1 << 20)
+        .ok_or_else(|| RpcError::params("size_in_mib: too large"))?;
+    act(move |ctl| {
+        let pool = ctl.pool(lvs_name, lvs_uuid)?;
         let v = pool
-            .create_volume(&name, size, block_size as u32, flags)
+            .create_volume(&name, size, block_size, flags)
             .map_err(|e| {
                 if e.contains("already exists") {
                     RpcError::new(code::EEXIST, e)
@@ -293,40 +324,29 @@ impl Control {
                 }
             })?;
         Ok(json!(uuid_str(&v.desc.uuid)))
-    }
+    })
+}
 
-    /// A volume no namespace serves: its pool and name (the volume itself is
-    /// not held, so the pool may change it).
-    fn idle_volume(&self, name: &str, to: &str) -> Result<(Arc<Pool>, String), RpcError> {
-        let (pool, vol) = self.volume(name)?;
-        if let Some((nqn, nsid)) = self.served_by(&vol.desc.uuid) {
-            return Err(RpcError::new(
-                code::EBUSY,
-                format!("{name} is namespace {nsid} of {nqn}; remove the namespace to {to}"),
-            ));
-        }
-        Ok((pool, vol.desc.name.clone()))
-    }
-
-    pub(super) fn lvol_delete(&self, p: &mut Params) -> RpcResult {
-        let name = p.str("name")?;
-        let (pool, vname) = self.idle_volume(&name, "delete it")?;
+pub(super) fn lvol_delete(p: &mut Params) -> Parsed {
+    let name = p.str("name")?;
+    act(move |ctl| {
+        let (pool, vname) = ctl.idle_volume(&name, "delete it")?;
         pool.delete_volume(&vname)
             .map_err(|e| RpcError::new(code::EBUSY, e))?;
         Ok(Value::Bool(true))
-    }
+    })
+}
 
-    pub(super) fn lvol_resize(&self, p: &mut Params) -> RpcResult {
-        let name = p.str("name")?;
-        let mib = p
-            .opt_u64("size_in_mib")?
-            .ok_or_else(|| RpcError::params("size_in_mib: required"))?;
-        let (pool, vname) = self.idle_volume(&name, "resize it")?;
-        let size = mib
-            .checked_mul(1 << 20)
-            .ok_or_else(|| RpcError::params("size_in_mib: too large"))?;
+pub(super) fn lvol_resize(p: &mut Params) -> Parsed {
+    let name = p.str("name")?;
+    let mib = p.u64("size_in_mib")?;
+    let size = mib
+        .checked_mul(1 << 20)
+        .ok_or_else(|| RpcError::params("size_in_mib: too large"))?;
+    act(move |ctl| {
+        let (pool, vname) = ctl.idle_volume(&name, "resize it")?;
         pool.resize_volume(&vname, size)
             .map_err(|e| RpcError::new(code::EBUSY, e))?;
         Ok(Value::Bool(true))
-    }
+    })
 }

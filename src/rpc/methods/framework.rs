@@ -1,14 +1,12 @@
 //! `spdk_get_version`, `rpc_get_methods` and `framework_*`: what the daemon is
 //! and what it runs on.
 
-use super::{Control, Params, METHODS};
-use crate::rpc::RpcResult;
+use super::{act, Params, Parsed, METHODS};
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 
-impl Control {
-    pub(super) fn version(&self, p: &mut Params) -> RpcResult {
-        p.ignore(&[]);
+pub(super) fn version(_p: &mut Params) -> Parsed {
+    act(|ctl| {
         let v = env!("CARGO_PKG_VERSION");
         let mut it = v.split('.').map(|x| x.parse::<u64>().unwrap_or(0));
         Ok(json!({
@@ -17,19 +15,21 @@ impl Control {
                 "major": it.next().unwrap_or(0),
                 "minor": it.next().unwrap_or(0),
                 "patch": it.next().unwrap_or(0),
-                "suffix": format!("-kvtarget {}", self.target.firmware),
+                "suffix": format!("-kvtarget {}", ctl.target.firmware),
             }
         }))
-    }
+    })
+}
 
-    pub(super) fn get_methods(&self, p: &mut Params) -> RpcResult {
-        p.opt_bool("current")?;
-        p.opt_bool("include_aliases")?;
-        Ok(json!(METHODS))
-    }
+pub(super) fn get_methods(p: &mut Params) -> Parsed {
+    p.opt_bool("current")?;
+    p.opt_bool("include_aliases")?;
+    act(|_| Ok(json!(METHODS)))
+}
 
-    pub(super) fn reactors(&self, _p: &mut Params) -> RpcResult {
-        let rs: Vec<Value> = self
+pub(super) fn reactors(_p: &mut Params) -> Parsed {
+    act(|ctl| {
+        let rs: Vec<Value> = ctl
             .reactors
             .iter()
             .map(|r| {
@@ -47,5 +47,5 @@ impl Control {
             .collect();
         // busy/idle are in nanoseconds: one tick is one nanosecond.
         Ok(json!({"tick_rate": 1_000_000_000u64, "pid": std::process::id(), "reactors": rs}))
-    }
+    })
 }

@@ -1,52 +1,15 @@
 //! `kvtarget_*` methods: pool state and tuning, and saving the running
 //! configuration.
 
-use super::{not_found, uuid_str, Control, Params};
+use super::{act, not_found, uuid_str, Control, Params, Parsed};
 use crate::pool::format::VOL_UNWRITTEN_ERROR;
-use crate::rpc::{code, RpcError, RpcResult};
+use crate::pool::Pool;
+use crate::rpc::{code, RpcError};
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 impl Control {
-    pub(super) fn get_pools(&self, p: &mut Params) -> RpcResult {
-        let name = p.opt_str("name")?;
-        let mut out = Vec::new();
-        for pool in &self.pools() {
-            if name.as_ref().is_some_and(|n| n != &pool.name) {
-                continue;
-            }
-            let s = pool.snapshot();
-            out.push(json!({
-                "name": pool.name,
-                "uuid": uuid_str(&pool.sb.uuid),
-                "device": pool.device().describe(),
-                "extent_size": s.extent_size,
-                "extents": s.extents,
-                "mapped": s.mapped,
-                "clean": s.clean,
-                "dirty": s.dirty,
-                "reserved": s.reserved,
-                "volumes": pool.volumes().len(),
-                "journal": {"used": s.journal_used, "size": s.journal_len, "commits": s.commits, "checkpoints": s.checkpoints},
-                "gc": {
-                    "mode": s.gc_mode.name(),
-                    "paused": pool.gc_paused(),
-                    "rate_extents_per_s": s.gc_rate,
-                    "backlog": s.dirty,
-                    "scrubbed": s.gc_scrubbed,
-                    "low_watermark": s.low_watermark,
-                    "high_watermark": s.high_watermark,
-                },
-            }));
-        }
-        if let Some(n) = name {
-            if out.is_empty() {
-                return Err(not_found(format!("pool {n} does not exist")));
-            }
-        }
-        Ok(Value::Array(out))
-    }
-
     /// The running state as a configuration that reproduces it at the next
     /// start: listeners, pools with every volume, subsystems with hosts,
     /// listeners and namespaces. Written to `path` when given.
@@ -150,9 +113,60 @@ impl Control {
         Ok(cfg)
     }
 
-    pub(super) fn save_config(&self, p: &mut Params) -> RpcResult {
-        let path = p.opt_str("path")?;
-        let cfg = self
+    /// The open pool called `name`.
+    fn named_pool(&self, name: &str) -> Result<Arc<Pool>, RpcError> {
+        self.pools()
+            .into_iter()
+            .find(|x| x.name == name)
+            .ok_or_else(|| not_found(format!("pool {name} does not exist")))
+    }
+}
+
+pub(super) fn get_pools(p: &mut Params) -> Parsed {
+    let name = p.opt_str("name")?;
+    act(move |ctl| {
+        let mut out = Vec::new();
+        for pool in &ctl.pools() {
+            if name.as_ref().is_some_and(|n| n != &pool.name) {
+                continue;
+            }
+            let s = pool.snapshot();
+            out.push(json!({
+                "name": pool.name,
+                "uuid": uuid_str(&pool.sb.uuid),
+                "device": pool.device().describe(),
+                "extent_size": s.extent_size,
+                "extents": s.extents,
+                "mapped": s.mapped,
+                "clean": s.clean,
+                "dirty": s.dirty,
+                "reserved": s.reserved,
+                "volumes": pool.volumes().len(),
+                "journal": {"used": s.journal_used, "size": s.journal_len, "commits": s.commits, "checkpoints": s.checkpoints},
+                "gc": {
+                    "mode": s.gc_mode.name(),
+                    "paused": pool.gc_paused(),
+                    "rate_extents_per_s": s.gc_rate,
+                    "backlog": s.dirty,
+                    "scrubbed": s.gc_scrubbed,
+                    "low_watermark": s.low_watermark,
+                    "high_watermark": s.high_watermark,
+                },
+            }));
+        }
+        if let Some(n) = name {
+            if out.is_empty() {
+                return Err(not_found(format!("pool {n} does not exist")));
+            }
+        }
+        Ok(Value::Array(out))
+    })
+}
+
+pub(super) fn save_config(p: &mut Params) -> Parsed {
+    let path = p.opt_str("path")?;
+    act(move |ctl| {
+        let cfg = ctl
             .current_config()
             .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
         let text = cfg
@@ -173,38 +187,36 @@ impl Control {
                 .map_err(|e| RpcError::params(format!("path: {path}: {e}")))?;
         }
         Ok(json!({"toml": text}))
-    }
+    })
+}
 
-    /// Live consistency check of a pool (the offline one is `kvtarget check`).
-    pub(super) fn pool_check(&self, p: &mut Params) -> RpcResult {
-        let name = p.str("name")?;
-        let pool = self
-            .pools()
-            .into_iter()
-            .find(|x| x.name == name)
-            .ok_or_else(|| not_found(format!("pool {name} does not exist")))?;
+/// Live consistency check of a pool (the offline one is `kvtarget check`).
+pub(super) fn pool_check(p: &mut Params) -> Parsed {
+    let name = p.str("name")?;
+    act(move |ctl| {
+        let pool = ctl.named_pool(&name)?;
         let (problems, summary) = pool.verify_live();
         Ok(json!({"consistent": problems.is_empty(), "problems": problems, "extents": summary}))
-    }
+    })
+}
 
-    pub(super) fn pool_set_gc(&self, p: &mut Params) -> RpcResult {
-        let name = p.str("name")?;
-        let paused = p.opt_bool("paused")?;
-        let max_rate = match p.get("max_rate") {
-            None => None,
-            Some(v) => Some(
-                v.as_f64()
-                    .ok_or_else(|| RpcError::params("max_rate: must be a number"))?,
-            ),
-        };
-        let qd = p.opt_u64("max_foreground_qd")?;
-        let low = p.opt_u64("low_watermark_pct")?;
-        let high = p.opt_u64("high_watermark_pct")?;
-        let pool = self
-            .pools()
-            .into_iter()
-            .find(|x| x.name == name)
-            .ok_or_else(|| not_found(format!("pool {name} does not exist")))?;
+pub(super) fn pool_set_gc(p: &mut Params) -> Parsed {
+    let name = p.str("name")?;
+    let paused = p.opt_bool("paused")?;
+    let max_rate = match p.get("max_rate") {
+        None => None,
+        Some(v) => Some(
+            v.as_f64()
+                .ok_or_else(|| RpcError::params("max_rate: must be a number"))?,
+        ),
+    };
+    let qd = p.opt_u64("max_foreground_qd")?;
+    let low = p.opt_u64("low_watermark_pct")?;
+    let high = p.opt_u64("high_watermark_pct")?;
+    act(move |ctl| {
+        let pool = ctl.named_pool(&name)?;
+        // Checks every setting before changing any; pausing comes after, so a
+        // refused setting leaves the pause state alone too.
         pool.set_gc_settings(max_rate, qd, low, high)
             .map_err(RpcError::params)?;
         if let Some(pz) = paused {
@@ -218,5 +230,5 @@ impl Control {
             "low_watermark_pct": g.low_watermark_pct,
             "high_watermark_pct": g.high_watermark_pct,
         }))
-    }
+    })
 }

@@ -7,9 +7,14 @@
 //! for features kvtarget lacks (ANA, passthrough, ...) are accepted when off and
 //! refused with a clear message when on; unknown parameters are refused.
 //!
+//! A bad call changes nothing: every handler is split in two by its type. The
+//! handler proper reads and checks all parameters without access to the
+//! target, and returns the action; `call` refuses unknown parameters, and only
+//! then runs the action, which cannot read parameters any more.
+//!
 //! One file per method family (`framework`, `nvmf`, `nvmf_subsystem`, `bdev`,
-//! `kvtarget`), each adding its handlers to `Control`; this module holds the
-//! shared state, the parameter reader and the one name -> handler table.
+//! `kvtarget`) holds its handlers; this module holds the shared state, the
+//! parameter reader and the one name -> handler table.
 
 mod bdev;
 mod framework;
@@ -41,43 +46,68 @@ pub struct Control {
     edit: Mutex<()>,
 }
 
-/// A method's handler. It reads its parameters through `Params`; `call` then
-/// refuses any it did not read.
-type Handler = fn(&Control, &mut Params) -> RpcResult;
+/// What a method does once its parameters are read and checked. `'static`, so
+/// it cannot hold the `Params` (nothing can be read, or refused, after it
+/// starts); it gets the target only when it runs.
+type Action = Box<dyn FnOnce(&Control) -> RpcResult>;
+
+/// A handler's result: the action, or the first thing wrong with the
+/// parameters.
+type Parsed = Result<Action, RpcError>;
+
+/// A method's handler: reads every parameter it knows through `Params` and
+/// checks what can be checked without the target (types, ranges, names). It
+/// has no `Control`, so it cannot change anything; `call` refuses the keys it
+/// did not read before running the action it returns.
+type Handler = fn(&mut Params) -> Parsed;
+
+/// Wraps a handler's action (for closure type inference).
+fn act(f: impl FnOnce(&Control) -> RpcResult + 'static) -> Parsed {
+    Ok(Box::new(f))
+}
 
 /// Every method and its handler, in the order `rpc_get_methods` lists them.
 /// Dispatch and the list both read this one table, so a method cannot be
 /// listed without a handler or handled without being listed.
 const TABLE: &[(&str, Handler)] = &[
-    ("spdk_get_version", Control::version),
-    ("rpc_get_methods", Control::get_methods),
-    ("framework_get_reactors", Control::reactors),
-    ("nvmf_create_transport", Control::create_transport),
-    ("nvmf_get_transports", Control::get_transports),
-    ("nvmf_create_subsystem", Control::create_subsystem),
-    ("nvmf_delete_subsystem", Control::delete_subsystem),
-    ("nvmf_get_subsystems", Control::get_subsystems),
-    ("nvmf_subsystem_add_listener", Control::add_listener),
-    ("nvmf_subsystem_remove_listener", Control::remove_listener),
-    ("nvmf_subsystem_add_ns", Control::add_ns),
-    ("nvmf_subsystem_remove_ns", Control::remove_ns),
-    ("nvmf_subsystem_add_host", Control::add_host),
-    ("nvmf_subsystem_remove_host", Control::remove_host),
-    ("nvmf_subsystem_allow_any_host", Control::allow_any_host),
-    ("nvmf_subsystem_get_controllers", Control::get_controllers),
-    ("nvmf_subsystem_get_qpairs", Control::get_qpairs),
-    ("nvmf_get_stats", Control::get_stats),
-    ("bdev_get_bdevs", Control::get_bdevs),
-    ("bdev_get_iostat", Control::get_iostat),
-    ("bdev_lvol_create_lvstore", Control::create_lvstore),
-    ("bdev_lvol_get_lvstores", Control::get_lvstores),
-    ("bdev_lvol_create", Control::lvol_create),
-    ("bdev_lvol_delete", Control::lvol_delete),
-    ("bdev_lvol_resize", Control::lvol_resize),
-    ("kvtarget_get_pools", Control::get_pools),
-    ("kvtarget_pool_set_gc", Control::pool_set_gc),
-    ("kvtarget_save_config", Control::save_config),
-    ("kvtarget_pool_check", Control::pool_check),
+    ("spdk_get_version", framework::version),
+    ("rpc_get_methods", framework::get_methods),
+    ("framework_get_reactors", framework::reactors),
+    ("nvmf_create_transport", nvmf::create_transport),
+    ("nvmf_get_transports", nvmf::get_transports),
+    ("nvmf_create_subsystem", nvmf::create_subsystem),
+    ("nvmf_delete_subsystem", nvmf::delete_subsystem),
+    ("nvmf_get_subsystems", nvmf::get_subsystems),
+    ("nvmf_subsystem_add_listener", nvmf_subsystem::add_listener),
+    (
+        "nvmf_subsystem_remove_listener",
+        nvmf_subsystem::remove_listener,
+    ),
+    ("nvmf_subsystem_add_ns", nvmf_subsystem::add_ns),
+    ("nvmf_subsystem_remove_ns", nvmf_subsystem::remove_ns),
+    ("nvmf_subsystem_add_host", nvmf_subsystem::add_host),
+    ("nvmf_subsystem_remove_host", nvmf_subsystem::remove_host),
+    (
+        "nvmf_subsystem_allow_any_host",
+        nvmf_subsystem::allow_any_host,
+    ),
+    (
+        "nvmf_subsystem_get_controllers",
+        nvmf_subsystem::get_controllers,
+    ),
+    ("nvmf_subsystem_get_qpairs", nvmf_subsystem::get_qpairs),
+    ("nvmf_get_stats", nvmf::get_stats),
+    ("bdev_get_bdevs", bdev::get_bdevs),
+    ("bdev_get_iostat", bdev::get_iostat),
+    ("bdev_lvol_create_lvstore", bdev::create_lvstore),
+    ("bdev_lvol_get_lvstores", bdev::get_lvstores),
+    ("bdev_lvol_create", bdev::lvol_create),
+    ("bdev_lvol_delete", bdev::lvol_delete),
+    ("bdev_lvol_resize", bdev::lvol_resize),
+    ("kvtarget_get_pools", kvtarget::get_pools),
+    ("kvtarget_pool_set_gc", kvtarget::pool_set_gc),
+    ("kvtarget_save_config", kvtarget::save_config),
+    ("kvtarget_pool_check", kvtarget::pool_check),
 ];
 
 /// The method names, in `TABLE` order (what `rpc_get_methods` returns).
@@ -92,21 +122,35 @@ pub const METHODS: &[&str] = &{
 };
 
 /// Typed access to a params object; remembers which keys were read so unknown
-/// ones can be refused.
+/// ones can be refused. Errors name keys by their full path (`namespace.nsid`).
 struct Params {
     map: Map<String, Value>,
     seen: BTreeSet<String>,
+    /// "" at the top; "namespace." etc. for a nested object.
+    path: String,
 }
 
 impl Params {
     fn new(v: Value) -> Result<Params, RpcError> {
+        Params::nested(v, String::new())
+    }
+    fn nested(v: Value, path: String) -> Result<Params, RpcError> {
         match v {
             Value::Object(map) => Ok(Params {
                 map,
                 seen: BTreeSet::new(),
+                path,
             }),
-            _ => Err(RpcError::params("params must be an object")),
+            _ if path.is_empty() => Err(RpcError::params("params must be an object")),
+            _ => Err(RpcError::params(format!(
+                "{}: must be an object",
+                path.trim_end_matches('.')
+            ))),
         }
+    }
+    /// `k` as the client sees it, for error messages.
+    fn name(&self, k: &str) -> String {
+        format!("{}{k}", self.path)
     }
     fn get(&mut self, k: &str) -> Option<&Value> {
         self.seen.insert(k.to_string());
@@ -116,34 +160,48 @@ impl Params {
         match self.get(k) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(RpcError::params(format!("{k}: must be a string"))),
+            Some(_) => Err(RpcError::params(format!(
+                "{}: must be a string",
+                self.name(k)
+            ))),
         }
     }
     fn str(&mut self, k: &str) -> Result<String, RpcError> {
-        self.opt_str(k)?
-            .ok_or_else(|| RpcError::params(format!("{k}: required")))
+        self.opt_str(k)?.ok_or_else(|| self.required(k))
+    }
+    fn required(&self, k: &str) -> RpcError {
+        RpcError::params(format!("{}: required", self.name(k)))
     }
     fn opt_u64(&mut self, k: &str) -> Result<Option<u64>, RpcError> {
         match self.get(k) {
             None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(Some)
-                .ok_or_else(|| RpcError::params(format!("{k}: must be a non-negative integer"))),
+            Some(v) => match v.as_u64() {
+                Some(n) => Ok(Some(n)),
+                None => Err(RpcError::params(format!(
+                    "{}: must be a non-negative integer",
+                    self.name(k)
+                ))),
+            },
         }
+    }
+    fn u64(&mut self, k: &str) -> Result<u64, RpcError> {
+        self.opt_u64(k)?.ok_or_else(|| self.required(k))
     }
     fn opt_bool(&mut self, k: &str) -> Result<Option<bool>, RpcError> {
         match self.get(k) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(_) => Err(RpcError::params(format!("{k}: must be true or false"))),
+            Some(_) => Err(RpcError::params(format!(
+                "{}: must be true or false",
+                self.name(k)
+            ))),
         }
     }
     fn object(&mut self, k: &str) -> Result<Params, RpcError> {
-        match self.get(k) {
-            Some(v @ Value::Object(_)) => Params::new(v.clone()),
-            Some(_) => Err(RpcError::params(format!("{k}: must be an object"))),
-            None => Err(RpcError::params(format!("{k}: required"))),
+        let path = format!("{}.", self.name(k));
+        match self.get(k).cloned() {
+            Some(v) => Params::nested(v, path),
+            None => Err(self.required(k)),
         }
     }
     /// SPDK options kvtarget does not implement: fine when off or absent.
@@ -152,7 +210,12 @@ impl Params {
             match self.get(k) {
                 None | Some(Value::Bool(false)) => {}
                 Some(Value::String(s)) if s.is_empty() => {}
-                Some(_) => return Err(RpcError::params(format!("{k}: not supported by kvtarget"))),
+                Some(_) => {
+                    return Err(RpcError::params(format!(
+                        "{}: not supported by kvtarget",
+                        self.name(k)
+                    )))
+                }
             }
         }
         Ok(())
@@ -163,10 +226,24 @@ impl Params {
             self.seen.insert(k.to_string());
         }
     }
+    /// Refuses the keys no one read: all of them, by full name.
     fn finish(self) -> Result<(), RpcError> {
-        match self.map.keys().find(|k| !self.seen.contains(*k)) {
-            Some(k) => Err(RpcError::params(format!("unknown parameter `{k}`"))),
-            None => Ok(()),
+        let unknown: Vec<String> = self
+            .map
+            .keys()
+            .filter(|k| !self.seen.contains(*k))
+            .map(|k| format!("`{}`", self.name(k)))
+            .collect();
+        match unknown.len() {
+            0 => Ok(()),
+            1 => Err(RpcError::params(format!(
+                "unknown parameter {}",
+                unknown[0]
+            ))),
+            _ => Err(RpcError::params(format!(
+                "unknown parameters {}",
+                unknown.join(", ")
+            ))),
         }
     }
 }
@@ -226,20 +303,21 @@ impl Control {
         self.pools.read().map(|p| p.clone()).unwrap_or_default()
     }
 
-    /// Runs one method, under the edit lock. Parameters its handler did not
-    /// read are refused once it returns.
+    /// Runs one method. Its parameters are read and checked, unknown ones
+    /// included, before its action runs (under the edit lock): a bad call
+    /// changes nothing.
     pub fn call(&self, method: &str, params: Value) -> RpcResult {
         let mut p = Params::new(params)?;
-        let _guard = self.edit.lock().unwrap_or_else(|e| e.into_inner());
         let Some(&(_, handler)) = TABLE.iter().find(|(name, _)| *name == method) else {
             return Err(RpcError::new(
                 code::METHOD_NOT_FOUND,
                 format!("Method not found: {method}"),
             ));
         };
-        let r = handler(self, &mut p)?;
+        let action = handler(&mut p)?;
         p.finish()?;
-        Ok(r)
+        let _guard = self.edit.lock().unwrap_or_else(|e| e.into_inner());
+        action(self)
     }
 
     /// The "pool/volume" alias of the volume with this UUID, if one is open.
@@ -301,7 +379,7 @@ mod tests {
     use crate::transport::rdma::{RdmaSettings, RdmaTransport};
     use crate::transport::ListenerSet;
     use serde_json::json;
-    use std::sync::atomic::AtomicBool;
+    use std::sync::atomic::{AtomicBool, Ordering};
 
     /// A control with no pools, reactors or listeners: enough to reach every
     /// handler's parameter checks.
@@ -336,9 +414,9 @@ mod tests {
     fn every_listed_method_dispatches() {
         let ctl = control();
         for name in METHODS {
-            // Every handler refuses an unknown parameter (`call` checks after
-            // the handler ran), and each fails on it or on a missing required
-            // one before changing anything.
+            // Every method refuses an unknown parameter (`call` checks once
+            // the handler has read its own), or fails on a missing required
+            // one first; either way before its action runs.
             match ctl.call(name, json!({"no_such_parameter": 1})) {
                 Ok(v) => panic!("{name}: accepted an unknown parameter: {v}"),
                 Err(e) => assert_ne!(e.code, code::METHOD_NOT_FOUND, "{name}: {}", e.message),
@@ -347,6 +425,508 @@ mod tests {
         match ctl.call("no_such_method", json!({})) {
             Err(e) => assert_eq!(e.code, code::METHOD_NOT_FOUND),
             Ok(v) => panic!("no_such_method answered {v}"),
+        }
+    }
+
+    const NQN: &str = "nqn.2026-11.io.kvtarget:unit";
+    const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6b767461-7267-6574-0000-000000000001";
+    const OTHER: &str = "nqn.2014-08.org.nvmexpress:uuid:6b767461-7267-6574-0000-0000000000cc";
+    /// The key every refusal test adds to otherwise valid parameters.
+    const BOGUS: &str = "bogus_key";
+
+    fn ok(ctl: &Control, method: &str, params: Value) -> Value {
+        ctl.call(method, params)
+            .unwrap_or_else(|e| panic!("{method}: {}", e.message))
+    }
+
+    /// A port nothing listens on (bound once by the OS, then let go).
+    fn free_port() -> std::net::SocketAddr {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+    }
+
+    fn listen_address(a: std::net::SocketAddr) -> Value {
+        json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": a.ip().to_string(), "trsvcid": a.port().to_string()})
+    }
+
+    /// `control()` plus a RAM pool `kv` (volumes `base`, `spare` and
+    /// `served`) and a subsystem with one host, one listener (returned) and
+    /// `kv/served` as namespace 1: something for every mutating method to
+    /// change.
+    fn populated() -> (Control, std::net::SocketAddr) {
+        use crate::pool::{FormatOptions, PoolOptions};
+        let ctl = control();
+        let dev: crate::bdev::SharedDevice =
+            crate::bdev::ram::RamDevice::new("unit", 64 << 20).expect("ram device");
+        crate::pool::format(
+            &dev,
+            &FormatOptions {
+                extent_size: 1 << 20,
+                force: false,
+                journal_len: None,
+            },
+        )
+        .expect("format");
+        // No metadata thread: commits are synchronous and nothing moves
+        // behind the test's back.
+        let opts = PoolOptions {
+            md_thread: false,
+            commit_interval: None,
+            ..PoolOptions::default()
+        };
+        let pool = Pool::open("kv", dev, opts).expect("open pool");
+        if let Ok(mut p) = ctl.pools.write() {
+            p.push(pool);
+        }
+        for v in ["base", "spare", "served"] {
+            ok(
+                &ctl,
+                "bdev_lvol_create",
+                json!({"lvol_name": v, "size_in_mib": 8, "lvs_name": "kv"}),
+            );
+        }
+        ok(&ctl, "nvmf_create_subsystem", json!({"nqn": NQN}));
+        ok(
+            &ctl,
+            "nvmf_subsystem_add_host",
+            json!({"nqn": NQN, "host": HOST}),
+        );
+        ok(
+            &ctl,
+            "nvmf_subsystem_add_ns",
+            json!({"nqn": NQN, "namespace": {"bdev_name": "kv/served", "nsid": 1}}),
+        );
+        let addr = free_port();
+        ok(
+            &ctl,
+            "nvmf_subsystem_add_listener",
+            json!({"nqn": NQN, "listen_address": listen_address(addr)}),
+        );
+        (ctl, addr)
+    }
+
+    /// Everything an RPC can change, as the read-only methods and the
+    /// target's own tables show it.
+    fn state(ctl: &Control) -> Value {
+        let pools: Vec<Value> = ctl
+            .pools()
+            .iter()
+            .map(|p| json!([p.name, format!("{:?}", p.gc_settings()), p.gc_paused()]))
+            .collect();
+        let announced: Vec<Value> = ctl
+            .target
+            .listeners
+            .read()
+            .map(|l| {
+                l.iter()
+                    .map(|x| json!([x.addr.to_string(), x.discovery_only, x.rdma, x.portid]))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let bound: Vec<String> = ctl
+            .listeners
+            .snapshot()
+            .iter()
+            .map(|s| s.addr.to_string())
+            .collect();
+        json!({
+            "subsystems": ok(ctl, "nvmf_get_subsystems", json!({})),
+            "bdevs": ok(ctl, "bdev_get_bdevs", json!({})),
+            "lvstores": ok(ctl, "bdev_lvol_get_lvstores", json!({})),
+            "kv_pools": ok(ctl, "kvtarget_get_pools", json!({})),
+            "gc": pools,
+            "transports": ok(ctl, "nvmf_get_transports", json!({})),
+            "rdma_started": ctl.rdma.is_started(),
+            "announced": announced,
+            "bound": bound,
+            "genctr": ctl.target.genctr.load(Ordering::Relaxed),
+        })
+    }
+
+    /// Which parts of `state` differ (names, not the whole dump).
+    fn changed(before: &Value, after: &Value) -> Vec<String> {
+        before
+            .as_object()
+            .map(|o| {
+                o.keys()
+                    .filter(|k| before[*k] != after[*k])
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The call fails with a params error naming unknown `key`, and nothing
+    /// changed; else what went wrong.
+    fn check_refused(ctl: &Control, method: &str, params: Value, key: &str) -> Result<(), String> {
+        check_params_error(ctl, method, params, &format!("`{key}`"))
+    }
+
+    /// The call fails with a params error whose message contains `needle`,
+    /// and nothing changed; else what went wrong.
+    fn check_params_error(
+        ctl: &Control,
+        method: &str,
+        params: Value,
+        needle: &str,
+    ) -> Result<(), String> {
+        let before = state(ctl);
+        match ctl.call(method, params) {
+            Ok(v) => return Err(format!("{method}: accepted bad parameters ({needle}): {v}")),
+            Err(e) if e.code != code::INVALID_PARAMS => {
+                return Err(format!("{method}: code {}: {}", e.code, e.message))
+            }
+            Err(e) if !e.message.contains(needle) => {
+                return Err(format!("{method}: does not say {needle}: {}", e.message))
+            }
+            Err(_) => {}
+        }
+        let changed = changed(&before, &state(ctl));
+        if changed.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{method}: refused but changed {changed:?}"))
+        }
+    }
+
+    fn refused(ctl: &Control, method: &str, params: Value, key: &str) {
+        if let Err(e) = check_refused(ctl, method, params, key) {
+            panic!("{e}");
+        }
+    }
+
+    /// `params` plus the unknown key.
+    fn with_bogus(mut params: Value) -> Value {
+        params[BOGUS] = json!(1);
+        params
+    }
+
+    /// Every method with otherwise valid parameters for `populated()` (whose
+    /// listener is `bound`).
+    fn refusal_cases(bound: std::net::SocketAddr) -> Vec<(&'static str, Value)> {
+        let disc = crate::wire::nvme::DISCOVERY_NQN;
+        vec![
+            ("spdk_get_version", json!({})),
+            ("rpc_get_methods", json!({"current": true})),
+            ("framework_get_reactors", json!({})),
+            ("nvmf_create_transport", json!({"trtype": "RDMA"})),
+            ("nvmf_create_transport", json!({"trtype": "TCP"})),
+            ("nvmf_get_transports", json!({"trtype": "TCP"})),
+            (
+                "nvmf_create_subsystem",
+                json!({"nqn": "nqn.2026-11.io.kvtarget:new"}),
+            ),
+            ("nvmf_delete_subsystem", json!({"nqn": NQN})),
+            ("nvmf_get_subsystems", json!({"nqn": NQN})),
+            (
+                "nvmf_subsystem_add_listener",
+                json!({"nqn": NQN, "listen_address": listen_address(free_port())}),
+            ),
+            (
+                "nvmf_subsystem_add_listener",
+                json!({"nqn": disc, "listen_address": listen_address(free_port())}),
+            ),
+            (
+                "nvmf_subsystem_remove_listener",
+                json!({"nqn": NQN, "listen_address": listen_address(bound)}),
+            ),
+            (
+                "nvmf_subsystem_add_ns",
+                json!({"nqn": NQN, "namespace": {"bdev_name": "kv/spare"}}),
+            ),
+            ("nvmf_subsystem_remove_ns", json!({"nqn": NQN, "nsid": 1})),
+            (
+                "nvmf_subsystem_add_host",
+                json!({"nqn": NQN, "host": OTHER}),
+            ),
+            (
+                "nvmf_subsystem_remove_host",
+                json!({"nqn": NQN, "host": HOST}),
+            ),
+            (
+                "nvmf_subsystem_allow_any_host",
+                json!({"nqn": NQN, "allow_any_host": true}),
+            ),
+            ("nvmf_subsystem_get_controllers", json!({"nqn": NQN})),
+            ("nvmf_subsystem_get_qpairs", json!({"nqn": NQN})),
+            ("nvmf_get_stats", json!({})),
+            ("bdev_get_bdevs", json!({"name": "kv/base"})),
+            ("bdev_get_iostat", json!({"name": "kv/base"})),
+            // bdev_lvol_create_lvstore needs a file: see
+            // refused_create_lvstore_leaves_the_file_alone.
+            ("bdev_lvol_get_lvstores", json!({"lvs_name": "kv"})),
+            (
+                "bdev_lvol_create",
+                json!({"lvol_name": "new", "size_in_mib": 4, "lvs_name": "kv"}),
+            ),
+            ("bdev_lvol_delete", json!({"name": "kv/base"})),
+            (
+                "bdev_lvol_resize",
+                json!({"name": "kv/base", "size_in_mib": 16}),
+            ),
+            ("kvtarget_get_pools", json!({"name": "kv"})),
+            (
+                "kvtarget_pool_set_gc",
+                json!({"name": "kv", "paused": true, "max_foreground_qd": 3, "max_rate": 10.0}),
+            ),
+            ("kvtarget_save_config", json!({})),
+            ("kvtarget_pool_check", json!({"name": "kv"})),
+        ]
+    }
+
+    /// Every method, with otherwise valid parameters plus an unknown key:
+    /// refused, naming the key, with nothing changed. Methods whose effect is
+    /// outside `state` (ports, files) have their own tests below.
+    #[test]
+    fn unknown_parameters_are_refused_before_anything_changes() {
+        // Valid as given: the unknown key is the only thing wrong. Each case
+        // gets a fresh target (one that wrongly acted cannot hide the next),
+        // and every failure is listed, not just the first.
+        let n = refusal_cases(free_port()).len();
+        let failures: Vec<String> = (0..n)
+            .filter_map(|i| {
+                let (ctl, bound) = populated();
+                let (method, params) = refusal_cases(bound).swap_remove(i);
+                check_refused(&ctl, method, with_bogus(params), BOGUS).err()
+            })
+            .collect();
+        assert!(failures.is_empty(), "{failures:#?}");
+        // A method added to the table without a case here fails this test.
+        let covered: BTreeSet<&str> = refusal_cases(free_port())
+            .iter()
+            .map(|(m, _)| *m)
+            .chain(["bdev_lvol_create_lvstore"])
+            .collect();
+        let all: BTreeSet<&str> = METHODS.iter().copied().collect();
+        assert_eq!(covered, all, "methods without a refusal case");
+    }
+
+    /// Unknown keys inside the nested objects are refused by their full name.
+    #[test]
+    fn unknown_nested_parameters_are_refused_by_path() {
+        let (ctl, _) = populated();
+        let mut la = listen_address(free_port());
+        la[BOGUS] = json!(1);
+        refused(
+            &ctl,
+            "nvmf_subsystem_add_listener",
+            json!({"nqn": NQN, "listen_address": la}),
+            &format!("listen_address.{BOGUS}"),
+        );
+        refused(
+            &ctl,
+            "nvmf_subsystem_add_ns",
+            json!({"nqn": NQN, "namespace": {"bdev_name": "kv/spare", BOGUS: 1}}),
+            &format!("namespace.{BOGUS}"),
+        );
+        // Every unknown key is named, not just the first.
+        let e = ctl
+            .call(
+                "nvmf_subsystem_add_host",
+                json!({"nqn": NQN, "host": OTHER, "hots": 1, "tgt_nam": 2}),
+            )
+            .expect_err("two unknown keys");
+        assert_eq!(e.message, "unknown parameters `hots`, `tgt_nam`");
+        // Type errors and missing keys inside an object name the full path too.
+        for (ns, msg) in [
+            (
+                json!({"bdev_name": 5}),
+                "namespace.bdev_name: must be a string",
+            ),
+            (json!({"nsid": 1}), "namespace.bdev_name: required"),
+            (json!("kv/spare"), "namespace: must be an object"),
+        ] {
+            let e = ctl
+                .call(
+                    "nvmf_subsystem_add_ns",
+                    json!({"nqn": NQN, "namespace": ns}),
+                )
+                .expect_err(msg);
+            assert_eq!((e.code, e.message.as_str()), (code::INVALID_PARAMS, msg));
+        }
+    }
+
+    /// Numbers too large for their field are refused, not truncated (an NSID
+    /// of 2^32 + 1 used to remove namespace 1).
+    #[test]
+    fn out_of_range_numbers_are_refused_not_truncated() {
+        let (ctl, _) = populated();
+        let cases = [
+            (
+                "nvmf_subsystem_remove_ns",
+                json!({"nqn": NQN, "nsid": (1u64 << 32) + 1}),
+                "nsid: 4294967297",
+            ),
+            (
+                "bdev_lvol_create",
+                json!({"lvol_name": "t", "size_in_mib": 4, "lvs_name": "kv", "block_size": (1u64 << 32) + 4096}),
+                "block_size: 4294971392",
+            ),
+            (
+                "bdev_lvol_create",
+                json!({"lvol_name": "t", "size_in_mib": 4, "lvs_name": "kv", "block_size": 1024}),
+                "block_size: 1024",
+            ),
+        ];
+        for (method, params, msg) in cases {
+            if let Err(e) = check_params_error(&ctl, method, params, msg) {
+                panic!("{e}");
+            }
+        }
+    }
+
+    /// The port of a refused add_listener is not bound, for an NVM and for
+    /// the discovery subsystem.
+    #[test]
+    fn refused_add_listener_binds_nothing() {
+        let (ctl, _) = populated();
+        for nqn in [NQN, crate::wire::nvme::DISCOVERY_NQN] {
+            let addr = free_port();
+            refused(
+                &ctl,
+                "nvmf_subsystem_add_listener",
+                with_bogus(json!({"nqn": nqn, "listen_address": listen_address(addr)})),
+                BOGUS,
+            );
+            assert!(!ctl.listeners.contains(addr), "{nqn}: {addr} in the set");
+            assert!(
+                std::net::TcpListener::bind(addr).is_ok(),
+                "{nqn}: {addr} is bound"
+            );
+        }
+    }
+
+    /// An address the subsystem already lists (here without a socket, as
+    /// when it listens there over the other transport) is refused before
+    /// anything is bound or announced.
+    #[test]
+    fn duplicate_listener_is_refused_before_binding() {
+        let (ctl, _) = populated();
+        let addr = free_port();
+        let s = ctl.target.find_subsystem(NQN).expect("the subsystem");
+        if let Ok(mut l) = s.listen.write() {
+            l.get_or_insert_with(Vec::new).push(addr);
+        }
+        let before = state(&ctl);
+        let e = ctl
+            .call(
+                "nvmf_subsystem_add_listener",
+                json!({"nqn": NQN, "listen_address": listen_address(addr)}),
+            )
+            .expect_err("a listed address");
+        assert_eq!(e.code, code::EEXIST, "{}", e.message);
+        assert_eq!(changed(&before, &state(&ctl)), Vec::<String>::new());
+        assert!(!ctl.listeners.contains(addr));
+        assert!(std::net::TcpListener::bind(addr).is_ok(), "{addr} is bound");
+    }
+
+    /// A refused remove_listener leaves the socket open.
+    #[test]
+    fn refused_remove_listener_keeps_listening() {
+        let (ctl, addr) = populated();
+        refused(
+            &ctl,
+            "nvmf_subsystem_remove_listener",
+            with_bogus(json!({"nqn": NQN, "listen_address": listen_address(addr)})),
+            BOGUS,
+        );
+        assert!(ctl.listeners.contains(addr));
+        assert!(std::net::TcpListener::bind(addr).is_err(), "{addr} closed");
+    }
+
+    /// A refused bdev_lvol_create_lvstore neither formats nor locks the file.
+    #[test]
+    fn refused_create_lvstore_leaves_the_file_alone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("lvs.img");
+        let f = std::fs::File::create(&path).expect("create");
+        f.set_len(64 << 20).expect("set_len");
+        drop(f);
+        let (ctl, _) = populated();
+        let path_str = path.to_str().expect("utf-8 path");
+        refused(
+            &ctl,
+            "bdev_lvol_create_lvstore",
+            with_bogus(json!({"bdev_name": path_str, "lvs_name": "extra"})),
+            BOGUS,
+        );
+        assert_eq!(ctl.pools().len(), 1);
+        let head = std::fs::read(&path).expect("read");
+        assert!(head.iter().all(|&b| b == 0), "the file was written");
+        crate::pool::lock_pool(&path, true).expect("the file is not locked");
+    }
+
+    /// A refused kvtarget_save_config writes no file.
+    #[test]
+    fn refused_save_config_writes_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("saved.toml");
+        let (ctl, _) = populated();
+        refused(
+            &ctl,
+            "kvtarget_save_config",
+            with_bogus(json!({"path": path.to_str().expect("utf-8 path")})),
+            BOGUS,
+        );
+        assert!(!path.exists(), "the configuration was written");
+        assert!(!dir.path().join("saved.toml.tmp").exists());
+    }
+
+    /// The cases above are valid without the unknown key: each does change
+    /// the target (so `refused` is not passing for another reason).
+    #[test]
+    fn the_refused_calls_work_without_the_unknown_key() {
+        let (ctl, bound) = populated();
+        let cases: Vec<(&str, Value)> = vec![
+            (
+                "nvmf_create_subsystem",
+                json!({"nqn": "nqn.2026-11.io.kvtarget:new"}),
+            ),
+            (
+                "nvmf_subsystem_add_listener",
+                json!({"nqn": NQN, "listen_address": listen_address(free_port())}),
+            ),
+            (
+                "nvmf_subsystem_add_ns",
+                json!({"nqn": NQN, "namespace": {"bdev_name": "kv/spare"}}),
+            ),
+            (
+                "nvmf_subsystem_add_host",
+                json!({"nqn": NQN, "host": OTHER}),
+            ),
+            (
+                "nvmf_subsystem_remove_host",
+                json!({"nqn": NQN, "host": HOST}),
+            ),
+            (
+                "nvmf_subsystem_allow_any_host",
+                json!({"nqn": NQN, "allow_any_host": true}),
+            ),
+            (
+                "bdev_lvol_create",
+                json!({"lvol_name": "new", "size_in_mib": 4, "lvs_name": "kv"}),
+            ),
+            (
+                "bdev_lvol_resize",
+                json!({"name": "kv/base", "size_in_mib": 16}),
+            ),
+            ("bdev_lvol_delete", json!({"name": "kv/base"})),
+            (
+                "kvtarget_pool_set_gc",
+                json!({"name": "kv", "paused": true, "max_foreground_qd": 3, "max_rate": 10.0}),
+            ),
+            (
+                "nvmf_subsystem_remove_listener",
+                json!({"nqn": NQN, "listen_address": listen_address(bound)}),
+            ),
+            ("nvmf_subsystem_remove_ns", json!({"nqn": NQN, "nsid": 1})),
+            ("nvmf_delete_subsystem", json!({"nqn": NQN})),
+        ];
+        for (method, params) in cases {
+            let before = state(&ctl);
+            ok(&ctl, method, params);
+            assert_ne!(state(&ctl), before, "{method} changed nothing");
         }
     }
 }

@@ -1,9 +1,9 @@
 //! `nvmf_*` methods on transports, whole subsystems and statistics; the
 //! per-subsystem ones (listeners, namespaces, hosts) are in `nvmf_subsystem`.
 
-use super::{hex_id, not_found, uuid_str, Control, Params};
+use super::{act, hex_id, not_found, uuid_str, Control, Params, Parsed};
 use crate::nvmf::{Subsystem, SubsystemKind};
-use crate::rpc::{code, RpcError, RpcResult};
+use crate::rpc::{code, RpcError};
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -23,91 +23,6 @@ impl Control {
             "sock_priority": 0,
             "abort_timeout_sec": 1,
         })
-    }
-
-    pub(super) fn create_transport(&self, p: &mut Params) -> RpcResult {
-        let trtype = p.str("trtype")?;
-        p.opt_str("tgt_name")?;
-        // The TCP transport exists from the configuration ([tcp]); scripts
-        // written for SPDK create it first, so that succeeds. Its limits are
-        // set in the configuration, not here.
-        p.ignore(&[
-            "max_queue_depth",
-            "max_qpairs_per_ctrlr",
-            "max_io_qpairs_per_ctrlr",
-            "in_capsule_data_size",
-            "max_io_size",
-            "io_unit_size",
-            "max_aq_depth",
-            "num_shared_buffers",
-            "buf_cache_size",
-            "iobuf_small_cache_size",
-            "iobuf_large_cache_size",
-            "num_cqe",
-            "max_srq_depth",
-            "no_srq",
-            "c2h_success",
-            "dif_insert_or_strip",
-            "sock_priority",
-            "acceptor_backlog",
-            "abort_timeout_sec",
-            "no_wr_batching",
-            "control_msg_num",
-            "disable_command_passthru",
-            "kas",
-            "min_kato",
-            "zcopy",
-            "ack_timeout",
-            "data_wr_pool_size",
-            "disable_adaptive_irq",
-            "disable_mappable_bar0",
-            "disable_shadow_doorbells",
-            "transport_specific",
-            "masked_oncs",
-            "masked_fuses",
-        ]);
-        match trtype.to_ascii_uppercase().as_str() {
-            "TCP" => Ok(Value::Bool(true)),
-            // Loads rdma-core and starts the RDMA CM thread; sizing comes from
-            // the configuration's [rdma] and [tcp] sections.
-            "RDMA" => self
-                .rdma
-                .start()
-                .map(|()| Value::Bool(true))
-                .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e)),
-            other => Err(RpcError::params(format!(
-                "trtype {other}: unknown transport"
-            ))),
-        }
-    }
-
-    pub(super) fn get_transports(&self, p: &mut Params) -> RpcResult {
-        p.opt_str("tgt_name")?;
-        let mut all = vec![self.transport_json()];
-        if self.rdma.is_started() {
-            let mut r = self.transport_json();
-            r["trtype"] = json!("RDMA");
-            r["io_unit_size"] = json!(self.target.limits.max_io_size);
-            r["num_shared_buffers"] = json!(self.rdma.settings.buffer_pool_bytes / 4096);
-            r["max_outstanding_reads"] = json!(self.rdma.settings.max_outstanding_reads);
-            if let Some(o) = r.as_object_mut() {
-                o.remove("c2h_success");
-                o.remove("sock_priority");
-            }
-            all.push(r);
-        }
-        match p.opt_str("trtype")? {
-            Some(t) => {
-                let t = t.to_ascii_uppercase();
-                let v: Vec<Value> = all.into_iter().filter(|x| x["trtype"] == t).collect();
-                if v.is_empty() {
-                    Err(not_found(format!("transport {t} does not exist")))
-                } else {
-                    Ok(json!(v))
-                }
-            }
-            None => Ok(json!(all)),
-        }
     }
 
     pub(super) fn subsystem(&self, nqn: &str) -> Result<Arc<Subsystem>, RpcError> {
@@ -187,41 +102,143 @@ impl Control {
         }
         v
     }
+}
 
-    pub(super) fn create_subsystem(&self, p: &mut Params) -> RpcResult {
-        let nqn = p.str("nqn")?;
-        let serial = p
-            .opt_str("serial_number")?
-            .unwrap_or_else(|| "KVT0000000000001".into());
-        let model = p
-            .opt_str("model_number")?
-            .unwrap_or_else(|| "kvtarget".into());
-        let any = p.opt_bool("allow_any_host")?.unwrap_or(false);
-        p.opt_str("tgt_name")?;
-        if let Some(m) = p.opt_u64("max_namespaces")? {
-            if m > crate::nvmf::admin::MAX_NAMESPACES as u64 {
-                return Err(RpcError::params(format!(
-                    "max_namespaces: at most {}",
-                    crate::nvmf::admin::MAX_NAMESPACES
-                )));
+/// The transports `nvmf_create_transport` knows.
+enum Trtype {
+    Tcp,
+    Rdma,
+}
+
+pub(super) fn create_transport(p: &mut Params) -> Parsed {
+    let trtype = p.str("trtype")?;
+    p.opt_str("tgt_name")?;
+    // The TCP transport exists from the configuration ([tcp]); scripts
+    // written for SPDK create it first, so that succeeds. Its limits are
+    // set in the configuration, not here.
+    p.ignore(&[
+        "max_queue_depth",
+        "max_qpairs_per_ctrlr",
+        "max_io_qpairs_per_ctrlr",
+        "in_capsule_data_size",
+        "max_io_size",
+        "io_unit_size",
+        "max_aq_depth",
+        "num_shared_buffers",
+        "buf_cache_size",
+        "iobuf_small_cache_size",
+        "iobuf_large_cache_size",
+        "num_cqe",
+        "max_srq_depth",
+        "no_srq",
+        "c2h_success",
+        "dif_insert_or_strip",
+        "sock_priority",
+        "acceptor_backlog",
+        "abort_timeout_sec",
+        "no_wr_batching",
+        "control_msg_num",
+        "disable_command_passthru",
+        "kas",
+        "min_kato",
+        "zcopy",
+        "ack_timeout",
+        "data_wr_pool_size",
+        "disable_adaptive_irq",
+        "disable_mappable_bar0",
+        "disable_shadow_doorbells",
+        "transport_specific",
+        "masked_oncs",
+        "masked_fuses",
+    ]);
+    let t = match trtype.to_ascii_uppercase().as_str() {
+        "TCP" => Trtype::Tcp,
+        "RDMA" => Trtype::Rdma,
+        other => {
+            return Err(RpcError::params(format!(
+                "trtype {other}: unknown transport"
+            )))
+        }
+    };
+    act(move |ctl| match t {
+        Trtype::Tcp => Ok(Value::Bool(true)),
+        // Loads rdma-core and starts the RDMA CM thread; sizing comes from
+        // the configuration's [rdma] and [tcp] sections.
+        Trtype::Rdma => ctl
+            .rdma
+            .start()
+            .map(|()| Value::Bool(true))
+            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e)),
+    })
+}
+
+pub(super) fn get_transports(p: &mut Params) -> Parsed {
+    p.opt_str("tgt_name")?;
+    let trtype = p.opt_str("trtype")?;
+    act(move |ctl| {
+        let mut all = vec![ctl.transport_json()];
+        if ctl.rdma.is_started() {
+            let mut r = ctl.transport_json();
+            r["trtype"] = json!("RDMA");
+            r["io_unit_size"] = json!(ctl.target.limits.max_io_size);
+            r["num_shared_buffers"] = json!(ctl.rdma.settings.buffer_pool_bytes / 4096);
+            r["max_outstanding_reads"] = json!(ctl.rdma.settings.max_outstanding_reads);
+            if let Some(o) = r.as_object_mut() {
+                o.remove("c2h_success");
+                o.remove("sock_priority");
             }
+            all.push(r);
         }
-        p.opt_u64("min_cntlid")?;
-        p.opt_u64("max_cntlid")?;
-        p.opt_u64("dmrsl")?;
-        p.opt_u64("wzsl")?;
-        p.unsupported_flags(&["ana_reporting", "passthrough", "enable_nssr", "admin_label"])?;
-        crate::config::validate_nqn(&nqn).map_err(|e| RpcError::params(format!("nqn: {e}")))?;
-        if nqn == crate::wire::nvme::DISCOVERY_NQN {
-            return Err(RpcError::params("nqn: the discovery NQN is reserved"));
+        match trtype {
+            Some(t) => {
+                let t = t.to_ascii_uppercase();
+                let v: Vec<Value> = all.into_iter().filter(|x| x["trtype"] == t).collect();
+                if v.is_empty() {
+                    Err(not_found(format!("transport {t} does not exist")))
+                } else {
+                    Ok(json!(v))
+                }
+            }
+            None => Ok(json!(all)),
         }
-        if serial.is_empty() || serial.len() > 20 || !serial.is_ascii() {
-            return Err(RpcError::params("serial_number: 1 to 20 ASCII characters"));
+    })
+}
+
+pub(super) fn create_subsystem(p: &mut Params) -> Parsed {
+    let nqn = p.str("nqn")?;
+    let serial = p
+        .opt_str("serial_number")?
+        .unwrap_or_else(|| "KVT0000000000001".into());
+    let model = p
+        .opt_str("model_number")?
+        .unwrap_or_else(|| "kvtarget".into());
+    let any = p.opt_bool("allow_any_host")?.unwrap_or(false);
+    p.opt_str("tgt_name")?;
+    if let Some(m) = p.opt_u64("max_namespaces")? {
+        if m > crate::nvmf::admin::MAX_NAMESPACES as u64 {
+            return Err(RpcError::params(format!(
+                "max_namespaces: at most {}",
+                crate::nvmf::admin::MAX_NAMESPACES
+            )));
         }
-        if model.is_empty() || model.len() > 40 || !model.is_ascii() {
-            return Err(RpcError::params("model_number: 1 to 40 ASCII characters"));
-        }
-        if self.target.find_subsystem(&nqn).is_some() {
+    }
+    p.opt_u64("min_cntlid")?;
+    p.opt_u64("max_cntlid")?;
+    p.opt_u64("dmrsl")?;
+    p.opt_u64("wzsl")?;
+    p.unsupported_flags(&["ana_reporting", "passthrough", "enable_nssr", "admin_label"])?;
+    crate::config::validate_nqn(&nqn).map_err(|e| RpcError::params(format!("nqn: {e}")))?;
+    if nqn == crate::wire::nvme::DISCOVERY_NQN {
+        return Err(RpcError::params("nqn: the discovery NQN is reserved"));
+    }
+    if serial.is_empty() || serial.len() > 20 || !serial.is_ascii() {
+        return Err(RpcError::params("serial_number: 1 to 20 ASCII characters"));
+    }
+    if model.is_empty() || model.len() > 40 || !model.is_ascii() {
+        return Err(RpcError::params("model_number: 1 to 40 ASCII characters"));
+    }
+    act(move |ctl| {
+        if ctl.target.find_subsystem(&nqn).is_some() {
             return Err(RpcError::new(
                 code::EEXIST,
                 format!("subsystem {nqn} already exists"),
@@ -232,19 +249,21 @@ impl Control {
         if let Ok(mut l) = sub.listen.write() {
             *l = Some(Vec::new());
         }
-        self.target.add_subsystem(Arc::new(sub));
+        ctl.target.add_subsystem(Arc::new(sub));
         tracing::info!(nqn = %nqn, "rpc: subsystem created");
         Ok(Value::Bool(true))
-    }
+    })
+}
 
-    pub(super) fn delete_subsystem(&self, p: &mut Params) -> RpcResult {
-        let nqn = p.str("nqn")?;
-        p.opt_str("tgt_name")?;
-        let s = self.nvm_subsystem(&nqn)?;
-        if let Ok(mut subs) = self.target.subsystems.write() {
+pub(super) fn delete_subsystem(p: &mut Params) -> Parsed {
+    let nqn = p.str("nqn")?;
+    p.opt_str("tgt_name")?;
+    act(move |ctl| {
+        let s = ctl.nvm_subsystem(&nqn)?;
+        if let Ok(mut subs) = ctl.target.subsystems.write() {
             subs.retain(|x| !Arc::ptr_eq(x, &s));
         }
-        self.target.genctr.fetch_add(1, Ordering::Relaxed);
+        ctl.target.genctr.fetch_add(1, Ordering::Relaxed);
         // Connected hosts lose their controllers (their queues close).
         if let Ok(c) = s.controllers.lock() {
             for ctrl in c.values() {
@@ -253,14 +272,16 @@ impl Control {
         }
         tracing::info!(nqn = %nqn, "rpc: subsystem deleted");
         Ok(Value::Bool(true))
-    }
+    })
+}
 
-    pub(super) fn get_subsystems(&self, p: &mut Params) -> RpcResult {
-        let want = p.opt_str("nqn")?;
-        p.opt_str("tgt_name")?;
-        let mut all = vec![self.target.discovery.clone()];
+pub(super) fn get_subsystems(p: &mut Params) -> Parsed {
+    let want = p.opt_str("nqn")?;
+    p.opt_str("tgt_name")?;
+    act(move |ctl| {
+        let mut all = vec![ctl.target.discovery.clone()];
         all.extend(
-            self.target
+            ctl.target
                 .subsystems
                 .read()
                 .map(|s| s.clone())
@@ -273,18 +294,20 @@ impl Control {
             }
         }
         Ok(Value::Array(
-            all.iter().map(|s| self.subsystem_json(s)).collect(),
+            all.iter().map(|s| ctl.subsystem_json(s)).collect(),
         ))
-    }
+    })
+}
 
-    /// SPDK's nvmf_get_stats: one poll group per reactor; under RDMA one
-    /// device entry per completion queue (SPDK's field names, plus kvtarget's
-    /// `qpairs`, `cq_entries`, `cq_entries_reserved`, `dropped_completions`).
-    pub(super) fn get_stats(&self, p: &mut Params) -> RpcResult {
-        p.opt_str("tgt_name")?;
+/// SPDK's nvmf_get_stats: one poll group per reactor; under RDMA one
+/// device entry per completion queue (SPDK's field names, plus kvtarget's
+/// `qpairs`, `cq_entries`, `cq_entries_reserved`, `dropped_completions`).
+pub(super) fn get_stats(p: &mut Params) -> Parsed {
+    p.opt_str("tgt_name")?;
+    act(|ctl| {
         let groups = crate::transport::rdma::poll_group_stats();
-        let rdma_started = self.rdma.is_started();
-        let pgs: Vec<Value> = self
+        let rdma_started = ctl.rdma.is_started();
+        let pgs: Vec<Value> = ctl
             .reactors
             .iter()
             .map(|r| {
@@ -319,5 +342,5 @@ impl Control {
             })
             .collect();
         Ok(json!({"tick_rate": 1_000_000_000u64, "poll_groups": pgs}))
-    }
+    })
 }

@@ -1,10 +1,10 @@
 //! `nvmf_subsystem_*` methods: a subsystem's listeners, namespaces, hosts,
 //! controllers and queue pairs.
 
-use super::{not_found, uuid_str, Control, Params};
+use super::{act, not_found, uuid_str, Control, Params, Parsed};
 use crate::nvmf::{Namespace, SubsystemKind};
 use crate::pool::channel::VolumeDevice;
-use crate::rpc::{code, RpcError, RpcResult};
+use crate::rpc::{code, RpcError};
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -25,27 +25,39 @@ impl Control {
         let transport = if rdma { "rdma" } else { "tcp" };
         tracing::info!(listener = %addr, transport, "rpc: listening");
     }
+}
 
-    pub(super) fn add_ns(&self, p: &mut Params) -> RpcResult {
-        let nqn = p.str("nqn")?;
-        p.opt_str("tgt_name")?;
-        let mut ns = p.object("namespace")?;
-        let bdev = ns.str("bdev_name")?;
-        let nsid = ns.opt_u64("nsid")?;
-        for k in ["nguid", "eui64", "uuid"] {
-            if ns.opt_str(k)?.is_some() {
-                return Err(RpcError::params(format!(
-                    "namespace.{k}: kvtarget uses the volume's persistent identifier"
-                )));
-            }
+pub(super) fn add_ns(p: &mut Params) -> Parsed {
+    let nqn = p.str("nqn")?;
+    p.opt_str("tgt_name")?;
+    let mut ns = p.object("namespace")?;
+    let bdev = ns.str("bdev_name")?;
+    // None: the lowest free NSID (SPDK: absent or 0).
+    let nsid = match ns.opt_u64("nsid")? {
+        Some(0) | None => None,
+        Some(n) if n > crate::nvmf::admin::MAX_NAMESPACES as u64 => {
+            return Err(RpcError::params(format!(
+                "namespace.nsid: must be 1..={}",
+                crate::nvmf::admin::MAX_NAMESPACES
+            )))
         }
-        ns.opt_str("ptpl_file")?;
-        ns.opt_u64("anagrpid")?;
-        ns.unsupported_flags(&["no_auto_visible", "hide_metadata"])?;
-        ns.finish()?;
-        let s = self.nvm_subsystem(&nqn)?;
-        let (pool, vol) = self.volume(&bdev)?;
-        if let Some((other, id)) = self.served_by(&vol.desc.uuid) {
+        Some(n) => Some(n as u32),
+    };
+    for k in ["nguid", "eui64", "uuid"] {
+        if ns.opt_str(k)?.is_some() {
+            return Err(RpcError::params(format!(
+                "namespace.{k}: kvtarget uses the volume's persistent identifier"
+            )));
+        }
+    }
+    ns.opt_str("ptpl_file")?;
+    ns.opt_u64("anagrpid")?;
+    ns.unsupported_flags(&["no_auto_visible", "hide_metadata"])?;
+    ns.finish()?;
+    act(move |ctl| {
+        let s = ctl.nvm_subsystem(&nqn)?;
+        let (pool, vol) = ctl.volume(&bdev)?;
+        if let Some((other, id)) = ctl.served_by(&vol.desc.uuid) {
             return Err(RpcError::new(
                 code::EBUSY,
                 format!("bdev {bdev} is already namespace {id} of {other}"),
@@ -53,16 +65,10 @@ impl Control {
         }
         let existing: Vec<u32> = s.namespace_snapshot().iter().map(|n| n.nsid).collect();
         let nsid = match nsid {
-            Some(0) | None => (1..=crate::nvmf::admin::MAX_NAMESPACES)
+            None => (1..=crate::nvmf::admin::MAX_NAMESPACES)
                 .find(|i| !existing.contains(i))
                 .ok_or_else(|| RpcError::new(code::ENOSPC, format!("{nqn} has no free NSID")))?,
-            Some(n) if n > crate::nvmf::admin::MAX_NAMESPACES as u64 => {
-                return Err(RpcError::params(format!(
-                    "namespace.nsid: must be 1..={}",
-                    crate::nvmf::admin::MAX_NAMESPACES
-                )))
-            }
-            Some(n) => n as u32,
+            Some(n) => n,
         };
         if existing.contains(&nsid) {
             return Err(RpcError::new(
@@ -76,17 +82,20 @@ impl Control {
             .map_err(|e| RpcError::new(code::EEXIST, e))?;
         tracing::info!(nqn = %nqn, nsid, bdev = %bdev, "rpc: namespace added");
         Ok(json!(nsid))
-    }
+    })
+}
 
-    pub(super) fn remove_ns(&self, p: &mut Params) -> RpcResult {
-        let nqn = p.str("nqn")?;
-        p.opt_str("tgt_name")?;
-        let nsid = p
-            .opt_u64("nsid")?
-            .ok_or_else(|| RpcError::params("nsid: required"))?;
-        let s = self.nvm_subsystem(&nqn)?;
+pub(super) fn remove_ns(p: &mut Params) -> Parsed {
+    let nqn = p.str("nqn")?;
+    p.opt_str("tgt_name")?;
+    // Checked, not truncated: 2^32 + 1 must not name namespace 1.
+    let nsid = p.u64("nsid")?;
+    let nsid = u32::try_from(nsid)
+        .map_err(|_| RpcError::params(format!("nsid: {nsid} is not a namespace ID")))?;
+    act(move |ctl| {
+        let s = ctl.nvm_subsystem(&nqn)?;
         let ns = s
-            .remove_namespace(nsid as u32)
+            .remove_namespace(nsid)
             .ok_or_else(|| not_found(format!("{nqn} has no namespace {nsid}")))?;
         // Queues and reactors let go of it on their next housekeeping pass (its
         // in-flight commands finish first); wait for that so the volume can be
@@ -97,116 +106,127 @@ impl Control {
         }
         tracing::info!(nqn = %nqn, nsid, "rpc: namespace removed");
         Ok(Value::Bool(true))
-    }
+    })
+}
 
-    /// The listen_address object: the address and whether it is NVMe/RDMA.
-    fn listen_address(p: &mut Params) -> Result<(std::net::SocketAddr, bool), RpcError> {
-        let mut la = p.object("listen_address")?;
-        let trtype = la.str("trtype")?;
-        let traddr = la.str("traddr")?;
-        // SPDK sends the port as a string; accept a number too.
-        let trsvcid = match la.get("trsvcid") {
-            None => None,
-            Some(Value::String(p)) => Some(p.clone()),
-            Some(Value::Number(n)) => Some(n.to_string()),
-            Some(_) => {
-                return Err(RpcError::params(
-                    "listen_address.trsvcid: must be a port number",
-                ))
-            }
-        };
-        let adrfam = la.opt_str("adrfam")?;
-        la.finish()?;
-        let rdma = if trtype.eq_ignore_ascii_case("rdma") {
-            true
-        } else if trtype.eq_ignore_ascii_case("tcp") {
-            false
-        } else {
-            return Err(RpcError::params(format!(
-                "listen_address.trtype: {trtype} is not available (TCP and RDMA are)"
-            )));
-        };
-        let ip: std::net::IpAddr = traddr.parse().map_err(|_| {
-            RpcError::params(format!(
-                "listen_address.traddr: `{traddr}` is not an IP address"
+/// The listen_address object: the address and whether it is NVMe/RDMA.
+fn listen_address(p: &mut Params) -> Result<(std::net::SocketAddr, bool), RpcError> {
+    let mut la = p.object("listen_address")?;
+    let trtype = la.str("trtype")?;
+    let traddr = la.str("traddr")?;
+    // SPDK sends the port as a string; accept a number too.
+    let trsvcid = match la.get("trsvcid") {
+        None => None,
+        Some(Value::String(p)) => Some(p.clone()),
+        Some(Value::Number(n)) => Some(n.to_string()),
+        Some(_) => {
+            return Err(RpcError::params(
+                "listen_address.trsvcid: must be a port number",
             ))
-        })?;
-        if let Some(f) = adrfam {
-            let ok = match f.to_ascii_lowercase().as_str() {
-                "ipv4" => ip.is_ipv4(),
-                "ipv6" => ip.is_ipv6(),
-                _ => false,
-            };
-            if !ok {
-                return Err(RpcError::params(format!(
-                    "listen_address.adrfam: {f} does not match {traddr}"
-                )));
-            }
         }
-        let port: u16 = trsvcid
-            .as_deref()
-            .unwrap_or("4420")
-            .parse()
-            .map_err(|_| RpcError::params("listen_address.trsvcid: must be a port number"))?;
-        Ok((std::net::SocketAddr::new(ip, port), rdma))
+    };
+    let adrfam = la.opt_str("adrfam")?;
+    la.finish()?;
+    let rdma = if trtype.eq_ignore_ascii_case("rdma") {
+        true
+    } else if trtype.eq_ignore_ascii_case("tcp") {
+        false
+    } else {
+        return Err(RpcError::params(format!(
+            "listen_address.trtype: {trtype} is not available (TCP and RDMA are)"
+        )));
+    };
+    let ip: std::net::IpAddr = traddr.parse().map_err(|_| {
+        RpcError::params(format!(
+            "listen_address.traddr: `{traddr}` is not an IP address"
+        ))
+    })?;
+    if let Some(f) = adrfam {
+        let ok = match f.to_ascii_lowercase().as_str() {
+            "ipv4" => ip.is_ipv4(),
+            "ipv6" => ip.is_ipv6(),
+            _ => false,
+        };
+        if !ok {
+            return Err(RpcError::params(format!(
+                "listen_address.adrfam: {f} does not match {traddr}"
+            )));
+        }
     }
+    let port: u16 = trsvcid
+        .as_deref()
+        .unwrap_or("4420")
+        .parse()
+        .map_err(|_| RpcError::params("listen_address.trsvcid: must be a port number"))?;
+    Ok((std::net::SocketAddr::new(ip, port), rdma))
+}
 
-    pub(super) fn add_listener(&self, p: &mut Params) -> RpcResult {
-        let nqn = p.str("nqn")?;
-        let (addr, rdma) = Self::listen_address(p)?;
-        p.opt_str("tgt_name")?;
-        p.opt_str("ana_state")?;
-        p.opt_str("sock_impl")?;
-        p.get("numa_id");
-        p.unsupported_flags(&["secure_channel"])?;
-        let s = self.subsystem(&nqn)?;
+pub(super) fn add_listener(p: &mut Params) -> Parsed {
+    let nqn = p.str("nqn")?;
+    let (addr, rdma) = listen_address(p)?;
+    p.opt_str("tgt_name")?;
+    p.opt_str("ana_state")?;
+    p.opt_str("sock_impl")?;
+    p.get("numa_id");
+    p.unsupported_flags(&["secure_channel"])?;
+    act(move |ctl| {
+        let s = ctl.subsystem(&nqn)?;
         let discovery = s.kind == SubsystemKind::Discovery;
+        // A duplicate is refused before anything is bound or announced. The
+        // list holds addresses only: the same address over the other transport
+        // counts as a duplicate too.
+        let listed = |l: &Option<Vec<std::net::SocketAddr>>| {
+            l.as_ref().is_some_and(|list| list.contains(&addr))
+        };
+        if !discovery && s.listen.read().map(|l| listed(&l)).unwrap_or(false) {
+            return Err(RpcError::new(
+                code::EEXIST,
+                format!("{nqn} already listens on {addr}"),
+            ));
+        }
         if rdma {
-            if !self.rdma.is_started() {
+            if !ctl.rdma.is_started() {
                 return Err(RpcError::params(
                     "transport RDMA does not exist: call nvmf_create_transport with trtype RDMA first",
                 ));
             }
-            if !self.rdma.listeners.contains(addr) {
+            if !ctl.rdma.listeners.contains(addr) {
                 let l = crate::transport::rdma::listen(addr, false)
                     .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
                 let bound = l.addr;
-                self.rdma.listeners.add(l);
-                self.announce_listener(bound, false, true);
+                ctl.rdma.listeners.add(l);
+                ctl.announce_listener(bound, false, true);
             }
-        } else if !self.listeners.contains(addr) {
+        } else if !ctl.listeners.contains(addr) {
             let spec = crate::transport::bind(addr, discovery)
                 .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
             let bound = spec.addr;
-            self.listeners.add(spec);
-            self.announce_listener(bound, discovery, false);
+            ctl.listeners.add(spec);
+            ctl.announce_listener(bound, discovery, false);
         }
         if !discovery {
             let mut l = s
                 .listen
                 .write()
                 .map_err(|_| RpcError::new(code::INTERNAL_ERROR, "listener list poisoned"))?;
+            // Not listed (checked above; the edit lock keeps it so).
             if let Some(list) = l.as_mut() {
-                if list.contains(&addr) {
-                    return Err(RpcError::new(
-                        code::EEXIST,
-                        format!("{nqn} already listens on {addr}"),
-                    ));
-                }
                 list.push(addr);
             }
         }
-        self.target.genctr.fetch_add(1, Ordering::Relaxed);
+        ctl.target.genctr.fetch_add(1, Ordering::Relaxed);
         Ok(Value::Bool(true))
-    }
+    })
+}
 
-    pub(super) fn remove_listener(&self, p: &mut Params) -> RpcResult {
-        let nqn = p.str("nqn")?;
-        let (addr, rdma) = Self::listen_address(p)?;
-        p.opt_str("tgt_name")?;
-        let s = self.subsystem(&nqn)?;
+pub(super) fn remove_listener(p: &mut Params) -> Parsed {
+    let nqn = p.str("nqn")?;
+    let (addr, rdma) = listen_address(p)?;
+    p.opt_str("tgt_name")?;
+    act(move |ctl| {
+        let s = ctl.subsystem(&nqn)?;
         if s.kind == SubsystemKind::Nvm {
-            let all: Vec<std::net::SocketAddr> = self
+            let all: Vec<std::net::SocketAddr> = ctl
                 .target
                 .listeners
                 .read()
@@ -230,7 +250,7 @@ impl Control {
         }
         // Stop listening when nothing is reachable there any more. Connections
         // already made stay up.
-        let subs = self
+        let subs = ctl
             .target
             .subsystems
             .read()
@@ -244,7 +264,7 @@ impl Control {
         });
         if s.kind == SubsystemKind::Discovery || !used {
             let is_disc = s.kind == SubsystemKind::Discovery;
-            let present = self
+            let present = ctl
                 .target
                 .listeners
                 .read()
@@ -258,27 +278,29 @@ impl Control {
             }
             if present {
                 if rdma {
-                    self.rdma.listeners.remove(addr);
+                    ctl.rdma.listeners.remove(addr);
                 } else {
-                    self.listeners.remove(addr);
+                    ctl.listeners.remove(addr);
                 }
-                if let Ok(mut l) = self.target.listeners.write() {
+                if let Ok(mut l) = ctl.target.listeners.write() {
                     l.retain(|x| x.addr != addr || x.rdma != rdma);
                 }
                 tracing::info!(listener = %addr, "rpc: stopped listening");
             }
         }
-        self.target.genctr.fetch_add(1, Ordering::Relaxed);
+        ctl.target.genctr.fetch_add(1, Ordering::Relaxed);
         Ok(Value::Bool(true))
-    }
+    })
+}
 
-    pub(super) fn add_host(&self, p: &mut Params) -> RpcResult {
-        let nqn = p.str("nqn")?;
-        let host = p.str("host")?;
-        p.opt_str("tgt_name")?;
-        p.unsupported_flags(&["psk", "dhchap_key", "dhchap_ctrlr_key"])?;
-        crate::config::validate_nqn(&host).map_err(|e| RpcError::params(format!("host: {e}")))?;
-        let s = self.nvm_subsystem(&nqn)?;
+pub(super) fn add_host(p: &mut Params) -> Parsed {
+    let nqn = p.str("nqn")?;
+    let host = p.str("host")?;
+    p.opt_str("tgt_name")?;
+    p.unsupported_flags(&["psk", "dhchap_key", "dhchap_ctrlr_key"])?;
+    crate::config::validate_nqn(&host).map_err(|e| RpcError::params(format!("host: {e}")))?;
+    act(move |ctl| {
+        let s = ctl.nvm_subsystem(&nqn)?;
         let mut h = s
             .hosts
             .write()
@@ -290,17 +312,19 @@ impl Control {
             ));
         }
         h.push(host.clone());
-        self.target.genctr.fetch_add(1, Ordering::Relaxed);
+        ctl.target.genctr.fetch_add(1, Ordering::Relaxed);
         tracing::info!(nqn = %nqn, host = %host, "rpc: host allowed");
         Ok(Value::Bool(true))
-    }
+    })
+}
 
-    pub(super) fn remove_host(&self, p: &mut Params) -> RpcResult {
-        let nqn = p.str("nqn")?;
-        let host = p.str("host")?;
-        p.opt_str("tgt_name")?;
-        p.opt_u64("timeout_ms")?;
-        let s = self.nvm_subsystem(&nqn)?;
+pub(super) fn remove_host(p: &mut Params) -> Parsed {
+    let nqn = p.str("nqn")?;
+    let host = p.str("host")?;
+    p.opt_str("tgt_name")?;
+    p.opt_u64("timeout_ms")?;
+    act(move |ctl| {
+        let s = ctl.nvm_subsystem(&nqn)?;
         {
             let mut h = s
                 .hosts
@@ -312,7 +336,7 @@ impl Control {
                 return Err(not_found(format!("{host} is not on {nqn}'s host list")));
             }
         }
-        self.target.genctr.fetch_add(1, Ordering::Relaxed);
+        ctl.target.genctr.fetch_add(1, Ordering::Relaxed);
         // Unless any host may connect, its controllers go now.
         let n = if s.allow_any_host.load(Ordering::Acquire) {
             0
@@ -321,17 +345,19 @@ impl Control {
         };
         tracing::info!(nqn = %nqn, host = %host, disconnected = n, "rpc: host removed");
         Ok(Value::Bool(true))
-    }
+    })
+}
 
-    pub(super) fn allow_any_host(&self, p: &mut Params) -> RpcResult {
-        let nqn = p.str("nqn")?;
-        let any = p
-            .opt_bool("allow_any_host")?
-            .ok_or_else(|| RpcError::params("allow_any_host: required"))?;
-        p.opt_str("tgt_name")?;
-        let s = self.nvm_subsystem(&nqn)?;
+pub(super) fn allow_any_host(p: &mut Params) -> Parsed {
+    let nqn = p.str("nqn")?;
+    let any = p
+        .opt_bool("allow_any_host")?
+        .ok_or_else(|| p.required("allow_any_host"))?;
+    p.opt_str("tgt_name")?;
+    act(move |ctl| {
+        let s = ctl.nvm_subsystem(&nqn)?;
         s.allow_any_host.store(any, Ordering::Release);
-        self.target.genctr.fetch_add(1, Ordering::Relaxed);
+        ctl.target.genctr.fetch_add(1, Ordering::Relaxed);
         if !any {
             // Hosts not on the list lose their controllers.
             let hosts = s.hosts.read().map(|h| h.clone()).unwrap_or_default();
@@ -342,12 +368,14 @@ impl Control {
             }
         }
         Ok(Value::Bool(true))
-    }
+    })
+}
 
-    pub(super) fn get_controllers(&self, p: &mut Params) -> RpcResult {
-        let nqn = p.str("nqn")?;
-        p.opt_str("tgt_name")?;
-        let s = self.subsystem(&nqn)?;
+pub(super) fn get_controllers(p: &mut Params) -> Parsed {
+    let nqn = p.str("nqn")?;
+    p.opt_str("tgt_name")?;
+    act(move |ctl| {
+        let s = ctl.subsystem(&nqn)?;
         let ctrls: Vec<Value> = s
             .controllers
             .lock()
@@ -368,12 +396,14 @@ impl Control {
             })
             .unwrap_or_default();
         Ok(Value::Array(ctrls))
-    }
+    })
+}
 
-    pub(super) fn get_qpairs(&self, p: &mut Params) -> RpcResult {
-        let nqn = p.str("nqn")?;
-        p.opt_str("tgt_name")?;
-        let s = self.subsystem(&nqn)?;
+pub(super) fn get_qpairs(p: &mut Params) -> Parsed {
+    let nqn = p.str("nqn")?;
+    p.opt_str("tgt_name")?;
+    act(move |ctl| {
+        let s = ctl.subsystem(&nqn)?;
         let mut ctrls: Vec<_> = s
             .controllers
             .lock()
@@ -394,5 +424,5 @@ impl Control {
             }
         }
         Ok(Value::Array(out))
-    }
+    })
 }
