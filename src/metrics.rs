@@ -4,8 +4,8 @@
 //! one reactor (per-channel volume counters, reactor busy/idle time); a scrape
 //! sums them here.
 
-use crate::stats::{latency_bucket_le_us, LATENCY_BUCKETS};
 use crate::rpc::methods::Control;
+use crate::stats::{latency_bucket_le_us, LATENCY_BUCKETS};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -75,7 +75,11 @@ impl Link<FakeReq> for FakeLink {
         // What the transport put in the capsule is there at answer time, also
         // for commands answered at once (NVMe/RDMA needs its keyed descriptor
         // to write an Identify's data).
-        assert_eq!(req.x, Some(req.sqe.cid()), "the transport's request state was lost");
+        assert_eq!(
+            req.x,
+            Some(req.sqe.cid()),
+            "the transport's request state was lost"
+        );
         let (data, data_ptr) = match rsp.c2h {
             C2h::None => (Vec::new(), None),
             C2h::Data(n) => {
@@ -301,7 +305,10 @@ fn tcp_desc(sqe: &Sqe) -> Result<DataDesc, Status> {
 }
 
 impl Conn {
-    fn with<R>(&mut self, f: impl FnOnce(&mut Queue<FakeReq>, &mut FakeLink, &mut IoCtx) -> R) -> R {
+    fn with<R>(
+        &mut self,
+        f: impl FnOnce(&mut Queue<FakeReq>, &mut FakeLink, &mut IoCtx) -> R,
+    ) -> R {
         let Conn {
             q,
             link,
