@@ -8,8 +8,9 @@
 # (with `idle = "adaptive"`, so an idle reactor sleeps instead of spinning
 # through counted instructions) under valgrind's callgrind, counting only inside
 # the reactor's loop, the data path. This tree's `kvtarget perf` (native, core 1)
-# drives 4 KiB random reads at QD32, 4 KiB random writes at QD32 and 128 KiB
-# sequential writes at QD4 (target started afresh for each). Reported: user-space
+# drives 4 KiB random reads at QD1 and QD32, 4 KiB random writes at QD32, a 4 KiB
+# 70/30 random read/write mix at QD32 and 128 KiB sequential writes at QD4
+# (target started afresh for each). Reported: user-space
 # instructions the reactor executed per I/O; kernel work such as TCP is not
 # counted. Several binaries in one run compare data paths on equal terms. Rows
 # go to bench/RESULTS.md.
@@ -21,7 +22,7 @@ while [ $# -gt 0 ]; do
         --secs) secs=$2; shift 2 ;;
         --label) label=$2; shift 2 ;;
         --no-results) results=/dev/null; shift ;;
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
         *) bins+=("$1"); shift ;;
     esac
 done
@@ -61,12 +62,12 @@ measure() { # bin workload bs qd -> "instructions ios"
     echo
     echo "config/bench-ram.toml (idle adaptive) under valgrind --tool=callgrind --toggle-collect='*Reactor*run*'; \`kvtarget perf\` ran ${secs}s per profile (native, core 1, --poll sleep). Kernel instructions are not counted."
     echo
-    echo "| target binary | 4KiB randread QD32 | 4KiB randwrite QD32 | 128KiB write QD4 |"
-    echo "|---|---|---|---|"
+    echo "| target binary | 4KiB randread QD1 | 4KiB randread QD32 | 4KiB randwrite QD32 | 4KiB randrw 70/30 QD32 | 128KiB write QD4 |"
+    echo "|---|---|---|---|---|---|"
 } >>"$results"
 for b in "${bins[@]}"; do
     row="| \`$b\` |"
-    for p in "randread 4KiB 32" "randwrite 4KiB 32" "write 128KiB 4"; do
+    for p in "randread 4KiB 1" "randread 4KiB 32" "randwrite 4KiB 32" "randrw 4KiB 32" "write 128KiB 4"; do
         set -- $p
         read -r ir ios < <(measure "$b" "$1" "$2" "$3")
         row="$row $(awk -v a="$ir" -v b="$ios" 'BEGIN{ if (b>0) printf "%.0f instr/IO (%d IOs)", a/b, b; else print "-" }') |"

@@ -177,7 +177,7 @@ pub trait Link<X> {
 
 /// A command capsule as a transport hands it to the core.
 pub struct Capsule<'a, X> {
-    pub sqe: Sqe,
+    pub sqe: &'a Sqe,
     /// Its data descriptor, or the status the transport's decoding of it
     /// failed with.
     pub desc: Result<DataDesc, Status>,
@@ -373,14 +373,12 @@ impl<X> Queue<X> {
         self.cfg.max_entries.unwrap_or(self.sqsize as usize + 1)
     }
 
-    fn alloc_slot(&mut self, req: Request<X>) -> Option<u16> {
+    /// A free slot (empty), if the queue has one.
+    fn vacant_slot(&mut self) -> Option<u16> {
         match self.free_slots.pop() {
-            Some(i) => {
-                self.slots[i as usize] = Some(req);
-                Some(i)
-            }
+            Some(i) => Some(i),
             None if self.slots.len() < self.slot_limit() => {
-                self.slots.push(Some(req));
+                self.slots.push(None);
                 Some((self.slots.len() - 1) as u16)
             }
             None => None,
@@ -430,8 +428,14 @@ impl<X> Queue<X> {
             link.respond_unslotted(&self.cqe(cid, Status::CID_CONFLICT, 0));
             return Received::Done;
         }
-        let req = Request {
-            sqe,
+        let Some(slot) = self.vacant_slot() else {
+            self.cids.remove(cid);
+            tracing::warn!(peer = %self.cfg.peer, qid = self.qid(), "more commands outstanding than the queue size");
+            return Received::Overrun;
+        };
+        // Built in its slot: a request is a few hundred bytes.
+        self.slots[slot as usize] = Some(Request {
+            sqe: *sqe,
             phase: Phase::Executing,
             buf: None,
             reply: None,
@@ -441,15 +445,10 @@ impl<X> Queue<X> {
             data_error: icd_corrupt,
             arrived: ctx.now,
             x,
-        };
-        let Some(slot) = self.alloc_slot(req) else {
-            self.cids.remove(cid);
-            tracing::warn!(peer = %self.cfg.peer, qid = self.qid(), "more commands outstanding than the queue size");
-            return Received::Overrun;
-        };
-        match self.admit(slot, desc, icd, ctx) {
+        });
+        match self.admit(slot, sqe, desc, icd, ctx) {
             Ok(None) => {
-                self.execute(slot, link, ctx);
+                self.execute(slot, false, link, ctx);
                 Received::Done
             }
             Ok(Some((len, dir))) => {
@@ -471,11 +470,11 @@ impl<X> Queue<X> {
     fn admit(
         &mut self,
         slot: u16,
+        sqe: &Sqe,
         desc: Result<DataDesc, Status>,
         icd: &[u8],
         ctx: &mut IoCtx,
     ) -> Result<Option<(usize, DataDirection)>, Status> {
-        let sqe = self.request(slot).ok_or(Status::INTERNAL_ERROR)?.sqe;
         let is_fabrics = sqe.opcode() == admin_opc::FABRICS;
         if self.binding.is_none() && !(is_fabrics && sqe.fctype() == fctype::CONNECT) {
             return Err(Status::COMMAND_SEQUENCE_ERROR);
@@ -574,7 +573,7 @@ impl<X> Queue<X> {
             Some(r) if r.phase == Phase::Moving => r.data_error |= corrupt,
             _ => return,
         }
-        self.execute(slot, link, ctx);
+        self.execute(slot, true, link, ctx);
     }
 
     /// Fails a command the transport cannot carry on with (before it runs).
@@ -582,8 +581,10 @@ impl<X> Queue<X> {
         self.finish(slot, status, 0, link, ctx);
     }
 
-    fn execute<L: Link<X>>(&mut self, slot: u16, link: &mut L, ctx: &mut IoCtx) {
-        if let Err(status) = self.try_execute(slot, link, ctx) {
+    /// Runs a checked command; `moved`: its data moved first (time passed
+    /// since it was checked).
+    fn execute<L: Link<X>>(&mut self, slot: u16, moved: bool, link: &mut L, ctx: &mut IoCtx) {
+        if let Err(status) = self.try_execute(slot, moved, link, ctx) {
             self.finish(slot, status, 0, link, ctx);
         }
     }
@@ -591,16 +592,21 @@ impl<X> Queue<X> {
     fn try_execute<L: Link<X>>(
         &mut self,
         slot: u16,
+        moved: bool,
         link: &mut L,
         ctx: &mut IoCtx,
     ) -> Result<(), Status> {
-        let r = self.request_mut(slot).ok_or(Status::INTERNAL_ERROR)?;
+        let r = self
+            .slots
+            .get_mut(slot as usize)
+            .and_then(|s| s.as_mut())
+            .ok_or(Status::INTERNAL_ERROR)?;
         if r.data_error {
             return Err(TRANSIENT_TRANSPORT_ERROR);
         }
         r.phase = Phase::Executing;
-        let sqe = r.sqe;
-        if sqe.opcode() == admin_opc::FABRICS {
+        if r.sqe.opcode() == admin_opc::FABRICS {
+            let sqe = r.sqe;
             return self.execute_fabrics(slot, &sqe, link, ctx);
         }
         let binding = self
@@ -608,8 +614,9 @@ impl<X> Queue<X> {
             .as_ref()
             .ok_or(Status::COMMAND_SEQUENCE_ERROR)?;
         if binding.qid() != 0 {
-            return self.execute_io(slot, link, ctx);
+            return self.execute_io(slot, moved, link, ctx);
         }
+        let sqe = r.sqe;
         let ctrl = binding.ctrl().clone();
         if !ctrl.is_ready() && sqe.opcode() != admin_opc::KEEP_ALIVE {
             return Err(Status::COMMAND_SEQUENCE_ERROR);
@@ -732,12 +739,15 @@ impl<X> Queue<X> {
     fn execute_io<L: Link<X>>(
         &mut self,
         slot: u16,
+        moved: bool,
         link: &mut L,
         ctx: &mut IoCtx,
     ) -> Result<(), Status> {
-        // A namespace removed while this command's data moved is gone for it
-        // too (one atomic load when nothing changed).
-        self.refresh_namespaces();
+        if moved {
+            // A namespace removed while this command's data moved is gone for
+            // it too (`admit` refreshed the table when it was checked).
+            self.refresh_namespaces();
+        }
         let tag = ctx.tag(slot);
         let places = self.cfg.places_read_buffers;
         let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.as_mut()) else {
@@ -847,11 +857,18 @@ impl<X> Queue<X> {
         link: &mut L,
         ctx: &mut IoCtx,
     ) {
-        let Some(mut r) = self.slots.get_mut(slot as usize).and_then(|s| s.take()) else {
+        // In place, field by field: a request is a few hundred bytes, and
+        // moving it out and back costs more than the rest of this.
+        let qid = self.qid();
+        let sq_head = if self.sqflow_disabled {
+            0xFFFF
+        } else {
+            self.sq_head
+        };
+        let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.as_mut()) else {
             return;
         };
         if r.phase == Phase::Responding {
-            self.slots[slot as usize] = Some(r);
             return;
         }
         let status = if r.status.is_success() {
@@ -864,7 +881,7 @@ impl<X> Queue<X> {
         command::account(
             self.binding.as_ref(),
             self.stats.as_deref(),
-            self.qid(),
+            qid,
             &r.sqe,
             r.plan,
             status,
@@ -881,15 +898,25 @@ impl<X> Queue<X> {
         };
         r.phase = Phase::Responding;
         let rsp = Response {
-            cqe: self.cqe(cid, status, result),
+            cqe: Cqe {
+                result,
+                sq_head,
+                sq_id: qid,
+                cid,
+                status: status.to_field(),
+            },
             status,
             c2h,
             close_after,
         };
-        let release = link.respond(slot, &mut r, &rsp, ctx);
-        self.slots[slot as usize] = Some(r);
-        if release == Release::Now {
-            self.free_slot(slot, link, ctx);
+        if link.respond(slot, r, &rsp, ctx) == Release::Now {
+            // `free_slot` in place (the CID is already released).
+            link.discard(slot, r, ctx);
+            if let Some(b) = r.buf.take().filter(|b| b.is_owned()) {
+                ctx.bufs.put(b);
+            }
+            self.slots[slot as usize] = None;
+            self.free_slots.push(slot);
         }
     }
 

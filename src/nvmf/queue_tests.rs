@@ -343,7 +343,7 @@ impl Conn {
     ) -> Received {
         self.with(|q, l, ctx| {
             let capsule = Capsule {
-                sqe,
+                sqe: &sqe,
                 desc,
                 icd,
                 icd_corrupt: corrupt,

@@ -223,9 +223,13 @@ impl ChannelCache {
         tag: u64,
         op: IoOp,
     ) -> Result<(), (IoOp, i32)> {
-        let (i, lane) = match self.entry_of(src) {
-            Ok(x) => x,
-            Err(e) => return Err((op, e)),
+        let found = self.index.get(&src.key()).copied();
+        let (i, lane) = match found {
+            Some(x) => x,
+            None => match self.entry_of(src) {
+                Ok(x) => x,
+                Err(e) => return Err((op, e)),
+            },
         };
         let Some(e) = self.entries.get_mut(i) else {
             return Err((op, libc::EIO));
@@ -257,6 +261,8 @@ impl ChannelCache {
         }
     }
 
+    #[cold]
+    #[inline(never)]
     fn entry_of<S: ChannelSource + 'static>(
         &mut self,
         src: &Arc<S>,

@@ -514,7 +514,7 @@ impl TcpConnection {
     fn on_command(&mut self, sqe: Sqe, data: &[u8], data_error: bool, raw: &[u8], ctx: &mut IoCtx) {
         let capsule = Capsule {
             desc: data_desc(&sqe),
-            sqe,
+            sqe: &sqe,
             icd: data,
             icd_corrupt: data_error,
             x: TcpReq::default(),

@@ -417,7 +417,7 @@ impl RdmaQueuePair {
         // area, disjoint from every receive buffer.
         let icd = unsafe { std::slice::from_raw_parts(icd as *const u8, len - SQE_LEN) };
         let capsule = Capsule {
-            sqe,
+            sqe: &sqe,
             desc: desc.map(neutral),
             icd,
             icd_corrupt: false,
