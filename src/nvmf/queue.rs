@@ -486,7 +486,7 @@ impl<X> Queue<X> {
         if !self.is_admin() && !is_fabrics {
             self.refresh_namespaces();
             let ns = self.ns.get(sqe.nsid()).map(|n| &**n);
-            let p = tio::plan(ns, &sqe, self.target.limits.max_io_size)?;
+            let p = tio::plan(ns, sqe, self.target.limits.max_io_size)?;
             plan = Some(p);
             if let Some(r) = self.request_mut(slot) {
                 r.plan = Some(p);
@@ -498,7 +498,7 @@ impl<X> Queue<X> {
             return Err(Status::DATA_SGL_LENGTH_INVALID);
         }
         let exact = self.cfg.exact_capsule;
-        match DataDirection::of(&sqe) {
+        match DataDirection::of(sqe) {
             DataDirection::None => {}
             DataDirection::Bidirectional => return Err(Status::INVALID_FIELD),
             DataDirection::ControllerToHost => {
