@@ -12,41 +12,59 @@ use crate::mem::{BufPool, IoBuf};
 use crate::reactor::ChannelCache;
 use crate::wire::nvme::{Sqe, Status};
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 /// The device operations of one command, by NSID (resolved through the
 /// queue's namespace table at submission: no `Arc` clone per command). A
 /// queue keeps one and reuses it, so the data path does not allocate.
 pub type DeviceOps = Vec<(u32, IoOp)>;
 
-/// Failed device operations a queue pair logs at warn: the first, then one in
-/// every `DEVICE_ERROR_LOG_EVERY` (a failed or vanished device fails every
-/// command, and a line per command would flood the log at I/O rates).
-pub const DEVICE_ERROR_LOG_EVERY: u64 = 4096;
+/// A queue pair logs failed device operations at warn at most once in this
+/// long (a failed or vanished device fails every command, and a line per
+/// command, or per thousand, floods the log at I/O rates); the rest go to debug.
+pub const DEVICE_ERROR_WARN_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Counts one more device failure on a queue pair; true when it is one to log at
-/// warn level (the first, then one in every `DEVICE_ERROR_LOG_EVERY`).
-fn count_device_error(count: &mut u64) -> bool {
-    *count += 1;
-    *count % DEVICE_ERROR_LOG_EVERY == 1
+/// A queue pair's failed device operations, for rate-limited logging.
+#[derive(Debug, Default)]
+pub struct DeviceErrors {
+    /// Failures so far.
+    pub count: u64,
+    /// When the last one was logged at warn.
+    last_warn: Option<Instant>,
 }
 
-/// Logs a failed device operation on a queue pair whose running count of such
-/// failures is `count`. A read of unwritten blocks is a KV-cache miss, not a
-/// fault, and is not counted.
-pub fn log_device_error(count: &mut u64, cid: u16, opcode: u8, errno: i32) {
+impl DeviceErrors {
+    /// Counts one more failure at `now`; true when it is one to log at warn
+    /// (the first, then at most one per `DEVICE_ERROR_WARN_INTERVAL`).
+    fn note(&mut self, now: Instant) -> bool {
+        self.count += 1;
+        let due = match self.last_warn {
+            None => true,
+            Some(t) => now.saturating_duration_since(t) >= DEVICE_ERROR_WARN_INTERVAL,
+        };
+        if due {
+            self.last_warn = Some(now);
+        }
+        due
+    }
+}
+
+/// Logs a failed device operation on a queue pair. A read of unwritten blocks
+/// is a KV-cache miss, not a fault, and is not counted.
+pub fn log_device_error(errors: &mut DeviceErrors, now: Instant, cid: u16, opcode: u8, errno: i32) {
     if errno == crate::bdev::ERRNO_UNWRITTEN {
         tracing::debug!(cid, "read of unwritten blocks");
         return;
     }
-    if count_device_error(count) {
+    if errors.note(now) {
         tracing::warn!(
             cid,
             op = opcode,
-            failures = *count,
+            failures = errors.count,
             "device error: {} (errno {errno}){}",
             std::io::Error::from_raw_os_error(errno),
-            if *count > 1 {
-                "; further ones on this queue are logged at debug level"
+            if errors.count > 1 {
+                "; further ones on this queue within a second are logged at debug level"
             } else {
                 ""
             }
@@ -145,7 +163,8 @@ pub fn submit(
     table: &NsTable,
     channels: &mut ChannelCache,
     bufs: &mut BufPool,
-    device_errors: &mut u64,
+    device_errors: &mut DeviceErrors,
+    now: Instant,
 ) -> Submitted {
     let mut s = Submitted::default();
     for (nsid, op) in ops.drain(..) {
@@ -166,11 +185,11 @@ pub fn submit(
         let refused = match channels.submit(ns, tag, op) {
             Ok(()) => None,
             Err((op, errno)) => {
-                if count_device_error(device_errors) {
+                if device_errors.note(now) {
                     tracing::warn!(
                         nsid = ns.nsid,
-                        failures = *device_errors,
-                        "device refused a submission: {} (errno {errno}); further ones on this queue are logged at debug level",
+                        failures = device_errors.count,
+                        "device refused a submission: {} (errno {errno}); further ones on this queue within a second are logged at debug level",
                         std::io::Error::from_raw_os_error(errno)
                     );
                 } else {
@@ -419,8 +438,17 @@ mod tests {
             fua: false,
         };
         let mut ops: DeviceOps = vec![(1, write(4096)), (2, write(4096)), (1, write(4096))];
-        let mut refusals = 0;
-        let s = submit(&mut ops, 7, &t, &mut channels, &mut bufs, &mut refusals);
+        let mut refusals = DeviceErrors::default();
+        let now = Instant::now();
+        let s = submit(
+            &mut ops,
+            7,
+            &t,
+            &mut channels,
+            &mut bufs,
+            &mut refusals,
+            now,
+        );
         assert_eq!(
             s,
             Submitted {
@@ -430,12 +458,12 @@ mod tests {
         );
         assert!(ops.is_empty());
         assert_eq!(
-            refusals, 1,
+            refusals.count, 1,
             "the refusal is counted for rate-limited logging"
         );
         let mut ok: DeviceOps = vec![(1, IoOp::Flush), (1, IoOp::Flush)];
         assert_eq!(
-            submit(&mut ok, 8, &t, &mut channels, &mut bufs, &mut refusals),
+            submit(&mut ok, 8, &t, &mut channels, &mut bufs, &mut refusals, now),
             Submitted {
                 ops: 2,
                 failure: None
@@ -472,14 +500,19 @@ mod tests {
     }
 
     #[test]
-    fn device_errors_are_counted_but_misses_are_not() {
-        let mut n = 0;
-        log_device_error(&mut n, 1, 2, crate::bdev::ERRNO_UNWRITTEN);
-        assert_eq!(n, 0);
-        for _ in 0..DEVICE_ERROR_LOG_EVERY + 1 {
-            log_device_error(&mut n, 1, 2, libc::EIO);
-        }
-        assert_eq!(n, DEVICE_ERROR_LOG_EVERY + 1);
+    fn device_errors_are_counted_but_misses_are_not_and_warn_at_most_once_a_second() {
+        let mut e = DeviceErrors::default();
+        let t0 = Instant::now();
+        log_device_error(&mut e, t0, 1, 2, crate::bdev::ERRNO_UNWRITTEN);
+        assert_eq!(e.count, 0);
+        // A million failures within one second: one warning.
+        let warned = (0..1_000_000).filter(|_| e.note(t0)).count();
+        assert_eq!((warned, e.count), (1, 1_000_000));
+        assert!(!e.note(t0 + Duration::from_millis(999)));
+        assert!(e.note(t0 + DEVICE_ERROR_WARN_INTERVAL));
+        assert!(!e.note(t0 + DEVICE_ERROR_WARN_INTERVAL + Duration::from_millis(10)));
+        log_device_error(&mut e, t0, 1, 2, libc::EIO);
+        assert_eq!(e.count, 1_000_004);
     }
 
     #[test]

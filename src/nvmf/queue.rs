@@ -283,8 +283,8 @@ pub struct Queue<X> {
     /// Held Asynchronous Event Requests, by CID, oldest first.
     aers: Vec<u16>,
     dev_ops: usize,
-    /// Failed device operations so far (for rate-limited logging).
-    device_errors: u64,
+    /// Failed device operations (for rate-limited logging).
+    device_errors: command::DeviceErrors,
     /// Reused for every command's device operations (no allocation per I/O).
     ops_scratch: DeviceOps,
 }
@@ -305,7 +305,7 @@ impl<X> Queue<X> {
             cids: CidSet::new(),
             aers: Vec::new(),
             dev_ops: 0,
-            device_errors: 0,
+            device_errors: command::DeviceErrors::default(),
             ops_scratch: Vec::with_capacity(4),
         }
     }
@@ -771,6 +771,7 @@ impl<X> Queue<X> {
                 ctx.channels,
                 ctx.bufs,
                 &mut self.device_errors,
+                ctx.now,
             )),
             Err(e) => {
                 for (_, op) in ops.drain(..) {
@@ -820,7 +821,13 @@ impl<X> Queue<X> {
             return;
         };
         if let Err(errno) = result {
-            command::log_device_error(&mut self.device_errors, r.sqe.cid(), r.sqe.opcode(), errno);
+            command::log_device_error(
+                &mut self.device_errors,
+                ctx.now,
+                r.sqe.cid(),
+                r.sqe.opcode(),
+                errno,
+            );
             r.status = tio::status_for_errno(errno, r.plan);
         }
         if let Some(b) = buf {

@@ -28,8 +28,10 @@ finish() {
     wait 2>/dev/null
     [ "$fail" = 0 ] && rm -rf "$work" || echo "# logs kept in $work"
     echo "$pass passed, $fail failed"
-    [ "$fail" = 0 ]
-    exit
+    # An explicit status: a bare `exit` in an EXIT trap returns the status of the
+    # script's last command, so a failed check did not fail the script.
+    [ "$fail" = 0 ] && exit 0
+    exit 1
 }
 trap finish EXIT
 die() { bad "$1" "$2"; exit 1; }
