@@ -331,8 +331,11 @@ fn check(args: &[String]) -> ExitCode {
     let [path] = args else {
         return usage_error("check needs exactly one pool path");
     };
-    let opened = tools::open_existing(path)
-        .and_then(|d| kvtarget::pool::lock_pool(std::path::Path::new(path), false).map(|l| (d, l)));
+    let opened = tools::open_existing(path).and_then(|d| {
+        kvtarget::pool::lock_pool(std::path::Path::new(path), false)
+            .map(|l| (d, l))
+            .map_err(String::from)
+    });
     let (dev, _lock) = match opened {
         Ok(x) => x,
         Err(e) => {
@@ -466,7 +469,7 @@ mod tools {
                     s.journal_used, s.journal_len
                 );
                 list(&pool);
-                pool.close()
+                pool.close().map_err(String::from)
             }
             "volume list" => {
                 known(rest, &[])?;
@@ -475,7 +478,7 @@ mod tools {
                 };
                 let (pool, _lock) = open_pool(path)?;
                 list(&pool);
-                pool.close()
+                pool.close().map_err(String::from)
             }
             "volume create" => {
                 known(rest, &["--size", "--block-size", "--unwritten"])?;

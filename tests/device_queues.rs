@@ -12,6 +12,7 @@ use kvtarget::pool::{self, FormatOptions, Pool, PoolOptions};
 use kvtarget::reactor::ChannelCache;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// A device that counts the channels opened on it (each would be one NVMe
 /// hardware queue on the nvme backend).
@@ -47,7 +48,7 @@ fn wait(cache: &mut ChannelCache, ns: &Arc<Namespace>, tag: u64) -> IoCompletion
     for _ in 0..2_000_000 {
         let ch = cache.get(ns).expect("channel");
         ch.flush_submissions();
-        ch.poll(&mut out);
+        ch.poll(&mut out, Instant::now());
         if let Some(i) = out.iter().position(|c| c.tag == tag) {
             return out.swap_remove(i);
         }
@@ -98,7 +99,7 @@ fn many_volumes_of_one_device_share_one_device_queue_per_reactor() {
             fua: false,
         };
         cache
-            .submit(ns, i as u64, op)
+            .submit(ns, i as u64, op, Instant::now())
             .map_err(|(_, e)| e)
             .expect("submit");
         assert_eq!(wait(&mut cache, ns, i as u64).result, Ok(()));
@@ -118,7 +119,7 @@ fn many_volumes_of_one_device_share_one_device_queue_per_reactor() {
             buf: IoBuf::new(4096),
         };
         cache
-            .submit(ns, tag, op)
+            .submit(ns, tag, op, Instant::now())
             .map_err(|(_, e)| e)
             .expect("submit");
         let c = wait(&mut cache, ns, tag);
@@ -151,7 +152,7 @@ fn many_volumes_of_one_device_share_one_device_queue_per_reactor() {
     };
     // namespaces[4] is now v5.s.
     cache
-        .submit(&namespaces[4], tag, op)
+        .submit(&namespaces[4], tag, op, Instant::now())
         .map_err(|(_, e)| e)
         .expect("submit");
     let c = wait(&mut cache, &namespaces[4], tag);

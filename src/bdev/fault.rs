@@ -10,6 +10,7 @@
 use super::{BlockDevice, IoChannel, IoCompletion, IoOp};
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 pub const SECTOR: usize = 512;
 
@@ -186,7 +187,7 @@ struct FaultChannel {
 }
 
 impl IoChannel for FaultChannel {
-    fn submit(&mut self, tag: u64, mut op: IoOp) -> Result<(), (IoOp, i32)> {
+    fn submit(&mut self, tag: u64, mut op: IoOp, _now: Instant) -> Result<(), (IoOp, i32)> {
         let result = self.dev.execute(&mut op);
         self.done.push(IoCompletion {
             tag,
@@ -196,7 +197,7 @@ impl IoChannel for FaultChannel {
         Ok(())
     }
     fn flush_submissions(&mut self) {}
-    fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
+    fn poll(&mut self, out: &mut Vec<IoCompletion>, _now: Instant) -> usize {
         let n = self.done.len();
         out.append(&mut self.done);
         n

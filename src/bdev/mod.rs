@@ -10,11 +10,13 @@ pub mod fault;
 pub mod nvme;
 pub mod ram;
 pub mod spdk;
+pub mod sync_io;
 pub mod uring;
 
 use crate::mem::IoBuf;
 use std::os::fd::RawFd;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// One device operation. Offsets and lengths are in bytes and block-aligned.
 #[derive(Debug)]
@@ -75,11 +77,19 @@ pub struct IoCompletion {
 /// A per-reactor submission/completion path to a device. Not shared across threads.
 pub trait IoChannel: Send {
     /// Queues an operation. On error the operation (and its buffer) comes back.
-    fn submit(&mut self, tag: u64, op: IoOp) -> Result<(), (IoOp, i32)>;
+    /// `now` is the caller's clock (the reactor's): channels that time their
+    /// operations never read a clock themselves.
+    fn submit(&mut self, tag: u64, op: IoOp, now: Instant) -> Result<(), (IoOp, i32)>;
     /// Queues an operation for one of the devices sharing this channel (see
     /// `BlockDevice::shared_channel`); channels of one device ignore the lane.
-    fn submit_lane(&mut self, _lane: u32, tag: u64, op: IoOp) -> Result<(), (IoOp, i32)> {
-        self.submit(tag, op)
+    fn submit_lane(
+        &mut self,
+        _lane: u32,
+        tag: u64,
+        op: IoOp,
+        now: Instant,
+    ) -> Result<(), (IoOp, i32)> {
+        self.submit(tag, op, now)
     }
     /// The device of `lane` is no longer served here: the channel lets go of
     /// it unless it still has operations in flight (then false; asked again).
@@ -88,8 +98,9 @@ pub trait IoChannel: Send {
     }
     /// Pushes queued operations to the device (one syscall per batch at most).
     fn flush_submissions(&mut self);
-    /// Moves finished operations into `out`; returns how many.
-    fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize;
+    /// Moves finished operations into `out`; returns how many. `now` as for
+    /// `submit`.
+    fn poll(&mut self, out: &mut Vec<IoCompletion>, now: Instant) -> usize;
     /// Operations submitted and not yet returned by `poll`.
     fn in_flight(&self) -> usize;
     /// A file descriptor that becomes readable when completions are ready, for
@@ -176,11 +187,13 @@ pub(crate) mod tests {
 
     /// Runs one op to completion on a channel (test helper).
     pub fn run(ch: &mut dyn IoChannel, op: IoOp) -> IoCompletion {
-        ch.submit(1, op).map_err(|(_, e)| e).expect("submit");
+        ch.submit(1, op, Instant::now())
+            .map_err(|(_, e)| e)
+            .expect("submit");
         ch.flush_submissions();
         let mut out = Vec::new();
         for _ in 0..1_000_000 {
-            if ch.poll(&mut out) > 0 {
+            if ch.poll(&mut out, Instant::now()) > 0 {
                 return out.pop().expect("completion");
             }
             std::thread::yield_now();

@@ -7,6 +7,7 @@ use super::{BlockDevice, IoChannel, IoCompletion, IoOp};
 use std::os::fd::RawFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// The memory itself, shared by the device and every channel opened on it.
 struct RamRegion {
@@ -191,7 +192,7 @@ impl RamChannel {
 }
 
 impl IoChannel for RamChannel {
-    fn submit(&mut self, tag: u64, mut op: IoOp) -> Result<(), (IoOp, i32)> {
+    fn submit(&mut self, tag: u64, mut op: IoOp, _now: Instant) -> Result<(), (IoOp, i32)> {
         let result = self.execute(&mut op);
         self.done.push(IoCompletion {
             tag,
@@ -201,7 +202,7 @@ impl IoChannel for RamChannel {
         Ok(())
     }
     fn flush_submissions(&mut self) {}
-    fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
+    fn poll(&mut self, out: &mut Vec<IoCompletion>, _now: Instant) -> usize {
         let n = self.done.len();
         out.append(&mut self.done);
         n

@@ -14,6 +14,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Ring size per reactor: room for a full queue pair's worth of commands plus the
 /// extra writes a zero-fill fallback can need.
@@ -251,7 +252,7 @@ impl UringChannel {
 }
 
 impl IoChannel for UringChannel {
-    fn submit(&mut self, tag: u64, mut op: IoOp) -> Result<(), (IoOp, i32)> {
+    fn submit(&mut self, tag: u64, mut op: IoOp, _now: Instant) -> Result<(), (IoOp, i32)> {
         let fd = types::Fd(self.file.as_raw_fd());
         let (offset, len) = match &op {
             IoOp::Read { offset, buf } | IoOp::Write { offset, buf, .. } => {
@@ -325,7 +326,7 @@ impl IoChannel for UringChannel {
         }
     }
 
-    fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
+    fn poll(&mut self, out: &mut Vec<IoCompletion>, _now: Instant) -> usize {
         let mut reaped: Vec<(usize, i32)> = Vec::new();
         for cqe in self.ring.completion() {
             reaped.push((cqe.user_data() as usize, cqe.result()));

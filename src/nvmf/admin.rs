@@ -9,6 +9,7 @@ use crate::wire::nvme::{
     SmartLog, Sqe, Status, ERROR_LOG_ENTRY_LEN,
 };
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 /// What an admin command produced.
 #[derive(Debug, PartialEq, Eq)]
@@ -60,15 +61,16 @@ pub fn execute(
     ctrl: &Controller,
     sqe: &Sqe,
     outstanding_aers: usize,
+    now: Instant,
 ) -> AdminOutcome {
     // Any admin command is proof of life for keep-alive purposes (traffic-based
     // keep-alive is what the Linux target does too).
-    ctrl.keep_alive();
+    ctrl.keep_alive(now);
     let discovery = ctrl.is_discovery();
     match sqe.opcode() {
         admin_opc::IDENTIFY => identify(target, ctrl, sqe),
-        admin_opc::GET_LOG_PAGE => get_log_page(target, ctrl, sqe),
-        admin_opc::SET_FEATURES => set_features(target, ctrl, sqe),
+        admin_opc::GET_LOG_PAGE => get_log_page(target, ctrl, sqe, now),
+        admin_opc::SET_FEATURES => set_features(target, ctrl, sqe, now),
         admin_opc::GET_FEATURES => get_features(ctrl, sqe),
         admin_opc::KEEP_ALIVE => AdminOutcome::ok(0),
         admin_opc::ASYNC_EVENT_REQUEST => {
@@ -187,11 +189,7 @@ pub fn identify_controller(target: &Target, ctrl: &Controller) -> IdentifyContro
         ..Default::default()
     };
     if discovery {
-        id.serial = format!(
-            "{:016x}",
-            target.started.elapsed().as_nanos() as u64 ^ 0x6b76
-        );
-        id.serial.truncate(20);
+        id.serial = target.discovery_serial.clone();
         id.maxcmd = lim.max_admin_queue_depth;
     } else {
         // May contain more than one controller: lets the host share namespaces
@@ -240,7 +238,7 @@ pub fn identify_namespace(ns: &super::Namespace) -> IdentifyNamespace {
     }
 }
 
-fn get_log_page(target: &Target, ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
+fn get_log_page(target: &Target, ctrl: &Controller, sqe: &Sqe, now: Instant) -> AdminOutcome {
     let g = GetLogPage::parse(sqe);
     let page = match (g.lid, ctrl.is_discovery()) {
         (lid::DISCOVERY, true) => {
@@ -254,7 +252,7 @@ fn get_log_page(target: &Target, ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
             }
             b
         }
-        (lid::SMART_HEALTH, false) => smart_log(ctrl).encode(),
+        (lid::SMART_HEALTH, false) => smart_log(ctrl, now).encode(),
         (lid::FIRMWARE_SLOT, false) => {
             let mut b = vec![0u8; 512];
             b[0] = 1; // active slot 1
@@ -298,7 +296,7 @@ fn get_log_page(target: &Target, ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
 /// SMART / health for this controller's traffic. A virtual device has no media wear
 /// and no temperature sensor of its own; we report the host's first thermal zone
 /// where one exists, so the value is real, and 0 (not reported) otherwise.
-fn smart_log(ctrl: &Controller) -> SmartLog {
+fn smart_log(ctrl: &Controller, now: Instant) -> SmartLog {
     let c = ctrl.io_totals();
     // Data units are thousands of 512-byte units, rounded up.
     let units = |bytes: u64| (bytes / 512).div_ceil(1000) as u128;
@@ -313,7 +311,7 @@ fn smart_log(ctrl: &Controller) -> SmartLog {
         host_reads: c.read_cmds as u128,
         host_writes: c.write_cmds as u128,
         power_cycles: 1,
-        power_on_hours: ctrl.uptime_hours() as u128,
+        power_on_hours: ctrl.uptime_hours(now) as u128,
         unsafe_shutdowns: 0,
         media_errors: c.media_errors as u128,
         error_log_entries: ctrl.error_count() as u128,
@@ -354,7 +352,7 @@ fn commands_supported_log() -> Vec<u8> {
     b
 }
 
-fn set_features(target: &Target, ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
+fn set_features(target: &Target, ctrl: &Controller, sqe: &Sqe, now: Instant) -> AdminOutcome {
     let cdw10 = sqe.cdw(10);
     let cdw11 = sqe.cdw(11);
     let f = (cdw10 & 0xFF) as u8;
@@ -367,7 +365,7 @@ fn set_features(target: &Target, ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
     match f {
         fid::KEEP_ALIVE_TIMER => {
             ctrl.kato_ms.store(cdw11, Ordering::Relaxed);
-            ctrl.keep_alive();
+            ctrl.keep_alive(now);
             AdminOutcome::ok(0)
         }
         fid::ASYNC_EVENT_CONFIG => {
@@ -502,7 +500,15 @@ mod tests {
             .unwrap()
             .push(Arc::new(Namespace::new("nqn.s", 3, dev, 4096)));
         t.add_subsystem(s.clone());
-        let c = Arc::new(Controller::new(7, s, "nqn.h", [0; 16], 0, "t".into()));
+        let c = Arc::new(Controller::new(
+            7,
+            s,
+            "nqn.h",
+            [0; 16],
+            0,
+            "t".into(),
+            Instant::now(),
+        ));
         (t, c)
     }
 
@@ -529,7 +535,7 @@ mod tests {
         let (t, c) = setup();
         let mut s = Sqe::new(admin_opc::IDENTIFY, 1, 0);
         s.set_cdw(10, cns::CONTROLLER as u32);
-        let id = IdentifyController::decode(&data(execute(&t, &c, &s, 0)));
+        let id = IdentifyController::decode(&data(execute(&t, &c, &s, 0, Instant::now())));
         assert_eq!(id.icdoff, 0);
         assert!(id.sgls & 0x3 != 0);
         assert!(id.kas > 0);
@@ -545,21 +551,32 @@ mod tests {
     fn identify_namespaces() {
         let (t, c) = setup();
         let mut s = Sqe::new(admin_opc::IDENTIFY, 1, 3);
-        let ns = IdentifyNamespace::decode(&data(execute(&t, &c, &s, 0)));
+        let ns = IdentifyNamespace::decode(&data(execute(&t, &c, &s, 0, Instant::now())));
         assert_eq!(ns.nsze, 256);
         assert_eq!(ns.lbads, 12);
         s = Sqe::new(admin_opc::IDENTIFY, 1, 4);
-        assert!(data(execute(&t, &c, &s, 0)).iter().all(|&b| b == 0));
+        assert!(data(execute(&t, &c, &s, 0, Instant::now()))
+            .iter()
+            .all(|&b| b == 0));
         s = Sqe::new(admin_opc::IDENTIFY, 1, 0);
-        assert_eq!(status(execute(&t, &c, &s, 0)), Status::INVALID_NAMESPACE);
+        assert_eq!(
+            status(execute(&t, &c, &s, 0, Instant::now())),
+            Status::INVALID_NAMESPACE
+        );
         s.set_cdw(10, cns::ACTIVE_NS_LIST as u32);
-        assert_eq!(nvme::decode_ns_list(&data(execute(&t, &c, &s, 0))), vec![3]);
+        assert_eq!(
+            nvme::decode_ns_list(&data(execute(&t, &c, &s, 0, Instant::now()))),
+            vec![3]
+        );
         let mut s = Sqe::new(admin_opc::IDENTIFY, 1, 3);
         s.set_cdw(10, cns::NS_DESCRIPTOR_LIST as u32);
-        let d = nvme::decode_ns_descriptors(&data(execute(&t, &c, &s, 0)));
+        let d = nvme::decode_ns_descriptors(&data(execute(&t, &c, &s, 0, Instant::now())));
         assert_eq!(d.len(), 4);
         s.set_cdw(10, 0x42);
-        assert_eq!(status(execute(&t, &c, &s, 0)), Status::INVALID_FIELD);
+        assert_eq!(
+            status(execute(&t, &c, &s, 0, Instant::now())),
+            Status::INVALID_FIELD
+        );
     }
 
     #[test]
@@ -568,7 +585,7 @@ mod tests {
         let mut s = Sqe::new(admin_opc::SET_FEATURES, 1, 0);
         s.set_cdw(10, fid::NUMBER_OF_QUEUES as u32);
         s.set_cdw(11, 1000 | 1000 << 16);
-        match execute(&t, &c, &s, 0) {
+        match execute(&t, &c, &s, 0, Instant::now()) {
             AdminOutcome::Done { result, status, .. } => {
                 assert!(status.is_success());
                 assert_eq!(result & 0xFFFF, 126);
@@ -576,7 +593,10 @@ mod tests {
             o => panic!("{o:?}"),
         }
         s.set_cdw(11, 0xFFFF);
-        assert_eq!(status(execute(&t, &c, &s, 0)), Status::INVALID_FIELD);
+        assert_eq!(
+            status(execute(&t, &c, &s, 0, Instant::now())),
+            Status::INVALID_FIELD
+        );
     }
 
     #[test]
@@ -590,7 +610,14 @@ mod tests {
             offset: 0,
         };
         assert_eq!(
-            data(execute(&t, &c, &g.encode(1, 0xFFFF_FFFF), 0)).len(),
+            data(execute(
+                &t,
+                &c,
+                &g.encode(1, 0xFFFF_FFFF),
+                0,
+                Instant::now()
+            ))
+            .len(),
             512
         );
         let g = GetLogPage {
@@ -599,18 +626,21 @@ mod tests {
             offset: 64,
             ..g
         };
-        assert_eq!(data(execute(&t, &c, &g.encode(1, 0), 0)).len(), 64);
+        assert_eq!(
+            data(execute(&t, &c, &g.encode(1, 0), 0, Instant::now())).len(),
+            64
+        );
         let g = GetLogPage {
             offset: 1 << 20,
             ..g
         };
         assert_eq!(
-            status(execute(&t, &c, &g.encode(1, 0), 0)),
+            status(execute(&t, &c, &g.encode(1, 0), 0, Instant::now())),
             Status::INVALID_FIELD
         );
         let g = GetLogPage { lid: 0x70, ..g };
         assert_eq!(
-            status(execute(&t, &c, &g.encode(1, 0), 0)),
+            status(execute(&t, &c, &g.encode(1, 0), 0, Instant::now())),
             Status::INVALID_LOG_PAGE
         );
     }
@@ -619,13 +649,19 @@ mod tests {
     fn aer_limit_and_unknown_opcode() {
         let (t, c) = setup();
         let s = Sqe::new(admin_opc::ASYNC_EVENT_REQUEST, 1, 0);
-        assert_eq!(execute(&t, &c, &s, 0), AdminOutcome::AsyncEventHeld);
         assert_eq!(
-            status(execute(&t, &c, &s, MAX_AERS)),
+            execute(&t, &c, &s, 0, Instant::now()),
+            AdminOutcome::AsyncEventHeld
+        );
+        assert_eq!(
+            status(execute(&t, &c, &s, MAX_AERS, Instant::now())),
             Status::ASYNC_EVENT_LIMIT
         );
         let s = Sqe::new(0xC5, 1, 0);
-        assert_eq!(status(execute(&t, &c, &s, 0)), Status::INVALID_OPCODE);
+        assert_eq!(
+            status(execute(&t, &c, &s, 0, Instant::now())),
+            Status::INVALID_OPCODE
+        );
     }
 
     #[test]
@@ -635,7 +671,7 @@ mod tests {
             let mut s = Sqe::new(admin_opc::GET_FEATURES, 1, 0);
             s.set_cdw(10, fid::TEMPERATURE_THRESHOLD as u32);
             s.set_cdw(11, cdw11);
-            match execute(&t, &c, &s, 0) {
+            match execute(&t, &c, &s, 0, Instant::now()) {
                 AdminOutcome::Done { result, status, .. } => (status, result),
                 o => panic!("{o:?}"),
             }
@@ -646,7 +682,7 @@ mod tests {
         let mut s = Sqe::new(admin_opc::SET_FEATURES, 1, 0);
         s.set_cdw(10, fid::TEMPERATURE_THRESHOLD as u32);
         assert_eq!(
-            status(execute(&t, &c, &s, 0)),
+            status(execute(&t, &c, &s, 0, Instant::now())),
             Status::FEATURE_NOT_CHANGEABLE
         );
     }

@@ -182,7 +182,7 @@ pub fn submit(
             s.failure = Some(Status::INVALID_NAMESPACE);
             continue;
         };
-        let refused = match channels.submit(ns, tag, op) {
+        let refused = match channels.submit(ns, tag, op, now) {
             Ok(()) => None,
             Err((op, errno)) => {
                 if device_errors.note(now) {
@@ -306,11 +306,11 @@ mod tests {
         }
     }
     impl IoChannel for RefusingChannel {
-        fn submit(&mut self, _tag: u64, op: IoOp) -> Result<(), (IoOp, i32)> {
+        fn submit(&mut self, _tag: u64, op: IoOp, _now: Instant) -> Result<(), (IoOp, i32)> {
             Err((op, libc::EAGAIN))
         }
         fn flush_submissions(&mut self) {}
-        fn poll(&mut self, _out: &mut Vec<IoCompletion>) -> usize {
+        fn poll(&mut self, _out: &mut Vec<IoCompletion>, _now: Instant) -> usize {
             0
         }
         fn in_flight(&self) -> usize {
@@ -526,7 +526,15 @@ mod tests {
             true,
             vec![],
         ));
-        let ctrl = Arc::new(Controller::new(1, subsys, "nqn.h", [0; 16], 0, "p".into()));
+        let ctrl = Arc::new(Controller::new(
+            1,
+            subsys,
+            "nqn.h",
+            [0; 16],
+            0,
+            "p".into(),
+            Instant::now(),
+        ));
         let st = Arc::new(QpairStats::default());
         ctrl.attach_queue(&st);
         let binding = QueueBinding::Admin(ctrl.clone());

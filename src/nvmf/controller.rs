@@ -104,6 +104,7 @@ impl Controller {
         hostid: [u8; 16],
         kato_ms: u32,
         peer: String,
+        now: Instant,
     ) -> Controller {
         Controller {
             cntlid,
@@ -113,7 +114,7 @@ impl Controller {
             peer,
             kato_ms: AtomicU32::new(kato_ms),
             last_keep_alive_ms: AtomicU64::new(0),
-            created: Instant::now(),
+            created: now,
             keyed_sgl: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             regs: Mutex::new(ControllerRegs {
@@ -137,26 +138,26 @@ impl Controller {
         self.subsys.kind == super::SubsystemKind::Discovery
     }
 
-    fn now_ms(&self) -> u64 {
-        self.created.elapsed().as_millis() as u64
+    fn now_ms(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.created).as_millis() as u64
     }
 
     /// Records host activity that resets the keep-alive timer.
-    pub fn keep_alive(&self) {
+    pub fn keep_alive(&self, now: Instant) {
         self.last_keep_alive_ms
-            .store(self.now_ms(), Ordering::Relaxed);
+            .store(self.now_ms(now), Ordering::Relaxed);
     }
 
     /// True when the keep-alive timer has run out. Like the Linux target we allow a
     /// grace period on top of KATO, since the host sends its keep-alive at KATO/2 at
     /// best and the network adds delay.
-    pub fn keep_alive_expired(&self) -> bool {
+    pub fn keep_alive_expired(&self, now: Instant) -> bool {
         let kato = self.kato_ms.load(Ordering::Relaxed) as u64;
         if kato == 0 {
             return false;
         }
         let idle = self
-            .now_ms()
+            .now_ms(now)
             .saturating_sub(self.last_keep_alive_ms.load(Ordering::Relaxed));
         idle > kato + kato.min(5000)
     }
@@ -375,8 +376,8 @@ impl Controller {
         t
     }
 
-    pub fn uptime_hours(&self) -> u64 {
-        self.created.elapsed().as_secs() / 3600
+    pub fn uptime_hours(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.created).as_secs() / 3600
     }
 }
 
@@ -396,6 +397,7 @@ pub fn cap_register(max_queue_depth: u16) -> u64 {
 mod tests {
     use super::*;
     use crate::nvmf::SubsystemKind;
+    use std::time::Duration;
 
     fn ctrl(kato: u32) -> Controller {
         let s = Arc::new(Subsystem::new(
@@ -406,7 +408,7 @@ mod tests {
             true,
             vec![],
         ));
-        Controller::new(1, s, "nqn.h", [0; 16], kato, "test".into())
+        Controller::new(1, s, "nqn.h", [0; 16], kato, "test".into(), Instant::now())
     }
 
     #[test]
@@ -459,10 +461,26 @@ mod tests {
 
     #[test]
     fn keep_alive_disabled_never_expires() {
-        assert!(!ctrl(0).keep_alive_expired());
-        let c = ctrl(1);
-        c.keep_alive();
-        assert!(!c.keep_alive_expired());
+        let c = ctrl(0);
+        let later = Instant::now() + Duration::from_secs(86_400);
+        assert!(!c.keep_alive_expired(later));
+    }
+
+    #[test]
+    fn keep_alive_expires_after_kato_and_its_grace_from_the_last_proof_of_life() {
+        let c = ctrl(1000);
+        let t0 = Instant::now();
+        c.keep_alive(t0);
+        let ms = |n| t0 + Duration::from_millis(n);
+        // KATO 1 s plus a grace of min(KATO, 5 s).
+        assert!(!c.keep_alive_expired(ms(2000)));
+        assert!(c.keep_alive_expired(ms(2001)));
+        // Traffic pushes it out again.
+        c.keep_alive(ms(1500));
+        assert!(!c.keep_alive_expired(ms(3500)));
+        assert!(c.keep_alive_expired(ms(3501)));
+        // A clock that seems to go back does not expire anything.
+        assert!(!c.keep_alive_expired(t0));
     }
 
     #[test]

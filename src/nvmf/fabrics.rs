@@ -8,6 +8,7 @@ use crate::wire::nvme::{
 };
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Which queue of which controller a connection now is.
 #[derive(Clone)]
@@ -58,8 +59,9 @@ pub fn accept_connect(
     peer: &str,
     local: Option<std::net::SocketAddr>,
     transport: &str,
+    now: Instant,
 ) -> Result<Connected, ConnectRefusal> {
-    let binding = match connect(target, cmd, data, peer, local) {
+    let binding = match connect(target, cmd, data, peer, local, now) {
         Ok(b) => b,
         Err(refusal) => {
             let counter = if refusal.status == Status::CONNECT_INVALID_HOST {
@@ -103,12 +105,17 @@ pub fn accept_connect(
 
 /// Property Get / Property Set, on the admin queue only: the value read (0 for
 /// a set), to put in the response's DW0.
-pub fn property(target: &Target, binding: Option<&QueueBinding>, sqe: &Sqe) -> Result<u64, Status> {
+pub fn property(
+    target: &Target,
+    binding: Option<&QueueBinding>,
+    sqe: &Sqe,
+    now: Instant,
+) -> Result<u64, Status> {
     let Some(QueueBinding::Admin(ctrl)) = binding else {
         return Err(Status::INVALID_OPCODE);
     };
     let p = PropertyCommand::parse(sqe);
-    ctrl.keep_alive();
+    ctrl.keep_alive(now);
     if sqe.fctype() == fctype::PROPERTY_GET {
         ctrl.get_property(p.offset, super::admin::cap(target, ctrl))
     } else {
@@ -138,6 +145,7 @@ pub fn connect(
     data: &ConnectData,
     peer: &str,
     local: Option<std::net::SocketAddr>,
+    now: Instant,
 ) -> Result<QueueBinding, ConnectRefusal> {
     if cmd.recfmt != 0 {
         return Err(ConnectRefusal {
@@ -239,8 +247,9 @@ pub fn connect(
             data.hostid,
             cmd.kato,
             peer.to_string(),
+            now,
         ));
-        ctrl.keep_alive();
+        ctrl.keep_alive(now);
         ctrls.insert(cntlid, ctrl.clone());
         return Ok(QueueBinding::Admin(ctrl));
     }
@@ -355,6 +364,7 @@ mod tests {
             "p",
             None,
             "tcp",
+            Instant::now(),
         )
         .unwrap();
         assert_eq!(
@@ -370,6 +380,7 @@ mod tests {
             "p",
             None,
             "rdma",
+            Instant::now(),
         );
         assert_eq!(
             refused.err().map(|r| r.status),
@@ -382,6 +393,7 @@ mod tests {
             "p",
             None,
             "tcp",
+            Instant::now(),
         );
         assert!(refused.is_err());
         assert_eq!(t.refused_host.load(Ordering::Relaxed), 1);
@@ -392,35 +404,79 @@ mod tests {
     #[test]
     fn admin_then_io_queue() {
         let t = setup();
-        let b = connect(&t, &cmd(0), &data("nqn.s", "nqn.h", 0xFFFF), "p", None).unwrap();
+        let b = connect(
+            &t,
+            &cmd(0),
+            &data("nqn.s", "nqn.h", 0xFFFF),
+            "p",
+            None,
+            Instant::now(),
+        )
+        .unwrap();
         let ctrl = b.ctrl().clone();
         // Not enabled yet: I/O queues are refused.
-        let e = connect(&t, &cmd(1), &data("nqn.s", "nqn.h", ctrl.cntlid), "p", None)
-            .err()
-            .unwrap();
+        let e = connect(
+            &t,
+            &cmd(1),
+            &data("nqn.s", "nqn.h", ctrl.cntlid),
+            "p",
+            None,
+            Instant::now(),
+        )
+        .err()
+        .unwrap();
         assert_eq!(e.status, Status::COMMAND_SEQUENCE_ERROR);
         ctrl.set_property(prop::CC, 0x460001).unwrap();
-        let io = connect(&t, &cmd(1), &data("nqn.s", "nqn.h", ctrl.cntlid), "p", None).unwrap();
+        let io = connect(
+            &t,
+            &cmd(1),
+            &data("nqn.s", "nqn.h", ctrl.cntlid),
+            "p",
+            None,
+            Instant::now(),
+        )
+        .unwrap();
         assert_eq!(io.qid(), 1);
-        let dup = connect(&t, &cmd(1), &data("nqn.s", "nqn.h", ctrl.cntlid), "p", None)
-            .err()
-            .unwrap();
+        let dup = connect(
+            &t,
+            &cmd(1),
+            &data("nqn.s", "nqn.h", ctrl.cntlid),
+            "p",
+            None,
+            Instant::now(),
+        )
+        .err()
+        .unwrap();
         assert_eq!(dup.status, Status::CONNECT_INVALID_PARAMETERS);
         assert_eq!(dup.result, 42);
         disconnect(&b);
         assert!(ctrl.is_failed());
-        let gone = connect(&t, &cmd(2), &data("nqn.s", "nqn.h", ctrl.cntlid), "p", None)
-            .err()
-            .unwrap();
+        let gone = connect(
+            &t,
+            &cmd(2),
+            &data("nqn.s", "nqn.h", ctrl.cntlid),
+            "p",
+            None,
+            Instant::now(),
+        )
+        .err()
+        .unwrap();
         assert_eq!(gone.result, 16 | 1 << 16);
     }
 
     #[test]
     fn refusals_point_at_the_field() {
         let t = setup();
-        let e = connect(&t, &cmd(0), &data("nqn.nope", "nqn.h", 0xFFFF), "p", None)
-            .err()
-            .unwrap();
+        let e = connect(
+            &t,
+            &cmd(0),
+            &data("nqn.nope", "nqn.h", 0xFFFF),
+            "p",
+            None,
+            Instant::now(),
+        )
+        .err()
+        .unwrap();
         assert_eq!(e.status, Status::CONNECT_INVALID_PARAMETERS);
         assert_eq!(e.result, 256 | 1 << 16);
         let e = connect(
@@ -429,6 +485,7 @@ mod tests {
             &data("nqn.s", "nqn.intruder", 0xFFFF),
             "p",
             None,
+            Instant::now(),
         )
         .err()
         .unwrap();
@@ -436,28 +493,57 @@ mod tests {
         let mut c = cmd(0);
         c.sqsize = 0;
         assert_eq!(
-            connect(&t, &c, &data("nqn.s", "nqn.h", 0xFFFF), "p", None)
-                .err()
-                .unwrap()
-                .result,
+            connect(
+                &t,
+                &c,
+                &data("nqn.s", "nqn.h", 0xFFFF),
+                "p",
+                None,
+                Instant::now()
+            )
+            .err()
+            .unwrap()
+            .result,
             44
         );
         c.sqsize = 1000;
-        assert!(connect(&t, &c, &data("nqn.s", "nqn.h", 0xFFFF), "p", None).is_err());
+        assert!(connect(
+            &t,
+            &c,
+            &data("nqn.s", "nqn.h", 0xFFFF),
+            "p",
+            None,
+            Instant::now()
+        )
+        .is_err());
         c = cmd(0);
         c.recfmt = 1;
         assert_eq!(
-            connect(&t, &c, &data("nqn.s", "nqn.h", 0xFFFF), "p", None)
-                .err()
-                .unwrap()
-                .status,
+            connect(
+                &t,
+                &c,
+                &data("nqn.s", "nqn.h", 0xFFFF),
+                "p",
+                None,
+                Instant::now()
+            )
+            .err()
+            .unwrap()
+            .status,
             Status::CONNECT_INCOMPATIBLE_FORMAT
         );
         // A host NQN too long for the field is refused, pointing at it.
         let long = format!("nqn.{}", "x".repeat(NQN_MAX_LEN));
-        let e = connect(&t, &cmd(0), &data("nqn.s", &long, 0xFFFF), "p", None)
-            .err()
-            .unwrap();
+        let e = connect(
+            &t,
+            &cmd(0),
+            &data("nqn.s", &long, 0xFFFF),
+            "p",
+            None,
+            Instant::now(),
+        )
+        .err()
+        .unwrap();
         assert_eq!(e.result, 512 | 1 << 16);
         // Anyone may reach discovery.
         assert!(connect(
@@ -465,7 +551,8 @@ mod tests {
             &cmd(0),
             &data(crate::wire::nvme::DISCOVERY_NQN, "nqn.x", 0xFFFF),
             "p",
-            None
+            None,
+            Instant::now(),
         )
         .is_ok());
     }
@@ -474,9 +561,16 @@ mod tests {
     fn empty_host_nqn_reaches_only_open_subsystems() {
         let t = setup();
         // "nqn.s" lists one host: an empty NQN can never match it.
-        let e = connect(&t, &cmd(0), &data("nqn.s", "", 0xFFFF), "p", None)
-            .err()
-            .unwrap();
+        let e = connect(
+            &t,
+            &cmd(0),
+            &data("nqn.s", "", 0xFFFF),
+            "p",
+            None,
+            Instant::now(),
+        )
+        .err()
+        .unwrap();
         assert_eq!(e.status, Status::CONNECT_INVALID_HOST);
         t.add_subsystem(Arc::new(Subsystem::new(
             "nqn.open",
@@ -486,10 +580,26 @@ mod tests {
             true,
             Vec::new(),
         )));
-        let b = connect(&t, &cmd(0), &data("nqn.open", "", 0xFFFF), "p", None).unwrap();
+        let b = connect(
+            &t,
+            &cmd(0),
+            &data("nqn.open", "", 0xFFFF),
+            "p",
+            None,
+            Instant::now(),
+        )
+        .unwrap();
         let ctrl = b.ctrl().clone();
         ctrl.set_property(prop::CC, 0x460001).unwrap();
-        let io = connect(&t, &cmd(1), &data("nqn.open", "", ctrl.cntlid), "p", None).unwrap();
+        let io = connect(
+            &t,
+            &cmd(1),
+            &data("nqn.open", "", ctrl.cntlid),
+            "p",
+            None,
+            Instant::now(),
+        )
+        .unwrap();
         assert_eq!(io.qid(), 1);
         // The I/O queue must still come from the same (empty) host NQN.
         let e = connect(
@@ -498,6 +608,7 @@ mod tests {
             &data("nqn.open", "nqn.h", ctrl.cntlid),
             "p",
             None,
+            Instant::now(),
         )
         .err()
         .unwrap();
@@ -507,7 +618,8 @@ mod tests {
             &cmd(0),
             &data(crate::wire::nvme::DISCOVERY_NQN, "", 0xFFFF),
             "p",
-            None
+            None,
+            Instant::now(),
         )
         .is_ok());
     }

@@ -20,7 +20,6 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
 
 /// IEEE OUI reported in Identify Controller. 0 would be "not reported"; we report
 /// none rather than borrow someone else's.
@@ -386,13 +385,22 @@ pub struct Target {
     pub limits: TransportLimits,
     /// Discovery log generation counter; bumped on any change hosts would see.
     pub genctr: AtomicU64,
-    pub started: Instant,
+    /// The discovery controller's serial number: one per target instance, the
+    /// same in every Identify (Linux nvmet draws one at random too).
+    pub discovery_serial: String,
     pub firmware: String,
     /// Refused Connect commands, by reason (access control is counted).
     pub refused_host: AtomicU64,
     pub refused_other: AtomicU64,
     /// Live queue pairs' counters (weak: a closed connection drops out).
     pub qpairs: Mutex<Vec<std::sync::Weak<QpairStats>>>,
+}
+
+/// 16 hex digits from the OS's randomness (std's hasher keys come from it).
+fn random_serial() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let h = std::collections::hash_map::RandomState::new().build_hasher();
+    format!("{:016x}", h.finish())
 }
 
 impl Target {
@@ -416,7 +424,7 @@ impl Target {
             listeners: RwLock::new(Vec::new()),
             limits,
             genctr: AtomicU64::new(1),
-            started: Instant::now(),
+            discovery_serial: random_serial(),
             firmware,
             refused_host: AtomicU64::new(0),
             refused_other: AtomicU64::new(0),

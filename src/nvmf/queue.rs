@@ -621,7 +621,7 @@ impl<X> Queue<X> {
         if !ctrl.is_ready() && sqe.opcode() != admin_opc::KEEP_ALIVE {
             return Err(Status::COMMAND_SEQUENCE_ERROR);
         }
-        match admin::execute(&self.target, &ctrl, &sqe, self.aers.len()) {
+        match admin::execute(&self.target, &ctrl, &sqe, self.aers.len(), ctx.now) {
             AdminOutcome::AsyncEventHeld => {
                 // Held without a slot: it completes only when an event fires.
                 // Its CID stays outstanding, so a host reusing it is noticed
@@ -694,6 +694,7 @@ impl<X> Queue<X> {
                     &self.cfg.peer,
                     self.cfg.local,
                     self.cfg.kind.name(),
+                    ctx.now,
                 ) {
                     Ok(c) => {
                         let ctrl = c.binding.ctrl().clone();
@@ -718,7 +719,7 @@ impl<X> Queue<X> {
                 Ok(())
             }
             fctype::PROPERTY_GET | fctype::PROPERTY_SET => {
-                let v = fabrics::property(&self.target, self.binding.as_ref(), sqe)?;
+                let v = fabrics::property(&self.target, self.binding.as_ref(), sqe, ctx.now)?;
                 self.finish(slot, Status::SUCCESS, v, link, ctx);
                 Ok(())
             }
@@ -953,13 +954,13 @@ impl<X> Queue<X> {
 
     /// Periodic checks: keep-alive, controller failure, namespace changes, and
     /// held AERs completed by events. Returns why the queue must close, if it must.
-    pub fn housekeeping<L: Link<X>>(&mut self, link: &mut L) -> Option<&'static str> {
+    pub fn housekeeping<L: Link<X>>(&mut self, link: &mut L, now: Instant) -> Option<&'static str> {
         // Idle queues also let go of namespaces removed at run time.
         self.refresh_namespaces();
         let b = self.binding.as_ref()?;
         let ctrl = b.ctrl().clone();
         let admin = b.qid() == 0;
-        if admin && !ctrl.is_failed() && ctrl.keep_alive_expired() {
+        if admin && !ctrl.is_failed() && ctrl.keep_alive_expired(now) {
             tracing::warn!(
                 cntlid = ctrl.cntlid,
                 host = %ctrl.hostnqn,

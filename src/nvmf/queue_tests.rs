@@ -144,7 +144,7 @@ impl BlockDevice for FailingDevice {
 }
 
 impl IoChannel for FailingChannel {
-    fn submit(&mut self, tag: u64, op: IoOp) -> Result<(), (IoOp, i32)> {
+    fn submit(&mut self, tag: u64, op: IoOp, _now: Instant) -> Result<(), (IoOp, i32)> {
         self.0.push(IoCompletion {
             tag,
             result: Err(libc::EIO),
@@ -153,7 +153,7 @@ impl IoChannel for FailingChannel {
         Ok(())
     }
     fn flush_submissions(&mut self) {}
-    fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
+    fn poll(&mut self, out: &mut Vec<IoCompletion>, _now: Instant) -> usize {
         let n = self.0.len();
         out.append(&mut self.0);
         n
@@ -244,6 +244,7 @@ impl Env {
             locals: Locals::default(),
             conn_id: 7,
             seen: Vec::new(),
+            now: Instant::now(),
         }
     }
     fn ctrl(&self, cntlid: u16) -> Arc<Controller> {
@@ -289,6 +290,8 @@ struct Conn {
     conn_id: u32,
     /// Every namespace the queue has had in its table: the channels to poll.
     seen: Vec<Arc<Namespace>>,
+    /// The reactor's clock as this queue sees it: tests move it with `advance`.
+    now: Instant,
 }
 
 /// The data descriptor NVMe/TCP derives from an SQE's SGL.
@@ -316,6 +319,7 @@ impl Conn {
             bufs,
             locals,
             conn_id,
+            now,
             ..
         } = self;
         let mut ctx = IoCtx {
@@ -323,7 +327,7 @@ impl Conn {
             bufs,
             locals,
             conn_id: *conn_id,
-            now: Instant::now(),
+            now: *now,
         };
         let r = f(q, link, &mut ctx);
         for ns in self.q.ns.all() {
@@ -368,7 +372,7 @@ impl Conn {
         let mut done = Vec::new();
         for ns in self.seen.clone() {
             if let Ok(ch) = self.channels.get(&ns) {
-                ch.poll(&mut done);
+                ch.poll(&mut done, self.now);
             }
         }
         let n = done.len();
@@ -389,7 +393,12 @@ impl Conn {
     }
 
     fn housekeeping(&mut self) -> Option<&'static str> {
-        self.q.housekeeping(&mut self.link)
+        self.q.housekeeping(&mut self.link, self.now)
+    }
+
+    /// Moves this queue's clock on.
+    fn advance(&mut self, by: std::time::Duration) {
+        self.now += by;
     }
 
     fn release(&mut self, slot: u16) {
@@ -2050,8 +2059,12 @@ fn housekeeping_fails_the_controller_when_keep_alive_expires() {
     let (mut a, mut io) = e.pair();
     let cntlid = a.q.binding().unwrap().ctrl().cntlid;
     assert_eq!(a.housekeeping(), None, "KATO 0: never expires");
-    ok(a.exec(set_features(1, fid::KEEP_ALIVE_TIMER, 1)));
-    std::thread::sleep(std::time::Duration::from_millis(20));
+    ok(a.exec(set_features(1, fid::KEEP_ALIVE_TIMER, 1000)));
+    // KATO 1 s and its grace (1 s): alive at 2 s, failed just after.
+    a.advance(std::time::Duration::from_millis(2000));
+    assert_eq!(a.housekeeping(), None);
+    assert!(!e.ctrl(cntlid).is_failed());
+    a.advance(std::time::Duration::from_millis(2));
     assert_eq!(a.housekeeping(), Some("controller failed"));
     assert!(e.ctrl(cntlid).is_failed());
     // Every queue of the controller closes.

@@ -235,6 +235,7 @@ impl Engine {
         tag: u64,
         kind: Kind,
         buf: Option<IoBuf>,
+        now: Instant,
     ) -> u32 {
         let r = Req {
             tag,
@@ -248,7 +249,7 @@ impl Engine {
             pinned: Vec::new(),
             emptied: Vec::new(),
             zero_after: Vec::new(),
-            start: Instant::now(),
+            start: now,
         };
         self.active += 1;
         if kind != Kind::Flush {
@@ -273,7 +274,7 @@ impl Engine {
     }
 
     /// Every device operation of request `ri` is done.
-    fn finish(&mut self, lanes: &[Option<Lane>], ri: u32) {
+    fn finish(&mut self, lanes: &[Option<Lane>], ri: u32, now: Instant) {
         let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.as_mut()) else {
             return;
         };
@@ -307,17 +308,17 @@ impl Engine {
             self.pool.request_commit(ri as u64, self.notify.clone());
             return;
         }
-        self.release(lanes, ri);
+        self.release(lanes, ri, now);
     }
 
-    fn release(&mut self, lanes: &[Option<Lane>], ri: u32) {
+    fn release(&mut self, lanes: &[Option<Lane>], ri: u32, now: Instant) {
         let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.take()) else {
             return;
         };
         self.free.push(ri);
         self.active -= 1;
         if let Some(st) = lane_at(lanes, r.lane).map(|l| &l.stats) {
-            let ns = r.start.elapsed().as_nanos() as u64;
+            let ns = now.saturating_duration_since(r.start).as_nanos() as u64;
             if r.kind != Kind::Flush {
                 st.inflight.fetch_sub(1, Ordering::Relaxed);
             }
@@ -369,6 +370,7 @@ impl Engine {
         at: usize,
         len: u64,
         make: fn(u64, Option<IoBuf>, u64) -> IoOp,
+        now: Instant,
     ) {
         let dp = self.pool.opts.dual_path;
         let large = dp.enabled && len >= dp.large_threshold;
@@ -417,15 +419,15 @@ impl Engine {
             if large {
                 self.large.push_back((ri, op));
             } else {
-                self.submit_base(ri, op, false);
+                self.submit_base(ri, op, false, now);
             }
             done += n;
         }
     }
 
-    fn submit_base(&mut self, ri: u32, op: IoOp, large: bool) {
+    fn submit_base(&mut self, ri: u32, op: IoOp, large: bool, now: Instant) {
         let tag = (ri as u64) << 1 | large as u64;
-        if let Err((_, errno)) = self.base.submit(tag, op) {
+        if let Err((_, errno)) = self.base.submit(tag, op, now) {
             if let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.as_mut()) {
                 r.err.get_or_insert(errno);
                 r.pending -= 1;
@@ -435,24 +437,24 @@ impl Engine {
         }
     }
 
-    fn pump_large(&mut self) {
+    fn pump_large(&mut self, now: Instant) {
         let max = self.pool.opts.dual_path.max_inflight.max(1);
         while self.large_inflight < max {
             let Some((ri, op)) = self.large.pop_front() else {
                 break;
             };
-            self.submit_base(ri, op, true);
+            self.submit_base(ri, op, true, now);
         }
     }
 
-    fn settle(&mut self, lanes: &[Option<Lane>], ri: u32) {
+    fn settle(&mut self, lanes: &[Option<Lane>], ri: u32, now: Instant) {
         let pending = self
             .reqs
             .get(ri as usize)
             .and_then(|r| r.as_ref())
             .map(|r| r.pending);
         if pending == Some(0) {
-            self.finish(lanes, ri);
+            self.finish(lanes, ri, now);
         }
     }
 
@@ -472,6 +474,7 @@ impl Engine {
         tag: u64,
         offset: u64,
         mut buf: IoBuf,
+        now: Instant,
     ) {
         let Some(vol) = lane_at(lanes, lane).map(|l| &l.vol) else {
             return self.complete_now(tag, Err(libc::ENXIO), Some(buf));
@@ -519,7 +522,7 @@ impl Engine {
             }
             plan.push((self.pool.sb.extent_offset(phys) + off, at, n));
         }
-        let ri = self.new_req(lanes, lane, tag, Kind::Read, Some(buf));
+        let ri = self.new_req(lanes, lane, tag, Kind::Read, Some(buf), now);
         if let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.as_mut()) {
             r.pinned = pinned;
             r.err = err;
@@ -527,13 +530,20 @@ impl Engine {
         }
         if err.is_none() {
             for (phys_off, at, n) in plan {
-                self.issue(ri, phys_off, at, n, |offset, buf, _| IoOp::Read {
-                    offset,
-                    buf: buf.unwrap_or_else(|| IoBuf::new(0)),
-                });
+                self.issue(
+                    ri,
+                    phys_off,
+                    at,
+                    n,
+                    |offset, buf, _| IoOp::Read {
+                        offset,
+                        buf: buf.unwrap_or_else(|| IoBuf::new(0)),
+                    },
+                    now,
+                );
             }
         }
-        self.settle(lanes, ri);
+        self.settle(lanes, ri, now);
     }
 
     /// Maps and pins every extent of a write. On `Wait` the extents mapped so
@@ -574,13 +584,15 @@ impl Engine {
         Ok(got)
     }
 
-    fn stall(&mut self, lane: u32, tag: u64, op: IoOp) {
+    fn stall(&mut self, lane: u32, tag: u64, op: IoOp, now: Instant) {
         if self.stalled.is_empty() {
-            self.stalled_at = Some(Instant::now());
+            self.stalled_at = Some(now);
         }
         self.stalled.push_back((lane, tag, op));
     }
 
+    // One command's pieces, passed as scalars on the I/O path.
+    #[allow(clippy::too_many_arguments)]
     fn start_write(
         &mut self,
         lanes: &[Option<Lane>],
@@ -589,6 +601,7 @@ impl Engine {
         offset: u64,
         buf: IoBuf,
         fua: bool,
+        now: Instant,
     ) {
         let Some(vol) = lane_at(lanes, lane).map(|l| &l.vol) else {
             return self.complete_now(tag, Err(libc::ENXIO), Some(buf));
@@ -600,7 +613,7 @@ impl Engine {
         let mapped = match self.map_range(vol, offset, len) {
             Ok(m) => m,
             Err(AllocError::Wait) => {
-                return self.stall(lane, tag, IoOp::Write { offset, buf, fua })
+                return self.stall(lane, tag, IoOp::Write { offset, buf, fua }, now)
             }
             Err(AllocError::NoSpace) => {
                 return self.complete_now(tag, Err(ERRNO_NO_SPACE), Some(buf))
@@ -608,7 +621,7 @@ impl Engine {
             Err(AllocError::Failed) => return self.complete_now(tag, Err(libc::EIO), Some(buf)),
         };
         let bs = vol.desc.block_size as u64;
-        let ri = self.new_req(lanes, lane, tag, Kind::Write { fua }, Some(buf));
+        let ri = self.new_req(lanes, lane, tag, Kind::Write { fua }, Some(buf), now);
         let mut plan = Vec::new();
         for &(lext, phys, off, n) in &mapped {
             vol.set_valid(lext, (off / bs) as u32, (n / bs) as u32);
@@ -619,15 +632,24 @@ impl Engine {
             r.pinned = mapped.iter().map(|m| m.0).collect();
         }
         for (phys_off, at, n) in plan {
-            self.issue(ri, phys_off, at, n, |offset, buf, _| IoOp::Write {
-                offset,
-                buf: buf.unwrap_or_else(|| IoBuf::new(0)),
-                fua: false,
-            });
+            self.issue(
+                ri,
+                phys_off,
+                at,
+                n,
+                |offset, buf, _| IoOp::Write {
+                    offset,
+                    buf: buf.unwrap_or_else(|| IoBuf::new(0)),
+                    fua: false,
+                },
+                now,
+            );
         }
-        self.settle(lanes, ri);
+        self.settle(lanes, ri, now);
     }
 
+    // One command's pieces, passed as scalars on the I/O path.
+    #[allow(clippy::too_many_arguments)]
     fn start_zeroes(
         &mut self,
         lanes: &[Option<Lane>],
@@ -636,6 +658,7 @@ impl Engine {
         offset: u64,
         len: u64,
         deallocate: bool,
+        now: Instant,
     ) {
         let Some(vol) = lane_at(lanes, lane).map(|l| &l.vol) else {
             return self.complete_now(tag, Err(libc::ENXIO), None);
@@ -677,7 +700,7 @@ impl Engine {
                     }
                 }
                 Err(AllocError::Wait) => {
-                    return self.stall(lane, tag, IoOp::WriteZeroes { offset, len })
+                    return self.stall(lane, tag, IoOp::WriteZeroes { offset, len }, now)
                 }
                 Err(AllocError::NoSpace) => {
                     return self.complete_now(tag, Err(ERRNO_NO_SPACE), None)
@@ -685,7 +708,7 @@ impl Engine {
                 Err(AllocError::Failed) => return self.complete_now(tag, Err(libc::EIO), None),
             }
         }
-        let ri = self.new_req(lanes, lane, tag, Kind::Zeroes, None);
+        let ri = self.new_req(lanes, lane, tag, Kind::Zeroes, None, now);
         if let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.as_mut()) {
             r.pinned = pinned;
             r.emptied = emptied;
@@ -696,23 +719,33 @@ impl Engine {
             // Deallocated blocks must read back as zeros (DLFEAT) even while the
             // extent stays mapped, so both cases zero the physical range.
             if deallocate {
-                self.issue(ri, phys_off, 0, n, |offset, _, len| IoOp::Deallocate {
-                    offset,
-                    len,
-                });
+                self.issue(
+                    ri,
+                    phys_off,
+                    0,
+                    n,
+                    |offset, _, len| IoOp::Deallocate { offset, len },
+                    now,
+                );
             } else {
-                self.issue(ri, phys_off, 0, n, |offset, _, len| IoOp::WriteZeroes {
-                    offset,
-                    len,
-                });
+                self.issue(
+                    ri,
+                    phys_off,
+                    0,
+                    n,
+                    |offset, _, len| IoOp::WriteZeroes { offset, len },
+                    now,
+                );
             }
         }
-        self.settle(lanes, ri);
+        self.settle(lanes, ri, now);
     }
 
-    fn retry_stalled(&mut self, lanes: &[Option<Lane>]) {
+    fn retry_stalled(&mut self, lanes: &[Option<Lane>], now: Instant) {
         let space = self.notify.space.swap(false, Ordering::AcqRel);
-        let due = self.stalled_at.is_some_and(|t| t.elapsed() >= STALL_RETRY);
+        let due = self
+            .stalled_at
+            .is_some_and(|t| now.saturating_duration_since(t) >= STALL_RETRY);
         if self.stalled.is_empty() || !(space || due) {
             return;
         }
@@ -722,28 +755,28 @@ impl Engine {
             let Some((lane, tag, op)) = self.stalled.pop_front() else {
                 break;
             };
-            self.start(lanes, lane, tag, op);
+            self.start(lanes, lane, tag, op, now);
         }
     }
 
-    fn start(&mut self, lanes: &[Option<Lane>], lane: u32, tag: u64, op: IoOp) {
+    fn start(&mut self, lanes: &[Option<Lane>], lane: u32, tag: u64, op: IoOp, now: Instant) {
         let live = lane_at(lanes, lane).is_some_and(|l| !l.vol.deleted.load(Ordering::Acquire));
         if !live {
             return self.complete_now(tag, Err(libc::ENXIO), op.into_buf());
         }
         match op {
-            IoOp::Read { offset, buf } => self.start_read(lanes, lane, tag, offset, buf),
+            IoOp::Read { offset, buf } => self.start_read(lanes, lane, tag, offset, buf, now),
             IoOp::Write { offset, buf, fua } => {
-                self.start_write(lanes, lane, tag, offset, buf, fua)
+                self.start_write(lanes, lane, tag, offset, buf, fua, now)
             }
             IoOp::WriteZeroes { offset, len } => {
-                self.start_zeroes(lanes, lane, tag, offset, len, false)
+                self.start_zeroes(lanes, lane, tag, offset, len, false, now)
             }
             IoOp::Deallocate { offset, len } => {
-                self.start_zeroes(lanes, lane, tag, offset, len, true)
+                self.start_zeroes(lanes, lane, tag, offset, len, true, now)
             }
             IoOp::Flush => {
-                let ri = self.new_req(lanes, lane, tag, Kind::Flush, None);
+                let ri = self.new_req(lanes, lane, tag, Kind::Flush, None, now);
                 self.pool.request_commit(ri as u64, self.notify.clone());
             }
         }
@@ -751,10 +784,10 @@ impl Engine {
 
     /// Completions from the device and the metadata thread, then whatever
     /// waited for them (large pieces, stalled writes).
-    fn poll(&mut self, lanes: &[Option<Lane>], out: &mut Vec<IoCompletion>) -> usize {
+    fn poll(&mut self, lanes: &[Option<Lane>], out: &mut Vec<IoCompletion>, now: Instant) -> usize {
         self.notify.clear();
         let mut scratch = std::mem::take(&mut self.scratch);
-        self.base.poll(&mut scratch);
+        self.base.poll(&mut scratch, now);
         for c in scratch.drain(..) {
             let ri = (c.tag >> 1) as u32;
             if c.tag & 1 != 0 {
@@ -767,7 +800,7 @@ impl Engine {
                     r.err.get_or_insert(e);
                 }
             }
-            self.settle(lanes, ri);
+            self.settle(lanes, ri, now);
         }
         self.scratch = scratch;
         while let Some((ri, res)) = self.notify.committed.pop() {
@@ -775,10 +808,10 @@ impl Engine {
             if let Err(e) = res {
                 self.fail(ri, e);
             }
-            self.release(lanes, ri);
+            self.release(lanes, ri, now);
         }
-        self.pump_large();
-        self.retry_stalled(lanes);
+        self.pump_large(now);
+        self.retry_stalled(lanes, now);
         self.base.flush_submissions();
         let n = self.done.len();
         out.append(&mut self.done);
@@ -788,24 +821,30 @@ impl Engine {
 
 impl IoChannel for PoolChannel {
     /// Plain submissions go to the channel's own volume (`for_volume`).
-    fn submit(&mut self, tag: u64, op: IoOp) -> Result<(), (IoOp, i32)> {
+    fn submit(&mut self, tag: u64, op: IoOp, now: Instant) -> Result<(), (IoOp, i32)> {
         match self.default_lane {
             Some(l) => {
-                self.io.start(&self.lanes, l, tag, op);
-                self.io.pump_large();
+                self.io.start(&self.lanes, l, tag, op, now);
+                self.io.pump_large(now);
                 Ok(())
             }
             None => Err((op, libc::EINVAL)),
         }
     }
 
-    fn submit_lane(&mut self, lane: u32, tag: u64, op: IoOp) -> Result<(), (IoOp, i32)> {
+    fn submit_lane(
+        &mut self,
+        lane: u32,
+        tag: u64,
+        op: IoOp,
+        now: Instant,
+    ) -> Result<(), (IoOp, i32)> {
         match self.lane_of(lane) {
-            Some(l) => self.io.start(&self.lanes, l, tag, op),
+            Some(l) => self.io.start(&self.lanes, l, tag, op, now),
             // The volume is gone: the command fails like one on a deleted volume.
             None => self.io.complete_now(tag, Err(libc::ENXIO), op.into_buf()),
         }
-        self.io.pump_large();
+        self.io.pump_large(now);
         Ok(())
     }
 
@@ -830,8 +869,8 @@ impl IoChannel for PoolChannel {
         self.io.base.flush_submissions();
     }
 
-    fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
-        self.io.poll(&self.lanes, out)
+    fn poll(&mut self, out: &mut Vec<IoCompletion>, now: Instant) -> usize {
+        self.io.poll(&self.lanes, out, now)
     }
 
     fn in_flight(&self) -> usize {

@@ -27,111 +27,25 @@ pub mod volume;
 #[cfg(test)]
 mod sim;
 
-use crate::bdev::{IoChannel, IoCompletion, IoOp, SharedDevice};
+use crate::bdev::{IoOp, SharedDevice};
 use crate::ident::stable_uuid;
-use crate::mem::IoBuf;
 use crate::reactor::sys::EventFd;
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use format::*;
 use gc::{Admission, GcMode, GcSettings};
 use image::Image;
 use std::collections::{BTreeMap, VecDeque};
-use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, Instant};
 use volume::{AllocError, Volume};
 
-/// Blocking I/O on a device channel, for metadata work off the data path.
-pub struct SyncIo {
-    ch: Box<dyn IoChannel>,
-    next_tag: u64,
-}
+pub mod error;
+pub use crate::bdev::sync_io::{SyncIo, SyncIoError};
+pub use error::PoolError;
 
 fn io_err(errno: i32) -> String {
-    std::io::Error::from_raw_os_error(errno).to_string()
-}
-
-impl SyncIo {
-    pub fn new(dev: &SharedDevice) -> Result<SyncIo, String> {
-        Ok(SyncIo {
-            ch: dev
-                .open_channel()
-                .map_err(|e| format!("cannot open {}: {e}", dev.describe()))?,
-            next_tag: 1,
-        })
-    }
-
-    /// Runs operations concurrently and waits for all; the first error wins.
-    pub fn run_all(&mut self, ops: Vec<IoOp>) -> Result<Vec<IoCompletion>, i32> {
-        let n = ops.len();
-        let mut first_err = None;
-        let mut submitted = 0;
-        for op in ops {
-            self.next_tag += 1;
-            match self.ch.submit(self.next_tag, op) {
-                Ok(()) => submitted += 1,
-                Err((_, e)) => {
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        self.ch.flush_submissions();
-        let mut out = Vec::with_capacity(n);
-        while out.len() < submitted {
-            if self.ch.poll(&mut out) == 0 {
-                wait_readable(self.ch.completion_fd());
-            }
-        }
-        if let Some(e) = out.iter().find_map(|c| c.result.err()).or(first_err) {
-            return Err(e);
-        }
-        Ok(out)
-    }
-
-    pub fn read(&mut self, offset: u64, len: usize) -> Result<IoBuf, String> {
-        let buf = IoBuf::new(len);
-        let mut c = self
-            .run_all(vec![IoOp::Read { offset, buf }])
-            .map_err(|e| format!("read at {offset}: {}", io_err(e)))?;
-        c.pop()
-            .and_then(|c| c.buf)
-            .ok_or_else(|| format!("read at {offset}: no data"))
-    }
-
-    pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), String> {
-        let mut buf = IoBuf::new(data.len());
-        buf.set_len(data.len());
-        buf.copy_from_slice(data);
-        self.run_all(vec![IoOp::Write {
-            offset,
-            buf,
-            fua: false,
-        }])
-        .map(|_| ())
-        .map_err(|e| format!("write at {offset}: {}", io_err(e)))
-    }
-
-    pub fn flush(&mut self) -> Result<(), String> {
-        self.run_all(vec![IoOp::Flush])
-            .map(|_| ())
-            .map_err(|e| format!("flush: {}", io_err(e)))
-    }
-}
-
-fn wait_readable(fd: Option<RawFd>) {
-    match fd {
-        Some(fd) => {
-            let mut p = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd for the duration of the call.
-            unsafe { libc::poll(&mut p, 1, 5) };
-        }
-        None => std::thread::yield_now(),
-    }
+    crate::bdev::sync_io::errno_text(errno)
 }
 
 /// How a channel hears back from the metadata thread.
@@ -262,13 +176,14 @@ struct Meta {
     ckpt_gen: u64,
     next_volume_id: u32,
     pending: Vec<Record>,
-    last_commit: Instant,
+    /// When the last journal commit happened (None: since the last step).
+    last_commit: Option<Instant>,
     failed: Option<String>,
     admission: Admission,
     /// Scrubbed extents waiting for the flush and Clean record that make them
     /// clean (still dirty after a crash).
     scrubbed: Vec<u32>,
-    scrubbed_since: Instant,
+    scrubbed_since: Option<Instant>,
     /// Foreground operations and latency sum (ns) at the last step.
     fg_seen: (u64, u64),
 }
@@ -379,28 +294,27 @@ pub struct RecoveryReport {
 
 /// Reads a pool's metadata without changing anything: superblock, the newest
 /// valid checkpoint, and the journal replayed to its last valid entry.
-pub fn load_image(io: &mut SyncIo) -> Result<(Superblock, Image, RecoveryReport), String> {
+pub fn load_image(io: &mut SyncIo) -> Result<(Superblock, Image, RecoveryReport), PoolError> {
     let sbb = io.read(0, META_BLOCK as usize)?;
-    let sb = Superblock::decode(&sbb).map_err(|e| e.to_string())?;
+    let sb = Superblock::decode(&sbb)?;
     let tag = pool_tag(&sb.uuid);
     let mut best: Option<(BlockHeader, CheckpointData, usize)> = None;
     let mut errors = Vec::new();
     for slot in 0..2 {
         let off = sb.ckpt_offset + slot as u64 * sb.ckpt_slot_len;
-        let r = (|| -> Result<(BlockHeader, CheckpointData), String> {
+        let r = (|| -> Result<(BlockHeader, CheckpointData), PoolError> {
             let head = io.read(off, META_BLOCK as usize)?;
-            let h = BlockHeader::decode(CHECKPOINT_MAGIC, &head, "checkpoint header")
-                .map_err(|e| e.to_string())?;
+            let h = BlockHeader::decode(CHECKPOINT_MAGIC, &head, "checkpoint header")?;
             if h.pool_tag != tag {
-                return Err("checkpoint header: belongs to another pool".into());
+                return Err(PoolError::ForeignCheckpoint);
             }
             let total = round_up(HEADER_LEN as u64 + h.payload_len, META_BLOCK);
             if total > sb.ckpt_slot_len {
-                return Err(format!("checkpoint: {total} bytes overflow the slot"));
+                return Err(PoolError::CheckpointOverflow { bytes: total });
             }
             let b = io.read(off, total as usize)?;
-            let p = unseal(&h, &b, "checkpoint").map_err(|e| e.to_string())?;
-            Ok((h, CheckpointData::decode(p).map_err(|e| e.to_string())?))
+            let p = unseal(&h, &b, "checkpoint")?;
+            Ok((h, CheckpointData::decode(p)?))
         })();
         match r {
             Ok((h, c)) => {
@@ -417,7 +331,9 @@ pub fn load_image(io: &mut SyncIo) -> Result<(Superblock, Image, RecoveryReport)
         }
     }
     let Some((ch, cdata, slot)) = best else {
-        return Err(format!("no valid checkpoint ({})", errors.join("; ")));
+        return Err(PoolError::NoCheckpoint {
+            detail: errors.join("; "),
+        });
     };
     let mut img = Image::from_checkpoint(cdata, sb.extent_size, sb.extent_count);
     let mut rep = RecoveryReport {
@@ -433,26 +349,22 @@ pub fn load_image(io: &mut SyncIo) -> Result<(Superblock, Image, RecoveryReport)
         if rep.replayed_bytes >= sb.journal_len {
             break "journal fully replayed".into();
         }
-        let entry = (|| -> Result<(Vec<Record>, u64), String> {
+        let entry = (|| -> Result<(Vec<Record>, u64), PoolError> {
             if pos + META_BLOCK > sb.journal_len {
-                return Err("end of ring".into());
+                return Err(PoolError::EndOfRing);
             }
             let head = io.read(sb.journal_offset + pos, META_BLOCK as usize)?;
-            let h = BlockHeader::decode(JOURNAL_MAGIC, &head, "journal entry")
-                .map_err(|e| e.to_string())?;
+            let h = BlockHeader::decode(JOURNAL_MAGIC, &head, "journal entry")?;
             if h.pool_tag != tag || h.seq != seq {
-                return Err(format!("entry at {pos} is not sequence {seq}"));
+                return Err(PoolError::JournalSequence { pos, seq });
             }
             let total = round_up(HEADER_LEN as u64 + h.payload_len, META_BLOCK);
             if pos + total > sb.journal_len {
-                return Err(format!("entry at {pos} overruns the ring"));
+                return Err(PoolError::JournalEntryOverrun { pos });
             }
             let b = io.read(sb.journal_offset + pos, total as usize)?;
-            let p = unseal(&h, &b, "journal entry").map_err(|e| e.to_string())?;
-            Ok((
-                Record::decode_all(p, "journal entry").map_err(|e| e.to_string())?,
-                total,
-            ))
+            let p = unseal(&h, &b, "journal entry")?;
+            Ok((Record::decode_all(p, "journal entry")?, total))
         })();
         match entry {
             Ok((records, total)) => {
@@ -488,20 +400,19 @@ pub fn load_image(io: &mut SyncIo) -> Result<(Superblock, Image, RecoveryReport)
 }
 
 /// Formats a pool on a device.
-pub fn format(dev: &SharedDevice, opts: &FormatOptions) -> Result<Superblock, String> {
+pub fn format(dev: &SharedDevice, opts: &FormatOptions) -> Result<Superblock, PoolError> {
     let mut io = SyncIo::new(dev)?;
     let size = dev.size_bytes();
     if size >= META_BLOCK {
         let b = io.read(0, META_BLOCK as usize)?;
         if &b[..8] == SUPERBLOCK_MAGIC && !opts.force {
-            return Err(format!(
-                "{} already holds a pool{}; refusing to overwrite it without force",
-                dev.describe(),
-                match Superblock::decode(&b) {
+            return Err(PoolError::Occupied {
+                dev: dev.describe(),
+                detail: match Superblock::decode(&b) {
                     Ok(sb) => format!(" ({} extents of {} bytes)", sb.extent_count, sb.extent_size),
                     Err(e) => format!(" (damaged: {e})"),
-                }
-            ));
+                },
+            });
         }
     }
     let nanos = std::time::SystemTime::now()
@@ -510,7 +421,7 @@ pub fn format(dev: &SharedDevice, opts: &FormatOptions) -> Result<Superblock, St
         .unwrap_or(0);
     let uuid = stable_uuid(&format!("pool/{}/{nanos}", dev.describe()));
     let sb = Superblock::layout(size, opts.extent_size, uuid, opts.journal_len)
-        .map_err(|e| format!("{}: {e}", dev.describe()))?;
+        .map_err(|e| PoolError::from(e).on(dev.describe()))?;
     // Whatever the device held before must not leak into volumes: start with
     // every extent scrubbed (one deallocate over the data region).
     let data_len = sb.extent_count as u64 * sb.extent_size;
@@ -518,7 +429,7 @@ pub fn format(dev: &SharedDevice, opts: &FormatOptions) -> Result<Superblock, St
         offset: sb.data_offset,
         len: data_len,
     }])
-    .map_err(|e| format!("scrubbing the data region: {}", io_err(e)))?;
+    .map_err(|errno| PoolError::Scrub { errno })?;
     // Invalidate both checkpoint slots and the journal's first block of any
     // earlier pool, then write the first checkpoint.
     let zero = vec![0u8; META_BLOCK as usize];
@@ -553,15 +464,15 @@ pub fn format(dev: &SharedDevice, opts: &FormatOptions) -> Result<Superblock, St
 impl Pool {
     /// Opens a pool: loads the newest checkpoint, replays the journal, writes a
     /// fresh checkpoint, and starts the metadata thread.
-    pub fn open(name: &str, dev: SharedDevice, opts: PoolOptions) -> Result<Arc<Pool>, String> {
+    pub fn open(name: &str, dev: SharedDevice, opts: PoolOptions) -> Result<Arc<Pool>, PoolError> {
         let mut io = SyncIo::new(&dev)?;
-        let (sb, img, rep) = load_image(&mut io).map_err(|e| format!("{}: {e}", dev.describe()))?;
+        let (sb, img, rep) = load_image(&mut io).map_err(|e| e.on(dev.describe()))?;
         let (_, problems) = img.ownership();
         if let Some(p) = img.problems.iter().chain(problems.iter()).next() {
-            return Err(format!(
-                "{}: metadata is damaged ({p}); run `kvtarget check`",
-                dev.describe()
-            ));
+            return Err(PoolError::Damaged {
+                dev: dev.describe(),
+                problem: p.clone(),
+            });
         }
         tracing::info!(pool = name, dev = %dev.describe(), checkpoint = rep.checkpoint_gen, entries = rep.journal_entries, records = rep.journal_records, end = %rep.journal_end, "pool recovered");
         let dirty = img.dirty();
@@ -590,11 +501,11 @@ impl Pool {
                 ckpt_gen: rep.checkpoint_gen,
                 next_volume_id: img.next_volume_id.max(1),
                 pending: Vec::new(),
-                last_commit: Instant::now(),
+                last_commit: None,
                 failed: None,
                 admission: Admission::new(gc),
                 scrubbed: Vec::new(),
-                scrubbed_since: Instant::now(),
+                scrubbed_since: None,
                 fg_seen: (0, 0),
             }),
             ready: ArrayQueue::new(READY_TARGET * 2),
@@ -623,10 +534,11 @@ impl Pool {
         }
         if pool.opts.md_thread {
             let weak = Arc::downgrade(&pool);
-            let h = std::thread::Builder::new()
-                .name(format!("md-{name}"))
-                .spawn(move || md_loop(weak))
-                .map_err(|e| format!("metadata thread: {e}"))?;
+            let h =
+                crate::reactor::spawn_worker(format!("md-{name}"), move |now| md_round(&weak, now))
+                    .map_err(|e| PoolError::Thread {
+                        reason: e.to_string(),
+                    })?;
             *lock(&pool.md_thread) = Some(h);
         }
         Ok(pool)
@@ -746,30 +658,35 @@ impl Pool {
         size_bytes: u64,
         block_size: u32,
         flags: u32,
-    ) -> Result<Arc<Volume>, String> {
+    ) -> Result<Arc<Volume>, PoolError> {
         if name.is_empty() || name.len() > MAX_NAME_LEN {
-            return Err(format!("volume name must be 1 to {MAX_NAME_LEN} bytes"));
+            return Err(PoolError::VolumeName);
         }
         if !matches!(block_size, 512 | 4096) {
-            return Err(format!("volume {name}: block_size must be 512 or 4096"));
+            return Err(PoolError::VolumeBlockSize { name: name.into() });
         }
         if size_bytes == 0 || size_bytes % block_size as u64 != 0 {
-            return Err(format!(
-                "volume {name}: size {size_bytes} must be a non-zero multiple of the block size {block_size}"
-            ));
+            return Err(PoolError::VolumeSize {
+                name: name.into(),
+                size: size_bytes,
+                block_size: block_size as u64,
+            });
         }
         if size_bytes.div_ceil(self.sb.extent_size) > u32::MAX as u64 / 2 {
-            return Err(format!("volume {name}: size {size_bytes} is too large"));
+            return Err(PoolError::VolumeTooLarge {
+                name: name.into(),
+                size: size_bytes,
+            });
         }
         let mut m = lock(&self.meta);
         if self.volume(name).is_some() {
-            return Err(format!("volume {name} already exists"));
+            return Err(PoolError::VolumeExists { name: name.into() });
         }
         if self.volumes.read().map(|v| v.len()).unwrap_or(0) >= MAX_VOLUMES {
-            return Err(format!(
-                "pool {} already has {MAX_VOLUMES} volumes",
-                self.name
-            ));
+            return Err(PoolError::TooManyVolumes {
+                pool: self.name.clone(),
+                max: MAX_VOLUMES,
+            });
         }
         let id = m.next_volume_id;
         let nanos = std::time::SystemTime::now()
@@ -794,22 +711,20 @@ impl Pool {
         Ok(vol)
     }
 
-    fn exclusive(&self, name: &str) -> Result<Arc<Volume>, String> {
+    fn exclusive(&self, name: &str) -> Result<Arc<Volume>, PoolError> {
         let v = self
             .volume(name)
-            .ok_or_else(|| format!("no volume named {name}"))?;
+            .ok_or_else(|| PoolError::NoVolume { name: name.into() })?;
         // The pool's table and `v` are the only holders when nothing serves it.
         if Arc::strong_count(&v) > 2 {
-            return Err(format!(
-                "volume {name} is in use; remove its namespace first"
-            ));
+            return Err(PoolError::VolumeInUse { name: name.into() });
         }
         Ok(v)
     }
 
     /// Deletes a volume: its extents are freed at once (metadata only) and
     /// scrubbed by GC before any other volume sees them.
-    pub fn delete_volume(&self, name: &str) -> Result<(), String> {
+    pub fn delete_volume(&self, name: &str) -> Result<(), PoolError> {
         let mut m = lock(&self.meta);
         let v = self.exclusive(name)?;
         // Pending extent changes go first so replay never sees them after the delete.
@@ -829,14 +744,16 @@ impl Pool {
 
     /// Resizes a volume that is not being served. Shrinking frees the extents
     /// past the new end at once.
-    pub fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<(), String> {
+    pub fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<(), PoolError> {
         let mut m = lock(&self.meta);
         let v = self.exclusive(name)?;
         let bs = v.desc.block_size as u64;
         if size_bytes == 0 || size_bytes % bs != 0 {
-            return Err(format!(
-                "volume {name}: size {size_bytes} must be a non-zero multiple of the block size {bs}"
-            ));
+            return Err(PoolError::VolumeSize {
+                name: name.into(),
+                size: size_bytes,
+                block_size: bs,
+            });
         }
         self.commit(&mut m, Vec::new())?;
         // Blocks past the new end inside the last kept extent lose their valid
@@ -864,7 +781,7 @@ impl Pool {
     }
 
     /// Makes every acknowledged change durable now (control path, tests).
-    pub fn sync(&self) -> Result<(), String> {
+    pub fn sync(&self) -> Result<(), PoolError> {
         let mut m = lock(&self.meta);
         self.commit(&mut m, Vec::new())
     }
@@ -939,12 +856,12 @@ impl Pool {
         max_foreground_qd: Option<u64>,
         low_watermark_pct: Option<u64>,
         high_watermark_pct: Option<u64>,
-    ) -> Result<(), String> {
+    ) -> Result<(), PoolError> {
         let mut m = lock(&self.meta);
         let mut g = m.admission.s.clone();
         if let Some(r) = max_rate {
             if !(r.is_finite() && r >= 1.0) {
-                return Err("max_rate: must be at least 1 extent per second".into());
+                return Err(PoolError::GcMaxRate);
             }
             g.max_rate = r;
         }
@@ -961,10 +878,10 @@ impl Pool {
             || g.high_watermark_pct > 90
             || g.low_watermark_pct > g.high_watermark_pct
         {
-            return Err(format!(
-                "watermarks must satisfy low <= high, low <= 50, high <= 90 (got {} and {})",
-                g.low_watermark_pct, g.high_watermark_pct
-            ));
+            return Err(PoolError::GcWatermarks {
+                low: g.low_watermark_pct,
+                high: g.high_watermark_pct,
+            });
         }
         m.admission.rate = m.admission.rate.min(g.max_rate);
         m.admission.s = g;
@@ -1025,10 +942,11 @@ impl Pool {
         self.failed.store(m.failed.is_some(), Ordering::Release);
     }
 
-    /// One round of metadata work. Returns true when it did something.
-    pub fn md_step(&self) -> bool {
+    /// One round of metadata work at time `now` (the caller's clock: the
+    /// metadata thread's loop, or the simulation's). Returns true when it did
+    /// something. It gathers the state, asks `plan` what to do, and applies it.
+    pub fn md_step(&self, now: Instant) -> bool {
         let mut m = lock(&self.meta);
-        let mut worked = false;
         while let Some(p) = self.freed.pop() {
             m.dirty.push(p);
         }
@@ -1058,41 +976,79 @@ impl Pool {
             }
             return false;
         }
+        let mut reqs = Vec::new();
+        while let Some(r) = self.commits.pop() {
+            reqs.push(r);
+        }
+        let inputs = self.md_inputs(&mut m, now, reqs.len());
+        let plan = plan_md_step(&inputs, &mut m.admission);
+        let worked = self.apply_md_plan(&mut m, &plan, now, reqs);
+        self.update_stats(&m);
+        // Writes waiting for space retry: there is some now, or there never
+        // will be (they fail with capacity exceeded).
+        if !self.ready.is_empty() || self.exhausted.load(Ordering::Acquire) {
+            for w in lock(&self.waiters).iter().filter_map(|w| w.upgrade()) {
+                if !w.space.swap(true, Ordering::AcqRel) {
+                    w.signal();
+                }
+            }
+        }
+        worked
+    }
 
-        // Background GC, through admission control.
-        let now = Instant::now();
-        let available = m.clean.len() as u64 + self.ready.len() as u64;
-        // A paused GC still scrubs when clean extents run short: writes would
-        // otherwise wait for space that never comes.
-        let paused = self.gc_paused.load(Ordering::Relaxed)
-            && available >= m.admission.watermarks(self.sb.extent_count as u64).0;
-        let backlog = if paused { 0 } else { m.dirty.len() as u64 };
+    /// What `plan_md_step` decides from: the metadata state, the channels'
+    /// foreground counters, and `now`.
+    fn md_inputs(&self, m: &mut Meta, now: Instant, commit_requests: usize) -> MdInputs {
         // Foreground load from the channels' own counters (the data path never
         // writes a pool-wide cache line for it): commands in flight now, and
         // the mean latency of the commands completed since the last step.
         let (mut fg_inflight, mut ops, mut ns) = (0, 0u64, 0u64);
+        let mut volumes_dirty = false;
         for v in self.volumes() {
             fg_inflight += v.inflight();
             let t = v.io_totals();
             ops += t.reads + t.writes + t.unmaps;
             ns += t.read_ns + t.write_ns + t.unmap_ns;
+            volumes_dirty |= v.has_dirty();
         }
         let (prev_ops, prev_ns) = m.fg_seen;
         m.fg_seen = (ops, ns);
-        let fg_latency = match ops.checked_sub(prev_ops) {
+        let fg_latency_ns = match ops.checked_sub(prev_ops) {
             Some(d) if d > 0 => ns.saturating_sub(prev_ns) / d,
             _ => 0,
         };
-        let grant = m.admission.grant(
+        MdInputs {
             now,
-            backlog,
-            available,
-            self.sb.extent_count as u64,
+            extents: self.sb.extent_count as u64,
+            clean: m.clean.len(),
+            ready: self.ready.len(),
+            dirty: m.dirty.len(),
+            scrubbed: m.scrubbed.len(),
+            scrubbed_since: m.scrubbed_since,
+            gc_paused: self.gc_paused.load(Ordering::Relaxed),
             fg_inflight,
-            fg_latency,
-        );
-        if grant > 0 {
-            let take = grant.min(m.dirty.len());
+            fg_latency_ns,
+            commit_requests,
+            pending_records: m.pending.len(),
+            volumes_dirty,
+            // The periodic commit counts from the first step after a commit.
+            last_commit: *m.last_commit.get_or_insert(now),
+            commit_interval: self.opts.commit_interval,
+        }
+    }
+
+    /// Carries out `plan`: the scrub, the flush that makes scrubbed extents
+    /// clean, the reservation, and the journal commit that answers `reqs`.
+    fn apply_md_plan(
+        &self,
+        m: &mut Meta,
+        plan: &MdPlan,
+        now: Instant,
+        reqs: Vec<CommitReq>,
+    ) -> bool {
+        let mut worked = false;
+        if plan.scrub > 0 {
+            let take = plan.scrub.min(m.dirty.len());
             let batch: Vec<u32> = m.dirty.drain(..take).collect();
             let ops = batch
                 .iter()
@@ -1107,7 +1063,7 @@ impl Pool {
                         .gc_scrubbed
                         .fetch_add(batch.len() as u64, Ordering::Relaxed);
                     if m.scrubbed.is_empty() {
-                        m.scrubbed_since = now;
+                        m.scrubbed_since = Some(now);
                     }
                     m.scrubbed.extend(batch);
                 }
@@ -1119,19 +1075,8 @@ impl Pool {
             }
             worked = true;
         }
-        // Scrubbed extents become clean once the scrub is durable and recorded.
-        // Flushing per batch would cost foreground latency, so it waits for a
-        // bigger group unless space is short or GC has nothing left to do.
         let mut cleaned = Vec::new();
-        let short = available < m.admission.watermarks(self.sb.extent_count as u64).0;
-        if !m.scrubbed.is_empty()
-            && m.failed.is_none()
-            && (m.scrubbed.len() >= 64
-                || m.dirty.is_empty()
-                || short
-                || self.opts.gc.fixed_batch.is_some()
-                || now.saturating_duration_since(m.scrubbed_since) >= Duration::from_secs(1))
-        {
+        if plan.flush_scrubbed && !m.scrubbed.is_empty() && m.failed.is_none() {
             match m.io.run_all(vec![IoOp::Flush]) {
                 Ok(_) => cleaned = std::mem::take(&mut m.scrubbed),
                 Err(e) => {
@@ -1141,97 +1086,68 @@ impl Pool {
                 }
             }
         }
-
-        // Keep reserved extents ready for first writes.
-        let mut reserve = Vec::new();
-        if self.ready.len() < READY_TARGET / 2 {
-            let want = READY_TARGET - self.ready.len();
-            while reserve.len() < want {
-                match m.clean.pop_front() {
-                    Some(p) => reserve.push(p),
-                    None => break,
-                }
+        let mut reserve = Vec::with_capacity(plan.reserve);
+        while reserve.len() < plan.reserve {
+            match m.clean.pop_front() {
+                Some(p) => reserve.push(p),
+                None => break,
             }
         }
-
-        let mut reqs = Vec::new();
-        while let Some(r) = self.commits.pop() {
-            reqs.push(r);
+        if !(plan.commit || !cleaned.is_empty() || !reqs.is_empty() || !reserve.is_empty()) {
+            return worked;
         }
-        let periodic = self
-            .opts
-            .commit_interval
-            .is_some_and(|i| m.last_commit.elapsed() >= i)
-            && self.volumes().iter().any(|v| v.has_dirty());
-        if !reqs.is_empty()
-            || !reserve.is_empty()
-            || !cleaned.is_empty()
-            || !m.pending.is_empty()
-            || periodic
-        {
-            worked = true;
-            let mut extra = Vec::new();
-            if !cleaned.is_empty() {
-                extra.push(Record::Clean(cleaned.clone()));
-            }
-            if !reserve.is_empty() {
-                extra.push(Record::Reserve(reserve.clone()));
-            }
-            let res = self.commit(&mut m, extra);
-            match &res {
-                Ok(()) => {
-                    m.clean.extend(cleaned);
-                    for p in reserve {
-                        if let Err(p) = self.ready.push(p) {
-                            m.clean.push_front(p);
-                        }
-                    }
-                }
-                Err(e) => {
-                    tracing::error!(pool = %self.name, "metadata commit failed: {e}");
-                    m.dirty.extend(cleaned);
-                    for p in reserve {
+        let mut extra = Vec::new();
+        if !cleaned.is_empty() {
+            extra.push(Record::Clean(cleaned.clone()));
+        }
+        if !reserve.is_empty() {
+            extra.push(Record::Reserve(reserve.clone()));
+        }
+        let res = self.commit(m, extra);
+        match &res {
+            Ok(()) => {
+                m.clean.extend(cleaned);
+                for p in reserve {
+                    if let Err(p) = self.ready.push(p) {
                         m.clean.push_front(p);
                     }
                 }
             }
-            for r in reqs {
-                r.to.committed
-                    .push((r.tag, res.as_ref().map(|_| ()).map_err(|_| libc::EIO)));
-                r.to.signal();
-            }
-        }
-        self.update_stats(&m);
-        // Writes waiting for space retry: there is some now, or there never
-        // will be (they fail with capacity exceeded).
-        if !self.ready.is_empty() || self.exhausted.load(Ordering::Acquire) {
-            for w in lock(&self.waiters).iter().filter_map(|w| w.upgrade()) {
-                if !w.space.swap(true, Ordering::AcqRel) {
-                    w.signal();
+            Err(e) => {
+                tracing::error!(pool = %self.name, "metadata commit failed: {e}");
+                m.dirty.extend(cleaned);
+                for p in reserve {
+                    m.clean.push_front(p);
                 }
             }
         }
-        worked
+        for r in reqs {
+            r.to.committed
+                .push((r.tag, res.as_ref().map(|_| ()).map_err(|_| libc::EIO)));
+            r.to.signal();
+        }
+        true
     }
 
     /// Writes the journal entries for `extra` plus every change made so far,
     /// then flushes the device.
-    fn commit(&self, m: &mut Meta, extra: Vec<Record>) -> Result<(), String> {
+    fn commit(&self, m: &mut Meta, extra: Vec<Record>) -> Result<(), PoolError> {
         if let Some(f) = &m.failed {
-            return Err(format!(
-                "pool {} metadata is read-only after an error: {f}",
-                self.name
-            ));
+            return Err(PoolError::ReadOnly {
+                pool: self.name.clone(),
+                cause: f.clone(),
+            });
         }
         let r = self.commit_inner(m, extra);
         if let Err(e) = &r {
-            m.failed = Some(e.clone());
+            m.failed = Some(e.to_string());
         }
-        m.last_commit = Instant::now();
+        // The next step restarts the periodic commit's interval from its now.
+        m.last_commit = None;
         r
     }
 
-    fn commit_inner(&self, m: &mut Meta, extra: Vec<Record>) -> Result<(), String> {
+    fn commit_inner(&self, m: &mut Meta, extra: Vec<Record>) -> Result<(), PoolError> {
         // Checkpoint before draining changes, never in the middle: a record
         // drained before a checkpoint and written after it would replay an
         // older state over the checkpoint's.
@@ -1305,7 +1221,7 @@ impl Pool {
                 0
             };
             if m.used + gap + len > self.sb.journal_len {
-                return Err("journal overflow".into());
+                return Err(PoolError::JournalOverflow);
             }
             if wrap {
                 m.head = 0;
@@ -1322,7 +1238,7 @@ impl Pool {
 
     /// Writes the whole metadata state to the older checkpoint slot; the journal
     /// restarts after it.
-    fn checkpoint(&self, m: &mut Meta) -> Result<(), String> {
+    fn checkpoint(&self, m: &mut Meta) -> Result<(), PoolError> {
         // Changes queued so far are captured by the snapshot below. If this
         // write tears, the older checkpoint and its journal are still intact.
         for v in self.volumes() {
@@ -1357,11 +1273,10 @@ impl Pool {
             &data.encode(),
         );
         if block.len() as u64 > self.sb.ckpt_slot_len {
-            return Err(format!(
-                "checkpoint of {} bytes does not fit its {}-byte slot",
-                block.len(),
-                self.sb.ckpt_slot_len
-            ));
+            return Err(PoolError::CheckpointTooLarge {
+                bytes: block.len() as u64,
+                slot: self.sb.ckpt_slot_len,
+            });
         }
         let slot = gen % 2;
         m.io.write(self.sb.ckpt_offset + slot * self.sb.ckpt_slot_len, &block)?;
@@ -1377,7 +1292,7 @@ impl Pool {
     /// Stops the metadata thread and leaves the pool clean: unused reserved
     /// extents go back to the clean list and a final checkpoint is written.
     /// Call when no channel is open any more.
-    pub fn close(&self) -> Result<(), String> {
+    pub fn close(&self) -> Result<(), PoolError> {
         self.stop.store(true, Ordering::Release);
         self.wake_md();
         if let Some(h) = lock(&self.md_thread).take() {
@@ -1396,7 +1311,10 @@ impl Pool {
             }
         }
         if m.failed.is_some() {
-            return Err(m.failed.clone().unwrap_or_default());
+            return Err(PoolError::ReadOnly {
+                pool: self.name.clone(),
+                cause: m.failed.clone().unwrap_or_default(),
+            });
         }
         self.commit(&mut m, Vec::new())?;
         self.checkpoint(&mut m)?;
@@ -1404,26 +1322,122 @@ impl Pool {
     }
 }
 
-fn md_loop(pool: Weak<Pool>) {
-    loop {
-        let Some(p) = pool.upgrade() else { return };
-        if p.stop.load(Ordering::Acquire) {
-            return;
-        }
-        let worked = p.md_step();
-        if !worked {
-            let (m, c) = &p.md_wake;
-            let mut woken = lock(m);
-            if !*woken {
-                let tick = p.opts.gc.tick;
-                woken = match c.wait_timeout(woken, tick) {
-                    Ok((g, _)) => g,
-                    Err(e) => e.into_inner().0,
-                };
-            }
-            *woken = false;
-        }
+/// The state one metadata step decides from (gathered by `Pool::md_inputs`).
+#[derive(Debug, Clone)]
+pub struct MdInputs {
+    pub now: Instant,
+    pub extents: u64,
+    /// Clean extents on the list, and reserved ones ready for first writes.
+    pub clean: usize,
+    pub ready: usize,
+    /// Freed extents waiting for a scrub, and scrubbed ones waiting for the
+    /// flush that makes them clean (since `scrubbed_since`).
+    pub dirty: usize,
+    pub scrubbed: usize,
+    pub scrubbed_since: Option<Instant>,
+    pub gc_paused: bool,
+    /// Foreground commands in flight, and their mean latency since the last step.
+    pub fg_inflight: u64,
+    pub fg_latency_ns: u64,
+    /// Flush/FUA commits waiting, control records queued, extent maps changed.
+    pub commit_requests: usize,
+    pub pending_records: usize,
+    pub volumes_dirty: bool,
+    pub last_commit: Instant,
+    pub commit_interval: Option<Duration>,
+}
+
+/// What one metadata step does.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MdPlan {
+    /// Dirty extents to scrub (from the front of the dirty list).
+    pub scrub: usize,
+    /// Flush the device so the scrubbed extents can be recorded clean.
+    pub flush_scrubbed: bool,
+    /// Clean extents to reserve for first writes.
+    pub reserve: usize,
+    /// Write a journal commit (requests, queued records, reservations, or the
+    /// periodic commit of changed extent maps); extents made clean add one too.
+    pub commit: bool,
+}
+
+/// Scrubbed extents wait for a flush in groups this large at most.
+const CLEAN_GROUP: usize = 64;
+/// ... and this long at most.
+const CLEAN_WAIT: Duration = Duration::from_secs(1);
+
+/// Decides one metadata step from its inputs alone (and the GC admission
+/// controller's own state): no I/O, no clock, so it is unit-tested directly.
+pub fn plan_md_step(i: &MdInputs, admission: &mut Admission) -> MdPlan {
+    let available = (i.clean + i.ready) as u64;
+    let (low, _) = admission.watermarks(i.extents);
+    // A paused GC still scrubs when clean extents run short: writes would
+    // otherwise wait for space that never comes.
+    let paused = i.gc_paused && available >= low;
+    let backlog = if paused { 0 } else { i.dirty as u64 };
+    let grant = admission.grant(
+        i.now,
+        backlog,
+        available,
+        i.extents,
+        i.fg_inflight,
+        i.fg_latency_ns,
+    );
+    let scrub = grant.min(i.dirty);
+    let dirty_after = i.dirty - scrub;
+    let scrubbed_after = i.scrubbed + scrub;
+    let since = match i.scrubbed_since {
+        Some(t) if i.scrubbed > 0 => t,
+        _ => i.now,
+    };
+    // Scrubbed extents become clean once the scrub is durable and recorded.
+    // Flushing per batch would cost foreground latency, so it waits for a
+    // bigger group unless space is short or GC has nothing left to do.
+    let flush_scrubbed = scrubbed_after > 0
+        && (scrubbed_after >= CLEAN_GROUP
+            || dirty_after == 0
+            || available < low
+            || admission.s.fixed_batch.is_some()
+            || i.now.saturating_duration_since(since) >= CLEAN_WAIT);
+    // Keep reserved extents ready for first writes.
+    let reserve = if i.ready < READY_TARGET / 2 {
+        (READY_TARGET - i.ready).min(i.clean)
+    } else {
+        0
+    };
+    let periodic = i.volumes_dirty
+        && i.commit_interval
+            .is_some_and(|every| i.now.saturating_duration_since(i.last_commit) >= every);
+    MdPlan {
+        scrub,
+        flush_scrubbed,
+        reserve,
+        commit: i.commit_requests > 0 || i.pending_records > 0 || reserve > 0 || periodic,
     }
+}
+
+/// One round of the metadata thread at `now`; false when the pool is gone or
+/// closing. Idle rounds sleep until woken or the GC tick passes.
+fn md_round(pool: &Weak<Pool>, now: Instant) -> bool {
+    let Some(p) = pool.upgrade() else {
+        return false;
+    };
+    if p.stop.load(Ordering::Acquire) {
+        return false;
+    }
+    if !p.md_step(now) {
+        let (m, c) = &p.md_wake;
+        let mut woken = lock(m);
+        if !*woken {
+            let tick = p.opts.gc.tick;
+            woken = match c.wait_timeout(woken, tick) {
+                Ok((g, _)) => g,
+                Err(e) => e.into_inner().0,
+            };
+        }
+        *woken = false;
+    }
+    true
 }
 
 /// An advisory lock on a pool's file or block device, held while a target or a
@@ -1433,9 +1447,12 @@ pub struct PoolLock {
 }
 
 /// Takes the pool lock: exclusive for a user that writes, shared for `check`.
-pub fn lock_pool(path: &std::path::Path, exclusive: bool) -> Result<PoolLock, String> {
+pub fn lock_pool(path: &std::path::Path, exclusive: bool) -> Result<PoolLock, PoolError> {
     use std::os::fd::AsRawFd;
-    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let file = std::fs::File::open(path).map_err(|e| PoolError::Lock {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
     let op = if exclusive {
         libc::LOCK_EX
     } else {
@@ -1445,12 +1462,14 @@ pub fn lock_pool(path: &std::path::Path, exclusive: bool) -> Result<PoolLock, St
     if unsafe { libc::flock(file.as_raw_fd(), op) } != 0 {
         let e = std::io::Error::last_os_error();
         return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            format!(
-                "{}: the pool is in use by another kvtarget process",
-                path.display()
-            )
+            PoolError::Locked {
+                path: path.display().to_string(),
+            }
         } else {
-            format!("{}: cannot lock: {e}", path.display())
+            PoolError::Lock {
+                path: path.display().to_string(),
+                reason: format!("cannot lock: {e}"),
+            }
         });
     }
     Ok(PoolLock { _file: file })
@@ -1470,14 +1489,14 @@ pub fn check(dev: &SharedDevice) -> CheckReport {
     let mut io = match SyncIo::new(dev) {
         Ok(io) => io,
         Err(e) => {
-            rep.damage.push(e);
+            rep.damage.push(e.to_string());
             return rep;
         }
     };
     let (sb, img, rec) = match load_image(&mut io) {
         Ok(x) => x,
         Err(e) => {
-            rep.damage.push(e);
+            rep.damage.push(e.to_string());
             return rep;
         }
     };
@@ -1530,4 +1549,148 @@ pub fn check(dev: &SharedDevice) -> CheckReport {
         rep.damage.push("extent accounting does not add up".into());
     }
     rep
+}
+
+#[cfg(test)]
+mod plan_tests {
+    use super::*;
+
+    fn inputs(now: Instant) -> MdInputs {
+        MdInputs {
+            now,
+            extents: 1000,
+            clean: 500,
+            ready: READY_TARGET,
+            dirty: 0,
+            scrubbed: 0,
+            scrubbed_since: None,
+            gc_paused: false,
+            fg_inflight: 0,
+            fg_latency_ns: 0,
+            commit_requests: 0,
+            pending_records: 0,
+            volumes_dirty: false,
+            last_commit: now,
+            commit_interval: Some(Duration::from_secs(1)),
+        }
+    }
+
+    fn admission() -> Admission {
+        Admission::new(GcSettings::default())
+    }
+
+    #[test]
+    fn an_idle_pool_plans_nothing() {
+        let t = Instant::now();
+        assert_eq!(
+            plan_md_step(&inputs(t), &mut admission()),
+            MdPlan::default()
+        );
+    }
+
+    #[test]
+    fn reserves_refill_below_half_and_never_beyond_the_clean_list() {
+        let t = Instant::now();
+        let mut i = inputs(t);
+        i.ready = READY_TARGET / 2;
+        assert_eq!(plan_md_step(&i, &mut admission()).reserve, 0);
+        i.ready = READY_TARGET / 2 - 1;
+        let p = plan_md_step(&i, &mut admission());
+        assert_eq!(p.reserve, READY_TARGET / 2 + 1);
+        assert!(p.commit, "a reservation is journaled");
+        i.clean = 3;
+        assert_eq!(plan_md_step(&i, &mut admission()).reserve, 3);
+    }
+
+    #[test]
+    fn commits_for_flushes_queued_records_and_the_periodic_timer() {
+        let t = Instant::now();
+        let mut i = inputs(t);
+        i.commit_requests = 1;
+        assert!(plan_md_step(&i, &mut admission()).commit);
+        let mut i = inputs(t);
+        i.pending_records = 2;
+        assert!(plan_md_step(&i, &mut admission()).commit);
+        // Changed extent maps wait for the interval.
+        let mut i = inputs(t + Duration::from_millis(999));
+        i.last_commit = t;
+        i.volumes_dirty = true;
+        assert!(!plan_md_step(&i, &mut admission()).commit);
+        i.now = t + Duration::from_secs(1);
+        assert!(plan_md_step(&i, &mut admission()).commit);
+        // Nothing changed: the timer alone does not commit.
+        i.volumes_dirty = false;
+        assert!(!plan_md_step(&i, &mut admission()).commit);
+        // No interval configured: never periodic.
+        i.volumes_dirty = true;
+        i.commit_interval = None;
+        assert!(!plan_md_step(&i, &mut admission()).commit);
+    }
+
+    #[test]
+    fn scrubbed_extents_wait_for_a_group_a_second_or_a_shortage() {
+        let t = Instant::now();
+        let mut i = inputs(t + Duration::from_millis(500));
+        i.dirty = 100;
+        i.scrubbed = 10;
+        i.scrubbed_since = Some(t);
+        let mut a = admission();
+        assert!(!plan_md_step(&i, &mut a).flush_scrubbed);
+        i.now = t + Duration::from_secs(1);
+        assert!(plan_md_step(&i, &mut a).flush_scrubbed, "a second passed");
+        i.now = t + Duration::from_millis(500);
+        i.scrubbed = CLEAN_GROUP;
+        assert!(plan_md_step(&i, &mut a).flush_scrubbed, "a full group");
+        i.scrubbed = 10;
+        i.dirty = 0;
+        assert!(
+            plan_md_step(&i, &mut a).flush_scrubbed,
+            "nothing left to scrub"
+        );
+        i.dirty = 100;
+        i.clean = 0;
+        i.ready = 0;
+        assert!(plan_md_step(&i, &mut a).flush_scrubbed, "space is short");
+    }
+
+    #[test]
+    fn gc_scrubs_through_admission_and_a_pause_holds_only_while_space_lasts() {
+        let t = Instant::now();
+        let mut a = admission();
+        let mut i = inputs(t);
+        i.dirty = 100;
+        // The first grant has no elapsed time to earn tokens from.
+        assert_eq!(plan_md_step(&i, &mut a).scrub, 0);
+        i.now = t + Duration::from_secs(1);
+        let p = plan_md_step(&i, &mut a);
+        assert!(p.scrub > 0 && p.scrub <= 4, "{p:?}");
+        // Paused with plenty of clean space: nothing.
+        i.gc_paused = true;
+        i.now += Duration::from_secs(1);
+        assert_eq!(plan_md_step(&i, &mut a).scrub, 0);
+        // Paused but short of space: urgent scrubbing regardless.
+        i.clean = 1;
+        i.ready = 0;
+        i.now += Duration::from_millis(10);
+        let p = plan_md_step(&i, &mut a);
+        assert_eq!(p.scrub, GcSettings::default().batch);
+        assert_eq!(a.mode, GcMode::Urgent);
+        // The plan never scrubs more than is dirty.
+        i.dirty = 2;
+        i.now += Duration::from_millis(10);
+        assert_eq!(plan_md_step(&i, &mut a).scrub, 2);
+    }
+
+    #[test]
+    fn a_fixed_batch_scrubs_exactly_and_flushes_every_step() {
+        let t = Instant::now();
+        let mut a = Admission::new(GcSettings {
+            fixed_batch: Some(3),
+            ..GcSettings::default()
+        });
+        let mut i = inputs(t);
+        i.dirty = 10;
+        let p = plan_md_step(&i, &mut a);
+        assert_eq!((p.scrub, p.flush_scrubbed), (3, true));
+    }
 }

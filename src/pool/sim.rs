@@ -20,6 +20,7 @@ use crate::bdev::{IoChannel, IoCompletion, IoOp, SharedDevice, ERRNO_NO_SPACE, E
 use crate::mem::IoBuf;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Instant;
 
 const SECTOR: u64 = 512;
 const EXTENT: u64 = 64 << 10;
@@ -97,6 +98,9 @@ struct Sim {
     next_value: u64,
     crashes: u64,
     log: Vec<String>,
+    /// Simulated time: starts at a real instant (the one clock read) and
+    /// moves only when the simulation says so.
+    now: Instant,
     /// A create or resize that failed mid-commit: settled after the crash.
     pending_create: Option<(String, MVol)>,
     pending_resize: Option<(String, u64)>,
@@ -141,6 +145,7 @@ impl Sim {
             next_value: 1,
             crashes: 0,
             log: Vec::new(),
+            now: Instant::now(),
             pending_create: None,
             pending_resize: None,
         }
@@ -182,16 +187,17 @@ impl Sim {
     /// Submits one operation and drives channel and metadata steps until it ends.
     fn run(&mut self, name: &str, op: IoOp) -> IoCompletion {
         let pool = self.pool();
+        let now = self.now;
         let ch = self.channel(name);
-        let _ = ch.submit(7, op);
+        let _ = ch.submit(7, op, now);
         ch.flush_submissions();
         for _ in 0..10_000 {
             let mut out = Vec::new();
-            ch.poll(&mut out);
+            ch.poll(&mut out, now);
             if let Some(c) = out.pop() {
                 return c;
             }
-            pool.md_step();
+            pool.md_step(now);
         }
         self.fail(format!("an operation on {name} never completed"))
     }
@@ -514,7 +520,7 @@ impl Sim {
         self.log.push("metadata steps".into());
         let pool = self.pool();
         for _ in 0..1 + self.rng.below(4) {
-            pool.md_step();
+            pool.md_step(self.now);
         }
     }
 
@@ -666,7 +672,7 @@ impl Sim {
             self.model.remove(&n);
         }
         for _ in 0..1000 {
-            pool.md_step();
+            pool.md_step(self.now);
             let s = pool.snapshot();
             if s.dirty == 0 {
                 break;

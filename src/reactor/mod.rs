@@ -222,6 +222,7 @@ impl ChannelCache {
         src: &Arc<S>,
         tag: u64,
         op: IoOp,
+        now: Instant,
     ) -> Result<(), (IoOp, i32)> {
         let found = self.index.get(&src.key()).copied();
         let (i, lane) = match found {
@@ -235,8 +236,8 @@ impl ChannelCache {
             return Err((op, libc::EIO));
         };
         match lane {
-            Some(lane) => e.ch.submit_lane(lane, tag, op),
-            None => e.ch.submit(tag, op),
+            Some(lane) => e.ch.submit_lane(lane, tag, op, now),
+            None => e.ch.submit(tag, op, now),
         }
     }
 
@@ -347,13 +348,25 @@ impl ChannelCache {
         }
     }
 
-    fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
-        self.entries.iter_mut().map(|e| e.ch.poll(out)).sum()
+    fn poll(&mut self, out: &mut Vec<IoCompletion>, now: Instant) -> usize {
+        self.entries.iter_mut().map(|e| e.ch.poll(out, now)).sum()
     }
 
     fn in_flight(&self) -> usize {
         self.entries.iter().map(|e| e.ch.in_flight()).sum()
     }
+}
+
+/// Runs `round(now)` on a thread of its own until it returns false: the loop of
+/// a background worker (a pool's metadata thread). Like a reactor's loop it is
+/// where the time comes from for everything it drives: one clock read per round.
+pub fn spawn_worker(
+    name: String,
+    mut round: impl FnMut(Instant) -> bool + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(move || while round(Instant::now()) {})
 }
 
 pub enum Message {
@@ -804,9 +817,14 @@ impl Reactor {
 
             self.channels.flush_submissions();
             completions.clear();
-            if self.channels.poll(&mut completions) > 0 {
-                busy = true;
+            // The completions' own time (channels time their commands from the
+            // pass's `now` to this one): one more clock read per pass with
+            // device I/O outstanding.
+            if self.channels.in_flight() > 0 {
                 self.now = Instant::now();
+            }
+            if self.channels.poll(&mut completions, self.now) > 0 {
+                busy = true;
                 for c in completions.drain(..) {
                     let conn = (c.tag >> 32) as u32;
                     let slot = c.tag as u16;

@@ -786,7 +786,7 @@ impl QueuePair for TcpConnection {
             }
             _ => {}
         }
-        if self.q.housekeeping(&mut self.l).is_some() {
+        if self.q.housekeeping(&mut self.l, ctx.now).is_some() {
             self.close();
         }
         if self.l.shutting_down

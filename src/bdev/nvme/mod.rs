@@ -86,11 +86,12 @@ impl BlockDevice for NvmeDevice {
             return Ok(());
         }
         let mut ch = self.open_channel()?;
-        ch.submit(0, IoOp::Flush)
+        // Cold path (shutdown, tools): this loop is the channel's clock.
+        ch.submit(0, IoOp::Flush, Instant::now())
             .map_err(|(_, e)| std::io::Error::from_raw_os_error(e))?;
         ch.flush_submissions();
         let mut out = Vec::new();
-        while ch.poll(&mut out) == 0 {
+        while ch.poll(&mut out, Instant::now()) == 0 {
             std::hint::spin_loop();
         }
         match out.pop().map(|c| c.result) {
@@ -499,7 +500,7 @@ impl NvmeChannel {
 }
 
 impl IoChannel for NvmeChannel {
-    fn submit(&mut self, tag: u64, op: IoOp) -> Result<(), (IoOp, i32)> {
+    fn submit(&mut self, tag: u64, op: IoOp, _now: Instant) -> Result<(), (IoOp, i32)> {
         if self.dead || self.ctrl.is_shut_down() {
             return Err((op, libc::EIO));
         }
@@ -545,7 +546,7 @@ impl IoChannel for NvmeChannel {
         }
     }
 
-    fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
+    fn poll(&mut self, out: &mut Vec<IoCompletion>, _now: Instant) -> usize {
         if self.ctrl.generation() != self.generation && !self.dead {
             self.recover();
         }

@@ -249,6 +249,7 @@ mod device {
     use std::collections::VecDeque;
     use std::os::fd::RawFd;
     use std::sync::{Arc, Mutex};
+    use std::time::Instant;
 
     /// Queue entries per channel's queue pair (SPDK clamps to the controller's
     /// MQES; an NVMe-oF target's queue depth, 128 for SPDK's, caps it too).
@@ -341,14 +342,14 @@ mod device {
                 return Ok(());
             }
             let mut ch = self.open_channel()?;
-            ch.submit(0, IoOp::Flush)
+            ch.submit(0, IoOp::Flush, std::time::Instant::now())
                 .map_err(|(_, e)| std::io::Error::from_raw_os_error(e))?;
             ch.flush_submissions();
             let mut out = Vec::new();
             // Cold path (shutdown): bounded by wall time so a dead remote cannot
             // hang the exit.
             let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            while ch.poll(&mut out) == 0 {
+            while ch.poll(&mut out, std::time::Instant::now()) == 0 {
                 if std::time::Instant::now() > until {
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
@@ -647,7 +648,7 @@ mod device {
     }
 
     impl IoChannel for SpdkChannel {
-        fn submit(&mut self, tag: u64, op: IoOp) -> Result<(), (IoOp, i32)> {
+        fn submit(&mut self, tag: u64, op: IoOp, _now: Instant) -> Result<(), (IoOp, i32)> {
             if self.dead || self.qp.is_failed() {
                 self.dead = true;
                 return Err((op, libc::EIO));
@@ -685,7 +686,7 @@ mod device {
             }
         }
 
-        fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
+        fn poll(&mut self, out: &mut Vec<IoCompletion>, _now: Instant) -> usize {
             let mut reaped = std::mem::take(&mut self.reaped);
             let failed = self.qp.process(&mut reaped).is_err();
             for (cell, status, buf) in reaped.drain(..) {

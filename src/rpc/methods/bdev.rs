@@ -153,7 +153,7 @@ pub(super) fn get_iostat(p: &mut Params) -> Parsed {
         }
         Ok(json!({
             "tick_rate": 1_000_000_000u64,
-            "ticks": ctl.target.started.elapsed().as_nanos() as u64,
+            "ticks": ctl.started.elapsed().as_nanos() as u64,
             "bdevs": out,
         }))
     })
@@ -204,7 +204,7 @@ pub(super) fn create_lvstore(p: &mut Params) -> Parsed {
             },
         )
         .map_err(|e| {
-            if e.contains("already holds a pool") {
+            if matches!(e, crate::pool::PoolError::Occupied { .. }) {
                 RpcError::new(code::EEXIST, e)
             } else {
                 RpcError::params(e)
@@ -317,7 +317,7 @@ pub(super) fn lvol_create(p: &mut Params) -> Parsed {
         let v = pool
             .create_volume(&name, size, block_size, flags)
             .map_err(|e| {
-                if e.contains("already exists") {
+                if matches!(e, crate::pool::PoolError::VolumeExists { .. }) {
                     RpcError::new(code::EEXIST, e)
                 } else {
                     RpcError::params(e)

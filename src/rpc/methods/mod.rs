@@ -44,6 +44,8 @@ pub struct Control {
     pub config: crate::config::Config,
     /// Serialises changes so two clients cannot interleave half-done edits.
     edit: Mutex<()>,
+    /// When the control path started (bdev_get_iostat's tick count).
+    pub started: std::time::Instant,
 }
 
 /// What a method does once its parameters are read and checked. `'static`, so
@@ -286,6 +288,7 @@ impl Control {
             rdma,
             config,
             edit: Mutex::new(()),
+            started: std::time::Instant::now(),
         }
     }
 
