@@ -1,0 +1,79 @@
+//! Replays every committed input through its harness under plain `cargo test`:
+//! `corpus/<target>/` (the seeds and what fuzzing kept) and
+//! `regressions/<target>/` (inputs that once crashed; each must pass now).
+//!
+//! An input whose bug is known and not yet fixed lives in
+//! `regressions/<target>/open/`: `open_regressions_still_fail` expects it to
+//! panic, so it shows as a failure here the day the bug is fixed (move it up
+//! one folder then), and `cargo test -- --ignored` lists what is still open.
+
+use std::path::{Path, PathBuf};
+
+fn inputs(dir: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut v: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
+        .collect();
+    v.sort();
+    v
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn replay(folder: &str) -> usize {
+    let mut n = 0;
+    for (name, harness) in kvtarget_fuzz::TARGETS {
+        for p in inputs(&root().join(folder).join(name)) {
+            let data = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            eprintln!("replay {}", p.display());
+            harness(&data);
+            n += 1;
+        }
+    }
+    n
+}
+
+#[test]
+fn corpus_replays_clean() {
+    let n = replay("corpus");
+    assert!(n > 0, "no corpus found under {}", root().join("corpus").display());
+}
+
+#[test]
+fn regressions_replay_clean() {
+    replay("regressions");
+}
+
+/// Every open regression must still crash its harness; see the module doc.
+#[test]
+fn open_regressions_still_fail() {
+    for (name, harness) in kvtarget_fuzz::TARGETS {
+        for p in inputs(&root().join("regressions").join(name).join("open")) {
+            let data = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            let r = std::panic::catch_unwind(|| harness(&data));
+            assert!(
+                r.is_err(),
+                "{} no longer fails: move it to regressions/{name}/",
+                p.display()
+            );
+        }
+    }
+}
+
+/// The open bugs themselves, as failing tests: `cargo test -- --ignored`.
+#[test]
+#[ignore = "known open bugs (fuzz/regressions/*/open/); see fuzz/README or bench/RESULTS.md"]
+fn open_regressions_pass() {
+    for (name, harness) in kvtarget_fuzz::TARGETS {
+        for p in inputs(&root().join("regressions").join(name).join("open")) {
+            let data = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            eprintln!("replay {}", p.display());
+            harness(&data);
+        }
+    }
+}
