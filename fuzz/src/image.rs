@@ -35,36 +35,6 @@ const HDR_PAYLOAD_LEN: usize = 32;
 const HDR_PAYLOAD_CRC: usize = 40;
 const HDR_CRC: usize = 60;
 
-/// Writes an image file's non-zero 4 KiB blocks as an input (runs of them
-/// merged into segments of up to 60 KiB), the reverse of `build`.
-pub fn sparse_from_image(img: &[u8], flags: u8) -> Vec<u8> {
-    let blocks = img.len().div_ceil(BLOCK).min(MAX_DEVICE_BLOCKS as usize);
-    let mut out = vec![flags];
-    out.extend_from_slice(&(blocks as u16).to_le_bytes());
-    let nonzero = |i: usize| img[i * BLOCK..((i + 1) * BLOCK).min(img.len())]
-        .iter()
-        .any(|&b| b != 0);
-    let mut i = 0;
-    while i < blocks {
-        if !nonzero(i) {
-            i += 1;
-            continue;
-        }
-        let start = i;
-        while i < blocks && nonzero(i) && i - start < 15 {
-            i += 1;
-        }
-        let from = start * BLOCK;
-        let to = (i * BLOCK).min(img.len());
-        // Trailing zeros of the run need not be stored: the device is zeroed.
-        let used = img[from..to].iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
-        out.extend_from_slice(&(from as u32).to_le_bytes());
-        out.extend_from_slice(&(used as u16).to_le_bytes());
-        out.extend_from_slice(&img[from..from + used]);
-    }
-    out
-}
-
 /// The device an input describes, or `None` for an input too short to say.
 pub fn build(data: &[u8]) -> Option<SharedDevice> {
     let (&flags, rest) = data.split_first()?;
@@ -146,7 +116,8 @@ fn fix_block(io: &mut SyncIo, size: u64, off: u64, room: u64, magic: &[u8; 8]) {
     let mut b = head.to_vec();
     if total <= room.min(size - off) {
         if let Ok(whole) = io.read(off, total as usize) {
-            b = whole.to_vec();
+            // Reads come back in whole aligned buffers: keep only `total`.
+            b = whole[..total as usize].to_vec();
             let c = crc(&b[HEADER_LEN..]);
             b[HDR_PAYLOAD_CRC..HDR_PAYLOAD_CRC + 4].copy_from_slice(&c.to_le_bytes());
         }
