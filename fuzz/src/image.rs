@@ -38,8 +38,8 @@ const HDR_CRC: usize = 60;
 /// The device an input describes, or `None` for an input too short to say.
 pub fn build(data: &[u8]) -> Option<SharedDevice> {
     let (&flags, rest) = data.split_first()?;
-    let blocks = u64::from(u16::from_le_bytes([*rest.first()?, *rest.get(1)?]))
-        .clamp(1, MAX_DEVICE_BLOCKS);
+    let blocks =
+        u64::from(u16::from_le_bytes([*rest.first()?, *rest.get(1)?])).clamp(1, MAX_DEVICE_BLOCKS);
     let size = blocks * META_BLOCK;
     let dev: SharedDevice = RamDevice::new("fuzz", size).ok()?;
     let mut io = SyncIo::new(&dev).ok()?;
@@ -144,17 +144,24 @@ pub fn check(data: &[u8]) {
     };
     match pool::load_image(&mut io) {
         Ok((sb, img, _)) => {
-            assert!(!rep.lines.is_empty(), "check found no pool where recovery did");
+            assert!(
+                !rep.lines.is_empty(),
+                "check found no pool where recovery did"
+            );
             // The state recovery would write as its next checkpoint must decode
             // to itself and rebuild the same image.
             let c = img.to_checkpoint();
             let enc = c.encode();
             assert_eq!(CheckpointData::decode(&enc).as_ref(), Ok(&c));
             let img2 = Image::from_checkpoint(c.clone(), sb.extent_size, sb.extent_count);
-            assert_eq!(img2.to_checkpoint(), c, "checkpoint of the image rebuilds differently");
+            assert_eq!(
+                img2.to_checkpoint(),
+                c,
+                "checkpoint of the image rebuilds differently"
+            );
         }
         Err(e) => assert!(
-            rep.damage.iter().any(|d| *d == e),
+            rep.damage.contains(&e),
             "load_image failed ({e}) but check did not say so: {:?}",
             rep.damage
         ),

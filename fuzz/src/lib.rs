@@ -21,8 +21,11 @@ use kvtarget::wire::nvme::{
 use kvtarget::wire::rdma::{self, CmRequest, DataDescriptor, KEYED_MAX_LEN};
 use kvtarget::wire::tcp::{self, Digests, ParseLimits, Pdu};
 
+/// A fuzz harness: one input in, a panic on a bug.
+pub type Harness = fn(&[u8]);
+
 /// Every harness, by the name of its corpus folder.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Harness)] = &[
     ("pdu", pdu),
     ("nvme_command", nvme_command),
     ("rdma", rdma),

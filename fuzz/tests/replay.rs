@@ -15,7 +15,12 @@ fn inputs(dir: &Path) -> Vec<PathBuf> {
     };
     let mut v: Vec<PathBuf> = rd
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file() && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
+        .filter(|p| {
+            p.is_file()
+                && !p
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        })
         .collect();
     v.sort();
     v
@@ -41,7 +46,11 @@ fn replay(folder: &str) -> usize {
 #[test]
 fn corpus_replays_clean() {
     let n = replay("corpus");
-    assert!(n > 0, "no corpus found under {}", root().join("corpus").display());
+    assert!(
+        n > 0,
+        "no corpus found under {}",
+        root().join("corpus").display()
+    );
 }
 
 #[test]
@@ -85,7 +94,11 @@ fn pool_check_seeds_are_consistent_pools() {
     let files = inputs(&root().join("corpus/pool_check"));
     let mut seeds = 0;
     for p in &files {
-        let Ok(name) = p.file_name().map(|n| n.to_string_lossy().to_string()).ok_or(()) else {
+        let Ok(name) = p
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .ok_or(())
+        else {
             continue;
         };
         // Seeds are named by hash; fuzzing's own finds (id:...) may be damaged.
@@ -100,4 +113,25 @@ fn pool_check_seeds_are_consistent_pools() {
         seeds += 1;
     }
     assert!(seeds > 0, "no pool seeds");
+}
+
+/// Known open hang (not a panic, so not in `open/`): a superblock whose
+/// geometry is self-consistent but claims far more than the device holds
+/// (here a 1 TB journal and 16.8 M extents on an 8 MiB device) makes `check`
+/// walk the claimed size: seconds in release, minutes in debug. Fails until
+/// `load_image` compares the superblock with the device's real size.
+#[test]
+#[ignore = "open bug: pool check trusts the superblock's claimed device size (fuzz/regressions/pool_check/hangs/)"]
+fn open_hang_check_is_bounded_by_the_real_device() {
+    for p in inputs(&root().join("regressions/pool_check/hangs")) {
+        let data = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        let t = std::time::Instant::now();
+        kvtarget_fuzz::pool_check(&data);
+        assert!(
+            t.elapsed().as_secs() < 1,
+            "{}: {:?}",
+            p.display(),
+            t.elapsed()
+        );
+    }
 }
