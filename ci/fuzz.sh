@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing (cargo-afl, stable Rust): builds the fuzz/ targets and
+# runs each for a bounded time from its committed corpus. Fails if any target
+# finds a crash or a hang, printing the reproducer and how to replay it.
+#
+#   ci/fuzz.sh                      every target, FUZZ_SECONDS (20) each
+#   FUZZ_SECONDS=600 ci/fuzz.sh pdu one target, longer
+#
+# cargo-afl and AFL++ (built by `cargo afl config --build`) are cached in
+# .cache/fuzz; findings go to fuzz/out/<target>/ (ignored by git).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+secs=${FUZZ_SECONDS:-20}
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(pdu nvme_command rdma pool_format pool_check config)
+
+cache=$repo/.cache/fuzz
+export XDG_DATA_HOME=$cache/xdg
+export PATH=$cache/cargo/bin:$PATH
+# AFL++'s build needs make and a C compiler; on a fresh Debian 12 they may be missing.
+if ! command -v make >/dev/null || ! command -v cc >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq build-essential >/dev/null
+fi
+if ! command -v cargo-afl >/dev/null; then
+    echo "==> installing cargo-afl into $cache/cargo"
+    CARGO_TARGET_DIR=$cache/cargo-build cargo install cargo-afl --version '^0.18' --locked --root "$cache/cargo"
+fi
+if ! ls "$XDG_DATA_HOME"/afl.rs/*/*/afl/bin/afl-fuzz >/dev/null 2>&1; then
+    echo "==> building AFL++ (cargo afl config --build)"
+    cargo afl config --build
+fi
+
+echo "==> cargo afl build --release --features afl (fuzz/)"
+(cd fuzz && cargo afl build --release --features afl --bins)
+
+export AFL_SKIP_CPUFREQ=1 AFL_NO_UI=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1
+export AFL_NO_AFFINITY=${AFL_NO_AFFINITY:-1}   # shared cores: do not pin
+failed=()
+summary=()
+for t in "${targets[@]}"; do
+    out=$repo/fuzz/out/$t
+    rm -rf "$out"
+    mkdir -p "$out"
+    echo "==> fuzzing $t for ${secs}s"
+    # -V stops after that many seconds; -t the per-input timeout in ms (a
+    # slower input is a hang: the parsers have nothing to wait for).
+    if ! cargo afl fuzz -V "$secs" -t "${FUZZ_TIMEOUT_MS:-1000}" -i "fuzz/corpus/$t" -o "$out" \
+        "fuzz/target/release/$t" > "$out/afl.log" 2>&1; then
+        tail -n 20 "$out/afl.log"
+        failed+=("$t: afl-fuzz failed (log $out/afl.log)")
+        continue
+    fi
+    stats=$out/default/fuzzer_stats
+    field() { sed -n "s/^$1 *: *//p" "$stats"; }
+    line="$t: $(field execs_done) execs, $(field execs_per_sec) exec/s, corpus $(field corpus_count), edges $(field edges_found)/$(field total_edges) ($(field bitmap_cvg)), crashes $(field saved_crashes), hangs $(field saved_hangs)"
+    summary+=("$line")
+    echo "$line"
+    for kind in crashes hangs; do
+        for f in "$out"/default/$kind/id:*; do
+            [ -e "$f" ] || continue
+            failed+=("$t: $kind/$(basename "$f")")
+            echo "FUZZ FAILURE ($kind) in $t: $f"
+            echo "  replay:  fuzz/target/release/$t < '$f'"
+            echo "  keep it: cp '$f' fuzz/regressions/$t/<name> && (cd fuzz && cargo test)"
+        done
+    done
+done
+echo
+echo "==> fuzzing summary (${secs}s per target)"
+printf '  %s\n' "${summary[@]}"
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "==> fuzzing found problems:"
+    printf '  %s\n' "${failed[@]}"
+    exit 1
+fi
