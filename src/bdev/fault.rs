@@ -4,8 +4,13 @@
 //! torn at any sector), and a fuse can make every operation fail from the Nth
 //! write on, to crash in the middle of a metadata update.
 //!
-//! Channels complete synchronously: an operation's completion is ready at the
-//! next `poll`, which keeps a single-threaded simulation deterministic.
+//! Channels complete at the next `poll`. With `reorder` set, a channel holds
+//! what was submitted and carries it out at `poll` in an order drawn from the
+//! device's seeded generator, as a real device may reorder commands that are in
+//! flight together (writes against a Flush among them). Read faults return one
+//! read's data corrupted or from the wrong place, as failing media and firmware
+//! do. Everything is drawn from seeds, so a single-threaded simulation stays
+//! deterministic.
 
 use super::{BlockDevice, IoChannel, IoCompletion, IoOp};
 use std::os::fd::RawFd;
@@ -25,6 +30,27 @@ struct State {
     tripped: bool,
     writes: u64,
     flushes: u64,
+    /// Carry out each channel's submissions at `poll`, shuffled by this.
+    reorder: Option<SimRng>,
+    /// The next faulty read, and reads left before it.
+    read_fault: Option<(u64, ReadFault)>,
+    read_faults: u64,
+}
+
+/// What a faulty read returns instead of the data asked for. Applied to the
+/// first read after the countdown that overlaps `range` (one read, then gone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadFault {
+    pub range: std::ops::Range<u64>,
+    pub kind: ReadFaultKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadFaultKind {
+    /// One byte of the data flipped.
+    Corrupt { at: u64 },
+    /// The data of another offset (`by` bytes further, wrapping in the device).
+    Misdirect { by: u64 },
 }
 
 pub struct FaultDevice {
@@ -68,6 +94,9 @@ impl FaultDevice {
                 tripped: false,
                 writes: 0,
                 flushes: 0,
+                reorder: None,
+                read_fault: None,
+                read_faults: 0,
             }),
         })
     }
@@ -83,6 +112,26 @@ impl FaultDevice {
     pub fn arm_fuse(&self, writes: u64) {
         let mut s = self.lock();
         s.fuse = Some(writes);
+    }
+
+    /// Makes channels carry out their submissions at `poll` in an order drawn
+    /// from `seed`.
+    pub fn set_reorder(&self, seed: Option<u64>) {
+        self.lock().reorder = seed.map(SimRng);
+    }
+
+    /// Arms one faulty read, after `after` more reads that overlap its range.
+    pub fn arm_read_fault(&self, after: u64, fault: ReadFault) {
+        self.lock().read_fault = Some((after, fault));
+    }
+
+    pub fn disarm_read_fault(&self) {
+        self.lock().read_fault = None;
+    }
+
+    /// Faulty reads served so far.
+    pub fn read_faults(&self) -> u64 {
+        self.lock().read_faults
     }
 
     pub fn tripped(&self) -> bool {
@@ -139,7 +188,38 @@ impl FaultDevice {
                 if !in_range(*offset, buf.len() as u64) {
                     return Err(libc::EINVAL);
                 }
-                Self::read_into(&s, *offset, buf);
+                let (off, len) = (*offset, buf.len() as u64);
+                let hit = match &mut s.read_fault {
+                    Some((left, f)) if off < f.range.end && f.range.start < off + len => {
+                        if *left == 0 {
+                            Some(f.kind)
+                        } else {
+                            *left -= 1;
+                            None
+                        }
+                    }
+                    _ => None,
+                };
+                match hit {
+                    None => Self::read_into(&s, off, buf),
+                    Some(kind) => {
+                        s.read_fault = None;
+                        s.read_faults += 1;
+                        match kind {
+                            ReadFaultKind::Corrupt { at } => {
+                                Self::read_into(&s, off, buf);
+                                if let Some(b) = buf.get_mut((at % len.max(1)) as usize) {
+                                    *b ^= 0x5A;
+                                }
+                            }
+                            ReadFaultKind::Misdirect { by } => {
+                                let span = self.size.saturating_sub(len).max(1);
+                                let from = (off + by) % span;
+                                Self::read_into(&s, from, buf);
+                            }
+                        }
+                    }
+                }
                 Ok(())
             }
             IoOp::Write { .. } | IoOp::WriteZeroes { .. } | IoOp::Deallocate { .. } => {
@@ -183,27 +263,67 @@ impl FaultDevice {
 
 struct FaultChannel {
     dev: Arc<FaultDevice>,
+    /// Submissions held for `poll` when the device reorders.
+    held: Vec<(u64, IoOp)>,
     done: Vec<IoCompletion>,
 }
 
-impl IoChannel for FaultChannel {
-    fn submit(&mut self, tag: u64, mut op: IoOp, _now: Instant) -> Result<(), (IoOp, i32)> {
+impl FaultChannel {
+    fn run(&mut self, tag: u64, mut op: IoOp) {
         let result = self.dev.execute(&mut op);
         self.done.push(IoCompletion {
             tag,
             result,
             buf: op.into_buf(),
         });
+    }
+}
+
+impl FaultDevice {
+    /// A seeded order for `n` held operations, or None when not reordering.
+    fn order(&self, n: usize) -> Option<Vec<usize>> {
+        let mut s = self.lock();
+        let rng = s.reorder.as_mut()?;
+        let mut idx: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            idx.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        Some(idx)
+    }
+
+    fn reorders(&self) -> bool {
+        self.lock().reorder.is_some()
+    }
+}
+
+impl IoChannel for FaultChannel {
+    fn submit(&mut self, tag: u64, op: IoOp, _now: Instant) -> Result<(), (IoOp, i32)> {
+        if self.dev.reorders() {
+            self.held.push((tag, op));
+        } else {
+            self.run(tag, op);
+        }
         Ok(())
     }
     fn flush_submissions(&mut self) {}
     fn poll(&mut self, out: &mut Vec<IoCompletion>, _now: Instant) -> usize {
+        if !self.held.is_empty() {
+            let held = std::mem::take(&mut self.held);
+            let order = self.dev.order(held.len());
+            let mut slots: Vec<Option<(u64, IoOp)>> = held.into_iter().map(Some).collect();
+            let order = order.unwrap_or_else(|| (0..slots.len()).collect());
+            for i in order {
+                if let Some((tag, op)) = slots.get_mut(i).and_then(Option::take) {
+                    self.run(tag, op);
+                }
+            }
+        }
         let n = self.done.len();
         out.append(&mut self.done);
         n
     }
     fn in_flight(&self) -> usize {
-        self.done.len()
+        self.held.len() + self.done.len()
     }
     fn completion_fd(&self) -> Option<RawFd> {
         None
@@ -222,6 +342,7 @@ impl BlockDevice for FaultHandle {
     }
     fn open_channel(&self) -> std::io::Result<Box<dyn IoChannel>> {
         Ok(Box::new(FaultChannel {
+            held: Vec::new(),
             dev: self.0.clone(),
             done: Vec::new(),
         }))

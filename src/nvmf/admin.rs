@@ -531,6 +531,27 @@ mod tests {
     }
 
     #[test]
+    fn the_discovery_controller_keeps_one_serial_number() {
+        let (t, _) = setup();
+        let d = Controller::new(
+            1,
+            t.discovery.clone(),
+            "nqn.h",
+            [0; 16],
+            0,
+            "t".into(),
+            Instant::now(),
+        );
+        let first = identify_controller(&t, &d).serial;
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert_eq!(identify_controller(&t, &d).serial, first);
+        assert_eq!(first.len(), 16);
+        // Another target instance has its own.
+        let (t2, _) = setup();
+        assert_ne!(t2.discovery_serial, first);
+    }
+
+    #[test]
     fn identify_controller_has_what_linux_needs() {
         let (t, c) = setup();
         let mut s = Sqe::new(admin_opc::IDENTIFY, 1, 0);

@@ -93,6 +93,11 @@ struct Req {
     /// device, says what a block holds (after a crash, data of an unflushed
     /// write may sit in blocks the bitmap does not count).
     zero_after: Vec<(usize, usize)>,
+    /// Blocks (extent, first, count) the command makes valid once its data is
+    /// on the device: marked at completion, never before, so no metadata
+    /// commit can journal a block as written while its data is in flight
+    /// (after a crash it would read back whatever the block held before).
+    valid_after: Vec<(u32, u32, u32)>,
     start: Instant,
 }
 
@@ -176,6 +181,14 @@ impl PoolChannel {
         })
     }
 
+    /// A channel as reactor `reactor` opens it (the simulation runs several
+    /// reactors' channels on one thread).
+    pub fn on_reactor(pool: Arc<Pool>, reactor: usize) -> std::io::Result<PoolChannel> {
+        let mut ch = PoolChannel::new(pool)?;
+        ch.io.reactor = reactor;
+        Ok(ch)
+    }
+
     /// A channel whose plain `submit` goes to `vol`.
     pub fn for_volume(pool: Arc<Pool>, vol: Arc<Volume>) -> std::io::Result<PoolChannel> {
         let mut ch = PoolChannel::new(pool)?;
@@ -249,6 +262,7 @@ impl Engine {
             pinned: Vec::new(),
             emptied: Vec::new(),
             zero_after: Vec::new(),
+            valid_after: Vec::new(),
             start: now,
         };
         self.active += 1;
@@ -282,6 +296,13 @@ impl Engine {
             return;
         };
         let vol = &lane.vol;
+        // Valid before unpinning, so the extent cannot be unmapped as empty.
+        if r.err.is_none() {
+            for &(lext, first, n) in &r.valid_after {
+                vol.set_valid(lext, first, n);
+            }
+        }
+        r.valid_after.clear();
         for &lext in &r.pinned {
             vol.unpin(lext);
         }
@@ -623,13 +644,15 @@ impl Engine {
         let bs = vol.desc.block_size as u64;
         let ri = self.new_req(lanes, lane, tag, Kind::Write { fua }, Some(buf), now);
         let mut plan = Vec::new();
+        let mut valid = Vec::with_capacity(mapped.len());
         for &(lext, phys, off, n) in &mapped {
-            vol.set_valid(lext, (off / bs) as u32, (n / bs) as u32);
+            valid.push((lext, (off / bs) as u32, (n / bs) as u32));
             let at = ((lext as u64) * vol.extent_size() + off - offset) as usize;
             plan.push((self.pool.sb.extent_offset(phys) + off, at, n));
         }
         if let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.as_mut()) {
             r.pinned = mapped.iter().map(|m| m.0).collect();
+            r.valid_after = valid;
         }
         for (phys_off, at, n) in plan {
             self.issue(
@@ -670,6 +693,7 @@ impl Engine {
         let mut plan = Vec::new();
         let mut pinned = Vec::new();
         let mut emptied = Vec::new();
+        let mut valid = Vec::new();
         if deallocate || !vol.unwritten_error() {
             // Deallocate, or Write Zeroes where unwritten blocks already read as
             // zeros: only mapped extents need device work.
@@ -684,7 +708,7 @@ impl Engine {
                         emptied.push(lext);
                     }
                 } else {
-                    vol.set_valid(lext, first, nb);
+                    valid.push((lext, first, nb));
                 }
                 plan.push((self.pool.sb.extent_offset(phys) + off, n));
             }
@@ -695,7 +719,7 @@ impl Engine {
                 Ok(mapped) => {
                     for (lext, phys, off, n) in mapped {
                         pinned.push(lext);
-                        vol.set_valid(lext, (off / bs) as u32, (n / bs) as u32);
+                        valid.push((lext, (off / bs) as u32, (n / bs) as u32));
                         plan.push((self.pool.sb.extent_offset(phys) + off, n));
                     }
                 }
@@ -712,6 +736,7 @@ impl Engine {
         if let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.as_mut()) {
             r.pinned = pinned;
             r.emptied = emptied;
+            r.valid_after = valid;
             r.bytes = len;
             r.deallocate = deallocate;
         }

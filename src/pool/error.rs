@@ -19,6 +19,12 @@ pub enum PoolError {
     },
     #[error("checkpoint header: belongs to another pool")]
     ForeignCheckpoint,
+    #[error("superblock: the pool claims {claimed} bytes, the device has {actual}")]
+    DeviceTooSmall { claimed: u64, actual: u64 },
+    #[error("checkpoint: journal position {pos} is not a block inside the {len}-byte journal")]
+    CheckpointJournalPosition { pos: u64, len: u64 },
+    #[error("checkpoint: generation {gen} read from slot {slot} belongs in the other slot")]
+    CheckpointMisplaced { gen: u64, slot: usize },
     #[error("checkpoint: {bytes} bytes overflow the slot")]
     CheckpointOverflow { bytes: u64 },
     #[error("no valid checkpoint ({detail})")]

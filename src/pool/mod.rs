@@ -294,28 +294,76 @@ pub struct RecoveryReport {
 
 /// Reads a pool's metadata without changing anything: superblock, the newest
 /// valid checkpoint, and the journal replayed to its last valid entry.
-pub fn load_image(io: &mut SyncIo) -> Result<(Superblock, Image, RecoveryReport), PoolError> {
-    let sbb = io.read(0, META_BLOCK as usize)?;
-    let sb = Superblock::decode(&sbb)?;
+/// Runs a metadata read-and-verify once more when it fails: a device can
+/// return one read corrupted or from the wrong place, and taking that for
+/// the journal's end (or a bad checkpoint) would silently recover an older
+/// state. A failure that repeats is the metadata's own (a torn tail).
+fn verified<T>(what: &str, mut read: impl FnMut() -> Result<T, PoolError>) -> Result<T, PoolError> {
+    match read() {
+        Ok(v) => Ok(v),
+        Err(first) => match read() {
+            Ok(v) => {
+                tracing::warn!(
+                    "{what}: a read failed verification ({first}); read again, it is good"
+                );
+                Ok(v)
+            }
+            Err(e) => Err(e),
+        },
+    }
+}
+
+/// `device_size` is what the device really holds: a superblock claiming
+/// more is refused before anything it describes is read.
+pub fn load_image(
+    io: &mut SyncIo,
+    device_size: u64,
+) -> Result<(Superblock, Image, RecoveryReport), PoolError> {
+    let sb = verified("superblock", || {
+        let sbb = io.read(0, META_BLOCK as usize)?;
+        Ok(Superblock::decode(&sbb)?)
+    })?;
+    if sb.device_size > device_size {
+        return Err(PoolError::DeviceTooSmall {
+            claimed: sb.device_size,
+            actual: device_size,
+        });
+    }
     let tag = pool_tag(&sb.uuid);
     let mut best: Option<(BlockHeader, CheckpointData, usize)> = None;
     let mut errors = Vec::new();
     for slot in 0..2 {
         let off = sb.ckpt_offset + slot as u64 * sb.ckpt_slot_len;
-        let r = (|| -> Result<(BlockHeader, CheckpointData), PoolError> {
-            let head = io.read(off, META_BLOCK as usize)?;
-            let h = BlockHeader::decode(CHECKPOINT_MAGIC, &head, "checkpoint header")?;
-            if h.pool_tag != tag {
-                return Err(PoolError::ForeignCheckpoint);
-            }
-            let total = round_up(HEADER_LEN as u64 + h.payload_len, META_BLOCK);
-            if total > sb.ckpt_slot_len {
-                return Err(PoolError::CheckpointOverflow { bytes: total });
-            }
-            let b = io.read(off, total as usize)?;
-            let p = unseal(&h, &b, "checkpoint")?;
-            Ok((h, CheckpointData::decode(p)?))
-        })();
+        let r = verified(
+            "checkpoint",
+            || -> Result<(BlockHeader, CheckpointData), PoolError> {
+                let head = io.read(off, META_BLOCK as usize)?;
+                let h = BlockHeader::decode(CHECKPOINT_MAGIC, &head, "checkpoint header")?;
+                if h.pool_tag != tag {
+                    return Err(PoolError::ForeignCheckpoint);
+                }
+                // Generation g lives in slot g % 2 (format's first one, 1, in
+                // slot 0): another slot's valid checkpoint here is a misdirected
+                // read, and taking it would recover an older state.
+                if h.seq % 2 != slot as u64 && h.seq != 1 {
+                    return Err(PoolError::CheckpointMisplaced { gen: h.seq, slot });
+                }
+                // The head may sit exactly at the ring's end (the next entry wraps).
+                if h.journal_pos > sb.journal_len || h.journal_pos % META_BLOCK != 0 {
+                    return Err(PoolError::CheckpointJournalPosition {
+                        pos: h.journal_pos,
+                        len: sb.journal_len,
+                    });
+                }
+                let total = round_up(HEADER_LEN as u64 + h.payload_len, META_BLOCK);
+                if total > sb.ckpt_slot_len {
+                    return Err(PoolError::CheckpointOverflow { bytes: total });
+                }
+                let b = io.read(off, total as usize)?;
+                let p = unseal(&h, &b, "checkpoint")?;
+                Ok((h, CheckpointData::decode(p)?))
+            },
+        );
         match r {
             Ok((h, c)) => {
                 if best.as_ref().map_or(true, |(bh, _, _)| h.seq > bh.seq) {
@@ -349,23 +397,26 @@ pub fn load_image(io: &mut SyncIo) -> Result<(Superblock, Image, RecoveryReport)
         if rep.replayed_bytes >= sb.journal_len {
             break "journal fully replayed".into();
         }
-        let entry = (|| -> Result<(Vec<Record>, u64), PoolError> {
-            if pos + META_BLOCK > sb.journal_len {
-                return Err(PoolError::EndOfRing);
-            }
-            let head = io.read(sb.journal_offset + pos, META_BLOCK as usize)?;
-            let h = BlockHeader::decode(JOURNAL_MAGIC, &head, "journal entry")?;
-            if h.pool_tag != tag || h.seq != seq {
-                return Err(PoolError::JournalSequence { pos, seq });
-            }
-            let total = round_up(HEADER_LEN as u64 + h.payload_len, META_BLOCK);
-            if pos + total > sb.journal_len {
-                return Err(PoolError::JournalEntryOverrun { pos });
-            }
-            let b = io.read(sb.journal_offset + pos, total as usize)?;
-            let p = unseal(&h, &b, "journal entry")?;
-            Ok((Record::decode_all(p, "journal entry")?, total))
-        })();
+        let entry = verified(
+            "journal entry",
+            || -> Result<(Vec<Record>, u64), PoolError> {
+                if pos + META_BLOCK > sb.journal_len {
+                    return Err(PoolError::EndOfRing);
+                }
+                let head = io.read(sb.journal_offset + pos, META_BLOCK as usize)?;
+                let h = BlockHeader::decode(JOURNAL_MAGIC, &head, "journal entry")?;
+                if h.pool_tag != tag || h.seq != seq {
+                    return Err(PoolError::JournalSequence { pos, seq });
+                }
+                let total = round_up(HEADER_LEN as u64 + h.payload_len, META_BLOCK);
+                if pos + total > sb.journal_len {
+                    return Err(PoolError::JournalEntryOverrun { pos });
+                }
+                let b = io.read(sb.journal_offset + pos, total as usize)?;
+                let p = unseal(&h, &b, "journal entry")?;
+                Ok((Record::decode_all(p, "journal entry")?, total))
+            },
+        );
         match entry {
             Ok((records, total)) => {
                 rep.journal_entries += 1;
@@ -466,7 +517,8 @@ impl Pool {
     /// fresh checkpoint, and starts the metadata thread.
     pub fn open(name: &str, dev: SharedDevice, opts: PoolOptions) -> Result<Arc<Pool>, PoolError> {
         let mut io = SyncIo::new(&dev)?;
-        let (sb, img, rep) = load_image(&mut io).map_err(|e| e.on(dev.describe()))?;
+        let (sb, img, rep) =
+            load_image(&mut io, dev.size_bytes()).map_err(|e| e.on(dev.describe()))?;
         let (_, problems) = img.ownership();
         if let Some(p) = img.problems.iter().chain(problems.iter()).next() {
             return Err(PoolError::Damaged {
@@ -842,6 +894,41 @@ impl Pool {
         (problems, summary)
     }
 
+    /// `verify_live` plus the allocator's accounting, for a pool with nothing
+    /// in flight (the simulation between steps): every extent is in exactly
+    /// one place, mapped, on a free list, reserved, or freed and not yet
+    /// listed, so those counts add up to the pool's extents exactly. With
+    /// `counters` (right after a metadata step) the published counters must
+    /// match the lists too.
+    pub fn verify_quiescent(&self, counters: bool) -> Vec<String> {
+        let (mut problems, summary) = self.verify_live();
+        let m = lock(&self.meta);
+        let mapped: usize = self.volumes().iter().map(|v| v.mapped().len()).sum();
+        let reserved = self.ready.len() + self.caches.iter().map(|c| c.len()).sum::<usize>();
+        let listed =
+            mapped + m.clean.len() + m.dirty.len() + m.scrubbed.len() + reserved + self.freed.len();
+        if listed != self.sb.extent_count as usize {
+            problems.push(format!(
+                "extent accounting: {listed} accounted for, pool has {} ({summary})",
+                self.sb.extent_count
+            ));
+        }
+        // What the metrics report must be what the lists hold.
+        let (clean, dirty) = (
+            self.stats.clean.load(Ordering::Relaxed) as usize,
+            self.stats.dirty.load(Ordering::Relaxed) as usize,
+        );
+        if counters && (clean != m.clean.len() || dirty != m.dirty.len() + m.scrubbed.len()) {
+            problems.push(format!(
+                "counters: clean {clean} dirty {dirty}, lists: clean {} dirty {} scrubbing {}",
+                m.clean.len(),
+                m.dirty.len(),
+                m.scrubbed.len()
+            ));
+        }
+        problems
+    }
+
     /// Pauses or resumes background GC (below the low watermark it runs anyway).
     pub fn set_gc_paused(&self, paused: bool) {
         self.gc_paused.store(paused, Ordering::Relaxed);
@@ -1174,6 +1261,12 @@ impl Pool {
             self.stats.commits.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
+        // Data before metadata: an entry that marks blocks valid must not
+        // reach the device before their data does, or a crash could keep the
+        // entry and lose the data (the blocks would read their old contents).
+        if records.iter().any(|r| matches!(r, Record::Extent { .. })) {
+            m.io.flush()?;
+        }
         let limit = MAX_ENTRY.min(self.sb.journal_len as usize / 8);
         let mut w = Writer::default();
         let mut entries = Vec::new();
@@ -1493,7 +1586,7 @@ pub fn check(dev: &SharedDevice) -> CheckReport {
             return rep;
         }
     };
-    let (sb, img, rec) = match load_image(&mut io) {
+    let (sb, img, rec) = match load_image(&mut io, dev.size_bytes()) {
         Ok(x) => x,
         Err(e) => {
             rep.damage.push(e.to_string());
