@@ -293,7 +293,7 @@ impl Server {
         }
 
         let mut specs = Vec::new();
-        let mut addrs = cfg.listen_addrs()?;
+        let mut addrs = cfg.listen_addrs().map_err(|e| e.to_string())?;
         // Addresses a subsystem lists that are not global listeners are
         // listened on too (a saved configuration carries RPC-added ones).
         for s in &cfg.subsystems {
@@ -304,7 +304,12 @@ impl Server {
                 .filter_map(|a| a.parse::<SocketAddr>().ok())
             {
                 // An RDMA listener's address stays RDMA-only.
-                if !addrs.contains(&a) && !cfg.rdma_listen_addrs()?.contains(&a) {
+                if !addrs.contains(&a)
+                    && !cfg
+                        .rdma_listen_addrs()
+                        .map_err(|e| e.to_string())?
+                        .contains(&a)
+                {
                     addrs.push(a);
                 }
             }
@@ -312,7 +317,7 @@ impl Server {
         for a in addrs {
             specs.push(transport::bind(a, false)?);
             if let Some(p) = cfg.discovery.port {
-                if cfg.listen_addrs()?.contains(&a) {
+                if cfg.listen_addrs().map_err(|e| e.to_string())?.contains(&a) {
                     specs.push(transport::bind(SocketAddr::new(a.ip(), p), true)?);
                 }
             }
@@ -322,7 +327,7 @@ impl Server {
         // RDMA listeners: rdma-core is loaded only now, so a configuration
         // without them never needs it.
         let mut rdma_specs = Vec::new();
-        for a in cfg.rdma_listen_addrs()? {
+        for a in cfg.rdma_listen_addrs().map_err(|e| e.to_string())? {
             rdma_specs.push(transport::rdma::listen(a, false)?);
         }
         let rdma_addrs: Vec<SocketAddr> = rdma_specs.iter().map(|l| l.addr).collect();
