@@ -996,16 +996,19 @@ impl Config {
             if let Some(size) = p.size {
                 // The pool's own layout decides what fits: the format code, not a
                 // number here, knows how much metadata a pool of this size needs.
-                if p.extent_size > size {
-                    return Err(invalid!(
-                        "{f}.extent_size",
-                        "{} is larger than the pool ({size} bytes)",
-                        p.extent_size
-                    ));
-                }
                 let min = min_device_size(p.extent_size)
                     .map_err(|e| invalid!("{f}.extent_size", "{e}"))?;
                 if size < min {
+                    // Blame the extent size when smaller extents would fit.
+                    let smallest = min_device_size(MIN_EXTENT_SIZE)
+                        .map_err(|e| invalid!("{f}.extent_size", "{e}"))?;
+                    if size >= smallest {
+                        return Err(invalid!(
+                            "{f}.extent_size",
+                            "{} byte extents need a pool of at least {min} bytes (size is {size})",
+                            p.extent_size
+                        ));
+                    }
                     return Err(invalid!(
                         "{f}.size",
                         "{size} bytes cannot hold a pool with {} byte extents: superblock, checkpoints, journal and one extent need at least {min} bytes ({} MiB)",
@@ -1531,9 +1534,99 @@ block_size = 4096
         .unwrap();
     }
 
+    /// A RAM pool of `size` with `extent` extents, its volume served as nsid 1.
+    fn pool_config(size: &str, extent: &str) -> String {
+        format!(
+            "[[pools]]\nname = \"kv\"\nbackend = \"ram\"\nsize = {size}\nextent_size = {extent}\n\n[[pools.volumes]]\nname = \"v\"\nsize = \"1GiB\"\n{GOOD}"
+        )
+    }
+
+    fn field_of(text: &str) -> String {
+        let e = Config::parse(text).unwrap_err();
+        assert!(!e.to_string().contains('\n'), "one line: {e}");
+        e.field()
+            .map(str::to_string)
+            .unwrap_or_else(|| e.to_string())
+    }
+
+    #[test]
+    fn pool_sizes_follow_the_pool_layout() {
+        use crate::pool::format::{min_device_size, Superblock};
+        for extent in [64u64 << 10, 1 << 20, 64 << 20] {
+            let min = min_device_size(extent).unwrap();
+            // The smallest size the format accepts, and nothing below it.
+            assert!(Superblock::layout(min, extent, [0; 16], None).is_ok());
+            assert!(Superblock::layout(min - 4096, extent, [0; 16], None).is_err());
+            Config::parse(&pool_config(&min.to_string(), &extent.to_string())).unwrap();
+            let below = pool_config(&(min - 4096).to_string(), &extent.to_string());
+            let f = field_of(&below);
+            assert!(f == "pools[0].size" || f == "pools[0].extent_size", "{f}");
+        }
+        assert_eq!(field_of(&pool_config("0", "\"1MiB\"")), "pools[0].size");
+        assert_eq!(field_of(&pool_config("4096", "\"1MiB\"")), "pools[0].size");
+        // 32 MiB holds a pool of 1 MiB extents, not of 64 MiB ones.
+        assert_eq!(
+            field_of(&pool_config("\"32MiB\"", "\"64MiB\"")),
+            "pools[0].extent_size"
+        );
+        assert_eq!(
+            field_of(&pool_config("\"1GiB\"", "\"3MiB\"")),
+            "pools[0].extent_size"
+        );
+        assert_eq!(
+            field_of(&pool_config("\"1GiB\"", "\"128MiB\"")),
+            "pools[0].extent_size"
+        );
+        assert!(min_device_size(3 << 20).is_err());
+    }
+
+    #[test]
+    fn volume_and_reference_errors_name_the_field() {
+        let base = pool_config("\"1GiB\"", "\"1MiB\"");
+        Config::parse(&base).unwrap();
+        let vol = |with: &str| base.replace("name = \"v\"\nsize = \"1GiB\"\n", with);
+        assert_eq!(
+            field_of(&vol("name = \"v\"\nsize = 0\n")),
+            "pools[0].volumes[0].size"
+        );
+        assert_eq!(
+            field_of(&vol("name = \"v\"\nsize = \"1GiB\"\nblock_size = 2048\n")),
+            "pools[0].volumes[0].block_size"
+        );
+        // More logical extents than a volume's map holds.
+        assert_eq!(
+            field_of(&vol("name = \"v\"\nsize = \"2048TiB\"\n")),
+            "pools[0].volumes[0].size"
+        );
+        let served = base.replace(
+            "backend = \"uring\"\npath = \"/tmp/x.img\"\nsize = \"1GiB\"\nblock_size = 4096\n",
+            "volume = \"kv/nope\"\n",
+        );
+        assert_eq!(field_of(&served), "subsystems[0].namespaces[0].volume");
+        assert_eq!(
+            field_of(&served.replace("kv/nope", "other/v")),
+            "subsystems[0].namespaces[0].volume"
+        );
+        let two = format!("{base}\n[[pools]]\nname = \"kv\"\nbackend = \"ram\"\nsize = \"1GiB\"\n");
+        assert_eq!(field_of(&two), "pools[1].name");
+    }
+
+    #[test]
+    fn type_errors_name_the_key() {
+        let e = err(&GOOD.replace("port = 4420", "port = 70000"));
+        assert!(e.contains("listeners[0].port: "), "{e}");
+        let e = err(&GOOD.replace("nsid = 1", "nsid = -1"));
+        assert!(e.contains("subsystems[0].namespaces[0].nsid: "), "{e}");
+        let e = err(&GOOD.replace("port = 8009", "port = \"x\""));
+        assert!(e.contains("discovery.port: "), "{e}");
+        let e = err(&format!("{GOOD}\n[[subsystems]]\nnqn = \"nqn.2026-11.x:b\"\n[[subsystems.namespaces]]\nnsid = 1\n[[subsystems.namespaces]]\nnsid = true\n"));
+        assert!(e.contains("subsystems[1].namespaces[1].nsid: "), "{e}");
+    }
+
     #[test]
     fn sizes() {
         assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("x"), Err(SizeError::NotASize("x".into())));
         assert_eq!(parse_size("64KiB"), Ok(65536));
         assert_eq!(parse_size("2G"), Ok(2 << 30));
         assert!(parse_size("").is_err());
