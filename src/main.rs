@@ -615,7 +615,7 @@ mod tools {
         if !path.exists() {
             return Err(ToolError::NoDevice(path.into()));
         }
-        Ok(open_device(path, None)?)
+        open_device(path, None)
     }
 
     fn open_device(path: &Path, size: Option<u64>) -> Result<SharedDevice, ToolError> {
