@@ -102,7 +102,7 @@ fn good_configs_pass_check_config() {
     let mut n = 0;
     for e in std::fs::read_dir(dir).unwrap() {
         let p = e.unwrap().path();
-        if p.extension().is_none_or(|x| x != "toml") {
+        if !p.extension().is_some_and(|x| x == "toml") {
             continue;
         }
         let o = run(&["check-config", p.to_str().unwrap()]);
