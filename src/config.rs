@@ -5,6 +5,75 @@ use serde::{Deserialize, Deserializer, Serialize};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
+/// A configuration that cannot be used. Each displays as one line; a value
+/// error starts with the field path (`pools[0].size: ...`).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// TOML syntax, an unknown key or a value of the wrong type.
+    #[error("line {line}: {message}")]
+    Syntax { line: usize, message: String },
+    /// The same without a position in the text.
+    #[error("{message}")]
+    Schema { message: String },
+    /// A value that parses but cannot work.
+    #[error("{field}: {reason}")]
+    Invalid { field: String, reason: String },
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// An error in a file, with its path in front.
+    #[error("{}: {source}", path.display())]
+    InFile {
+        path: PathBuf,
+        source: Box<ConfigError>,
+    },
+    #[error("cannot write the configuration: {0}")]
+    Write(#[from] toml::ser::Error),
+}
+
+impl ConfigError {
+    /// The field path of a value error (`pools[0].size`).
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            ConfigError::Invalid { field, .. } => Some(field),
+            ConfigError::InFile { source, .. } => source.field(),
+            _ => None,
+        }
+    }
+}
+
+/// `invalid!("{f}.size", "must be ... (got {})", x)`: a value error naming the field.
+macro_rules! invalid {
+    ($field:literal, $($reason:tt)+) => {
+        ConfigError::Invalid {
+            field: format!($field),
+            reason: format!($($reason)+),
+        }
+    };
+}
+
+/// Why a size string does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    #[error("`{0}` is not a size (e.g. 4096, 64KiB, 1GiB)")]
+    NotASize(String),
+    #[error("`{0}` has an unknown unit (use KiB, MiB, GiB, TiB)")]
+    UnknownUnit(String),
+    #[error("`{0}` is too large")]
+    TooLarge(String),
+}
+
+/// Why a string is not an NVMe Qualified Name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NqnError {
+    #[error("`{0}` is longer than 223 bytes")]
+    TooLong(String),
+    #[error("`{0}` is not an NQN (expected nqn.yyyy-mm.domain:name)")]
+    Malformed(String),
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
@@ -511,27 +580,21 @@ fn d_bs() -> u32 {
 
 /// Parses "4096", "64KiB", "256MiB", "1GiB", "2TiB" (also K/M/G/T, KB/MB/... as
 /// binary units, which is what storage people mean here).
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, SizeError> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("`{s}` is not a size (e.g. 4096, 64KiB, 1GiB)"))?;
+    let n: u64 = num.parse().map_err(|_| SizeError::NotASize(s.into()))?;
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1 << 10,
         "m" | "mb" | "mib" => 1 << 20,
         "g" | "gb" | "gib" => 1 << 30,
         "t" | "tb" | "tib" => 1 << 40,
-        _ => {
-            return Err(format!(
-                "`{s}` has an unknown unit (use KiB, MiB, GiB, TiB)"
-            ))
-        }
+        _ => return Err(SizeError::UnknownUnit(s.into())),
     };
     n.checked_mul(mult)
-        .ok_or_else(|| format!("`{s}` is too large"))
+        .ok_or_else(|| SizeError::TooLarge(s.into()))
 }
 
 #[derive(Deserialize)]
@@ -553,30 +616,43 @@ fn opt_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
 }
 
 impl Config {
-    /// Parses and validates; the error is a single line naming the field.
     /// The configuration as TOML (what `kvtarget_save_config` writes).
-    pub fn to_toml(&self) -> Result<String, String> {
-        toml::to_string(self).map_err(|e| format!("cannot write the configuration: {e}"))
+    pub fn to_toml(&self) -> Result<String, ConfigError> {
+        Ok(toml::to_string(self)?)
     }
 
-    pub fn parse(text: &str) -> Result<Config, String> {
+    /// Parses and validates; the error is a single line naming the field.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
         let cfg: Config = toml::from_str(text).map_err(|e| {
-            let line = e
-                .span()
-                .map(|sp| text[..sp.start.min(text.len())].lines().count().max(1));
-            let msg = e.message().replace('\n', " ");
-            match line {
-                Some(l) => format!("line {l}: {msg}"),
-                None => msg,
+            let message = e.message().replace('\n', " ");
+            match e.span() {
+                Some(sp) => {
+                    let at = sp.start.min(text.len());
+                    ConfigError::Syntax {
+                        line: text[..at].lines().count().max(1),
+                        // serde names the type it wanted, not the key: name it here.
+                        message: match key_path_at(text, at) {
+                            Some(k) => format!("{k}: {message}"),
+                            None => message,
+                        },
+                    }
+                }
+                None => ConfigError::Schema { message },
             }
         })?;
         cfg.validate()?;
         Ok(cfg)
     }
 
-    pub fn load(path: &std::path::Path) -> Result<Config, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        Config::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        Config::parse(&text).map_err(|e| ConfigError::InFile {
+            path: path.into(),
+            source: Box::new(e),
+        })
     }
 
     pub fn reactor_cores(&self) -> Vec<Option<usize>> {
@@ -590,24 +666,25 @@ impl Config {
     }
 
     /// NVMe/TCP listener addresses.
-    pub fn listen_addrs(&self) -> Result<Vec<SocketAddr>, String> {
+    pub fn listen_addrs(&self) -> Result<Vec<SocketAddr>, ConfigError> {
         self.listen_addrs_of(TransportKind::Tcp)
     }
 
     /// NVMe/RDMA listener addresses.
-    pub fn rdma_listen_addrs(&self) -> Result<Vec<SocketAddr>, String> {
+    pub fn rdma_listen_addrs(&self) -> Result<Vec<SocketAddr>, ConfigError> {
         self.listen_addrs_of(TransportKind::Rdma)
     }
 
-    fn listen_addrs_of(&self, kind: TransportKind) -> Result<Vec<SocketAddr>, String> {
+    fn listen_addrs_of(&self, kind: TransportKind) -> Result<Vec<SocketAddr>, ConfigError> {
         self.listeners
             .iter()
             .enumerate()
             .filter(|(_, l)| l.transport == kind)
             .map(|(i, l)| {
                 let ip: IpAddr = l.address.parse().map_err(|_| {
-                    format!(
-                        "listeners[{i}].address: `{}` is not an IP address",
+                    invalid!(
+                        "listeners[{i}].address",
+                        "`{}` is not an IP address",
                         l.address
                     )
                 })?;
@@ -616,118 +693,140 @@ impl Config {
             .collect()
     }
 
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), ConfigError> {
         let r = &self.reactors;
         if r.cores.is_empty() && !(1..=256).contains(&r.count) {
-            return Err(format!("reactors.count: must be 1..=256 (got {})", r.count));
+            return Err(invalid!(
+                "reactors.count",
+                "must be 1..=256 (got {})",
+                r.count
+            ));
         }
         let ncpu = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
         for (i, &c) in r.cores.iter().enumerate() {
             if c >= ncpu {
-                return Err(format!(
-                    "reactors.cores[{i}]: core {c} does not exist (this machine has {ncpu})"
+                return Err(invalid!(
+                    "reactors.cores[{i}]",
+                    "core {c} does not exist (this machine has {ncpu})"
                 ));
             }
         }
         let t = &self.tcp;
         if !(2..=1024).contains(&t.max_queue_depth) {
-            return Err(format!(
-                "tcp.max_queue_depth: must be 2..=1024 (got {})",
+            return Err(invalid!(
+                "tcp.max_queue_depth",
+                "must be 2..=1024 (got {})",
                 t.max_queue_depth
             ));
         }
         if !(1..=1024).contains(&t.max_io_queues) {
-            return Err(format!(
-                "tcp.max_io_queues: must be 1..=1024 (got {})",
+            return Err(invalid!(
+                "tcp.max_io_queues",
+                "must be 1..=1024 (got {})",
                 t.max_io_queues
             ));
         }
         if t.in_capsule_data % 16 != 0 || t.in_capsule_data > 128 << 10 {
-            return Err(format!(
-                "tcp.in_capsule_data: must be a multiple of 16 up to 128KiB (got {})",
+            return Err(invalid!(
+                "tcp.in_capsule_data",
+                "must be a multiple of 16 up to 128KiB (got {})",
                 t.in_capsule_data
             ));
         }
         if !t.max_io_size.is_power_of_two() || !(4096..=(32 << 20)).contains(&t.max_io_size) {
-            return Err(format!(
-                "tcp.max_io_size: must be a power of two from 4KiB to 32MiB (got {})",
+            return Err(invalid!(
+                "tcp.max_io_size",
+                "must be a power of two from 4KiB to 32MiB (got {})",
                 t.max_io_size
             ));
         }
         if t.max_h2c_data % 4 != 0 || !(4096..=(16 << 20)).contains(&t.max_h2c_data) {
-            return Err(format!(
-                "tcp.max_h2c_data: must be a multiple of 4 from 4KiB to 16MiB (got {})",
+            return Err(invalid!(
+                "tcp.max_h2c_data",
+                "must be a multiple of 4 from 4KiB to 16MiB (got {})",
                 t.max_h2c_data
             ));
         }
         if t.max_r2t_length < 4096 || t.max_r2t_length > u32::MAX as u64 {
-            return Err(format!(
-                "tcp.max_r2t_length: must be at least 4KiB (got {})",
+            return Err(invalid!(
+                "tcp.max_r2t_length",
+                "must be at least 4KiB (got {})",
                 t.max_r2t_length
             ));
         }
         if self.listeners.is_empty() {
-            return Err("listeners: at least one [[listeners]] entry is needed".into());
+            return Err(invalid!(
+                "listeners",
+                "at least one [[listeners]] entry is needed"
+            ));
         }
         let rd = &self.rdma;
         if rd.buffer_pool_size % 4096 != 0
             || rd.buffer_pool_size < t.max_io_size
             || rd.buffer_pool_size > 16 << 30
         {
-            return Err(format!(
-                "rdma.buffer_pool_size: must be a multiple of 4KiB from tcp.max_io_size ({}) to 16GiB (got {})",
-                t.max_io_size, rd.buffer_pool_size
+            return Err(invalid!(
+                "rdma.buffer_pool_size",
+                "must be a multiple of 4KiB from tcp.max_io_size ({}) to 16GiB (got {})",
+                t.max_io_size,
+                rd.buffer_pool_size
             ));
         }
         if !(1..=128).contains(&rd.max_outstanding_reads) {
-            return Err(format!(
-                "rdma.max_outstanding_reads: must be 1..=128 (got {})",
+            return Err(invalid!(
+                "rdma.max_outstanding_reads",
+                "must be 1..=128 (got {})",
                 rd.max_outstanding_reads
             ));
         }
         if !(1..=4096).contains(&rd.max_qpairs_per_reactor) {
-            return Err(format!(
-                "rdma.max_qpairs_per_reactor: must be 1..=4096 (got {})",
+            return Err(invalid!(
+                "rdma.max_qpairs_per_reactor",
+                "must be 1..=4096 (got {})",
                 rd.max_qpairs_per_reactor
             ));
         }
         self.rdma_listen_addrs()?;
         for (i, a) in self.rdma_listen_addrs()?.iter().enumerate() {
             if self.rdma_listen_addrs()?[..i].contains(a) {
-                return Err(format!("listeners: RDMA listener {a} is listed twice"));
+                return Err(invalid!("listeners", "RDMA listener {a} is listed twice"));
             }
         }
         let addrs = self.listen_addrs()?;
         for (i, a) in addrs.iter().enumerate() {
             if addrs[..i].contains(a) {
-                return Err(format!("listeners[{i}]: {a} is listed twice"));
+                return Err(invalid!("listeners[{i}]", "{a} is listed twice"));
             }
             if a.port() != 0 && Some(a.port()) == self.discovery.port {
-                return Err(format!(
-                    "discovery.port: {} is also listeners[{i}].port",
+                return Err(invalid!(
+                    "discovery.port",
+                    "{} is also listeners[{i}].port",
                     a.port()
                 ));
             }
         }
         if let Some(m) = &self.metrics {
             m.address.parse::<SocketAddr>().map_err(|_| {
-                format!(
-                    "metrics.address: `{}` is not ADDRESS:PORT (e.g. 127.0.0.1:9464)",
+                invalid!(
+                    "metrics.address",
+                    "`{}` is not ADDRESS:PORT (e.g. 127.0.0.1:9464)",
                     m.address
                 )
             })?;
         }
         if self.spdk.no_huge && self.spdk.hugedir.is_some() {
-            return Err(
-                "spdk.hugedir: a hugetlbfs mount makes no sense with no_huge = true".to_string(),
-            );
+            return Err(invalid!(
+                "spdk.hugedir",
+                "a hugetlbfs mount makes no sense with no_huge = true"
+            ));
         }
         if let Some(m) = self.spdk.mem_size {
             if !(64 << 20..=1 << 40).contains(&m) || m % (1 << 20) != 0 {
-                return Err(format!(
-                    "spdk.mem_size: a whole number of MiB from 64MiB to 1TiB (got {m})"
+                return Err(invalid!(
+                    "spdk.mem_size",
+                    "a whole number of MiB from 64MiB to 1TiB (got {m})"
                 ));
             }
         }
@@ -735,43 +834,51 @@ impl Config {
         let mut served: Vec<String> = Vec::new();
         for (i, s) in self.subsystems.iter().enumerate() {
             let f = format!("subsystems[{i}]");
-            validate_nqn(&s.nqn).map_err(|e| format!("{f}.nqn: {e}"))?;
+            validate_nqn(&s.nqn).map_err(|e| invalid!("{f}.nqn", "{e}"))?;
             if s.nqn == crate::wire::nvme::DISCOVERY_NQN {
-                return Err(format!("{f}.nqn: the discovery NQN is reserved"));
+                return Err(invalid!("{f}.nqn", "the discovery NQN is reserved"));
             }
             if self.subsystems[..i].iter().any(|o| o.nqn == s.nqn) {
-                return Err(format!("{f}.nqn: `{}` is defined twice", s.nqn));
+                return Err(invalid!("{f}.nqn", "`{}` is defined twice", s.nqn));
             }
             if s.serial.is_empty() || s.serial.len() > 20 || !s.serial.is_ascii() {
-                return Err(format!(
-                    "{f}.serial: 1 to 20 ASCII characters (got `{}`)",
+                return Err(invalid!(
+                    "{f}.serial",
+                    "1 to 20 ASCII characters (got `{}`)",
                     s.serial
                 ));
             }
             if s.model.is_empty() || s.model.len() > 40 || !s.model.is_ascii() {
-                return Err(format!(
-                    "{f}.model: 1 to 40 ASCII characters (got `{}`)",
+                return Err(invalid!(
+                    "{f}.model",
+                    "1 to 40 ASCII characters (got `{}`)",
                     s.model
                 ));
             }
             for (j, h) in s.hosts.iter().enumerate() {
-                validate_nqn(h).map_err(|e| format!("{f}.hosts[{j}]: {e}"))?;
+                validate_nqn(h).map_err(|e| invalid!("{f}.hosts[{j}]", "{e}"))?;
             }
             for (j, a) in s.listen.iter().flatten().enumerate() {
                 a.parse::<SocketAddr>()
-                    .map_err(|_| format!("{f}.listen[{j}]: `{a}` is not ADDRESS:PORT"))?;
+                    .map_err(|_| invalid!("{f}.listen[{j}]", "`{a}` is not ADDRESS:PORT"))?;
             }
             for (j, n) in s.namespaces.iter().enumerate() {
                 let f = format!("{f}.namespaces[{j}]");
                 if n.nsid == 0 || n.nsid > crate::nvmf::admin::MAX_NAMESPACES {
-                    return Err(format!(
-                        "{f}.nsid: must be 1..={} (got {})",
+                    return Err(invalid!(
+                        "{f}.nsid",
+                        "must be 1..={} (got {})",
                         crate::nvmf::admin::MAX_NAMESPACES,
                         n.nsid
                     ));
                 }
                 if s.namespaces[..j].iter().any(|o| o.nsid == n.nsid) {
-                    return Err(format!("{f}.nsid: {} is used twice in {}", n.nsid, s.nqn));
+                    return Err(invalid!(
+                        "{f}.nsid",
+                        "{} is used twice in {}",
+                        n.nsid,
+                        s.nqn
+                    ));
                 }
                 if let Some(v) = &n.volume {
                     if n.backend.is_some()
@@ -782,62 +889,72 @@ impl Config {
                         || n.size.is_some()
                         || n.block_size.is_some()
                     {
-                        return Err(format!(
-                            "{f}.volume: a volume namespace takes no backend, path, size or block_size (the volume has them)"
+                        return Err(invalid!(
+                            "{f}.volume", "a volume namespace takes no backend, path, size or block_size (the volume has them)"
                         ));
                     }
                     let Some((pool, vol)) = v.split_once('/') else {
-                        return Err(format!("{f}.volume: `{v}` is not \"pool/volume\""));
+                        return Err(invalid!("{f}.volume", "`{v}` is not \"pool/volume\""));
                     };
                     let Some(p) = self.pools.iter().find(|p| p.name == pool) else {
-                        return Err(format!("{f}.volume: no pool named `{pool}` in [[pools]]"));
+                        return Err(invalid!(
+                            "{f}.volume",
+                            "no pool named `{pool}` in [[pools]]"
+                        ));
                     };
                     if !p.volumes.iter().any(|x| x.name == vol) {
-                        return Err(format!(
-                            "{f}.volume: pool `{pool}` lists no volume `{vol}` in [[pools.volumes]]"
+                        return Err(invalid!(
+                            "{f}.volume",
+                            "pool `{pool}` lists no volume `{vol}` in [[pools.volumes]]"
                         ));
                     }
                     if served.contains(v) {
-                        return Err(format!("{f}.volume: `{v}` is served by another namespace"));
+                        return Err(invalid!(
+                            "{f}.volume",
+                            "`{v}` is served by another namespace"
+                        ));
                     }
                     served.push(v.clone());
                     continue;
                 }
                 let Some(backend) = n.backend else {
-                    return Err(format!(
-                        "{f}: needs `volume = \"pool/volume\"` or a `backend`"
+                    return Err(invalid!(
+                        "{f}",
+                        "needs `volume = \"pool/volume\"` or a `backend`"
                     ));
                 };
                 let bs = n.block_size();
                 if !bs.is_power_of_two() || !(512..=4096).contains(&bs) {
-                    return Err(format!(
-                        "{f}.block_size: must be 512, 1024, 2048 or 4096 (got {bs})"
+                    return Err(invalid!(
+                        "{f}.block_size",
+                        "must be 512, 1024, 2048 or 4096 (got {bs})"
                     ));
                 }
                 if let Some(sz) = n.size {
                     if sz == 0 || sz % bs as u64 != 0 {
-                        return Err(format!(
-                            "{f}.size: must be a non-zero multiple of block_size {bs} (got {sz})"
+                        return Err(invalid!(
+                            "{f}.size",
+                            "must be a non-zero multiple of block_size {bs} (got {sz})"
                         ));
                     }
                 }
                 match backend {
                     Backend::Ram => {
                         if n.size.is_none() {
-                            return Err(format!("{f}.size: required for the ram backend"));
+                            return Err(invalid!("{f}.size", "required for the ram backend"));
                         }
                         if n.path.is_some() {
-                            return Err(format!("{f}.path: the ram backend takes no path"));
+                            return Err(invalid!("{f}.path", "the ram backend takes no path"));
                         }
                     }
                     Backend::Uring => {
                         if n.path.is_none() {
-                            return Err(format!("{f}.path: required for the uring backend"));
+                            return Err(invalid!("{f}.path", "required for the uring backend"));
                         }
                     }
                     Backend::Nvme | Backend::Spdk => {
                         if n.path.is_some() || n.size.is_some() || n.block_size.is_some() {
-                            return Err(format!("{f}: the {} backend takes no path, size or block_size (the controller's namespace has them)", backend.name()));
+                            return Err(invalid!("{f}", "the {} backend takes no path, size or block_size (the controller's namespace has them)", backend.name()));
                         }
                     }
                 }
@@ -850,45 +967,84 @@ impl Config {
 }
 
 impl Config {
-    fn validate_pools(&self) -> Result<(), String> {
-        use crate::pool::format::{MAX_EXTENT_SIZE, MAX_NAME_LEN, MIN_EXTENT_SIZE};
+    fn validate_pools(&self) -> Result<(), ConfigError> {
+        use crate::pool::format::{
+            min_device_size, Superblock, MAX_EXTENT_SIZE, MAX_NAME_LEN, MAX_VOLUMES,
+            MIN_EXTENT_SIZE,
+        };
         for (i, p) in self.pools.iter().enumerate() {
             let f = format!("pools[{i}]");
             if p.name.is_empty() || p.name.contains('/') || p.name.len() > 64 {
-                return Err(format!(
-                    "{f}.name: 1 to 64 characters without `/` (got `{}`)",
+                return Err(invalid!(
+                    "{f}.name",
+                    "1 to 64 characters without `/` (got `{}`)",
                     p.name
                 ));
             }
             if self.pools[..i].iter().any(|o| o.name == p.name) {
-                return Err(format!("{f}.name: `{}` is defined twice", p.name));
+                return Err(invalid!("{f}.name", "`{}` is defined twice", p.name));
             }
             if !p.extent_size.is_power_of_two()
                 || !(MIN_EXTENT_SIZE..=MAX_EXTENT_SIZE).contains(&p.extent_size)
             {
-                return Err(format!(
-                    "{f}.extent_size: must be a power of two from 64KiB to 64MiB (got {})",
+                return Err(invalid!(
+                    "{f}.extent_size",
+                    "must be a power of two from 64KiB to 64MiB (got {})",
                     p.extent_size
+                ));
+            }
+            if let Some(size) = p.size {
+                // The pool's own layout decides what fits: the format code, not a
+                // number here, knows how much metadata a pool of this size needs.
+                let min = min_device_size(p.extent_size)
+                    .map_err(|e| invalid!("{f}.extent_size", "{e}"))?;
+                if size < min {
+                    // Blame the extent size when smaller extents would fit.
+                    let smallest = min_device_size(MIN_EXTENT_SIZE)
+                        .map_err(|e| invalid!("{f}.extent_size", "{e}"))?;
+                    if size >= smallest {
+                        return Err(invalid!(
+                            "{f}.extent_size",
+                            "{} byte extents need a pool of at least {min} bytes (size is {size})",
+                            p.extent_size
+                        ));
+                    }
+                    return Err(invalid!(
+                        "{f}.size",
+                        "{size} bytes cannot hold a pool with {} byte extents: superblock, checkpoints, journal and one extent need at least {min} bytes ({} MiB)",
+                        p.extent_size,
+                        min.div_ceil(1 << 20)
+                    ));
+                }
+                Superblock::layout(size, p.extent_size, [0; 16], None)
+                    .map_err(|e| invalid!("{f}.size", "{e}"))?;
+            }
+            if p.volumes.len() > MAX_VOLUMES {
+                return Err(invalid!(
+                    "{f}.volumes",
+                    "a pool holds at most {MAX_VOLUMES} volumes (got {})",
+                    p.volumes.len()
                 ));
             }
             match p.backend {
                 Backend::Ram => {
                     if p.size.is_none() {
-                        return Err(format!("{f}.size: required for the ram backend"));
+                        return Err(invalid!("{f}.size", "required for the ram backend"));
                     }
                     if p.path.is_some() {
-                        return Err(format!("{f}.path: the ram backend takes no path"));
+                        return Err(invalid!("{f}.path", "the ram backend takes no path"));
                     }
                 }
                 Backend::Uring => {
                     if p.path.is_none() {
-                        return Err(format!("{f}.path: required for the uring backend"));
+                        return Err(invalid!("{f}.path", "required for the uring backend"));
                     }
                 }
                 Backend::Nvme | Backend::Spdk => {
                     if p.path.is_some() || p.size.is_some() {
-                        return Err(format!(
-                            "{f}: the {} backend takes no path or size (the namespace has them)",
+                        return Err(invalid!(
+                            "{f}",
+                            "the {} backend takes no path or size (the namespace has them)",
                             p.backend.name()
                         ));
                     }
@@ -907,8 +1063,9 @@ impl Config {
                     .iter()
                     .find(|o| o.backend == Backend::Spdk && key(o) == key(p))
                 {
-                    return Err(format!(
-                        "{f}.trid: also the namespace of pool `{}`",
+                    return Err(invalid!(
+                        "{f}.trid",
+                        "also the namespace of pool `{}`",
                         other.name
                     ));
                 }
@@ -919,8 +1076,9 @@ impl Config {
                         && o.pci == p.pci
                         && o.nvme_nsid.unwrap_or(1) == p.nvme_nsid.unwrap_or(1)
                 }) {
-                    return Err(format!(
-                        "{f}.pci: also the namespace of pool `{}`",
+                    return Err(invalid!(
+                        "{f}.pci",
+                        "also the namespace of pool `{}`",
                         other.name
                     ));
                 }
@@ -929,21 +1087,28 @@ impl Config {
                 .iter()
                 .find(|o| o.path.is_some() && o.path == p.path)
             {
-                return Err(format!("{f}.path: also the path of pool `{}`", other.name));
+                return Err(invalid!(
+                    "{f}.path",
+                    "also the path of pool `{}`",
+                    other.name
+                ));
             }
             let g = &p.gc;
             if g.low_watermark_pct > 50
                 || g.high_watermark_pct > 90
                 || g.low_watermark_pct > g.high_watermark_pct
             {
-                return Err(format!(
-                    "{f}.gc: watermarks must satisfy low <= high, low <= 50, high <= 90 (got {} and {})",
-                    g.low_watermark_pct, g.high_watermark_pct
+                return Err(invalid!(
+                    "{f}.gc",
+                    "watermarks must satisfy low <= high, low <= 50, high <= 90 (got {} and {})",
+                    g.low_watermark_pct,
+                    g.high_watermark_pct
                 ));
             }
             if !(g.max_rate.is_finite() && g.max_rate >= 1.0) {
-                return Err(format!(
-                    "{f}.gc.max_rate: must be at least 1 extent per second"
+                return Err(invalid!(
+                    "{f}.gc.max_rate",
+                    "must be at least 1 extent per second"
                 ));
             }
             let d = &p.dual_path;
@@ -952,37 +1117,122 @@ impl Config {
                 || d.large_threshold < 4096
                 || d.max_inflight == 0
             {
-                return Err(format!(
-                    "{f}.dual_path: piece and large_threshold must be multiples of 4KiB, max_inflight at least 1"
+                return Err(invalid!(
+                    "{f}.dual_path",
+                    "piece and large_threshold must be multiples of 4KiB, max_inflight at least 1"
                 ));
             }
             for (j, v) in p.volumes.iter().enumerate() {
                 let f = format!("{f}.volumes[{j}]");
                 if v.name.is_empty() || v.name.len() > MAX_NAME_LEN || v.name.contains('/') {
-                    return Err(format!(
-                        "{f}.name: 1 to {MAX_NAME_LEN} bytes without `/` (got `{}`)",
+                    return Err(invalid!(
+                        "{f}.name",
+                        "1 to {MAX_NAME_LEN} bytes without `/` (got `{}`)",
                         v.name
                     ));
                 }
                 if p.volumes[..j].iter().any(|o| o.name == v.name) {
-                    return Err(format!("{f}.name: `{}` is defined twice", v.name));
+                    return Err(invalid!("{f}.name", "`{}` is defined twice", v.name));
                 }
                 if !matches!(v.block_size, 512 | 4096) {
-                    return Err(format!(
-                        "{f}.block_size: must be 512 or 4096 (got {})",
+                    return Err(invalid!(
+                        "{f}.block_size",
+                        "must be 512 or 4096 (got {})",
                         v.block_size
                     ));
                 }
+                // The pool's limit on logical extents per volume (Pool::create_volume).
+                if v.size.div_ceil(p.extent_size) > u32::MAX as u64 / 2 {
+                    return Err(invalid!(
+                        "{f}.size",
+                        "{} is too large for {} byte extents",
+                        v.size,
+                        p.extent_size
+                    ));
+                }
                 if v.size == 0 || v.size % v.block_size as u64 != 0 {
-                    return Err(format!(
-                        "{f}.size: must be a non-zero multiple of block_size {} (got {})",
-                        v.block_size, v.size
+                    return Err(invalid!(
+                        "{f}.size",
+                        "must be a non-zero multiple of block_size {} (got {})",
+                        v.block_size,
+                        v.size
                     ));
                 }
             }
         }
         Ok(())
     }
+}
+
+/// The key path (`listeners[1].port`) of the `key = value` line holding byte
+/// `at` of a TOML text, from the table headers above it. Only for naming a field
+/// in an error: plain `key = value` lines under `[table]`/`[[array]]` headers,
+/// which is how the example configurations are written.
+fn key_path_at(text: &str, at: usize) -> Option<String> {
+    let mut table = String::new();
+    // Entries seen per array-of-tables path, e.g. "subsystems[0].namespaces" -> 2.
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let start = offset;
+        offset += line.len();
+        let l = line.trim();
+        if let Some(name) = l.strip_prefix("[[").and_then(|r| r.split("]]").next()) {
+            // `[[a.b]]` is an entry of `b` inside the latest `a`.
+            let (parent, leaf) = match name.trim().rsplit_once('.') {
+                Some((p, leaf)) => (resolve(&counts, p.trim()), leaf.trim()),
+                None => (String::new(), name.trim()),
+            };
+            let path = if parent.is_empty() {
+                leaf.to_string()
+            } else {
+                format!("{parent}.{leaf}")
+            };
+            let n = match counts.iter_mut().find(|(p, _)| *p == path) {
+                Some((_, n)) => {
+                    *n += 1;
+                    *n
+                }
+                None => {
+                    counts.push((path.clone(), 1));
+                    1
+                }
+            };
+            table = format!("{path}[{}]", n - 1);
+        } else if let Some(name) = l.strip_prefix('[').and_then(|r| r.split(']').next()) {
+            table = resolve(&counts, name.trim());
+        } else if at < offset && at >= start {
+            let key = l.split_once('=')?.0.trim();
+            if key.is_empty() || key.starts_with('#') {
+                return None;
+            }
+            return Some(if table.is_empty() {
+                key.to_string()
+            } else {
+                format!("{table}.{key}")
+            });
+        }
+        if at < offset {
+            return None;
+        }
+    }
+    None
+}
+
+/// `subsystems.namespaces` with the latest entry of each array it passes
+/// through: `subsystems[1].namespaces[0]`.
+fn resolve(counts: &[(String, usize)], dotted: &str) -> String {
+    let mut path = String::new();
+    for part in dotted.split('.') {
+        if !path.is_empty() {
+            path.push('.');
+        }
+        path.push_str(part.trim());
+        if let Some((_, n)) = counts.iter().find(|(p, _)| *p == path) {
+            path = format!("{path}[{}]", n - 1);
+        }
+    }
+    path
 }
 
 /// NVMe Qualified Name rules (NVMe Base 2.0 §4.5): "nqn." followed by a domain
@@ -993,47 +1243,53 @@ fn validate_nvme(
     backend: Backend,
     pci: &Option<String>,
     nsid: Option<u32>,
-) -> Result<(), String> {
+) -> Result<(), ConfigError> {
     if nsid == Some(0) || nsid == Some(u32::MAX) {
-        return Err(format!("{f}.nvme_nsid: must be a namespace id from 1"));
+        return Err(invalid!("{f}.nvme_nsid", "must be a namespace id from 1"));
     }
     if backend != Backend::Nvme {
         if pci.is_some() {
-            return Err(format!("{f}.pci: `pci` only applies to the nvme backend"));
+            return Err(invalid!(
+                "{f}.pci",
+                "`pci` only applies to the nvme backend"
+            ));
         }
         if nsid.is_some() && backend != Backend::Spdk {
-            return Err(format!(
-                "{f}.nvme_nsid: only applies to the nvme and spdk backends"
+            return Err(invalid!(
+                "{f}.nvme_nsid",
+                "only applies to the nvme and spdk backends"
             ));
         }
         return Ok(());
     }
     let Some(pci) = pci else {
-        return Err(format!("{f}.pci: required for the nvme backend"));
+        return Err(invalid!("{f}.pci", "required for the nvme backend"));
     };
-    crate::bdev::nvme::pci::parse_bdf(pci).map_err(|e| format!("{f}.pci: {e}"))?;
+    crate::bdev::nvme::pci::parse_bdf(pci).map_err(|e| invalid!("{f}.pci", "{e}"))?;
     Ok(())
 }
 
 /// `trid` belongs to the spdk backend, which needs a valid one and a build with
 /// SPDK.
-fn validate_spdk(f: &str, backend: Backend, trid: &Option<String>) -> Result<(), String> {
+fn validate_spdk(f: &str, backend: Backend, trid: &Option<String>) -> Result<(), ConfigError> {
     if backend != Backend::Spdk {
         if trid.is_some() {
-            return Err(format!("{f}.trid: only applies to the spdk backend"));
+            return Err(invalid!("{f}.trid", "only applies to the spdk backend"));
         }
         return Ok(());
     }
     let Some(trid) = trid else {
-        return Err(format!(
-            "{f}.trid: required for the spdk backend (e.g. \"trtype:PCIe traddr:0000:00:04.0\")"
+        return Err(invalid!(
+            "{f}.trid",
+            "required for the spdk backend (e.g. \"trtype:PCIe traddr:0000:00:04.0\")"
         ));
     };
     trid.parse::<crate::bdev::spdk::TransportId>()
-        .map_err(|e| format!("{f}.trid: {e}"))?;
+        .map_err(|e| invalid!("{f}.trid", "{e}"))?;
     if !crate::bdev::spdk::AVAILABLE {
-        return Err(format!(
-            "{f}.backend: {}",
+        return Err(invalid!(
+            "{f}.backend",
+            "{}",
             crate::bdev::spdk::SpdkError::NotBuilt
         ));
     }
@@ -1051,15 +1307,13 @@ impl Backend {
     }
 }
 
-pub fn validate_nqn(nqn: &str) -> Result<(), String> {
+pub fn validate_nqn(nqn: &str) -> Result<(), NqnError> {
     if nqn.len() > crate::wire::nvme::NQN_MAX_LEN {
-        return Err(format!("`{nqn}` is longer than 223 bytes"));
+        return Err(NqnError::TooLong(nqn.into()));
     }
     let ok = nqn.starts_with("nqn.") && nqn.len() > 4 && !nqn.contains(char::is_whitespace);
     if !ok {
-        return Err(format!(
-            "`{nqn}` is not an NQN (expected nqn.yyyy-mm.domain:name)"
-        ));
+        return Err(NqnError::Malformed(nqn.into()));
     }
     Ok(())
 }
@@ -1109,7 +1363,7 @@ block_size = 4096
                 match Config::load(&p) {
                     Ok(_) => {}
                     // The spdk examples need an SPDK build; without one they say so.
-                    Err(e) if !crate::bdev::spdk::AVAILABLE && e.contains(".backend: the spdk backend needs kvtarget built with `--features spdk`") => {}
+                    Err(e) if !crate::bdev::spdk::AVAILABLE && e.to_string().contains(".backend: the spdk backend needs kvtarget built with `--features spdk`") => {}
                     Err(e) => panic!("{e}"),
                 }
             }
@@ -1124,7 +1378,7 @@ block_size = 4096
     }
 
     fn err(text: &str) -> String {
-        let e = Config::parse(text).unwrap_err();
+        let e = Config::parse(text).unwrap_err().to_string();
         assert!(!e.contains('\n'), "one line: {e}");
         e
     }
@@ -1280,9 +1534,99 @@ block_size = 4096
         .unwrap();
     }
 
+    /// A RAM pool of `size` with `extent` extents, its volume served as nsid 1.
+    fn pool_config(size: &str, extent: &str) -> String {
+        format!(
+            "[[pools]]\nname = \"kv\"\nbackend = \"ram\"\nsize = {size}\nextent_size = {extent}\n\n[[pools.volumes]]\nname = \"v\"\nsize = \"1GiB\"\n{GOOD}"
+        )
+    }
+
+    fn field_of(text: &str) -> String {
+        let e = Config::parse(text).unwrap_err();
+        assert!(!e.to_string().contains('\n'), "one line: {e}");
+        e.field()
+            .map(str::to_string)
+            .unwrap_or_else(|| e.to_string())
+    }
+
+    #[test]
+    fn pool_sizes_follow_the_pool_layout() {
+        use crate::pool::format::{min_device_size, Superblock};
+        for extent in [64u64 << 10, 1 << 20, 64 << 20] {
+            let min = min_device_size(extent).unwrap();
+            // The smallest size the format accepts, and nothing below it.
+            assert!(Superblock::layout(min, extent, [0; 16], None).is_ok());
+            assert!(Superblock::layout(min - 4096, extent, [0; 16], None).is_err());
+            Config::parse(&pool_config(&min.to_string(), &extent.to_string())).unwrap();
+            let below = pool_config(&(min - 4096).to_string(), &extent.to_string());
+            let f = field_of(&below);
+            assert!(f == "pools[0].size" || f == "pools[0].extent_size", "{f}");
+        }
+        assert_eq!(field_of(&pool_config("0", "\"1MiB\"")), "pools[0].size");
+        assert_eq!(field_of(&pool_config("4096", "\"1MiB\"")), "pools[0].size");
+        // 32 MiB holds a pool of 1 MiB extents, not of 64 MiB ones.
+        assert_eq!(
+            field_of(&pool_config("\"32MiB\"", "\"64MiB\"")),
+            "pools[0].extent_size"
+        );
+        assert_eq!(
+            field_of(&pool_config("\"1GiB\"", "\"3MiB\"")),
+            "pools[0].extent_size"
+        );
+        assert_eq!(
+            field_of(&pool_config("\"1GiB\"", "\"128MiB\"")),
+            "pools[0].extent_size"
+        );
+        assert!(min_device_size(3 << 20).is_err());
+    }
+
+    #[test]
+    fn volume_and_reference_errors_name_the_field() {
+        let base = pool_config("\"1GiB\"", "\"1MiB\"");
+        Config::parse(&base).unwrap();
+        let vol = |with: &str| base.replace("name = \"v\"\nsize = \"1GiB\"\n", with);
+        assert_eq!(
+            field_of(&vol("name = \"v\"\nsize = 0\n")),
+            "pools[0].volumes[0].size"
+        );
+        assert_eq!(
+            field_of(&vol("name = \"v\"\nsize = \"1GiB\"\nblock_size = 2048\n")),
+            "pools[0].volumes[0].block_size"
+        );
+        // More logical extents than a volume's map holds.
+        assert_eq!(
+            field_of(&vol("name = \"v\"\nsize = \"2048TiB\"\n")),
+            "pools[0].volumes[0].size"
+        );
+        let served = base.replace(
+            "backend = \"uring\"\npath = \"/tmp/x.img\"\nsize = \"1GiB\"\nblock_size = 4096\n",
+            "volume = \"kv/nope\"\n",
+        );
+        assert_eq!(field_of(&served), "subsystems[0].namespaces[0].volume");
+        assert_eq!(
+            field_of(&served.replace("kv/nope", "other/v")),
+            "subsystems[0].namespaces[0].volume"
+        );
+        let two = format!("{base}\n[[pools]]\nname = \"kv\"\nbackend = \"ram\"\nsize = \"1GiB\"\n");
+        assert_eq!(field_of(&two), "pools[1].name");
+    }
+
+    #[test]
+    fn type_errors_name_the_key() {
+        let e = err(&GOOD.replace("port = 4420", "port = 70000"));
+        assert!(e.contains("listeners[0].port: "), "{e}");
+        let e = err(&GOOD.replace("nsid = 1", "nsid = -1"));
+        assert!(e.contains("subsystems[0].namespaces[0].nsid: "), "{e}");
+        let e = err(&GOOD.replace("port = 8009", "port = \"x\""));
+        assert!(e.contains("discovery.port: "), "{e}");
+        let e = err(&format!("{GOOD}\n[[subsystems]]\nnqn = \"nqn.2026-11.x:b\"\n[[subsystems.namespaces]]\nnsid = 1\n[[subsystems.namespaces]]\nnsid = true\n"));
+        assert!(e.contains("subsystems[1].namespaces[1].nsid: "), "{e}");
+    }
+
     #[test]
     fn sizes() {
         assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("x"), Err(SizeError::NotASize("x".into())));
         assert_eq!(parse_size("64KiB"), Ok(65536));
         assert_eq!(parse_size("2G"), Ok(2 << 30));
         assert!(parse_size("").is_err());

@@ -1,134 +1,359 @@
-//! The kvtarget daemon.
+//! The kvtarget daemon and its command line: the target itself (`--config`),
+//! configuration and pool checks, the JSON-RPC client, the load generator, and
+//! offline pool, volume and PCI tools. Parsing is clap's; each subcommand keeps
+//! the exit codes scripts rely on (see `usage_exit_code`).
 
-use kvtarget::config::Config;
+use clap::error::ErrorKind;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use kvtarget::config::{parse_size, Config};
 use kvtarget::server::Server;
+use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
-const USAGE: &str = "\
-kvtarget: NVMe-over-Fabrics target for KV-cache volumes
+/// Exit code of a configuration error (scripts and tests check it).
+const EXIT_CONFIG: u8 = 2;
+/// Exit code of a usage error.
+const EXIT_USAGE: u8 = 2;
 
-USAGE:
-    kvtarget --config <FILE>      run the target (SIGINT/SIGTERM stop it cleanly)
-    kvtarget check-config <FILE>  validate a configuration and exit
-    kvtarget perf --addr A:P --nqn NQN [--workload W] [--bs N] [--qd N] [--queues N]
-                  [--time S] [--warmup S] [--rwmix-read PCT] [--nsid N] [--hostnqn NQN]
-                  [--deallocate-pct PCT] [--cpus LIST] [--verify] [--poll busy|sleep]
-                  [--digests] [--json] [--quiet]
-                                  NVMe/TCP load generator (spdk_nvme_perf-like):
-                                  W = randread|randwrite|randrw|read|write; queues
-                                  spread over one pinned thread per --cpus entry;
-                                  --verify checks every read against this run's
-                                  writes; --deallocate-pct turns that share of
-                                  writes into deallocates (churn for thin volumes);
-                                  a progress line goes to stderr each second
-    kvtarget perf --echo-baseline [--server-cpu N] [--workload W] [--bs N] [--qd N]
-                  [--cpus LIST] [--time S] [--warmup S] [--json]
-                                  same-run baseline: plain loopback TCP with the
-                                  workload's byte volume, no NVMe processing
-    kvtarget check <POOL>         verify a pool offline (file or block device);
-                                  exits 1 with a report when it is damaged
-    kvtarget pool create <PATH> [--size S] [--extent-size S] [--force]
-    kvtarget pool info <PATH>
-    kvtarget volume list <PATH>
-    kvtarget volume create <PATH> <NAME> --size S [--block-size 512|4096]
-                  [--unwritten zeroes|error]
-    kvtarget volume resize <PATH> <NAME> --size S
-    kvtarget volume delete <PATH> <NAME>
-                                  offline pool and volume management (the target
-                                  must not be running on that pool)
-    kvtarget rpc [-r SOCKET] [--json] <METHOD> [JSON-PARAMS | key=value ...]
-                                  call a JSON-RPC method (SPDK names, e.g.
-                                  nvmf_get_subsystems, nvmf_subsystem_add_ns,
-                                  bdev_lvol_create; rpc_get_methods lists them)
-    kvtarget nvme list | bind <PCI>... | unbind <PCI>...
-                                  hand the named NVMe controllers to vfio-pci
-                                  (for the nvme backend) or back to the kernel
-    kvtarget --version
+/// NVMe-over-Fabrics target for KV-cache volumes.
+///
+/// Without a subcommand, runs the target described by --config until SIGINT or
+/// SIGTERM stops it cleanly.
+#[derive(Parser)]
+#[command(name = "kvtarget")]
+struct Cli {
+    /// Configuration file (see config/default.toml)
+    #[arg(short, long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Log filter, e.g. info, debug, kvtarget=trace [default: info, or RUST_LOG]
+    #[arg(short, long, value_name = "FILTER")]
+    log: Option<String>,
+    /// JSON-RPC socket [default: [rpc] socket, else /var/tmp/kvtarget.sock]
+    #[arg(short = 'r', long, value_name = "PATH")]
+    rpc_socket: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
 
-OPTIONS:
-    -c, --config <FILE>   configuration file (see config/default.toml)
-    -l, --log <FILTER>    log filter, e.g. info, debug, kvtarget=trace (default: info, or RUST_LOG)
-    -r, --rpc-socket <P>  JSON-RPC socket (default: [rpc] socket, else /var/tmp/kvtarget.sock)
-";
+#[derive(Subcommand)]
+enum Command {
+    /// Validate a configuration and exit (a wrong one: one line naming the field, exit 2)
+    CheckConfig {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// Verify a pool offline (file or block device): exit 0 consistent, 1 damaged
+    /// (with a report), 2 unusable
+    Check {
+        #[arg(value_name = "POOL")]
+        pool: PathBuf,
+    },
+    /// Call a JSON-RPC method of a running target (SPDK names, e.g.
+    /// nvmf_get_subsystems, nvmf_subsystem_add_ns, bdev_lvol_create;
+    /// rpc_get_methods lists them)
+    Rpc(RpcArgs),
+    /// NVMe/TCP load generator (spdk_nvme_perf-like)
+    Perf(PerfArgs),
+    /// Hand NVMe controllers to vfio-pci (for the nvme backend) or back to the kernel
+    #[command(subcommand)]
+    Nvme(NvmeCommand),
+    /// Offline pool management (the target must not be running on that pool)
+    #[command(subcommand)]
+    Pool(PoolCommand),
+    /// Offline volume management (the target must not be running on that pool)
+    #[command(subcommand)]
+    Volume(VolumeCommand),
+}
+
+#[derive(Args)]
+struct RpcArgs {
+    /// The target's JSON-RPC socket
+    #[arg(short = 'r', long = "rpc-socket", visible_short_alias = 's', value_name = "SOCKET",
+          default_value = kvtarget::rpc::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Print the result as JSON instead of a table
+    #[arg(long)]
+    json: bool,
+    /// Method name
+    method: String,
+    /// One JSON object, or key=value pairs (a value is JSON when it parses as
+    /// JSON, else a string; a dotted key nests: listen_address.traddr=...)
+    #[arg(value_name = "PARAMS")]
+    params: Vec<String>,
+}
+
+/// The load generator. Queues spread over one pinned thread per --cpus entry; a
+/// progress line goes to stderr each second.
+#[derive(Args)]
+struct PerfArgs {
+    /// Target address
+    #[arg(long, value_name = "ADDRESS:PORT",
+          required_unless_present_any = ["echo_baseline", "server_cpu"])]
+    addr: Option<SocketAddr>,
+    /// Subsystem NQN
+    #[arg(long, required_unless_present_any = ["echo_baseline", "server_cpu"])]
+    nqn: Option<String>,
+    /// Host NQN to connect as
+    #[arg(long, value_name = "NQN")]
+    hostnqn: Option<String>,
+    /// Namespace ID [default: 1]
+    #[arg(long)]
+    nsid: Option<u32>,
+    /// randread, randwrite, randrw, read or write [default: randread]
+    #[arg(long, value_name = "W", value_parser = workload)]
+    workload: Option<kvtarget::perf::Workload>,
+    /// Percent of reads in randrw
+    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(0..=100))]
+    rwmix_read: Option<u32>,
+    /// Percent of writes sent as deallocates (churn for thin volumes)
+    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(0..=100))]
+    deallocate_pct: Option<u32>,
+    /// I/O size, e.g. 4KiB
+    #[arg(long, value_name = "SIZE", value_parser = size_arg)]
+    bs: Option<u64>,
+    /// Commands in flight per queue (1..=4095)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=4095))]
+    qd: Option<u16>,
+    /// NVMe/TCP I/O queues (connections)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    queues: Option<u16>,
+    /// Measured seconds (fractions allowed)
+    #[arg(long, value_name = "S", value_parser = positive_seconds)]
+    time: Option<Duration>,
+    /// Seconds of warm-up before measuring
+    #[arg(long, value_name = "S", value_parser = seconds)]
+    warmup: Option<Duration>,
+    /// Pin workers to these CPUs, one thread each, e.g. 1 or 1,2
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    cpus: Option<Vec<usize>>,
+    /// Check every read against what this run wrote
+    #[arg(long)]
+    verify: bool,
+    /// Spin on the sockets (busy) or sleep in poll(2) (sleep) [default: busy]
+    #[arg(long, value_enum)]
+    poll: Option<Poll>,
+    /// Header and data digests
+    #[arg(long)]
+    digests: bool,
+    /// Print the report as JSON
+    #[arg(long)]
+    json: bool,
+    /// No progress line
+    #[arg(long)]
+    quiet: bool,
+    /// Same-run baseline instead: plain loopback TCP with the workload's byte
+    /// volume, no NVMe processing (needs no target)
+    #[arg(long)]
+    echo_baseline: bool,
+    /// CPU of the baseline's echo server (implies --echo-baseline)
+    #[arg(long, value_name = "N")]
+    server_cpu: Option<usize>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Poll {
+    Busy,
+    Sleep,
+}
+
+#[derive(Subcommand)]
+enum NvmeCommand {
+    /// List NVMe controllers and their drivers
+    List,
+    /// Bind controllers to vfio-pci
+    Bind {
+        #[arg(value_name = "PCI", required = true)]
+        pci: Vec<String>,
+    },
+    /// Give controllers back to the kernel nvme driver
+    Unbind {
+        #[arg(value_name = "PCI", required = true)]
+        pci: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum PoolCommand {
+    /// Format a file or block device as a pool
+    Create {
+        path: PathBuf,
+        /// Size of a file to create [default: the existing file's or device's]
+        #[arg(long, value_parser = size_arg)]
+        size: Option<u64>,
+        /// Extent size, a power of two from 64KiB to 64MiB
+        #[arg(long, value_parser = size_arg, default_value = "1MiB")]
+        extent_size: u64,
+        /// Format even when it already holds a pool
+        #[arg(long)]
+        force: bool,
+    },
+    /// Extents, journal and volumes of a pool
+    Info { path: PathBuf },
+}
+
+#[derive(Subcommand)]
+enum VolumeCommand {
+    /// Volumes with size, used bytes and UUID
+    List { path: PathBuf },
+    /// Create a thin volume
+    Create {
+        path: PathBuf,
+        name: String,
+        #[arg(long, value_parser = size_arg)]
+        size: u64,
+        #[arg(long, value_parser = block_size, default_value = "4096")]
+        block_size: u32,
+        /// What reads of unwritten blocks return
+        #[arg(long, value_enum, default_value = "zeroes")]
+        unwritten: UnwrittenArg,
+    },
+    /// Change a volume's size
+    Resize {
+        path: PathBuf,
+        name: String,
+        #[arg(long, value_parser = size_arg)]
+        size: u64,
+    },
+    /// Delete a volume and free its extents
+    Delete { path: PathBuf, name: String },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum UnwrittenArg {
+    Zeroes,
+    Error,
+}
+
+fn size_arg(s: &str) -> Result<u64, kvtarget::config::SizeError> {
+    parse_size(s)
+}
+
+fn block_size(s: &str) -> Result<u32, String> {
+    match s {
+        "512" => Ok(512),
+        "4096" => Ok(4096),
+        _ => Err(format!("`{s}` is not 512 or 4096")),
+    }
+}
+
+fn workload(s: &str) -> Result<kvtarget::perf::Workload, String> {
+    s.parse()
+}
+
+fn seconds(s: &str) -> Result<Duration, String> {
+    s.parse::<f64>()
+        .ok()
+        .and_then(|v| Duration::try_from_secs_f64(v).ok())
+        .ok_or_else(|| format!("`{s}` is not a duration in seconds"))
+}
+
+fn positive_seconds(s: &str) -> Result<Duration, String> {
+    match seconds(s)? {
+        d if d.is_zero() => Err("must be positive".into()),
+        d => Ok(d),
+    }
+}
+
+/// Usage errors exit 2, except under `pool`, `volume` and `nvme`, whose errors of
+/// every kind have always exited 1; scripts may rely on either.
+fn usage_exit_code(args: &[OsString]) -> u8 {
+    match args.get(1).and_then(|a| a.to_str()) {
+        Some("pool" | "volume" | "nvme") => 1,
+        _ => EXIT_USAGE,
+    }
+}
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("perf") => return perf(&args[1..]),
-        Some("check") => return check(&args[1..]),
-        Some("rpc") => return rpc_cli(&args[1..]),
-        Some("nvme") => {
-            return match kvtarget::bdev::nvme::pci::command(&args[1..]) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("kvtarget: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let parsed = Cli::command()
+        .version(kvtarget::version())
+        .try_get_matches_from(&args)
+        .and_then(|m| Cli::from_arg_matches(&m));
+    let cli = match parsed {
+        Ok(c) => c,
+        Err(e) => {
+            // --help and --version come here too, for stdout and exit 0.
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(usage_exit_code(&args))
+            } else {
+                ExitCode::SUCCESS
+            };
         }
-        Some("pool") | Some("volume") => {
-            return match tools::run(&args) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("kvtarget: {e}");
-                    ExitCode::FAILURE
-                }
+    };
+    match cli.command {
+        None => run(cli.config, cli.log, cli.rpc_socket),
+        Some(Command::CheckConfig { file }) => match Config::load(&file) {
+            Ok(_) => {
+                println!("{}: ok", file.display());
+                ExitCode::SUCCESS
             }
-        }
-        _ => {}
+            Err(e) => config_error(&e),
+        },
+        Some(Command::Check { pool }) => check(&pool),
+        Some(Command::Rpc(a)) => rpc_cli(a),
+        Some(Command::Perf(a)) => perf(a),
+        Some(Command::Nvme(c)) => report(nvme(c)),
+        Some(Command::Pool(c)) => report(tools::pool(c)),
+        Some(Command::Volume(c)) => report(tools::volume(c)),
     }
-    let mut config: Option<PathBuf> = None;
-    let mut log = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
-    let mut check_only = false;
-    let mut rpc_socket: Option<PathBuf> = None;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "-c" | "--config" => match it.next() {
-                Some(p) => config = Some(PathBuf::from(p)),
-                None => return usage_error("--config needs a file"),
-            },
-            "-r" | "--rpc-socket" => match it.next() {
-                Some(p) => rpc_socket = Some(PathBuf::from(p)),
-                None => return usage_error("--rpc-socket needs a path"),
-            },
-            "-l" | "--log" => match it.next() {
-                Some(f) => log = f.clone(),
-                None => return usage_error("--log needs a filter"),
-            },
-            "check-config" => match it.next() {
-                Some(p) => {
-                    config = Some(PathBuf::from(p));
-                    check_only = true;
-                }
-                None => return usage_error("check-config needs a file"),
-            },
-            "-V" | "--version" => {
-                println!("kvtarget {}", kvtarget::version());
-                return ExitCode::SUCCESS;
-            }
-            "-h" | "--help" => {
-                print!("{USAGE}");
-                return ExitCode::SUCCESS;
-            }
-            other => return usage_error(&format!("unknown argument `{other}`")),
+}
+
+/// A usage error found after parsing, in clap's format.
+fn usage_error(msg: impl std::fmt::Display) -> ExitCode {
+    let _ = Cli::command()
+        .error(ErrorKind::ValueValidation, msg)
+        .print();
+    ExitCode::from(EXIT_USAGE)
+}
+
+fn config_error(e: &kvtarget::config::ConfigError) -> ExitCode {
+    eprintln!("kvtarget: config error: {e}");
+    ExitCode::from(EXIT_CONFIG)
+}
+
+fn report(r: Result<(), ToolError>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kvtarget: {e}");
+            ExitCode::FAILURE
         }
     }
+}
+
+/// Errors of the offline tools; each prints as one line.
+#[derive(Debug, thiserror::Error)]
+enum ToolError {
+    #[error("{}: no such file or device", .0.display())]
+    NoDevice(PathBuf),
+    #[error("{}: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        source: kvtarget::bdev::uring::OpenError,
+    },
+    #[error(transparent)]
+    Pool(#[from] kvtarget::pool::PoolError),
+    /// sysfs and driver errors of `nvme`.
+    #[error("{0}")]
+    Pci(String),
+}
+
+fn run(config: Option<PathBuf>, log: Option<String>, rpc_socket: Option<PathBuf>) -> ExitCode {
     let Some(path) = config else {
         return usage_error("--config is required");
     };
+    let log = log
+        .or_else(|| std::env::var("RUST_LOG").ok())
+        .unwrap_or_else(|| "info".into());
+    // Configuration errors come first: nothing is opened before it is all valid.
     let mut cfg = match Config::load(&path) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("kvtarget: config error: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return config_error(&e),
     };
-    if check_only {
-        println!("{}: ok", path.display());
-        return ExitCode::SUCCESS;
-    }
     // The daemon always has a control socket unless the config turns it off.
     let rpc = cfg.rpc.get_or_insert_with(Default::default);
     if let Some(p) = rpc_socket {
@@ -136,7 +361,7 @@ fn main() -> ExitCode {
     }
     let filter = match tracing_subscriber::EnvFilter::try_new(&log) {
         Ok(f) => f,
-        Err(e) => return usage_error(&format!("bad --log filter `{log}`: {e}")),
+        Err(e) => return usage_error(format!("bad --log filter `{log}`: {e}")),
     };
     tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -176,55 +401,45 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn rpc_cli(args: &[String]) -> ExitCode {
+fn rpc_cli(a: RpcArgs) -> ExitCode {
     use kvtarget::rpc::RpcClient;
     use serde_json::{Map, Value};
-    let mut socket = PathBuf::from(kvtarget::rpc::DEFAULT_SOCKET);
-    let mut json_out = false;
-    let mut rest = Vec::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "-r" | "-s" | "--rpc-socket" => match it.next() {
-                Some(p) => socket = PathBuf::from(p),
-                None => return usage_error("rpc: -r needs a socket path"),
-            },
-            "--json" => json_out = true,
-            _ => rest.push(a.clone()),
-        }
-    }
-    let Some((method, params)) = rest.split_first() else {
-        return usage_error("rpc needs a method name (try rpc_get_methods)");
-    };
+    let RpcArgs {
+        socket,
+        json: json_out,
+        method,
+        params,
+    } = a;
     // Parameters: one JSON object, or key=value pairs whose values are JSON
     // when they parse as JSON and strings otherwise; a dotted key nests.
-    let params: Value = if params.len() == 1 && params[0].trim_start().starts_with('{') {
-        match serde_json::from_str(&params[0]) {
+    let params: Value = match params.as_slice() {
+        [one] if one.trim_start().starts_with('{') => match serde_json::from_str(one) {
             Ok(v) => v,
-            Err(e) => return usage_error(&format!("rpc: params are not JSON: {e}")),
-        }
-    } else {
-        let mut m = Map::new();
-        for kv in params {
-            let Some((k, v)) = kv.split_once('=') else {
-                return usage_error(&format!("rpc: `{kv}` is not key=value"));
-            };
-            let val = serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_string()));
-            match k.split_once('.') {
-                Some((outer, inner)) => {
-                    let e = m
-                        .entry(outer.to_string())
-                        .or_insert_with(|| Value::Object(Map::new()));
-                    if let Value::Object(o) = e {
-                        o.insert(inner.to_string(), val);
+            Err(e) => return usage_error(format!("rpc: params are not JSON: {e}")),
+        },
+        _ => {
+            let mut m = Map::new();
+            for kv in &params {
+                let Some((k, v)) = kv.split_once('=') else {
+                    return usage_error(format!("rpc: `{kv}` is not key=value"));
+                };
+                let val = serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_string()));
+                match k.split_once('.') {
+                    Some((outer, inner)) => {
+                        let e = m
+                            .entry(outer.to_string())
+                            .or_insert_with(|| Value::Object(Map::new()));
+                        if let Value::Object(o) = e {
+                            o.insert(inner.to_string(), val);
+                        }
+                    }
+                    None => {
+                        m.insert(k.to_string(), val);
                     }
                 }
-                None => {
-                    m.insert(k.to_string(), val);
-                }
             }
+            Value::Object(m)
         }
-        Value::Object(m)
     };
     let mut client = match RpcClient::connect(&socket) {
         Ok(c) => c,
@@ -233,7 +448,7 @@ fn rpc_cli(args: &[String]) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match client.call(method, params) {
+    match client.call(&method, params) {
         Ok(v) => {
             if json_out {
                 println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
@@ -327,14 +542,11 @@ fn print_table(v: &serde_json::Value) {
     }
 }
 
-fn check(args: &[String]) -> ExitCode {
-    let [path] = args else {
-        return usage_error("check needs exactly one pool path");
-    };
+fn check(path: &std::path::Path) -> ExitCode {
     let opened = tools::open_existing(path).and_then(|d| {
-        kvtarget::pool::lock_pool(std::path::Path::new(path), false)
+        kvtarget::pool::lock_pool(path, false)
             .map(|l| (d, l))
-            .map_err(String::from)
+            .map_err(ToolError::Pool)
     });
     let (dev, _lock) = match opened {
         Ok(x) => x,
@@ -347,6 +559,7 @@ fn check(args: &[String]) -> ExitCode {
     for l in &rep.lines {
         println!("{l}");
     }
+    let path = path.display();
     if rep.damage.is_empty() {
         println!("{path}: pool is consistent");
         ExitCode::SUCCESS
@@ -359,106 +572,109 @@ fn check(args: &[String]) -> ExitCode {
     }
 }
 
+fn nvme(c: NvmeCommand) -> Result<(), ToolError> {
+    use kvtarget::bdev::nvme::pci;
+    let bdfs = |v: &[String]| -> Result<Vec<String>, ToolError> {
+        v.iter()
+            .map(|a| pci::parse_bdf(a).map_err(ToolError::Pci))
+            .collect()
+    };
+    match c {
+        NvmeCommand::List => {
+            for (bdf, drv) in pci::list() {
+                println!("{bdf} {}", drv.as_deref().unwrap_or("-"));
+            }
+        }
+        NvmeCommand::Bind { pci: v } => {
+            for b in bdfs(&v)? {
+                pci::bind_vfio(&b).map_err(ToolError::Pci)?;
+                println!("{b} vfio-pci");
+            }
+        }
+        NvmeCommand::Unbind { pci: v } => {
+            for b in bdfs(&v)? {
+                pci::unbind_vfio(&b).map_err(ToolError::Pci)?;
+                println!("{b} nvme");
+            }
+        }
+    }
+    Ok(())
+}
+
 mod tools {
+    use super::{PoolCommand, ToolError, UnwrittenArg, VolumeCommand};
     use kvtarget::bdev::uring::UringDevice;
     use kvtarget::bdev::SharedDevice;
-    use kvtarget::config::parse_size;
     use kvtarget::pool::format::VOL_UNWRITTEN_ERROR;
     use kvtarget::pool::{format, FormatOptions, Pool, PoolOptions};
     use std::path::Path;
     use std::sync::Arc;
 
     /// Opens an existing pool file or block device without creating anything.
-    pub fn open_existing(path: &str) -> Result<SharedDevice, String> {
-        if !Path::new(path).exists() {
-            return Err(format!("{path}: no such file or device"));
+    pub fn open_existing(path: &Path) -> Result<SharedDevice, ToolError> {
+        if !path.exists() {
+            return Err(ToolError::NoDevice(path.into()));
         }
-        Ok(UringDevice::open(Path::new(path), None, 512).map_err(|e| format!("{path}: {e}"))?)
+        open_device(path, None)
     }
 
-    fn flag<'a>(args: &'a [String], name: &str) -> Result<Option<&'a str>, String> {
-        match args.iter().position(|a| a == name) {
-            Some(i) => args
-                .get(i + 1)
-                .map(|v| Some(v.as_str()))
-                .ok_or(format!("{name} needs a value")),
-            None => Ok(None),
-        }
+    fn open_device(path: &Path, size: Option<u64>) -> Result<SharedDevice, ToolError> {
+        Ok(
+            UringDevice::open(path, size, 512).map_err(|source| ToolError::Open {
+                path: path.into(),
+                source,
+            })?,
+        )
     }
 
-    fn positional(args: &[String]) -> Vec<&str> {
-        let mut out = Vec::new();
-        let mut skip = false;
-        for a in args {
-            if skip {
-                skip = false;
-            } else if a == "--force" {
-            } else if a.starts_with("--") {
-                skip = true;
-            } else {
-                out.push(a.as_str());
-            }
-        }
-        out
-    }
-
-    fn known(args: &[String], flags: &[&str]) -> Result<(), String> {
-        for a in args.iter().filter(|a| a.starts_with("--")) {
-            if !flags.contains(&a.as_str()) {
-                return Err(format!("unknown option `{a}`"));
-            }
-        }
-        Ok(())
-    }
-
-    fn open_pool(path: &str) -> Result<(Arc<Pool>, kvtarget::pool::PoolLock), String> {
+    fn open_pool(path: &Path) -> Result<(Arc<Pool>, kvtarget::pool::PoolLock), ToolError> {
         let dev = open_existing(path)?;
-        let lock = kvtarget::pool::lock_pool(Path::new(path), true)?;
+        let lock = kvtarget::pool::lock_pool(path, true)?;
         Ok((Pool::open("offline", dev, PoolOptions::default())?, lock))
     }
 
-    pub fn run(args: &[String]) -> Result<(), String> {
-        let what = format!(
-            "{} {}",
-            args[0],
-            args.get(1).map(String::as_str).unwrap_or("")
-        );
-        let rest = &args[2.min(args.len())..];
-        let pos = positional(rest);
-        match what.trim() {
-            "pool create" => {
-                known(rest, &["--size", "--extent-size", "--force"])?;
-                let [path] = pos[..] else {
-                    return Err("pool create needs one path".into());
-                };
-                let size = flag(rest, "--size")?.map(parse_size).transpose()?;
-                let extent_size = flag(rest, "--extent-size")?
-                    .map(parse_size)
-                    .transpose()?
-                    .unwrap_or(1 << 20);
-                let dev: SharedDevice = UringDevice::open(Path::new(path), size, 512)
-                    .map_err(|e| format!("{path}: {e}"))?;
-                let _lock = kvtarget::pool::lock_pool(Path::new(path), true)?;
+    /// Runs `op` on the open pool and closes it either way; the operation's
+    /// error wins over the close's.
+    fn with_pool(
+        path: &Path,
+        op: impl FnOnce(&Pool) -> Result<(), kvtarget::pool::PoolError>,
+    ) -> Result<(), ToolError> {
+        let (pool, _lock) = open_pool(path)?;
+        let r = op(&pool);
+        let c = pool.close();
+        r?;
+        c?;
+        Ok(())
+    }
+
+    pub fn pool(c: PoolCommand) -> Result<(), ToolError> {
+        match c {
+            PoolCommand::Create {
+                path,
+                size,
+                extent_size,
+                force,
+            } => {
+                let dev = open_device(&path, size)?;
+                let _lock = kvtarget::pool::lock_pool(&path, true)?;
                 let sb = format(
                     &dev,
                     &FormatOptions {
                         extent_size,
-                        force: rest.iter().any(|a| a == "--force"),
+                        force,
                         journal_len: None,
                     },
                 )?;
                 println!(
-                    "{path}: pool created: {} extents of {} bytes, {} bytes of metadata",
-                    sb.extent_count, sb.extent_size, sb.data_offset
+                    "{}: pool created: {} extents of {} bytes, {} bytes of metadata",
+                    path.display(),
+                    sb.extent_count,
+                    sb.extent_size,
+                    sb.data_offset
                 );
                 Ok(())
             }
-            "pool info" => {
-                known(rest, &[])?;
-                let [path] = pos[..] else {
-                    return Err("pool info needs one path".into());
-                };
-                let (pool, _lock) = open_pool(path)?;
+            PoolCommand::Info { path } => with_pool(&path, |pool| {
                 let s = pool.snapshot();
                 println!(
                     "extents: {} x {} bytes; mapped {}, clean {}, dirty {}",
@@ -468,71 +684,45 @@ mod tools {
                     "journal: {} of {} bytes used",
                     s.journal_used, s.journal_len
                 );
-                list(&pool);
-                pool.close().map_err(String::from)
-            }
-            "volume list" => {
-                known(rest, &[])?;
-                let [path] = pos[..] else {
-                    return Err("volume list needs one path".into());
+                list(pool);
+                Ok(())
+            }),
+        }
+    }
+
+    pub fn volume(c: VolumeCommand) -> Result<(), ToolError> {
+        match c {
+            VolumeCommand::List { path } => with_pool(&path, |pool| {
+                list(pool);
+                Ok(())
+            }),
+            VolumeCommand::Create {
+                path,
+                name,
+                size,
+                block_size,
+                unwritten,
+            } => {
+                let flags = match unwritten {
+                    UnwrittenArg::Zeroes => 0,
+                    UnwrittenArg::Error => VOL_UNWRITTEN_ERROR,
                 };
-                let (pool, _lock) = open_pool(path)?;
-                list(&pool);
-                pool.close().map_err(String::from)
-            }
-            "volume create" => {
-                known(rest, &["--size", "--block-size", "--unwritten"])?;
-                let [path, name] = pos[..] else {
-                    return Err("volume create needs a pool path and a name".into());
-                };
-                let size = parse_size(flag(rest, "--size")?.ok_or("--size is required")?)?;
-                let bs = match flag(rest, "--block-size")? {
-                    None => 4096,
-                    Some(v) => v
-                        .parse()
-                        .map_err(|_| format!("--block-size: `{v}` is not 512 or 4096"))?,
-                };
-                let flags = match flag(rest, "--unwritten")? {
-                    None | Some("zeroes") => 0,
-                    Some("error") => VOL_UNWRITTEN_ERROR,
-                    Some(v) => return Err(format!("--unwritten: `{v}` is not zeroes or error")),
-                };
-                let (pool, _lock) = open_pool(path)?;
-                let r = pool.create_volume(name, size, bs, flags);
-                let c = pool.close();
-                r?;
-                c?;
+                with_pool(&path, |pool| {
+                    pool.create_volume(&name, size, block_size, flags).map(drop)
+                })?;
                 println!("volume {name} created ({size} bytes)");
                 Ok(())
             }
-            "volume resize" => {
-                known(rest, &["--size"])?;
-                let [path, name] = pos[..] else {
-                    return Err("volume resize needs a pool path and a name".into());
-                };
-                let size = parse_size(flag(rest, "--size")?.ok_or("--size is required")?)?;
-                let (pool, _lock) = open_pool(path)?;
-                let r = pool.resize_volume(name, size);
-                let c = pool.close();
-                r?;
-                c?;
+            VolumeCommand::Resize { path, name, size } => {
+                with_pool(&path, |pool| pool.resize_volume(&name, size).map(drop))?;
                 println!("volume {name} resized to {size} bytes");
                 Ok(())
             }
-            "volume delete" => {
-                known(rest, &[])?;
-                let [path, name] = pos[..] else {
-                    return Err("volume delete needs a pool path and a name".into());
-                };
-                let (pool, _lock) = open_pool(path)?;
-                let r = pool.delete_volume(name);
-                let c = pool.close();
-                r?;
-                c?;
+            VolumeCommand::Delete { path, name } => {
+                with_pool(&path, |pool| pool.delete_volume(&name).map(drop))?;
                 println!("volume {name} deleted");
                 Ok(())
             }
-            other => Err(format!("unknown command `{other}` (see --help)")),
         }
     }
 
@@ -559,37 +749,83 @@ mod tools {
     }
 }
 
-fn usage_error(msg: &str) -> ExitCode {
-    eprintln!("kvtarget: {msg}\n\n{USAGE}");
-    ExitCode::from(2)
+fn perf(a: PerfArgs) -> ExitCode {
+    let json = a.json;
+    // --server-cpu alone means the baseline too.
+    let echo = (a.echo_baseline || a.server_cpu.is_some()).then_some(a.server_cpu);
+    let opts = perf_options(a);
+    match run_perf_or_echo(&opts, echo) {
+        Ok(r) => {
+            if json {
+                println!("{}", r.to_json());
+            } else {
+                println!(
+                    "{:?} bs {} qd {} queues {} for {:?}: {}",
+                    opts.workload,
+                    opts.block_size,
+                    opts.qd,
+                    opts.queues,
+                    opts.runtime,
+                    r.to_text()
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("kvtarget perf: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
-fn perf(args: &[String]) -> ExitCode {
-    match perf_options(args) {
-        Ok((opts, json, echo)) => match run_perf_or_echo(&opts, echo) {
-            Ok(r) => {
-                if json {
-                    println!("{}", r.to_json());
-                } else {
-                    println!(
-                        "{:?} bs {} qd {} queues {} for {:?}: {}",
-                        opts.workload,
-                        opts.block_size,
-                        opts.qd,
-                        opts.queues,
-                        opts.runtime,
-                        r.to_text()
-                    );
-                }
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("kvtarget perf: {e}");
-                ExitCode::FAILURE
-            }
-        },
-        Err(e) => usage_error(&format!("perf: {e}")),
+/// The options clap checked, over PerfOptions' defaults.
+fn perf_options(a: PerfArgs) -> kvtarget::perf::PerfOptions {
+    // The baseline needs no target; the address is then unused.
+    let addr = a.addr.unwrap_or(SocketAddr::from(([127, 0, 0, 1], 4420)));
+    let mut o = kvtarget::perf::PerfOptions::new(addr, a.nqn.as_deref().unwrap_or(""));
+    o.progress = !a.quiet;
+    o.hostnqn = a.hostnqn;
+    o.verify = a.verify;
+    if a.digests {
+        o.digests = kvtarget::wire::tcp::Digests {
+            header: true,
+            data: true,
+        };
     }
+    if let Some(v) = a.nsid {
+        o.nsid = v;
+    }
+    if let Some(v) = a.workload {
+        o.workload = v;
+    }
+    if let Some(v) = a.rwmix_read {
+        o.read_pct = v;
+    }
+    if let Some(v) = a.deallocate_pct {
+        o.deallocate_pct = v;
+    }
+    if let Some(v) = a.bs {
+        o.block_size = v as usize;
+    }
+    if let Some(v) = a.qd {
+        o.qd = v as usize;
+    }
+    if let Some(v) = a.queues {
+        o.queues = v;
+    }
+    if let Some(v) = a.time {
+        o.runtime = v;
+    }
+    if let Some(v) = a.warmup {
+        o.warmup = v;
+    }
+    if let Some(v) = a.cpus {
+        o.cpus = v;
+    }
+    if let Some(p) = a.poll {
+        o.busy_poll = matches!(p, Poll::Busy);
+    }
+    o
 }
 
 /// With `--echo-baseline` (`echo` is Some(server CPU)), runs the plain loopback
@@ -620,104 +856,4 @@ fn run_perf_or_echo(
         server_cpu,
         client_cpu: o.cpus.first().copied(),
     })
-}
-
-type PerfArgs = (kvtarget::perf::PerfOptions, bool, Option<Option<usize>>);
-
-fn perf_options(args: &[String]) -> Result<PerfArgs, String> {
-    use std::time::Duration;
-    let mut addr = None;
-    let mut nqn = None;
-    let mut o = kvtarget::perf::PerfOptions::new("127.0.0.1:4420".parse().map_err(|_| "addr")?, "");
-    o.progress = true;
-    let mut json = false;
-    let mut echo = None;
-    let mut it = args.iter();
-    fn num<T: std::str::FromStr>(flag: &str, v: Option<&String>) -> Result<T, String> {
-        let v = v.ok_or(format!("{flag} needs a value"))?;
-        v.parse()
-            .map_err(|_| format!("{flag}: `{v}` is not a number"))
-    }
-    fn secs(flag: &str, v: f64) -> Result<Duration, String> {
-        Duration::try_from_secs_f64(v)
-            .map_err(|_| format!("{flag}: `{v}` is not a duration in seconds"))
-    }
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--addr" => {
-                let v = it.next().ok_or("--addr needs ADDRESS:PORT")?;
-                addr = Some(
-                    v.parse()
-                        .map_err(|_| format!("--addr: `{v}` is not ADDRESS:PORT"))?,
-                );
-            }
-            "--nqn" => nqn = it.next().cloned(),
-            "--hostnqn" => o.hostnqn = it.next().cloned(),
-            "--nsid" => o.nsid = num("--nsid", it.next())?,
-            "--workload" => o.workload = it.next().ok_or("--workload needs a value")?.parse()?,
-            "--rwmix-read" => o.read_pct = num("--rwmix-read", it.next())?,
-            "--deallocate-pct" => o.deallocate_pct = num("--deallocate-pct", it.next())?,
-            "--bs" => {
-                let v = it.next().ok_or("--bs needs a size")?;
-                o.block_size =
-                    kvtarget::config::parse_size(v).map_err(|e| format!("--bs: {e}"))? as usize;
-            }
-            "--qd" => o.qd = num("--qd", it.next())?,
-            "--queues" => o.queues = num("--queues", it.next())?,
-            "--time" => o.runtime = secs("--time", num("--time", it.next())?)?,
-            "--warmup" => o.warmup = secs("--warmup", num("--warmup", it.next())?)?,
-            "--digests" => {
-                o.digests = kvtarget::wire::tcp::Digests {
-                    header: true,
-                    data: true,
-                }
-            }
-            "--json" => json = true,
-            "--verify" => o.verify = true,
-            "--echo-baseline" => echo = Some(echo.flatten()),
-            "--server-cpu" => echo = Some(Some(num("--server-cpu", it.next())?)),
-            "--quiet" => o.progress = false,
-            "--poll" => {
-                o.busy_poll = match it.next().map(String::as_str) {
-                    Some("busy") => true,
-                    Some("sleep") => false,
-                    _ => return Err("--poll: expected busy or sleep".into()),
-                }
-            }
-            "--cpus" => {
-                let v = it.next().ok_or("--cpus needs a list, e.g. 1 or 1,2")?;
-                o.cpus = v
-                    .split(',')
-                    .map(|c| {
-                        c.trim()
-                            .parse::<usize>()
-                            .map_err(|_| format!("--cpus: `{c}` is not a CPU number"))
-                    })
-                    .collect::<Result<_, _>>()?;
-            }
-            other => return Err(format!("unknown argument `{other}`")),
-        }
-    }
-    if echo.is_some() {
-        // The baseline needs no target.
-        return Ok((o, json, echo));
-    }
-    o.addr = addr.ok_or("--addr is required")?;
-    o.nqn = nqn.ok_or("--nqn is required")?;
-    if o.qd == 0 || o.qd > 4095 {
-        return Err("--qd must be 1..=4095".into());
-    }
-    if o.queues == 0 {
-        return Err("--queues must be at least 1".into());
-    }
-    if o.read_pct > 100 {
-        return Err("--rwmix-read must be 0..=100".into());
-    }
-    if o.deallocate_pct > 100 {
-        return Err("--deallocate-pct must be 0..=100".into());
-    }
-    if o.runtime.is_zero() {
-        return Err("--time must be positive".into());
-    }
-    Ok((o, json, echo))
 }

@@ -36,6 +36,26 @@ pub struct Server {
     listen: Vec<(SocketAddr, bool)>,
 }
 
+/// Why the target did not start; one line, naming the configured object
+/// (`pools[0]: ...`) where there is one.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Rpc(#[from] crate::rpc::SocketError),
+    /// Devices, pools, listeners and threads: the layers below report these
+    /// as one-line strings that already name the field.
+    #[error("{0}")]
+    Setup(String),
+}
+
+impl From<String> for StartError {
+    fn from(e: String) -> Self {
+        StartError::Setup(e)
+    }
+}
+
 /// Opens (formatting if allowed and needed) the device of a configured pool.
 pub fn open_pool_device(p: &PoolConfig, field: &str) -> Result<SharedDevice, String> {
     Ok(match p.backend {
@@ -189,7 +209,7 @@ fn start_pool(
 
 impl Server {
     /// Starts everything the configuration describes. Errors are one line.
-    pub fn start(cfg: &Config) -> Result<Server, String> {
+    pub fn start(cfg: &Config) -> Result<Server, StartError> {
         set_spdk_env(cfg);
         let t = &cfg.tcp;
         let limits = TransportLimits {
@@ -214,7 +234,7 @@ impl Server {
                     for p in &pools {
                         let _ = p.close();
                     }
-                    return Err(e);
+                    return Err(e.into());
                 }
             }
         }
@@ -252,7 +272,7 @@ impl Server {
                         Some((p, vol)) => VolumeDevice::new(p, vol),
                         None => {
                             close_pools(&pools);
-                            return Err(format!("{field}.volume: `{v}` does not exist"));
+                            return Err(format!("{field}.volume: `{v}` does not exist").into());
                         }
                     }
                 } else {
@@ -273,12 +293,12 @@ impl Server {
                                 .map_err(|e| format!("{field}: {e}"))?
                         }
                         Some(Backend::Spdk) => open_spdk(&n.trid, n.nvme_nsid, &field)?,
-                        None => return Err(format!("{field}: needs a volume or a backend")),
+                        None => return Err(format!("{field}: needs a volume or a backend").into()),
                     }
                 };
                 let block_size = dev.block_size().unwrap_or(n.block_size());
                 if dev.size_bytes() < block_size as u64 {
-                    return Err(format!("{field}: device is smaller than one block"));
+                    return Err(format!("{field}: device is smaller than one block").into());
                 }
                 tracing::info!(subnqn = %s.nqn, nsid = n.nsid, dev = %dev.describe(), bytes = dev.size_bytes(), block_size, "namespace");
                 if n.volume.is_none() {
@@ -304,7 +324,12 @@ impl Server {
                 .filter_map(|a| a.parse::<SocketAddr>().ok())
             {
                 // An RDMA listener's address stays RDMA-only.
-                if !addrs.contains(&a) && !cfg.rdma_listen_addrs()?.contains(&a) {
+                if !addrs.contains(&a)
+                    && !cfg
+                        .rdma_listen_addrs()
+                        .map_err(|e| e.to_string())?
+                        .contains(&a)
+                {
                     addrs.push(a);
                 }
             }
@@ -387,7 +412,7 @@ impl Server {
             rdma.clone(),
             cfg.clone(),
         ));
-        let mut started = (|| -> Result<_, String> {
+        let started = (|| -> Result<_, StartError> {
             rdma_started.clone()?;
             let rpc = match cfg.rpc.as_ref().filter(|r| r.enabled) {
                 Some(r) => Some(crate::rpc::RpcServer::start(&r.socket, ctl.clone())?),
@@ -404,10 +429,9 @@ impl Server {
             };
             Ok((rpc, metrics))
         })();
-        let (rpc, metrics) = match started.as_mut() {
-            Ok(x) => (x.0.take(), x.1.take()),
+        let (rpc, metrics) = match started {
+            Ok(x) => x,
             Err(e) => {
-                let e = e.clone();
                 stop.store(true, Ordering::Release);
                 let _ = acceptor.join();
                 rdma.join();

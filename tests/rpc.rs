@@ -535,7 +535,10 @@ fn bad_input_gets_json_rpc_errors_and_never_hurts_the_daemon() {
         "[rpc]\nsocket = \"{}\"\n[[listeners]]\naddress = \"127.0.0.1\"\nport = 0\n",
         path.display()
     );
-    let e = Server::start(&Config::parse(&text).unwrap()).err().unwrap();
+    let e = Server::start(&Config::parse(&text).unwrap())
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("another process is listening"), "{e}");
     drop(dir2);
     server.shutdown();

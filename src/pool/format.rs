@@ -293,6 +293,29 @@ impl Superblock {
     }
 }
 
+/// The smallest device `Superblock::layout` fits a pool of `extent_size` extents
+/// on: superblock, both checkpoint slots, the journal and one extent.
+pub fn min_device_size(extent_size: u64) -> Result<u64, FormatError> {
+    // The metadata grows with the device, so try sizes upwards. The smallest
+    // fit is its metadata (aligned to `layout`'s min(extent, 1 MiB)) plus one
+    // extent, a multiple of that alignment: stepping by it misses nothing, and
+    // takes a few dozen steps at most (a 4 MiB journal over 64 KiB steps).
+    if !extent_size.is_power_of_two() || !(MIN_EXTENT_SIZE..=MAX_EXTENT_SIZE).contains(&extent_size)
+    {
+        // layout's own error for the extent size.
+        return Superblock::layout(extent_size, extent_size, [0; 16], None).map(|_| extent_size);
+    }
+    let step = extent_size.min(1 << 20);
+    let mut size = extent_size;
+    loop {
+        match Superblock::layout(size, extent_size, [0; 16], None) {
+            Ok(_) => return Ok(size),
+            Err(e) if size > MAX_EXTENT_SIZE * 4 + (1 << 30) => return Err(e),
+            Err(_) => size += step,
+        }
+    }
+}
+
 pub fn round_up(v: u64, to: u64) -> u64 {
     v.div_ceil(to) * to
 }

@@ -145,32 +145,28 @@ pub struct RpcServer {
 impl RpcServer {
     /// Binds the socket. A stale socket file (nobody listening) is replaced; a
     /// live one is an error, so two targets never share a control socket.
-    pub fn start(path: &Path, ctl: Arc<methods::Control>) -> Result<RpcServer, String> {
+    pub fn start(path: &Path, ctl: Arc<methods::Control>) -> Result<RpcServer, SocketError> {
+        let at = |source| SocketError::Bind {
+            path: path.into(),
+            source,
+        };
         if path.exists() {
             if UnixStream::connect(path).is_ok() {
-                return Err(format!(
-                    "rpc socket {}: another process is listening on it",
-                    path.display()
-                ));
+                return Err(SocketError::InUse(path.into()));
             }
-            std::fs::remove_file(path).map_err(|e| {
-                format!(
-                    "rpc socket {}: cannot remove stale socket: {e}",
-                    path.display()
-                )
+            std::fs::remove_file(path).map_err(|source| SocketError::Stale {
+                path: path.into(),
+                source,
             })?;
         }
-        let listener =
-            UnixListener::bind(path).map_err(|e| format!("rpc socket {}: {e}", path.display()))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| format!("rpc socket {}: {e}", path.display()))?;
+        let listener = UnixListener::bind(path).map_err(at)?;
+        listener.set_nonblocking(true).map_err(at)?;
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
         let thread = std::thread::Builder::new()
             .name("rpc".into())
             .spawn(move || accept_loop(listener, ctl, st))
-            .map_err(|e| format!("rpc thread: {e}"))?;
+            .map_err(SocketError::Thread)?;
         tracing::info!("JSON-RPC listening on {}", path.display());
         Ok(RpcServer {
             path: path.to_path_buf(),
@@ -307,6 +303,36 @@ fn serve_client(mut sock: UnixStream, ctl: &methods::Control, stop: &AtomicBool)
 }
 
 /// A blocking client for the CLI and tests.
+/// Errors of the control socket, server and client side; each one line.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketError {
+    #[error("rpc socket {}: another process is listening on it", .0.display())]
+    InUse(PathBuf),
+    #[error("rpc socket {}: cannot remove stale socket: {source}", path.display())]
+    Stale {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("rpc socket {}: {source}", path.display())]
+    Bind {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("rpc thread: {0}")]
+    Thread(std::io::Error),
+    #[error("cannot connect to {}: {source}", path.display())]
+    Connect {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("bad response: {0}")]
+    BadResponse(serde_json::Error),
+    #[error("connection closed")]
+    Closed,
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
 pub struct RpcClient {
     sock: UnixStream,
     buf: Vec<u8>,
@@ -314,11 +340,12 @@ pub struct RpcClient {
 }
 
 impl RpcClient {
-    pub fn connect(path: &Path) -> Result<RpcClient, String> {
-        let sock = UnixStream::connect(path)
-            .map_err(|e| format!("cannot connect to {}: {e}", path.display()))?;
-        sock.set_read_timeout(Some(Duration::from_secs(60)))
-            .map_err(|e| e.to_string())?;
+    pub fn connect(path: &Path) -> Result<RpcClient, SocketError> {
+        let sock = UnixStream::connect(path).map_err(|source| SocketError::Connect {
+            path: path.into(),
+            source,
+        })?;
+        sock.set_read_timeout(Some(Duration::from_secs(60)))?;
         Ok(RpcClient {
             sock,
             buf: Vec::new(),
@@ -327,12 +354,12 @@ impl RpcClient {
     }
 
     /// Sends raw bytes (tests of bad input).
-    pub fn send_raw(&mut self, b: &[u8]) -> Result<(), String> {
-        self.sock.write_all(b).map_err(|e| e.to_string())
+    pub fn send_raw(&mut self, b: &[u8]) -> Result<(), SocketError> {
+        Ok(self.sock.write_all(b)?)
     }
 
     /// Reads the next response value.
-    pub fn recv(&mut self) -> Result<Value, String> {
+    pub fn recv(&mut self) -> Result<Value, SocketError> {
         let mut chunk = [0u8; 16 << 10];
         loop {
             if let Some(start) = self.buf.iter().position(|b| !b.is_ascii_whitespace()) {
@@ -344,15 +371,15 @@ impl RpcClient {
                         self.buf.drain(..used);
                         return Ok(v);
                     }
-                    Some(Err(e)) if !e.is_eof() => return Err(format!("bad response: {e}")),
+                    Some(Err(e)) if !e.is_eof() => return Err(SocketError::BadResponse(e)),
                     _ => {}
                 }
             }
             match self.sock.read(&mut chunk) {
-                Ok(0) => return Err("connection closed".into()),
+                Ok(0) => return Err(SocketError::Closed),
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -363,10 +390,10 @@ impl RpcClient {
         self.next_id += 1;
         let req = json!({"jsonrpc": "2.0", "method": method, "id": id, "params": params});
         self.send_raw(req.to_string().as_bytes())
-            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
+            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))?;
         let resp = self
             .recv()
-            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
+            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))?;
         if let Some(e) = resp.get("error") {
             return Err(RpcError::new(
                 e.get("code").and_then(Value::as_i64).unwrap_or(0),

@@ -171,7 +171,7 @@ pub(super) fn save_config(p: &mut Params) -> Parsed {
             .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
         let text = cfg
             .to_toml()
-            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
+            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))?;
         let text = format!("# Written by kvtarget_save_config from the running target.\n{text}");
         // What we write must load: check it before it replaces anything.
         crate::config::Config::parse(&text).map_err(|e| {
