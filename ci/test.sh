@@ -35,11 +35,17 @@ cargo test --all-targets
 step "cargo test --features spdk --lib (the spdk backend's unit tests, SPDK linked)"
 cargo test --features spdk --lib
 
-step "pool simulation: ${KVT_SIM_SEEDS:=2000} seeds (sim profile: optimised, overflow checks on)"
+step "pool simulation: ${KVT_SIM_SEEDS:=5000} seeds (sim profile: optimised, overflow checks on)"
 KVT_SIM_SEEDS=$KVT_SIM_SEEDS cargo test --profile sim --lib pool::sim -- --nocapture
 
 step "interop suite's kernel-log filter (tests/interop/klog-filter-test.sh)"
 tests/interop/klog-filter-test.sh
+
+step "fuzz crate: fmt, clippy, replay of fuzz/corpus and fuzz/regressions"
+(cd fuzz && cargo fmt -- --check && cargo clippy --all-targets -- -D warnings && cargo test)
+
+step "fuzzing: every cargo-afl target for ${FUZZ_SECONDS:-20} s (ci/fuzz.sh)"
+ci/fuzz.sh
 
 if [[ $quick == 1 ]]; then
     exit 0

@@ -142,7 +142,7 @@ pub fn check(data: &[u8]) {
     let Ok(mut io) = SyncIo::new(&dev) else {
         return;
     };
-    match pool::load_image(&mut io) {
+    match pool::load_image(&mut io, dev.size_bytes()) {
         Ok((sb, img, _)) => {
             assert!(
                 !rep.lines.is_empty(),
@@ -161,7 +161,7 @@ pub fn check(data: &[u8]) {
             );
         }
         Err(e) => assert!(
-            rep.damage.contains(&e),
+            rep.damage.contains(&e.to_string()),
             "load_image failed ({e}) but check did not say so: {:?}",
             rep.damage
         ),

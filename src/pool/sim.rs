@@ -117,6 +117,8 @@ struct Sim {
     timed: bool,
     /// Where the data region starts: everything before it is metadata.
     meta_end: u64,
+    /// What the run exercised, to show the many-seed run covers it.
+    cover: Cover,
     next_value: u64,
     crashes: u64,
     log: Vec<String>,
@@ -173,13 +175,7 @@ impl Sim {
         let timed = seed % 3 != 0;
         let pool = Pool::open("sim", dev.clone(), pool_opts(timed))
             .unwrap_or_else(|e| panic!("seed {seed}: open: {e}"));
-        // Device-level reordering is opt-in until seed 306 is understood (see
-        // the module comment).
-        fault.set_reorder(
-            std::env::var("KVT_SIM_REORDER")
-                .is_ok()
-                .then_some(seed ^ 0x5eed),
-        );
+        fault.set_reorder(Some(seed ^ 0x5eed));
         let meta_end = pool.sb.data_offset;
         Sim {
             seed,
@@ -191,6 +187,7 @@ impl Sim {
             reactors: (0..REACTORS).map(|_| None).collect(),
             timed,
             meta_end,
+            cover: Cover::default(),
             next_value: 1,
             crashes: 0,
             log: Vec::new(),
@@ -203,7 +200,7 @@ impl Sim {
     fn fail(&self, msg: String) -> ! {
         let tail: Vec<_> = self.log.iter().rev().take(400).rev().cloned().collect();
         panic!(
-            "seed {}: {msg}\nlast operations:\n  {}\nreproduce: KVT_SIM_SEED={} cargo test pool::sim",
+            "seed {}: {msg}\nlast operations:\n  {}\nreproduce: KVT_SIM_SEED={} cargo test --profile sim --lib pool::sim -- --nocapture",
             self.seed,
             tail.join("\n  "),
             self.seed
@@ -461,6 +458,7 @@ impl Sim {
                 before.insert((name.clone(), first + k), cur);
             }
         }
+        self.cover.batches += 1;
         let results = self.run_batch(ops);
         let tripped = self.fault.tripped();
         // Values a sector may hold after the batch: what it had, and what
@@ -547,6 +545,7 @@ impl Sim {
         }
         let raced: Vec<((String, usize), BTreeSet<u64>)> =
             landed.into_iter().filter(|(_, v)| v.len() > 1).collect();
+        self.cover.raced += raced.len() as u64;
         // Any of the racing values may be what a crash leaves.
         for ((name, idx), vals) in &raced {
             if let Some(m) = self.model.get_mut(name) {
@@ -571,6 +570,8 @@ impl Sim {
                     _ => None,
                 };
                 match got {
+                    // The fuse tripped in a metadata step meanwhile: a crash follows.
+                    None if self.fault.tripped() => break,
                     Some(g) if vals.contains(&g) => {
                         for v in vals {
                             if let Some(m) = self.model.get_mut(name) {
@@ -582,7 +583,9 @@ impl Sim {
                         }
                     }
                     _ => self.fail(format!(
-                        "{name} sector {idx}: after racing writes read {got:?}, wanted one of {vals:?}"
+                        "{name} sector {idx}: after racing writes read {got:?} (result {:?}, bytes {:?}), wanted one of {vals:?}",
+                        c.result,
+                        c.buf.as_ref().and_then(|d| d.get(k * 512..k * 512 + 16)),
                     )),
                 }
             }
@@ -965,6 +968,7 @@ impl Sim {
         let pool = match Pool::open("sim", self.dev.clone(), pool_opts(self.timed)) {
             Ok(p) => p,
             Err(e) if self.fault.read_faults() > served => {
+                self.cover.refused += 1;
                 self.log.push(format!("  recovery refused: {e}"));
                 self.fault.disarm_read_fault();
                 match Pool::open("sim", self.dev.clone(), pool_opts(self.timed)) {
@@ -1110,6 +1114,8 @@ impl Sim {
             }
         }
         let s = pool.snapshot();
+        self.cover.scrubbed += s.gc_scrubbed;
+        self.cover.commits += s.commits;
         if s.mapped != 0 || s.dirty != 0 || s.clean + s.reserved != s.extents as u64 {
             self.fail(format!("after deleting everything: {s:?}"));
         }
@@ -1133,7 +1139,47 @@ fn op_name(op: &IoOp) -> String {
     }
 }
 
-fn run_seed(seed: u64, steps: usize) -> (u64, u64) {
+/// What a run exercised (summed over seeds and printed by the many-seed run).
+#[derive(Debug, Default, Clone, Copy)]
+struct Cover {
+    crashes: u64,
+    sectors_written: u64,
+    /// Steps with several commands in flight, and sectors two of them raced for.
+    batches: u64,
+    raced: u64,
+    /// Faulty metadata reads served, and recoveries that refused because of
+    /// one (none since recovery reads a failed block again: the faults are
+    /// transient, one read each).
+    read_faults: u64,
+    refused: u64,
+    /// Extents GC scrubbed and journal commits, in the final pool of each seed.
+    scrubbed: u64,
+    commits: u64,
+}
+
+impl Cover {
+    fn add(&mut self, o: Cover) {
+        self.crashes += o.crashes;
+        self.sectors_written += o.sectors_written;
+        self.batches += o.batches;
+        self.raced += o.raced;
+        self.read_faults += o.read_faults;
+        self.refused += o.refused;
+        self.scrubbed += o.scrubbed;
+        self.commits += o.commits;
+    }
+}
+
+/// Steps per seed; `KVT_SIM_STEPS` changes it (for one seed or many alike,
+/// so a seed replays the run it failed in).
+fn steps() -> usize {
+    std::env::var("KVT_SIM_STEPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(150)
+}
+
+fn run_seed(seed: u64, steps: usize) -> Cover {
     let mut sim = Sim::new(seed);
     for _ in 0..steps {
         sim.step();
@@ -1141,7 +1187,11 @@ fn run_seed(seed: u64, steps: usize) -> (u64, u64) {
     // A last crash without a flush, then the final accounting.
     sim.crash();
     sim.drain();
-    (sim.crashes, sim.next_value)
+    let mut c = sim.cover;
+    c.crashes = sim.crashes;
+    c.sectors_written = sim.next_value;
+    c.read_faults = sim.fault.read_faults();
+    c
 }
 
 #[test]
@@ -1150,21 +1200,46 @@ fn simulation_over_many_seeds() {
         let seed: u64 = s
             .parse()
             .unwrap_or_else(|_| panic!("KVT_SIM_SEED={s} is not a number"));
-        run_seed(seed, 400);
+        eprintln!("seed {seed}: {:?}", run_seed(seed, steps()));
         return;
     }
-    let seeds: u64 = std::env::var("KVT_SIM_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
-    let (mut crashes, mut writes) = (0, 0);
-    for seed in 0..seeds {
-        let (c, w) = run_seed(seed, 150);
-        crashes += c;
-        writes += w;
+    let env = |k: &str, d: u64| -> u64 {
+        std::env::var(k)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(d)
+    };
+    let seeds = env("KVT_SIM_SEEDS", 60);
+    let first = env("KVT_SIM_FIRST_SEED", 0);
+    let mut total = Cover::default();
+    for seed in first..first + seeds {
+        total.add(run_seed(seed, steps()));
     }
-    // The run must actually exercise crashes and data.
-    assert!(crashes >= seeds, "only {crashes} crashes in {seeds} seeds");
-    assert!(writes > seeds * 100, "only {writes} sectors written");
-    eprintln!("pool simulation: {seeds} seeds, {crashes} crashes, {writes} sector versions");
+    // The run must actually exercise what it is for.
+    assert!(
+        total.crashes >= seeds,
+        "only {} crashes in {seeds} seeds",
+        total.crashes
+    );
+    assert!(total.sectors_written > seeds * 100, "only {total:?}");
+    if seeds >= 50 {
+        assert!(
+            total.batches > 0 && total.raced > 0 && total.read_faults > 0,
+            "concurrency or read faults not exercised: {total:?}"
+        );
+        assert!(total.scrubbed > 0 && total.commits > 0, "{total:?}");
+    }
+    eprintln!(
+        "pool simulation: seeds {first}..{}: {total:?}",
+        first + seeds
+    );
+}
+
+/// Seeds that once found a bug (in the pool or in the simulation's model),
+/// run on their own so a change to the many-seed run cannot skip them.
+#[test]
+fn simulation_regression_seeds() {
+    for seed in [4, 37, 149, 306, 2006] {
+        run_seed(seed, steps());
+    }
 }
