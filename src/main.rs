@@ -338,8 +338,8 @@ enum ToolError {
     #[error(transparent)]
     Pool(#[from] kvtarget::pool::PoolError),
     /// sysfs and driver errors of `nvme`.
-    #[error("{0}")]
-    Pci(String),
+    #[error(transparent)]
+    Pci(#[from] kvtarget::bdev::nvme::NvmeError),
 }
 
 fn run(config: Option<PathBuf>, log: Option<String>, rpc_socket: Option<PathBuf>) -> ExitCode {

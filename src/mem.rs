@@ -199,7 +199,17 @@ pub mod dma {
         pub len: usize,
     }
 
-    type Mapper = Box<dyn FnMut(&DmaRange) -> Result<(), String> + Send>;
+    /// What can go wrong mapping the arena for a device.
+    #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+    pub enum DmaError {
+        #[error("cannot reserve address space for the DMA arena")]
+        NoAddressSpace,
+        /// A mapper's call (an IOMMU ioctl, `spdk_mem_register`) failed with `errno`.
+        #[error("{call}: {}", std::io::Error::from_raw_os_error(*.errno))]
+        Map { call: &'static str, errno: i32 },
+    }
+
+    type Mapper = Box<dyn FnMut(&DmaRange) -> Result<(), DmaError> + Send>;
 
     struct Arena {
         base: usize,
@@ -433,15 +443,13 @@ pub mod dma {
     /// for every new chunk before any of its memory is handed out. Fails (and stays
     /// unregistered) if mapping the existing chunks fails.
     pub fn register_mapper(
-        mut map: impl FnMut(&DmaRange) -> Result<(), String> + Send + 'static,
-    ) -> Result<MapperId, String> {
+        mut map: impl FnMut(&DmaRange) -> Result<(), DmaError> + Send + 'static,
+    ) -> Result<MapperId, DmaError> {
         let mut g = lock();
         if g.is_none() {
             *g = Arena::new();
         }
-        let arena = g
-            .as_mut()
-            .ok_or("cannot reserve address space for the DMA arena")?;
+        let arena = g.as_mut().ok_or(DmaError::NoAddressSpace)?;
         if arena.chunks > 0 {
             map(&DmaRange {
                 vaddr: arena.base,

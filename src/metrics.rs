@@ -578,6 +578,20 @@ fn rdma_poll_groups(o: &mut Out, groups: &[crate::transport::rdma::PollGroupStat
     }
 }
 
+/// Why the metrics endpoint did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// Binding, making non-blocking or reading back the listening socket.
+    #[error("metrics on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("metrics thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
 /// The metrics HTTP endpoint.
 pub struct MetricsServer {
     pub addr: SocketAddr,
@@ -586,11 +600,11 @@ pub struct MetricsServer {
 }
 
 impl MetricsServer {
-    pub fn start(addr: SocketAddr, ctl: Arc<Control>) -> Result<MetricsServer, String> {
-        let l = TcpListener::bind(addr).map_err(|e| format!("metrics on {addr}: {e}"))?;
-        l.set_nonblocking(true)
-            .map_err(|e| format!("metrics on {addr}: {e}"))?;
-        let addr = l.local_addr().map_err(|e| e.to_string())?;
+    pub fn start(addr: SocketAddr, ctl: Arc<Control>) -> Result<MetricsServer, MetricsError> {
+        let listen = |source| MetricsError::Listen { addr, source };
+        let l = TcpListener::bind(addr).map_err(listen)?;
+        l.set_nonblocking(true).map_err(listen)?;
+        let addr = l.local_addr().map_err(listen)?;
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
         let thread = std::thread::Builder::new()
@@ -603,7 +617,7 @@ impl MetricsServer {
                     }
                 }
             })
-            .map_err(|e| format!("metrics thread: {e}"))?;
+            .map_err(MetricsError::Thread)?;
         tracing::info!("metrics on http://{addr}/metrics");
         Ok(MetricsServer {
             addr,

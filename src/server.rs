@@ -44,6 +44,10 @@ pub enum StartError {
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Rpc(#[from] crate::rpc::SocketError),
+    #[error(transparent)]
+    Listen(#[from] transport::ListenError),
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
     /// Devices, pools, listeners and threads: the layers below report these
     /// as one-line strings that already name the field.
     #[error("{0}")]

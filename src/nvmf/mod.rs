@@ -151,6 +151,15 @@ pub enum SubsystemKind {
     Discovery,
 }
 
+/// Why a namespace could not be added to a subsystem.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NamespaceError {
+    #[error("NSID {nsid} is already in use in {nqn}")]
+    InUse { nsid: u32, nqn: String },
+    #[error("namespace table poisoned")]
+    Poisoned,
+}
+
 pub struct Subsystem {
     pub nqn: String,
     pub kind: SubsystemKind,
@@ -227,15 +236,18 @@ impl Subsystem {
 
     /// Adds a namespace while hosts may be connected; they get the Namespace
     /// Attribute Changed event.
-    pub fn add_namespace(&self, ns: Arc<Namespace>) -> Result<(), String> {
+    pub fn add_namespace(&self, ns: Arc<Namespace>) -> Result<(), NamespaceError> {
         let nsid = ns.nsid;
         {
             let mut v = self
                 .namespaces
                 .write()
-                .map_err(|_| "namespace table poisoned".to_string())?;
+                .map_err(|_| NamespaceError::Poisoned)?;
             if v.iter().any(|n| n.nsid == nsid) {
-                return Err(format!("NSID {nsid} is already in use in {}", self.nqn));
+                return Err(NamespaceError::InUse {
+                    nsid,
+                    nqn: self.nqn.clone(),
+                });
             }
             v.push(ns);
             v.sort_by_key(|n| n.nsid);

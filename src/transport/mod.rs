@@ -20,13 +20,30 @@ pub struct TcpListenerSpec {
     pub discovery_only: bool,
 }
 
+/// Why a TCP listener could not be set up; names the address.
+#[derive(Debug, thiserror::Error)]
+pub enum ListenError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Making the socket non-blocking or reading back its bound address.
+    #[error("{addr}: {source}")]
+    Socket {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Binds a listener; the error names the address.
-pub fn bind(addr: SocketAddr, discovery_only: bool) -> Result<TcpListenerSpec, String> {
-    let listener = TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| format!("{addr}: {e}"))?;
-    let addr = listener.local_addr().map_err(|e| format!("{addr}: {e}"))?;
+pub fn bind(addr: SocketAddr, discovery_only: bool) -> Result<TcpListenerSpec, ListenError> {
+    let listener = TcpListener::bind(addr).map_err(|source| ListenError::Bind { addr, source })?;
+    let socket = |source| ListenError::Socket { addr, source };
+    listener.set_nonblocking(true).map_err(socket)?;
+    let addr = listener.local_addr().map_err(socket)?;
     Ok(TcpListenerSpec {
         listener,
         addr,

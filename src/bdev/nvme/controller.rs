@@ -3,6 +3,7 @@
 //! abort, reset after a failure, and normal shutdown so the kernel driver can take
 //! the controller back.
 
+use super::error::NvmeError;
 use super::queue::HwQueue;
 use super::spec::{admin, reg, Cap, ControllerInfo, Cqe, NamespaceInfo, Sqe};
 use super::vfio::{Bar, Vfio};
@@ -55,7 +56,7 @@ fn registry() -> MutexGuard<'static, Vec<Weak<Controller>>> {
 impl Controller {
     /// The controller at `bdf`, opened on first use and shared by every device
     /// (namespace) on it.
-    pub fn get(bdf: &str) -> Result<Arc<Controller>, String> {
+    pub fn get(bdf: &str) -> Result<Arc<Controller>, NvmeError> {
         let mut reg = registry();
         reg.retain(|w| w.strong_count() > 0);
         if let Some(c) = reg.iter().filter_map(Weak::upgrade).find(|c| c.bdf == bdf) {
@@ -66,18 +67,18 @@ impl Controller {
         Ok(c)
     }
 
-    fn open(bdf: &str) -> Result<Controller, String> {
+    fn open(bdf: &str) -> Result<Controller, NvmeError> {
         let vfio = Vfio::open(bdf)?;
         let bar = vfio.bar();
         let cap = Cap::parse(bar.read64(reg::CAP));
         if !cap.nvm_command_set {
-            return Err(format!("{bdf}: controller lacks the NVM command set"));
+            return Err(NvmeError::NoNvmCommandSet(bdf.to_string()));
         }
         if cap.mps_min_bytes > 4096 {
-            return Err(format!(
-                "{bdf}: minimum page size {} > 4096",
-                cap.mps_min_bytes
-            ));
+            return Err(NvmeError::PageSize {
+                bdf: bdf.to_string(),
+                bytes: cap.mps_min_bytes,
+            });
         }
         let q = HwQueue::new(bar, &cap, 0, ADMIN_QUEUE_ENTRIES)?;
         let st = AdminState {
@@ -91,7 +92,10 @@ impl Controller {
             vfio,
             bar,
             cap,
-            info: ControllerInfo::parse(&[0u8; 4096]).map_err(|e| e.to_string())?,
+            info: ControllerInfo::parse(&[0u8; 4096]).map_err(|source| NvmeError::Identify {
+                bdf: bdf.to_string(),
+                source,
+            })?,
             admin: Mutex::new(st),
             qids: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
@@ -107,7 +111,10 @@ impl Controller {
             let nq = c.set_queue_count(&mut st)?;
             (data, nq)
         };
-        c.info = ControllerInfo::parse(&data).map_err(|e| format!("{bdf}: {e}"))?;
+        c.info = ControllerInfo::parse(&data).map_err(|source| NvmeError::Identify {
+            bdf: bdf.to_string(),
+            source,
+        })?;
         c.qids = Mutex::new(vec![false; nq as usize + 1]);
         c.max_transfer_bytes = c
             .info
@@ -164,35 +171,33 @@ impl Controller {
         self.shut_down.load(Ordering::Acquire)
     }
 
-    fn wait_ready(&self, want: bool) -> Result<(), String> {
+    fn wait_ready(&self, want: bool) -> Result<(), NvmeError> {
         let start = Instant::now();
         let limit = Duration::from_millis(self.cap.timeout_ms);
         loop {
             let s = self.csts();
             if s == reg::GONE {
                 self.gone.store(true, Ordering::Release);
-                return Err(format!("{}: controller is gone", self.bdf));
+                return Err(NvmeError::Gone(self.bdf.clone()));
             }
             if want && s & reg::CSTS_CFS != 0 {
-                return Err(format!(
-                    "{}: controller fatal status while enabling",
-                    self.bdf
-                ));
+                return Err(NvmeError::FatalWhileEnabling(self.bdf.clone()));
             }
             if (s & reg::CSTS_RDY != 0) == want {
                 return Ok(());
             }
             if start.elapsed() > limit {
-                return Err(format!(
-                    "{}: CSTS.RDY did not become {} within {} ms",
-                    self.bdf, want as u8, self.cap.timeout_ms
-                ));
+                return Err(NvmeError::ReadyTimeout {
+                    bdf: self.bdf.clone(),
+                    want: want as u8,
+                    timeout_ms: self.cap.timeout_ms,
+                });
             }
             std::thread::sleep(Duration::from_millis(1));
         }
     }
 
-    fn disable(&self) -> Result<(), String> {
+    fn disable(&self) -> Result<(), NvmeError> {
         let cc = self.bar.read32(reg::CC);
         if cc & reg::CC_EN != 0 {
             self.bar.write32(reg::CC, cc & !reg::CC_EN);
@@ -201,7 +206,7 @@ impl Controller {
     }
 
     /// Disables, programs the admin queue and enables the controller.
-    fn enable(&self, st: &mut AdminState) -> Result<(), String> {
+    fn enable(&self, st: &mut AdminState) -> Result<(), NvmeError> {
         self.disable()?;
         st.q.reset();
         let n = (ADMIN_QUEUE_ENTRIES - 1) as u32;
@@ -216,15 +221,21 @@ impl Controller {
     }
 
     /// Runs one admin command to completion (the admin lock serialises them).
-    fn admin_locked(&self, st: &mut AdminState, mut sqe: Sqe, data: bool) -> Result<Cqe, String> {
+    fn admin_locked(
+        &self,
+        st: &mut AdminState,
+        mut sqe: Sqe,
+        data: bool,
+    ) -> Result<Cqe, NvmeError> {
         if self.gone.load(Ordering::Acquire) {
-            return Err(format!("{}: controller is gone", self.bdf));
+            return Err(NvmeError::Gone(self.bdf.clone()));
         }
         let cid = st.next_cid;
         st.next_cid = st.next_cid.wrapping_add(1);
         sqe.set_cid(cid);
         if data {
-            let iova = dma::iova(st.scratch.as_ptr(), 4096).ok_or("scratch not DMA-mapped")?;
+            let iova = dma::iova(st.scratch.as_ptr(), 4096)
+                .ok_or(NvmeError::NotDmaMapped("admin scratch page"))?;
             sqe.set_prp(iova, 0);
         }
         st.q.push(sqe);
@@ -238,41 +249,39 @@ impl Controller {
                     continue;
                 }
                 if !c.ok() {
-                    return Err(format!(
-                        "{}: admin opcode {:#x} failed with status {:#x}",
-                        self.bdf,
-                        sqe.opcode(),
-                        c.status
-                    ));
+                    return Err(NvmeError::AdminFailed {
+                        bdf: self.bdf.clone(),
+                        opcode: sqe.opcode(),
+                        status: c.status,
+                    });
                 }
                 return Ok(c);
             }
             if start.elapsed() > ADMIN_TIMEOUT {
-                let msg = format!(
-                    "{}: admin opcode {:#x} timed out; resetting the controller",
-                    self.bdf,
-                    sqe.opcode()
-                );
-                tracing::error!("{msg}");
+                let err = NvmeError::AdminTimeout {
+                    bdf: self.bdf.clone(),
+                    opcode: sqe.opcode(),
+                };
+                tracing::error!("{err}");
                 if let Err(e) = self.reset_locked(st) {
                     tracing::error!("{e}");
                 }
-                return Err(msg);
+                return Err(err);
             }
             if self.is_gone() {
-                return Err(format!("{}: controller is gone", self.bdf));
+                return Err(NvmeError::Gone(self.bdf.clone()));
             }
             std::hint::spin_loop();
         }
     }
 
-    fn identify(&self, st: &mut AdminState, cns: u32, nsid: u32) -> Result<Vec<u8>, String> {
+    fn identify(&self, st: &mut AdminState, cns: u32, nsid: u32) -> Result<Vec<u8>, NvmeError> {
         st.scratch.fill(0);
         self.admin_locked(st, Sqe::new(admin::IDENTIFY, nsid).cdw(0, cns), true)?;
         Ok(st.scratch[..4096].to_vec())
     }
 
-    fn set_queue_count(&self, st: &mut AdminState) -> Result<u16, String> {
+    fn set_queue_count(&self, st: &mut AdminState) -> Result<u16, NvmeError> {
         let n = (IO_QUEUES_WANTED - 1) as u32;
         let c = self.admin_locked(
             st,
@@ -286,16 +295,21 @@ impl Controller {
         Ok(nsq.min(ncq).min(IO_QUEUES_WANTED))
     }
 
-    pub fn identify_namespace(&self, nsid: u32) -> Result<NamespaceInfo, String> {
+    pub fn identify_namespace(&self, nsid: u32) -> Result<NamespaceInfo, NvmeError> {
         if nsid == 0 || nsid > self.info.nn {
-            return Err(format!(
-                "{}: namespace {nsid} does not exist (the controller has {})",
-                self.bdf, self.info.nn
-            ));
+            return Err(NvmeError::NoNamespace {
+                bdf: self.bdf.clone(),
+                nsid,
+                count: self.info.nn,
+            });
         }
         let mut st = self.lock_admin();
         let data = self.identify(&mut st, admin::CNS_NAMESPACE, nsid)?;
-        NamespaceInfo::parse(&data).map_err(|e| format!("{} namespace {nsid}: {e}", self.bdf))
+        NamespaceInfo::parse(&data).map_err(|source| NvmeError::IdentifyNamespace {
+            bdf: self.bdf.clone(),
+            nsid,
+            source,
+        })
     }
 
     /// Reserves an I/O queue id.
@@ -315,7 +329,7 @@ impl Controller {
 
     /// Creates `q` on the controller (CQ, then SQ bound to it), polled: no
     /// interrupt vector. Returns the generation the queue belongs to.
-    pub fn create_io_queue(&self, q: &mut HwQueue) -> Result<u64, String> {
+    pub fn create_io_queue(&self, q: &mut HwQueue) -> Result<u64, NvmeError> {
         let mut st = self.lock_admin();
         q.reset();
         let qid = q.qid as u32;
@@ -338,7 +352,7 @@ impl Controller {
     }
 
     /// Deletes queue `qid` (SQ first, as the spec requires).
-    pub fn delete_io_queue(&self, qid: u16) -> Result<(), String> {
+    pub fn delete_io_queue(&self, qid: u16) -> Result<(), NvmeError> {
         if self.is_shut_down() || self.gone.load(Ordering::Acquire) {
             return Ok(());
         }
@@ -350,7 +364,7 @@ impl Controller {
     }
 
     /// Asks the controller to abort command `cid` on queue `sqid`.
-    pub fn abort(&self, sqid: u16, cid: u16) -> Result<(), String> {
+    pub fn abort(&self, sqid: u16, cid: u16) -> Result<(), NvmeError> {
         let mut st = self.lock_admin();
         self.admin_locked(
             &mut st,
@@ -363,7 +377,7 @@ impl Controller {
     /// Resets the controller unless another channel already did since it saw
     /// generation `seen`. Every I/O queue is gone afterwards; channels notice the
     /// new generation, fail what they had in flight and recreate their queues.
-    pub fn reset(&self, seen: u64) -> Result<(), String> {
+    pub fn reset(&self, seen: u64) -> Result<(), NvmeError> {
         let mut st = self.lock_admin();
         if self.generation() != seen {
             return Ok(());
@@ -371,7 +385,7 @@ impl Controller {
         self.reset_locked(&mut st)
     }
 
-    fn reset_locked(&self, st: &mut AdminState) -> Result<(), String> {
+    fn reset_locked(&self, st: &mut AdminState) -> Result<(), NvmeError> {
         tracing::warn!(pci = %self.bdf, "resetting the controller");
         // Bump first: even if re-enabling fails, no channel keeps waiting on
         // commands the disabled controller will never complete.

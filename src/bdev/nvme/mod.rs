@@ -15,6 +15,7 @@
 //! shutdown), `pci` (sysfs driver hand-over).
 
 pub mod controller;
+mod error;
 pub mod pci;
 mod queue;
 pub mod spec;
@@ -31,6 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use controller::shutdown_all;
+pub use error::NvmeError;
 
 /// A command outstanding longer than this is aborted, and after as long again the
 /// controller is reset. Below the Linux host's 30 s I/O timeout, so a host sees an
@@ -50,7 +52,7 @@ pub struct NvmeDevice {
 }
 
 impl NvmeDevice {
-    pub fn open(bdf: &str, nsid: u32) -> Result<Arc<NvmeDevice>, String> {
+    pub fn open(bdf: &str, nsid: u32) -> Result<Arc<NvmeDevice>, NvmeError> {
         let bdf = pci::parse_bdf(bdf)?;
         let ctrl = Controller::get(&bdf)?;
         let ns = ctrl.identify_namespace(nsid)?;
@@ -156,10 +158,10 @@ pub struct NvmeChannel {
 }
 
 impl NvmeChannel {
-    fn new(ctrl: Arc<Controller>, nsid: u32, ns: NamespaceInfo) -> Result<NvmeChannel, String> {
+    fn new(ctrl: Arc<Controller>, nsid: u32, ns: NamespaceInfo) -> Result<NvmeChannel, NvmeError> {
         let qid = ctrl
             .alloc_qid()
-            .ok_or_else(|| format!("{}: no I/O queue left for another channel", ctrl.bdf))?;
+            .ok_or_else(|| NvmeError::NoQueueId(ctrl.bdf.clone()))?;
         let size = ctrl.io_queue_entries;
         let mut q = match HwQueue::new(ctrl.bar(), &ctrl.cap, qid, size) {
             Ok(q) => q,

@@ -2,6 +2,7 @@
 //! through sysfs `driver_override` (like SPDK's setup.sh, but only for the devices
 //! named on the command line).
 
+use super::error::NvmeError;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,7 @@ const CLASS_NVME: &str = "0x010802";
 const BIND_WAIT: Duration = Duration::from_secs(10);
 
 /// Checks a PCI address has the sysfs form `dddd:bb:dd.f`.
-pub fn parse_bdf(s: &str) -> Result<String, String> {
+pub fn parse_bdf(s: &str) -> Result<String, NvmeError> {
     let b = s.as_bytes();
     let hex = |r: std::ops::Range<usize>| b[r].iter().all(|c| c.is_ascii_hexdigit());
     if b.len() == 12
@@ -26,7 +27,7 @@ pub fn parse_bdf(s: &str) -> Result<String, String> {
     {
         Ok(s.to_ascii_lowercase())
     } else {
-        Err(format!("`{s}` is not a PCI address like 0000:00:04.0"))
+        Err(NvmeError::NotPciAddress(s.to_string()))
     }
 }
 
@@ -41,29 +42,34 @@ pub fn driver_of(bdf: &str) -> Option<String> {
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
 }
 
-fn write(path: &Path, v: &str) -> Result<(), String> {
-    std::fs::write(path, v).map_err(|e| format!("write `{}` to {}: {e}", v.trim(), path.display()))
+fn write(path: &Path, v: &str) -> Result<(), NvmeError> {
+    std::fs::write(path, v).map_err(|source| NvmeError::SysfsWrite {
+        value: v.trim().to_string(),
+        path: path.display().to_string(),
+        source,
+    })
 }
 
-fn rebind(bdf: &str, target: &str, override_to: &str) -> Result<(), String> {
+fn rebind(bdf: &str, target: &str, override_to: &str) -> Result<(), NvmeError> {
     let dir = dev_dir(bdf);
     if !dir.exists() {
-        return Err(format!("{bdf}: no such PCI device"));
+        return Err(NvmeError::NoSuchDevice(bdf.to_string()));
     }
     let class = std::fs::read_to_string(dir.join("class")).unwrap_or_default();
     if class.trim() != CLASS_NVME {
-        return Err(format!(
-            "{bdf}: not an NVMe controller (class {})",
-            class.trim()
-        ));
+        return Err(NvmeError::NotNvme {
+            bdf: bdf.to_string(),
+            class: class.trim().to_string(),
+        });
     }
     if driver_of(bdf).as_deref() == Some(target) {
         return Ok(());
     }
     if !Path::new(SYS_PCI).join("drivers").join(target).exists() {
-        return Err(format!(
-            "{bdf}: driver {target} is not loaded (modprobe {target})"
-        ));
+        return Err(NvmeError::DriverNotLoaded {
+            bdf: bdf.to_string(),
+            driver: target.to_string(),
+        });
     }
     write(&dir.join("driver_override"), override_to)?;
     if driver_of(bdf).is_some() {
@@ -77,19 +83,20 @@ fn rebind(bdf: &str, target: &str, override_to: &str) -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Err(format!(
-        "{bdf}: still bound to {} after probing for {target}",
-        driver_of(bdf).as_deref().unwrap_or("no driver")
-    ))
+    Err(NvmeError::StillBound {
+        bdf: bdf.to_string(),
+        bound: driver_of(bdf).unwrap_or_else(|| "no driver".into()),
+        target: target.to_string(),
+    })
 }
 
 /// Moves a controller to vfio-pci.
-pub fn bind_vfio(bdf: &str) -> Result<(), String> {
+pub fn bind_vfio(bdf: &str) -> Result<(), NvmeError> {
     rebind(bdf, "vfio-pci", "vfio-pci")
 }
 
 /// Hands a controller back to the kernel `nvme` driver.
-pub fn unbind_vfio(bdf: &str) -> Result<(), String> {
+pub fn unbind_vfio(bdf: &str) -> Result<(), NvmeError> {
     rebind(bdf, "nvme", "\n")
 }
 
@@ -108,38 +115,6 @@ pub fn list() -> Vec<(String, Option<String>)> {
     }
     v.sort();
     v
-}
-
-/// `kvtarget nvme list|bind|unbind [PCI...]`.
-pub fn command(args: &[String]) -> Result<(), String> {
-    let usage = "usage: kvtarget nvme list | bind PCI... | unbind PCI...";
-    let (verb, rest) = args.split_first().ok_or(usage)?;
-    let bdfs = rest
-        .iter()
-        .map(|a| parse_bdf(a))
-        .collect::<Result<Vec<_>, _>>()?;
-    match verb.as_str() {
-        "list" => {
-            for (bdf, drv) in list() {
-                println!("{bdf} {}", drv.as_deref().unwrap_or("-"));
-            }
-            Ok(())
-        }
-        "bind" | "unbind" if bdfs.is_empty() => {
-            Err(format!("{verb}: name at least one PCI address"))
-        }
-        "bind" => bdfs.iter().try_for_each(|b| {
-            bind_vfio(b)?;
-            println!("{b} vfio-pci");
-            Ok(())
-        }),
-        "unbind" => bdfs.iter().try_for_each(|b| {
-            unbind_vfio(b)?;
-            println!("{b} nvme");
-            Ok(())
-        }),
-        _ => Err(usage.into()),
-    }
 }
 
 #[cfg(test)]

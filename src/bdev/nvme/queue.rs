@@ -7,6 +7,7 @@
 //! the rings reused. The completion ring is read with volatile loads because the
 //! device writes it concurrently.
 
+use super::error::NvmeError;
 use super::spec::{Cap, Cqe, Ring, Sqe, CQE_BYTES, SQE_BYTES};
 use super::vfio::Bar;
 use crate::mem::{dma, IoBuf};
@@ -29,11 +30,13 @@ pub struct HwQueue {
 }
 
 impl HwQueue {
-    pub fn new(bar: Bar, cap: &Cap, qid: u16, size: u16) -> Result<HwQueue, String> {
+    pub fn new(bar: Bar, cap: &Cap, qid: u16, size: u16) -> Result<HwQueue, NvmeError> {
         let sq = IoBuf::new(size as usize * SQE_BYTES);
         let cq = IoBuf::new(size as usize * CQE_BYTES);
-        let sq_iova = dma::iova(sq.as_ptr(), sq.len()).ok_or("queue memory is not DMA-mapped")?;
-        let cq_iova = dma::iova(cq.as_ptr(), cq.len()).ok_or("queue memory is not DMA-mapped")?;
+        let sq_iova =
+            dma::iova(sq.as_ptr(), sq.len()).ok_or(NvmeError::NotDmaMapped("queue memory"))?;
+        let cq_iova =
+            dma::iova(cq.as_ptr(), cq.len()).ok_or(NvmeError::NotDmaMapped("queue memory"))?;
         Ok(HwQueue {
             qid,
             size,

@@ -9,6 +9,7 @@
 //! through the mapper registered here, and closing the container fd drops those
 //! mappings.
 
+use super::error::NvmeError;
 use crate::mem::dma;
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
@@ -67,15 +68,24 @@ struct DmaMap {
 const _: () = assert!(std::mem::size_of::<RegionInfo>() == 32);
 const _: () = assert!(std::mem::size_of::<DmaMap>() == 32);
 
-fn ioctl(fd: RawFd, req: u64, arg: *mut libc::c_void, what: &str) -> Result<i32, String> {
+fn sys_ioctl(fd: RawFd, req: u64, arg: *mut libc::c_void) -> std::io::Result<i32> {
     // SAFETY: every caller passes a request whose argument is either a plain value
     // or a pointer to a live, correctly sized #[repr(C)] struct it owns.
     let r = unsafe { libc::ioctl(fd, req as _, arg) };
     if r < 0 {
-        Err(format!("{what}: {}", std::io::Error::last_os_error()))
+        Err(std::io::Error::last_os_error())
     } else {
         Ok(r)
     }
+}
+
+fn ioctl(
+    fd: RawFd,
+    req: u64,
+    arg: *mut libc::c_void,
+    call: &'static str,
+) -> Result<i32, NvmeError> {
+    sys_ioctl(fd, req, arg).map_err(|source| NvmeError::Ioctl { call, source })
 }
 
 /// MMIO access to BAR0. 32-bit accesses only, as NVMe registers allow.
@@ -124,25 +134,35 @@ pub struct Vfio {
 }
 
 impl Vfio {
-    pub fn open(bdf: &str) -> Result<Vfio, String> {
+    pub fn open(bdf: &str) -> Result<Vfio, NvmeError> {
         let sys = format!("/sys/bus/pci/devices/{bdf}");
         let driver = std::fs::read_link(format!("{sys}/driver"))
             .ok()
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
         if driver.as_deref() != Some("vfio-pci") {
-            return Err(format!(
-                "{bdf} is bound to {} not vfio-pci (run `kvtarget nvme bind {bdf}`)",
-                driver.as_deref().unwrap_or("no driver")
-            ));
+            return Err(NvmeError::NotVfio {
+                bdf: bdf.to_string(),
+                driver: driver.unwrap_or_else(|| "no driver".into()),
+            });
         }
-        let group = std::fs::read_link(format!("{sys}/iommu_group"))
-            .map_err(|e| format!("{bdf}: no IOMMU group ({e}); is the IOMMU on?"))?;
+        let group = std::fs::read_link(format!("{sys}/iommu_group")).map_err(|source| {
+            NvmeError::NoIommuGroup {
+                bdf: bdf.to_string(),
+                source,
+            }
+        })?;
         let group_no = group
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let rw = |p: &str| OpenOptions::new().read(true).write(true).open(p);
-        let container = rw("/dev/vfio/vfio").map_err(|e| format!("/dev/vfio/vfio: {e}"))?;
+        let open = |p: &str| {
+            rw(p).map_err(|source| NvmeError::Open {
+                path: p.to_string(),
+                source,
+            })
+        };
+        let container = open("/dev/vfio/vfio")?;
         let cfd = container.as_raw_fd();
         let v = ioctl(
             cfd,
@@ -151,17 +171,20 @@ impl Vfio {
             "VFIO_GET_API_VERSION",
         )?;
         if v != VFIO_API_VERSION {
-            return Err(format!("VFIO API version {v}, expected {VFIO_API_VERSION}"));
+            return Err(NvmeError::ApiVersion {
+                got: v,
+                expected: VFIO_API_VERSION,
+            });
         }
         let iommu = if ioctl(cfd, VFIO_CHECK_EXTENSION, VFIO_TYPE1V2_IOMMU as _, "check")? > 0 {
             VFIO_TYPE1V2_IOMMU
         } else if ioctl(cfd, VFIO_CHECK_EXTENSION, VFIO_TYPE1_IOMMU as _, "check")? > 0 {
             VFIO_TYPE1_IOMMU
         } else {
-            return Err("VFIO has no type 1 IOMMU (load vfio_iommu_type1)".into());
+            return Err(NvmeError::NoType1Iommu);
         };
         let gpath = format!("/dev/vfio/{group_no}");
-        let group = rw(&gpath).map_err(|e| format!("{gpath}: {e}"))?;
+        let group = open(&gpath)?;
         let gfd = group.as_raw_fd();
         let mut st = GroupStatus {
             argsz: std::mem::size_of::<GroupStatus>() as u32,
@@ -174,9 +197,10 @@ impl Vfio {
             "VFIO_GROUP_GET_STATUS",
         )?;
         if st.flags & VFIO_GROUP_FLAGS_VIABLE == 0 {
-            return Err(format!(
-                "IOMMU group {group_no} of {bdf} is not viable (bind every device in it to vfio-pci)"
-            ));
+            return Err(NvmeError::GroupNotViable {
+                group: group_no,
+                bdf: bdf.to_string(),
+            });
         }
         let mut c = cfd;
         ioctl(
@@ -186,7 +210,8 @@ impl Vfio {
             "VFIO_GROUP_SET_CONTAINER",
         )?;
         ioctl(cfd, VFIO_SET_IOMMU, iommu as _, "VFIO_SET_IOMMU")?;
-        let name = std::ffi::CString::new(bdf).map_err(|_| format!("bad PCI address {bdf}"))?;
+        let name =
+            std::ffi::CString::new(bdf).map_err(|_| NvmeError::BadAddress(bdf.to_string()))?;
         let dfd = ioctl(
             gfd,
             VFIO_GROUP_GET_DEVICE_FD,
@@ -198,10 +223,10 @@ impl Vfio {
 
         let bar0 = region_info(&device, VFIO_PCI_BAR0_REGION_INDEX)?;
         if bar0.flags & VFIO_REGION_INFO_FLAG_MMAP == 0 || bar0.size < 0x2000 {
-            return Err(format!(
-                "{bdf}: BAR0 cannot be mapped (size {:#x})",
-                bar0.size
-            ));
+            return Err(NvmeError::Bar0 {
+                bdf: bdf.to_string(),
+                size: bar0.size,
+            });
         }
         // SAFETY: maps the device's BAR0 region as VFIO describes it; the mapping
         // is owned by the returned `Vfio` and unmapped in Drop.
@@ -216,10 +241,10 @@ impl Vfio {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(format!(
-                "{bdf}: mmap BAR0: {}",
-                std::io::Error::last_os_error()
-            ));
+            return Err(NvmeError::MapBar0 {
+                bdf: bdf.to_string(),
+                source: std::io::Error::last_os_error(),
+            });
         }
         let bar = Bar {
             base: p as *mut u8,
@@ -234,12 +259,13 @@ impl Vfio {
             mapper: None,
         };
         me.set_bus_master(true)?;
-        let map_fd = me
-            ._container
-            .try_clone()
-            .map_err(|e| format!("dup container fd: {e}"))?;
-        let id = dma::register_mapper(move |r| map_dma(&map_fd, r))
-            .map_err(|e| format!("{bdf}: mapping DMA memory into the IOMMU: {e}"))?;
+        let map_fd = me._container.try_clone().map_err(NvmeError::DupContainer)?;
+        let id = dma::register_mapper(move |r| map_dma(&map_fd, r)).map_err(|source| {
+            NvmeError::DmaMapping {
+                bdf: bdf.to_string(),
+                source,
+            }
+        })?;
         me.mapper = Some(id);
         Ok(me)
     }
@@ -249,12 +275,16 @@ impl Vfio {
     }
 
     /// Sets or clears bus mastering (and memory space decoding) in PCI config space.
-    pub fn set_bus_master(&self, on: bool) -> Result<(), String> {
+    pub fn set_bus_master(&self, on: bool) -> Result<(), NvmeError> {
         let cfg = region_info(&self.device, VFIO_PCI_CONFIG_REGION_INDEX)?;
         let mut b = [0u8; 2];
         self.device
             .read_exact_at(&mut b, cfg.offset + PCI_COMMAND)
-            .map_err(|e| format!("{}: read PCI command: {e}", self.bdf))?;
+            .map_err(|source| NvmeError::PciCommand {
+                bdf: self.bdf.clone(),
+                access: "read",
+                source,
+            })?;
         let mut cmd = u16::from_le_bytes(b);
         if on {
             cmd |= PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER;
@@ -263,11 +293,15 @@ impl Vfio {
         }
         self.device
             .write_all_at(&cmd.to_le_bytes(), cfg.offset + PCI_COMMAND)
-            .map_err(|e| format!("{}: write PCI command: {e}", self.bdf))
+            .map_err(|source| NvmeError::PciCommand {
+                bdf: self.bdf.clone(),
+                access: "write",
+                source,
+            })
     }
 }
 
-fn region_info(device: &File, index: u32) -> Result<RegionInfo, String> {
+fn region_info(device: &File, index: u32) -> Result<RegionInfo, NvmeError> {
     let mut ri = RegionInfo {
         argsz: std::mem::size_of::<RegionInfo>() as u32,
         index,
@@ -282,7 +316,7 @@ fn region_info(device: &File, index: u32) -> Result<RegionInfo, String> {
     Ok(ri)
 }
 
-fn map_dma(container: &File, r: &dma::DmaRange) -> Result<(), String> {
+fn map_dma(container: &File, r: &dma::DmaRange) -> Result<(), dma::DmaError> {
     let mut m = DmaMap {
         argsz: std::mem::size_of::<DmaMap>() as u32,
         flags: VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE,
@@ -290,13 +324,17 @@ fn map_dma(container: &File, r: &dma::DmaRange) -> Result<(), String> {
         iova: r.iova,
         size: r.len as u64,
     };
-    ioctl(
+    sys_ioctl(
         container.as_raw_fd(),
         VFIO_IOMMU_MAP_DMA,
         &mut m as *mut _ as _,
-        "VFIO_IOMMU_MAP_DMA",
     )
     .map(|_| ())
+    .map_err(|e| dma::DmaError::Map {
+        call: "VFIO_IOMMU_MAP_DMA",
+        // last_os_error always carries an errno.
+        errno: e.raw_os_error().unwrap_or(libc::EIO),
+    })
 }
 
 impl Drop for Vfio {

@@ -38,9 +38,9 @@ pub struct EnvOptions {
     pub no_pci: bool,
 }
 
-static ENV: OnceLock<Result<(), String>> = OnceLock::new();
+static ENV: OnceLock<Result<(), SpdkError>> = OnceLock::new();
 static CONTROLLERS: Mutex<Vec<Weak<Controller>>> = Mutex::new(Vec::new());
-static DMA_MAPPER: OnceLock<Result<(), String>> = OnceLock::new();
+static DMA_MAPPER: OnceLock<Result<(), crate::mem::dma::DmaError>> = OnceLock::new();
 
 fn cstr(what: &str, s: &str) -> Result<CString, SpdkError> {
     CString::new(s).map_err(|_| SpdkError::Invalid(format!("{what} contains a NUL byte")))
@@ -49,20 +49,18 @@ fn cstr(what: &str, s: &str) -> Result<CString, SpdkError> {
 /// Initialises SPDK's environment once per process; later calls return the first
 /// call's outcome (DPDK's EAL cannot be initialised twice).
 pub fn init_env(opts: &EnvOptions) -> Result<(), SpdkError> {
-    ENV.get_or_init(|| init_env_once(opts))
-        .clone()
-        .map_err(SpdkError::Env)
+    ENV.get_or_init(|| init_env_once(opts)).clone()
 }
 
-fn init_env_once(o: &EnvOptions) -> Result<(), String> {
+fn init_env_once(o: &EnvOptions) -> Result<(), SpdkError> {
     // Strings handed to SPDK must outlive spdk_env_init; DPDK copies what it keeps.
-    let name = CString::new("kvtarget").map_err(|e| e.to_string())?;
+    let name = cstr("the process name", "kvtarget")?;
     // One core mask bit: DPDK's main lcore. kvtarget's reactors are its own
     // threads (SPDK's reactors are never started), so the mask only says where
     // DPDK's control thread would run.
-    let mask = CString::new("0x1").map_err(|e| e.to_string())?;
+    let mask = cstr("the core mask", "0x1")?;
     let hugedir = match &o.hugedir {
-        Some(d) => Some(CString::new(d.as_str()).map_err(|_| "spdk.hugedir has a NUL byte")?),
+        Some(d) => Some(cstr("spdk.hugedir", d)?),
         None => None,
     };
     // Extra EAL arguments: no telemetry socket (two SPDK processes on one machine
@@ -106,10 +104,7 @@ fn init_env_once(o: &EnvOptions) -> Result<(), String> {
         } else {
             "often: no usable hugepages; mount hugetlbfs and reserve pages (ci/hugepages.sh does both) or set spdk.no_huge = true"
         };
-        return Err(format!(
-            "spdk_env_init failed ({}); SPDK's lines above say why ({hint})",
-            errno_text(-rc)
-        ));
+        return Err(SpdkError::EnvInit { errno: -rc, hint });
     }
     tracing::info!(
         version = spdk_sys::VERSION,
@@ -154,13 +149,16 @@ fn register_dma_arena() -> Result<(), SpdkError> {
                 if rc == 0 {
                     Ok(())
                 } else {
-                    Err(format!("spdk_mem_register: {}", errno_text(-rc)))
+                    Err(crate::mem::dma::DmaError::Map {
+                        call: "spdk_mem_register",
+                        errno: -rc,
+                    })
                 }
             })
             .map(|_| ())
         })
         .clone()
-        .map_err(SpdkError::Env)
+        .map_err(SpdkError::Dma)
 }
 
 /// Facts of an attached controller, read once from its Identify data.

@@ -28,6 +28,10 @@ pub enum SpdkError {
     Invalid(String),
     #[error("SPDK environment: {0}")]
     Env(String),
+    #[error("SPDK environment: spdk_env_init failed ({}); SPDK's lines above say why ({hint})", std::io::Error::from_raw_os_error(*.errno))]
+    EnvInit { errno: i32, hint: &'static str },
+    #[error("SPDK environment: {0}")]
+    Dma(#[from] crate::mem::dma::DmaError),
     #[error(
         "SPDK cannot attach the controller at `{0}` (is it there? SPDK's log line above says why)"
     )]

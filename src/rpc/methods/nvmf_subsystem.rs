@@ -79,7 +79,7 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
         let dev = VolumeDevice::new(pool, vol.clone());
         let namespace = Namespace::new(&nqn, nsid, dev, vol.desc.block_size);
         s.add_namespace(Arc::new(namespace))
-            .map_err(|e| RpcError::new(code::EEXIST, e))?;
+            .map_err(|e| RpcError::new(code::EEXIST, e.to_string()))?;
         tracing::info!(nqn = %nqn, nsid, bdev = %bdev, "rpc: namespace added");
         Ok(json!(nsid))
     })
@@ -199,7 +199,7 @@ pub(super) fn add_listener(p: &mut Params) -> Parsed {
             }
         } else if !ctl.listeners.contains(addr) {
             let spec = crate::transport::bind(addr, discovery)
-                .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
+                .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))?;
             let bound = spec.addr;
             ctl.listeners.add(spec);
             ctl.announce_listener(bound, discovery, false);
