@@ -606,6 +606,7 @@ impl Pool {
     pub fn take_extent(&self, reactor: usize) -> Result<u32, AllocError> {
         let r = reactor % self.caches.len();
         if let Some(p) = self.caches[r].pop() {
+            debug_assert!(p < self.sb.extent_count, "reserved extent {p} out of range");
             return Ok(p);
         }
         if let Some(p) = self.ready.pop() {
@@ -894,6 +895,22 @@ impl Pool {
         (problems, summary)
     }
 
+    /// Debug builds (the simulation's profile): extents about to become clean
+    /// or reserved are mapped by no volume, or a first write would share them.
+    fn assert_unmapped(&self, extents: &[u32], what: &str) {
+        let listed: std::collections::HashSet<u32> = extents.iter().copied().collect();
+        for v in self.volumes() {
+            for (l, p) in v.mapped() {
+                assert!(
+                    !listed.contains(&p),
+                    "pool {}: {what} extent {p} is mapped by volume {} extent {l}",
+                    self.name,
+                    v.desc.name
+                );
+            }
+        }
+    }
+
     /// `verify_live` plus the allocator's accounting, for a pool with nothing
     /// in flight (the simulation between steps): every extent is in exactly
     /// one place, mapped, on a free list, reserved, or freed and not yet
@@ -1163,6 +1180,9 @@ impl Pool {
             worked = true;
         }
         let mut cleaned = Vec::new();
+        if cfg!(debug_assertions) {
+            self.assert_unmapped(&m.scrubbed, "scrubbed");
+        }
         if plan.flush_scrubbed && !m.scrubbed.is_empty() && m.failed.is_none() {
             match m.io.run_all(vec![IoOp::Flush]) {
                 Ok(_) => cleaned = std::mem::take(&mut m.scrubbed),
@@ -1179,6 +1199,9 @@ impl Pool {
                 Some(p) => reserve.push(p),
                 None => break,
             }
+        }
+        if cfg!(debug_assertions) {
+            self.assert_unmapped(&reserve, "reserved");
         }
         if !(plan.commit || !cleaned.is_empty() || !reqs.is_empty() || !reserve.is_empty()) {
             return worked;
@@ -1322,6 +1345,13 @@ impl Pool {
             m.io.write(self.sb.journal_offset + m.head, &block)?;
             m.head += len;
             m.used += gap + len;
+            debug_assert!(
+                m.head <= self.sb.journal_len && m.used <= self.sb.journal_len,
+                "journal head {} / used {} past the {}-byte ring",
+                m.head,
+                m.used,
+                self.sb.journal_len
+            );
             m.seq += 1;
         }
         m.io.flush()?;
@@ -1352,6 +1382,9 @@ impl Pool {
                 .collect(),
             clean: m.clean.iter().copied().collect(),
         };
+        if cfg!(debug_assertions) {
+            self.assert_unmapped(&data.clean, "clean");
+        }
         let gen = m.ckpt_gen + 1;
         let block = seal(
             CHECKPOINT_MAGIC,

@@ -313,6 +313,12 @@ impl Volume {
 
     /// Marks blocks written. Call with the extent pinned.
     pub fn set_valid(&self, lext: u32, first: u32, n: u32) {
+        // Valid blocks in an unmapped extent would read another extent's data.
+        debug_assert!(
+            self.mapping(lext).is_some(),
+            "volume {}: blocks made valid in unmapped extent {lext}",
+            self.desc.name
+        );
         let words = self.words(lext);
         let mut added = 0u64;
         Self::for_masks(first, n, |w, mask| {
