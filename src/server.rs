@@ -48,6 +48,8 @@ pub enum StartError {
     Listen(#[from] transport::ListenError),
     #[error(transparent)]
     Metrics(#[from] crate::metrics::MetricsError),
+    #[error(transparent)]
+    Rdma(#[from] transport::rdma::RdmaError),
     /// Devices, pools, listeners and threads: the layers below report these
     /// as one-line strings that already name the field.
     #[error("{0}")]
@@ -417,7 +419,7 @@ impl Server {
             cfg.clone(),
         ));
         let started = (|| -> Result<_, StartError> {
-            rdma_started.clone()?;
+            rdma_started?;
             let rpc = match cfg.rpc.as_ref().filter(|r| r.enabled) {
                 Some(r) => Some(crate::rpc::RpcServer::start(&r.socket, ctl.clone())?),
                 None => None,
