@@ -227,7 +227,7 @@ pub(super) fn pool_set_gc(p: &mut Params) -> Parsed {
         // Checks every setting before changing any; pausing comes after, so a
         // refused setting leaves the pause state alone too.
         pool.set_gc_settings(max_rate, qd, low, high)
-            .map_err(RpcError::params)?;
+            .map_err(|e| RpcError::params(e.to_string()))?;
         if let Some(pz) = paused {
             pool.set_gc_paused(pz);
         }
