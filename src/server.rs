@@ -78,8 +78,12 @@ pub enum SetupError {
         #[source]
         source: crate::bdev::nvme::NvmeError,
     },
-    #[error("{field}.trid: {reason}")]
-    Trid { field: String, reason: String },
+    #[error("{field}.trid: {source}")]
+    Trid {
+        field: String,
+        #[source]
+        source: crate::bdev::spdk::TridError,
+    },
     #[error("{field}: {source}")]
     Spdk {
         field: String,
@@ -180,9 +184,9 @@ fn open_spdk(
         .as_deref()
         .ok_or_else(|| required(field, "trid"))?
         .parse::<crate::bdev::spdk::TransportId>()
-        .map_err(|reason| SetupError::Trid {
+        .map_err(|source| SetupError::Trid {
             field: field.into(),
-            reason,
+            source,
         })?;
     let env = SPDK_ENV
         .get()
