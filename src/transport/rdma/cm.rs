@@ -321,7 +321,7 @@ pub fn cm_loop(
 /// Why a connection request was not accepted: before the QP took the cm_id
 /// (the caller rejects and destroys it) or after (the QP's Drop did).
 enum Refused {
-    Before(u16, String),
+    Before(u16, RdmaError),
     After(RdmaError),
 }
 
@@ -347,7 +347,9 @@ fn accept(
     let req = CmRequest::parse(private_data).map_err(|s| {
         Refused::Before(
             s,
-            format!("bad private data ({} bytes)", private_data.len()),
+            RdmaError::BadPrivateData {
+                len: private_data.len(),
+            },
         )
     })?;
     let lim = &target.limits;
@@ -360,24 +362,26 @@ fn accept(
     if req.hsqsize == 0 || depth > max_depth as usize {
         return Err(Refused::Before(
             cm_status::INVALID_HSQSIZE,
-            format!(
-                "qid {} hsqsize {} (limit {})",
-                req.qid,
-                req.hsqsize,
-                max_depth - 1
-            ),
+            RdmaError::Hsqsize {
+                qid: req.qid,
+                hsqsize: req.hsqsize,
+                limit: max_depth.saturating_sub(1),
+            },
         ));
     }
     if (req.hrqsize as usize) < depth.min(2) {
         return Err(Refused::Before(
             cm_status::INVALID_HRQSIZE,
-            format!("qid {} hrqsize {}", req.qid, req.hrqsize),
+            RdmaError::Hrqsize {
+                qid: req.qid,
+                hrqsize: req.hrqsize,
+            },
         ));
     }
     if req.qid > lim.max_io_queues {
         return Err(Refused::Before(
             cm_status::INVALID_QID,
-            format!("qid {}", req.qid),
+            RdmaError::Qid { qid: req.qid },
         ));
     }
     // SAFETY: id is the live new cm_id of the request.
@@ -385,7 +389,7 @@ fn accept(
     if ctx.is_null() {
         return Err(Refused::Before(
             cm_status::NO_RESOURCES,
-            "request has no device".into(),
+            RdmaError::RequestWithoutDevice,
         ));
     }
     // A QP's sends (data WRITE + response SEND per slot, plus extra
@@ -400,7 +404,7 @@ fn accept(
         arena_lkey,
         group,
     } = device_for(v, ctx, reactor, settings, cqes_per_qpair)
-        .map_err(|e| Refused::Before(cm_status::NO_RESOURCES, e.to_string()))?;
+        .map_err(|e| Refused::Before(cm_status::NO_RESOURCES, e))?;
     let ord = u32::from(host_ird)
         .min(dev.max_qp_init_rd_atom)
         .min(settings.max_outstanding_reads)
@@ -410,12 +414,18 @@ fn accept(
     if send_wr as u32 > dev.max_qp_wr || cqes > dev.max_cqe {
         return Err(Refused::Before(
             cm_status::INVALID_HSQSIZE,
-            format!("queue depth {depth} exceeds the device's limits"),
+            RdmaError::DepthExceedsDevice { depth },
         ));
     }
-    group
-        .reserve(cqes)
-        .map_err(|e| Refused::Before(cm_status::NO_RESOURCES, format!("qid {}: {e}", req.qid)))?;
+    group.reserve(cqes).map_err(|e| {
+        Refused::Before(
+            cm_status::NO_RESOURCES,
+            RdmaError::Reserve {
+                qid: req.qid,
+                source: Box::new(e),
+            },
+        )
+    })?;
     // SAFETY: id is live (as above).
     let (peer, local) = unsafe {
         (

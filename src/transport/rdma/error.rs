@@ -69,6 +69,27 @@ pub enum RdmaError {
     #[error("rdma_accept: {0}")]
     Accept(#[source] io::Error),
 
+    // Refusing a connection request (cm.rs); logged, and the host gets the
+    // matching CM status.
+    #[error("bad private data ({len} bytes)")]
+    BadPrivateData { len: usize },
+    #[error("qid {qid} hsqsize {hsqsize} (limit {limit})")]
+    Hsqsize { qid: u16, hsqsize: u16, limit: u16 },
+    #[error("qid {qid} hrqsize {hrqsize}")]
+    Hrqsize { qid: u16, hrqsize: u16 },
+    #[error("qid {qid}")]
+    Qid { qid: u16 },
+    #[error("request has no device")]
+    RequestWithoutDevice,
+    #[error("queue depth {depth} exceeds the device's limits")]
+    DepthExceedsDevice { depth: usize },
+    #[error("qid {qid}: {source}")]
+    Reserve {
+        qid: u16,
+        #[source]
+        source: Box<RdmaError>,
+    },
+
     // The device table (device.rs).
     #[error("ibv_query_device failed: {errno}")]
     QueryDevice { errno: i32 },
