@@ -241,6 +241,7 @@ fn block_size(s: &str) -> Result<u32, String> {
 
 fn workload(s: &str) -> Result<kvtarget::perf::Workload, String> {
     s.parse()
+        .map_err(|e: kvtarget::perf::PerfError| e.to_string())
 }
 
 fn seconds(s: &str) -> Result<Duration, String> {
@@ -833,7 +834,7 @@ fn perf_options(a: PerfArgs) -> kvtarget::perf::PerfOptions {
 fn run_perf_or_echo(
     o: &kvtarget::perf::PerfOptions,
     echo: Option<Option<usize>>,
-) -> Result<kvtarget::perf::PerfReport, String> {
+) -> Result<kvtarget::perf::PerfReport, kvtarget::perf::PerfError> {
     use kvtarget::perf::{echo, Workload};
     let Some(server_cpu) = echo else {
         return kvtarget::perf::run(o);

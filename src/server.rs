@@ -48,30 +48,119 @@ pub enum StartError {
     Listen(#[from] transport::ListenError),
     #[error(transparent)]
     Metrics(#[from] crate::metrics::MetricsError),
-    /// Devices, pools, listeners and threads: the layers below report these
-    /// as one-line strings that already name the field.
-    #[error("{0}")]
-    Setup(String),
+    #[error(transparent)]
+    Rdma(#[from] transport::rdma::RdmaError),
+    #[error(transparent)]
+    Setup(#[from] SetupError),
 }
 
-impl From<String> for StartError {
-    fn from(e: String) -> Self {
-        StartError::Setup(e)
+/// Why a configured device, pool, volume, namespace or thread could not be set
+/// up; each names the configuration field (`pools[0].path`, ...) it comes from.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("{field}: required")]
+    Required { field: String },
+    #[error("{field}: {source}")]
+    Ram {
+        field: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{field}: {source}")]
+    Uring {
+        field: String,
+        #[source]
+        source: crate::bdev::uring::OpenError,
+    },
+    #[error("{field}: {source}")]
+    Nvme {
+        field: String,
+        #[source]
+        source: crate::bdev::nvme::NvmeError,
+    },
+    #[error("{field}.trid: {source}")]
+    Trid {
+        field: String,
+        #[source]
+        source: crate::bdev::spdk::TridError,
+    },
+    #[error("{field}: {source}")]
+    Spdk {
+        field: String,
+        #[source]
+        source: crate::bdev::spdk::SpdkError,
+    },
+    #[error("{field}: {source}")]
+    Pool {
+        field: String,
+        #[source]
+        source: crate::pool::PoolError,
+    },
+    #[error("{field}: {source}")]
+    SyncIo {
+        field: String,
+        #[source]
+        source: crate::bdev::sync_io::SyncIoError,
+    },
+    #[error("{field}: {device} holds no pool and create = false")]
+    NoPool { field: String, device: String },
+    #[error("{field}.block_size: the volume has {have} (block size cannot change)")]
+    BlockSizeChanged { field: String, have: u32 },
+    #[error("{field}.unwritten: the volume was created with unwritten = \"{created}\"")]
+    UnwrittenChanged {
+        field: String,
+        created: &'static str,
+    },
+    #[error("{field}.size: the volume holds {have} bytes; shrinking loses data, use `kvtarget volume resize`")]
+    Shrink { field: String, have: u64 },
+    #[error("{field}.volume: `{volume}` does not exist")]
+    NoVolume { field: String, volume: String },
+    #[error("{field}: needs a volume or a backend")]
+    NoBackend { field: String },
+    #[error("{field}: device is smaller than one block")]
+    TooSmall { field: String },
+    #[error("metrics.address: `{0}` is not ADDRESS:PORT")]
+    MetricsAddress(String),
+    #[error("reactor {reactor}: {source}")]
+    Reactor {
+        reactor: usize,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("acceptor thread: {0}")]
+    Acceptor(#[source] std::io::Error),
+}
+
+fn required(field: &str, key: &str) -> SetupError {
+    SetupError::Required {
+        field: format!("{field}.{key}"),
     }
 }
 
 /// Opens (formatting if allowed and needed) the device of a configured pool.
-pub fn open_pool_device(p: &PoolConfig, field: &str) -> Result<SharedDevice, String> {
+pub fn open_pool_device(p: &PoolConfig, field: &str) -> Result<SharedDevice, SetupError> {
     Ok(match p.backend {
-        Backend::Ram => RamDevice::new(&format!("pool/{}", p.name), p.size.unwrap_or(0))
-            .map_err(|e| format!("{field}: {e}"))?,
+        Backend::Ram => {
+            RamDevice::new(&format!("pool/{}", p.name), p.size.unwrap_or(0)).map_err(|source| {
+                SetupError::Ram {
+                    field: field.into(),
+                    source,
+                }
+            })?
+        }
         Backend::Uring => {
-            let path = p.path.as_deref().ok_or(format!("{field}.path: required"))?;
-            UringDevice::open(path, p.size, 512).map_err(|e| format!("{field}: {e}"))?
+            let path = p.path.as_deref().ok_or_else(|| required(field, "path"))?;
+            UringDevice::open(path, p.size, 512).map_err(|source| SetupError::Uring {
+                field: field.into(),
+                source,
+            })?
         }
         Backend::Nvme => {
-            let pci = p.pci.as_deref().ok_or(format!("{field}.pci: required"))?;
-            NvmeDevice::open(pci, p.nvme_nsid.unwrap_or(1)).map_err(|e| format!("{field}: {e}"))?
+            let pci = p.pci.as_deref().ok_or_else(|| required(field, "pci"))?;
+            NvmeDevice::open(pci, p.nvme_nsid.unwrap_or(1)).map_err(|source| SetupError::Nvme {
+                field: field.into(),
+                source,
+            })?
         }
         Backend::Spdk => open_spdk(&p.trid, p.nvme_nsid, field)?,
     })
@@ -90,12 +179,15 @@ fn open_spdk(
     trid: &Option<String>,
     nsid: Option<u32>,
     field: &str,
-) -> Result<SharedDevice, String> {
+) -> Result<SharedDevice, SetupError> {
     let trid = trid
         .as_deref()
-        .ok_or(format!("{field}.trid: required"))?
+        .ok_or_else(|| required(field, "trid"))?
         .parse::<crate::bdev::spdk::TransportId>()
-        .map_err(|e| format!("{field}.trid: {e}"))?;
+        .map_err(|source| SetupError::Trid {
+            field: field.into(),
+            source,
+        })?;
     let env = SPDK_ENV
         .get()
         .cloned()
@@ -103,7 +195,10 @@ fn open_spdk(
             pci: !trid.is_fabrics(),
             ..Default::default()
         });
-    crate::bdev::spdk::open(&trid, nsid.unwrap_or(1), &env).map_err(|e| format!("{field}: {e}"))
+    crate::bdev::spdk::open(&trid, nsid.unwrap_or(1), &env).map_err(|source| SetupError::Spdk {
+        field: field.into(),
+        source,
+    })
 }
 
 /// Opens a configured pool and makes sure its configured volumes exist.
@@ -112,23 +207,31 @@ fn start_pool(
     field: &str,
     reactors: usize,
     locks: &mut Vec<crate::pool::PoolLock>,
-) -> Result<Arc<Pool>, String> {
+) -> Result<Arc<Pool>, SetupError> {
+    let pool_err = |source| SetupError::Pool {
+        field: field.into(),
+        source,
+    };
+    let io_err = |source| SetupError::SyncIo {
+        field: field.into(),
+        source,
+    };
     let dev = open_pool_device(p, field)?;
     if let Some(path) = &p.path {
-        locks.push(crate::pool::lock_pool(path, true).map_err(|e| format!("{field}: {e}"))?);
+        locks.push(crate::pool::lock_pool(path, true).map_err(pool_err)?);
     }
-    let mut io = crate::pool::SyncIo::new(&dev).map_err(|e| format!("{field}: {e}"))?;
+    let mut io = crate::pool::SyncIo::new(&dev).map_err(io_err)?;
     let has_pool = io
         .read(0, 4096)
         .map(|b| &b[..8] == crate::pool::format::SUPERBLOCK_MAGIC)
-        .map_err(|e| format!("{field}: {e}"))?;
+        .map_err(io_err)?;
     drop(io);
     if !has_pool {
         if !p.create {
-            return Err(format!(
-                "{field}: {} holds no pool and create = false",
-                dev.describe()
-            ));
+            return Err(SetupError::NoPool {
+                field: field.into(),
+                device: dev.describe(),
+            });
         }
         let sb = crate::pool::format(
             &dev,
@@ -137,7 +240,7 @@ fn start_pool(
                 ..FormatOptions::default()
             },
         )
-        .map_err(|e| format!("{field}: {e}"))?;
+        .map_err(pool_err)?;
         tracing::info!(pool = %p.name, dev = %dev.describe(), extents = sb.extent_count, extent_size = sb.extent_size, "pool created");
     }
     let opts = PoolOptions {
@@ -159,7 +262,7 @@ fn start_pool(
         },
         ..PoolOptions::default()
     };
-    let pool = Pool::open(&p.name, dev, opts).map_err(|e| format!("{field}: {e}"))?;
+    let pool = Pool::open(&p.name, dev, opts).map_err(pool_err)?;
     if pool.sb.extent_size != p.extent_size {
         tracing::warn!(pool = %p.name, "the pool was formatted with {}-byte extents; extent_size = {} applies only to new pools", pool.sb.extent_size, p.extent_size);
     }
@@ -172,37 +275,43 @@ fn start_pool(
         match pool.volume(&v.name) {
             None => {
                 pool.create_volume(&v.name, v.size, v.block_size, flags)
-                    .map_err(|e| format!("{f}: {e}"))?;
+                    .map_err(|source| SetupError::Pool {
+                        field: f.clone(),
+                        source,
+                    })?;
                 tracing::info!(pool = %p.name, volume = %v.name, size = v.size, "volume created");
             }
             Some(existing) => {
                 let d = &existing.desc;
                 if d.block_size != v.block_size {
-                    return Err(format!(
-                        "{f}.block_size: the volume has {} (block size cannot change)",
-                        d.block_size
-                    ));
+                    return Err(SetupError::BlockSizeChanged {
+                        field: f,
+                        have: d.block_size,
+                    });
                 }
                 if d.flags & VOL_UNWRITTEN_ERROR != flags {
-                    return Err(format!(
-                        "{f}.unwritten: the volume was created with unwritten = \"{}\"",
-                        if d.flags & VOL_UNWRITTEN_ERROR != 0 {
+                    return Err(SetupError::UnwrittenChanged {
+                        field: f,
+                        created: if d.flags & VOL_UNWRITTEN_ERROR != 0 {
                             "error"
                         } else {
                             "zeroes"
-                        }
-                    ));
+                        },
+                    });
                 }
                 if v.size < d.size_bytes {
-                    return Err(format!(
-                        "{f}.size: the volume holds {} bytes; shrinking loses data, use `kvtarget volume resize`",
-                        d.size_bytes
-                    ));
+                    return Err(SetupError::Shrink {
+                        field: f,
+                        have: d.size_bytes,
+                    });
                 }
                 if v.size > d.size_bytes {
                     drop(existing);
                     pool.resize_volume(&v.name, v.size)
-                        .map_err(|e| format!("{f}: {e}"))?;
+                        .map_err(|source| SetupError::Pool {
+                            field: f.clone(),
+                            source,
+                        })?;
                     tracing::info!(pool = %p.name, volume = %v.name, size = v.size, "volume grown");
                 }
             }
@@ -276,33 +385,47 @@ impl Server {
                         Some((p, vol)) => VolumeDevice::new(p, vol),
                         None => {
                             close_pools(&pools);
-                            return Err(format!("{field}.volume: `{v}` does not exist").into());
+                            return Err(SetupError::NoVolume {
+                                field,
+                                volume: v.clone(),
+                            }
+                            .into());
                         }
                     }
                 } else {
                     match n.backend {
                         Some(Backend::Ram) => {
                             RamDevice::new(&format!("{}/{}", s.nqn, n.nsid), n.size.unwrap_or(0))
-                                .map_err(|e| format!("{field}: {e}"))?
+                                .map_err(|source| SetupError::Ram {
+                                    field: field.clone(),
+                                    source,
+                                })?
                         }
                         Some(Backend::Uring) => {
-                            let path =
-                                n.path.as_deref().ok_or(format!("{field}.path: required"))?;
-                            UringDevice::open(path, n.size, n.block_size())
-                                .map_err(|e| format!("{field}: {e}"))?
+                            let path = n.path.as_deref().ok_or_else(|| required(&field, "path"))?;
+                            UringDevice::open(path, n.size, n.block_size()).map_err(|source| {
+                                SetupError::Uring {
+                                    field: field.clone(),
+                                    source,
+                                }
+                            })?
                         }
                         Some(Backend::Nvme) => {
-                            let pci = n.pci.as_deref().ok_or(format!("{field}.pci: required"))?;
-                            NvmeDevice::open(pci, n.nvme_nsid.unwrap_or(1))
-                                .map_err(|e| format!("{field}: {e}"))?
+                            let pci = n.pci.as_deref().ok_or_else(|| required(&field, "pci"))?;
+                            NvmeDevice::open(pci, n.nvme_nsid.unwrap_or(1)).map_err(|source| {
+                                SetupError::Nvme {
+                                    field: field.clone(),
+                                    source,
+                                }
+                            })?
                         }
                         Some(Backend::Spdk) => open_spdk(&n.trid, n.nvme_nsid, &field)?,
-                        None => return Err(format!("{field}: needs a volume or a backend").into()),
+                        None => return Err(SetupError::NoBackend { field }.into()),
                     }
                 };
                 let block_size = dev.block_size().unwrap_or(n.block_size());
                 if dev.size_bytes() < block_size as u64 {
-                    return Err(format!("{field}: device is smaller than one block").into());
+                    return Err(SetupError::TooSmall { field }.into());
                 }
                 tracing::info!(subnqn = %s.nqn, nsid = n.nsid, dev = %dev.describe(), bytes = dev.size_bytes(), block_size, "namespace");
                 if n.volume.is_none() {
@@ -328,12 +451,7 @@ impl Server {
                 .filter_map(|a| a.parse::<SocketAddr>().ok())
             {
                 // An RDMA listener's address stays RDMA-only.
-                if !addrs.contains(&a)
-                    && !cfg
-                        .rdma_listen_addrs()
-                        .map_err(|e| e.to_string())?
-                        .contains(&a)
-                {
+                if !addrs.contains(&a) && !cfg.rdma_listen_addrs()?.contains(&a) {
                     addrs.push(a);
                 }
             }
@@ -377,7 +495,7 @@ impl Server {
         let mut reactors = Vec::new();
         for (i, core) in cfg.reactor_cores().into_iter().enumerate() {
             let r = Reactor::spawn(i, cfg.reactors.idle, core)
-                .map_err(|e| format!("reactor {i}: {e}"))?;
+                .map_err(|source| SetupError::Reactor { reactor: i, source })?;
             reactors.push(r);
         }
         let stop = Arc::new(AtomicBool::new(false));
@@ -389,7 +507,7 @@ impl Server {
         let acceptor = std::thread::Builder::new()
             .name("acceptor".into())
             .spawn(move || transport::accept_loop(set, shared, tgt, st))
-            .map_err(|e| format!("acceptor thread: {e}"))?;
+            .map_err(SetupError::Acceptor)?;
         let rdma = Arc::new(transport::rdma::RdmaTransport::new(
             shared_reactors.clone(),
             target.clone(),
@@ -417,16 +535,17 @@ impl Server {
             cfg.clone(),
         ));
         let started = (|| -> Result<_, StartError> {
-            rdma_started.clone()?;
+            rdma_started?;
             let rpc = match cfg.rpc.as_ref().filter(|r| r.enabled) {
                 Some(r) => Some(crate::rpc::RpcServer::start(&r.socket, ctl.clone())?),
                 None => None,
             };
             let metrics = match &cfg.metrics {
                 Some(m) => {
-                    let a = m.address.parse().map_err(|_| {
-                        format!("metrics.address: `{}` is not ADDRESS:PORT", m.address)
-                    })?;
+                    let a = m
+                        .address
+                        .parse()
+                        .map_err(|_| SetupError::MetricsAddress(m.address.clone()))?;
                     Some(crate::metrics::MetricsServer::start(a, ctl.clone())?)
                 }
                 None => None,

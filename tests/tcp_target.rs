@@ -630,7 +630,8 @@ fn perf_runs_a_mixed_workload_without_errors() {
         ..PerfOptions::new(h.addr, NQN)
     })
     .unwrap_err();
-    assert!(e.contains("--bs"), "{e}");
+    assert!(matches!(e, kvtarget::perf::PerfError::BlockSize(_)), "{e}");
+    assert!(e.to_string().contains("--bs"), "{e}");
 }
 
 /// The thread that calls `perf::run` only coordinates: without a progress line

@@ -5,7 +5,7 @@
 //! load generator. What this reaches is what this machine's kernel TCP allows;
 //! kvtarget's figures are reported as a ratio of it.
 
-use super::{Histogram, PerfReport};
+use super::{Histogram, PerfError, PerfReport};
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -43,10 +43,10 @@ impl EchoOptions {
     }
 }
 
-fn pin(cpu: Option<usize>) -> Result<(), String> {
+fn pin(cpu: Option<usize>) -> Result<(), PerfError> {
     match cpu {
         Some(c) if !core_affinity::set_for_current(core_affinity::CoreId { id: c }) => {
-            Err(format!("cannot run on CPU {c}"))
+            Err(PerfError::EchoCpu(c))
         }
         _ => Ok(()),
     }
@@ -76,11 +76,11 @@ fn recv(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
     }
 }
 
-fn serve(l: TcpListener, o: &EchoOptions, stop: &AtomicBool) -> Result<(), String> {
+fn serve(l: TcpListener, o: &EchoOptions, stop: &AtomicBool) -> Result<(), PerfError> {
     pin(o.server_cpu)?;
-    let (mut s, _) = l.accept().map_err(|e| format!("accept: {e}"))?;
-    s.set_nonblocking(true).map_err(|e| e.to_string())?;
-    s.set_nodelay(true).map_err(|e| e.to_string())?;
+    let (mut s, _) = l.accept().map_err(PerfError::EchoAccept)?;
+    s.set_nonblocking(true).map_err(PerfError::EchoSocket)?;
+    s.set_nodelay(true).map_err(PerfError::EchoSocket)?;
     let mut rbuf = vec![0u8; 1 << 20];
     let zeros = vec![0u8; 1 << 20];
     let (mut partial, mut pending) = (0usize, 0usize);
@@ -102,30 +102,28 @@ fn serve(l: TcpListener, o: &EchoOptions, stop: &AtomicBool) -> Result<(), Strin
 
 /// Runs the exchange and reports it like a perf run (bytes are response bytes
 /// for reads' shape, request bytes otherwise: whichever carries the data).
-pub fn run(o: &EchoOptions) -> Result<PerfReport, String> {
+pub fn run(o: &EchoOptions) -> Result<PerfReport, PerfError> {
     if o.qd == 0 || o.request == 0 || o.response == 0 {
-        return Err("echo baseline: sizes and queue depth must be positive".into());
+        return Err(PerfError::EchoOptions);
     }
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
-    let addr = l.local_addr().map_err(|e| e.to_string())?;
+    let l = TcpListener::bind("127.0.0.1:0").map_err(PerfError::EchoBind)?;
+    let addr = l.local_addr().map_err(PerfError::EchoSocket)?;
     let stop = AtomicBool::new(false);
     std::thread::scope(|sc| {
         let server = sc.spawn(|| serve(l, o, &stop));
         let r = client(addr, o);
         stop.store(true, Ordering::Relaxed);
-        let s = server
-            .join()
-            .unwrap_or_else(|_| Err("server panicked".into()));
+        let s = server.join().unwrap_or(Err(PerfError::EchoServerPanicked));
         let r = r?;
         s.map(|_| r)
     })
 }
 
-fn client(addr: std::net::SocketAddr, o: &EchoOptions) -> Result<PerfReport, String> {
+fn client(addr: std::net::SocketAddr, o: &EchoOptions) -> Result<PerfReport, PerfError> {
     pin(o.client_cpu)?;
-    let mut s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
-    s.set_nonblocking(true).map_err(|e| e.to_string())?;
-    s.set_nodelay(true).map_err(|e| e.to_string())?;
+    let mut s = TcpStream::connect(addr).map_err(PerfError::EchoConnect)?;
+    s.set_nonblocking(true).map_err(PerfError::EchoSocket)?;
+    s.set_nodelay(true).map_err(PerfError::EchoSocket)?;
     let mut rbuf = vec![0u8; 1 << 20];
     let zeros = vec![0u8; 1 << 20];
     let mut issued: VecDeque<Instant> = VecDeque::with_capacity(o.qd);
@@ -144,15 +142,15 @@ fn client(addr: std::net::SocketAddr, o: &EchoOptions) -> Result<PerfReport, Str
         if stopping && issued.is_empty() {
             break;
         }
-        send_zeros(&mut s, &zeros, &mut pending).map_err(|e| format!("send: {e}"))?;
-        let n = recv(&mut s, &mut rbuf).map_err(|e| format!("receive: {e}"))?;
+        send_zeros(&mut s, &zeros, &mut pending).map_err(PerfError::Send)?;
+        let n = recv(&mut s, &mut rbuf).map_err(PerfError::Receive)?;
         if n > 0 {
             partial += n;
             let now = Instant::now();
             while partial >= o.response {
                 partial -= o.response;
                 let Some(t0) = issued.pop_front() else {
-                    return Err("more responses than requests".into());
+                    return Err(PerfError::EchoExtraResponses);
                 };
                 if now >= start && now < end {
                     hist.record(now.duration_since(t0).as_nanos() as u64);
@@ -160,7 +158,7 @@ fn client(addr: std::net::SocketAddr, o: &EchoOptions) -> Result<PerfReport, Str
             }
         }
         if stopping && now > end + Duration::from_secs(10) {
-            return Err("echo baseline: responses missing".into());
+            return Err(PerfError::EchoMissingResponses);
         }
     }
     let secs = o.runtime.as_secs_f64();

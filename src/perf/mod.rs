@@ -5,7 +5,10 @@
 //! into log-linear (HDR-style) histograms with better than 2 % resolution.
 
 pub mod echo;
+mod error;
 mod queue;
+
+pub use error::PerfError;
 
 pub use queue::{check_pattern, fill_pattern};
 
@@ -118,19 +121,15 @@ pub enum Workload {
 }
 
 impl std::str::FromStr for Workload {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = PerfError;
+    fn from_str(s: &str) -> Result<Self, PerfError> {
         Ok(match s {
             "randread" => Workload::RandRead,
             "randwrite" => Workload::RandWrite,
             "randrw" => Workload::RandRw,
             "read" => Workload::Read,
             "write" => Workload::Write,
-            _ => {
-                return Err(format!(
-                    "--workload: `{s}` is not randread|randwrite|randrw|read|write"
-                ))
-            }
+            _ => return Err(PerfError::Workload(s.into())),
         })
     }
 }
@@ -268,56 +267,60 @@ struct WorkerResult {
 const VERIFY_MAX_IOS_PER_QUEUE: u64 = 1 << 16;
 
 /// Runs the workload and returns the report. Errors name what failed.
-pub fn run(o: &PerfOptions) -> Result<PerfReport, String> {
+pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
     if o.qd == 0 || o.qd > u16::MAX as usize {
-        return Err("--qd must be 1..=65535".into());
+        return Err(PerfError::QueueDepth);
     }
     if o.queues == 0 {
-        return Err("--queues must be at least 1".into());
+        return Err(PerfError::Queues);
     }
     let mut ho = HostOptions::new(o.addr, &o.nqn);
     if let Some(h) = &o.hostnqn {
         ho.hostnqn = h.clone();
     }
     ho.digests = o.digests;
-    let mut ctrl = HostController::connect(&ho).map_err(|e| format!("connect {}: {e}", o.addr))?;
+    let mut ctrl = HostController::connect(&ho).map_err(|source| PerfError::Connect {
+        addr: o.addr,
+        source,
+    })?;
     let cap = ctrl
         .property_get(crate::wire::nvme::prop::CAP, true)
-        .map_err(|e| format!("read CAP: {e}"))?;
+        .map_err(PerfError::ReadCap)?;
     let mqes = (cap & 0xFFFF) as usize + 1;
     if o.qd + 1 > mqes {
-        return Err(format!(
-            "--qd {} needs a queue of {} entries; the target allows {mqes} (CAP.MQES)",
-            o.qd,
-            o.qd + 1
-        ));
+        return Err(PerfError::QueueTooDeep {
+            qd: o.qd,
+            entries: o.qd + 1,
+            mqes,
+        });
     }
     ctrl.opts.queue_size = (o.qd + 1) as u16;
     let granted = ctrl
         .set_queue_count(o.queues)
-        .map_err(|e| format!("set queue count: {e}"))?;
+        .map_err(PerfError::SetQueueCount)?;
     if granted < o.queues {
-        return Err(format!(
-            "target granted {granted} I/O queues, {} asked",
-            o.queues
-        ));
+        return Err(PerfError::QueuesGranted {
+            granted,
+            asked: o.queues,
+        });
     }
     let ns = ctrl
         .identify_namespace(o.nsid)
-        .map_err(|e| format!("identify namespace {}: {e}", o.nsid))?;
+        .map_err(|source| PerfError::Identify {
+            nsid: o.nsid,
+            source,
+        })?;
     if ns.nsze == 0 {
-        return Err(format!("namespace {} is not active", o.nsid));
+        return Err(PerfError::InactiveNamespace(o.nsid));
     }
     let lba = 1u32 << ns.lbads;
     if o.block_size == 0 || o.block_size % lba as usize != 0 {
-        return Err(format!(
-            "--bs must be a multiple of the {lba}-byte block size"
-        ));
+        return Err(PerfError::BlockSize(lba));
     }
     let nlb = (o.block_size / lba as usize) as u64;
     let total = ns.nsze / nlb;
     if total < o.queues as u64 {
-        return Err("namespace smaller than one I/O per queue".into());
+        return Err(PerfError::NamespaceTooSmall);
     }
     // Verified runs give each queue its own range (two queues writing one block
     // at once have no defined result); others share the whole namespace, with
@@ -358,7 +361,7 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, String> {
     let stop = AtomicBool::new(false);
     let failed = AtomicBool::new(false);
     let ctrl = &ctrl;
-    let results: (Vec<Result<WorkerResult, String>>, Duration) = std::thread::scope(|s| {
+    let results: (Vec<Result<WorkerResult, PerfError>>, Duration) = std::thread::scope(|s| {
         let handles: Vec<_> = (0..workers)
             .map(|w| {
                 let my_plans: Vec<QueuePlan> = plans
@@ -438,7 +441,7 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, String> {
         stop.store(true, Ordering::Relaxed);
         let r: Vec<_> = handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("worker panicked".into())))
+            .map(|h| h.join().unwrap_or(Err(PerfError::WorkerPanicked)))
             .collect();
         (r, cpu_used)
     });
@@ -516,14 +519,14 @@ fn worker(
     ready: &std::sync::Barrier,
     start_at: &std::sync::Mutex<Option<Instant>>,
     stop: &AtomicBool,
-) -> Result<WorkerResult, String> {
+) -> Result<WorkerResult, PerfError> {
     if let Some(c) = cpu {
         if !core_affinity::set_for_current(core_affinity::CoreId { id: c }) {
             ready.wait();
-            return Err(format!("--cpus: cannot run on CPU {c}"));
+            return Err(PerfError::Cpu(c));
         }
     }
-    let setup = (|| -> Result<Vec<PerfQueue>, String> {
+    let setup = (|| -> Result<Vec<PerfQueue>, PerfError> {
         // The clock is not running yet: far-future bounds record nothing.
         let far = Instant::now() + Duration::from_secs(365 * 86400);
         let mut qs = Vec::new();
@@ -532,9 +535,9 @@ fn worker(
             let parts = ctrl
                 .io_queue(qid)
                 .and_then(|q| q.q.into_parts())
-                .map_err(|e| format!("queue {qid}: {e}"))?;
+                .map_err(|source| PerfError::QueueConnect { qid, source })?;
             let q = PerfQueue::new(parts, p, live.clone(), far, far)
-                .map_err(|e| format!("queue {qid}: {e}"))?;
+                .map_err(|source| PerfError::QueueSocket { qid, source })?;
             qs.push(q);
         }
         if prefill {
@@ -543,15 +546,15 @@ fn worker(
                 let deadline = Instant::now() + Duration::from_secs(600);
                 while !q
                     .prefill_step(&mut cursor, Instant::now())
-                    .map_err(|e| format!("prefill: {e}"))?
+                    .map_err(PerfError::PrefillSend)?
                 {
-                    q.poll().map_err(|e| format!("prefill: {e}"))?;
+                    q.poll().map_err(|e| PerfError::Prefill(Box::new(e)))?;
                     if Instant::now() > deadline {
-                        return Err("prefill did not finish within 600 s".into());
+                        return Err(PerfError::PrefillTimeout);
                     }
                 }
                 if q.unmeasured_errors > 0 {
-                    return Err("prefill writes failed".into());
+                    return Err(PerfError::PrefillFailed);
                 }
             }
         }
@@ -577,7 +580,7 @@ fn worker(
         let mut progress = 0;
         let mut outstanding = 0;
         for q in qs.iter_mut() {
-            progress += q.submit(now, stopping).map_err(|e| format!("send: {e}"))?;
+            progress += q.submit(now, stopping).map_err(PerfError::Send)?;
             progress += q.poll()?;
             outstanding += q.outstanding();
         }
@@ -585,9 +588,7 @@ fn worker(
             break;
         }
         if stopping && now > drain_deadline {
-            return Err(format!(
-                "{outstanding} commands still outstanding 30 s after the run"
-            ));
+            return Err(PerfError::Outstanding(outstanding));
         }
         if progress == 0 && !o.busy_poll {
             let mut fds: Vec<libc::pollfd> = qs

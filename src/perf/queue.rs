@@ -7,7 +7,7 @@
 //! verified where it lies, never copied out). Completions that arrive in one
 //! receive share one timestamp: that is when this side saw them.
 
-use super::{Histogram, Workload};
+use super::{Histogram, PerfError, Workload};
 use crate::initiator::QueueParts;
 use crate::wire::nvme::{io_opc, DsmRange, SglDescriptor, Sqe, DSM_ATTR_DEALLOCATE, DSM_RANGE_LEN};
 use crate::wire::tcp::{self as pdu, DataHeader, Digests, ParseLimits, Pdu};
@@ -408,7 +408,7 @@ impl PerfQueue {
 
     /// Reads what the socket has and handles every complete PDU. Returns the
     /// number of commands completed.
-    pub fn poll(&mut self) -> Result<usize, String> {
+    pub fn poll(&mut self) -> Result<usize, PerfError> {
         if self.rstart > 0 && (self.rstart == self.rend || self.rbuf.len() - self.rend < 64 * 1024)
         {
             self.rbuf.copy_within(self.rstart..self.rend, 0);
@@ -418,7 +418,7 @@ impl PerfQueue {
         let mut got = false;
         while self.rend < self.rbuf.len() {
             match self.sock.read(&mut self.rbuf[self.rend..]) {
-                Ok(0) => return Err("target closed the connection".into()),
+                Ok(0) => return Err(PerfError::Closed),
                 Ok(n) => {
                     self.rend += n;
                     got = true;
@@ -428,7 +428,7 @@ impl PerfQueue {
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(format!("receive: {e}")),
+                Err(e) => return Err(PerfError::Receive(e)),
             }
         }
         if !got && self.rstart == self.rend {
@@ -444,7 +444,7 @@ impl PerfQueue {
             let parsed = pdu::parse(&rbuf[self.rstart..self.rend], self.digests, limits);
             match parsed {
                 Ok(None) => break Ok(done),
-                Err(e) => break Err(format!("bad PDU from the target: {e}")),
+                Err(e) => break Err(PerfError::BadPdu(e)),
                 Ok(Some((p, n))) => {
                     match self.handle(p, now) {
                         Ok(c) => done += c,
@@ -464,7 +464,7 @@ impl PerfQueue {
         result
     }
 
-    fn handle(&mut self, p: Pdu, now: Instant) -> Result<usize, String> {
+    fn handle(&mut self, p: Pdu, now: Instant) -> Result<usize, PerfError> {
         match p {
             Pdu::CapsuleResp(cqe) => {
                 self.complete(cqe.cid, cqe.status().is_success(), now)?;
@@ -478,18 +478,16 @@ impl PerfQueue {
                 data_digest_error,
             } => {
                 if data_digest_error {
-                    return Err(format!("C2HData digest error (cid {})", hdr.cccid));
+                    return Err(PerfError::DataDigest(hdr.cccid));
                 }
                 let s = self
                     .slots
                     .get_mut(hdr.cccid as usize)
                     .filter(|s| s.busy && s.op == Op::Read)
-                    .ok_or_else(|| {
-                        format!("C2HData for no outstanding read (cid {})", hdr.cccid)
-                    })?;
+                    .ok_or(PerfError::UnexpectedData(hdr.cccid))?;
                 let off = hdr.offset as usize;
                 if off + data.len() > self.plan.io_size {
-                    return Err(format!("C2HData beyond the transfer (cid {})", hdr.cccid));
+                    return Err(PerfError::DataBeyond(hdr.cccid));
                 }
                 if s.stamp != 0 && !s.bad {
                     if let Some(byte) = check_pattern(data, off, s.io_index, s.stamp) {
@@ -507,7 +505,7 @@ impl PerfQueue {
                 }
                 if success {
                     if !last {
-                        return Err("SUCCESS without LAST_PDU".into());
+                        return Err(PerfError::SuccessWithoutLast);
                     }
                     self.complete(hdr.cccid, true, now)?;
                     return Ok(1);
@@ -518,24 +516,22 @@ impl PerfQueue {
                 self.send_h2c(r2t)?;
                 Ok(0)
             }
-            Pdu::TermReq { fes, fei, .. } => Err(format!(
-                "target terminated the connection: fes {fes:#x} fei {fei}"
-            )),
-            other => Err(format!("unexpected PDU from the target: {other:?}")),
+            Pdu::TermReq { fes, fei, .. } => Err(PerfError::Terminated { fes, fei }),
+            other => Err(PerfError::UnexpectedPdu(format!("{other:?}"))),
         }
     }
 
-    fn send_h2c(&mut self, r2t: DataHeader) -> Result<(), String> {
+    fn send_h2c(&mut self, r2t: DataHeader) -> Result<(), PerfError> {
         let s = self
             .slots
             .get(r2t.cccid as usize)
             .filter(|s| s.busy && s.op == Op::Write)
-            .ok_or_else(|| format!("R2T for no outstanding write (cid {})", r2t.cccid))?;
+            .ok_or(PerfError::UnexpectedR2t(r2t.cccid))?;
         let (start, len) = (r2t.offset as usize, r2t.length as usize);
         let window = s
             .data
             .get(start..start + len)
-            .ok_or_else(|| format!("R2T outside the data (cid {})", r2t.cccid))?;
+            .ok_or(PerfError::R2tOutside(r2t.cccid))?;
         let mut off = 0;
         while off < len {
             let n = (len - off).min(self.maxh2cdata);
@@ -564,12 +560,12 @@ impl PerfQueue {
         Ok(())
     }
 
-    fn complete(&mut self, cid: u16, ok: bool, now: Instant) -> Result<(), String> {
+    fn complete(&mut self, cid: u16, ok: bool, now: Instant) -> Result<(), PerfError> {
         let s = self
             .slots
             .get_mut(cid as usize)
             .filter(|s| s.busy)
-            .ok_or_else(|| format!("completion for no outstanding command (cid {cid})"))?;
+            .ok_or(PerfError::UnexpectedCompletion(cid))?;
         s.busy = false;
         self.outstanding -= 1;
         self.free.push(cid);

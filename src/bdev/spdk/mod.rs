@@ -44,6 +44,46 @@ pub enum SpdkError {
     Unsupported(String),
 }
 
+/// Why a transport ID string (`trtype:PCIe traddr:0000:00:04.0`, ...) is
+/// refused; each names the key or value at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum TridError {
+    #[error("`{0}` is not key:value")]
+    NotKeyValue(String),
+    #[error("`{0}` has no value")]
+    NoValue(String),
+    #[error("trtype `{0}` is not PCIe, TCP or RDMA")]
+    TrType(String),
+    #[error("adrfam `{0}` is not IPv4 or IPv6")]
+    AdrFam(String),
+    #[error("unknown key `{0}` (trtype, adrfam, traddr, trsvcid, subnqn, hostnqn, priority)")]
+    UnknownKey(String),
+    #[error("`{0}` is given twice")]
+    Twice(String),
+    #[error("trtype is missing (trtype:PCIe, trtype:TCP or trtype:RDMA)")]
+    NoTrType,
+    #[error("traddr is missing")]
+    NoTrAddr,
+    #[error("traddr `{traddr}`: {source}")]
+    PciAddress {
+        traddr: String,
+        #[source]
+        source: crate::bdev::nvme::NvmeError,
+    },
+    #[error("PCIe takes only traddr (a PCI address)")]
+    PcieExtra,
+    #[error("trsvcid (the port) is missing")]
+    NoTrSvcId,
+    #[error("trsvcid `{0}` is not a port")]
+    TrSvcId(String),
+    #[error("subnqn is missing")]
+    NoSubNqn,
+    #[error("subnqn: {0}")]
+    SubNqn(#[source] crate::config::NqnError),
+    #[error("hostnqn: {0}")]
+    HostNqn(#[source] crate::config::NqnError),
+}
+
 /// SPDK transport types kvtarget accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TrType {
@@ -106,8 +146,8 @@ impl fmt::Display for TransportId {
 }
 
 impl FromStr for TransportId {
-    type Err = String;
-    fn from_str(s: &str) -> Result<TransportId, String> {
+    type Err = TridError;
+    fn from_str(s: &str) -> Result<TransportId, TridError> {
         let mut trtype = None;
         let (mut adrfam, mut traddr, mut trsvcid, mut subnqn, mut hostnqn, mut priority) =
             (None, None, None, None, None, None);
@@ -115,11 +155,11 @@ impl FromStr for TransportId {
             // SPDK accepts `key:value` and `key=value`; values (PCI addresses,
             // NQNs) contain ':', so only the first separator splits.
             let Some(at) = pair.find([':', '=']) else {
-                return Err(format!("`{pair}` is not key:value"));
+                return Err(TridError::NotKeyValue(pair.into()));
             };
             let (key, value) = (&pair[..at], &pair[at + 1..]);
             if value.is_empty() {
-                return Err(format!("`{key}` has no value"));
+                return Err(TridError::NoValue(key.into()));
             }
             let slot = match key.to_ascii_lowercase().as_str() {
                 "trtype" => {
@@ -127,16 +167,16 @@ impl FromStr for TransportId {
                         "pcie" => TrType::Pcie,
                         "tcp" => TrType::Tcp,
                         "rdma" => TrType::Rdma,
-                        _ => return Err(format!("trtype `{value}` is not PCIe, TCP or RDMA")),
+                        _ => return Err(TridError::TrType(value.into())),
                     };
                     if trtype.replace(t).is_some() {
-                        return Err("trtype is given twice".into());
+                        return Err(TridError::Twice(key.into()));
                     }
                     continue;
                 }
                 "adrfam" => {
                     if !matches!(value.to_ascii_lowercase().as_str(), "ipv4" | "ipv6") {
-                        return Err(format!("adrfam `{value}` is not IPv4 or IPv6"));
+                        return Err(TridError::AdrFam(value.into()));
                     }
                     &mut adrfam
                 }
@@ -145,50 +185,50 @@ impl FromStr for TransportId {
                 "subnqn" => &mut subnqn,
                 "hostnqn" => &mut hostnqn,
                 "priority" => &mut priority,
-                other => {
-                    return Err(format!(
-                        "unknown key `{other}` (trtype, adrfam, traddr, trsvcid, subnqn, hostnqn, priority)"
-                    ))
-                }
+                other => return Err(TridError::UnknownKey(other.into())),
             };
             if slot.replace(value.to_string()).is_some() {
-                return Err(format!("`{key}` is given twice"));
+                return Err(TridError::Twice(key.into()));
             }
         }
         let Some(trtype) = trtype else {
-            return Err("trtype is missing (trtype:PCIe, trtype:TCP or trtype:RDMA)".into());
+            return Err(TridError::NoTrType);
         };
         let Some(traddr) = traddr else {
-            return Err("traddr is missing".into());
+            return Err(TridError::NoTrAddr);
         };
         match trtype {
             TrType::Pcie => {
-                crate::bdev::nvme::pci::parse_bdf(&traddr)
-                    .map_err(|e| format!("traddr `{traddr}`: {e}"))?;
+                crate::bdev::nvme::pci::parse_bdf(&traddr).map_err(|source| {
+                    TridError::PciAddress {
+                        traddr: traddr.clone(),
+                        source,
+                    }
+                })?;
                 if trsvcid.is_some() || subnqn.is_some() || adrfam.is_some() {
-                    return Err("PCIe takes only traddr (a PCI address)".into());
+                    return Err(TridError::PcieExtra);
                 }
             }
             TrType::Tcp | TrType::Rdma => {
                 if trsvcid.is_none() {
-                    return Err("trsvcid (the port) is missing".into());
+                    return Err(TridError::NoTrSvcId);
                 }
                 if let Some(p) = &trsvcid {
                     if p.parse::<u16>().map_or(true, |p| p == 0) {
-                        return Err(format!("trsvcid `{p}` is not a port"));
+                        return Err(TridError::TrSvcId(p.clone()));
                     }
                 }
                 let Some(n) = &subnqn else {
-                    return Err("subnqn is missing".into());
+                    return Err(TridError::NoSubNqn);
                 };
-                crate::config::validate_nqn(n).map_err(|e| format!("subnqn: {e}"))?;
+                crate::config::validate_nqn(n).map_err(TridError::SubNqn)?;
                 if adrfam.is_none() {
                     adrfam = Some(if traddr.contains(':') { "IPv6" } else { "IPv4" }.into());
                 }
             }
         }
         if let Some(h) = &hostnqn {
-            crate::config::validate_nqn(h).map_err(|e| format!("hostnqn: {e}"))?;
+            crate::config::validate_nqn(h).map_err(TridError::HostNqn)?;
         }
         Ok(TransportId {
             trtype,
@@ -793,7 +833,11 @@ mod tests {
             ("trtype:PCIe traddr:", "no value"),
             ("trtype", "not key:value"),
         ] {
-            let e = s.parse::<TransportId>().err().unwrap_or_default();
+            let e = s
+                .parse::<TransportId>()
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
             assert!(e.contains(want), "{s}: {e}");
         }
     }

@@ -192,7 +192,8 @@ pub(super) fn create_lvstore(p: &mut Params) -> Parsed {
                 "bdev_name: {path} does not exist (give the path of a file or block device; create a file with `truncate -s SIZE {path}`)"
             )));
         }
-        let lock = crate::pool::lock_pool(&pb, true).map_err(|e| RpcError::new(code::EBUSY, e))?;
+        let lock = crate::pool::lock_pool(&pb, true)
+            .map_err(|e| RpcError::new(code::EBUSY, e.to_string()))?;
         let dev: crate::bdev::SharedDevice = crate::bdev::uring::UringDevice::open(&pb, None, 512)
             .map_err(|e| RpcError::params(format!("bdev_name: {path}: {e}")))?;
         crate::pool::format(
@@ -205,17 +206,17 @@ pub(super) fn create_lvstore(p: &mut Params) -> Parsed {
         )
         .map_err(|e| {
             if matches!(e, crate::pool::PoolError::Occupied { .. }) {
-                RpcError::new(code::EEXIST, e)
+                RpcError::new(code::EEXIST, e.to_string())
             } else {
-                RpcError::params(e)
+                RpcError::params(e.to_string())
             }
         })?;
         let opts = crate::pool::PoolOptions {
             reactors: ctl.reactors.len().max(1),
             ..Default::default()
         };
-        let pool =
-            Pool::open(&name, dev, opts).map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
+        let pool = Pool::open(&name, dev, opts)
+            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))?;
         let uuid = uuid_str(&pool.sb.uuid);
         if let Ok(mut v) = ctl.pools.write() {
             v.push(pool);
@@ -318,9 +319,9 @@ pub(super) fn lvol_create(p: &mut Params) -> Parsed {
             .create_volume(&name, size, block_size, flags)
             .map_err(|e| {
                 if matches!(e, crate::pool::PoolError::VolumeExists { .. }) {
-                    RpcError::new(code::EEXIST, e)
+                    RpcError::new(code::EEXIST, e.to_string())
                 } else {
-                    RpcError::params(e)
+                    RpcError::params(e.to_string())
                 }
             })?;
         Ok(json!(uuid_str(&v.desc.uuid)))
@@ -332,7 +333,7 @@ pub(super) fn lvol_delete(p: &mut Params) -> Parsed {
     act(move |ctl| {
         let (pool, vname) = ctl.idle_volume(&name, "delete it")?;
         pool.delete_volume(&vname)
-            .map_err(|e| RpcError::new(code::EBUSY, e))?;
+            .map_err(|e| RpcError::new(code::EBUSY, e.to_string()))?;
         Ok(Value::Bool(true))
     })
 }
@@ -346,7 +347,7 @@ pub(super) fn lvol_resize(p: &mut Params) -> Parsed {
     act(move |ctl| {
         let (pool, vname) = ctl.idle_volume(&name, "resize it")?;
         pool.resize_volume(&vname, size)
-            .map_err(|e| RpcError::new(code::EBUSY, e))?;
+            .map_err(|e| RpcError::new(code::EBUSY, e.to_string()))?;
         Ok(Value::Bool(true))
     })
 }

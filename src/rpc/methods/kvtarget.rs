@@ -9,11 +9,20 @@ use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+/// Why the running state cannot be written out as a configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum SaveConfigError {
+    /// A namespace added at run time on a backend the configuration cannot
+    /// describe (only volumes and configured namespaces can be saved).
+    #[error("{nqn} namespace {nsid} has no configuration to save")]
+    NamespaceUnsaved { nqn: String, nsid: u32 },
+}
+
 impl Control {
     /// The running state as a configuration that reproduces it at the next
     /// start: listeners, pools with every volume, subsystems with hosts,
     /// listeners and namespaces. Written to `path` when given.
-    pub fn current_config(&self) -> Result<crate::config::Config, String> {
+    pub fn current_config(&self) -> Result<crate::config::Config, SaveConfigError> {
         use crate::config::{
             ListenerConfig, NamespaceConfig, SubsystemConfig, Unwritten, VolumeConfig,
         };
@@ -86,10 +95,10 @@ impl Control {
                     {
                         Some(c) => namespaces.push(c.clone()),
                         None => {
-                            return Err(format!(
-                                "{} namespace {} has no configuration to save",
-                                s.nqn, n.nsid
-                            ))
+                            return Err(SaveConfigError::NamespaceUnsaved {
+                                nqn: s.nqn.clone(),
+                                nsid: n.nsid,
+                            })
                         }
                     },
                 }
@@ -168,7 +177,7 @@ pub(super) fn save_config(p: &mut Params) -> Parsed {
     act(move |ctl| {
         let cfg = ctl
             .current_config()
-            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
+            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))?;
         let text = cfg
             .to_toml()
             .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))?;
@@ -218,7 +227,7 @@ pub(super) fn pool_set_gc(p: &mut Params) -> Parsed {
         // Checks every setting before changing any; pausing comes after, so a
         // refused setting leaves the pause state alone too.
         pool.set_gc_settings(max_rate, qd, low, high)
-            .map_err(RpcError::params)?;
+            .map_err(|e| RpcError::params(e.to_string()))?;
         if let Some(pz) = paused {
             pool.set_gc_paused(pz);
         }

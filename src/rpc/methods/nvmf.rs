@@ -168,7 +168,7 @@ pub(super) fn create_transport(p: &mut Params) -> Parsed {
             .rdma
             .start()
             .map(|()| Value::Bool(true))
-            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e)),
+            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string())),
     })
 }
 

@@ -192,7 +192,7 @@ pub(super) fn add_listener(p: &mut Params) -> Parsed {
             }
             if !ctl.rdma.listeners.contains(addr) {
                 let l = crate::transport::rdma::listen(addr, false)
-                    .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e))?;
+                    .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))?;
                 let bound = l.addr;
                 ctl.rdma.listeners.add(l);
                 ctl.announce_listener(bound, false, true);

@@ -3,6 +3,7 @@
 //! for RDMA READ/WRITE and device I/O. The reactor owns its arenas (its
 //! `Locals`): its queue pairs use them without a lock.
 
+use super::error::RdmaError;
 use super::verbs::{self, ibv_mr, Verbs};
 use crate::mem::IoBuf;
 
@@ -54,7 +55,7 @@ impl Arena {
         v: &'static Verbs,
         pd: *mut std::ffi::c_void,
         bytes: usize,
-    ) -> Result<Arena, String> {
+    ) -> Result<Arena, RdmaError> {
         let mut buf = IoBuf::new(bytes);
         // SAFETY: buf's memory is valid for its capacity and is never freed (the
         // arena lives for the process); pd is a live protection domain.
@@ -67,10 +68,10 @@ impl Arena {
             )
         };
         if mr.is_null() {
-            return Err(format!(
-                "cannot register {bytes} bytes of RDMA buffers: {}",
-                std::io::Error::last_os_error()
-            ));
+            return Err(RdmaError::RegisterArena {
+                bytes,
+                source: std::io::Error::last_os_error(),
+            });
         }
         // SAFETY: mr is a live MR returned just above.
         let lkey = unsafe { (*mr).lkey };

@@ -2,6 +2,7 @@
 //! answers connection requests, and accepting (or rejecting) each request.
 
 use super::device::{device_for, DeviceShare};
+use super::error::RdmaError;
 use super::qpair::{RdmaQueuePair, State};
 use super::verbs::{self, rdma_cm_id, rdma_event_channel, Verbs};
 use super::{RdmaSettings, EXTRA_RESPONSES};
@@ -49,15 +50,15 @@ impl Drop for RdmaListener {
 
 /// Starts listening on `addr` through the RDMA CM. Errors are one line naming
 /// the address (rdma-core missing, no RDMA device on that address, ...).
-pub fn listen(addr: SocketAddr, discovery_only: bool) -> Result<RdmaListener, String> {
-    let v = verbs::load().map_err(|e| format!("RDMA listener {addr}: {e}"))?;
+pub fn listen(addr: SocketAddr, discovery_only: bool) -> Result<RdmaListener, RdmaError> {
+    let v = verbs::load().map_err(|source| RdmaError::ListenerLoad { addr, source })?;
     // SAFETY: plain constructor; the result is checked for NULL.
     let chan = unsafe { (v.rdma_create_event_channel)() };
     if chan.is_null() {
-        return Err(format!(
-            "RDMA listener {addr}: cannot open the RDMA CM ({}); is rdma_ucm loaded?",
-            std::io::Error::last_os_error()
-        ));
+        return Err(RdmaError::ListenerEventChannel {
+            addr,
+            source: std::io::Error::last_os_error(),
+        });
     }
     let mut id: *mut rdma_cm_id = std::ptr::null_mut();
     // SAFETY: chan is live; id receives the new cm_id.
@@ -66,7 +67,7 @@ pub fn listen(addr: SocketAddr, discovery_only: bool) -> Result<RdmaListener, St
         let e = std::io::Error::last_os_error();
         // SAFETY: chan has no ids; destroyed once.
         unsafe { (v.rdma_destroy_event_channel)(chan) };
-        return Err(format!("RDMA listener {addr}: rdma_create_id: {e}"));
+        return Err(RdmaError::CreateId { addr, source: e });
     }
     let l = RdmaListener {
         addr,
@@ -77,26 +78,25 @@ pub fn listen(addr: SocketAddr, discovery_only: bool) -> Result<RdmaListener, St
     let mut sa = verbs::to_sockaddr(addr);
     // SAFETY: id is live; sa is a valid sockaddr of its family.
     if unsafe { (v.rdma_bind_addr)(id, &mut sa as *mut _ as *mut libc::sockaddr) } != 0 {
-        return Err(format!(
-            "RDMA listener {addr}: cannot bind ({}); is there an RDMA device (e.g. rxe) on that address?",
-            std::io::Error::last_os_error()
-        ));
+        return Err(RdmaError::Bind {
+            addr,
+            source: std::io::Error::last_os_error(),
+        });
     }
     // SAFETY: id is bound.
     if unsafe { (v.rdma_listen)(id, 128) } != 0 {
-        return Err(format!(
-            "RDMA listener {addr}: rdma_listen: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(RdmaError::Listen {
+            addr,
+            source: std::io::Error::last_os_error(),
+        });
     }
     // A wildcard address has no device yet; a specific one must have one.
     // SAFETY: id is live.
     if !addr.ip().is_unspecified() && unsafe { (*id).verbs }.is_null() {
-        return Err(format!(
-            "RDMA listener {addr}: no RDMA device on that address"
-        ));
+        return Err(RdmaError::NoDevice { addr });
     }
-    verbs::set_nonblocking(l.fd()).map_err(|e| format!("RDMA listener {addr}: {e}"))?;
+    verbs::set_nonblocking(l.fd())
+        .map_err(|source| RdmaError::ListenerNonblocking { addr, source })?;
     let mut l = l;
     // SAFETY: id is live; after bind its source address holds the bound port.
     if let Some(b) = verbs::sockaddr(unsafe { &(*id).src_addr }) {
@@ -180,12 +180,12 @@ impl RdmaTransport {
 
     /// Loads rdma-core and starts the CM thread; idempotent. The error is one
     /// line (rdma-core missing, ...).
-    pub fn start(&self) -> Result<(), String> {
-        verbs::load().map_err(|e| format!("NVMe/RDMA: {e}"))?;
+    pub fn start(&self) -> Result<(), RdmaError> {
+        verbs::load().map_err(RdmaError::TransportLoad)?;
         let mut cm = self
             .cm
             .lock()
-            .map_err(|_| "RDMA transport state poisoned")?;
+            .map_err(|_| RdmaError::Poisoned("RDMA transport state"))?;
         if cm.is_none() {
             let (set, rs, tgt, st, settings) = (
                 self.listeners.clone(),
@@ -198,7 +198,7 @@ impl RdmaTransport {
                 std::thread::Builder::new()
                     .name("rdma-cm".into())
                     .spawn(move || cm_loop(set, rs, tgt, settings, st))
-                    .map_err(|e| format!("RDMA CM thread: {e}"))?,
+                    .map_err(RdmaError::CmThread)?,
             );
         }
         Ok(())
@@ -321,8 +321,8 @@ pub fn cm_loop(
 /// Why a connection request was not accepted: before the QP took the cm_id
 /// (the caller rejects and destroys it) or after (the QP's Drop did).
 enum Refused {
-    Before(u16, String),
-    After(String),
+    Before(u16, RdmaError),
+    After(RdmaError),
 }
 
 pub(super) fn reject(v: &Verbs, id: *mut rdma_cm_id, sts: u16) {
@@ -347,7 +347,9 @@ fn accept(
     let req = CmRequest::parse(private_data).map_err(|s| {
         Refused::Before(
             s,
-            format!("bad private data ({} bytes)", private_data.len()),
+            RdmaError::BadPrivateData {
+                len: private_data.len(),
+            },
         )
     })?;
     let lim = &target.limits;
@@ -360,24 +362,26 @@ fn accept(
     if req.hsqsize == 0 || depth > max_depth as usize {
         return Err(Refused::Before(
             cm_status::INVALID_HSQSIZE,
-            format!(
-                "qid {} hsqsize {} (limit {})",
-                req.qid,
-                req.hsqsize,
-                max_depth - 1
-            ),
+            RdmaError::Hsqsize {
+                qid: req.qid,
+                hsqsize: req.hsqsize,
+                limit: max_depth.saturating_sub(1),
+            },
         ));
     }
     if (req.hrqsize as usize) < depth.min(2) {
         return Err(Refused::Before(
             cm_status::INVALID_HRQSIZE,
-            format!("qid {} hrqsize {}", req.qid, req.hrqsize),
+            RdmaError::Hrqsize {
+                qid: req.qid,
+                hrqsize: req.hrqsize,
+            },
         ));
     }
     if req.qid > lim.max_io_queues {
         return Err(Refused::Before(
             cm_status::INVALID_QID,
-            format!("qid {}", req.qid),
+            RdmaError::Qid { qid: req.qid },
         ));
     }
     // SAFETY: id is the live new cm_id of the request.
@@ -385,7 +389,7 @@ fn accept(
     if ctx.is_null() {
         return Err(Refused::Before(
             cm_status::NO_RESOURCES,
-            "request has no device".into(),
+            RdmaError::RequestWithoutDevice,
         ));
     }
     // A QP's sends (data WRITE + response SEND per slot, plus extra
@@ -410,12 +414,18 @@ fn accept(
     if send_wr as u32 > dev.max_qp_wr || cqes > dev.max_cqe {
         return Err(Refused::Before(
             cm_status::INVALID_HSQSIZE,
-            format!("queue depth {depth} exceeds the device's limits"),
+            RdmaError::DepthExceedsDevice { depth },
         ));
     }
-    group
-        .reserve(cqes)
-        .map_err(|e| Refused::Before(cm_status::NO_RESOURCES, format!("qid {}: {e}", req.qid)))?;
+    group.reserve(cqes).map_err(|e| {
+        Refused::Before(
+            cm_status::NO_RESOURCES,
+            RdmaError::Reserve {
+                qid: req.qid,
+                source: Box::new(e),
+            },
+        )
+    })?;
     // SAFETY: id is live (as above).
     let (peer, local) = unsafe {
         (
@@ -461,7 +471,7 @@ fn accept(
         let e = std::io::Error::last_os_error();
         // The QP owns the id now: its Drop destroys everything.
         qp.l.state = State::Closed;
-        return Err(Refused::After(format!("rdma_accept: {e}")));
+        return Err(Refused::After(RdmaError::Accept(e)));
     }
     Ok(qp)
 }
@@ -476,7 +486,7 @@ mod tests {
         // error names the address whether or not rdma-core is installed.
         let e = match listen("192.0.2.1:4420".parse().unwrap(), false) {
             Ok(_) => panic!("an RDMA listener on 192.0.2.1 cannot exist"),
-            Err(e) => e,
+            Err(e) => e.to_string(),
         };
         assert!(e.contains("192.0.2.1:4420"), "{e}");
         assert!(!e.contains('\n'), "{e}");

@@ -2,6 +2,7 @@
 //! its protection domain and, per reactor, its data arena and poll group.
 
 use super::arena::{Arena, ARENA_KEY};
+use super::error::RdmaError;
 use super::poller::{create_poll_group, PollGroup, RdmaPoller};
 use super::verbs::{self, Verbs};
 use super::RdmaSettings;
@@ -44,21 +45,23 @@ pub(super) fn device_for(
     reactor: &Arc<ReactorShared>,
     settings: &RdmaSettings,
     cqes_per_qpair: u32,
-) -> Result<DeviceShare, String> {
+) -> Result<DeviceShare, RdmaError> {
     let ri = reactor.id;
-    let mut devs = DEVICES.lock().map_err(|_| "RDMA device table poisoned")?;
+    let mut devs = DEVICES
+        .lock()
+        .map_err(|_| RdmaError::Poisoned("RDMA device table"))?;
     let i = match devs.iter().position(|d| d.ctx == ctx as usize) {
         Some(i) => i,
         None => {
             // SAFETY: ctx is the live context of a connection request's cm_id.
             let limits = unsafe { verbs::query_device(v, ctx) }
-                .map_err(|e| format!("ibv_query_device failed: {e}"))?;
+                .map_err(|errno| RdmaError::QueryDevice { errno })?;
             // SAFETY: as above.
             let name = unsafe { verbs::device_name(v, ctx) };
             // SAFETY: as above.
             let pd = unsafe { (v.ibv_alloc_pd)(ctx) };
             if pd.is_null() {
-                return Err("ibv_alloc_pd failed".into());
+                return Err(RdmaError::AllocPd { device: name });
             }
             tracing::info!(device = %name, ?limits, "RDMA device opened");
             devs.push(Device {
@@ -91,7 +94,9 @@ pub(super) fn device_for(
             v, ctx, i as u64, ri, &d.name, want,
         )?));
     }
-    let group = d.groups[ri].clone().ok_or("poll group missing")?;
+    let group = d.groups[ri]
+        .clone()
+        .ok_or(RdmaError::PollGroupMissing { reactor: ri })?;
     let handed = d.pollers[ri]
         .upgrade()
         .is_some_and(|r| Arc::ptr_eq(&r, reactor));
@@ -108,7 +113,7 @@ pub(super) fn device_for(
             r.add_poller(Box::new(p));
         };
         if reactor.send(Message::Call(Box::new(install))).is_err() {
-            return Err(format!("reactor {ri} inbox full"));
+            return Err(RdmaError::InboxFull { reactor: ri });
         }
         d.pollers[ri] = Arc::downgrade(reactor);
         d.arena_lkeys[ri] = lkey;

@@ -24,7 +24,7 @@
 //!
 //! Layout: `cm` (listeners, the CM thread, accepting a connection), `device`
 //! (the device table: PD, and per reactor an arena and a poll group), `arena`
-//! (registered data memory), `poller` (poll groups and their shared CQ
+//! (registered data memory), `error` (what setup can fail with), `poller` (poll groups and their shared CQ
 //! poller), `qpair` (the queue pair), and `verbs` (the rdma-core FFI).
 
 pub mod verbs;
@@ -32,11 +32,13 @@ pub mod verbs;
 mod arena;
 mod cm;
 mod device;
+mod error;
 mod poller;
 mod qpair;
 
 // Every item stays reachable as `transport::rdma::X`, as before the split.
 pub use self::cm::{cm_loop, listen, RdmaListener, RdmaListenerSet, RdmaTransport};
+pub use self::error::{LoadError, RdmaError};
 pub use self::poller::{poll_group_stats, PollGroup, PollGroupStats};
 pub use self::qpair::{RdmaQueuePair, RdmaReq};
 

@@ -3,6 +3,7 @@
 //! work completion to its QP.
 
 use super::device::DEVICES;
+use super::error::RdmaError;
 use super::verbs::{self, ibv_comp_channel, ibv_cq, Verbs};
 use crate::reactor::SharedPoller;
 use std::any::Any;
@@ -57,7 +58,7 @@ unsafe impl Sync for PollGroup {}
 impl PollGroup {
     /// Reserves CQ entries for one QP; refuses (the CQ would overflow, which
     /// is fatal on a real HCA) when the reactor's CQ has too few left.
-    pub(super) fn reserve(&self, entries: u32) -> Result<(), String> {
+    pub(super) fn reserve(&self, entries: u32) -> Result<(), RdmaError> {
         let r = self
             .cq_reserved
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
@@ -68,10 +69,13 @@ impl PollGroup {
                 self.qpairs.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
-            Err(used) => Err(format!(
-                "completion queue of reactor {} on {} is full: {used} of {} entries reserved, this queue pair needs {entries} (raise rdma.max_qpairs_per_reactor or reactors.count)",
-                self.reactor, self.device, self.cq_entries
-            )),
+            Err(used) => Err(RdmaError::CqFull {
+                reactor: self.reactor,
+                device: self.device.clone(),
+                used,
+                entries: self.cq_entries,
+                needed: entries,
+            }),
         }
     }
 
@@ -96,13 +100,16 @@ pub(super) fn create_poll_group(
     reactor: usize,
     device: &str,
     entries: u32,
-) -> Result<PollGroup, String> {
+) -> Result<PollGroup, RdmaError> {
     // SAFETY: ctx is a live device context; results are checked for NULL and
     // the channel is destroyed if the CQ cannot be made.
     unsafe {
         let comp = (v.ibv_create_comp_channel)(ctx);
         if comp.is_null() {
-            return Err("ibv_create_comp_channel failed".into());
+            return Err(RdmaError::CreateCompChannel {
+                device: device.into(),
+                source: std::io::Error::last_os_error(),
+            });
         }
         let cq = (v.ibv_create_cq)(
             ctx,
@@ -114,14 +121,19 @@ pub(super) fn create_poll_group(
         if cq.is_null() {
             let e = std::io::Error::last_os_error();
             (v.ibv_destroy_comp_channel)(comp);
-            return Err(format!(
-                "ibv_create_cq ({entries} entries) on {device}: {e}"
-            ));
+            return Err(RdmaError::CreateCq {
+                entries,
+                device: device.into(),
+                source: e,
+            });
         }
         if let Err(e) = verbs::set_nonblocking((*comp).fd) {
             (v.ibv_destroy_cq)(cq);
             (v.ibv_destroy_comp_channel)(comp);
-            return Err(format!("completion channel: {e}"));
+            return Err(RdmaError::CompChannelNonblocking {
+                device: device.into(),
+                source: e,
+            });
         }
         // The provider may round the size up; never count on more than asked.
         let got = (*(cq as *mut verbs::ibv_cq_head)).cqe.max(0) as u32;
@@ -459,7 +471,24 @@ mod tests {
         assert!(g.reserve(400).is_ok());
         assert!(g.reserve(400).is_ok());
         let e = g.reserve(400).unwrap_err();
-        assert!(e.contains("reactor 1 on rxe0 is full: 800 of 1000"), "{e}");
+        assert!(
+            matches!(
+                e,
+                RdmaError::CqFull {
+                    reactor: 1,
+                    used: 800,
+                    entries: 1000,
+                    needed: 400,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .contains("reactor 1 on rxe0 is full: 800 of 1000"),
+            "{e}"
+        );
         assert_eq!(g.qpairs.load(Ordering::Relaxed), 2);
         g.release(400);
         assert!(g.reserve(400).is_ok());

@@ -4,6 +4,7 @@
 
 use super::arena::{Arena, Chunk};
 use super::cm::reject;
+use super::error::RdmaError;
 use super::poller::PollGroup;
 use super::verbs::{self, ibv_mr, ibv_qp, rdma_cm_id, rdma_event_channel, Verbs};
 use super::EXTRA_RESPONSES;
@@ -193,7 +194,7 @@ impl RdmaQueuePair {
         discovery_only: bool,
         cm_qid: u16,
         max_reads: u32,
-    ) -> Result<RdmaQueuePair, String> {
+    ) -> Result<RdmaQueuePair, RdmaError> {
         let lim = &target.limits;
         let icd = (lim.in_capsule_data as usize).max(ADMIN_IN_CAPSULE_DATA as usize);
         let recv_size = (SQE_LEN + icd).div_ceil(64) * 64;
@@ -258,13 +259,10 @@ impl RdmaQueuePair {
         unsafe {
             l.chan = (v.rdma_create_event_channel)();
             if l.chan.is_null() {
-                return Err("rdma_create_event_channel failed".into());
+                return Err(RdmaError::QpEventChannel(std::io::Error::last_os_error()));
             }
             if (v.rdma_migrate_id)(id, l.chan) != 0 {
-                return Err(format!(
-                    "rdma_migrate_id: {}",
-                    std::io::Error::last_os_error()
-                ));
+                return Err(RdmaError::MigrateId(std::io::Error::last_os_error()));
             }
             let mut attr = verbs::ibv_qp_init_attr {
                 qp_context: std::ptr::null_mut(),
@@ -282,10 +280,7 @@ impl RdmaQueuePair {
                 sq_sig_all: 0,
             };
             if (v.rdma_create_qp)(id, pd, &mut attr) != 0 {
-                return Err(format!(
-                    "rdma_create_qp: {}",
-                    std::io::Error::last_os_error()
-                ));
+                return Err(RdmaError::CreateQp(std::io::Error::last_os_error()));
             }
             l.qp = (*id).qp;
             l.qp_num = (*l.qp).qp_num;
@@ -296,16 +291,19 @@ impl RdmaQueuePair {
                 verbs::IBV_ACCESS_LOCAL_WRITE,
             );
             if l.mem_mr.is_null() {
-                return Err("ibv_reg_mr for receive buffers failed".into());
+                return Err(RdmaError::RegRecvBuffers {
+                    bytes: l.mem.capacity(),
+                    source: std::io::Error::last_os_error(),
+                });
             }
             l.mem_lkey = (*l.mem_mr).lkey;
         }
         for i in 0..depth {
             l.post_recv(i)
-                .map_err(|e| format!("ibv_post_recv: errno {e}"))?;
+                .map_err(|errno| RdmaError::PostRecv { errno })?;
         }
         // SAFETY: chan is live (created above).
-        verbs::set_nonblocking(unsafe { (*l.chan).fd }).map_err(|e| format!("{e}"))?;
+        verbs::set_nonblocking(unsafe { (*l.chan).fd }).map_err(RdmaError::QpNonblocking)?;
         l.building = false;
         Ok(q)
     }

@@ -21,6 +21,7 @@
 
 #![allow(non_camel_case_types)]
 
+pub use super::error::LoadError;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::OnceLock;
 
@@ -372,10 +373,10 @@ unsafe impl Send for Verbs {}
 // rdma-core (verbs and CM calls are thread-safe).
 unsafe impl Sync for Verbs {}
 
-static VERBS: OnceLock<Result<Verbs, String>> = OnceLock::new();
+static VERBS: OnceLock<Result<Verbs, LoadError>> = OnceLock::new();
 
-/// The loaded libraries, or the one-line reason they are unavailable.
-pub fn load() -> Result<&'static Verbs, String> {
+/// The loaded libraries, or the reason they are unavailable.
+pub fn load() -> Result<&'static Verbs, LoadError> {
     VERBS.get_or_init(open).as_ref().map_err(|e| e.clone())
 }
 
@@ -391,28 +392,26 @@ fn dlerror_string() -> String {
     }
 }
 
-fn open_lib(name: &CStr) -> Result<*mut c_void, String> {
+fn open_lib(name: &CStr) -> Result<*mut c_void, LoadError> {
     // SAFETY: name is NUL-terminated; RTLD_NOW resolves everything up front.
     let h = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
     if h.is_null() {
-        return Err(format!(
-            "rdma-core is not installed or not loadable ({}: {}); install libibverbs1, librdmacm1 and ibverbs-providers",
-            name.to_string_lossy(),
-            dlerror_string()
-        ));
+        return Err(LoadError::Library {
+            lib: name.to_string_lossy().into_owned(),
+            reason: dlerror_string(),
+        });
     }
     Ok(h)
 }
 
-fn sym(lib: *mut c_void, name: &CStr) -> Result<*mut c_void, String> {
+fn sym(lib: *mut c_void, name: &CStr) -> Result<*mut c_void, LoadError> {
     // SAFETY: lib is a live handle from dlopen; name is NUL-terminated.
     let p = unsafe { libc::dlsym(lib, name.as_ptr() as *const c_char) };
     if p.is_null() {
-        Err(format!(
-            "rdma-core lacks {} ({})",
-            name.to_string_lossy(),
-            dlerror_string()
-        ))
+        Err(LoadError::Symbol {
+            symbol: name.to_string_lossy().into_owned(),
+            reason: dlerror_string(),
+        })
     } else {
         Ok(p)
     }
@@ -428,7 +427,7 @@ unsafe fn fn_ptr<T: Copy>(p: *mut c_void) -> T {
     unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) }
 }
 
-fn open() -> Result<Verbs, String> {
+fn open() -> Result<Verbs, LoadError> {
     let ib = open_lib(c"libibverbs.so.1")?;
     let cm = open_lib(c"librdmacm.so.1")?;
     macro_rules! f {
@@ -697,7 +696,7 @@ mod tests {
         // the library); it never panics.
         match load() {
             Ok(_) => {}
-            Err(e) => assert!(e.contains("rdma-core"), "{e}"),
+            Err(e) => assert!(e.to_string().contains("rdma-core"), "{e}"),
         }
     }
 }
