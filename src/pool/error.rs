@@ -90,11 +90,3 @@ impl PoolError {
         }
     }
 }
-
-/// Callers that still report errors as text (the command-line tools) take a
-/// pool error as its message.
-impl From<PoolError> for String {
-    fn from(e: PoolError) -> String {
-        e.to_string()
-    }
-}
