@@ -93,11 +93,12 @@ struct Req {
     /// device, says what a block holds (after a crash, data of an unflushed
     /// write may sit in blocks the bitmap does not count).
     zero_after: Vec<(usize, usize)>,
-    /// Blocks (extent, first, count) the command makes valid once its data is
+    /// Pieces (extent, physical extent, byte offset, bytes; as `map_range`
+    /// gives them, so a write keeps that vector) the command makes valid once its data is
     /// on the device: marked at completion, never before, so no metadata
     /// commit can journal a block as written while its data is in flight
     /// (after a crash it would read back whatever the block held before).
-    valid_after: Vec<(u32, u32, u32)>,
+    valid_after: Vec<(u32, u32, u64, u64)>,
     start: Instant,
 }
 
@@ -298,8 +299,9 @@ impl Engine {
         let vol = &lane.vol;
         // Valid before unpinning, so the extent cannot be unmapped as empty.
         if r.err.is_none() {
-            for &(lext, first, n) in &r.valid_after {
-                vol.set_valid(lext, first, n);
+            let bs = vol.desc.block_size as u64;
+            for &(lext, _, off, n) in &r.valid_after {
+                vol.set_valid(lext, (off / bs) as u32, (n / bs) as u32);
             }
         }
         r.valid_after.clear();
@@ -641,18 +643,15 @@ impl Engine {
             }
             Err(AllocError::Failed) => return self.complete_now(tag, Err(libc::EIO), Some(buf)),
         };
-        let bs = vol.desc.block_size as u64;
         let ri = self.new_req(lanes, lane, tag, Kind::Write { fua }, Some(buf), now);
         let mut plan = Vec::new();
-        let mut valid = Vec::with_capacity(mapped.len());
         for &(lext, phys, off, n) in &mapped {
-            valid.push((lext, (off / bs) as u32, (n / bs) as u32));
             let at = ((lext as u64) * vol.extent_size() + off - offset) as usize;
             plan.push((self.pool.sb.extent_offset(phys) + off, at, n));
         }
         if let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.as_mut()) {
             r.pinned = mapped.iter().map(|m| m.0).collect();
-            r.valid_after = valid;
+            r.valid_after = mapped;
         }
         for (phys_off, at, n) in plan {
             self.issue(
@@ -708,7 +707,7 @@ impl Engine {
                         emptied.push(lext);
                     }
                 } else {
-                    valid.push((lext, first, nb));
+                    valid.push((lext, phys, off, n));
                 }
                 plan.push((self.pool.sb.extent_offset(phys) + off, n));
             }
@@ -719,7 +718,7 @@ impl Engine {
                 Ok(mapped) => {
                     for (lext, phys, off, n) in mapped {
                         pinned.push(lext);
-                        valid.push((lext, (off / bs) as u32, (n / bs) as u32));
+                        valid.push((lext, phys, off, n));
                         plan.push((self.pool.sb.extent_offset(phys) + off, n));
                     }
                 }

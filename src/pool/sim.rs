@@ -618,7 +618,6 @@ impl Sim {
     }
 
     /// Values the batch's writes and deallocates put at `key`.
-    #[allow(clippy::ptr_arg)]
     fn batch_values(
         &self,
         writes: &[(String, usize, Vec<u64>)],
