@@ -186,7 +186,8 @@ pub mod dma {
     const RESERVE_FALLBACK_BYTES: usize = 4 << 30;
     /// First IOVA: above the 32-bit MMIO/MSI holes, far below 2^39.
     pub const DMA_IOVA_BASE: u64 = 1 << 32;
-    const MAX_CHUNKS: usize = RESERVE_BYTES / CHUNK_BYTES;
+    /// Chunks the arena can ever hold: a table indexed by chunk has this many entries.
+    pub const MAX_CHUNKS: usize = RESERVE_BYTES / CHUNK_BYTES;
     /// Size classes 4 KiB << c for c in 0..CLASSES (4 KiB .. 2 MiB).
     const CLASSES: usize = 10;
     const PAGE: usize = super::IO_BUF_ALIGN;
@@ -435,6 +436,25 @@ pub mod dma {
         Some(DMA_IOVA_BASE + off as u64)
     }
 
+    /// The chunk indices of the first and last byte of `len` bytes at `ptr`, if
+    /// they lie in committed arena memory (for per-chunk tables such as RDMA
+    /// memory keys).
+    pub fn chunk_span(ptr: *const u8, len: usize) -> Option<(usize, usize)> {
+        let base = BASE.load(Ordering::Acquire);
+        let off = (ptr as usize).checked_sub(base)?;
+        let end = off.checked_add(len.max(1))?;
+        if base == 0 || end > MAPPED_LEN.load(Ordering::Acquire) {
+            return None;
+        }
+        Some((off / CHUNK_BYTES, (end - 1) / CHUNK_BYTES))
+    }
+
+    /// The chunk indices a mapped range covers (first, one past the last).
+    pub fn range_chunks(r: &DmaRange) -> (usize, usize) {
+        let off = r.iova.saturating_sub(DMA_IOVA_BASE) as usize;
+        (off / CHUNK_BYTES, (off + r.len).div_ceil(CHUNK_BYTES))
+    }
+
     /// Identifies a registered mapper.
     #[derive(Debug, PartialEq, Eq)]
     pub struct MapperId(u64);
@@ -583,5 +603,38 @@ mod tests {
             .any(|r| r.iova <= i && i + big.len() as u64 <= r.iova + r.len as u64);
         dma::unregister_mapper(id);
         assert!(covered);
+    }
+
+    #[test]
+    fn every_buffer_lies_inside_one_range_a_mapper_was_given() {
+        // RDMA registers each range as one MR and an SGE must lie in one MR:
+        // no buffer may straddle two ranges of one mapper.
+        use std::sync::{Arc, Mutex};
+        let early: Vec<IoBuf> = [4096, 1 << 20, 3 << 20].map(IoBuf::new).into();
+        let seen = Arc::new(Mutex::new(Vec::<dma::DmaRange>::new()));
+        let s2 = seen.clone();
+        let id = dma::register_mapper(move |r| {
+            s2.lock().unwrap().push(*r);
+            Ok(())
+        })
+        .unwrap();
+        let mut late: Vec<IoBuf> = Vec::new();
+        for round in 0..3 {
+            for len in [4096, 64 << 10, 2 << 20, 5 << 20, 9 << 20] {
+                late.push(IoBuf::new(len + round * 4096));
+            }
+            // Freed multi-chunk blocks are reused by later rounds.
+            late.truncate(late.len() - 2);
+        }
+        let ranges = seen.lock().unwrap().clone();
+        dma::unregister_mapper(id);
+        for b in early.iter().chain(late.iter()) {
+            let (f, l) = dma::chunk_span(b.as_ptr(), b.len()).unwrap();
+            let inside = ranges.iter().any(|r| {
+                let (rf, re) = dma::range_chunks(r);
+                rf <= f && l < re
+            });
+            assert!(inside, "{b:?} at chunks {f}..={l} straddles mapper ranges");
+        }
     }
 }

@@ -400,8 +400,8 @@ fn accept(
     let DeviceShare {
         pd,
         limits: dev,
-        arena_key,
-        arena_lkey,
+        budget_key,
+        keys,
         group,
     } = device_for(v, ctx, reactor, settings, cqes_per_qpair)
         .map_err(|e| Refused::Before(cm_status::NO_RESOURCES, e))?;
@@ -444,7 +444,7 @@ fn accept(
         depth,
         send_wr,
         target.clone(),
-        (arena_key, arena_lkey),
+        (budget_key, keys),
         peer,
         local,
         l.discovery_only,

@@ -1,23 +1,23 @@
 //! Per-device state: the process-wide table of opened RDMA devices, each with
-//! its protection domain and, per reactor, its data arena and poll group.
+//! its protection domain and the lkeys of the I/O buffer memory registered
+//! with it, and per reactor its buffer budget and poll group.
 
-use super::arena::{Arena, ARENA_KEY};
 use super::error::RdmaError;
+use super::mr::{self, BufferBudget, MemoryKeys, BUDGET_KEY};
 use super::poller::{create_poll_group, PollGroup, RdmaPoller};
 use super::verbs::{self, Verbs};
 use super::RdmaSettings;
 use crate::reactor::{Message, ReactorShared};
 use std::sync::{Arc, Mutex, Weak};
 
-/// One RDMA device context as seen by kvtarget: its PD, and per reactor its
-/// data arena and poll group.
+/// One RDMA device context as seen by kvtarget: its PD, the keys of the
+/// registered buffer memory, and per reactor its poll group.
 pub(super) struct Device {
     ctx: usize,
     name: String,
     pd: usize,
     limits: verbs::DeviceLimits,
-    /// The lkey of each reactor's arena (the reactor owns the arena itself).
-    arena_lkeys: Vec<u32>,
+    keys: Arc<MemoryKeys>,
     pub(super) groups: Vec<Option<Arc<PollGroup>>>,
     /// The reactor each group's poller was handed to (a restarted target in
     /// the same process has new reactors: the poller is handed over again).
@@ -30,14 +30,14 @@ pub(super) static DEVICES: Mutex<Vec<Device>> = Mutex::new(Vec::new());
 pub(super) struct DeviceShare {
     pub(super) pd: usize,
     pub(super) limits: verbs::DeviceLimits,
-    /// The reactor's arena for this device: its key in the reactor's locals
-    /// and its lkey.
-    pub(super) arena_key: u64,
-    pub(super) arena_lkey: u32,
+    /// The reactor's buffer budget for this device: its key in the
+    /// reactor's locals.
+    pub(super) budget_key: u64,
+    pub(super) keys: Arc<MemoryKeys>,
     pub(super) group: Arc<PollGroup>,
 }
 
-/// PD, limits, and the arena and poll group of `reactor` for device context
+/// PD, limits, memory keys, and the budget and poll group of `reactor` for device context
 /// `ctx`; the group's poller is handed to the reactor the first time.
 pub(super) fn device_for(
     v: &'static Verbs,
@@ -63,13 +63,16 @@ pub(super) fn device_for(
             if pd.is_null() {
                 return Err(RdmaError::AllocPd { device: name });
             }
+            // Every I/O buffer is registered from here on (the arena maps
+            // new memory into this PD before handing it out).
+            let keys = mr::register_arena(v, pd, &name)?;
             tracing::info!(device = %name, ?limits, "RDMA device opened");
             devs.push(Device {
                 ctx: ctx as usize,
                 name,
                 pd: pd as usize,
                 limits,
-                arena_lkeys: Vec::new(),
+                keys,
                 groups: Vec::new(),
                 pollers: Vec::new(),
             });
@@ -78,7 +81,6 @@ pub(super) fn device_for(
     };
     let d = &mut devs[i];
     if d.groups.len() <= ri {
-        d.arena_lkeys.resize(ri + 1, 0);
         d.groups.resize_with(ri + 1, || None);
         d.pollers.resize_with(ri + 1, Weak::new);
     }
@@ -100,29 +102,27 @@ pub(super) fn device_for(
     let handed = d.pollers[ri]
         .upgrade()
         .is_some_and(|r| Arc::ptr_eq(&r, reactor));
-    let arena_key = ARENA_KEY | i as u64;
+    let budget_key = BUDGET_KEY | i as u64;
     if !handed {
         // Sent before the QP's Adopt message, so the reactor polls the CQ
-        // and owns the arena before it owns any QP using them (one inbox, in
+        // and has the budget before it owns any QP using them (one inbox, in
         // order). A new reactor (a restarted target) gets its own.
-        let a = Arena::new(v, d.pd as *mut _, settings.buffer_pool_bytes)?;
-        let lkey = a.lkey;
+        let budget = BufferBudget::new(settings.buffer_pool_bytes);
         let p = RdmaPoller::new(v, group.clone());
         let install = move |r: &mut crate::reactor::Reactor| {
-            r.insert_local(arena_key, Box::new(a));
+            r.insert_local(budget_key, Box::new(budget));
             r.add_poller(Box::new(p));
         };
         if reactor.send(Message::Call(Box::new(install))).is_err() {
             return Err(RdmaError::InboxFull { reactor: ri });
         }
         d.pollers[ri] = Arc::downgrade(reactor);
-        d.arena_lkeys[ri] = lkey;
     }
     Ok(DeviceShare {
         pd: d.pd,
         limits: d.limits,
-        arena_key,
-        arena_lkey: d.arena_lkeys[ri],
+        budget_key,
+        keys: d.keys.clone(),
         group,
     })
 }

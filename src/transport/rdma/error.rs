@@ -129,12 +129,12 @@ pub enum RdmaError {
         source: io::Error,
     },
 
-    // Registered data memory (arena.rs).
-    #[error("cannot register {bytes} bytes of RDMA buffers: {source}")]
+    // Registered data memory (mr.rs).
+    #[error("cannot register the I/O buffer memory with {device}: {source}")]
     RegisterArena {
-        bytes: usize,
+        device: String,
         #[source]
-        source: io::Error,
+        source: crate::mem::dma::DmaError,
     },
 
     // Building a queue pair (qpair.rs).

@@ -18,21 +18,22 @@
 //! (flushed): nothing of it is left in the shared CQ.
 //!
 //! Memory: receive buffers and response capsules live in one registered block
-//! per QP. Data for RDMA READ/WRITE comes from a registered arena per (device,
-//! reactor), carved into `IoBuf` views that go to the device without a copy.
-//! Arenas live as long as the process: a view can never outlive its memory.
+//! per QP. Data for RDMA READ/WRITE is in ordinary I/O buffers from the
+//! reactor's size-class pool, as for NVMe/TCP: each device registers the
+//! process-wide DMA arena they come from (`mr`), so a buffer goes between the
+//! wire and the device without a copy, and its lkey is a table lookup.
 //!
 //! Layout: `cm` (listeners, the CM thread, accepting a connection), `device`
-//! (the device table: PD, and per reactor an arena and a poll group), `arena`
-//! (registered data memory), `error` (what setup can fail with), `poller` (poll groups and their shared CQ
+//! (the device table: PD, memory keys, and per reactor a buffer budget and a
+//! poll group), `mr` (registered data memory), `error` (what setup can fail with), `poller` (poll groups and their shared CQ
 //! poller), `qpair` (the queue pair), and `verbs` (the rdma-core FFI).
 
 pub mod verbs;
 
-mod arena;
 mod cm;
 mod device;
 mod error;
+mod mr;
 mod poller;
 mod qpair;
 
@@ -45,7 +46,8 @@ pub use self::qpair::{RdmaQueuePair, RdmaReq};
 /// RDMA sizing, from the `[rdma]` configuration section.
 #[derive(Debug, Clone)]
 pub struct RdmaSettings {
-    /// Registered data memory per reactor and device (bytes).
+    /// Data memory the requests of one reactor on one device hold at once
+    /// (bytes); a command past it waits.
     pub buffer_pool_bytes: usize,
     /// Cap on RDMA READs one QP keeps outstanding (the device and the host's
     /// responder resources may lower it further).

@@ -25,7 +25,7 @@ const POLL_BATCHES_PER_PASS: usize = 8;
 const PARK_TTL: Duration = Duration::from_secs(1);
 
 /// The completion queue one reactor shares among its QPs on one device, with
-/// its counters. Like the arenas it lives as long as the process (a CQ is
+/// its counters. Like the memory keys it lives as long as the process (a CQ is
 /// small, and nothing can then complete into a destroyed one).
 pub struct PollGroup {
     /// The shared poller's id in its reactor: the device's index.

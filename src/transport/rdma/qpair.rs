@@ -2,9 +2,9 @@
 //! transport's part of each request (`RdmaReq`), posting work requests and
 //! handling their completions, under the transport-neutral queue core.
 
-use super::arena::{Arena, Chunk};
 use super::cm::reject;
 use super::error::RdmaError;
+use super::mr::{BufferBudget, MemoryKeys};
 use super::poller::PollGroup;
 use super::verbs::{self, ibv_mr, ibv_qp, rdma_cm_id, rdma_event_channel, Verbs};
 use super::EXTRA_RESPONSES;
@@ -66,7 +66,7 @@ enum XState {
     /// Nothing of the transport's in progress.
     #[default]
     Idle,
-    /// Waiting for arena memory.
+    /// Waiting for buffer budget.
     AwaitBuffer,
     /// Waiting for an RDMA READ slot (outstanding reads are bounded).
     AwaitRead,
@@ -75,7 +75,7 @@ enum XState {
     /// Data WRITE and response SEND posted; released on the SEND completion.
     Responding,
     /// The data WRITE was posted but its SEND was refused (the QP is closing):
-    /// the WRITE may still be reading the slot's arena memory, so the slot is
+    /// the WRITE may still be reading the slot's buffer, so the slot is
     /// released on the WRITE's own completion (success or flush), not before.
     WriteOrphaned,
 }
@@ -84,7 +84,10 @@ enum XState {
 pub struct RdmaReq {
     state: XState,
     desc: DataDescriptor,
-    chunk: Option<Chunk>,
+    /// Bytes charged to the reactor's `BufferBudget` for this request.
+    held: usize,
+    /// The lkey of the data buffer (`buf`), found when it was given.
+    lkey: u32,
     /// The data `Received::NeedData` asked for.
     need: Option<(usize, DataDirection)>,
 }
@@ -142,9 +145,11 @@ pub(super) struct RdmaLink {
     mem_lkey: u32,
     recv_size: usize,
     depth: usize,
-    /// The reactor's arena for this QP's device: its key in `IoCtx::locals`.
-    arena_key: u64,
-    arena_lkey: u32,
+    /// The reactor's buffer budget for this QP's device: its key in
+    /// `IoCtx::locals`.
+    budget_key: u64,
+    /// The lkeys of I/O buffer memory on this QP's device.
+    keys: Arc<MemoryKeys>,
     extra_free: Vec<u16>,
     pub(super) peer: String,
     pub(super) state: State,
@@ -188,7 +193,7 @@ impl RdmaQueuePair {
         depth: usize,
         send_wr: usize,
         target: Arc<Target>,
-        (arena_key, arena_lkey): (u64, u32),
+        (budget_key, keys): (u64, Arc<MemoryKeys>),
         peer: String,
         local: SocketAddr,
         discovery_only: bool,
@@ -238,8 +243,8 @@ impl RdmaQueuePair {
                 mem_lkey: 0,
                 recv_size,
                 depth,
-                arena_key,
-                arena_lkey,
+                budget_key,
+                keys,
                 extra_free: (depth..rsp_count).map(|i| i as u16).rev().collect(),
                 peer,
                 state: State::Connecting,
@@ -438,30 +443,39 @@ impl RdmaQueuePair {
         self.sync_closed();
     }
 
-    /// Gives the request the registered memory it needs, then continues it
-    /// (RDMA READ for host data, execution for reads); waits if none is free.
+    /// Gives the request the buffer it needs from the reactor's pool, then
+    /// continues it (RDMA READ for host data, execution for reads); waits if
+    /// the reactor's budget for this device is spent.
     fn with_buffer(&mut self, slot: u16, ctx: &mut IoCtx) {
         let Some((len, dir)) = self.q.request(slot).and_then(|r| r.x.need) else {
             return;
         };
-        let Some(arena) = ctx.locals.get_mut::<Arena>(self.l.arena_key) else {
+        let Some(budget) = ctx.locals.get_mut::<BufferBudget>(self.l.budget_key) else {
             // Installed before any QP of the reactor is adopted: never missing.
-            tracing::error!(peer = %self.l.peer, "RDMA buffer arena missing on this reactor");
+            tracing::error!(peer = %self.l.peer, "RDMA buffer budget missing on this reactor");
             return self.q.fail(slot, Status::INTERNAL_ERROR, &mut self.l, ctx);
         };
-        let Some((chunk, view)) = arena.alloc(len) else {
+        if !budget.fits(len) {
             if let Some(r) = self.q.request_mut(slot) {
                 r.x.state = XState::AwaitBuffer;
             }
             self.l.buf_waiting.push_back(slot);
             return;
+        }
+        let buf = ctx.bufs.get(len);
+        let Some(lkey) = self.l.keys.lkey(buf.as_ptr(), buf.len()) else {
+            // Registration of this memory failed (logged when it did).
+            ctx.bufs.put(buf);
+            return self.q.fail(slot, Status::INTERNAL_ERROR, &mut self.l, ctx);
         };
         let Some(r) = self.q.request_mut(slot) else {
-            arena.free(chunk);
+            ctx.bufs.put(buf);
             return;
         };
-        r.x.chunk = Some(chunk);
-        r.buf = Some(view);
+        budget.take(len);
+        r.x.held = len;
+        r.x.lkey = lkey;
+        r.buf = Some(buf);
         if dir == DataDirection::HostToController {
             r.x.state = XState::AwaitRead;
             self.l.read_waiting.push_back(slot);
@@ -472,19 +486,18 @@ impl RdmaQueuePair {
         }
     }
 
-    /// Requests waiting for arena memory retry (some was freed).
+    /// Requests waiting for buffer budget retry (some was given back).
     fn retry_buffers(&mut self, ctx: &mut IoCtx) {
         while let Some(&slot) = self.l.buf_waiting.front() {
             let Some((len, _)) = self.q.request(slot).and_then(|r| r.x.need) else {
                 self.l.buf_waiting.pop_front();
                 continue;
             };
-            let free = ctx
+            let fits = ctx
                 .locals
-                .get_mut::<Arena>(self.l.arena_key)
-                .and_then(|a| a.alloc(len).inspect(|(c, _)| a.free(*c)))
-                .is_some();
-            if !free {
+                .get_mut::<BufferBudget>(self.l.budget_key)
+                .is_some_and(|b| b.fits(len));
+            if !fits {
                 return;
             }
             self.l.buf_waiting.pop_front();
@@ -511,7 +524,7 @@ impl RdmaQueuePair {
             let mut sge = verbs::ibv_sge {
                 addr: b.as_mut_ptr() as u64,
                 length: len,
-                lkey: l.arena_lkey,
+                lkey: r.x.lkey,
             };
             let mut w = verbs::ibv_send_wr {
                 wr_id: wr::id(wr::READ, l.gen, slot),
@@ -524,8 +537,8 @@ impl RdmaQueuePair {
                 ..Default::default()
             };
             r.x.state = XState::Reading;
-            // SAFETY: qp is live; the local buffer is in the registered arena
-            // and owned by this request until its completion.
+            // SAFETY: qp is live; the local buffer is registered memory (its
+            // lkey was found for it) owned by this request until its completion.
             let (e, posted) = unsafe { verbs::post_send(l.qp, &mut w) };
             l.count_sends(posted);
             if e != 0 {
@@ -650,9 +663,14 @@ impl RdmaLink {
             .fetch_add(posted as u64, Ordering::Relaxed);
     }
 
-    fn free_chunk(&self, c: Chunk, ctx: &mut IoCtx) {
-        if let Some(a) = ctx.locals.get_mut::<Arena>(self.arena_key) {
-            a.free(c);
+    /// Gives a request's budget back (its buffer goes back to the pool with
+    /// the slot, in the core).
+    fn give_budget(&self, r: &mut RdmaReq, ctx: &mut IoCtx) {
+        let held = std::mem::take(&mut r.held);
+        if held > 0 {
+            if let Some(b) = ctx.locals.get_mut::<BufferBudget>(self.budget_key) {
+                b.give(held);
+            }
         }
     }
 }
@@ -675,32 +693,36 @@ impl Link<RdmaReq> for RdmaLink {
         if self.state == State::Closed {
             return Release::Now;
         }
-        // Controller-to-host data: admin replies go to arena memory first.
+        // Controller-to-host data: admin replies go to a registered buffer
+        // first (they are small and not charged to the budget).
         let mut cqe = rsp.cqe;
-        let mut write: Option<(u64, u32)> = None;
+        let mut write: Option<(u64, u32, u32)> = None;
         match rsp.c2h {
             C2h::Reply => {
                 let reply = r.reply.take().unwrap_or_default();
-                r.buf = None;
-                let arena = ctx.locals.get_mut::<Arena>(self.arena_key);
-                match arena.and_then(|a| {
-                    if let Some(c) = r.x.chunk.take() {
-                        a.free(c);
+                let mut v = match r.buf.take() {
+                    Some(b) if b.capacity() >= reply.len() => b,
+                    old => {
+                        if let Some(b) = old.filter(|b| b.is_owned()) {
+                            ctx.bufs.put(b);
+                        }
+                        ctx.bufs.get(reply.len())
                     }
-                    a.alloc(reply.len())
-                }) {
-                    Some((c, mut v)) => {
-                        v.copy_from_slice(&reply);
-                        write = Some((v.as_ptr() as u64, reply.len() as u32));
-                        r.x.chunk = Some(c);
-                        r.buf = Some(v);
-                    }
+                };
+                v.set_len(reply.len());
+                v.copy_from_slice(&reply);
+                match self.keys.lkey(v.as_ptr(), v.len()) {
+                    Some(lkey) => write = Some((v.as_ptr() as u64, reply.len() as u32, lkey)),
                     None => cqe.status = Status::INTERNAL_ERROR.to_field(),
                 }
+                r.buf = Some(v);
             }
             C2h::Data(len) => {
                 if let Some(b) = r.buf.as_ref() {
-                    write = Some((b.as_ptr() as u64, len as u32));
+                    match self.keys.lkey(b.as_ptr(), len) {
+                        Some(lkey) => write = Some((b.as_ptr() as u64, len as u32, lkey)),
+                        None => cqe.status = Status::INTERNAL_ERROR.to_field(),
+                    }
                 }
             }
             C2h::None => {}
@@ -740,11 +762,11 @@ impl Link<RdmaReq> for RdmaLink {
         let mut wwr = verbs::ibv_send_wr::default();
         let ok = cqe.status == Status::SUCCESS.to_field();
         let first: *mut verbs::ibv_send_wr = match (write, remote) {
-            (Some((local, len)), Some((raddr, rkey, rlen))) if ok => {
+            (Some((local, len, lkey)), Some((raddr, rkey, rlen))) if ok => {
                 data_sge = verbs::ibv_sge {
                     addr: local,
                     length: len.min(rlen),
-                    lkey: self.arena_lkey,
+                    lkey,
                 };
                 wwr = verbs::ibv_send_wr {
                     wr_id: wr::id(wr::WRITE, self.gen, slot),
@@ -763,7 +785,7 @@ impl Link<RdmaReq> for RdmaLink {
         };
         let _ = (&data_sge, &wwr);
         // SAFETY: qp is live; every sge points into registered memory (`mem`
-        // or the arena) held by this slot until the SEND completes; the WR
+        // or the slot's buffer) held by this slot until the SEND completes; the WR
         // chain lives on this stack frame for the call.
         let (e, posted) = unsafe { verbs::post_send(self.qp, first) };
         self.count_sends(posted);
@@ -817,11 +839,8 @@ impl Link<RdmaReq> for RdmaLink {
     }
 
     fn discard(&mut self, slot: u16, r: &mut Request<RdmaReq>, ctx: &mut IoCtx) {
-        // Arena views need no giving back; their chunk does.
-        r.buf = None;
-        if let Some(c) = r.x.chunk.take() {
-            self.free_chunk(c, ctx);
-        }
+        // The core puts the buffer back in the pool; the budget is ours.
+        self.give_budget(&mut r.x, ctx);
         match r.x.state {
             XState::AwaitRead => self.read_waiting.retain(|&s| s != slot),
             XState::AwaitBuffer => self.buf_waiting.retain(|&s| s != slot),
@@ -932,14 +951,12 @@ impl QueuePair for RdmaQueuePair {
     fn release(&mut self, ctx: &mut IoCtx) {
         // Finished: every work request flushed back (or given up on, and the
         // QP is destroyed right after, before anything else runs here), so no
-        // DMA reaches these chunks any more.
-        let Some(a) = ctx.locals.get_mut::<Arena>(self.l.arena_key) else {
-            return;
-        };
+        // DMA reaches these buffers any more.
+        let l = &self.l;
         for r in self.q.requests_mut() {
-            r.buf = None;
-            if let Some(c) = r.x.chunk.take() {
-                a.free(c);
+            l.give_budget(&mut r.x, ctx);
+            if let Some(b) = r.buf.take().filter(|b| b.is_owned()) {
+                ctx.bufs.put(b);
             }
         }
     }
@@ -971,8 +988,8 @@ impl Drop for RdmaQueuePair {
         // No completion of this QP can come any more (flushed, or dropped by
         // route when late): its CQ entries go back to the group.
         l.group.release(l.cq_reserved);
-        // Arena chunks went back in `release`; a QP dropped without it (never
-        // adopted) holds none.
+        // Buffers and budget went back in `release`; a QP dropped without it
+        // (never adopted) holds none.
     }
 }
 
@@ -983,7 +1000,7 @@ mod tests {
     #[test]
     fn a_posted_write_keeps_its_slot_until_it_completes() {
         use SlotAfterFailedPost::*;
-        // WRITE went, SEND refused: the WRITE still reads the arena memory.
+        // WRITE went, SEND refused: the WRITE still reads the slot's buffer.
         assert_eq!(slot_after_failed_post(true, 1), AwaitWrite);
         // Nothing posted, or a lone SEND refused: nothing reads the slot.
         assert_eq!(slot_after_failed_post(true, 0), Free);
