@@ -124,7 +124,8 @@ pub struct Request<X> {
     status: Status,
     /// The data arrived corrupt; the command fails once it is all here.
     data_error: bool,
-    arrived: Instant,
+    /// `IoCtx::now_ns` when the capsule arrived.
+    arrived_ns: u64,
     /// The transport's state for this request.
     pub x: X,
 }
@@ -443,7 +444,7 @@ impl<X> Queue<X> {
             pending_ops: 0,
             status: Status::SUCCESS,
             data_error: icd_corrupt,
-            arrived: ctx.now,
+            arrived_ns: ctx.now_ns,
             x,
         });
         match self.admit(slot, sqe, desc, icd, ctx) {
@@ -893,7 +894,7 @@ impl<X> Queue<X> {
             &r.sqe,
             r.plan,
             status,
-            ctx.now.saturating_duration_since(r.arrived).as_nanos() as u64,
+            ctx.now_ns.saturating_sub(r.arrived_ns),
         );
         let c2h = match (status.is_success(), r.plan) {
             (false, _) => {

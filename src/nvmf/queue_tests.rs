@@ -245,6 +245,7 @@ impl Env {
             conn_id: 7,
             seen: Vec::new(),
             now: Instant::now(),
+            start: Instant::now(),
         }
     }
     fn ctrl(&self, cntlid: u16) -> Arc<Controller> {
@@ -292,6 +293,8 @@ struct Conn {
     seen: Vec<Arc<Namespace>>,
     /// The reactor's clock as this queue sees it: tests move it with `advance`.
     now: Instant,
+    /// Where `now_ns` counts from.
+    start: Instant,
 }
 
 /// The data descriptor NVMe/TCP derives from an SQE's SGL.
@@ -320,6 +323,7 @@ impl Conn {
             locals,
             conn_id,
             now,
+            start,
             ..
         } = self;
         let mut ctx = IoCtx {
@@ -328,6 +332,7 @@ impl Conn {
             locals,
             conn_id: *conn_id,
             now: *now,
+            now_ns: now.saturating_duration_since(*start).as_nanos() as u64,
         };
         let r = f(q, link, &mut ctx);
         for ns in self.q.ns.all() {

@@ -61,6 +61,10 @@ pub struct IoCtx<'a> {
     pub locals: &'a mut Locals,
     pub conn_id: u32,
     pub now: Instant,
+    /// `now` in nanoseconds on this reactor's clock (since it started):
+    /// command latencies are differences of these, with no `Duration`
+    /// arithmetic per command.
+    pub now_ns: u64,
 }
 
 /// Objects a transport gives a reactor to own, found by key: only that
@@ -414,6 +418,9 @@ pub struct Reactor {
     routes: HashMap<(u64, u64), u32, std::hash::BuildHasherDefault<KeyHasher>>,
     /// The clock as of the start of this pass of the loop.
     now: Instant,
+    /// `now` as nanoseconds since `epoch` (see `IoCtx::now_ns`).
+    now_ns: u64,
+    epoch: Instant,
     wants_out: Vec<bool>,
     free_ids: Vec<u32>,
     channels: ChannelCache,
@@ -451,6 +458,8 @@ impl Reactor {
             pollers: Vec::new(),
             routes: HashMap::default(),
             now: Instant::now(),
+            now_ns: 0,
+            epoch: Instant::now(),
             wants_out: Vec::new(),
             free_ids: Vec::new(),
             channels: ChannelCache::default(),
@@ -621,6 +630,7 @@ impl Reactor {
             locals: &mut self.locals,
             conn_id: id,
             now: self.now,
+            now_ns: self.now_ns,
         };
         f(c.as_mut(), &mut ctx);
     }
@@ -680,6 +690,7 @@ impl Reactor {
                     locals: &mut self.locals,
                     conn_id: id as u32,
                     now: self.now,
+                    now_ns: self.now_ns,
                 };
                 c.release(&mut ctx);
                 let fd = c.fd();
@@ -721,9 +732,10 @@ impl Reactor {
             bufs,
             locals,
             now,
+            now_ns,
             ..
         } = self;
-        let now = *now;
+        let (now, now_ns) = (*now, *now_ns);
         let mut n = 0;
         for p in pollers.iter_mut() {
             let pid = p.id();
@@ -740,12 +752,18 @@ impl Reactor {
                     locals,
                     conn_id,
                     now,
+                    now_ns,
                 };
                 c.on_polled(ev, &mut ctx);
                 true
             });
         }
         n
+    }
+
+    fn read_clock(&mut self) {
+        self.now = Instant::now();
+        self.now_ns = self.now.saturating_duration_since(self.epoch).as_nanos() as u64;
     }
 
     /// The poll loop. Returns after a Shutdown message once every queue pair has
@@ -755,7 +773,8 @@ impl Reactor {
         let mut events = Vec::with_capacity(128);
         let mut completions: Vec<IoCompletion> = Vec::with_capacity(256);
         let mut empty_polls = 0u32;
-        let mut last = Instant::now();
+        self.read_clock();
+        let mut last_ns = self.now_ns;
         while !self.exit {
             let mut busy = self.drain_inbox();
 
@@ -792,7 +811,7 @@ impl Reactor {
             }
             // One clock read per pass (and one more per batch of device
             // completions below): every command in the pass shares it.
-            self.now = Instant::now();
+            self.read_clock();
             self.shared.sleeping.store(false, Ordering::Release);
             for &(token, _ev) in &events {
                 if token == TOKEN_WAKE {
@@ -821,7 +840,7 @@ impl Reactor {
             // pass's `now` to this one): one more clock read per pass with
             // device I/O outstanding.
             if self.channels.in_flight() > 0 {
-                self.now = Instant::now();
+                self.read_clock();
             }
             if self.channels.poll(&mut completions, self.now) > 0 {
                 busy = true;
@@ -854,9 +873,8 @@ impl Reactor {
             self.flush_and_reap();
 
             // Busy/idle accounting by pass, with the clock read at its start.
-            let now = self.now;
-            let spent = now.saturating_duration_since(last).as_nanos() as u64;
-            last = now;
+            let spent = self.now_ns.saturating_sub(last_ns);
+            last_ns = self.now_ns;
             if busy {
                 empty_polls = 0;
                 self.shared.busy_ns.fetch_add(spent, Ordering::Relaxed);

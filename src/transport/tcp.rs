@@ -655,6 +655,11 @@ impl TcpConnection {
     fn start_direct_receive(&mut self) -> bool {
         let l = &self.l;
         let avail = &l.rbuf[l.rstart..l.rend];
+        // Most PDUs are command capsules: look at the type byte before
+        // framing (the ordinary path frames it once more).
+        if avail.first() != Some(&pdu::pdu_type::H2C_DATA) {
+            return false;
+        }
         let Ok(Some(head)) = pdu::parse_data_pdu_head(avail, l.digests, l.limits) else {
             return false;
         };

@@ -664,12 +664,18 @@ pub fn encode_data_pdu_header(
     } else {
         pdu_type::C2H_DATA
     };
-    let start = put_common(out, t, fl, DATA_HLEN, pdo, plen);
-    let hdr = DataHeader {
-        length: data_len as u32,
-        ..*hdr
-    };
-    put_data_header(out, &hdr);
+    // One PDU per read completion: the header is built on the stack and
+    // appended once (field-by-field appends cost a capacity check each).
+    let mut h = [0u8; DATA_HLEN];
+    h[..4].copy_from_slice(&[t, fl, DATA_HLEN as u8, pdo as u8]);
+    h[4..8].copy_from_slice(&(plen as u32).to_le_bytes());
+    h[8..10].copy_from_slice(&hdr.cccid.to_le_bytes());
+    h[10..12].copy_from_slice(&hdr.ttag.to_le_bytes());
+    h[12..16].copy_from_slice(&hdr.offset.to_le_bytes());
+    h[16..20].copy_from_slice(&(data_len as u32).to_le_bytes());
+    let start = out.len();
+    out.reserve(pdo);
+    out.extend_from_slice(&h);
     finish_header(out, start, digests.header);
     out.resize(start + pdo, 0);
 }
