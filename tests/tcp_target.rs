@@ -731,3 +731,58 @@ fn perf_verify_checks_reads_and_catches_foreign_writes() {
     assert!(r.errors >= r.mismatches.min(1), "{}", r.to_text());
     assert!(r.to_text().contains("mismatch: slba"), "{}", r.to_text());
 }
+
+/// A target whose MDTS is smaller than the I/O: the in-repo initiator and the
+/// load generator split each transfer into MDTS-sized commands, as a host
+/// driver does (`kvtarget perf --bs 1MiB` against SPDK's nvmf_tgt, MDTS 128 KiB,
+/// once died of a fatal transport error).
+#[test]
+fn transfers_larger_than_mdts_are_split_by_the_host() {
+    use kvtarget::perf::{run, PerfOptions, Workload};
+    let h = Harness::start_with("max_io_size = \"64KiB\"", "ram");
+    let mut c = h.host();
+    assert_eq!(c.max_transfer(), Some(64 << 10), "MDTS {}", c.id.mdts);
+    assert_eq!(c.set_queue_count(2).unwrap(), 2);
+    let mut q = c.io_queue(1).unwrap();
+    // One command over the limit is the target's to refuse...
+    let big = pattern(7, 1 << 20);
+    let cid = q.submit_write(2, 0, big.clone(), 4096, false).unwrap();
+    assert!(!q.q.wait_for(cid).unwrap().status().is_success());
+    // ...so `write` and `read` go as 16 commands each, and round-trip.
+    q.write(2, 16, big.clone(), 4096).unwrap();
+    assert_eq!(q.read(2, 16, 256, 4096).unwrap(), big);
+    // An unaligned tail piece (a transfer not a multiple of MDTS).
+    let odd = pattern(9, 72 << 10);
+    q.write(2, 600, odd.clone(), 4096).unwrap();
+    assert_eq!(q.read(2, 600, 18, 4096).unwrap(), odd);
+    drop(q);
+    for (workload, qd) in [
+        (Workload::RandRw, 4),
+        (Workload::Write, 2),
+        (Workload::Read, 1),
+    ] {
+        let r = run(&PerfOptions {
+            hostnqn: Some(HOST.into()),
+            nsid: 2,
+            workload,
+            block_size: 1 << 20,
+            qd,
+            verify: true,
+            runtime: Duration::from_millis(400),
+            warmup: Duration::from_millis(50),
+            busy_poll: false,
+            ..PerfOptions::new(h.addr, NQN)
+        })
+        .unwrap();
+        assert!(r.ios > 0, "{workload:?}: {}", r.to_text());
+        assert_eq!(
+            (r.errors, r.mismatches),
+            (0, 0),
+            "{workload:?}: {}",
+            r.to_text()
+        );
+        if workload != Workload::Write {
+            assert!(r.verified > 0, "{workload:?}: {}", r.to_text());
+        }
+    }
+}

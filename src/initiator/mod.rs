@@ -503,6 +503,8 @@ pub struct HostController {
     pub cntlid: u16,
     pub opts: HostOptions,
     pub id: IdentifyController,
+    /// The CAP register, read at connect.
+    pub cap: u64,
 }
 
 impl HostController {
@@ -529,8 +531,9 @@ impl HostController {
             cntlid,
             opts: opts.clone(),
             id: IdentifyController::default(),
+            cap: 0,
         };
-        let _cap = c.property_get(nvme::prop::CAP, true)?;
+        c.cap = c.property_get(nvme::prop::CAP, true)?;
         c.property_set(nvme::prop::CC, (6 << 16) | (4 << 20) | 1)?;
         let deadline = Instant::now() + opts.timeout;
         while c.property_get(nvme::prop::CSTS, false)? & 1 == 0 {
@@ -641,6 +644,12 @@ impl HostController {
         Ok((r & 0xFFFF) as u16 + 1)
     }
 
+    /// Most bytes one command may move: MDTS, in units of the minimum
+    /// memory page size (CAP.MPSMIN); `None` when MDTS is 0 (no limit).
+    pub fn max_transfer(&self) -> Option<usize> {
+        max_transfer(self.id.mdts, self.cap)
+    }
+
     /// Connects I/O queue `qid` on its own connection.
     pub fn io_queue(&self, qid: u16) -> Result<IoQueue> {
         let mut q = QueueConn::open(self.opts.addr, self.opts.digests, self.opts.timeout)?;
@@ -660,7 +669,11 @@ impl HostController {
                 hostnqn: self.opts.hostnqn.clone(),
             },
         )?;
-        Ok(IoQueue { q })
+        Ok(IoQueue {
+            q,
+            max_transfer: self.max_transfer(),
+            entries: self.opts.queue_size as usize,
+        })
     }
 
     /// Orderly shutdown: CC.SHN normal, then close.
@@ -670,9 +683,24 @@ impl HostController {
     }
 }
 
-/// An I/O queue with NVM command helpers.
+/// MDTS (Identify Controller byte 77) in bytes, for a controller whose CAP is `cap`.
+pub fn max_transfer(mdts: u8, cap: u64) -> Option<usize> {
+    if mdts == 0 {
+        return None;
+    }
+    let page = 4096usize << ((cap >> 48) & 0xF);
+    1usize.checked_shl(mdts as u32)?.checked_mul(page)
+}
+
+/// An I/O queue with NVM command helpers. `read` and `write` split a transfer
+/// larger than the controller's MDTS into several commands, as a host driver
+/// does; `submit_read`/`submit_write` send exactly one command.
 pub struct IoQueue {
     pub q: QueueConn,
+    /// The controller's MDTS in bytes (`None`: no limit).
+    pub max_transfer: Option<usize>,
+    /// Entries of this queue: at most this many less one commands go at once.
+    pub entries: usize,
 }
 
 impl IoQueue {
@@ -708,15 +736,77 @@ impl IoQueue {
         self.q.submit(s, Some(data), 0)
     }
 
+    /// Blocks per command for a transfer of `nlb` blocks.
+    fn piece_blocks(&self, nlb: u32, block_size: u32) -> u32 {
+        match self.max_transfer {
+            Some(m) => ((m / block_size.max(1) as usize) as u32).clamp(1, nlb.max(1)),
+            None => nlb.max(1),
+        }
+    }
+
+    /// Runs one command per piece of `nlb` blocks from `slba`, at most the
+    /// queue's entries less one at a time; every piece must succeed.
+    fn split(
+        &mut self,
+        slba: u64,
+        nlb: u32,
+        block_size: u32,
+        mut submit: impl FnMut(&mut Self, u64, u32) -> Result<u16>,
+        mut done: impl FnMut(u64, Completion),
+    ) -> Result<()> {
+        let per = self.piece_blocks(nlb, block_size);
+        let window = self.entries.saturating_sub(1).max(1);
+        let mut inflight: std::collections::VecDeque<(u16, u64)> = Default::default();
+        let mut next = 0u32;
+        while next < nlb || !inflight.is_empty() {
+            while next < nlb && inflight.len() < window {
+                let n = per.min(nlb - next);
+                let at = slba + next as u64;
+                inflight.push_back((submit(self, at, n)?, at));
+                next += n;
+            }
+            if let Some((cid, at)) = inflight.pop_front() {
+                done(at, self.q.wait_for(cid)?.ok()?);
+            }
+        }
+        Ok(())
+    }
+
     pub fn read(&mut self, nsid: u32, slba: u64, nlb: u32, block_size: u32) -> Result<Vec<u8>> {
-        let cid = self.submit_read(nsid, slba, nlb, block_size)?;
-        Ok(self.q.wait_for(cid)?.ok()?.data)
+        let mut out = vec![0u8; nlb as usize * block_size as usize];
+        self.split(
+            slba,
+            nlb,
+            block_size,
+            |q, at, n| q.submit_read(nsid, at, n, block_size),
+            |at, c| {
+                let off = (at - slba) as usize * block_size as usize;
+                let end = (off + c.data.len()).min(out.len());
+                out[off..end].copy_from_slice(&c.data[..end - off]);
+            },
+        )?;
+        Ok(out)
     }
 
     pub fn write(&mut self, nsid: u32, slba: u64, data: Vec<u8>, block_size: u32) -> Result<()> {
-        let cid = self.submit_write(nsid, slba, data, block_size, false)?;
-        self.q.wait_for(cid)?.ok()?;
-        Ok(())
+        let nlb = (data.len() / block_size.max(1) as usize) as u32;
+        if self.piece_blocks(nlb, block_size) >= nlb {
+            let cid = self.submit_write(nsid, slba, data, block_size, false)?;
+            self.q.wait_for(cid)?.ok()?;
+            return Ok(());
+        }
+        let bs = block_size as usize;
+        self.split(
+            slba,
+            nlb,
+            block_size,
+            |q, at, n| {
+                let off = (at - slba) as usize * bs;
+                let piece = data[off..off + n as usize * bs].to_vec();
+                q.submit_write(nsid, at, piece, block_size, false)
+            },
+            |_, _| {},
+        )
     }
 
     pub fn flush(&mut self, nsid: u32) -> Result<()> {

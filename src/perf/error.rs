@@ -29,6 +29,8 @@ pub enum PerfError {
     },
     #[error("read CAP: {0}")]
     ReadCap(#[source] initiator::Error),
+    #[error("--qd {qd} with {pieces} commands per I/O (the target's maximum transfer size splits each) needs more than 65535 command IDs: lower --qd or --bs")]
+    TooManyPieces { qd: usize, pieces: usize },
     #[error("--qd {qd} needs a queue of {entries} entries; the target allows {mqes} (CAP.MQES)")]
     QueueTooDeep {
         qd: usize,

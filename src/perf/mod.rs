@@ -294,7 +294,14 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
             mqes,
         });
     }
-    ctrl.opts.queue_size = (o.qd + 1) as u16;
+    // I/Os larger than MDTS go as several commands: room for all of them,
+    // as far as the target allows (the rest wait their turn in the queue).
+    let max_transfer = ctrl.max_transfer().unwrap_or(usize::MAX);
+    let pieces = o.block_size.div_ceil(max_transfer.max(1)).max(1);
+    let entries = (o.qd.saturating_mul(pieces) + 1)
+        .min(mqes)
+        .min(u16::MAX as usize);
+    ctrl.opts.queue_size = entries as u16;
     let granted = ctrl
         .set_queue_count(o.queues)
         .map_err(PerfError::SetQueueCount)?;
@@ -345,6 +352,8 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
                 qd: o.qd,
                 io_size: o.block_size,
                 lba_size: lba,
+                max_transfer,
+                max_commands: entries - 1,
                 first,
                 count,
                 verify: o.verify,
@@ -536,8 +545,7 @@ fn worker(
                 .io_queue(qid)
                 .and_then(|q| q.q.into_parts())
                 .map_err(|source| PerfError::QueueConnect { qid, source })?;
-            let q = PerfQueue::new(parts, p, live.clone(), far, far)
-                .map_err(|source| PerfError::QueueSocket { qid, source })?;
+            let q = PerfQueue::new(parts, p, live.clone(), far, far)?;
             qs.push(q);
         }
         if prefill {

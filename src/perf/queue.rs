@@ -1,11 +1,17 @@
 //! The load generator's queue engine: one NVMe/TCP I/O queue driven without
 //! blocking, in the style of `spdk_nvme_perf`'s poller.
 //!
-//! Everything per I/O is preallocated: a slot per command ID with its own data
+//! Everything per I/O is preallocated: a slot per I/O with its own data
 //! buffer, one output buffer into which a whole batch of capsules is encoded and
 //! sent with one `send`, and one receive buffer parsed in place (read data is
 //! verified where it lies, never copied out). Completions that arrive in one
 //! receive share one timestamp: that is when this side saw them.
+//!
+//! An I/O larger than the controller's maximum data transfer size (MDTS) goes
+//! as several commands, one per piece, as a host driver splits it: slot `s`'s
+//! piece `j` has command ID `s * pieces + j`. Pieces wait in order for a free
+//! queue entry, so the queue never holds more commands than it has entries;
+//! the I/O completes (and its latency is taken) when its last piece does.
 
 use super::{Histogram, PerfError, Workload};
 use crate::initiator::QueueParts;
@@ -32,6 +38,11 @@ pub struct QueuePlan {
     /// Bytes per I/O and per logical block.
     pub io_size: usize,
     pub lba_size: u32,
+    /// Most bytes one command may move (the controller's MDTS; `io_size` or
+    /// more when it has no limit): larger I/Os are split.
+    pub max_transfer: usize,
+    /// Commands the queue may have outstanding (its entries less one).
+    pub max_commands: usize,
     /// The I/O-sized slots this queue addresses: [first, first + count).
     pub first: u64,
     pub count: u64,
@@ -120,6 +131,11 @@ struct Slot {
     /// Host-to-controller data (writes), sized to one I/O.
     data: Vec<u8>,
     bad: bool,
+    /// Pieces sent (they go in order), pieces not yet completed, and
+    /// whether every completed one succeeded.
+    sent: u32,
+    pending: u32,
+    ok: bool,
 }
 
 /// Verification state: which stamp each I/O slot of this queue last got, and
@@ -156,8 +172,17 @@ pub struct PerfQueue {
     wbuf: Vec<u8>,
     wpos: usize,
     slots: Vec<Slot>,
+    /// Free I/O slots.
     free: Vec<u16>,
+    /// I/Os in flight (some of their pieces may still wait in `ready`).
     outstanding: usize,
+    /// Bytes per piece and pieces per I/O.
+    piece: usize,
+    pieces: usize,
+    /// Command IDs of pieces waiting for a queue entry, in order.
+    ready: std::collections::VecDeque<u16>,
+    /// Commands sent and not yet completed.
+    commands: usize,
     rng: u64,
     seq: u64,
     verify: Option<VerifyState>,
@@ -181,9 +206,23 @@ impl PerfQueue {
         live: Arc<LiveCounters>,
         measure_from: Instant,
         measure_until: Instant,
-    ) -> std::io::Result<PerfQueue> {
-        parts.sock.set_nonblocking(true)?;
+    ) -> Result<PerfQueue, PerfError> {
         let lba = plan.lba_size as usize;
+        // Pieces are whole blocks: MDTS is a multiple of the memory page size,
+        // which no block size exceeds.
+        let piece = (plan.max_transfer.max(lba) / lba * lba).min(plan.io_size.max(lba));
+        let pieces = plan.io_size.div_ceil(piece).max(1);
+        if plan.qd * pieces > u16::MAX as usize || plan.max_commands == 0 {
+            return Err(PerfError::TooManyPieces {
+                qd: plan.qd,
+                pieces,
+            });
+        }
+        let qid = plan.qid;
+        parts
+            .sock
+            .set_nonblocking(true)
+            .map_err(|source| PerfError::QueueSocket { qid, source })?;
         let rcap = (plan.io_size + 64 * 1024).max(1 << 20);
         let mut rbuf = vec![0; rcap];
         let n = parts.unparsed.len().min(rcap);
@@ -202,6 +241,9 @@ impl PerfQueue {
                     Vec::new()
                 },
                 bad: false,
+                sent: 0,
+                pending: 0,
+                ok: true,
             })
             .collect();
         let verify = plan.verify.then(|| VerifyState {
@@ -215,6 +257,10 @@ impl PerfQueue {
             seq: 0,
             free: (0..plan.qd as u16).rev().collect(),
             outstanding: 0,
+            piece,
+            pieces,
+            ready: std::collections::VecDeque::with_capacity(plan.qd * pieces),
+            commands: 0,
             sock: parts.sock,
             digests: parts.digests,
             maxh2cdata: parts.maxh2cdata.max(4096) as usize,
@@ -305,6 +351,7 @@ impl PerfQueue {
             self.issue(cid, i, op, now);
             issued += 1;
         }
+        self.send_ready();
         self.flush()?;
         Ok(issued)
     }
@@ -317,13 +364,13 @@ impl PerfQueue {
             self.issue(cid, *cursor, Op::Write, now);
             *cursor += 1;
         }
+        self.send_ready();
         self.flush()?;
         Ok(*cursor >= self.plan.count && self.outstanding == 0)
     }
 
-    fn issue(&mut self, cid: u16, i: u64, op: Op, now: Instant) {
-        let nlb = (self.plan.io_size / self.plan.lba_size as usize) as u32;
-        let slba = (self.plan.first + i) * nlb as u64;
+    /// Starts I/O `i` in `slot`: its pieces join the ready list.
+    fn issue(&mut self, slot: u16, i: u64, op: Op, now: Instant) {
         let mut stamp = 0;
         if let Some(v) = self.verify.as_mut() {
             v.set(i as usize, true);
@@ -336,13 +383,54 @@ impl PerfQueue {
                 Op::Deallocate => {}
             }
         }
-        let s = &mut self.slots[cid as usize];
+        // A deallocate names its whole range in one command: no data moves.
+        let pieces = if op == Op::Deallocate { 1 } else { self.pieces };
+        let s = &mut self.slots[slot as usize];
         s.busy = true;
         s.op = op;
         s.io_index = self.plan.first + i;
         s.stamp = stamp;
         s.submitted = now;
         s.bad = false;
+        s.sent = 0;
+        s.pending = pieces as u32;
+        s.ok = true;
+        if op == Op::Write && self.verify.is_some() {
+            fill_pattern(&mut s.data, s.io_index, stamp);
+        }
+        let first = slot as usize * self.pieces;
+        self.ready.extend((first..first + pieces).map(|c| c as u16));
+        self.outstanding += 1;
+    }
+
+    /// The byte range of the I/O that command `cid` moves, and its slot.
+    fn piece_of(&self, cid: u16) -> (usize, usize, usize) {
+        let (slot, j) = (cid as usize / self.pieces, cid as usize % self.pieces);
+        let start = j * self.piece;
+        let len = self.piece.min(self.plan.io_size.saturating_sub(start));
+        (slot, start, len)
+    }
+
+    /// Encodes ready pieces while the queue has entries for them.
+    fn send_ready(&mut self) {
+        while self.commands < self.plan.max_commands {
+            let Some(cid) = self.ready.pop_front() else {
+                return;
+            };
+            self.encode_piece(cid);
+            self.commands += 1;
+            if let Some(s) = self.slots.get_mut(cid as usize / self.pieces) {
+                s.sent += 1;
+            }
+        }
+    }
+
+    fn encode_piece(&mut self, cid: u16) {
+        let (slot, start, len) = self.piece_of(cid);
+        let lba = self.plan.lba_size as usize;
+        let io_nlb = (self.plan.io_size / lba) as u32;
+        let s = &self.slots[slot];
+        let (op, io_index) = (s.op, s.io_index);
         let opcode = match op {
             Op::Read => io_opc::READ,
             Op::Write => io_opc::WRITE,
@@ -357,22 +445,26 @@ impl PerfQueue {
                 sqe.set_cdw(11, DSM_ATTR_DEALLOCATE);
                 DsmRange {
                     attributes: 0,
-                    nlb,
-                    slba,
+                    nlb: io_nlb,
+                    slba: io_index * io_nlb as u64,
                 }
                 .encode(&mut range);
                 (&range, DSM_RANGE_LEN)
             }
             Op::Read | Op::Write => {
+                let slba = io_index * io_nlb as u64 + (start / lba) as u64;
                 sqe.set_cdw(10, slba as u32);
                 sqe.set_cdw(11, (slba >> 32) as u32);
-                sqe.set_cdw(12, nlb - 1);
-                if op == Op::Write && self.verify.is_some() {
-                    fill_pattern(&mut s.data, s.io_index, stamp);
-                }
-                let len = self.plan.io_size;
+                sqe.set_cdw(12, (len / lba) as u32 - 1);
                 let in_capsule = op == Op::Write && len <= self.icd_limit;
-                (if in_capsule { &s.data } else { &[] }, len)
+                (
+                    if in_capsule {
+                        &s.data[start..start + len]
+                    } else {
+                        &[]
+                    },
+                    len,
+                )
             }
         };
         sqe.set_sgl(SglDescriptor {
@@ -385,7 +477,6 @@ impl PerfQueue {
             },
         });
         pdu::encode_capsule_cmd(&mut self.wbuf, &sqe, data, self.digests);
-        self.outstanding += 1;
     }
 
     /// Sends what is queued; partial writes leave the rest for the next call.
@@ -466,10 +557,7 @@ impl PerfQueue {
 
     fn handle(&mut self, p: Pdu, now: Instant) -> Result<usize, PerfError> {
         match p {
-            Pdu::CapsuleResp(cqe) => {
-                self.complete(cqe.cid, cqe.status().is_success(), now)?;
-                Ok(1)
-            }
+            Pdu::CapsuleResp(cqe) => self.complete(cqe.cid, cqe.status().is_success(), now),
             Pdu::C2HData {
                 hdr,
                 success,
@@ -480,15 +568,16 @@ impl PerfQueue {
                 if data_digest_error {
                     return Err(PerfError::DataDigest(hdr.cccid));
                 }
+                let (slot, start, len) = self.piece_of(hdr.cccid);
                 let s = self
                     .slots
-                    .get_mut(hdr.cccid as usize)
+                    .get_mut(slot)
                     .filter(|s| s.busy && s.op == Op::Read)
                     .ok_or(PerfError::UnexpectedData(hdr.cccid))?;
-                let off = hdr.offset as usize;
-                if off + data.len() > self.plan.io_size {
+                if hdr.offset as usize + data.len() > len {
                     return Err(PerfError::DataBeyond(hdr.cccid));
                 }
+                let off = start + hdr.offset as usize;
                 if s.stamp != 0 && !s.bad {
                     if let Some(byte) = check_pattern(data, off, s.io_index, s.stamp) {
                         s.bad = true;
@@ -507,8 +596,7 @@ impl PerfQueue {
                     if !last {
                         return Err(PerfError::SuccessWithoutLast);
                     }
-                    self.complete(hdr.cccid, true, now)?;
-                    return Ok(1);
+                    return self.complete(hdr.cccid, true, now);
                 }
                 Ok(0)
             }
@@ -522,15 +610,19 @@ impl PerfQueue {
     }
 
     fn send_h2c(&mut self, r2t: DataHeader) -> Result<(), PerfError> {
+        let (slot, piece_start, piece_len) = self.piece_of(r2t.cccid);
         let s = self
             .slots
-            .get(r2t.cccid as usize)
+            .get(slot)
             .filter(|s| s.busy && s.op == Op::Write)
             .ok_or(PerfError::UnexpectedR2t(r2t.cccid))?;
         let (start, len) = (r2t.offset as usize, r2t.length as usize);
+        if start + len > piece_len {
+            return Err(PerfError::R2tOutside(r2t.cccid));
+        }
         let window = s
             .data
-            .get(start..start + len)
+            .get(piece_start + start..piece_start + start + len)
             .ok_or(PerfError::R2tOutside(r2t.cccid))?;
         let mut off = 0;
         while off < len {
@@ -560,16 +652,28 @@ impl PerfQueue {
         Ok(())
     }
 
-    fn complete(&mut self, cid: u16, ok: bool, now: Instant) -> Result<(), PerfError> {
+    /// Command `cid` completed; returns 1 when that finished its I/O.
+    fn complete(&mut self, cid: u16, ok: bool, now: Instant) -> Result<usize, PerfError> {
+        let (slot, piece) = (cid as usize / self.pieces, cid as usize % self.pieces);
+        // A completion for a piece not yet sent is the target's error.
         let s = self
             .slots
-            .get_mut(cid as usize)
-            .filter(|s| s.busy)
+            .get_mut(slot)
+            .filter(|s| s.busy && s.pending > 0 && piece < s.sent as usize)
             .ok_or(PerfError::UnexpectedCompletion(cid))?;
+        self.commands = self.commands.saturating_sub(1);
+        s.pending -= 1;
+        s.ok &= ok;
+        if s.pending > 0 {
+            self.send_ready();
+            return Ok(0);
+        }
+        let ok = s.ok;
         s.busy = false;
         self.outstanding -= 1;
-        self.free.push(cid);
+        self.free.push(slot as u16);
         let (op, io_index, stamp, bad, t0) = (s.op, s.io_index, s.stamp, s.bad, s.submitted);
+        self.send_ready();
         let read = op == Op::Read;
         if let Some(v) = self.verify.as_mut() {
             let i = (io_index - self.plan.first) as usize;
@@ -592,7 +696,7 @@ impl PerfQueue {
         } else if !ok || bad {
             self.unmeasured_errors += 1;
         }
-        Ok(())
+        Ok(1)
     }
 }
 
@@ -623,6 +727,8 @@ mod tests {
                 qd: 8,
                 io_size: 4096,
                 lba_size: 512,
+                max_transfer: 2048,
+                max_commands: 12,
                 first: 0,
                 count: 64,
                 verify,
