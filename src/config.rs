@@ -566,6 +566,11 @@ pub struct NamespaceConfig {
     pub size: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub block_size: Option<u32>,
+    /// false: no volatile write cache; every write is durable before its
+    /// completion (as FUA), and Identify reports no cache when all of the
+    /// subsystem's namespaces are so (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_cache: Option<bool>,
 }
 
 impl NamespaceConfig {

@@ -431,7 +431,8 @@ impl Server {
                 if n.volume.is_none() {
                     devices.push(dev.clone());
                 }
-                let ns = Namespace::new(&s.nqn, n.nsid, dev, block_size);
+                let ns = Namespace::new(&s.nqn, n.nsid, dev, block_size)
+                    .with_write_cache(n.write_cache.unwrap_or(true));
                 if let Ok(mut v) = subsys.namespaces.write() {
                     v.push(Arc::new(ns));
                 }

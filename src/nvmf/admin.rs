@@ -204,7 +204,11 @@ pub fn identify_controller(target: &Target, ctrl: &Controller) -> IdentifyContro
         // Dataset Management and Write Zeroes.
         id.oncs = 0x04 | 0x08;
         // Volatile write cache present; Flush with NSID FFFFFFFFh supported.
-        id.vwc = 0x01 | 0x06;
+        // A subsystem whose namespaces all write through has none (hosts then
+        // send no flushes; the field is all zeros without a cache).
+        let namespaces = ctrl.subsys.namespace_snapshot();
+        let cached = namespaces.is_empty() || namespaces.iter().any(|n| !n.write_through);
+        id.vwc = if cached { 0x01 | 0x06 } else { 0 };
     }
     id
 }
@@ -389,7 +393,8 @@ fn set_features(target: &Target, ctrl: &Controller, sqe: &Sqe, now: Instant) -> 
             AdminOutcome::ok(g | g << 16)
         }
         fid::VOLATILE_WRITE_CACHE => {
-            regs.volatile_write_cache = cdw11 & 1 != 0;
+            // Off: the queues run every later write as FUA.
+            ctrl.write_cache.store(cdw11 & 1 != 0, Ordering::Release);
             AdminOutcome::ok(0)
         }
         fid::ARBITRATION
@@ -419,7 +424,7 @@ fn get_features(ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
             let g = regs.io_queues_granted.max(1) as u32 - 1;
             (g | g << 16, g | g << 16, true)
         }
-        fid::VOLATILE_WRITE_CACHE => (regs.volatile_write_cache as u32, 1, true),
+        fid::VOLATILE_WRITE_CACHE => (ctrl.write_cache.load(Ordering::Acquire) as u32, 1, true),
         fid::ARBITRATION => (0, 0, false),
         fid::POWER_MANAGEMENT => (0, 0, false),
         fid::TEMPERATURE_THRESHOLD => {

@@ -21,7 +21,6 @@ pub struct ControllerRegs {
     /// I/O queues granted by Set Features Number of Queues (1-based count).
     pub io_queues_granted: u16,
     pub async_event_config: u32,
-    pub volatile_write_cache: bool,
     /// Namespaces changed since the host last read the Changed Namespace List.
     pub changed_ns: Vec<u32>,
     /// A Namespace Attribute Changed event was reported and the host has not
@@ -85,6 +84,10 @@ pub struct Controller {
     /// Set when the controller is torn down (keep-alive expiry, admin queue gone,
     /// fatal error): every queue of it closes.
     failed: AtomicBool,
+    /// The Volatile Write Cache feature (on by default): a host that turns it
+    /// off gets every write durable before its completion. Read per write by
+    /// the queues, so an atomic rather than in `regs`.
+    pub write_cache: AtomicBool,
     pub regs: Mutex<ControllerRegs>,
     /// Which I/O queue IDs are connected (index = qid).
     io_queues: Mutex<Vec<bool>>,
@@ -117,12 +120,12 @@ impl Controller {
             created: now,
             keyed_sgl: AtomicBool::new(false),
             failed: AtomicBool::new(false),
+            write_cache: AtomicBool::new(true),
             regs: Mutex::new(ControllerRegs {
                 cc: 0,
                 csts: 0,
                 io_queues_granted: 0,
                 async_event_config: 0,
-                volatile_write_cache: true,
                 changed_ns: Vec::new(),
                 ns_event_masked: false,
                 pending_events: VecDeque::new(),

@@ -89,6 +89,10 @@ pub struct Namespace {
     pub key: u64,
     /// Removed from its subsystem: reactors drop their channels to it.
     pub removed: AtomicBool,
+    /// No volatile write cache: every write is durable before its completion
+    /// (run as FUA), and Identify says so when all of a subsystem's
+    /// namespaces are like this.
+    pub write_through: bool,
 }
 
 static NEXT_NS_KEY: AtomicU64 = AtomicU64::new(1);
@@ -117,7 +121,13 @@ impl Namespace {
             eui64,
             key: NEXT_NS_KEY.fetch_add(1, Ordering::Relaxed),
             removed: AtomicBool::new(false),
+            write_through: false,
         }
+    }
+    /// The namespace with or without a volatile write cache.
+    pub fn with_write_cache(mut self, on: bool) -> Namespace {
+        self.write_through = !on;
+        self
     }
     pub fn lbads(&self) -> u8 {
         self.block_size.trailing_zeros() as u8

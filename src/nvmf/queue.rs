@@ -487,7 +487,17 @@ impl<X> Queue<X> {
         if !self.is_admin() && !is_fabrics {
             self.refresh_namespaces();
             let ns = self.ns.get(sqe.nsid()).map(|n| &**n);
-            let p = tio::plan(ns, sqe, self.target.limits.max_io_size)?;
+            let mut p = tio::plan(ns, sqe, self.target.limits.max_io_size)?;
+            if let IoPlan::Write { fua, .. } = &mut p {
+                // Without a volatile write cache (the namespace has none, or
+                // the host turned the controller's off) a write is durable
+                // before its completion.
+                *fua |= ns.is_some_and(|n| n.write_through)
+                    || self
+                        .binding
+                        .as_ref()
+                        .is_some_and(|b| !b.ctrl().write_cache.load(Ordering::Relaxed));
+            }
             plan = Some(p);
             if let Some(r) = self.request_mut(slot) {
                 r.plan = Some(p);

@@ -2198,3 +2198,101 @@ fn qpair_stats_count_reads_writes_and_errors() {
     // Connect and Property Set.
     assert_eq!(v(&ast.other), 2);
 }
+
+// ---------------------------------------------------------------------------
+// A device that records whether each write it got was FUA, and completes it.
+
+#[derive(Default)]
+struct FuaRecorder(Arc<std::sync::Mutex<Vec<bool>>>);
+
+struct FuaChannel(Arc<std::sync::Mutex<Vec<bool>>>, Vec<IoCompletion>);
+
+impl BlockDevice for FuaRecorder {
+    fn describe(&self) -> String {
+        "fua-recorder".into()
+    }
+    fn size_bytes(&self) -> u64 {
+        NS_BYTES
+    }
+    fn open_channel(&self) -> std::io::Result<Box<dyn IoChannel>> {
+        Ok(Box::new(FuaChannel(self.0.clone(), Vec::new())))
+    }
+    fn sync(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn volatile(&self) -> bool {
+        true
+    }
+}
+
+impl IoChannel for FuaChannel {
+    fn submit(&mut self, tag: u64, op: IoOp, _now: Instant) -> Result<(), (IoOp, i32)> {
+        if let IoOp::Write { fua, .. } = &op {
+            self.0.lock().unwrap().push(*fua);
+        }
+        self.1.push(IoCompletion {
+            tag,
+            result: Ok(()),
+            buf: op.into_buf(),
+        });
+        Ok(())
+    }
+    fn flush_submissions(&mut self) {}
+    fn poll(&mut self, out: &mut Vec<IoCompletion>, _now: Instant) -> usize {
+        let n = self.1.len();
+        out.append(&mut self.1);
+        n
+    }
+    fn in_flight(&self) -> usize {
+        self.1.len()
+    }
+    fn completion_fd(&self) -> Option<RawFd> {
+        None
+    }
+}
+
+/// Without a volatile write cache (the namespace's `write_cache = false`, or
+/// the host turning the controller's off with Set Features) every write is
+/// durable before its completion: it reaches the device as FUA. (The
+/// controller once accepted Set Features VWC = 0 and changed nothing.)
+#[test]
+fn writes_are_fua_without_a_volatile_write_cache() {
+    let e = env();
+    let cached = FuaRecorder::default();
+    let through = FuaRecorder::default();
+    let (seen_cached, seen_through) = (cached.0.clone(), through.0.clone());
+    e.add_ns(2, Arc::new(cached));
+    let ns3 = Namespace::new(SUBNQN, 3, Arc::new(through), BS).with_write_cache(false);
+    e.subsys.add_namespace(Arc::new(ns3)).unwrap();
+    let (mut a, mut io) = e.pair();
+    let data = pattern(BS as usize, 1);
+    ok(io.write(1, 2, 0, &data));
+    ok(io.write(2, 3, 0, &data));
+    let mut fua = rw(io_opc::WRITE, 3, 2, 8, 1);
+    fua.set_cdw(12, fua.cdw(12) | 1 << 30);
+    ok(io.exec_h2c(fua, &data));
+    assert_eq!(*seen_cached.lock().unwrap(), [false, true]);
+    assert_eq!(*seen_through.lock().unwrap(), [true]);
+    // One namespace with a cache: Identify says there is one.
+    let id = IdentifyController::decode(&ok_data(a.exec(identify(4, cns::CONTROLLER, 0))));
+    assert_eq!(id.vwc & 1, 1);
+
+    // The host turns the cache off: writes to namespace 2 go FUA too.
+    ok(a.exec(set_features(5, fid::VOLATILE_WRITE_CACHE, 0)));
+    assert_eq!(
+        a.exec(get_features(6, fid::VOLATILE_WRITE_CACHE, 0))
+            .cqe
+            .result,
+        0
+    );
+    ok(io.write(7, 2, 16, &data));
+    ok(a.exec(set_features(8, fid::VOLATILE_WRITE_CACHE, 1)));
+    ok(io.write(9, 2, 24, &data));
+    assert_eq!(*seen_cached.lock().unwrap(), [false, true, true, false]);
+
+    // Only write-through namespaces left: no volatile write cache at all.
+    e.subsys.remove_namespace(1);
+    e.subsys.remove_namespace(2);
+    let id = IdentifyController::decode(&ok_data(a.exec(identify(10, cns::CONTROLLER, 0))));
+    assert_eq!(id.vwc, 0);
+}

@@ -90,6 +90,7 @@ impl Control {
                         trid: None,
                         size: None,
                         block_size: None,
+                        write_cache: n.write_through.then_some(false),
                     }),
                     None => match orig.and_then(|o| o.namespaces.iter().find(|x| x.nsid == n.nsid))
                     {

@@ -50,6 +50,8 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
             )));
         }
     }
+    // kvtarget's own: false serves the volume without a volatile write cache.
+    let write_cache = ns.opt_bool("write_cache")?.unwrap_or(true);
     ns.opt_str("ptpl_file")?;
     ns.opt_u64("anagrpid")?;
     ns.unsupported_flags(&["no_auto_visible", "hide_metadata"])?;
@@ -77,7 +79,8 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
             ));
         }
         let dev = VolumeDevice::new(pool, vol.clone());
-        let namespace = Namespace::new(&nqn, nsid, dev, vol.desc.block_size);
+        let namespace =
+            Namespace::new(&nqn, nsid, dev, vol.desc.block_size).with_write_cache(write_cache);
         s.add_namespace(Arc::new(namespace))
             .map_err(|e| RpcError::new(code::EEXIST, e.to_string()))?;
         tracing::info!(nqn = %nqn, nsid, bdev = %bdev, "rpc: namespace added");
