@@ -102,7 +102,9 @@ struct PerfArgs {
     /// Namespace ID [default: 1]
     #[arg(long)]
     nsid: Option<u32>,
-    /// randread, randwrite, randrw, read or write [default: randread]
+    /// randread, randwrite, randrw, read, write, or LMCache's raw-block phases:
+    /// lmcache-store (4 KiB header + --bs payload per slot) and lmcache-retrieve
+    /// [default: randread]
     #[arg(long, value_name = "W", value_parser = workload)]
     workload: Option<kvtarget::perf::Workload>,
     /// Percent of reads in randrw
@@ -114,6 +116,11 @@ struct PerfArgs {
     /// I/O size, e.g. 4KiB
     #[arg(long, value_name = "SIZE", value_parser = size_arg)]
     bs: Option<u64>,
+    /// The lmcache-* workloads' metadata region before the first slot
+    /// (LMCache's storage plugin: 128MiB, its multi-process L2 adapter: 256MiB)
+    /// [default: 128MiB]
+    #[arg(long, value_name = "SIZE", value_parser = size_arg)]
+    lmcache_metadata: Option<u64>,
     /// Commands in flight per queue (1..=4095)
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=4095))]
     qd: Option<u16>,
@@ -808,6 +815,9 @@ fn perf_options(a: PerfArgs) -> kvtarget::perf::PerfOptions {
     if let Some(v) = a.bs {
         o.block_size = v as usize;
     }
+    if let Some(v) = a.lmcache_metadata {
+        o.lmcache_metadata = v;
+    }
     if let Some(v) = a.qd {
         o.qd = v as usize;
     }
@@ -843,8 +853,8 @@ fn run_perf_or_echo(
     let (rq, rs) = echo::EchoOptions::for_io(true, o.block_size, icd);
     let (wq, ws) = echo::EchoOptions::for_io(false, o.block_size, icd);
     let pct = match o.workload {
-        Workload::RandRead | Workload::Read => 100,
-        Workload::RandWrite | Workload::Write => 0,
+        Workload::RandRead | Workload::Read | Workload::LmcacheRetrieve => 100,
+        Workload::RandWrite | Workload::Write | Workload::LmcacheStore => 0,
         Workload::RandRw => o.read_pct as usize,
     };
     let mix = |r: usize, w: usize| (r * pct + w * (100 - pct)) / 100;

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 #[derive(Debug, thiserror::Error)]
 pub enum PerfError {
     // Options.
-    #[error("--workload: `{0}` is not randread|randwrite|randrw|read|write")]
+    #[error("--workload: `{0}` is not randread|randwrite|randrw|read|write|lmcache-store|lmcache-retrieve")]
     Workload(String),
     #[error("--qd must be 1..=65535")]
     QueueDepth,

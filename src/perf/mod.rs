@@ -14,7 +14,7 @@ pub use queue::{check_pattern, fill_pattern};
 
 use crate::initiator::{HostController, HostOptions};
 use crate::wire::tcp::Digests;
-use queue::{LiveCounters, PerfQueue, QueuePlan};
+use queue::{Layout, LiveCounters, PerfQueue, QueuePlan};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -118,6 +118,33 @@ pub enum Workload {
     RandRw,
     Read,
     Write,
+    /// LMCache's raw-block store phase: each I/O stores one chunk of `--bs`
+    /// bytes in the next slot (a 4 KiB header block, then the payload), slots
+    /// reused in order once all are written (LMCache overwrites evicted slots).
+    LmcacheStore,
+    /// LMCache's retrieve phase: each I/O reads one chunk's payload from a
+    /// random slot.
+    LmcacheRetrieve,
+}
+
+/// LMCache's raw-block storage plugin: its metadata region before the first
+/// slot, and the header block at the start of each slot.
+pub const LMCACHE_METADATA_BYTES: u64 = 128 << 20;
+pub const LMCACHE_HEADER_BYTES: usize = 4096;
+
+impl Workload {
+    /// The plain workload an LMCache phase issues, and where its I/Os lie.
+    fn layout(self, metadata: u64) -> (Workload, Layout) {
+        let slots = Layout::LmcacheSlots {
+            metadata,
+            header: LMCACHE_HEADER_BYTES,
+        };
+        match self {
+            Workload::LmcacheStore => (Workload::Write, slots),
+            Workload::LmcacheRetrieve => (Workload::RandRead, slots),
+            w => (w, Layout::Blocks),
+        }
+    }
 }
 
 impl std::str::FromStr for Workload {
@@ -129,6 +156,8 @@ impl std::str::FromStr for Workload {
             "randrw" => Workload::RandRw,
             "read" => Workload::Read,
             "write" => Workload::Write,
+            "lmcache-store" => Workload::LmcacheStore,
+            "lmcache-retrieve" => Workload::LmcacheRetrieve,
             _ => return Err(PerfError::Workload(s.into())),
         })
     }
@@ -159,6 +188,9 @@ pub struct PerfOptions {
     /// Check every read against what this run wrote (read-only workloads write
     /// their range first).
     pub verify: bool,
+    /// The LMCache phases' metadata region before the first slot (LMCache's
+    /// storage plugin uses 128 MiB, its multi-process L2 adapter 256 MiB).
+    pub lmcache_metadata: u64,
     /// Spin on the sockets (like spdk_nvme_perf) instead of sleeping in poll(2)
     /// when nothing has arrived.
     pub busy_poll: bool,
@@ -186,6 +218,7 @@ impl PerfOptions {
             digests: Digests::default(),
             cpus: Vec::new(),
             verify: false,
+            lmcache_metadata: LMCACHE_METADATA_BYTES,
             busy_poll: true,
             progress: false,
         }
@@ -324,8 +357,12 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
     if o.block_size == 0 || o.block_size % lba as usize != 0 {
         return Err(PerfError::BlockSize(lba));
     }
-    let nlb = (o.block_size / lba as usize) as u64;
-    let total = ns.nsze / nlb;
+    let (workload, layout) = o.workload.layout(o.lmcache_metadata);
+    if o.lmcache_metadata % lba as u64 != 0 {
+        return Err(PerfError::BlockSize(lba));
+    }
+    let bytes = ns.nsze.saturating_mul(lba as u64);
+    let total = bytes.saturating_sub(layout.base()) / layout.stride(o.block_size);
     if total < o.queues as u64 {
         return Err(PerfError::NamespaceTooSmall);
     }
@@ -346,21 +383,27 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
             QueuePlan {
                 qid: i + 1,
                 nsid: o.nsid,
-                workload: o.workload,
+                workload,
                 read_pct: o.read_pct,
-                deallocate_pct: o.deallocate_pct,
+                // LMCache never discards: its phases issue no deallocates.
+                deallocate_pct: if layout == Layout::Blocks {
+                    o.deallocate_pct
+                } else {
+                    0
+                },
                 qd: o.qd,
                 io_size: o.block_size,
                 lba_size: lba,
                 max_transfer,
                 max_commands: entries - 1,
+                layout,
                 first,
                 count,
                 verify: o.verify,
             }
         })
         .collect();
-    let needs_prefill = o.verify && matches!(o.workload, Workload::RandRead | Workload::Read);
+    let needs_prefill = o.verify && matches!(workload, Workload::RandRead | Workload::Read);
 
     let workers = o.cpus.len().max(1);
     let live: Vec<Arc<LiveCounters>> = (0..workers).map(|_| Arc::default()).collect();

@@ -24,6 +24,35 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// Where an I/O lies on the namespace and what it moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// I/O `i` covers bytes `[i * io_size, (i + 1) * io_size)`.
+    Blocks,
+    /// LMCache's raw-block layout: a metadata region, then slots of
+    /// round_up(header + io_size, 4 KiB). A write stores a chunk: the header
+    /// block at the slot's start, then the payload after it (two commands, or
+    /// more when MDTS splits the payload); a read retrieves the payload only.
+    LmcacheSlots { metadata: u64, header: usize },
+}
+
+impl Layout {
+    /// Bytes from one I/O's start to the next one's.
+    pub fn stride(self, io_size: usize) -> u64 {
+        match self {
+            Layout::Blocks => io_size as u64,
+            Layout::LmcacheSlots { header, .. } => (header + io_size).div_ceil(4096) as u64 * 4096,
+        }
+    }
+    /// Where I/O 0 starts.
+    pub fn base(self) -> u64 {
+        match self {
+            Layout::Blocks => 0,
+            Layout::LmcacheSlots { metadata, .. } => metadata,
+        }
+    }
+}
+
 /// What one queue does: its share of the namespace and the I/O it issues.
 #[derive(Debug, Clone)]
 pub struct QueuePlan {
@@ -43,6 +72,7 @@ pub struct QueuePlan {
     pub max_transfer: usize,
     /// Commands the queue may have outstanding (its entries less one).
     pub max_commands: usize,
+    pub layout: Layout,
     /// The I/O-sized slots this queue addresses: [first, first + count).
     pub first: u64,
     pub count: u64,
@@ -131,6 +161,9 @@ struct Slot {
     /// Host-to-controller data (writes), sized to one I/O.
     data: Vec<u8>,
     bad: bool,
+    /// The I/O's commands: (namespace byte offset, offset in `data`, length).
+    /// Preallocated; refilled per I/O.
+    pieces: Vec<(u64, usize, usize)>,
     /// Pieces sent (they go in order), pieces not yet completed, and
     /// whether every completed one succeeded.
     sent: u32,
@@ -176,7 +209,8 @@ pub struct PerfQueue {
     free: Vec<u16>,
     /// I/Os in flight (some of their pieces may still wait in `ready`).
     outstanding: usize,
-    /// Bytes per piece and pieces per I/O.
+    /// Most bytes per command, and most commands per I/O (command ID
+    /// `slot * pieces + j` is piece `j` of slot `slot`).
     piece: usize,
     pieces: usize,
     /// Command IDs of pieces waiting for a queue entry, in order.
@@ -211,7 +245,14 @@ impl PerfQueue {
         // Pieces are whole blocks: MDTS is a multiple of the memory page size,
         // which no block size exceeds.
         let piece = (plan.max_transfer.max(lba) / lba * lba).min(plan.io_size.max(lba));
-        let pieces = plan.io_size.div_ceil(piece).max(1);
+        let header = match plan.layout {
+            Layout::Blocks => 0,
+            Layout::LmcacheSlots { header, .. } => header,
+        };
+        if header % lba != 0 || header > piece {
+            return Err(PerfError::BlockSize(plan.lba_size));
+        }
+        let pieces = plan.io_size.div_ceil(piece).max(1) + usize::from(header > 0);
         if plan.qd * pieces > u16::MAX as usize || plan.max_commands == 0 {
             return Err(PerfError::TooManyPieces {
                 qd: plan.qd,
@@ -227,7 +268,10 @@ impl PerfQueue {
         let mut rbuf = vec![0; rcap];
         let n = parts.unparsed.len().min(rcap);
         rbuf[..n].copy_from_slice(&parts.unparsed[..n]);
-        let writes = plan.workload != Workload::RandRead && plan.workload != Workload::Read;
+        let writes = !matches!(
+            plan.workload,
+            Workload::RandRead | Workload::Read | Workload::LmcacheRetrieve
+        );
         let slots = (0..plan.qd)
             .map(|_| Slot {
                 busy: false,
@@ -236,11 +280,12 @@ impl PerfQueue {
                 stamp: 0,
                 submitted: measure_from,
                 data: if writes || plan.verify {
-                    vec![0x5A; plan.io_size]
+                    vec![0x5A; header + plan.io_size]
                 } else {
                     Vec::new()
                 },
                 bad: false,
+                pieces: Vec::with_capacity(pieces),
                 sent: 0,
                 pending: 0,
                 ok: true,
@@ -311,8 +356,8 @@ impl PerfQueue {
     /// Picks the next I/O: (slot index within this queue's range, operation).
     fn pick(&mut self) -> Option<(u64, Op)> {
         let read = match self.plan.workload {
-            Workload::RandRead | Workload::Read => true,
-            Workload::RandWrite | Workload::Write => false,
+            Workload::RandRead | Workload::Read | Workload::LmcacheRetrieve => true,
+            Workload::RandWrite | Workload::Write | Workload::LmcacheStore => false,
             Workload::RandRw => self.next_rand() % 100 < self.plan.read_pct as u64,
         };
         let op = if read {
@@ -383,9 +428,39 @@ impl PerfQueue {
                 Op::Deallocate => {}
             }
         }
-        // A deallocate names its whole range in one command: no data moves.
-        let pieces = if op == Op::Deallocate { 1 } else { self.pieces };
+        let (io, piece) = (self.plan.io_size, self.piece);
+        let at = self.plan.layout.base() + (self.plan.first + i) * self.plan.layout.stride(io);
         let s = &mut self.slots[slot as usize];
+        s.pieces.clear();
+        match (op, self.plan.layout) {
+            // A deallocate names its whole range in one command: no data moves.
+            (Op::Deallocate, _) => s.pieces.push((at, 0, io)),
+            // An LMCache store writes the chunk's header block first.
+            (Op::Write, Layout::LmcacheSlots { header, .. }) => {
+                s.pieces.push((at, 0, header));
+                let payload = (at + header as u64, header);
+                s.pieces.extend((0..io.div_ceil(piece)).map(|j| {
+                    let off = j * piece;
+                    (payload.0 + off as u64, payload.1 + off, piece.min(io - off))
+                }));
+            }
+            // A retrieve reads the payload only.
+            (_, Layout::LmcacheSlots { header, .. }) => {
+                s.pieces.extend((0..io.div_ceil(piece)).map(|j| {
+                    let off = j * piece;
+                    (
+                        at + (header + off) as u64,
+                        header + off,
+                        piece.min(io - off),
+                    )
+                }));
+            }
+            (_, Layout::Blocks) => s.pieces.extend((0..io.div_ceil(piece)).map(|j| {
+                let off = j * piece;
+                (at + off as u64, off, piece.min(io - off))
+            })),
+        }
+        let pieces = s.pieces.len();
         s.busy = true;
         s.op = op;
         s.io_index = self.plan.first + i;
@@ -403,12 +478,14 @@ impl PerfQueue {
         self.outstanding += 1;
     }
 
-    /// The byte range of the I/O that command `cid` moves, and its slot.
-    fn piece_of(&self, cid: u16) -> (usize, usize, usize) {
+    /// Command `cid`'s slot, where its data is in the slot's buffer, its
+    /// length, and its namespace byte offset.
+    fn piece_of(&self, cid: u16) -> (usize, usize, usize, u64) {
         let (slot, j) = (cid as usize / self.pieces, cid as usize % self.pieces);
-        let start = j * self.piece;
-        let len = self.piece.min(self.plan.io_size.saturating_sub(start));
-        (slot, start, len)
+        match self.slots.get(slot).and_then(|s| s.pieces.get(j)) {
+            Some(&(at, start, len)) => (slot, start, len, at),
+            None => (slot, 0, 0, 0),
+        }
     }
 
     /// Encodes ready pieces while the queue has entries for them.
@@ -426,11 +503,10 @@ impl PerfQueue {
     }
 
     fn encode_piece(&mut self, cid: u16) {
-        let (slot, start, len) = self.piece_of(cid);
+        let (slot, start, len, at) = self.piece_of(cid);
         let lba = self.plan.lba_size as usize;
-        let io_nlb = (self.plan.io_size / lba) as u32;
         let s = &self.slots[slot];
-        let (op, io_index) = (s.op, s.io_index);
+        let op = s.op;
         let opcode = match op {
             Op::Read => io_opc::READ,
             Op::Write => io_opc::WRITE,
@@ -445,14 +521,14 @@ impl PerfQueue {
                 sqe.set_cdw(11, DSM_ATTR_DEALLOCATE);
                 DsmRange {
                     attributes: 0,
-                    nlb: io_nlb,
-                    slba: io_index * io_nlb as u64,
+                    nlb: (len / lba) as u32,
+                    slba: at / lba as u64,
                 }
                 .encode(&mut range);
                 (&range, DSM_RANGE_LEN)
             }
             Op::Read | Op::Write => {
-                let slba = io_index * io_nlb as u64 + (start / lba) as u64;
+                let slba = at / lba as u64;
                 sqe.set_cdw(10, slba as u32);
                 sqe.set_cdw(11, (slba >> 32) as u32);
                 sqe.set_cdw(12, (len / lba) as u32 - 1);
@@ -568,7 +644,7 @@ impl PerfQueue {
                 if data_digest_error {
                     return Err(PerfError::DataDigest(hdr.cccid));
                 }
-                let (slot, start, len) = self.piece_of(hdr.cccid);
+                let (slot, start, len, _) = self.piece_of(hdr.cccid);
                 let s = self
                     .slots
                     .get_mut(slot)
@@ -583,9 +659,10 @@ impl PerfQueue {
                         s.bad = true;
                         self.mismatch_count += 1;
                         if self.mismatches.len() < 8 {
-                            let nlb = (self.plan.io_size / self.plan.lba_size as usize) as u64;
+                            let layout = self.plan.layout;
+                            let at = layout.base() + s.io_index * layout.stride(self.plan.io_size);
                             self.mismatches.push(Mismatch {
-                                slba: s.io_index * nlb,
+                                slba: at / self.plan.lba_size as u64,
                                 byte,
                                 expected_stamp: s.stamp,
                             });
@@ -610,7 +687,7 @@ impl PerfQueue {
     }
 
     fn send_h2c(&mut self, r2t: DataHeader) -> Result<(), PerfError> {
-        let (slot, piece_start, piece_len) = self.piece_of(r2t.cccid);
+        let (slot, piece_start, piece_len, _) = self.piece_of(r2t.cccid);
         let s = self
             .slots
             .get(slot)
@@ -729,6 +806,7 @@ mod tests {
                 lba_size: 512,
                 max_transfer: 2048,
                 max_commands: 12,
+                layout: Layout::Blocks,
                 first: 0,
                 count: 64,
                 verify,
