@@ -5,10 +5,13 @@
 # is driven by SPDK's spdk_nvme_perf pinned to core 1 (-c 0x2). Runs alternate
 # SPDK, kvtarget, SPDK, kvtarget, ... profile by profile, round by round.
 #
-#   bench/run-vs-spdk.sh [--secs S] [--rounds N] [--only REGEX] [--record] [--keep]
+#   bench/run-vs-spdk.sh [--secs S] [--rounds N] [--set NAME] [--only REGEX] [--record] [--keep]
 #
 #   --secs S      seconds per run (default 10)
 #   --rounds N    runs per target and profile (default 2); tables give the median
+#   --set NAME    block (default): the spdk_nvme_perf profiles below; kv-offload:
+#                 LMCache's raw-block phases driven by `kvtarget perf` (see below);
+#                 all: both
 #   --only REGEX  profiles whose name matches (grep -E), e.g. 'randread|4MiB'
 #   --record      also append the tables to bench/RESULTS.md under a heading with
 #                 date, commit, this command and the machine's load (uptime)
@@ -34,6 +37,14 @@
 # than the I/O (SPDK's 128 KiB), the initiator splits it and the target sees
 # several commands for one I/O.
 #
+# The kv-offload set replays LMCache's raw-block backend (`kvtarget perf --workload
+# lmcache-store|lmcache-retrieve`, the same initiator for both targets, on core 1):
+# 32 MiB chunks in slots of 32 MiB + 4 KiB after a 128 MiB metadata region, stores
+# (a 4 KiB header write, then the payload) at QD 2/4/8 and payload retrieves at QD
+# 1/2/4, and stores at QD4 with spdk_nvme_perf's 4 KiB random reads at QD8 on the
+# other namespace beside them (its IOPS and P99 in their own columns). Both targets
+# serve a second RAM namespace (256 MiB) for that.
+#
 # Nothing else may run on the machine during a real measurement (2 cores: the
 # targets own core 0, perf core 1); the script warns when the 1-minute load
 # average is above 0.5 at its start. Needs root (hugepages).
@@ -48,12 +59,13 @@ cd "$(dirname "$0")/.." || exit 1
 repo=$PWD
 cmdline="bench/run-vs-spdk.sh$(printf ' %q' "$@")"
 
-secs=10 rounds=2 only=. record=0 keep=0
+secs=10 rounds=2 only=. record=0 keep=0 set=block
 while [ $# -gt 0 ]; do
     case $1 in
         --secs) secs=${2:-}; shift 2 || exit 2 ;;
         --rounds) rounds=${2:-}; shift 2 || exit 2 ;;
         --only) only=${2:-}; shift 2 || exit 2 ;;
+        --set) set=${2:-}; shift 2 || exit 2 ;;
         --record) record=1; shift ;;
         --keep) keep=1; shift ;;
         -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
@@ -64,6 +76,7 @@ for n in "$secs" "$rounds"; do
     case $n in '' | *[!0-9]* | 0) echo "run-vs-spdk: --secs and --rounds take a positive integer" >&2; exit 2 ;; esac
 done
 
+case $set in block | kv-offload | all) ;; *) echo "run-vs-spdk: --set block|kv-offload|all" >&2; exit 2 ;; esac
 log() { echo "run-vs-spdk: $*" >&2; }
 die() { failed=1; log "error: $*"; exit 1; }
 
@@ -96,9 +109,9 @@ nvmf_tgt=$SPDK_DIR/build/bin/nvmf_tgt
 perf=$SPDK_DIR/build/bin/spdk_nvme_perf
 rpc_py=$SPDK_DIR/scripts/rpc.py
 for t in "$nvmf_tgt" "$perf" "$rpc_py"; do [ -e "$t" ] || die "SPDK build in $SPDK_DIR has no $t"; done
-# nvmf_tgt with the 1 GiB Malloc bdev and its buffer pools takes about 700 pages of
-# 2 MiB, spdk_nvme_perf a few more.
-"$repo/ci/hugepages.sh" --free 800 || die "not enough hugepages"
+# nvmf_tgt with the 1 GiB and 256 MiB Malloc bdevs and its buffer pools takes about
+# 830 pages of 2 MiB, spdk_nvme_perf a few more.
+"$repo/ci/hugepages.sh" --free 940 || die "not enough hugepages"
 
 work=$(mktemp -d /tmp/kvtarget-vs-spdk.XXXXXX)
 spdk_pid='' kv_pid='' base_pid='' perf_pid='' shm_id='' failed=0
@@ -151,8 +164,10 @@ srpc -t 30 framework_wait_init >/dev/null 2>&1 || { cat "$work/nvmf_tgt.log" >&2
 {
     srpc nvmf_create_transport -t TCP &&
     srpc bdev_malloc_create -b Malloc0 1024 4096 &&
+    srpc bdev_malloc_create -b Malloc1 256 4096 &&
     srpc nvmf_create_subsystem "$spdk_nqn" -a -s SPDK00000000000001 -d "SPDK bdev Controller" &&
     srpc nvmf_subsystem_add_ns "$spdk_nqn" Malloc0 &&
+    srpc nvmf_subsystem_add_ns "$spdk_nqn" Malloc1 &&
     srpc nvmf_subsystem_add_listener "$spdk_nqn" -t tcp -a 127.0.0.1 -s "$spdk_port" -f ipv4
 } > "$work/spdk-config.log" 2>&1 || { cat "$work/spdk-config.log" "$work/nvmf_tgt.log" >&2; die "configuring nvmf_tgt failed"; }
 # Its "git sha1" is whatever git checkout SPDK was built inside (the kvtarget
@@ -190,6 +205,8 @@ declare -A trid_of=(
     [spdk]="trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$spdk_port subnqn:$spdk_nqn"
     [kvtarget]="trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$kv_port subnqn:$kv_nqn"
 )
+declare -A addr_of=([spdk]=127.0.0.1:$spdk_port [kvtarget]=127.0.0.1:$kv_port)
+declare -A nqn_of=([spdk]=$spdk_nqn [kvtarget]=$kv_nqn)
 base_version=
 if [ -n "${KVTARGET_BASE_BIN:-}" ]; then
     [ -x "$KVTARGET_BASE_BIN" ] || die "KVTARGET_BASE_BIN $KVTARGET_BASE_BIN is not an executable"
@@ -199,6 +216,8 @@ if [ -n "${KVTARGET_BASE_BIN:-}" ]; then
     pid_of[base]=$base_pid
     sock_of[base]=$started_sock
     trid_of[base]="trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$base_port subnqn:$kv_nqn"
+    addr_of[base]=127.0.0.1:$base_port
+    nqn_of[base]=$kv_nqn
 fi
 active=
 activate() { # TARGET: the others are stopped, this one runs
@@ -215,9 +234,9 @@ import json, sys
 d = json.load(sys.stdin)
 print(sum(r["busy"] for r in d["reactors"]), d["tick_rate"])'
 }
-run_perf() { # OUTFILE TARGET PERF-ARGS...: perf on core 1 against TARGET
+run_perf() { # OUTFILE TARGET PERF-ARGS...: perf on core 1 against TARGET's namespace 1
     local out=$1 t=$2; shift 2
-    "$perf" "$@" -c 0x2 -r "${trid_of[$t]}" > "$out" 2>&1 &
+    "$perf" "$@" -c 0x2 -r "${trid_of[$t]} ns:1" > "$out" 2>&1 &
     perf_pid=$!
     wait "$perf_pid"
     local rc=$?
@@ -225,6 +244,12 @@ run_perf() { # OUTFILE TARGET PERF-ARGS...: perf on core 1 against TARGET
     perf_pid=
     return $rc
 }
+run_kvperf() { # OUTFILE TARGET KVPERF-ARGS...: kvtarget perf on core 1 against TARGET's namespace 1
+    local out=$1 t=$2; shift 2
+    "$perf_bin" perf --addr "${addr_of[$t]}" --nqn "${nqn_of[$t]}" --cpus 1 --json --quiet "$@" > "$out" 2>&1
+}
+perf_bin=$repo/target/release/kvtarget
+[ -x "$perf_bin" ] || perf_bin=$kvbin
 
 # Every namespace written once in full: 1024 sequential writes of 1 MiB.
 for t in "${targets[@]}"; do
@@ -247,6 +272,19 @@ profiles=(
     "1MiB seq write QD4|-w write -o 1048576 -q 4"
     "4MiB seq write QD2|-w write -o 4194304 -q 2"
 )
+kv_profiles=(
+    "LMCache store 32MiB QD2|kvperf:--workload lmcache-store --bs 32MiB --qd 2"
+    "LMCache store 32MiB QD4|kvperf:--workload lmcache-store --bs 32MiB --qd 4"
+    "LMCache store 32MiB QD8|kvperf:--workload lmcache-store --bs 32MiB --qd 8"
+    "LMCache retrieve 32MiB QD1|kvperf:--workload lmcache-retrieve --bs 32MiB --qd 1"
+    "LMCache retrieve 32MiB QD2|kvperf:--workload lmcache-retrieve --bs 32MiB --qd 2"
+    "LMCache retrieve 32MiB QD4|kvperf:--workload lmcache-retrieve --bs 32MiB --qd 4"
+    "LMCache store 32MiB QD4 + 4KiB randread QD8 ns2|kvperf:--workload lmcache-store --bs 32MiB --qd 4|bg:-w randread -o 4096 -q 8"
+)
+case $set in
+    kv-offload) profiles=("${kv_profiles[@]}") ;;
+    all) profiles+=("${kv_profiles[@]}") ;;
+esac
 selected=()
 for p in "${profiles[@]}"; do
     if echo "${p%%|*}" | grep -Eq -- "$only"; then selected+=("$p"); fi
@@ -259,50 +297,90 @@ n=0
 for r in $(seq "$rounds"); do
     for p in "${selected[@]}"; do
         name=${p%%|*}
-        read -ra args <<< "${p#*|}"
+        rest=${p#*|}
+        bg=
+        case $rest in *"|bg:"*) bg=${rest#*|bg:}; rest=${rest%%|bg:*} ;; esac
         for t in "${targets[@]}"; do
             n=$((n + 1))
             out=$work/run-$n.out
+            bgout=$work/run-$n.bg.out
             activate "$t"
             before=$(reactors "$t") || before=
-            run_perf "$out" "$t" "${args[@]}" -t "$secs" -L
-            rc=$?
+            bg_pid=
+            if [ -n "$bg" ]; then
+                read -ra bargs <<< "$bg"
+                # Namespace 2, for the run's length and a little more.
+                "$perf" "${bargs[@]}" -c 0x2 -t $((secs + 1)) -L -r "${trid_of[$t]} ns:2" > "$bgout" 2>&1 &
+                bg_pid=$!
+            fi
+            case $rest in
+                kvperf:*)
+                    read -ra args <<< "${rest#kvperf:}"
+                    run_kvperf "$out" "$t" "${args[@]}" --time "$secs" --warmup 1
+                    rc=$? ;;
+                *)
+                    read -ra args <<< "$rest"
+                    run_perf "$out" "$t" "${args[@]}" -t "$secs" -L
+                    rc=$? ;;
+            esac
+            if [ -n "$bg_pid" ]; then
+                wait "$bg_pid"; rm -rf "/var/run/dpdk/spdk_pid$bg_pid"
+            fi
             after=$(reactors "$t") || after=
             log "round $r/$rounds $t: $name"
-            python3 - "$out" "$t" "$name" "$r" "$secs" "$rc" "$before" "$after" >> "$runs" <<'PY'
-import json, re, sys
-out, target, name, rnd, secs, rc, before, after = sys.argv[1:9]
+            python3 - "$out" "$t" "$name" "$r" "$secs" "$rc" "$before" "$after" "$bgout" "${rest%%:*}" >> "$runs" <<'PY'
+import json, os, re, sys
+out, target, name, rnd, secs, rc, before, after, bgout, initiator = sys.argv[1:11]
 text = open(out, errors="replace").read().replace("\r", "\n")
 run = {"target": target, "profile": name, "round": int(rnd), "error": None}
-total = None
-for line in text.splitlines():
-    f = line.split()
-    # "Total : IOPS MiB/s Average min max"
-    if len(f) >= 7 and f[0] == "Total" and f[1] == ":":
-        total = [float(x) for x in f[2:7]]
-pct = {}
-in_summary = False
-for line in text.splitlines():
-    if line.startswith("Summary latency data"):
-        in_summary = True
-        continue
-    m = re.match(r"\s*([0-9.]+)%\s*:\s*([0-9.]+)us\s*$", line)
-    if in_summary and m:
-        pct[float(m.group(1))] = float(m.group(2))
-errors = [l for l in text.splitlines() if "completed with error" in l]
-if rc != "0":
-    run["error"] = f"spdk_nvme_perf exit {rc}"
-elif errors:
-    run["error"] = f"{len(errors)} I/O error lines: {errors[0].strip()[:120]}"
-elif total is None or total[0] <= 0:
-    run["error"] = "no Total row (no controller attached?)"
-if total is not None:
-    run.update(iops=total[0], mib_s=total[1], avg_us=total[2])
-run["p99_us"] = pct.get(99.0)
+
+def spdk_perf(text):
+    """spdk_nvme_perf's Total row (IOPS, MiB/s, avg, min, max) and -L percentiles."""
+    total = None
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 7 and f[0] == "Total" and f[1] == ":":
+            total = [float(x) for x in f[2:7]]
+    pct, in_summary = {}, False
+    for line in text.splitlines():
+        if line.startswith("Summary latency data"):
+            in_summary = True
+            continue
+        m = re.match(r"\s*([0-9.]+)%\s*:\s*([0-9.]+)us\s*$", line)
+        if in_summary and m:
+            pct[float(m.group(1))] = float(m.group(2))
+    return total, pct
+
+if os.path.exists(bgout):
+    bt, bp = spdk_perf(open(bgout, errors="replace").read().replace("\r", "\n"))
+    if bt is not None:
+        run["bg_iops"] = bt[0]
+    run["bg_p99_us"] = bp.get(99.0)
+if initiator == "kvperf":
+    # kvtarget perf --json: the same fields from its report.
+    try:
+        j = json.loads(text.strip().splitlines()[-1])
+        if rc != "0" or j["errors"] or j["ios"] == 0:
+            run["error"] = f"kvtarget perf exit {rc}, {j['errors']} errors, {j['ios']} I/Os"
+        run.update(iops=j["iops"], mib_s=j["mib_s"], avg_us=j["lat_us"]["mean"], p99_us=j["lat_us"]["p99"])
+    except (ValueError, KeyError, IndexError):
+        run["error"] = "kvtarget perf: " + (text.strip().splitlines() or ["no output"])[-1][:120]
+else:
+    total, pct = spdk_perf(text)
+    errors = [l for l in text.splitlines() if "completed with error" in l]
+    if rc != "0":
+        run["error"] = f"spdk_nvme_perf exit {rc}"
+    elif errors:
+        run["error"] = f"{len(errors)} I/O error lines: {errors[0].strip()[:120]}"
+    elif total is None or total[0] <= 0:
+        run["error"] = "no Total row (no controller attached?)"
+    if total is not None:
+        run.update(iops=total[0], mib_s=total[1], avg_us=total[2])
+    run["p99_us"] = pct.get(99.0)
 b, a = before.split(), after.split()
-if total is not None and total[0] > 0 and len(b) == 2 and len(a) == 2:
+if run.get("iops") and len(b) == 2 and len(a) == 2:
     ticks, rate = int(a[0]) - int(b[0]), float(a[1])
-    run["busy_us_per_io"] = ticks / rate * 1e6 / (total[0] * float(secs))
+    run["busy_us_per_io"] = ticks / rate * 1e6 / (run["iops"] * float(secs))
 print(json.dumps(run))
 PY
             tail -n 1 "$runs" | grep -q '"error": null' || failed=1
@@ -342,6 +420,20 @@ for p in profiles:
           f"| {fmt(k['iops'], 0)} | {fmt(k['p99_us'])} | {fmt(k['busy_us_per_io'], 2)} "
           f"| {ratio(k['iops'], s['iops'])} | {ratio(k['p99_us'], s['p99_us'])} "
           f"| {ratio(k['busy_us_per_io'], s['busy_us_per_io'])} |")
+if any("bg_iops" in r for r in runs):
+    print()
+    print("Beside the run, spdk_nvme_perf's 4 KiB random reads on namespace 2 (same rounds, medians):")
+    print()
+    print("| profile | SPDK bg IOPS | SPDK bg P99 us | kvtarget bg IOPS | kvtarget bg P99 us | bg IOPS kvt/SPDK | bg P99 kvt/SPDK |")
+    print("|---|---|---|---|---|---|---|")
+    for p in profiles:
+        if not any(r["profile"] == p and "bg_iops" in r for r in runs):
+            continue
+        s = {k: med(p, "spdk", k) for k in ("bg_iops", "bg_p99_us")}
+        k = {k: med(p, "kvtarget", k) for k in ("bg_iops", "bg_p99_us")}
+        print(f"| {p} | {fmt(s['bg_iops'], 0)} | {fmt(s['bg_p99_us'])} | {fmt(k['bg_iops'], 0)} "
+              f"| {fmt(k['bg_p99_us'])} | {ratio(k['bg_iops'], s['bg_iops'])} "
+              f"| {ratio(k['bg_p99_us'], s['bg_p99_us'])} |")
 if any(r["target"] == "base" for r in runs):
     print()
     print("The same rounds, kvtarget against its baseline build (`KVTARGET_BASE_BIN`): "
@@ -375,7 +467,7 @@ PY
     echo "SPDK: $spdk_version, nvmf_tgt -m 0x1, TCP transport defaults, Malloc bdev 1 GiB / 4096 B."
     echo "kvtarget: $kv_version, config/bench-ram.toml on a free port with 4096-byte blocks."
     [ -z "$base_version" ] || echo "base: $base_version (\`KVTARGET_BASE_BIN=$KVTARGET_BASE_BIN\`), the same configuration on its own port."
-    echo "Initiator: spdk_nvme_perf -c 0x2 -L. Machine: $(nproc) cores."
+    echo "Initiator: spdk_nvme_perf -c 0x2 -L (LMCache rows: \`kvtarget perf --cpus 1\` of this tree). Machine: $(nproc) cores."
     echo "Load at start: \`$load_start\`; at end: \`$load_end\`."
     echo
     cat "$work/tables.md"
