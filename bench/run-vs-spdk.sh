@@ -53,6 +53,8 @@
 #        run as a third target "base" in the same rounds (SPDK, base, kvtarget), with
 #        a table of kvtarget/base ratios: a before/after comparison on one machine
 #        state, not across days,
+#      KVTARGET_CONFIG: kvtarget's configuration instead of config/bench-ram.toml (for
+#        trying a setting; it must serve the same namespaces),
 #      SPDK_CACHE / SPDK_DIR (see ci/spdk.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -141,8 +143,10 @@ while [ "$kv_port" = "$spdk_port" ]; do kv_port=$(free_port); done
 base_port=$(free_port)
 while [ "$base_port" = "$spdk_port" ] || [ "$base_port" = "$kv_port" ]; do base_port=$(free_port); done
 spdk_nqn=nqn.2016-06.io.spdk:kvtarget-vs-spdk
+kv_config=${KVTARGET_CONFIG:-config/bench-ram.toml}
+[ -r "$kv_config" ] || die "cannot read $kv_config"
 kv_nqn=$(python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["subsystems"][0]["nqn"])' \
-    config/bench-ram.toml) || die "cannot read the subsystem NQN from config/bench-ram.toml"
+    "$kv_config") || die "cannot read the subsystem NQN from $kv_config"
 
 # --- SPDK nvmf_tgt ---
 # A shm id no other SPDK process uses: DPDK file prefix spdk<id>, /dev/shm/nvmf_trace.<id>.
@@ -180,7 +184,7 @@ kill -STOP "$spdk_pid"
 start_kv() { # NAME BIN PORT -> sets started_pid, started_sock, started_version
     local name=$1 bin=$2 port=$3
     sed -e "s/^port = [0-9]*/port = $port/" -e 's/^block_size = [0-9]*/block_size = 4096/' \
-        config/bench-ram.toml > "$work/$name.toml"
+        "$kv_config" > "$work/$name.toml"
     started_sock=$work/$name.sock
     "$bin" --config "$work/$name.toml" -r "$started_sock" > "$work/$name.log" 2>&1 &
     started_pid=$!
@@ -465,7 +469,7 @@ PY
     echo
     echo "Command: \`$cmdline\` (\`bench/run-vs-spdk.sh --help\` says what it sets up)."
     echo "SPDK: $spdk_version, nvmf_tgt -m 0x1, TCP transport defaults, Malloc bdev 1 GiB / 4096 B."
-    echo "kvtarget: $kv_version, config/bench-ram.toml on a free port with 4096-byte blocks."
+    echo "kvtarget: $kv_version, $kv_config on a free port with 4096-byte blocks."
     [ -z "$base_version" ] || echo "base: $base_version (\`KVTARGET_BASE_BIN=$KVTARGET_BASE_BIN\`), the same configuration on its own port."
     echo "Initiator: spdk_nvme_perf -c 0x2 -L (LMCache rows: \`kvtarget perf --cpus 1\` of this tree). Machine: $(nproc) cores."
     echo "Load at start: \`$load_start\`; at end: \`$load_end\`."
