@@ -599,6 +599,7 @@ impl HostController {
             rae: false,
             len,
             offset,
+            csi: 0,
         }
         .encode(0, nsid);
         Ok(self.admin.execute(sqe, None, len)?.ok()?.data)
