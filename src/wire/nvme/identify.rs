@@ -336,8 +336,8 @@ pub fn decode_io_command_set_vectors(b: &[u8]) -> Vec<u64> {
 /// ignores the namespace unless NSTAT says it is ready.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CsIndependentNamespace {
-    /// Byte 0: namespace features (bit 4 rotational media, bit 5 UIDREUSE,
-    /// bit 6 no volatile write cache).
+    /// Byte 0: namespace features (bit 4 rotational media, bit 5 no volatile
+    /// write cache: Linux's NVME_NS_ROTATIONAL and NVME_NS_VWC_NOT_PRESENT).
     pub nsfeat: u8,
     /// Byte 1: multi-path I/O and sharing (bit 0: may be shared).
     pub nmic: u8,
