@@ -6,6 +6,7 @@
 #   pool_check, pool_format  pools made by `kvtarget pool create` and changed by
 #                            `kvtarget volume create/resize/delete`
 #   config                   config/*.toml
+#   nvme_command (KV)        KV command set commands built by corpus.py kv
 # Existing files are kept (names are content hashes).
 #
 #   fuzz/make-corpus.sh                  (KVTARGET_BIN defaults to target/release/kvtarget)
@@ -27,6 +28,9 @@ trap cleanup EXIT
 
 mkdir -p "$out/config"
 cp "$repo"/config/*.toml "$out/config/"
+
+# --- KV command set commands: built, as no host sends them to us yet ---
+python3 "$fuzz/tools/corpus.py" kv "$out"
 
 # --- pools: small, every metadata structure present ---
 img=$work/pool.img

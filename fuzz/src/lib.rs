@@ -15,8 +15,9 @@ use kvtarget::pool::format::{
 };
 use kvtarget::pool::image::Image;
 use kvtarget::wire::nvme::{
-    ConnectCommand, ConnectData, Cqe, DataDirection, DsmRange, GetLogPage, PropertyCommand, Sqe,
-    CONNECT_DATA_LEN, CQE_LEN, DSM_RANGE_LEN, SQE_LEN,
+    decode_list_response, encode_list_response, ConnectCommand, ConnectData, Cqe, DataDirection,
+    DsmRange, GetLogPage, KvCommand, KvIdentifyNamespace, PropertyCommand, Sqe, CONNECT_DATA_LEN,
+    CQE_LEN, DSM_RANGE_LEN, KV_KEY_MAX_LEN, SQE_LEN,
 };
 use kvtarget::wire::rdma::{self, CmRequest, DataDescriptor, KEYED_MAX_LEN};
 use kvtarget::wire::tcp::{self, Digests, ParseLimits, Pdu};
@@ -232,6 +233,7 @@ fn check_sqe(sqe: &Sqe, data: &[u8]) {
     assert_eq!(PropertyCommand::parse(&pc.encode(sqe.fctype(), 0)), pc);
     let glp = GetLogPage::parse(sqe);
     assert_eq!(GetLogPage::parse(&glp.encode(sqe.cid(), sqe.nsid())), glp);
+    check_kv(sqe, data);
 
     if let Some(cd) = ConnectData::parse(data) {
         // Decoded strings are NUL-free and trimmed; any that fit the field
@@ -256,6 +258,31 @@ fn check_sqe(sqe: &Sqe, data: &[u8]) {
         assert_eq!(&b[..], &data[..CQE_LEN], "CQE not byte-exact");
         let _ = cqe.status().is_success();
     }
+}
+
+/// The KV command set decoder, as a KV namespace's queue runs it: under any
+/// value size limit it must not panic, and whatever it accepts must encode to
+/// a command it decodes the same. The capsule data, read as a List response
+/// and as a KV Identify Namespace (what the initiator parses), must survive a
+/// re-encode too.
+fn check_kv(sqe: &Sqe, data: &[u8]) {
+    let limit = data.first().map_or(u32::MAX, |&b| 1u32 << (b % 32));
+    for max_value_size in [0, 4096, limit, u32::MAX] {
+        if let Ok(cmd) = KvCommand::decode(sqe, max_value_size) {
+            let again = KvCommand::decode(&cmd.encode(sqe.cid(), sqe.nsid()), max_value_size);
+            assert_eq!(again, Ok(cmd), "KV command does not survive encode");
+            if let Some(key) = cmd.key() {
+                assert!(key.len() <= KV_KEY_MAX_LEN);
+            }
+        }
+    }
+    if let Ok(keys) = decode_list_response(data) {
+        let (b, n) = encode_list_response(keys.iter(), data.len());
+        assert_eq!(n as usize, keys.len(), "decoded keys do not fit again");
+        assert_eq!(decode_list_response(&b), Ok(keys));
+    }
+    let id = KvIdentifyNamespace::decode(data);
+    assert_eq!(KvIdentifyNamespace::decode(&id.encode()), id);
 }
 
 /// `Sqe::sgl` (what the TCP path reads) and `rdma::DataDescriptor` (what the

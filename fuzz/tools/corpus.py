@@ -3,6 +3,7 @@
 
     corpus.py pdus CAPTURE_DIR MODE_BYTE OUT_ROOT   split streams into PDUs
     corpus.py pool IMAGE NAME OUT_ROOT              a pool image's seeds
+    corpus.py kv OUT_ROOT                           KV command set commands
 
 Inputs are named by content hash, so rerunning adds nothing twice. Per kind
 (PDU type and opcode), only a few distinct inputs are kept: the corpus stays
@@ -29,6 +30,45 @@ def put(root, target, data, kinds=None, kind=None):
     name = hashlib.sha1(data).hexdigest()[:16]
     with open(os.path.join(d, name), "wb") as f:
         f.write(data)
+
+
+def kv_sqe(opc, key, cdw10, kl=None, options=0, nsid=1, cid=1):
+    """A KV command set SQE: key bytes 7:0 in CDW2-3, 15:8 in CDW14-15."""
+    kl = len(key) if kl is None else kl
+    k = key.ljust(16, b"\0")
+    sqe = bytearray(64)
+    sqe[0] = opc
+    sqe[1] = 0x40  # PSDT: SGLs
+    struct.pack_into("<HI", sqe, 2, cid, nsid)
+    sqe[8:16] = k[:8]
+    sqe[56:64] = k[8:]
+    struct.pack_into("<II", sqe, 40, cdw10, kl | options << 8)
+    return bytes(sqe)
+
+
+def kv(root):
+    """Seeds for the KV decoder (there is no KV traffic to record yet): each
+    command with a good key, the edge key lengths, store options, and a List
+    response as its capsule data."""
+    key = bytes(range(1, 17))
+    seeds = [
+        kv_sqe(0x01, key, 4096, options=0b010),  # Store, must not exist
+        kv_sqe(0x01, key[:3], 0, options=0b101),  # empty value, must exist
+        kv_sqe(0x01, key, 4096, options=0b011),  # conflicting options
+        kv_sqe(0x02, key, 1 << 20, options=1),  # Retrieve raw
+        kv_sqe(0x02, key, 0),  # size query
+        kv_sqe(0x10, key[:8], 0),  # Delete
+        kv_sqe(0x14, key, 0, kl=17),  # Exist, key too long
+        kv_sqe(0x14, key, 0, kl=0),  # Exist, no key
+        kv_sqe(0x00, b"", 0),  # Flush
+    ]
+    listing = struct.pack("<I", 2)
+    for k in (b"ab", key):
+        e = struct.pack("<H", len(k)) + k
+        listing += e + b"\0" * (-len(e) % 4)
+    seeds.append(kv_sqe(0x06, b"", len(listing)) + listing)  # List from the start
+    for s in seeds:
+        put(root, "nvme_command", s)
 
 
 def split_pdus(stream):
@@ -118,5 +158,7 @@ if __name__ == "__main__":
         pdus(sys.argv[2], int(sys.argv[3], 0), sys.argv[4])
     elif cmd == "pool":
         pool(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif cmd == "kv":
+        kv(sys.argv[2])
     else:
         sys.exit(__doc__)

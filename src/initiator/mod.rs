@@ -4,7 +4,8 @@
 
 use crate::wire::nvme::{
     self, admin_opc, cns, fctype, io_opc, ConnectCommand, ConnectData, Cqe, DataDirection,
-    GetLogPage, IdentifyController, IdentifyNamespace, PropertyCommand, SglDescriptor, Sqe, Status,
+    GetLogPage, IdentifyController, IdentifyNamespace, KvCommand, KvKey, PropertyCommand,
+    SglDescriptor, Sqe, Status, StoreOptions,
 };
 use crate::wire::tcp::{self as pdu, DataHeader, Digests, ICReq, ParseLimits, Pdu};
 use std::collections::HashMap;
@@ -24,6 +25,8 @@ pub enum Error {
     Terminated { fes: u16, fei: u32 },
     #[error("timed out waiting for the target")]
     Timeout,
+    #[error("KV List response: {0:?}")]
+    KvList(nvme::ListResponseError),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -534,7 +537,7 @@ impl HostController {
             cap: 0,
         };
         c.cap = c.property_get(nvme::prop::CAP, true)?;
-        c.property_set(nvme::prop::CC, (6 << 16) | (4 << 20) | 1)?;
+        c.property_set(nvme::prop::CC, cc_enable(c.cap))?;
         let deadline = Instant::now() + opts.timeout;
         while c.property_get(nvme::prop::CSTS, false)? & 1 == 0 {
             if Instant::now() > deadline {
@@ -602,6 +605,7 @@ impl HostController {
             rae: false,
             len,
             offset,
+            csi: 0,
         }
         .encode(0, nsid);
         Ok(self.admin.execute(sqe, None, len)?.ok()?.data)
@@ -678,7 +682,8 @@ impl HostController {
 
     /// Orderly shutdown: CC.SHN normal, then close.
     pub fn shutdown(mut self) -> Result<()> {
-        self.property_set(nvme::prop::CC, (6 << 16) | (4 << 20) | 1 | (1 << 14))?;
+        let cc = self.property_get(nvme::prop::CC, false)? as u32;
+        self.property_set(nvme::prop::CC, cc as u64 | (1 << 14))?;
         Ok(())
     }
 }
@@ -690,6 +695,19 @@ pub fn max_transfer(mdts: u8, cap: u64) -> Option<usize> {
     }
     let page = 4096usize << ((cap >> 48) & 0xF);
     1usize.checked_shl(mdts as u32)?.checked_mul(page)
+}
+
+/// The CC value that enables a controller with this CAP: 64/16-byte queue
+/// entries, and, as Linux does (`nvme_enable_ctrl`), CC.CSS = 110b (all I/O
+/// command sets) when CAP.CSS offers it, so namespaces of the Key Value
+/// command set are visible; the NVM command set alone otherwise.
+pub fn cc_enable(cap: u64) -> u64 {
+    let css = if cap & nvme::cap::CSS_IOCS != 0 {
+        nvme::cc::CSS_ALL_IOCS
+    } else {
+        nvme::cc::CSS_NVM
+    };
+    (6 << 16) | (4 << 20) | (css << nvme::cc::CSS_SHIFT) as u64 | 1
 }
 
 /// An I/O queue with NVM command helpers. `read` and `write` split a transfer
@@ -843,11 +861,114 @@ impl IoQueue {
         Ok(())
     }
 
+    /// Sends a KV command set command (`data_out` for Store, `data_in_len`
+    /// for Retrieve and List).
+    pub fn submit_kv(
+        &mut self,
+        nsid: u32,
+        cmd: &KvCommand,
+        data_out: Option<Vec<u8>>,
+        data_in_len: usize,
+    ) -> Result<u16> {
+        self.q.submit(cmd.encode(0, nsid), data_out, data_in_len)
+    }
+
+    /// KV Store of `value` under `key`.
+    pub fn kv_store(
+        &mut self,
+        nsid: u32,
+        key: KvKey,
+        value: Vec<u8>,
+        options: StoreOptions,
+    ) -> Result<()> {
+        let cmd = KvCommand::Store {
+            key,
+            value_size: value.len() as u32,
+            options,
+        };
+        let cid = self.submit_kv(nsid, &cmd, Some(value), 0)?;
+        self.q.wait_for(cid)?.ok()?;
+        Ok(())
+    }
+
+    /// KV Retrieve into a buffer of `host_buffer_size` bytes: the bytes
+    /// returned (at most the buffer) and the size of the whole value
+    /// (completion DW0).
+    pub fn kv_retrieve(
+        &mut self,
+        nsid: u32,
+        key: KvKey,
+        host_buffer_size: u32,
+    ) -> Result<(Vec<u8>, u32)> {
+        let cmd = KvCommand::Retrieve {
+            key,
+            host_buffer_size,
+            raw: false,
+        };
+        let cid = self.submit_kv(nsid, &cmd, None, host_buffer_size as usize)?;
+        let c = self.q.wait_for(cid)?.ok()?;
+        let value_size = c.cqe.result as u32;
+        let mut data = c.data;
+        data.truncate(value_size as usize);
+        Ok((data, value_size))
+    }
+
+    pub fn kv_delete(&mut self, nsid: u32, key: KvKey) -> Result<()> {
+        let cid = self.submit_kv(nsid, &KvCommand::Delete { key }, None, 0)?;
+        self.q.wait_for(cid)?.ok()?;
+        Ok(())
+    }
+
+    /// KV Exist: whether the key is there ("key does not exist" is an
+    /// answer, not an error).
+    pub fn kv_exist(&mut self, nsid: u32, key: KvKey) -> Result<bool> {
+        let cid = self.submit_kv(nsid, &KvCommand::Exist { key }, None, 0)?;
+        let c = self.q.wait_for(cid)?;
+        match c.status() {
+            s if s.is_success() => Ok(true),
+            s if s == Status::KV_KEY_DOES_NOT_EXIST => Ok(false),
+            s => Err(Error::Status(s, c.cqe)),
+        }
+    }
+
+    /// KV List from `start_key` into a buffer of `host_buffer_size` bytes.
+    pub fn kv_list(
+        &mut self,
+        nsid: u32,
+        start_key: KvKey,
+        host_buffer_size: u32,
+    ) -> Result<Vec<KvKey>> {
+        let cmd = KvCommand::List {
+            start_key,
+            host_buffer_size,
+        };
+        let cid = self.submit_kv(nsid, &cmd, None, host_buffer_size as usize)?;
+        let c = self.q.wait_for(cid)?.ok()?;
+        nvme::decode_list_response(&c.data).map_err(Error::KvList)
+    }
+
     /// Fabrics Disconnect of this I/O queue.
     pub fn disconnect(mut self) -> Result<()> {
         let mut s = Sqe::new(admin_opc::FABRICS, 0, 0);
         s.0[4] = fctype::DISCONNECT;
         self.q.execute(s, None, 0)?.ok()?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_host_enables_all_io_command_sets_when_cap_offers_them() {
+        let nvm_only = nvme::cap::CSS_NVM;
+        assert_eq!(cc_enable(nvm_only), 0x46_0001);
+        let both = nvme::cap::CSS_NVM | nvme::cap::CSS_IOCS;
+        assert_eq!(cc_enable(both), 0x46_0061);
+        assert_eq!(
+            cc_enable(crate::nvmf::controller::cap_register(128)),
+            0x46_0061
+        );
     }
 }

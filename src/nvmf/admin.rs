@@ -2,13 +2,17 @@
 //! Asynchronous Event Request, Abort. All of it is synchronous control-path work
 //! against shared target state; the transport moves the data.
 
-use super::controller::{cap_register, Controller, ERROR_LOG_ENTRIES, MAX_AERS, VERSION};
-use super::{Target, IEEE_OUI};
+use super::controller::{
+    cap_register, Controller, ERROR_LOG_ENTRIES, IO_COMMAND_SET_COMBINATIONS, MAX_AERS, VERSION,
+};
+use super::{CommandSet, Namespace, Target, IEEE_OUI};
 use crate::wire::nvme::{
-    self, admin_opc, cns, fid, io_opc, lid, GetLogPage, IdentifyController, IdentifyNamespace,
-    SmartLog, Sqe, Status, ERROR_LOG_ENTRY_LEN,
+    self, admin_opc, cns, csi_bit, fid, io_opc, kv_opc, lid, CsIndependentNamespace, GetLogPage,
+    IdentifyController, IdentifyNamespace, KvFormat, KvIdentifyNamespace, SmartLog, Sqe, Status,
+    ERROR_LOG_ENTRY_LEN,
 };
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// What an admin command produced.
@@ -88,54 +92,173 @@ pub fn execute(
 
 fn identify(target: &Target, ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
     let cns_v = (sqe.cdw(10) & 0xFF) as u8;
-    let csi = (sqe.cdw(11) >> 24) as u8;
+    let csi_v = (sqe.cdw(11) >> 24) as u8;
     let nsid = sqe.nsid();
     if ctrl.is_discovery() && cns_v != cns::CONTROLLER {
         return AdminOutcome::status(Status::INVALID_FIELD);
     }
-    match cns_v {
-        cns::CONTROLLER => AdminOutcome::data(identify_controller(target, ctrl).encode()),
-        cns::NAMESPACE => {
-            if nsid == 0 || nsid == 0xFFFF_FFFF || nsid > MAX_NAMESPACES {
-                return AdminOutcome::status(Status::INVALID_NAMESPACE);
+    let enabled = ctrl.enabled_command_sets();
+    // The namespace an NSID-taking CNS names: Err for an NSID that can name
+    // no namespace, Ok(None) for one that is inactive (none there, or of a
+    // command set this controller has not enabled).
+    let active = || -> Result<Option<Arc<Namespace>>, Status> {
+        if nsid == 0 || nsid == 0xFFFF_FFFF || nsid > MAX_NAMESPACES {
+            return Err(Status::INVALID_NAMESPACE);
+        }
+        Ok(ctrl
+            .subsys
+            .namespace(nsid)
+            .filter(|ns| enabled & csi_bit(ns.command_set.csi()) != 0))
+    };
+    let zeroed = || AdminOutcome::data(vec![0; nvme::IDENTIFY_LEN]);
+    let result = match cns_v {
+        cns::CONTROLLER => Ok(AdminOutcome::data(
+            identify_controller(target, ctrl).encode(),
+        )),
+        // NVM Identify Namespace; an inactive NSID in range returns a zeroed
+        // structure. A namespace of another command set has no such
+        // structure: Invalid I/O Command Set.
+        cns::NAMESPACE => active().and_then(|ns| match ns {
+            Some(ns) if ns.command_set == CommandSet::Nvm => {
+                Ok(AdminOutcome::data(identify_namespace(&ns).encode()))
             }
-            match ctrl.subsys.namespace(nsid) {
-                Some(ns) => AdminOutcome::data(identify_namespace(&ns).encode()),
-                // An inactive NSID in range returns a zeroed structure.
-                None => AdminOutcome::data(vec![0; nvme::IDENTIFY_LEN]),
+            Some(_) => Err(Status::INVALID_IOCS),
+            None => Ok(zeroed()),
+        }),
+        cns::ACTIVE_NS_LIST => active_ns_list(ctrl, nsid, |ns| {
+            enabled & csi_bit(ns.command_set.csi()) != 0
+        }),
+        cns::CSI_ACTIVE_NS_LIST => match CommandSet::from_csi(csi_v) {
+            Some(set) => active_ns_list(ctrl, nsid, |ns| {
+                ns.command_set == set && enabled & csi_bit(set.csi()) != 0
+            }),
+            None => Err(Status::INVALID_FIELD),
+        },
+        // The descriptor list always ends with the namespace's CSI: Linux
+        // with CC.CSS = 110b drops a namespace whose list lacks one.
+        cns::NS_DESCRIPTOR_LIST => active().and_then(|ns| match ns {
+            Some(ns) => Ok(AdminOutcome::data(nvme::encode_ns_descriptors(
+                &ns.eui64,
+                &ns.nguid,
+                &ns.uuid,
+                ns.command_set.csi(),
+            ))),
+            None => Err(Status::INVALID_NAMESPACE),
+        }),
+        // I/O command set specific Identify Namespace: for a CSI we do not
+        // support, or one the namespace is not of, Invalid Field in Command.
+        cns::CSI_NAMESPACE => match CommandSet::from_csi(csi_v) {
+            None => Err(Status::INVALID_FIELD),
+            Some(set) => active().and_then(|ns| match ns {
+                // The NVM command set specific structure: all fields zero is
+                // correct for a namespace without protection information or
+                // extended LBA formats.
+                Some(ns) if ns.command_set == set && set == CommandSet::Nvm => Ok(zeroed()),
+                Some(ns) if ns.command_set == set => Ok(AdminOutcome::data(
+                    kv_identify_namespace(target, &ns).encode(),
+                )),
+                Some(_) => Err(Status::INVALID_FIELD),
+                // Unlike CNS 00h, no zeroed structure for an inactive NSID:
+                // Linux nvmet answers Invalid Namespace here, and hosts only
+                // ask for namespaces they found active.
+                None => Err(Status::INVALID_NAMESPACE),
+            }),
+        },
+        // I/O command set specific Identify Controller. NVM: no fields we set
+        // (no DMRL/WZSL limits beyond MDTS). KV 1.0 defines no field a host we
+        // know reads (Linux never asks; SPDK's KV host reads only a version
+        // it does not act on), so all-zero claims nothing.
+        cns::CSI_CONTROLLER => match CommandSet::from_csi(csi_v) {
+            Some(_) => Ok(zeroed()),
+            None => Err(Status::INVALID_FIELD),
+        },
+        // Linux 6.1 reads this for namespaces of command sets other than NVM
+        // and ZNS (`nvme_ns_info_from_id_cs_indep`).
+        cns::CS_INDEPENDENT_NAMESPACE => active().and_then(|ns| match ns {
+            Some(_) => Ok(AdminOutcome::data(cs_independent_namespace().encode())),
+            None => Err(Status::INVALID_NAMESPACE),
+        }),
+        // CDW10 bits 31:16 name the controller; this one (or 0, which a host
+        // that leaves the field clear sends) is the only one we describe.
+        cns::IO_COMMAND_SET => {
+            let cntid = (sqe.cdw(10) >> 16) as u16;
+            if cntid == 0 || cntid == ctrl.cntlid {
+                Ok(AdminOutcome::data(nvme::encode_io_command_set_vectors(
+                    &IO_COMMAND_SET_COMBINATIONS,
+                )))
+            } else {
+                Err(Status::INVALID_FIELD)
             }
         }
-        cns::ACTIVE_NS_LIST | cns::CSI_ACTIVE_NS_LIST => {
-            if nsid >= 0xFFFF_FFFE || (cns_v == cns::CSI_ACTIVE_NS_LIST && csi != 0) {
-                return AdminOutcome::status(if nsid >= 0xFFFF_FFFE {
-                    Status::INVALID_NAMESPACE
-                } else {
-                    Status::INVALID_FIELD
-                });
-            }
-            let mut ids: Vec<u32> = ctrl
-                .subsys
-                .namespace_snapshot()
-                .iter()
-                .map(|n| n.nsid)
-                .collect();
-            ids.sort_unstable();
-            AdminOutcome::data(nvme::encode_ns_list(ids.into_iter(), nsid))
-        }
-        cns::NS_DESCRIPTOR_LIST => match ctrl.subsys.namespace(nsid) {
-            Some(ns) => {
-                AdminOutcome::data(nvme::encode_ns_descriptors(&ns.eui64, &ns.nguid, &ns.uuid))
-            }
-            None => AdminOutcome::status(Status::INVALID_NAMESPACE),
-        },
-        // NVM command set specific structures: all fields zero is correct for a
-        // namespace without protection information or extended LBA formats.
-        cns::CSI_NAMESPACE if csi == 0 => match ctrl.subsys.namespace(nsid) {
-            Some(_) => AdminOutcome::data(vec![0; nvme::IDENTIFY_LEN]),
-            None => AdminOutcome::status(Status::INVALID_NAMESPACE),
-        },
-        cns::CSI_CONTROLLER if csi == 0 => AdminOutcome::data(vec![0; nvme::IDENTIFY_LEN]),
-        _ => AdminOutcome::status(Status::INVALID_FIELD),
+        _ => Err(Status::INVALID_FIELD),
+    };
+    result.unwrap_or_else(AdminOutcome::status)
+}
+
+/// An active namespace ID list: NSIDs above `nsid` whose namespace passes
+/// `include`.
+fn active_ns_list(
+    ctrl: &Controller,
+    nsid: u32,
+    include: impl Fn(&Namespace) -> bool,
+) -> Result<AdminOutcome, Status> {
+    if nsid >= 0xFFFF_FFFE {
+        return Err(Status::INVALID_NAMESPACE);
+    }
+    let mut ids: Vec<u32> = ctrl
+        .subsys
+        .namespace_snapshot()
+        .iter()
+        .filter(|n| include(n))
+        .map(|n| n.nsid)
+        .collect();
+    ids.sort_unstable();
+    Ok(AdminOutcome::data(nvme::encode_ns_list(
+        ids.into_iter(),
+        nsid,
+    )))
+}
+
+/// The I/O Command Set Independent Identify Namespace of an active namespace.
+pub fn cs_independent_namespace() -> CsIndependentNamespace {
+    CsIndependentNamespace {
+        // May be attached to more than one controller, as in CNS 00h.
+        nmic: 1,
+        // Ready for I/O as soon as it is in the subsystem: Linux ignores a
+        // namespace whose NSTAT says otherwise.
+        nstat: nvme::NSTAT_READY,
+        ..Default::default()
+    }
+}
+
+/// The longest KV key this target keeps: the most the command carries.
+pub const KV_KEY_MAX_BYTES: u16 = nvme::KV_KEY_MAX_LEN as u16;
+
+/// KV command set specific Identify Namespace of a KV namespace: sizes in
+/// bytes; one KV format with 16-byte keys and values up to the largest
+/// transfer a command may carry (MDTS), so that a value always fits one
+/// Store or Retrieve.
+pub fn kv_identify_namespace(target: &Target, ns: &Namespace) -> KvIdentifyNamespace {
+    let size = ns.dev.size_bytes();
+    let (nuse, nsfeat) = match ns.dev.thin_info() {
+        Some(t) => (t.used_bytes.min(size), nvme::NSFEAT_THIN),
+        None => (size, 0),
+    };
+    KvIdentifyNamespace {
+        nsze: size,
+        nuse,
+        nsfeat,
+        nmic: 1,
+        novg: ns.block_size,
+        nguid: ns.nguid,
+        eui64: ns.eui64,
+        kvf: vec![KvFormat {
+            kml: KV_KEY_MAX_BYTES,
+            fopt: 0,
+            vml: target.limits.max_io_size,
+            mnk: 0,
+        }],
+        ..Default::default()
     }
 }
 
@@ -284,7 +407,13 @@ fn get_log_page(target: &Target, ctrl: &Controller, sqe: &Sqe, now: Instant) -> 
             }
             b
         }
-        (lid::COMMANDS_SUPPORTED, false) => commands_supported_log(),
+        // Per command set: Linux 6.1 reads it with the namespace's CSI when it
+        // sets up a namespace of a CSI other than NVM (`nvme_alloc_ns_head`)
+        // and drops the namespace if that fails.
+        (lid::COMMANDS_SUPPORTED, false) => match CommandSet::from_csi(g.csi) {
+            Some(set) => commands_supported_log(set),
+            None => return AdminOutcome::status(Status::INVALID_FIELD),
+        },
         _ => return AdminOutcome::status(Status::INVALID_LOG_PAGE),
     };
     if g.offset % 4 != 0 || g.offset > page.len() as u64 {
@@ -328,10 +457,13 @@ fn host_temperature_kelvin() -> Option<u16> {
     u16::try_from(milli_c / 1000 + 273).ok()
 }
 
-fn commands_supported_log() -> Vec<u8> {
+/// Commands Supported and Effects for one command set: the admin commands,
+/// then that set's I/O commands (CSUPP, and LBCC for those that change what
+/// the namespace holds).
+fn commands_supported_log(set: CommandSet) -> Vec<u8> {
     let mut b = vec![0u8; 4096];
     let csupp = 1u32;
-    let lbcc = 1u32 << 1; // logical block content change
+    let lbcc = 1u32 << 1; // logical block (for KV: namespace) content change
     for opc in [
         admin_opc::GET_LOG_PAGE,
         admin_opc::IDENTIFY,
@@ -343,13 +475,24 @@ fn commands_supported_log() -> Vec<u8> {
     ] {
         b[opc as usize * 4..opc as usize * 4 + 4].copy_from_slice(&csupp.to_le_bytes());
     }
-    for (opc, eff) in [
-        (io_opc::FLUSH, csupp),
-        (io_opc::WRITE, csupp | lbcc),
-        (io_opc::READ, csupp),
-        (io_opc::WRITE_ZEROES, csupp | lbcc),
-        (io_opc::DATASET_MANAGEMENT, csupp | lbcc),
-    ] {
+    let io: &[(u8, u32)] = match set {
+        CommandSet::Nvm => &[
+            (io_opc::FLUSH, csupp),
+            (io_opc::WRITE, csupp | lbcc),
+            (io_opc::READ, csupp),
+            (io_opc::WRITE_ZEROES, csupp | lbcc),
+            (io_opc::DATASET_MANAGEMENT, csupp | lbcc),
+        ],
+        CommandSet::KeyValue => &[
+            (kv_opc::FLUSH, csupp),
+            (kv_opc::STORE, csupp | lbcc),
+            (kv_opc::RETRIEVE, csupp),
+            (kv_opc::LIST, csupp),
+            (kv_opc::DELETE, csupp | lbcc),
+            (kv_opc::EXIST, csupp),
+        ],
+    };
+    for &(opc, eff) in io {
         let off = 1024 + opc as usize * 4;
         b[off..off + 4].copy_from_slice(&eff.to_le_bytes());
     }
@@ -397,6 +540,27 @@ fn set_features(target: &Target, ctrl: &Controller, sqe: &Sqe, now: Instant) -> 
             ctrl.write_cache.store(cdw11 & 1 != 0, Ordering::Release);
             AdminOutcome::ok(0)
         }
+        // CDW11 bits 8:0: the index of a combination in Identify CNS 1Ch. An
+        // index with no (or a zero) vector is rejected as the specification
+        // says. Switching command sets under live I/O queues would change
+        // which namespaces they may address mid-flight: like Number of Queues
+        // it is refused once an I/O queue exists.
+        fid::IO_COMMAND_SET_PROFILE => {
+            let index = (cdw11 & 0x1FF) as u16;
+            if IO_COMMAND_SET_COMBINATIONS
+                .get(index as usize)
+                .copied()
+                .unwrap_or(0)
+                == 0
+            {
+                return AdminOutcome::status(Status::IOCS_COMBINATION_REJECTED);
+            }
+            if ctrl.connected_io_queues() > 0 {
+                return AdminOutcome::status(Status::COMMAND_SEQUENCE_ERROR);
+            }
+            regs.io_command_set_profile = index;
+            AdminOutcome::ok(0)
+        }
         fid::ARBITRATION
         | fid::POWER_MANAGEMENT
         | fid::TEMPERATURE_THRESHOLD
@@ -425,6 +589,7 @@ fn get_features(ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
             (g | g << 16, g | g << 16, true)
         }
         fid::VOLATILE_WRITE_CACHE => (ctrl.write_cache.load(Ordering::Acquire) as u32, 1, true),
+        fid::IO_COMMAND_SET_PROFILE => (regs.io_command_set_profile as u32, 0, true),
         fid::ARBITRATION => (0, 0, false),
         fid::POWER_MANAGEMENT => (0, 0, false),
         fid::TEMPERATURE_THRESHOLD => {
@@ -634,6 +799,7 @@ mod tests {
             rae: false,
             len: 512,
             offset: 0,
+            csi: 0,
         };
         assert_eq!(
             data(execute(

@@ -2,7 +2,7 @@
 //! queue Connect and joined by that host's I/O queues.
 
 use super::{QpairStats, Subsystem};
-use crate::wire::nvme::{self, cc, csts, ErrorLogEntry, Status};
+use crate::wire::nvme::{self, cc, csi, csi_bit, csts, ErrorLogEntry, Status};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,7 +29,16 @@ pub struct ControllerRegs {
     /// Async events waiting for an outstanding Async Event Request (AER
     /// completion dword 0).
     pub pending_events: VecDeque<u32>,
+    /// I/O Command Set Profile feature: which entry of
+    /// `IO_COMMAND_SET_COMBINATIONS` is in use when CC.CSS = 110b.
+    pub io_command_set_profile: u16,
 }
+
+/// The I/O command set combinations this controller supports (Identify CNS
+/// 1Ch), each a bit vector over CSIs. One combination: NVM and Key Value
+/// together, so a host that enables all I/O command sets sees both kinds of
+/// namespace at once.
+pub const IO_COMMAND_SET_COMBINATIONS: [u64; 1] = [csi_bit(csi::NVM) | csi_bit(csi::KEY_VALUE)];
 
 /// AER completion dword 0 for Namespace Attribute Changed: notice (type 2), info
 /// 00h, log page 04h.
@@ -129,6 +138,7 @@ impl Controller {
                 changed_ns: Vec::new(),
                 ns_event_masked: false,
                 pending_events: VecDeque::new(),
+                io_command_set_profile: 0,
             }),
             io_queues: Mutex::new(Vec::new()),
             queues: Mutex::new(Vec::new()),
@@ -201,6 +211,18 @@ impl Controller {
             .unwrap_or(false)
     }
 
+    /// The command sets enabled now, as a CSI bit vector: CC.CSS = 000b
+    /// enables NVM alone; 110b the combination the I/O Command Set Profile
+    /// selects. Namespaces of other command sets are not active for this
+    /// controller (they are left out of the active lists and Identify answers
+    /// for them as for an inactive NSID).
+    pub fn enabled_command_sets(&self) -> u64 {
+        let Ok(regs) = self.regs.lock() else {
+            return 0;
+        };
+        enabled_command_sets(regs.cc, regs.io_command_set_profile)
+    }
+
     /// Registers I/O queue `qid`; fails if it is out of range or taken.
     pub fn attach_io_queue(&self, qid: u16, max_io_queues: u16) -> Result<(), Status> {
         let granted = self.regs.lock().map(|r| r.io_queues_granted).unwrap_or(0);
@@ -267,18 +289,28 @@ impl Controller {
     /// Property Set: only CC is writable. Enabling sets RDY, a shutdown request
     /// completes at once (there is no volatile state a shutdown must wait for
     /// beyond what Flush already covers), clearing EN resets the controller.
+    ///
+    /// CC.CSS may be 000b (NVM) or 110b (all supported I/O command sets, what
+    /// CAP.CSS bit 6 offers); enabling with any other value, like enabling with
+    /// unsupported queue entry sizes, sets CSTS.CFS instead of RDY (what Linux
+    /// nvmet does). CC.CSS may only change while the controller is disabled; a
+    /// write that changes it while enabled keeps the old value.
     pub fn set_property(&self, offset: u32, value: u64) -> Result<(), Status> {
         if offset != nvme::prop::CC {
             return Err(Status::INVALID_FIELD);
         }
-        let value = value as u32;
+        let mut value = value as u32;
         let mut regs = self.regs.lock().map_err(|_| Status::INTERNAL_ERROR)?;
         let old = regs.cc;
         if value & cc::EN != 0 && old & cc::EN == 0 {
             // I/O queue entry sizes must be the standard 64/16 bytes if set.
             let iosqes = (value >> cc::IOSQES_SHIFT) & 0xF;
             let iocqes = (value >> cc::IOCQES_SHIFT) & 0xF;
-            if (iosqes != 0 && iosqes != 6) || (iocqes != 0 && iocqes != 4) {
+            let css = (value & cc::CSS_MASK) >> cc::CSS_SHIFT;
+            if (iosqes != 0 && iosqes != 6)
+                || (iocqes != 0 && iocqes != 4)
+                || !matches!(css, cc::CSS_NVM | cc::CSS_ALL_IOCS)
+            {
                 regs.csts |= csts::CFS;
                 regs.cc = value;
                 return Ok(());
@@ -286,6 +318,10 @@ impl Controller {
             regs.csts |= csts::RDY;
         } else if value & cc::EN == 0 && old & cc::EN != 0 {
             regs.csts &= !(csts::RDY | csts::SHST_MASK);
+            // A controller reset returns features to their defaults.
+            regs.io_command_set_profile = 0;
+        } else if value & cc::EN != 0 {
+            value = (value & !cc::CSS_MASK) | (old & cc::CSS_MASK);
         }
         if value & cc::SHN_MASK != 0 {
             regs.csts = (regs.csts & !csts::SHST_MASK) | csts::SHST_COMPLETE;
@@ -384,7 +420,29 @@ impl Controller {
     }
 }
 
+/// The CSI bit vector CC and the I/O Command Set Profile index enable.
+pub fn enabled_command_sets(cc_value: u32, profile: u16) -> u64 {
+    match (cc_value & cc::CSS_MASK) >> cc::CSS_SHIFT {
+        cc::CSS_ALL_IOCS => IO_COMMAND_SET_COMBINATIONS
+            .get(profile as usize)
+            .copied()
+            .unwrap_or(0),
+        cc::CSS_NVM => csi_bit(csi::NVM),
+        _ => 0,
+    }
+}
+
 /// NVMe version reported in VS: 1.4 (CNTRLTYPE and the fabrics fields we fill).
+///
+/// Not 2.0, although the Key Value command set and CC.CSS = 110b come from
+/// the 2.0 family: hosts find I/O command set support through CAP.CSS bit 6,
+/// not VS (Linux 6.1 `nvme_enable_ctrl` and `nvme_multi_css` look only at
+/// CAP.CSS and CC.CSS; SPDK's host likewise gates on CAP.CSS), so 1.4 loses
+/// nothing. Reporting 2.0 would oblige what 2.0 makes mandatory and we do
+/// not implement: the Supported Log Pages and Feature Identifiers Supported
+/// and Effects logs, CAP.CRMS and CC.CRIME (Linux 6.1 writes CC.CRIME when
+/// CAP.CRMS says so and then treats NSTAT as authoritative), and per-CSI
+/// Commands Supported and Effects for every CSI it advertises.
 pub const VERSION: u32 = 0x0001_0400;
 
 /// The CAP register for a queue depth limit.
@@ -392,8 +450,8 @@ pub fn cap_register(max_queue_depth: u16) -> u64 {
     let mqes = (max_queue_depth.max(2) - 1) as u64;
     let cqr = 1u64 << 16; // contiguous queues required
     let to = 30u64 << 24; // ready timeout: 15 s in 500 ms units
-    let css_nvm = 1u64 << 37; // NVM command set
-    mqes | cqr | to | css_nvm
+                          // NVM command set, and I/O command sets through CC.CSS = 110b.
+    mqes | cqr | to | nvme::cap::CSS_NVM | nvme::cap::CSS_IOCS
 }
 
 #[cfg(test)]
@@ -436,6 +494,52 @@ mod tests {
             Err(Status::INVALID_FIELD)
         );
         assert_eq!(c.get_property(0x1000, 0), Err(Status::INVALID_FIELD));
+    }
+
+    #[test]
+    fn cap_advertises_nvm_and_io_command_sets() {
+        let cap = cap_register(128);
+        assert_eq!((cap >> 37) & 0xFF, 0b0100_0001, "CSS bits 0 and 6");
+        assert_eq!(cap & 0xFFFF, 127);
+    }
+
+    #[test]
+    fn cc_css_selects_the_enabled_command_sets() {
+        let c = ctrl(0);
+        let en = |css: u32| (6 << 16 | 4 << 20 | css << 4 | 1) as u64;
+        c.set_property(nvme::prop::CC, en(0b000)).unwrap();
+        assert!(c.is_ready());
+        assert_eq!(c.enabled_command_sets(), 0b01);
+        c.set_property(nvme::prop::CC, 0).unwrap();
+        c.set_property(nvme::prop::CC, en(0b110)).unwrap();
+        assert!(c.is_ready());
+        assert_eq!(c.enabled_command_sets(), 0b11);
+        // CSS cannot change while enabled: the write keeps 110b.
+        c.set_property(nvme::prop::CC, en(0b000)).unwrap();
+        assert_eq!(c.get_property(nvme::prop::CC, 0).unwrap() >> 4 & 7, 0b110);
+        assert_eq!(c.enabled_command_sets(), 0b11);
+        // A profile index past the supported combinations enables nothing.
+        c.regs.lock().unwrap().io_command_set_profile = 1;
+        assert_eq!(c.enabled_command_sets(), 0);
+        // Reset: the profile returns to its default.
+        c.set_property(nvme::prop::CC, 0).unwrap();
+        assert_eq!(c.regs.lock().unwrap().io_command_set_profile, 0);
+    }
+
+    #[test]
+    fn unsupported_cc_css_sets_fatal_status() {
+        for css in [0b001u32, 0b010, 0b011, 0b100, 0b101, 0b111] {
+            let c = ctrl(0);
+            c.set_property(nvme::prop::CC, (6 << 16 | 4 << 20 | css << 4 | 1) as u64)
+                .unwrap();
+            let s = c.get_property(nvme::prop::CSTS, 0).unwrap() as u32;
+            assert_eq!(
+                (s & csts::CFS, s & csts::RDY),
+                (csts::CFS, 0),
+                "css {css:03b}"
+            );
+            assert_eq!(c.enabled_command_sets(), 0);
+        }
     }
 
     #[test]

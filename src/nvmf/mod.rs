@@ -76,9 +76,37 @@ pub struct Listener {
     pub rdma: bool,
 }
 
+/// The I/O command set a namespace speaks, named by its Command Set
+/// Identifier in Identify and in the namespace identification descriptors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommandSet {
+    /// NVM Command Set (CSI 00h): block volumes.
+    Nvm,
+    /// Key Value Command Set (CSI 01h).
+    KeyValue,
+}
+
+impl CommandSet {
+    pub const fn csi(self) -> u8 {
+        match self {
+            CommandSet::Nvm => nvme::csi::NVM,
+            CommandSet::KeyValue => nvme::csi::KEY_VALUE,
+        }
+    }
+    pub fn from_csi(csi: u8) -> Option<CommandSet> {
+        match csi {
+            nvme::csi::NVM => Some(CommandSet::Nvm),
+            nvme::csi::KEY_VALUE => Some(CommandSet::KeyValue),
+            _ => None,
+        }
+    }
+}
+
 /// One namespace: a block device with a block size and identifiers.
 pub struct Namespace {
     pub nsid: u32,
+    /// Which command set its I/O commands belong to.
+    pub command_set: CommandSet,
     pub dev: SharedDevice,
     pub block_size: u32,
     pub num_blocks: u64,
@@ -113,6 +141,9 @@ impl Namespace {
         eui64.copy_from_slice(&uuid[8..16]);
         Namespace {
             nsid,
+            // Block volumes; KV namespaces get their own constructor with the
+            // KV store behind them.
+            command_set: CommandSet::Nvm,
             dev,
             block_size,
             num_blocks,

@@ -49,6 +49,9 @@ pub mod fid {
     pub const WRITE_ATOMICITY: u8 = 0x0A;
     pub const ASYNC_EVENT_CONFIG: u8 = 0x0B;
     pub const KEEP_ALIVE_TIMER: u8 = 0x0F;
+    /// I/O Command Set Profile: CDW11 bits 8:0 are the index of the command
+    /// set combination vector (Identify CNS 1Ch) in use.
+    pub const IO_COMMAND_SET_PROFILE: u8 = 0x19;
 }
 
 /// SGL descriptor in SQE bytes 24..40.

@@ -13,6 +13,19 @@ pub mod cns {
     pub const CSI_NAMESPACE: u8 = 0x05;
     pub const CSI_CONTROLLER: u8 = 0x06;
     pub const CSI_ACTIVE_NS_LIST: u8 = 0x07;
+    /// I/O Command Set Independent Identify Namespace data structure.
+    pub const CS_INDEPENDENT_NAMESPACE: u8 = 0x08;
+    /// I/O Command Set data structure (the supported combination vectors).
+    pub const IO_COMMAND_SET: u8 = 0x1C;
+}
+
+/// Command Set Identifiers (CSI) as Identify CDW11 bits 31:24, the CSI
+/// namespace identification descriptor, and Get Log Page CDW14 bits 31:24
+/// carry them.
+pub mod csi {
+    pub const NVM: u8 = 0x00;
+    pub const KEY_VALUE: u8 = 0x01;
+    pub const ZONED: u8 = 0x02;
 }
 
 /// Values reported in Identify Controller. Only the fields a fabrics target sets;
@@ -249,8 +262,15 @@ pub mod nidt {
     pub const CSI: u8 = 4;
 }
 
-/// Encodes a namespace identification descriptor list.
-pub fn encode_ns_descriptors(eui64: &[u8; 8], nguid: &[u8; 16], uuid: &[u8; 16]) -> Vec<u8> {
+/// Encodes a namespace identification descriptor list. The CSI descriptor
+/// is always present: with CC.CSS = 110b Linux (`nvme_identify_ns_descs`)
+/// drops a namespace whose list lacks one ("Command set not reported").
+pub fn encode_ns_descriptors(
+    eui64: &[u8; 8],
+    nguid: &[u8; 16],
+    uuid: &[u8; 16],
+    csi: u8,
+) -> Vec<u8> {
     let mut b = vec![0u8; IDENTIFY_LEN];
     let mut off = 0;
     let mut push = |t: u8, id: &[u8]| {
@@ -262,7 +282,7 @@ pub fn encode_ns_descriptors(eui64: &[u8; 8], nguid: &[u8; 16], uuid: &[u8; 16])
     push(nidt::EUI64, eui64);
     push(nidt::NGUID, nguid);
     push(nidt::UUID, uuid);
-    push(nidt::CSI, &[0]); // NVM command set
+    push(nidt::CSI, &[csi]);
     b
 }
 
@@ -280,6 +300,94 @@ pub fn decode_ns_descriptors(b: &[u8]) -> Vec<(u8, Vec<u8>)> {
         off += 4 + l;
     }
     out
+}
+
+/// I/O Command Set data structure (Identify CNS 1Ch): 512 command set
+/// combination vectors of 8 bytes each; bit N of a vector is the command set
+/// with CSI N. Vectors after the last non-zero one are zero.
+pub const IO_COMMAND_SET_VECTORS: usize = IDENTIFY_LEN / 8;
+
+/// Bit of a command set combination vector for a CSI.
+pub const fn csi_bit(csi: u8) -> u64 {
+    1u64 << csi
+}
+
+pub fn encode_io_command_set_vectors(vectors: &[u64]) -> Vec<u8> {
+    assert!(vectors.len() <= IO_COMMAND_SET_VECTORS);
+    let mut b = vec![0u8; IDENTIFY_LEN];
+    for (i, v) in vectors.iter().enumerate() {
+        put_u64(&mut b, i * 8, *v);
+    }
+    b
+}
+
+/// The vectors up to (not including) the first zero one.
+pub fn decode_io_command_set_vectors(b: &[u8]) -> Vec<u64> {
+    b.chunks_exact(8)
+        .take(IO_COMMAND_SET_VECTORS)
+        .map(|c| u64_at(c, 0))
+        .take_while(|&v| v != 0)
+        .collect()
+}
+
+/// I/O Command Set Independent Identify Namespace (CNS 08h): what a host
+/// needs of a namespace whatever its command set. Linux 6.1 uses it
+/// (`nvme_ns_info_from_id_cs_indep`) for every CSI other than NVM and ZNS and
+/// ignores the namespace unless NSTAT says it is ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CsIndependentNamespace {
+    /// Byte 0: namespace features (bit 4 rotational media, bit 5 no volatile
+    /// write cache: Linux's NVME_NS_ROTATIONAL and NVME_NS_VWC_NOT_PRESENT).
+    pub nsfeat: u8,
+    /// Byte 1: multi-path I/O and sharing (bit 0: may be shared).
+    pub nmic: u8,
+    /// Byte 2: reservation capabilities.
+    pub rescap: u8,
+    /// Byte 3: format progress indicator.
+    pub fpi: u8,
+    /// Bytes 7:4: ANA group identifier.
+    pub anagrpid: u32,
+    /// Byte 8: namespace attributes (bit 0: write protected).
+    pub nsattr: u8,
+    /// Bytes 11:10: NVM set identifier.
+    pub nvmsetid: u16,
+    /// Bytes 13:12: endurance group identifier.
+    pub endgid: u16,
+    /// Byte 14: namespace status (bit 0: ready).
+    pub nstat: u8,
+}
+
+/// NSTAT bit 0: the namespace is ready for I/O (NRDY).
+pub const NSTAT_READY: u8 = 1 << 0;
+
+impl CsIndependentNamespace {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; IDENTIFY_LEN];
+        b[0] = self.nsfeat;
+        b[1] = self.nmic;
+        b[2] = self.rescap;
+        b[3] = self.fpi;
+        put_u32(&mut b, 4, self.anagrpid);
+        b[8] = self.nsattr;
+        put_u16(&mut b, 10, self.nvmsetid);
+        put_u16(&mut b, 12, self.endgid);
+        b[14] = self.nstat;
+        b
+    }
+    pub fn decode(b: &[u8]) -> CsIndependentNamespace {
+        let byte = |o: usize| b.get(o).copied().unwrap_or(0);
+        CsIndependentNamespace {
+            nsfeat: byte(0),
+            nmic: byte(1),
+            rescap: byte(2),
+            fpi: byte(3),
+            anagrpid: u32_at(b, 4),
+            nsattr: byte(8),
+            nvmsetid: u16_at(b, 10),
+            endgid: u16_at(b, 12),
+            nstat: byte(14),
+        }
+    }
 }
 
 /// Encodes an active namespace ID list: up to 1024 NSIDs greater than `after`.
@@ -332,6 +440,50 @@ mod tests {
         assert_eq!(IdentifyController::decode(&b), id);
     }
 
+    #[test]
+    fn cs_independent_namespace_offsets_match_linux() {
+        // struct nvme_id_ns_cs_indep: nsfeat 0, nmic 1, rescap 2, fpi 3,
+        // anagrpid 4, nsattr 8, nvmsetid 10, endgid 12, nstat 14.
+        let b = CsIndependentNamespace {
+            nsfeat: 0x11,
+            nmic: 0x01,
+            rescap: 0x22,
+            fpi: 0x33,
+            anagrpid: 0x4455_6677,
+            nsattr: 0x01,
+            nvmsetid: 0x8899,
+            endgid: 0xAABB,
+            nstat: NSTAT_READY,
+        }
+        .encode();
+        assert_eq!(
+            &b[..16],
+            &[
+                0x11, 0x01, 0x22, 0x33, 0x77, 0x66, 0x55, 0x44, 0x01, 0, 0x99, 0x88, 0xBB, 0xAA, 1,
+                0
+            ]
+        );
+        assert!(b[16..].iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn ns_descriptors_carry_the_csi_last() {
+        let b = encode_ns_descriptors(&[1; 8], &[2; 16], &[3; 16], csi::KEY_VALUE);
+        let d = decode_ns_descriptors(&b);
+        assert_eq!(d.len(), 4);
+        assert_eq!(d[3], (nidt::CSI, vec![csi::KEY_VALUE]));
+        // 4 + 8, 4 + 16, 4 + 16 bytes before it: the CSI header sits at 52.
+        assert_eq!(&b[52..56], &[nidt::CSI, 1, 0, 0]);
+        assert_eq!(b[56], csi::KEY_VALUE);
+    }
+
+    #[test]
+    fn io_command_set_vector_zero_is_at_offset_zero() {
+        let b = encode_io_command_set_vectors(&[csi_bit(csi::NVM) | csi_bit(csi::KEY_VALUE)]);
+        assert_eq!(u64_at(&b, 0), 0b11);
+        assert!(b[8..].iter().all(|&x| x == 0));
+    }
+
     proptest! {
         #[test]
         fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..5000)) {
@@ -339,6 +491,25 @@ mod tests {
             let _ = IdentifyNamespace::decode(&bytes);
             let _ = decode_ns_descriptors(&bytes);
             let _ = decode_ns_list(&bytes);
+            let _ = decode_io_command_set_vectors(&bytes);
+            let _ = CsIndependentNamespace::decode(&bytes);
+        }
+
+        #[test]
+        fn cs_independent_namespace_round_trips(
+            nsfeat in any::<u8>(), nmic in any::<u8>(), rescap in any::<u8>(), fpi in any::<u8>(),
+            anagrpid in any::<u32>(), nsattr in any::<u8>(), nvmsetid in any::<u16>(),
+            endgid in any::<u16>(), nstat in any::<u8>(),
+        ) {
+            let id = CsIndependentNamespace {
+                nsfeat, nmic, rescap, fpi, anagrpid, nsattr, nvmsetid, endgid, nstat,
+            };
+            prop_assert_eq!(CsIndependentNamespace::decode(&id.encode()), id);
+        }
+
+        #[test]
+        fn io_command_set_vectors_round_trip(v in proptest::collection::vec(1u64.., 0..IO_COMMAND_SET_VECTORS)) {
+            prop_assert_eq!(decode_io_command_set_vectors(&encode_io_command_set_vectors(&v)), v);
         }
     }
 }

@@ -25,6 +25,9 @@ pub struct GetLogPage {
     pub len: usize,
     /// Byte offset into the log page.
     pub offset: u64,
+    /// Command Set Identifier (CDW14 bits 31:24) for command-set-specific
+    /// pages such as Commands Supported and Effects.
+    pub csi: u8,
 }
 
 impl GetLogPage {
@@ -38,6 +41,7 @@ impl GetLogPage {
             rae: cdw10 & (1 << 15) != 0,
             len: numd * 4,
             offset: (sqe.cdw(13) as u64) << 32 | sqe.cdw(12) as u64,
+            csi: (sqe.cdw(14) >> 24) as u8,
         }
     }
     pub fn encode(&self, cid: u16, nsid: u32) -> Sqe {
@@ -53,6 +57,7 @@ impl GetLogPage {
         s.set_cdw(11, numd >> 16);
         s.set_cdw(12, self.offset as u32);
         s.set_cdw(13, (self.offset >> 32) as u32);
+        s.set_cdw(14, (self.csi as u32) << 24);
         s
     }
 }
@@ -312,8 +317,10 @@ mod tests {
             rae: true,
             len: 4 * 70000,
             offset: 1 << 33,
+            csi: 0x01,
         };
         assert_eq!(GetLogPage::parse(&g.encode(3, 0)), g);
+        assert_eq!(g.encode(3, 0).cdw(14), 0x0100_0000);
     }
 
     proptest! {

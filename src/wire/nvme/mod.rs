@@ -1,10 +1,11 @@
 //! NVMe command and data-structure layouts (NVMe Base 2.0, NVM Command Set 1.0,
-//! NVMe over Fabrics). Offsets follow the specification tables; the Linux host's
+//! Key Value Command Set 1.0, NVMe over Fabrics). Offsets follow the specification tables; the Linux host's
 //! `include/linux/nvme.h` and SPDK's `nvme_spec.h` static-assert the same ones.
 
 mod command;
 mod fabrics;
 mod identify;
+mod kv;
 mod log;
 mod registers;
 mod status;
@@ -13,6 +14,7 @@ mod status;
 pub use self::command::*;
 pub use self::fabrics::*;
 pub use self::identify::*;
+pub use self::kv::*;
 pub use self::log::*;
 pub use self::registers::*;
 pub use self::status::*;

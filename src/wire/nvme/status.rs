@@ -24,9 +24,16 @@ impl Status {
     pub const SGL_DESCRIPTOR_TYPE_INVALID: Status = Status::generic(0x11).no_retry();
     pub const SGL_OFFSET_INVALID: Status = Status::generic(0x16).no_retry();
     pub const KEEP_ALIVE_INVALID: Status = Status::generic(0x1A).no_retry();
+    // I/O command set status (Base 2.0, generic): CC.CSS = 110b world.
+    pub const IOCS_NOT_SUPPORTED: Status = Status::generic(0x29).no_retry();
+    pub const IOCS_NOT_ENABLED: Status = Status::generic(0x2A).no_retry();
+    pub const IOCS_COMBINATION_REJECTED: Status = Status::generic(0x2B).no_retry();
+    pub const INVALID_IOCS: Status = Status::generic(0x2C).no_retry();
     pub const LBA_OUT_OF_RANGE: Status = Status::generic(0x80).no_retry();
     pub const CAPACITY_EXCEEDED: Status = Status::generic(0x81).no_retry();
     pub const NAMESPACE_NOT_READY: Status = Status::generic(0x82);
+    pub const RESERVATION_CONFLICT: Status = Status::generic(0x83).no_retry();
+    pub const FORMAT_IN_PROGRESS: Status = Status::generic(0x84);
 
     // Command specific (SCT 1).
     pub const INVALID_QUEUE_ID: Status = Status::specific(0x01).no_retry();
@@ -38,6 +45,18 @@ impl Status {
     pub const CONNECT_CONTROLLER_BUSY: Status = Status::specific(0x81);
     pub const CONNECT_INVALID_PARAMETERS: Status = Status::specific(0x82).no_retry();
     pub const CONNECT_INVALID_HOST: Status = Status::specific(0x84).no_retry();
+
+    // Key Value Command Set specific (SCT 1). Capacity Exceeded, Namespace
+    // Not Ready, Reservation Conflict and Format In Progress (81h-84h) are
+    // generic status in the KV command set as in the NVM one (above).
+    pub const KV_INVALID_VALUE_SIZE: Status = Status::specific(0x85).no_retry();
+    pub const KV_INVALID_KEY_SIZE: Status = Status::specific(0x86).no_retry();
+    /// Retrieve, Delete, Exist of a key that is not there; Store with "only
+    /// if the key exists" of one that is not.
+    pub const KV_KEY_DOES_NOT_EXIST: Status = Status::specific(0x87).no_retry();
+    pub const KV_UNRECOVERED_ERROR: Status = Status::specific(0x88);
+    /// Store with "only if the key does not exist" of one that does.
+    pub const KV_KEY_EXISTS: Status = Status::specific(0x89).no_retry();
 
     // Media and data integrity errors (SCT 2).
     pub const WRITE_FAULT: Status = Status::media(0x80);
@@ -102,9 +121,15 @@ impl std::fmt::Display for Status {
             (0, 0x11) => "SGL descriptor type invalid",
             (0, 0x16) => "SGL offset invalid",
             (0, 0x1A) => "keep alive timeout invalid",
+            (0, 0x29) => "I/O command set not supported",
+            (0, 0x2A) => "I/O command set not enabled",
+            (0, 0x2B) => "I/O command set combination rejected",
+            (0, 0x2C) => "invalid I/O command set",
             (0, 0x80) => "LBA out of range",
             (0, 0x81) => "capacity exceeded",
             (0, 0x82) => "namespace not ready",
+            (0, 0x83) => "reservation conflict",
+            (0, 0x84) => "format in progress",
             (1, 0x01) => "invalid queue identifier",
             (1, 0x05) => "async event request limit exceeded",
             (1, 0x09) => "invalid log page",
@@ -114,6 +139,11 @@ impl std::fmt::Display for Status {
             (1, 0x81) => "connect: controller busy",
             (1, 0x82) => "connect: invalid parameters",
             (1, 0x84) => "connect: invalid host",
+            (1, 0x85) => "KV: invalid value size",
+            (1, 0x86) => "KV: invalid key size",
+            (1, 0x87) => "KV: key does not exist",
+            (1, 0x88) => "KV: unrecovered error",
+            (1, 0x89) => "KV: key exists",
             (2, 0x80) => "write fault",
             (2, 0x81) => "unrecovered read error",
             (2, 0x87) => "deallocated or unwritten logical block",
