@@ -579,17 +579,25 @@ mod tests {
         assert_eq!(dma::iova(on_heap.as_ptr(), 64), None);
     }
 
-    #[test]
-    fn mapper_sees_existing_and_new_chunks() {
-        use std::sync::{Arc, Mutex};
-        let _keep = IoBuf::new(4096);
-        let seen = Arc::new(Mutex::new(Vec::<dma::DmaRange>::new()));
+    /// A mapper that only records the ranges it is given.
+    fn recording_mapper() -> (
+        dma::MapperId,
+        std::sync::Arc<std::sync::Mutex<Vec<dma::DmaRange>>>,
+    ) {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let s2 = seen.clone();
         let id = dma::register_mapper(move |r| {
             s2.lock().unwrap().push(*r);
             Ok(())
         })
         .unwrap();
+        (id, seen)
+    }
+
+    #[test]
+    fn mapper_sees_existing_and_new_chunks() {
+        let _keep = IoBuf::new(4096);
+        let (id, seen) = recording_mapper();
         let first = seen.lock().unwrap().clone();
         assert_eq!(first.len(), 1, "existing chunks come in one range");
         assert_eq!(first[0].iova, dma::DMA_IOVA_BASE);
@@ -609,15 +617,8 @@ mod tests {
     fn every_buffer_lies_inside_one_range_a_mapper_was_given() {
         // RDMA registers each range as one MR and an SGE must lie in one MR:
         // no buffer may straddle two ranges of one mapper.
-        use std::sync::{Arc, Mutex};
         let early: Vec<IoBuf> = [4096, 1 << 20, 3 << 20].map(IoBuf::new).into();
-        let seen = Arc::new(Mutex::new(Vec::<dma::DmaRange>::new()));
-        let s2 = seen.clone();
-        let id = dma::register_mapper(move |r| {
-            s2.lock().unwrap().push(*r);
-            Ok(())
-        })
-        .unwrap();
+        let (id, seen) = recording_mapper();
         let mut late: Vec<IoBuf> = Vec::new();
         for round in 0..3 {
             for len in [4096, 64 << 10, 2 << 20, 5 << 20, 9 << 20] {

@@ -51,6 +51,8 @@ pub enum PerfError {
     InactiveNamespace(u32),
     #[error("--bs must be a multiple of the {0}-byte block size")]
     BlockSize(u32),
+    #[error("--lmcache-metadata must be a multiple of the {0}-byte block size")]
+    LmcacheMetadata(u32),
     #[error("namespace smaller than one I/O per queue")]
     NamespaceTooSmall,
 

@@ -359,7 +359,7 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
     }
     let (workload, layout) = o.workload.layout(o.lmcache_metadata);
     if o.lmcache_metadata % lba as u64 != 0 {
-        return Err(PerfError::BlockSize(lba));
+        return Err(PerfError::LmcacheMetadata(lba));
     }
     let bytes = ns.nsze.saturating_mul(lba as u64);
     let total = bytes.saturating_sub(layout.base()) / layout.stride(o.block_size);
