@@ -29,7 +29,8 @@ die() { echo "guest-build: error: $*" >&2; exit 1; }
 # libibverbs1, librdmacm1, ibverbs-providers: rdma-core for kvtarget's NVMe/RDMA
 # listener inside the guest (soft-RoCE provider librxe), copied in below.
 host_pkgs=(qemu-system-x86 busybox-static nvme-cli fio jq kmod cpio util-linux
-           coreutils iproute2 dpkg libibverbs1 librdmacm1 ibverbs-providers)
+           coreutils iproute2 dpkg libibverbs1 librdmacm1 ibverbs-providers
+           python3.11-minimal libpython3.11-stdlib)
 missing=()
 for p in "${host_pkgs[@]}"; do
     dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
@@ -53,14 +54,21 @@ fi
 kver_pkg=$(apt-cache policy "$kpkg" | awk '/Candidate:/ {print $2}')
 [ -n "$kver_pkg" ] && [ "$kver_pkg" != "(none)" ] || die "no candidate for $kpkg"
 
+# LMCache's raw-block I/O helper (issue 19's client), pinned by version and digest: a
+# PyO3 wheel for CPython 3.11 needing only glibc, run in the guest by Debian's python3.11.
+LMCACHE_WHEEL=lmcache_rust_raw_block_io-0.5.7rc2-cp311-cp311-manylinux_2_28_x86_64.whl
+LMCACHE_WHEEL_SHA256=8abadf1a331329ca3ef700c4b732aa6474ad37ac28926d1db758f0a96f9066fc
+
 # --- cache key ----------------------------------------------------------------------
 ver() { dpkg-query -W -f '${Version}' "$1" 2>/dev/null || echo none; }
 key_src=$(
     echo "kernel $kpkg $kver_pkg"
     for p in busybox-static nvme-cli libnvme1 fio jq libjq1 util-linux coreutils libc6 \
-             libibverbs1 librdmacm1 ibverbs-providers iproute2; do
+             libibverbs1 librdmacm1 ibverbs-providers iproute2 python3.11-minimal \
+             libpython3.11-stdlib; do
         echo "$p $(ver "$p")"
     done
+    echo "wheel $LMCACHE_WHEEL $LMCACHE_WHEEL_SHA256"
     sha256sum "$here/build.sh" "$here/init" | awk '{print $1}'
 )
 key=$(printf '%s\n' "$key_src" | sha256sum | cut -c1-16)
@@ -92,6 +100,23 @@ if [ ! -s "$deb" ]; then
         GUEST_BUILD_RETRIED=1 exec "$0" "$@"
     fi
     mv "$work"/"$kpkg"_*.deb "$deb"
+fi
+wheel=$cache/debs/$LMCACHE_WHEEL
+if [ ! -s "$wheel" ] || ! echo "$LMCACHE_WHEEL_SHA256  $wheel" | sha256sum -c --quiet - 2>/dev/null; then
+    log "downloading $LMCACHE_WHEEL from PyPI"
+    rm -f "$wheel"
+    pip=(python3 -m pip)
+    if ! "${pip[@]}" --version > /dev/null 2>&1; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -q >&2
+        apt-get install -y -q --no-install-recommends python3-pip >&2
+        pip=(/usr/bin/python3 -m pip)
+    fi
+    "${pip[@]}" download -q --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 \
+        --python-version 3.11 --implementation cp --dest "$work/wheel" \
+        lmcache-rust-raw-block-io==0.5.7rc2 >&2 || die "cannot download $LMCACHE_WHEEL"
+    mv "$work/wheel/$LMCACHE_WHEEL" "$wheel" || die "pip did not fetch $LMCACHE_WHEEL"
+    echo "$LMCACHE_WHEEL_SHA256  $wheel" | sha256sum -c --quiet - || die "$LMCACHE_WHEEL: digest mismatch"
 fi
 kroot=$work/kernel
 dpkg-deb -x "$deb" "$kroot"
@@ -157,6 +182,29 @@ for l in /lib/x86_64-linux-gnu/libgcc_s.so.1 /lib/x86_64-linux-gnu/libibverbs.so
     echo "$l" >> "$work/libs.txt"
     ldd "$l" | awk '/=> \// {print $3}' >> "$work/libs.txt"
 done
+# Python 3.11 for the LMCache scenario: Debian's interpreter and its standard library
+# without what the guest never runs (tests, IDLE, Tk, build configs, curses, sqlite,
+# ssl), then the pinned wheel's package into dist-packages.
+py=/usr/lib/python3.11
+[ -x /usr/bin/python3.11 ] && [ -d "$py" ] || die "missing Debian python3.11 (python3.11-minimal, libpython3.11-stdlib)"
+mkdir -p "$ramfs$py" "$ramfs/usr/lib/python3/dist-packages"
+(cd "$py" && find . \( -path ./test -o -path ./idlelib -o -path ./tkinter -o -path ./turtledemo \
+        -o -path ./ensurepip -o -path ./lib2to3 -o -path ./pydoc_data -o -path ./distutils \
+        -o -path './config-3.11-*' -o -path ./dist-packages -o -path ./site-packages \
+        -o -name __pycache__ -o -path './lib-dynload/_test*' -o -path './lib-dynload/xx*' \
+        -o -path './lib-dynload/_ssl*' -o -path './lib-dynload/_hashlib*' \
+        -o -path './lib-dynload/_sqlite3*' -o -path './lib-dynload/_dbm*' -o -path './lib-dynload/nis*' \
+        -o -path './lib-dynload/_curses*' -o -path './lib-dynload/readline*' \
+        -o -path './lib-dynload/_tkinter*' -o -path './lib-dynload/ossaudiodev*' \) -prune \
+        -o -print0 | cpio --null -pdm --quiet "$ramfs$py")
+/usr/bin/python3.11 -m zipfile -e "$wheel" "$ramfs/usr/lib/python3/dist-packages" \
+    || die "cannot unpack $LMCACHE_WHEEL"
+for l in /usr/bin/python3.11 "$ramfs$py"/lib-dynload/*.so \
+         "$ramfs"/usr/lib/python3/dist-packages/lmcache_rust_raw_block_io/*.so; do
+    ldd "$l" | awk '/=> \// {print $3} /^\t\/lib64/ {print $1}' >> "$work/libs.txt"
+done
+cp /usr/bin/python3.11 "$ramfs/usr/bin/python3.11"
+ln -s python3.11 "$ramfs/usr/bin/python3"
 mkdir -p "$ramfs/etc/libibverbs.d"
 cp /etc/libibverbs.d/rxe.driver "$ramfs/etc/libibverbs.d/"
 for b in "${bins[@]}"; do

@@ -29,7 +29,7 @@ ls -1dt "$repo"/.cache/interop/rdma-* 2>/dev/null | tail -n +4 | xargs -r rm -rf
 share=$out/share
 rm -rf "$share"; mkdir -p "$share"
 cp "$bin" "$share/kvtarget"
-cp "$here/tcp-suite.sh" "$here/klog-filter.sh" "$here/rdma-guest.sh" "$share/"
+cp "$here/tcp-suite.sh" "$here/klog-filter.sh" "$here/rdma-guest.sh" "$here/lmcache_scenario.py" "$share/"
 # SPDK's NVMe/RDMA host tools for the spdk-rdma-host scenario, with every library
 # they load (the guest has only glibc's basics; same glibc as the host).
 if [ -n "${SPDK_DIR:-}" ] && [ -x "$SPDK_DIR/build/bin/spdk_nvme_perf" ]; then

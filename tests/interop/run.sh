@@ -49,10 +49,12 @@ PORT=4420
 DISC_PORT=8009
 SIZE_MIB=256
 BLOCK=4096
-# kvtarget's namespaces: thin volumes of one pool, NSID:SIZE_MIB:BLOCK_SIZE:UNWRITTEN.
-# NSID 1 carries the common scenarios; 2 and 3 the volume scenarios (tcp-suite.sh).
-VOLUMES="1:$SIZE_MIB:$BLOCK:zeroes 2:64:4096:zeroes 3:64:512:error"
-POOL_MIB=$((SIZE_MIB + 512))
+# kvtarget's namespaces: thin volumes of one pool, NSID:SIZE_MIB:BLOCK_SIZE:UNWRITTEN[:wt].
+# NSID 1 carries the common scenarios; 2 and 3 the volume scenarios (tcp-suite.sh); 4 is
+# LMCache's raw-block device (lmcache-raw-block), "wt": its namespace has no volatile
+# write cache (write_cache = false), the configuration the README gives LMCache.
+VOLUMES="1:$SIZE_MIB:$BLOCK:zeroes 2:64:4096:zeroes 3:64:512:error 4:512:4096:error:wt"
+POOL_MIB=$((SIZE_MIB + 1024))
 KV_SERIAL=KVTINTEROP0001
 KV_MODEL=kvtarget
 timeout_s=${INTEROP_TIMEOUT:-900}
@@ -149,7 +151,8 @@ new_share() {
     local share=$out/$1
     rm -rf "$share"
     mkdir -p "$share"
-    cp "$here/tcp-suite.sh" "$here/klog-filter.sh" "$here/nvmet-control.sh" "$share/"
+    cp "$here/tcp-suite.sh" "$here/klog-filter.sh" "$here/nvmet-control.sh" \
+        "$here/lmcache_scenario.py" "$share/"
     # bench/fio's job files, run by the bench-fio-profiles scenario.
     mkdir -p "$share/fio"
     cp "$repo"/bench/fio/*.fio "$share/fio/"
@@ -287,7 +290,7 @@ extent_size = "1MiB"
 EOF
     local v n m b u
     for v in $VOLUMES; do
-        IFS=: read -r n m b u <<< "$v"
+        IFS=: read -r n m b u _ <<< "$v"
         printf '\n[[pools.volumes]]\nname = "ns%s"\nsize = "%sMiB"\nblock_size = %s\nunwritten = "%s"\n' "$n" "$m" "$b" "$u"
     done
     cat <<EOF
@@ -300,8 +303,9 @@ allow_any_host = false
 hosts = ["$HOSTNQN"]
 EOF
     for v in $VOLUMES; do
-        IFS=: read -r n m b u <<< "$v"
+        IFS=: read -r n m b u w <<< "$v"
         printf '\n[[subsystems.namespaces]]\nnsid = %s\nvolume = "interop/ns%s"\n' "$n" "$n"
+        [ "$w" = wt ] && printf 'write_cache = false\n'
     done
     } > "$kv_cfg"
     if ! "$bin" check-config "$kv_cfg" >> "$out/kvtarget/kvtarget.log" 2>&1; then
@@ -355,7 +359,7 @@ EOF
             for i in $(seq 1 300); do [ -e "$share/restart-resume" ] && break; sleep 0.2; done
             echo "---- interop: start after restart $restarts ----" >> "$out/kvtarget/kvtarget.log"
             if kv_start; then
-                echo "restarted" > "$share/restart-done"
+                echo "restarted after SIG$restart_signal" > "$share/restart-done"
                 log "kvtarget restarted"
             else
                 restart_ok=0
