@@ -55,6 +55,9 @@
 #        state, not across days,
 #      KVTARGET_CONFIG: kvtarget's configuration instead of config/bench-ram.toml (for
 #        trying a setting; it must serve the same namespaces),
+#      KVTARGET_BASE_CONFIG: the base target's configuration (default: kvtarget's), so
+#        that two settings of one build are compared in the same rounds
+#        (KVTARGET_BASE_BIN may then be the same binary),
 #      SPDK_CACHE / SPDK_DIR (see ci/spdk.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -181,10 +184,10 @@ spdk_version=$(srpc spdk_get_version | python3 -c 'import json, sys; print(json.
 kill -STOP "$spdk_pid"
 
 # --- kvtarget (and its baseline build) ---
-start_kv() { # NAME BIN PORT -> sets started_pid, started_sock, started_version
-    local name=$1 bin=$2 port=$3
+start_kv() { # NAME BIN PORT [CONFIG] -> sets started_pid, started_sock, started_version
+    local name=$1 bin=$2 port=$3 cfg=${4:-$kv_config}
     sed -e "s/^port = [0-9]*/port = $port/" -e 's/^block_size = [0-9]*/block_size = 4096/' \
-        "$kv_config" > "$work/$name.toml"
+        "$cfg" > "$work/$name.toml"
     started_sock=$work/$name.sock
     "$bin" --config "$work/$name.toml" -r "$started_sock" > "$work/$name.log" 2>&1 &
     started_pid=$!
@@ -214,7 +217,9 @@ declare -A nqn_of=([spdk]=$spdk_nqn [kvtarget]=$kv_nqn)
 base_version=
 if [ -n "${KVTARGET_BASE_BIN:-}" ]; then
     [ -x "$KVTARGET_BASE_BIN" ] || die "KVTARGET_BASE_BIN $KVTARGET_BASE_BIN is not an executable"
-    start_kv base "$KVTARGET_BASE_BIN" "$base_port"
+    base_config=${KVTARGET_BASE_CONFIG:-$kv_config}
+    [ -r "$base_config" ] || die "cannot read $base_config"
+    start_kv base "$KVTARGET_BASE_BIN" "$base_port" "$base_config"
     base_pid=$started_pid base_version=$started_version
     targets=(spdk base kvtarget)
     pid_of[base]=$base_pid
@@ -470,7 +475,7 @@ PY
     echo "Command: \`$cmdline\` (\`bench/run-vs-spdk.sh --help\` says what it sets up)."
     echo "SPDK: $spdk_version, nvmf_tgt -m 0x1, TCP transport defaults, Malloc bdev 1 GiB / 4096 B."
     echo "kvtarget: $kv_version, $kv_config on a free port with 4096-byte blocks."
-    [ -z "$base_version" ] || echo "base: $base_version (\`KVTARGET_BASE_BIN=$KVTARGET_BASE_BIN\`), the same configuration on its own port."
+    [ -z "$base_version" ] || echo "base: $base_version (\`KVTARGET_BASE_BIN=$KVTARGET_BASE_BIN\`), $base_config on its own port."
     echo "Initiator: spdk_nvme_perf -c 0x2 -L (LMCache rows: \`kvtarget perf --cpus 1\` of this tree). Machine: $(nproc) cores."
     echo "Load at start: \`$load_start\`; at end: \`$load_end\`."
     echo
