@@ -6,9 +6,10 @@ Issue 19's client in the interop guest. The I/O goes through the pinned
 io_uring, or NVMe passthrough on /dev/ngXnY with `use_uring_cmd`), with the
 layout LMCache's raw-block backend puts on a device:
 
-- a metadata region first; at its start two alternating checkpoint containers
-  (one 4 KiB header each: magic, generation, JSON length, SHA-256 of the JSON;
-  the JSON index follows the header);
+- a metadata region first, split in two alternating checkpoint containers, each
+  a 4 KiB header (`LMCIDX01`, version, sequence, JSON length, CRC32 of the JSON,
+  as LMCache's RawBlockCore writes it) and the JSON index after it, written
+  together in one batch; the newest whose CRC checks out is loaded;
 - then fixed slots of round_up(4096 + chunk, 4096) bytes: a 4 KiB header
   (`LMCBLK01`, key id, payload length) at the slot start, the payload at
   slot + 4 KiB, zero-padded to 4 KiB;
@@ -34,7 +35,6 @@ check, 2 on bad usage):
 import argparse
 import concurrent.futures
 import errno
-import hashlib
 import json
 import mmap
 import os
@@ -42,13 +42,18 @@ import random
 import struct
 import sys
 import time
+import zlib
 
 from lmcache_rust_raw_block_io import RawBlockDevice
 
 BLOCK = 4096
 SLOT_MAGIC = b"LMCBLK01"
-CKPT_MAGIC = b"LMCCKPT1"
-CKPT_CONTAINER = 4 << 20  # each of the two checkpoint containers
+# LMCache's checkpoint header (RawBlockCore): magic, version, sequence, payload
+# length, CRC32 of the JSON payload; one block at the start of each of two
+# containers that split the metadata region in halves, the payload after it.
+META_HEADER = struct.Struct("<8sIQQI")
+META_MAGIC = b"LMCIDX01"
+META_VERSION = 1
 STAMP = struct.Struct("<QQQ")  # key id, generation, block index
 
 
@@ -75,8 +80,9 @@ class Layout:
         self.chunk = chunk
         self.slot_bytes = round_up(BLOCK + chunk, BLOCK)
         self.slots = (size - meta) // self.slot_bytes
-        if meta < 2 * CKPT_CONTAINER:
-            raise SystemExit(f"--meta-mib: must hold two {CKPT_CONTAINER >> 20} MiB checkpoints")
+        self.container = meta // 2 // BLOCK * BLOCK
+        if self.container <= BLOCK:
+            raise SystemExit("--meta-mib: too small for two checkpoint containers")
         if self.slots < 3:
             raise SystemExit(f"device of {size} bytes holds {self.slots} slots of {self.slot_bytes}: need 3")
 
@@ -179,50 +185,63 @@ def write_at(dev, off, buf, n):
 
 
 def read_checkpoint(dev, lay):
-    """The newest container whose header and JSON check out, or None."""
+    """The newest container whose header and payload CRC check out, or None.
+
+    As LMCache's RawBlockCore loads it: a header that fails to read or does not
+    parse means no checkpoint there (a fresh `unwritten = "error"` volume fails
+    the read with ENODATA); a payload whose CRC32 differs is torn and ignored.
+    """
     best = None
     for c in (0, 1):
+        at = c * lay.container
         h = aligned(BLOCK)
         try:
-            read_at(dev, c * CKPT_CONTAINER, h, BLOCK)
+            read_at(dev, at, h, BLOCK)
         except OSError as e:
-            # A fresh `unwritten = "error"` volume: the never-written container
-            # fails to read (ENODATA through the block layer), which means empty.
-            if e.errno not in (errno.ENODATA, errno.EIO):
-                raise
-            log(f"checkpoint container {c}: never written ({e})")
+            log(f"checkpoint container {c}: header unreadable, none there ({e})")
             continue
-        if h[:8] != CKPT_MAGIC:
+        magic, version, seq, n, crc = META_HEADER.unpack_from(h, 0)
+        if magic != META_MAGIC or version != META_VERSION:
             log(f"checkpoint container {c}: no checkpoint")
             continue
-        gen, n = struct.unpack_from("<QQ", h, 8)
-        digest = bytes(h[24:56])
-        if n == 0 or BLOCK + n > CKPT_CONTAINER:
-            log(f"checkpoint container {c}: generation {gen}: bad length {n}")
+        if n == 0 or n > lay.container - BLOCK:
+            log(f"checkpoint container {c}: sequence {seq}: bad length {n}")
             continue
-        body = aligned(BLOCK + n)
-        read_at(dev, c * CKPT_CONTAINER, body, round_up(BLOCK + n, BLOCK))
-        js = bytes(body[BLOCK:BLOCK + n])
-        if hashlib.sha256(js).digest() != digest:
-            log(f"checkpoint container {c}: generation {gen}: torn (digest mismatch), ignored")
+        body = aligned(n)
+        try:
+            read_at(dev, at + BLOCK, body, round_up(n, BLOCK))
+        except OSError as e:
+            log(f"checkpoint container {c}: sequence {seq}: payload unreadable ({e}), ignored")
             continue
-        log(f"checkpoint container {c}: generation {gen}, {n} bytes")
-        if best is None or gen > best[0]:
-            best = (gen, json.loads(js))
+        js = bytes(body[:n])
+        if zlib.crc32(js) & 0xFFFFFFFF != crc:
+            log(f"checkpoint container {c}: sequence {seq}: torn (CRC mismatch), ignored")
+            continue
+        log(f"checkpoint container {c}: sequence {seq}, {n} bytes")
+        if best is None or seq > best[0]:
+            best = (seq, json.loads(js))
     return best
 
 
-def write_checkpoint(dev, gen, index):
-    js = json.dumps({"generation": gen, "index": index}, sort_keys=True).encode()
-    total = round_up(BLOCK + len(js), BLOCK)
-    if total > CKPT_CONTAINER:
+def write_checkpoint(dev, lay, seq, index):
+    """Sequence `seq` into container (seq - 1) % 2: payload and header in one batch."""
+    js = json.dumps({"version": 1, "entries": index}, sort_keys=True).encode()
+    if len(js) > lay.container - BLOCK:
         raise Check(f"index of {len(index)} keys does not fit a checkpoint container")
-    buf = aligned(total)
-    buf[:56] = CKPT_MAGIC + struct.pack("<QQ", gen, len(js)) + hashlib.sha256(js).digest()
-    buf[BLOCK:BLOCK + len(js)] = js
-    c = gen % 2
-    write_at(dev, c * CKPT_CONTAINER, buf, total)
-    log(f"checkpoint generation {gen} ({len(index)} keys) into container {c}")
+    payload = aligned(len(js))
+    payload[:len(js)] = js
+    header = aligned(BLOCK)
+    header[:META_HEADER.size] = META_HEADER.pack(
+        META_MAGIC, META_VERSION, seq, len(js), zlib.crc32(js) & 0xFFFFFFFF
+    )
+    at = ((seq - 1) % 2) * lay.container
+    total = round_up(len(js), BLOCK)
+    if IO_URING:
+        batch(dev, True, [at + BLOCK, at], [payload, header], [total, BLOCK], "checkpoint")
+    else:
+        dev.pwrite_from_buffer(at + BLOCK, payload, total, total)
+        dev.pwrite_from_buffer(at, header, BLOCK, BLOCK)
+    log(f"checkpoint sequence {seq} ({len(index)} keys) into container {(seq - 1) % 2}")
 
 
 # --- commands ----------------------------------------------------------------------
@@ -230,8 +249,8 @@ def write_checkpoint(dev, gen, index):
 
 def cmd_store(a, dev, lay):
     ck = read_checkpoint(dev, lay)
-    index = ck[1]["index"] if ck else {}
-    gen = (ck[0] + 1) if ck else 0
+    index = ck[1]["entries"] if ck else {}
+    seq = (ck[0] + 1) if ck else 1
     by_slot = {v["slot"]: k for k, v in index.items()}
     keys = list(range(a.first, a.first + a.count))
     slots = [a.slot + i for i in range(a.count)]
@@ -266,19 +285,19 @@ def cmd_store(a, dev, lay):
     log(f"stored keys {keys} (generation {a.gen}) into slots {slots}: {mib:.0f} MiB in {dt:.2f} s")
     for k, s, _ in bufs:
         index[str(k)] = {"slot": s, "length": lay.chunk, "gen": a.gen}
-    write_checkpoint(dev, gen, index)
+    write_checkpoint(dev, lay, seq, index)
 
 
 def cmd_verify(a, dev, lay):
     ck = read_checkpoint(dev, lay)
     if ck is None:
         raise Check("no valid checkpoint on the device")
-    gen, body = ck
-    index = {int(k): v for k, v in body["index"].items()}
+    seq, body = ck
+    index = {int(k): v for k, v in body["entries"].items()}
     if a.expect_keys is not None:
         want = sorted(int(x) for x in a.expect_keys.split(",") if x)
         if sorted(index) != want:
-            raise Check(f"checkpoint {gen} indexes keys {sorted(index)}, expected {want}")
+            raise Check(f"checkpoint {seq} indexes keys {sorted(index)}, expected {want}")
     # Restart recovery: one header per indexed slot.
     for k, v in sorted(index.items()):
         h = aligned(BLOCK)
@@ -307,7 +326,7 @@ def cmd_verify(a, dev, lay):
         want = payload(k, v["gen"], lay.chunk)
         if out[:lay.chunk] != want[:lay.chunk]:
             raise Check(f"key {k} (slot {v['slot']}): payload differs at {first_difference(out, want, lay.chunk)}")
-    log(f"checkpoint {gen}: {len(items)} chunks verified ({len(items) * lay.chunk >> 20} MiB read in {dt:.2f} s)")
+    log(f"checkpoint {seq}: {len(items)} chunks verified ({len(items) * lay.chunk >> 20} MiB read in {dt:.2f} s)")
 
 
 def expect_miss(dev, off, n, what):
