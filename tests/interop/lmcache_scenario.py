@@ -37,7 +37,6 @@ import concurrent.futures
 import errno
 import json
 import mmap
-import os
 import random
 import struct
 import sys
@@ -55,6 +54,12 @@ META_HEADER = struct.Struct("<8sIQQI")
 META_MAGIC = b"LMCIDX01"
 META_VERSION = 1
 STAMP = struct.Struct("<QQQ")  # key id, generation, block index
+
+
+def usage(msg):
+    """Bad arguments for this device: exit 2, as argparse does."""
+    print(f"lmcache-scenario: {msg}", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def log(msg):
@@ -82,9 +87,9 @@ class Layout:
         self.slots = (size - meta) // self.slot_bytes
         self.container = meta // 2 // BLOCK * BLOCK
         if self.container <= BLOCK:
-            raise SystemExit("--meta-mib: too small for two checkpoint containers")
+            usage("--meta-mib: too small for two checkpoint containers")
         if self.slots < 3:
-            raise SystemExit(f"device of {size} bytes holds {self.slots} slots of {self.slot_bytes}: need 3")
+            usage(f"device of {size} bytes holds {self.slots} slots of {self.slot_bytes}: need 3")
 
     def slot_off(self, slot):
         return self.meta + slot * self.slot_bytes
@@ -239,8 +244,8 @@ def write_checkpoint(dev, lay, seq, index):
     if IO_URING:
         batch(dev, True, [at + BLOCK, at], [payload, header], [total, BLOCK], "checkpoint")
     else:
-        dev.pwrite_from_buffer(at + BLOCK, payload, total, total)
-        dev.pwrite_from_buffer(at, header, BLOCK, BLOCK)
+        write_at(dev, at + BLOCK, payload, total)
+        write_at(dev, at, header, BLOCK)
     log(f"checkpoint sequence {seq} ({len(index)} keys) into container {(seq - 1) % 2}")
 
 
@@ -255,7 +260,7 @@ def cmd_store(a, dev, lay):
     keys = list(range(a.first, a.first + a.count))
     slots = [a.slot + i for i in range(a.count)]
     if slots[-1] >= lay.slots:
-        raise SystemExit(f"--slot/--count: slots up to {slots[-1]}, the device has {lay.slots}")
+        usage(f"--slot/--count: slots up to {slots[-1]}, the device has {lay.slots}")
     for s in slots:  # eviction: the slot's old key leaves the index, its data is overwritten
         if s in by_slot:
             old = by_slot[s]
@@ -343,7 +348,7 @@ def expect_miss(dev, off, n, what):
 def cmd_probe(a, dev, lay):
     s = a.slot
     if s >= lay.slots:
-        raise SystemExit(f"--slot: {s}, the device has {lay.slots} slots")
+        usage(f"--slot: {s}, the device has {lay.slots} slots")
     expect_miss(dev, lay.slot_off(s), BLOCK, f"never-written slot {s} header")
     # A torn chunk: the header and the first half of the payload reached the device,
     # the rest never did. On an unwritten = "error" volume its retrieve fails.
@@ -368,7 +373,6 @@ def main():
     ap.add_argument("--odirect", action="store_true")
     ap.add_argument("--split-kib", type=int, default=0,
                     help="--uring-cmd: largest command (the device's MDTS, max_hw_sectors_kb)")
-    ap.add_argument("--size-mib", type=int, help="device size (default: the helper's size_bytes)")
     ap.add_argument("--meta-mib", type=int, default=128)
     ap.add_argument("--chunk-mib", type=int, default=32)
     ap.add_argument("--first", type=int, default=0, help="store: first key id")
@@ -378,12 +382,12 @@ def main():
     ap.add_argument("--expect-keys", help="verify: the keys the checkpoint must index (comma list)")
     a = ap.parse_args()
     if a.uring_cmd and a.engine != "io_uring":
-        raise SystemExit("--uring-cmd needs --engine io_uring")
+        usage("--uring-cmd needs --engine io_uring")
     global IO_URING, SPLIT
     IO_URING = a.engine == "io_uring"
     SPLIT = (a.split_kib << 10) if a.uring_cmd else 0
     dev = open_dev(a)
-    size = a.size_mib << 20 if a.size_mib else dev.size_bytes()
+    size = dev.size_bytes()
     lay = Layout(size, a.meta_mib << 20, a.chunk_mib << 20)
     mode = f"{a.engine}{f' uring_cmd, split at {a.split_kib} KiB' if a.uring_cmd else ''}{' O_DIRECT' if a.odirect else ''}"
     log(f"{a.command} on {a.dev} ({mode}): {size >> 20} MiB, metadata {a.meta_mib} MiB, {lay.slots} slots of {lay.slot_bytes} bytes")
