@@ -260,7 +260,7 @@ fn start_pool(
             piece: p.dual_path.piece,
             max_inflight: p.dual_path.max_inflight,
         },
-        ..PoolOptions::default()
+        commit_interval: Some(std::time::Duration::from_millis(p.commit_interval_ms)),
     };
     let pool = Pool::open(&p.name, dev, opts).map_err(pool_err)?;
     if pool.sb.extent_size != p.extent_size {
@@ -333,6 +333,7 @@ impl Server {
             max_io_size: t.max_io_size as u32,
             max_h2c_data: t.max_h2c_data as u32,
             max_r2t_len: t.max_r2t_length.min(u32::MAX as u64) as u32,
+            max_active_r2ts: t.max_active_r2ts,
             c2h_success: t.c2h_success,
         };
         let target = Arc::new(Target::new(limits));

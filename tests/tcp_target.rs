@@ -315,6 +315,58 @@ fn large_transfers(digests: Digests) {
     }
 }
 
+/// `tcp.max_active_r2ts` bounds the writes a connection asks data for at once;
+/// the others get their R2T as earlier ones finish, in arrival order.
+fn active_r2ts(limit: Option<u16>, writes: u64) -> Vec<usize> {
+    let extra = limit.map_or(String::new(), |n| format!("max_active_r2ts = {n}"));
+    let h = Harness::start_with(&extra, "uring");
+    let mut c = HostController::connect(&h.opts()).unwrap();
+    c.set_queue_count(2).unwrap();
+    let mut q = c.io_queue(1).unwrap();
+    q.q.hold_r2ts = true;
+    // 64 KiB each: more than the 8 KiB of in-capsule data, so each needs an R2T.
+    let cids: Vec<u16> = (0..writes)
+        .map(|i| {
+            q.submit_write(1, i * 128, pattern(i + 300, 64 << 10), 512, false)
+                .unwrap()
+        })
+        .collect();
+    let mut asked = Vec::new();
+    let mut answered = 0;
+    while answered < cids.len() {
+        q.q.pump_for(Duration::from_millis(300)).unwrap();
+        let held = q.q.held_r2ts();
+        assert!(
+            !held.is_empty(),
+            "no R2T after {answered} answered: {asked:?}"
+        );
+        let want: Vec<u16> = cids[answered..answered + held.len()].to_vec();
+        assert_eq!(held, want, "R2Ts in submission order");
+        asked.push(held.len());
+        answered += held.len();
+        q.q.release_r2ts().unwrap();
+    }
+    q.q.hold_r2ts = false;
+    for cid in &cids {
+        q.q.wait_for(*cid).unwrap().ok().unwrap();
+    }
+    for i in 0..writes {
+        assert_eq!(
+            q.read(1, i * 128, 128, 512).unwrap(),
+            pattern(i + 300, 64 << 10)
+        );
+    }
+    asked
+}
+
+#[test]
+fn writes_get_r2ts_up_to_the_active_limit() {
+    assert_eq!(active_r2ts(Some(2), 5), vec![2, 2, 1]);
+    assert_eq!(active_r2ts(Some(1), 3), vec![1, 1, 1]);
+    // The default (32) asks for all of a few at once.
+    assert_eq!(active_r2ts(None, 5), vec![5]);
+}
+
 #[test]
 fn large_transfers_without_digests() {
     large_transfers(Digests::default());

@@ -84,6 +84,10 @@ pub struct QueueConn {
     /// between them (0: all at once), and corrupt the next H2CData's data digest.
     pub h2c_trickle: usize,
     pub corrupt_next_data_digest: bool,
+    /// Test knob: keep R2Ts instead of answering them (see `release_r2ts`), to
+    /// see how many the target asks for at once.
+    pub hold_r2ts: bool,
+    held_r2ts: Vec<(DataHeader, u16)>,
 }
 
 impl QueueConn {
@@ -106,6 +110,8 @@ impl QueueConn {
             timeout,
             h2c_trickle: 0,
             corrupt_next_data_digest: false,
+            hold_r2ts: false,
+            held_r2ts: Vec::new(),
         };
         let mut b = Vec::new();
         pdu::encode_icreq(
@@ -321,6 +327,31 @@ impl QueueConn {
         self.wait_for(cid)
     }
 
+    /// Handles whatever PDUs arrive for `d` (R2Ts held with `hold_r2ts`).
+    pub fn pump_for(&mut self, d: Duration) -> Result<()> {
+        let deadline = Instant::now() + d;
+        loop {
+            match self.pump(deadline) {
+                Ok(()) => {}
+                Err(Error::Timeout) => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// R2Ts held so far and not yet answered (CIDs, in arrival order).
+    pub fn held_r2ts(&self) -> Vec<u16> {
+        self.held_r2ts.iter().map(|(_, cid)| *cid).collect()
+    }
+
+    /// Answers every held R2T with its data.
+    pub fn release_r2ts(&mut self) -> Result<()> {
+        for (hdr, cid) in std::mem::take(&mut self.held_r2ts) {
+            self.send_h2c(hdr, cid)?;
+        }
+        Ok(())
+    }
+
     /// Reads and handles PDUs until at least one arrives.
     fn pump(&mut self, deadline: Instant) -> Result<()> {
         loop {
@@ -342,7 +373,11 @@ impl QueueConn {
                 Some(Ok((action, n))) => {
                     self.consume(n);
                     if let Some((hdr, cid)) = action {
-                        self.send_h2c(hdr, cid)?;
+                        if self.hold_r2ts {
+                            self.held_r2ts.push((hdr, cid));
+                        } else {
+                            self.send_h2c(hdr, cid)?;
+                        }
                     }
                     return Ok(());
                 }

@@ -42,6 +42,8 @@ pub struct TransportLimits {
     pub max_h2c_data: u32,
     /// Largest R2T we issue (bytes); a write larger than this needs several R2Ts.
     pub max_r2t_len: u32,
+    /// Writes whose data a connection asks for at once (R2Ts outstanding).
+    pub max_active_r2ts: u16,
     /// Send C2HData with the SUCCESS flag and no CapsuleResp (as SPDK does).
     pub c2h_success: bool,
 }
@@ -56,6 +58,7 @@ impl Default for TransportLimits {
             max_io_size: 1 << 20,
             max_h2c_data: 128 << 10,
             max_r2t_len: 1 << 20,
+            max_active_r2ts: 32,
             c2h_success: true,
         }
     }

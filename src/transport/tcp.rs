@@ -33,8 +33,6 @@ const IC_TIMEOUT: Duration = Duration::from_secs(10);
 const TERMINATE_LINGER: Duration = Duration::from_secs(2);
 /// H2CData at least this large is received straight into the command's buffer.
 const DIRECT_RECEIVE_MIN: usize = 16 * 1024;
-/// R2Ts outstanding at once per connection.
-const MAX_R2T_ACTIVE: usize = 32;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ConnState {
@@ -98,6 +96,8 @@ struct TcpLink {
     c2h_success: bool,
     maxh2cdata: u32,
     max_r2t_len: usize,
+    /// R2Ts outstanding at once (`tcp.max_active_r2ts`).
+    max_r2t_active: usize,
     rbuf: Vec<u8>,
     rstart: usize,
     rend: usize,
@@ -285,6 +285,7 @@ impl TcpConnection {
             c2h_success: lim.c2h_success,
             maxh2cdata: lim.max_h2c_data,
             max_r2t_len: lim.max_r2t_len as usize,
+            max_r2t_active: usize::from(lim.max_active_r2ts.max(1)),
             rbuf: vec![0; rcap],
             rstart: 0,
             rend: 0,
@@ -550,7 +551,7 @@ impl TcpConnection {
 
     /// Starts R2T transfers for waiting writes while under the limit.
     fn issue_r2ts(&mut self) {
-        while self.l.r2t_active < MAX_R2T_ACTIVE {
+        while self.l.r2t_active < self.l.max_r2t_active {
             let Some(slot) = self.l.r2t_waiting.pop_front() else {
                 return;
             };

@@ -30,6 +30,12 @@ check, 2 on bad usage):
   probe     on an `unwritten = "error"` volume: a never-written slot and a torn
             chunk (header and half the payload written) must fail to read
             (a miss), never read back as data
+  recover   after a target crash: load the newest valid checkpoint and sort each
+            indexed key as LMCache's recovery and load would (intact; dropped: its
+            slot header fails to read or names another key; miss: its payload
+            fails to read); fails on any false hit (a readable payload with other
+            data) and on any --must-keys key that is not intact. Prints one
+            `recover: ...` summary line.
 """
 
 import argparse
@@ -364,9 +370,58 @@ def cmd_probe(a, dev, lay):
     log(f"torn chunk in slot {s}: the written half reads back, the whole fails")
 
 
+def cmd_recover(a, dev, lay):
+    ck = read_checkpoint(dev, lay)
+    if ck is None:
+        raise Check("no valid checkpoint on the device")
+    seq, body = ck
+    index = {int(k): v for k, v in body["entries"].items()}
+    must = {int(x) for x in (a.must_keys or "").split(",") if x}
+    if not must <= set(index):
+        raise Check(f"checkpoint {seq} indexes keys {sorted(index)}, not all of {sorted(must)}")
+    n = round_up(lay.chunk, BLOCK)
+    sorts = {"intact": [], "dropped": [], "miss": [], "false hit": []}
+    why = {}
+    for k, v in sorted(index.items()):
+        h = aligned(BLOCK)
+        try:
+            read_at(dev, lay.slot_off(v["slot"]), h, BLOCK)
+        except OSError as e:
+            sorts["dropped"].append(k)
+            why[k] = f"slot {v['slot']} header unreadable ({e.strerror or e})"
+            continue
+        magic, key, length = h[:8], *struct.unpack_from("<QQ", h, 8)
+        if magic != SLOT_MAGIC or key != k or length != v["length"]:
+            sorts["dropped"].append(k)
+            why[k] = f"slot {v['slot']} header names key {key if magic == SLOT_MAGIC else '(none)'}"
+            continue
+        out = aligned(n)
+        try:
+            read_at(dev, lay.slot_off(v["slot"]) + BLOCK, out, n)
+        except OSError as e:
+            sorts["miss"].append(k)
+            why[k] = f"slot {v['slot']} payload unreadable ({e.strerror or e})"
+            continue
+        want = payload(k, v["gen"], lay.chunk)
+        if out[:lay.chunk] == want[:lay.chunk]:
+            sorts["intact"].append(k)
+        else:
+            sorts["false hit"].append(k)
+            why[k] = f"slot {v['slot']} payload differs at {first_difference(out, want, lay.chunk)}"
+    for k in sorted(why):
+        log(f"key {k}: {why[k]}")
+    print("recover: checkpoint %d: %s" % (
+        seq, ", ".join(f"{name} {len(ks)}{' ' + str(ks) if ks else ''}" for name, ks in sorts.items())), flush=True)
+    if sorts["false hit"]:
+        raise Check(f"keys {sorts['false hit']} read back other data than stored: LMCache would load them as hits")
+    lost = sorted(must - set(sorts["intact"]))
+    if lost:
+        raise Check(f"keys {lost} were to survive the crash and did not: {'; '.join(why[k] for k in lost)}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=["store", "verify", "probe"])
+    ap.add_argument("command", choices=["store", "verify", "probe", "recover"])
     ap.add_argument("--dev", required=True, help="/dev/nvmeXnY, or /dev/ngXnY with --uring-cmd")
     ap.add_argument("--engine", choices=["posix", "io_uring"], default="io_uring")
     ap.add_argument("--uring-cmd", action="store_true", help="NVMe passthrough (io_uring only)")
@@ -380,6 +435,7 @@ def main():
     ap.add_argument("--slot", type=int, default=0, help="store: first slot; probe: the slot")
     ap.add_argument("--gen", type=int, default=0, help="store: payload generation")
     ap.add_argument("--expect-keys", help="verify: the keys the checkpoint must index (comma list)")
+    ap.add_argument("--must-keys", help="recover: keys that must come back intact (comma list)")
     a = ap.parse_args()
     if a.uring_cmd and a.engine != "io_uring":
         usage("--uring-cmd needs --engine io_uring")
@@ -392,7 +448,7 @@ def main():
     mode = f"{a.engine}{f' uring_cmd, split at {a.split_kib} KiB' if a.uring_cmd else ''}{' O_DIRECT' if a.odirect else ''}"
     log(f"{a.command} on {a.dev} ({mode}): {size >> 20} MiB, metadata {a.meta_mib} MiB, {lay.slots} slots of {lay.slot_bytes} bytes")
     try:
-        {"store": cmd_store, "verify": cmd_verify, "probe": cmd_probe}[a.command](a, dev, lay)
+        {"store": cmd_store, "verify": cmd_verify, "probe": cmd_probe, "recover": cmd_recover}[a.command](a, dev, lay)
     except Check as e:
         print(f"lmcache-scenario: {a.command}: {e}", file=sys.stderr, flush=True)
         return 1

@@ -52,9 +52,10 @@ BLOCK=4096
 # kvtarget's namespaces: thin volumes of one pool, NSID:SIZE_MIB:BLOCK_SIZE:UNWRITTEN[:wt].
 # NSID 1 carries the common scenarios; 2 and 3 the volume scenarios (tcp-suite.sh); 4 is
 # LMCache's raw-block device (lmcache-raw-block), "wt": its namespace has no volatile
-# write cache (write_cache = false), the configuration the README gives LMCache.
-VOLUMES="1:$SIZE_MIB:$BLOCK:zeroes 2:64:4096:zeroes 3:64:512:error 4:512:4096:error:wt"
-POOL_MIB=$((SIZE_MIB + 1024))
+# write cache (write_cache = false), the configuration the README gives LMCache; 5 is the
+# same with the volatile cache, crashed with SIGKILL (lmcache-volatile-kill).
+VOLUMES="1:$SIZE_MIB:$BLOCK:zeroes 2:64:4096:zeroes 3:64:512:error 4:512:4096:error:wt 5:512:4096:error"
+POOL_MIB=$((SIZE_MIB + 1536))
 KV_SERIAL=KVTINTEROP0001
 KV_MODEL=kvtarget
 timeout_s=${INTEROP_TIMEOUT:-900}
@@ -287,6 +288,10 @@ name = "interop"
 backend = "$pool_backend"
 $pool_where
 extent_size = "1MiB"
+# New extent mappings are committed by a Flush (or FUA, or the metadata thread's own
+# work), at the latest after a minute: longer than any scenario, so what a SIGKILL
+# loses without a Flush is lost every time (lmcache-volatile-kill).
+commit_interval_ms = 60000
 EOF
     local v n m b u
     for v in $VOLUMES; do
@@ -346,20 +351,24 @@ EOF
             mv "$share/rpc-response.tmp" "$share/rpc-response"
         fi
         if [ -e "$share/restart-request" ]; then
+            # "NQN" restarts with the run's signal, "NQN KILL" asks for a crash.
+            local sig=$restart_signal req_sig
+            read -r _ req_sig < "$share/restart-request"
+            [ "$req_sig" = KILL ] && sig=KILL
             rm -f "$share/restart-request"
             restarts=$((restarts + 1))
-            log "restart request $restarts: stopping kvtarget (SIG$restart_signal)"
-            echo "---- interop: SIG$restart_signal for restart $restarts ----" >> "$out/kvtarget/kvtarget.log"
-            if ! kv_stop "$restart_signal"; then
+            log "restart request $restarts: stopping kvtarget (SIG$sig)"
+            echo "---- interop: SIG$sig for restart $restarts ----" >> "$out/kvtarget/kvtarget.log"
+            if ! kv_stop "$sig"; then
                 restart_ok=0
-                restart_reason="restart $restarts: kvtarget did not stop as expected on SIG$restart_signal (status $KV_STOP_STATUS)"
+                restart_reason="restart $restarts: kvtarget did not stop as expected on SIG$sig (status $KV_STOP_STATUS)"
             fi
             echo "stopped, status $KV_STOP_STATUS" > "$share/restart-stopped"
             local i
             for i in $(seq 1 300); do [ -e "$share/restart-resume" ] && break; sleep 0.2; done
             echo "---- interop: start after restart $restarts ----" >> "$out/kvtarget/kvtarget.log"
             if kv_start; then
-                echo "restarted after SIG$restart_signal" > "$share/restart-done"
+                echo "restarted after SIG$sig" > "$share/restart-done"
                 log "kvtarget restarted"
             else
                 restart_ok=0

@@ -88,9 +88,10 @@ MiB=1048576
 # --volumes: VOL_BS[nsid], VOL_MIB[nsid], VOL_UNW[nsid]; VOL_ZNS and VOL_ENS are the
 # zeroes and error volumes the volume scenarios use.
 # An entry's optional fifth field "wt" marks a namespace without a volatile write cache
-# (`write_cache = false`): lmcache-raw-block uses the first such error volume.
+# (`write_cache = false`): lmcache-raw-block uses the first such error volume of at
+# least 384 MiB, lmcache-volatile-kill the first such error volume with the cache.
 declare -A VOL_BS VOL_MIB VOL_UNW
-VOL_NSIDS= VOL_ZNS= VOL_ENS= VOL_LMC=
+VOL_NSIDS= VOL_ZNS= VOL_ENS= VOL_LMC= VOL_LMCV=
 for v in $VOLUMES; do
     IFS=: read -r n m b u w <<< "$v"
     case "$n:$m:$b:$u:$w" in
@@ -101,6 +102,7 @@ for v in $VOLUMES; do
     [ "$n" != 1 ] && [ "$u" = zeroes ] && [ -z "$VOL_ZNS" ] && VOL_ZNS=$n
     [ "$u" = error ] && [ -z "$w" ] && [ -z "$VOL_ENS" ] && VOL_ENS=$n
     [ "$w" = wt ] && [ -z "$VOL_LMC" ] && [ "$m" -ge 384 ] && VOL_LMC=$n
+    [ "$u" = error ] && [ -z "$w" ] && [ -z "$VOL_LMCV" ] && [ "$m" -ge 384 ] && VOL_LMCV=$n
 done
 if [ -n "$VOLUMES" ]; then
     [ "${VOL_MIB[1]:-}" = $((SIZE / MiB)) ] && [ "${VOL_BS[1]}" = "$BS" ] \
@@ -550,11 +552,11 @@ wait_file() { # FILE SECONDS
     return 1
 }
 NVMET_LINKS=
-restart_stop() {
+restart_stop() { # [SIGNAL]: the host's own restart signal, or KILL (a crash) when asked
     case "$RESTART" in
         share)
             rm -f "$SHARE"/restart-stopped "$SHARE"/restart-resume "$SHARE"/restart-done
-            echo "$NQN" > "$SHARE/restart-request.tmp" && mv "$SHARE/restart-request.tmp" "$SHARE/restart-request"
+            echo "$NQN${1:+ $1}" > "$SHARE/restart-request.tmp" && mv "$SHARE/restart-request.tmp" "$SHARE/restart-request"
             wait_file "$SHARE/restart-stopped" 60 || { fail "host orchestrator did not stop the target within 60s"; return 1; }
             ;;
         nvmet)
@@ -1004,6 +1006,51 @@ t_lmcache_raw_block() {
     fi
 }
 
+# A target crash with the volatile write cache on (VOL_LMCV: an "error" volume with the
+# default cache), LMCache's way: no Flush. Three chunks are stored and flushed (the
+# only Flush: it stands for the pool's timed commit, which run.sh sets to a minute);
+# two of them are overwritten in place, three more go into never-written slots with
+# a new checkpoint, and the target is SIGKILLed. After the restart LMCache's recovery
+# must find the overwritten chunks and the flushed one intact; the three new ones are
+# lost unless the metadata thread happened to commit their extents: each may be
+# intact, dropped (its header does not read) or a miss (the torn case: its header
+# sits in an extent written before, its payload's tail does not read), but none may
+# read back as other data: on an error volume a lost first write is a miss, never
+# zeroes. The outcome is printed ("recover: ...") for the README's account.
+t_lmcache_volatile_kill() {
+    local ns=$VOL_LMCV meta=128 dev size slots i t0
+    connect --reconnect-delay=1 --ctrl-loss-tmo=60 || return 1
+    ns_dev "$CTRL" "$ns" || return 1
+    dev=$NSDEV
+    size=$(( $(cat "/sys/block/${dev#/dev/}/size") * 512 ))
+    slots=$(( (size - meta * MiB) / (32 * MiB + 4096) ))
+    [ $slots -ge 6 ] || { fail "nsid $ns: $size bytes hold only $slots LMCache slots"; return 1; }
+    [ "$(cat "/sys/block/${dev#/dev/}/queue/write_cache")" = "write back" ] \
+        || { fail "nsid $ns reports '$(cat "/sys/block/${dev#/dev/}/queue/write_cache")', expected a volatile write cache"; return 1; }
+    lm() { # COMMAND ARGS...
+        local out rc
+        out=$(timeout 900 python3 "$SHARE/lmcache_scenario.py" "$@" --meta-mib $meta 2>&1); rc=$?
+        echo "$out" | sed 's/^/#   /'
+        [ $rc = 0 ] || { fail "lmcache $*: $(echo "$out" | grep -v '^#' | tail -n 2 | tr '\n' ' ')(rc $rc)"; return 1; }
+    }
+    lm store --dev "$dev" --engine io_uring --odirect --first 0 --count 3 --slot 0 --gen 0 || return 1
+    timeout 60 nvme flush "$dev" -n "$ns" > /dev/null 2>&1 || { fail "nvme flush $dev failed"; return 1; }
+    lm store --dev "$dev" --engine io_uring --odirect --first 20 --count 2 --slot 0 --gen 1 || return 1
+    lm store --dev "$dev" --engine io_uring --odirect --first 10 --count 3 --slot 3 --gen 0 || return 1
+    t0=$(now)
+    restart_stop KILL || return 1
+    restart_start || return 1
+    grep -q 'SIGKILL' "$SHARE/restart-done" || { fail "the host did not SIGKILL the target: $(cat "$SHARE/restart-done")"; return 1; }
+    for i in $(seq 1 300); do
+        [ "$(ctrl_state "$CTRL")" = live ] && break
+        sleep 0.2
+    done
+    [ "$(ctrl_state "$CTRL")" = live ] || { fail "controller $CTRL is '$(ctrl_state "$CTRL")' 60s after the restart"; return 1; }
+    echo "#   live again $(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')s after the SIGKILL request"
+    lm recover --dev "$dev" --engine io_uring --odirect --must-keys 20,21,2 || return 1
+    lm recover --dev "$dev" --engine posix --odirect --must-keys 20,21,2 || return 1
+}
+
 # ---- runner --------------------------------------------------------------------------
 
 SCENARIOS="
@@ -1037,12 +1084,16 @@ volume-data-survives-restart
 namespace-hot-add-remove
 bench-fio-profiles
 lmcache-raw-block
+lmcache-volatile-kill
 "
 # Scenarios that need thin-provisioned volumes (--volumes); reported as skipped without.
 VOLUME_SCENARIOS=" several-namespaces nuse-tracks-writes-and-discard unwritten-error-volume volume-data-survives-restart namespace-hot-add-remove "
 # NVMe/TCP-only scenarios: reported as skipped over another transport.
 TCP_SCENARIOS=" discovery-8009 digests "
 skip_reason() {
+    if [ "$1" = lmcache-volatile-kill ] && { [ -z "$VOL_LMCV" ] || [ "$RESTART" != share ]; }; then
+        echo "needs an unwritten = error volume (>= 384 MiB) with a volatile write cache on a target the host can SIGKILL; this target serves none"
+    fi
     case "$VOLUME_SCENARIOS" in
         *" $1 "*) [ -n "$VOLUMES" ] || echo "needs thin-provisioned pool volumes (--volumes); this target serves none" ;;
     esac

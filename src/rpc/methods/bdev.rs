@@ -233,6 +233,8 @@ pub(super) fn create_lvstore(p: &mut Params) -> Parsed {
                     size: None,
                     extent_size: cluster,
                     create: false,
+                    // What PoolOptions::default() above runs with.
+                    commit_interval_ms: 1000,
                     gc: GcConfig::default(),
                     dual_path: DualPathConfig::default(),
                     volumes: Vec::new(),
