@@ -392,6 +392,12 @@ pub struct TcpConfig {
     /// an R2T in arrival order.
     #[serde(default = "d_active_r2ts")]
     pub max_active_r2ts: u16,
+    /// Kernel socket buffers of each connection (SO_RCVBUF / SO_SNDBUF, SPDK's
+    /// `sock_impl_set_options` names); 0 leaves them to the kernel's auto-tuning.
+    #[serde(default = "d_sock_buf", deserialize_with = "size")]
+    pub recv_buf_size: u64,
+    #[serde(default = "d_sock_buf", deserialize_with = "size")]
+    pub send_buf_size: u64,
     #[serde(default = "d_true")]
     pub c2h_success: bool,
 }
@@ -418,6 +424,9 @@ fn d_h2c() -> u64 {
 fn d_r2t() -> u64 {
     1 << 20
 }
+fn d_sock_buf() -> u64 {
+    0
+}
 fn d_active_r2ts() -> u16 {
     32
 }
@@ -435,6 +444,8 @@ impl Default for TcpConfig {
             max_h2c_data: d_h2c(),
             max_r2t_length: d_r2t(),
             max_active_r2ts: d_active_r2ts(),
+            recv_buf_size: d_sock_buf(),
+            send_buf_size: d_sock_buf(),
             c2h_success: true,
         }
     }
@@ -784,6 +795,14 @@ impl Config {
                 "must be at least 4KiB (got {})",
                 t.max_r2t_length
             ));
+        }
+        for (name, v) in [("recv", t.recv_buf_size), ("send", t.send_buf_size)] {
+            if v != 0 && !(4096..=(256 << 20)).contains(&v) {
+                return Err(invalid!(
+                    "tcp.{name}_buf_size",
+                    "0 (auto-tuned) or 4KiB to 256MiB (got {v})"
+                ));
+            }
         }
         if !(1..=256).contains(&t.max_active_r2ts) {
             return Err(invalid!(
@@ -1599,6 +1618,20 @@ block_size = 4096
         assert_eq!(Config::parse(&with("2")).unwrap().tcp.max_active_r2ts, 2);
         for bad in ["0", "257"] {
             assert_eq!(field_of(&with(bad)), "tcp.max_active_r2ts", "{bad}");
+        }
+    }
+
+    #[test]
+    fn socket_buffers_are_auto_or_bounded() {
+        let with = |k: &str, v: &str| format!("[tcp]\n{k} = {v}\n{GOOD}");
+        let c = Config::parse(GOOD).unwrap();
+        assert_eq!((c.tcp.recv_buf_size, c.tcp.send_buf_size), (0, 0));
+        let c = Config::parse(&with("recv_buf_size", "\"2MiB\"")).unwrap();
+        assert_eq!(c.tcp.recv_buf_size, 2 << 20);
+        for k in ["recv_buf_size", "send_buf_size"] {
+            for bad in ["1024", "\"512MiB\""] {
+                assert_eq!(field_of(&with(k, bad)), format!("tcp.{k}"), "{k} = {bad}");
+            }
         }
     }
 

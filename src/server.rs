@@ -334,6 +334,8 @@ impl Server {
             max_h2c_data: t.max_h2c_data as u32,
             max_r2t_len: t.max_r2t_length.min(u32::MAX as u64) as u32,
             max_active_r2ts: t.max_active_r2ts,
+            recv_buf_size: t.recv_buf_size.min(u32::MAX as u64) as u32,
+            send_buf_size: t.send_buf_size.min(u32::MAX as u64) as u32,
             c2h_success: t.c2h_success,
         };
         let target = Arc::new(Target::new(limits));

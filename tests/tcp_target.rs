@@ -368,6 +368,32 @@ fn writes_get_r2ts_up_to_the_active_limit() {
 }
 
 #[test]
+fn fixed_socket_buffers_carry_large_transfers() {
+    let h = Harness::start_with(
+        "recv_buf_size = \"256KiB\"\nsend_buf_size = \"256KiB\"",
+        "uring",
+    );
+    let mut c = HostController::connect(&h.opts()).unwrap();
+    c.set_queue_count(2).unwrap();
+    let mut q = c.io_queue(1).unwrap();
+    let cids: Vec<u16> = (0..4u64)
+        .map(|i| {
+            q.submit_write(1, i * 2048, pattern(i + 400, 1 << 20), 512, false)
+                .unwrap()
+        })
+        .collect();
+    for cid in cids {
+        q.q.wait_for(cid).unwrap().ok().unwrap();
+    }
+    for i in 0..4u64 {
+        assert_eq!(
+            q.read(1, i * 2048, 2048, 512).unwrap(),
+            pattern(i + 400, 1 << 20)
+        );
+    }
+}
+
+#[test]
 fn large_transfers_without_digests() {
     large_transfers(Digests::default());
 }

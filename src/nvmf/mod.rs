@@ -44,6 +44,9 @@ pub struct TransportLimits {
     pub max_r2t_len: u32,
     /// Writes whose data a connection asks for at once (R2Ts outstanding).
     pub max_active_r2ts: u16,
+    /// SO_RCVBUF / SO_SNDBUF for each connection (0: the kernel's auto-tuning).
+    pub recv_buf_size: u32,
+    pub send_buf_size: u32,
     /// Send C2HData with the SUCCESS flag and no CapsuleResp (as SPDK does).
     pub c2h_success: bool,
 }
@@ -59,6 +62,8 @@ impl Default for TransportLimits {
             max_h2c_data: 128 << 10,
             max_r2t_len: 1 << 20,
             max_active_r2ts: 32,
+            recv_buf_size: 0,
+            send_buf_size: 0,
             c2h_success: true,
         }
     }

@@ -125,3 +125,66 @@ impl EventFd {
         };
     }
 }
+
+/// Sets a socket's kernel receive and send buffer sizes (SO_RCVBUF, SO_SNDBUF;
+/// the kernel doubles them for its bookkeeping). Setting one fixes it: the
+/// kernel no longer auto-tunes that buffer. `None` leaves it auto-tuned.
+pub fn set_socket_buffers(fd: RawFd, recv: Option<u32>, send: Option<u32>) -> io::Result<()> {
+    for (opt, size) in [(libc::SO_RCVBUF, recv), (libc::SO_SNDBUF, send)] {
+        let Some(size) = size else { continue };
+        let v = libc::c_int::try_from(size).unwrap_or(libc::c_int::MAX);
+        // SAFETY: passes a valid c_int and its size; the kernel only reads it,
+        // and a bad fd or option is reported through the return value.
+        cvt(unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                &v as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{TcpListener, TcpStream};
+
+    fn buffer(fd: RawFd, opt: libc::c_int) -> libc::c_int {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: the kernel writes at most `len` bytes into `v` and updates `len`.
+        let r = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                &mut v as *mut libc::c_int as *mut libc::c_void,
+                &mut len,
+            )
+        };
+        assert_eq!(r, 0, "{}", io::Error::last_os_error());
+        v
+    }
+
+    #[test]
+    fn socket_buffers_are_set_and_left_alone() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let fd = a.as_raw_fd();
+        let (r0, s0) = (buffer(fd, libc::SO_RCVBUF), buffer(fd, libc::SO_SNDBUF));
+        set_socket_buffers(fd, None, None).unwrap();
+        assert_eq!(
+            (buffer(fd, libc::SO_RCVBUF), buffer(fd, libc::SO_SNDBUF)),
+            (r0, s0)
+        );
+        // The kernel doubles what it is given (bookkeeping), within rmem_max/wmem_max.
+        set_socket_buffers(fd, Some(64 << 10), Some(96 << 10)).unwrap();
+        assert_eq!(buffer(fd, libc::SO_RCVBUF), 128 << 10);
+        assert_eq!(buffer(fd, libc::SO_SNDBUF), 192 << 10);
+        assert!(set_socket_buffers(-1, Some(4096), None).is_err());
+    }
+}

@@ -267,11 +267,16 @@ impl TcpConnection {
     ) -> std::io::Result<Self> {
         sock.set_nonblocking(true)?;
         sock.set_nodelay(true)?;
+        let lim = &target.limits;
+        crate::reactor::sys::set_socket_buffers(
+            sock.as_raw_fd(),
+            (lim.recv_buf_size > 0).then_some(lim.recv_buf_size),
+            (lim.send_buf_size > 0).then_some(lim.send_buf_size),
+        )?;
         let peer = sock
             .peer_addr()
             .map(|a| a.to_string())
             .unwrap_or_else(|_| "unknown".into());
-        let lim = &target.limits;
         let max_data = (lim.max_h2c_data as usize)
             .max(lim.in_capsule_data as usize)
             .max(ADMIN_IN_CAPSULE_DATA as usize);
