@@ -280,6 +280,7 @@ profiles=(
     "128KiB seq read QD16|-w read -o 131072 -q 16"
     "1MiB seq write QD4|-w write -o 1048576 -q 4"
     "4MiB seq write QD2|-w write -o 4194304 -q 2"
+    "32MiB seq write QD2|-w write -o 33554432 -q 2"
 )
 kv_profiles=(
     "LMCache store 32MiB QD2|kvperf:--workload lmcache-store --bs 32MiB --qd 2"
