@@ -236,8 +236,8 @@ pub struct PoolConfig {
 fn d_extent() -> u64 {
     1 << 20
 }
-fn d_commit_interval_ms() -> u64 {
-    1000
+pub(crate) fn d_commit_interval_ms() -> u64 {
+    crate::pool::DEFAULT_COMMIT_INTERVAL.as_millis() as u64
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]

@@ -110,6 +110,9 @@ pub struct PoolOptions {
     pub commit_interval: Option<Duration>,
 }
 
+/// `PoolOptions::commit_interval` unless configured (`[[pools]] commit_interval_ms`).
+pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_secs(1);
+
 impl Default for PoolOptions {
     fn default() -> Self {
         PoolOptions {
@@ -117,7 +120,7 @@ impl Default for PoolOptions {
             reactors: 1,
             gc: GcSettings::default(),
             dual_path: DualPath::default(),
-            commit_interval: Some(Duration::from_secs(1)),
+            commit_interval: Some(DEFAULT_COMMIT_INTERVAL),
         }
     }
 }

@@ -234,7 +234,7 @@ pub(super) fn create_lvstore(p: &mut Params) -> Parsed {
                     extent_size: cluster,
                     create: false,
                     // What PoolOptions::default() above runs with.
-                    commit_interval_ms: 1000,
+                    commit_interval_ms: crate::config::d_commit_interval_ms(),
                     gc: GcConfig::default(),
                     dual_path: DualPathConfig::default(),
                     volumes: Vec::new(),
