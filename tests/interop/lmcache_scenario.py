@@ -131,6 +131,13 @@ def slot_header(key, length):
     return h
 
 
+def read_slot_header(dev, lay, slot):
+    """A slot's 4 KiB header as (magic, key id, payload length); OSError if it does not read."""
+    h = aligned(BLOCK)
+    read_at(dev, lay.slot_off(slot), h, BLOCK)
+    return bytes(h[:8]), *struct.unpack_from("<QQ", h, 8)
+
+
 def open_dev(a):
     kw = dict(use_odirect=a.odirect, alignment=BLOCK)
     if a.engine == "io_uring":
@@ -311,11 +318,9 @@ def cmd_verify(a, dev, lay):
             raise Check(f"checkpoint {seq} indexes keys {sorted(index)}, expected {want}")
     # Restart recovery: one header per indexed slot.
     for k, v in sorted(index.items()):
-        h = aligned(BLOCK)
-        read_at(dev, lay.slot_off(v["slot"]), h, BLOCK)
-        magic, key, length = h[:8], *struct.unpack_from("<QQ", h, 8)
+        magic, key, length = read_slot_header(dev, lay, v["slot"])
         if magic != SLOT_MAGIC or key != k or length != v["length"]:
-            raise Check(f"slot {v['slot']}: header {bytes(magic)!r} key {key} length {length}, index says key {k} length {v['length']}")
+            raise Check(f"slot {v['slot']}: header {magic!r} key {key} length {length}, index says key {k} length {v['length']}")
     t0 = time.monotonic()
     items = sorted(index.items())
     n = round_up(lay.chunk, BLOCK)
@@ -383,14 +388,12 @@ def cmd_recover(a, dev, lay):
     sorts = {"intact": [], "dropped": [], "miss": [], "false hit": []}
     why = {}
     for k, v in sorted(index.items()):
-        h = aligned(BLOCK)
         try:
-            read_at(dev, lay.slot_off(v["slot"]), h, BLOCK)
+            magic, key, length = read_slot_header(dev, lay, v["slot"])
         except OSError as e:
             sorts["dropped"].append(k)
             why[k] = f"slot {v['slot']} header unreadable ({e.strerror or e})"
             continue
-        magic, key, length = h[:8], *struct.unpack_from("<QQ", h, 8)
         if magic != SLOT_MAGIC or key != k or length != v["length"]:
             sorts["dropped"].append(k)
             why[k] = f"slot {v['slot']} header names key {key if magic == SLOT_MAGIC else '(none)'}"

@@ -947,6 +947,30 @@ t_bench_fio_profiles() {
 
 # ---- LMCache's raw-block backend (issue 19) -------------------------------------------
 
+# lmcache_scenario.py COMMAND ARGS... with the caller's metadata region size ($meta),
+# its output indented into the log, a failure reported with its last lines.
+lm() {
+    local out rc
+    out=$(timeout 900 python3 "$SHARE/lmcache_scenario.py" "$@" --meta-mib "$meta" 2>&1); rc=$?
+    echo "$out" | sed 's/^/#   /'
+    [ $rc = 0 ] || { fail "lmcache $*: $(echo "$out" | grep -v '^#' | tail -n 2 | tr '\n' ' ')(rc $rc)"; return 1; }
+}
+
+# Restarts the target ([SIGNAL] as restart_stop takes it) and waits until $CTRL is
+# live again, saying how long that took.
+restart_until_live() {
+    local t0 i
+    t0=$(now)
+    restart_stop "$@" || return 1
+    restart_start || return 1
+    for i in $(seq 1 300); do
+        [ "$(ctrl_state "$CTRL")" = live ] && break
+        sleep 0.2
+    done
+    [ "$(ctrl_state "$CTRL")" = live ] || { fail "controller $CTRL is '$(ctrl_state "$CTRL")' 60s after the restart"; return 1; }
+    echo "#   live again $(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')s after the ${1:+SIG$1 }stop request"
+}
+
 # LMCache's raw-block layout (metadata region with two alternating index checkpoints,
 # then slots of a 4 KiB header + a 32 MiB Llama-8B-shaped chunk) through LMCache's own
 # I/O helper (the pinned lmcache_rust_raw_block_io wheel, lmcache_scenario.py): store a
@@ -958,7 +982,7 @@ t_bench_fio_profiles() {
 # SIGKILL too, and a never-written slot or a torn chunk must read as a miss. Elsewhere
 # (the nvmet control) NSID 1 with a 16 MiB metadata region.
 t_lmcache_raw_block() {
-    local ns=1 meta=16 probe= dev ng size slots na keys i t0 split
+    local ns=1 meta=16 probe= dev ng size slots na keys split
     timeout 60 python3 -c 'import lmcache_rust_raw_block_io' 2>/dev/null \
         || { fail "the guest's python3 cannot import lmcache_rust_raw_block_io (ci/guest/build.sh)"; return 1; }
     if [ -n "$VOL_LMC" ]; then ns=$VOL_LMC meta=128 probe=1; fi
@@ -972,27 +996,13 @@ t_lmcache_raw_block() {
     na=$(( slots - 2 < 6 ? slots - 2 : 6 ))
     [ $na -ge 3 ] || { fail "nsid $ns: $size bytes hold only $slots LMCache slots"; return 1; }
     echo "#   nsid $ns ($dev, $ng): $((size / MiB)) MiB, metadata $meta MiB, $slots slots, prefix set of $na chunks"
-    lm() { # COMMAND ARGS...
-        local out rc
-        out=$(timeout 900 python3 "$SHARE/lmcache_scenario.py" "$@" --meta-mib $meta 2>&1); rc=$?
-        echo "$out" | sed 's/^/#   /'
-        [ $rc = 0 ] || { fail "lmcache $*: $(echo "$out" | grep -v '^#' | tail -n 2 | tr '\n' ' ')(rc $rc)"; return 1; }
-    }
     lm store --dev "$dev" --engine io_uring --odirect --first 0 --count $na --slot 0 --gen 0 || return 1
     keys=$(seq -s, 0 $((na - 1)))
     lm verify --dev "$dev" --engine posix --odirect --expect-keys "$keys" || return 1
     # Eviction: keys 0 and 1 leave, their slots are overwritten by keys 100 and 101.
     lm store --dev "$dev" --engine posix --odirect --first 100 --count 2 --slot 0 --gen 1 || return 1
     keys=100,101$( [ $na -gt 2 ] && printf ',%s' $(seq 2 $((na - 1))) )
-    t0=$(now)
-    restart_stop || return 1
-    restart_start || return 1
-    for i in $(seq 1 300); do
-        [ "$(ctrl_state "$CTRL")" = live ] && break
-        sleep 0.2
-    done
-    [ "$(ctrl_state "$CTRL")" = live ] || { fail "controller $CTRL is '$(ctrl_state "$CTRL")' 60s after the restart"; return 1; }
-    echo "#   live again $(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')s after the stop request"
+    restart_until_live || return 1
     lm verify --dev "$dev" --engine io_uring --odirect --expect-keys "$keys" || return 1
     # Passthrough commands are not split by the kernel: the scenario splits at the size
     # the block layer splits at (max_sectors_kb: MDTS on kvtarget; nvmet's MDTS is 0,
@@ -1018,7 +1028,7 @@ t_lmcache_raw_block() {
 # read back as other data: on an error volume a lost first write is a miss, never
 # zeroes. The outcome is printed ("recover: ...") for the README's account.
 t_lmcache_volatile_kill() {
-    local ns=$VOL_LMCV meta=128 dev size slots i t0
+    local ns=$VOL_LMCV meta=128 dev size slots
     connect --reconnect-delay=1 --ctrl-loss-tmo=60 || return 1
     ns_dev "$CTRL" "$ns" || return 1
     dev=$NSDEV
@@ -1027,26 +1037,12 @@ t_lmcache_volatile_kill() {
     [ $slots -ge 6 ] || { fail "nsid $ns: $size bytes hold only $slots LMCache slots"; return 1; }
     [ "$(cat "/sys/block/${dev#/dev/}/queue/write_cache")" = "write back" ] \
         || { fail "nsid $ns reports '$(cat "/sys/block/${dev#/dev/}/queue/write_cache")', expected a volatile write cache"; return 1; }
-    lm() { # COMMAND ARGS...
-        local out rc
-        out=$(timeout 900 python3 "$SHARE/lmcache_scenario.py" "$@" --meta-mib $meta 2>&1); rc=$?
-        echo "$out" | sed 's/^/#   /'
-        [ $rc = 0 ] || { fail "lmcache $*: $(echo "$out" | grep -v '^#' | tail -n 2 | tr '\n' ' ')(rc $rc)"; return 1; }
-    }
     lm store --dev "$dev" --engine io_uring --odirect --first 0 --count 3 --slot 0 --gen 0 || return 1
     timeout 60 nvme flush "$dev" -n "$ns" > /dev/null 2>&1 || { fail "nvme flush $dev failed"; return 1; }
     lm store --dev "$dev" --engine io_uring --odirect --first 20 --count 2 --slot 0 --gen 1 || return 1
     lm store --dev "$dev" --engine io_uring --odirect --first 10 --count 3 --slot 3 --gen 0 || return 1
-    t0=$(now)
-    restart_stop KILL || return 1
-    restart_start || return 1
+    restart_until_live KILL || return 1
     grep -q 'SIGKILL' "$SHARE/restart-done" || { fail "the host did not SIGKILL the target: $(cat "$SHARE/restart-done")"; return 1; }
-    for i in $(seq 1 300); do
-        [ "$(ctrl_state "$CTRL")" = live ] && break
-        sleep 0.2
-    done
-    [ "$(ctrl_state "$CTRL")" = live ] || { fail "controller $CTRL is '$(ctrl_state "$CTRL")' 60s after the restart"; return 1; }
-    echo "#   live again $(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')s after the SIGKILL request"
     lm recover --dev "$dev" --engine io_uring --odirect --must-keys 20,21,2 || return 1
     lm recover --dev "$dev" --engine posix --odirect --must-keys 20,21,2 || return 1
 }
