@@ -6,6 +6,7 @@
 //! pairs), `config` and `server` (assembly), and `initiator` (our own NVMe/TCP host,
 //! for tests and `kvtarget perf`).
 
+pub mod auth;
 pub mod bdev;
 pub mod config;
 pub mod ident;

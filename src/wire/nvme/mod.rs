@@ -2,6 +2,7 @@
 //! Key Value Command Set 1.0, NVMe over Fabrics). Offsets follow the specification tables; the Linux host's
 //! `include/linux/nvme.h` and SPDK's `nvme_spec.h` static-assert the same ones.
 
+mod auth;
 mod command;
 mod fabrics;
 mod identify;
@@ -11,6 +12,7 @@ mod registers;
 mod status;
 
 // Flat re-exports: every item stays reachable as `wire::nvme::X`, as before the split.
+pub use self::auth::*;
 pub use self::command::*;
 pub use self::fabrics::*;
 pub use self::identify::*;
