@@ -102,6 +102,129 @@ pub struct Config {
     pub pools: Vec<PoolConfig>,
     #[serde(default)]
     pub subsystems: Vec<SubsystemConfig>,
+    /// Named keys (SPDK's `keyring_file_add_key`): host entries name them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<KeyConfig>,
+    /// What DH-HMAC-CHAP negotiation may pick.
+    #[serde(default, skip_serializing_if = "AuthConfig::is_default")]
+    pub auth: AuthConfig,
+}
+
+/// A key file: `name` is what host entries refer to; `path` is absolute and
+/// readable by its owner only (mode 0600), as SPDK's keyring_file requires.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KeyConfig {
+    pub name: String,
+    pub path: String,
+}
+
+/// The DH-HMAC-CHAP hashes and DH groups the target accepts (SPDK's
+/// `nvmf_set_config` `dhchap_digests` / `dhchap_dhgroups`); default: all. The
+/// strongest one both sides allow is chosen.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    #[serde(default = "d_dhchap_digests")]
+    pub dhchap_digests: Vec<String>,
+    #[serde(default = "d_dhchap_dhgroups")]
+    pub dhchap_dhgroups: Vec<String>,
+}
+
+fn d_dhchap_digests() -> Vec<String> {
+    let mut v: Vec<String> = crate::auth::Digest::ALL
+        .iter()
+        .map(|d| d.name().to_string())
+        .collect();
+    v.reverse();
+    v
+}
+fn d_dhchap_dhgroups() -> Vec<String> {
+    let mut v: Vec<String> = crate::auth::DhGroup::ALL
+        .iter()
+        .map(|g| g.name().to_string())
+        .collect();
+    v.reverse();
+    v
+}
+
+impl Default for AuthConfig {
+    fn default() -> AuthConfig {
+        AuthConfig {
+            dhchap_digests: d_dhchap_digests(),
+            dhchap_dhgroups: d_dhchap_dhgroups(),
+        }
+    }
+}
+
+impl AuthConfig {
+    fn is_default(&self) -> bool {
+        *self == AuthConfig::default()
+    }
+
+    /// The lists as a policy (names checked by `Config::validate`).
+    pub fn policy(&self) -> crate::auth::AuthPolicy {
+        crate::auth::AuthPolicy {
+            digests: self
+                .dhchap_digests
+                .iter()
+                .filter_map(|n| crate::auth::Digest::from_name(n))
+                .fold(0, |m, d| m | 1 << d.id()),
+            dhgroups: self
+                .dhchap_dhgroups
+                .iter()
+                .filter_map(|n| crate::auth::DhGroup::from_name(n))
+                .fold(0, |m, g| m | 1 << g.id()),
+        }
+    }
+}
+
+/// A host allowed on a subsystem: its NQN, or a table with DH-HMAC-CHAP keys
+/// (`{ nqn = "...", dhchap_key = "key0", dhchap_ctrlr_key = "ckey0" }`, key
+/// names from `[[keys]]`). A host with `dhchap_key` must authenticate every queue;
+/// with `dhchap_ctrlr_key` too, the controller can prove itself to it.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum HostConfig {
+    Nqn(String),
+    Entry(HostEntryConfig),
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HostEntryConfig {
+    pub nqn: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_ctrlr_key: Option<String>,
+}
+
+impl HostConfig {
+    pub fn nqn(&self) -> &str {
+        match self {
+            HostConfig::Nqn(n) => n,
+            HostConfig::Entry(e) => &e.nqn,
+        }
+    }
+    pub fn dhchap_key(&self) -> Option<&str> {
+        match self {
+            HostConfig::Nqn(_) => None,
+            HostConfig::Entry(e) => e.dhchap_key.as_deref(),
+        }
+    }
+    pub fn dhchap_ctrlr_key(&self) -> Option<&str> {
+        match self {
+            HostConfig::Nqn(_) => None,
+            HostConfig::Entry(e) => e.dhchap_ctrlr_key.as_deref(),
+        }
+    }
+}
+
+impl From<&str> for HostConfig {
+    fn from(n: &str) -> HostConfig {
+        HostConfig::Nqn(n.to_string())
+    }
 }
 
 /// How SPDK's environment (DPDK's EAL) is set up when a `spdk` backend is used.
@@ -542,7 +665,7 @@ pub struct SubsystemConfig {
     #[serde(default)]
     pub allow_any_host: bool,
     #[serde(default)]
-    pub hosts: Vec<String>,
+    pub hosts: Vec<HostConfig>,
     /// "address:port" entries this subsystem is reachable on; absent: every
     /// listener. Addresses not among [[listeners]] are listened on as well.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -887,6 +1010,50 @@ impl Config {
         }
         self.validate_pools()?;
         let mut served: Vec<String> = Vec::new();
+        for (i, k) in self.keys.iter().enumerate() {
+            if k.name.is_empty() || k.name.len() > 128 || k.name.chars().any(char::is_whitespace) {
+                return Err(invalid!(
+                    "keys[{i}].name",
+                    "1 to 128 characters without whitespace (got `{}`)",
+                    k.name
+                ));
+            }
+            if self.keys[..i].iter().any(|o| o.name == k.name) {
+                return Err(invalid!("keys[{i}].name", "`{}` is defined twice", k.name));
+            }
+            if !std::path::Path::new(&k.path).is_absolute() {
+                return Err(invalid!(
+                    "keys[{i}].path",
+                    "must be an absolute path (got `{}`)",
+                    k.path
+                ));
+            }
+        }
+        for (field, names, valid) in [
+            (
+                "auth.dhchap_digests",
+                &self.auth.dhchap_digests,
+                &d_dhchap_digests(),
+            ),
+            (
+                "auth.dhchap_dhgroups",
+                &self.auth.dhchap_dhgroups,
+                &d_dhchap_dhgroups(),
+            ),
+        ] {
+            if names.is_empty() {
+                return Err(ConfigError::Invalid {
+                    field: field.into(),
+                    reason: format!("must name at least one of {}", valid.join(", ")),
+                });
+            }
+            if let Some(n) = names.iter().find(|n| !valid.contains(n)) {
+                return Err(ConfigError::Invalid {
+                    field: field.into(),
+                    reason: format!("unknown `{n}` (one of {})", valid.join(", ")),
+                });
+            }
+        }
         for (i, s) in self.subsystems.iter().enumerate() {
             let f = format!("subsystems[{i}]");
             validate_nqn(&s.nqn).map_err(|e| invalid!("{f}.nqn", "{e}"))?;
@@ -911,7 +1078,40 @@ impl Config {
                 ));
             }
             for (j, h) in s.hosts.iter().enumerate() {
-                validate_nqn(h).map_err(|e| invalid!("{f}.hosts[{j}]", "{e}"))?;
+                let known = |k: &str| self.keys.iter().any(|x| x.name == k);
+                match h {
+                    HostConfig::Nqn(n) => {
+                        validate_nqn(n).map_err(|e| invalid!("{f}.hosts[{j}]", "{e}"))?
+                    }
+                    HostConfig::Entry(e) => {
+                        validate_nqn(&e.nqn)
+                            .map_err(|err| invalid!("{f}.hosts[{j}].nqn", "{err}"))?;
+                        if let Some(k) = e.dhchap_key.as_deref().filter(|k| !known(k)) {
+                            return Err(invalid!(
+                                "{f}.hosts[{j}].dhchap_key",
+                                "no key `{k}` in [[keys]]"
+                            ));
+                        }
+                        match e.dhchap_ctrlr_key.as_deref() {
+                            Some(_) if e.dhchap_key.is_none() => {
+                                return Err(invalid!(
+                                    "{f}.hosts[{j}].dhchap_ctrlr_key",
+                                    "needs dhchap_key (the host authenticates first)"
+                                ))
+                            }
+                            Some(k) if !known(k) => {
+                                return Err(invalid!(
+                                    "{f}.hosts[{j}].dhchap_ctrlr_key",
+                                    "no key `{k}` in [[keys]]"
+                                ))
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                if s.hosts[..j].iter().any(|o| o.nqn() == h.nqn()) {
+                    return Err(invalid!("{f}.hosts[{j}]", "`{}` is listed twice", h.nqn()));
+                }
             }
             for (j, a) in s.listen.iter().flatten().enumerate() {
                 a.parse::<SocketAddr>()

@@ -129,6 +129,47 @@ pub enum SetupError {
     },
     #[error("acceptor thread: {0}")]
     Acceptor(#[source] std::io::Error),
+    #[error("{field}: {source}")]
+    Key {
+        field: String,
+        #[source]
+        source: crate::auth::KeyError,
+    },
+    #[error("{field}: key `{key}` is not a DH-HMAC-CHAP secret: {source}")]
+    Secret {
+        field: String,
+        key: String,
+        #[source]
+        source: crate::auth::SecretError,
+    },
+}
+
+/// A host entry's keys from the keyring, each checked to be a DH-HMAC-CHAP
+/// secret now rather than at the host's first Connect.
+fn host_keys(
+    ring: &crate::auth::Keyring,
+    key: &str,
+    ctrlr_key: Option<&str>,
+    field: &str,
+) -> Result<crate::nvmf::auth::HostKeys, SetupError> {
+    let get = |name: &str, f: String| {
+        let k = ring.get(name).map_err(|source| SetupError::Key {
+            field: f.clone(),
+            source,
+        })?;
+        k.dhchap().map_err(|source| SetupError::Secret {
+            field: f,
+            key: name.to_string(),
+            source,
+        })?;
+        Ok::<_, SetupError>(k)
+    };
+    Ok(crate::nvmf::auth::HostKeys {
+        dhchap_key: get(key, format!("{field}.dhchap_key"))?,
+        dhchap_ctrlr_key: ctrlr_key
+            .map(|c| get(c, format!("{field}.dhchap_ctrlr_key")))
+            .transpose()?,
+    })
 }
 
 fn required(field: &str, key: &str) -> SetupError {
@@ -339,6 +380,19 @@ impl Server {
             c2h_success: t.c2h_success,
         };
         let target = Arc::new(Target::new(limits));
+        let policy = cfg.auth.policy();
+        target
+            .dhchap_digests
+            .store(policy.digests, std::sync::atomic::Ordering::Relaxed);
+        target
+            .dhchap_dhgroups
+            .store(policy.dhgroups, std::sync::atomic::Ordering::Relaxed);
+        for (i, k) in cfg.keys.iter().enumerate() {
+            let field = format!("keys[{i}]");
+            crate::auth::Key::load(&k.name, std::path::Path::new(&k.path))
+                .and_then(|key| target.keyring.add(key))
+                .map_err(|source| SetupError::Key { field, source })?;
+        }
         let mut devices: Vec<SharedDevice> = Vec::new();
         let nreactors = cfg.reactor_cores().len();
         let mut pools: Vec<Arc<Pool>> = Vec::new();
@@ -368,8 +422,18 @@ impl Server {
                 &s.serial,
                 &s.model,
                 s.allow_any_host,
-                s.hosts.clone(),
+                s.hosts.iter().map(|h| h.nqn().to_string()).collect(),
             ));
+            for (j, h) in s.hosts.iter().enumerate() {
+                let Some(name) = h.dhchap_key() else {
+                    continue;
+                };
+                let field = format!("subsystems[{i}].hosts[{j}]");
+                let keys = host_keys(&target.keyring, name, h.dhchap_ctrlr_key(), &field)?;
+                if let Ok(mut m) = subsys.host_keys.write() {
+                    m.insert(h.nqn().to_string(), keys);
+                }
+            }
             if let Some(list) = &s.listen {
                 let addrs: Vec<SocketAddr> = list.iter().filter_map(|a| a.parse().ok()).collect();
                 if let Ok(mut l) = subsys.listen.write() {

@@ -27,6 +27,8 @@ pub enum Error {
     Timeout,
     #[error("KV List response: {0:?}")]
     KvList(nvme::ListResponseError),
+    #[error("DH-HMAC-CHAP: {0}")]
+    Auth(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -500,9 +502,195 @@ impl QueueConn {
 
     /// Fabrics Connect on this queue; returns the controller ID.
     pub fn fabrics_connect(&mut self, cmd: &ConnectCommand, data: &ConnectData) -> Result<u16> {
+        Ok(self.fabrics_connect_dw0(cmd, data)? as u16)
+    }
+
+    /// Fabrics Connect; returns the whole DW0 (controller ID and AUTHREQ).
+    pub fn fabrics_connect_dw0(&mut self, cmd: &ConnectCommand, data: &ConnectData) -> Result<u32> {
         let sqe = cmd.encode(0);
         let c = self.execute(sqe, Some(data.encode()), 0)?.ok()?;
-        Ok(c.cqe.result as u16)
+        Ok(c.cqe.result as u32)
+    }
+
+    /// Authentication Send of one DH-HMAC-CHAP message.
+    pub fn auth_send(&mut self, msg: Vec<u8>) -> Result<Completion> {
+        let sqe = nvme::AuthCommand::dhchap(msg.len() as u32).encode(fctype::AUTH_SEND, 0);
+        self.execute(sqe, Some(msg), 0)
+    }
+
+    /// Authentication Receive with allocation length `al`.
+    pub fn auth_recv(&mut self, al: u32) -> Result<Completion> {
+        let sqe = nvme::AuthCommand::dhchap(al).encode(fctype::AUTH_RECV, 0);
+        self.execute(sqe, None, al as usize)
+    }
+
+    /// Connects, then runs DH-HMAC-CHAP when the controller asks for it (and
+    /// `dhchap` holds keys).
+    fn connect_authenticated(
+        &mut self,
+        cmd: &ConnectCommand,
+        data: &ConnectData,
+        dhchap: Option<&HostDhchap>,
+    ) -> Result<u16> {
+        let dw0 = self.fabrics_connect_dw0(cmd, data)?;
+        if dw0 & 1 << 17 != 0 {
+            let Some(d) = dhchap else {
+                return Err(Error::Auth(
+                    "the controller requires authentication and no key is set".into(),
+                ));
+            };
+            d.authenticate(self, &data.hostnqn, &data.subnqn, cmd.qid)?;
+        }
+        Ok(dw0 as u16)
+    }
+}
+
+/// A host's DH-HMAC-CHAP keys and what it offers.
+#[derive(Debug, Clone)]
+pub struct HostDhchap {
+    pub key: crate::auth::DhchapSecret,
+    /// Set: ask the controller to authenticate too.
+    pub ctrlr_key: Option<crate::auth::DhchapSecret>,
+    pub digests: Vec<crate::auth::Digest>,
+    pub dhgroups: Vec<crate::auth::DhGroup>,
+}
+
+impl HostDhchap {
+    /// Offers every hash and group, as SPDK's and Linux's hosts do.
+    pub fn new(
+        key: crate::auth::DhchapSecret,
+        ctrlr_key: Option<crate::auth::DhchapSecret>,
+    ) -> HostDhchap {
+        HostDhchap {
+            key,
+            ctrlr_key,
+            digests: crate::auth::Digest::ALL.to_vec(),
+            dhgroups: crate::auth::DhGroup::ALL.to_vec(),
+        }
+    }
+
+    /// The host's side of one transaction on `q`.
+    pub fn authenticate(
+        &self,
+        q: &mut QueueConn,
+        hostnqn: &str,
+        subnqn: &str,
+        qid: u16,
+    ) -> Result<()> {
+        use crate::auth::{self as a, DhGroup, Digest, ResponseInput, Role};
+        use nvme::{ControllerMessage, HostMessage};
+        let t_id = 0x4B56 ^ qid;
+        q.auth_send(
+            HostMessage::Negotiate(nvme::Negotiate {
+                t_id,
+                sc_c: 0,
+                protocols: vec![nvme::Protocol {
+                    auth_id: nvme::AUTHID_DHCHAP,
+                    hashes: self.digests.iter().map(|d| d.id()).collect(),
+                    dhgroups: self.dhgroups.iter().map(|g| g.id()).collect(),
+                }],
+            })
+            .encode(),
+        )?
+        .ok()?;
+        let failure = |m: &ControllerMessage| match m {
+            ControllerMessage::Failure1 { reason, .. } => Error::Auth(format!(
+                "the controller refused: {}",
+                nvme::FailureReason::from_code(*reason).map_or("unknown reason", |r| r.describe())
+            )),
+            m => Error::Auth(format!("unexpected message {m:?}")),
+        };
+        let parse = |c: Completion| {
+            ControllerMessage::parse(&c.data).map_err(|e| Error::Auth(e.to_string()))
+        };
+        let ch = parse(q.auth_recv(4096)?.ok()?)?;
+        let ControllerMessage::Challenge {
+            hash_id,
+            dhgroup_id,
+            seqnum,
+            challenge,
+            dh_value,
+            ..
+        } = &ch
+        else {
+            return Err(failure(&ch));
+        };
+        let d = Digest::from_id(*hash_id).ok_or_else(|| Error::Auth(format!("hash {hash_id}")))?;
+        let g = DhGroup::from_id(*dhgroup_id)
+            .ok_or_else(|| Error::Auth(format!("group {dhgroup_id}")))?;
+        let (public, shared) = match g {
+            DhGroup::Null => (Vec::new(), None),
+            g => {
+                let k = a::DhKeyPair::generate(g).map_err(|e| Error::Auth(e.to_string()))?;
+                let s = k
+                    .shared_secret(dh_value)
+                    .map_err(|e| Error::Auth(e.to_string()))?;
+                (k.public().to_vec(), Some(s))
+            }
+        };
+        let respond = |role: Role, key: &[u8], challenge: &[u8], seqnum: u32| {
+            a::response(
+                role,
+                &ResponseInput {
+                    digest: d,
+                    key,
+                    challenge,
+                    dh_secret: shared.as_deref().map(|v| v.as_slice()),
+                    seqnum,
+                    tid: t_id,
+                    scc: 0,
+                    hostnqn,
+                    subnqn,
+                },
+            )
+        };
+        let r1 = respond(
+            Role::Host,
+            &self.key.transformed(hostnqn),
+            challenge,
+            *seqnum,
+        );
+        let mut c2 = vec![0u8; d.hash_len()];
+        let s2 = if self.ctrlr_key.is_some() {
+            a::random_bytes(&mut c2).map_err(|e| Error::Auth(e.to_string()))?;
+            0x5EED
+        } else {
+            0
+        };
+        q.auth_send(
+            HostMessage::Reply(nvme::Reply {
+                t_id,
+                hl: d.hash_len() as u8,
+                cvalid: self.ctrlr_key.is_some() as u8,
+                seqnum: s2,
+                response: &r1,
+                challenge: &c2,
+                dh_value: &public,
+            })
+            .encode(),
+        )?
+        .ok()?;
+        let verdict = parse(q.auth_recv(4096)?.ok()?)?;
+        let ControllerMessage::Success1 { response, .. } = &verdict else {
+            return Err(failure(&verdict));
+        };
+        if let Some(ck) = &self.ctrlr_key {
+            let want = respond(Role::Controller, &ck.transformed(subnqn), &c2, s2);
+            if response.as_deref() != Some(want.as_slice()) {
+                q.auth_send(
+                    HostMessage::Failure2 {
+                        t_id,
+                        reason: nvme::FailureReason::Failed as u8,
+                    }
+                    .encode(),
+                )?;
+                return Err(Error::Auth(
+                    "the controller's response does not match dhchap_ctrlr_key".into(),
+                ));
+            }
+            q.auth_send(HostMessage::Success2 { t_id }.encode())?.ok()?;
+        }
+        Ok(())
     }
 }
 
@@ -518,6 +706,8 @@ pub struct HostOptions {
     /// Queue size (entries, 1-based) for every queue.
     pub queue_size: u16,
     pub timeout: Duration,
+    /// Keys for DH-HMAC-CHAP, used when the controller asks for authentication.
+    pub dhchap: Option<HostDhchap>,
 }
 
 impl HostOptions {
@@ -531,6 +721,7 @@ impl HostOptions {
             kato_ms: 0,
             queue_size: 128,
             timeout: Duration::from_secs(10),
+            dhchap: None,
         }
     }
 }
@@ -549,7 +740,7 @@ impl HostController {
     /// Connects the admin queue, enables the controller and reads Identify.
     pub fn connect(opts: &HostOptions) -> Result<HostController> {
         let mut admin = QueueConn::open(opts.addr, opts.digests, opts.timeout)?;
-        let cntlid = admin.fabrics_connect(
+        let cntlid = admin.connect_authenticated(
             &ConnectCommand {
                 recfmt: 0,
                 qid: 0,
@@ -563,6 +754,7 @@ impl HostController {
                 subnqn: opts.subnqn.clone(),
                 hostnqn: opts.hostnqn.clone(),
             },
+            opts.dhchap.as_ref(),
         )?;
         let mut c = HostController {
             admin,
@@ -693,7 +885,7 @@ impl HostController {
     pub fn io_queue(&self, qid: u16) -> Result<IoQueue> {
         let mut q = QueueConn::open(self.opts.addr, self.opts.digests, self.opts.timeout)?;
         q.icd_limit = (self.id.ioccsz as usize * 16).saturating_sub(64);
-        q.fabrics_connect(
+        q.connect_authenticated(
             &ConnectCommand {
                 recfmt: 0,
                 qid,
@@ -707,6 +899,7 @@ impl HostController {
                 subnqn: self.opts.subnqn.clone(),
                 hostnqn: self.opts.hostnqn.clone(),
             },
+            self.opts.dhchap.as_ref(),
         )?;
         Ok(IoQueue {
             q,

@@ -6,6 +6,7 @@
 //! commands, connect, configuration), never an I/O.
 
 pub mod admin;
+pub mod auth;
 pub mod command;
 pub mod controller;
 pub mod errlog;
@@ -216,6 +217,9 @@ pub struct Subsystem {
     pub model: String,
     pub allow_any_host: AtomicBool,
     pub hosts: RwLock<Vec<String>>,
+    /// DH-HMAC-CHAP keys of listed hosts, by host NQN: a host with keys must
+    /// authenticate every queue. Entries leave with their host.
+    pub host_keys: RwLock<HashMap<String, auth::HostKeys>>,
     pub namespaces: RwLock<Vec<Arc<Namespace>>>,
     /// Bumped whenever the namespace list changes; queues refresh their snapshot.
     pub ns_gen: AtomicU64,
@@ -243,6 +247,7 @@ impl Subsystem {
             model: model.to_string(),
             allow_any_host: AtomicBool::new(allow_any_host),
             hosts: RwLock::new(hosts),
+            host_keys: RwLock::new(HashMap::new()),
             namespaces: RwLock::new(Vec::new()),
             ns_gen: AtomicU64::new(0),
             listen: RwLock::new(None),
@@ -259,6 +264,11 @@ impl Subsystem {
                 .read()
                 .map(|h| h.iter().any(|x| x == hostnqn))
                 .unwrap_or(false)
+    }
+
+    /// The keys `hostnqn` must authenticate with here, if any.
+    pub fn host_keys(&self, hostnqn: &str) -> Option<auth::HostKeys> {
+        self.host_keys.read().ok()?.get(hostnqn).cloned()
     }
 
     /// Whether hosts may reach this subsystem through local address `local`.
@@ -455,6 +465,14 @@ pub struct Target {
     pub refused_other: AtomicU64,
     /// Live queue pairs' counters (weak: a closed connection drops out).
     pub qpairs: Mutex<Vec<std::sync::Weak<QpairStats>>>,
+    /// Named keys host entries refer to (`[[keys]]`, `keyring_file_add_key`).
+    pub keyring: crate::auth::Keyring,
+    /// The DH-HMAC-CHAP hashes and DH groups this target accepts, as bitmaps of
+    /// their identifiers (`[auth]`).
+    pub dhchap_digests: std::sync::atomic::AtomicU8,
+    pub dhchap_dhgroups: std::sync::atomic::AtomicU8,
+    /// DH-HMAC-CHAP transactions that ended in a failure.
+    pub auth_failures: AtomicU64,
 }
 
 /// 16 hex digits from the OS's randomness (std's hasher keys come from it).
@@ -490,6 +508,22 @@ impl Target {
             refused_host: AtomicU64::new(0),
             refused_other: AtomicU64::new(0),
             qpairs: Mutex::new(Vec::new()),
+            keyring: crate::auth::Keyring::default(),
+            dhchap_digests: std::sync::atomic::AtomicU8::new(
+                crate::auth::AuthPolicy::default().digests,
+            ),
+            dhchap_dhgroups: std::sync::atomic::AtomicU8::new(
+                crate::auth::AuthPolicy::default().dhgroups,
+            ),
+            auth_failures: AtomicU64::new(0),
+        }
+    }
+
+    /// The DH-HMAC-CHAP hashes and groups allowed now.
+    pub fn auth_policy(&self) -> crate::auth::AuthPolicy {
+        crate::auth::AuthPolicy {
+            digests: self.dhchap_digests.load(Ordering::Relaxed),
+            dhgroups: self.dhchap_dhgroups.load(Ordering::Relaxed),
         }
     }
 

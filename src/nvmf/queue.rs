@@ -13,6 +13,7 @@
 //! registered chunks), kept in the slot next to the core's.
 
 use super::admin::{self, AdminOutcome};
+use super::auth::{QueueAuth, DEFAULT_TIMEOUT as AUTH_TIMEOUT};
 use super::command::{self, DeviceOps};
 use super::fabrics::{self, QueueBinding};
 use super::io::{self as tio, IoPlan};
@@ -20,7 +21,7 @@ use super::{Namespace, QpairStats, Target, ADMIN_IN_CAPSULE_DATA};
 use crate::mem::IoBuf;
 use crate::reactor::IoCtx;
 use crate::wire::nvme::{
-    admin_opc, fctype, ConnectCommand, ConnectData, Cqe, DataDirection, Sqe, Status,
+    admin_opc, fctype, AuthCommand, ConnectCommand, ConnectData, Cqe, DataDirection, Sqe, Status,
     CATTR_DISABLE_SQ_FLOW, CONNECT_DATA_LEN, CONNECT_DATA_SUBNQN_OFF, DISCOVERY_NQN,
 };
 use std::net::SocketAddr;
@@ -288,6 +289,12 @@ pub struct Queue<X> {
     device_errors: command::DeviceErrors,
     /// Reused for every command's device operations (no allocation per I/O).
     ops_scratch: DeviceOps,
+    /// The DH-HMAC-CHAP transaction of this queue, while one runs (and after it
+    /// succeeded, until the host starts another).
+    auth: Option<QueueAuth>,
+    /// False from a Connect that asked for authentication until it succeeded:
+    /// only Authentication Send/Receive are let through.
+    authenticated: bool,
 }
 
 impl<X> Queue<X> {
@@ -308,6 +315,8 @@ impl<X> Queue<X> {
             dev_ops: 0,
             device_errors: command::DeviceErrors::default(),
             ops_scratch: Vec::with_capacity(4),
+            auth: None,
+            authenticated: true,
         }
     }
 
@@ -479,6 +488,11 @@ impl<X> Queue<X> {
         let is_fabrics = sqe.opcode() == admin_opc::FABRICS;
         if self.binding.is_none() && !(is_fabrics && sqe.fctype() == fctype::CONNECT) {
             return Err(Status::COMMAND_SEQUENCE_ERROR);
+        }
+        let auth_cmd = is_fabrics && matches!(sqe.fctype(), fctype::AUTH_SEND | fctype::AUTH_RECV);
+        if !self.authenticated && !auth_cmd {
+            tracing::warn!(peer = %self.cfg.peer, qid = self.qid(), opcode = sqe.opcode(), "command before DH-HMAC-CHAP authentication: refused");
+            return Err(Status::AUTH_REQUIRED);
         }
         if sqe.fuse() != 0 {
             return Err(Status::INVALID_FIELD);
@@ -720,13 +734,34 @@ impl<X> Queue<X> {
                         self.sqflow_disabled = cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0;
                         self.stats = Some(c.stats);
                         self.ns.load(c.ns_gen, c.namespaces);
+                        let qid = c.binding.qid();
                         self.binding = Some(c.binding);
-                        self.finish(slot, Status::SUCCESS, ctrl.cntlid as u64, link, ctx);
+                        let mut dw0 = ctrl.cntlid as u64;
+                        if let Some(keys) = ctrl.subsys.host_keys(&data.hostnqn) {
+                            // AUTHREQ.ATR (DW0 bit 17): the host must run
+                            // DH-HMAC-CHAP on this queue before anything else.
+                            self.auth = Some(QueueAuth::new(
+                                Some(keys),
+                                &data.hostnqn,
+                                &ctrl.subsys.nqn,
+                                qid,
+                                self.target.auth_policy(),
+                                self.auth_timeout(&ctrl),
+                                ctx.now,
+                            ));
+                            self.authenticated = false;
+                            dw0 |= 1 << 17;
+                        }
+                        self.finish(slot, Status::SUCCESS, dw0, link, ctx);
                     }
                     Err(refusal) => {
                         self.finish(slot, refusal.status, refusal.result as u64, link, ctx)
                     }
                 }
+                Ok(())
+            }
+            fctype::AUTH_SEND | fctype::AUTH_RECV => {
+                self.authenticate(slot, sqe, link, ctx);
                 Ok(())
             }
             fctype::PROPERTY_GET | fctype::PROPERTY_SET => {
@@ -746,6 +781,62 @@ impl<X> Queue<X> {
             }
             _ => Err(Status::INVALID_OPCODE),
         }
+    }
+
+    /// A transaction times out after the controller's keep-alive timeout, or
+    /// SPDK's two minutes without one.
+    fn auth_timeout(&self, ctrl: &super::Controller) -> std::time::Duration {
+        match ctrl.kato_ms.load(Ordering::Relaxed) {
+            0 => AUTH_TIMEOUT,
+            ms => std::time::Duration::from_millis(ms as u64),
+        }
+    }
+
+    /// Authentication Send / Receive: one step of this queue's DH-HMAC-CHAP
+    /// transaction. A host may also start one on an authenticated queue (to
+    /// re-authenticate); I/O carries on meanwhile.
+    fn authenticate<L: Link<X>>(&mut self, slot: u16, sqe: &Sqe, link: &mut L, ctx: &mut IoCtx) {
+        let Some(ctrl) = self.binding.as_ref().map(|b| b.ctrl().clone()) else {
+            self.finish(slot, Status::COMMAND_SEQUENCE_ERROR, 0, link, ctx);
+            return;
+        };
+        if !self.auth.as_ref().is_some_and(|a| a.in_progress()) {
+            self.auth = Some(QueueAuth::new(
+                ctrl.subsys.host_keys(&ctrl.hostnqn),
+                &ctrl.hostnqn,
+                &ctrl.subsys.nqn,
+                self.qid(),
+                self.target.auth_policy(),
+                self.auth_timeout(&ctrl),
+                ctx.now,
+            ));
+        }
+        let cmd = AuthCommand::parse(sqe);
+        let Some(auth) = self.auth.as_mut() else {
+            return;
+        };
+        let step = if sqe.fctype() == fctype::AUTH_SEND {
+            let data = self
+                .slots
+                .get(slot as usize)
+                .and_then(|s| s.as_ref())
+                .and_then(|r| r.buf.as_ref())
+                .map_or(&[][..], |b| &b[..]);
+            auth.send(&cmd, data, ctx.now)
+        } else {
+            auth.receive(&cmd, ctx.now)
+        };
+        if auth.succeeded() {
+            self.authenticated = true;
+        }
+        if step.close_after {
+            self.target.auth_failures.fetch_add(1, Ordering::Relaxed);
+        }
+        if let (Some(mut d), Some(r)) = (step.data, self.request_mut(slot)) {
+            d.truncate(sqe.sgl().length as usize);
+            r.reply = Some(d);
+        }
+        self.respond(slot, step.status, 0, step.close_after, link, ctx);
     }
 
     fn execute_io<L: Link<X>>(
@@ -971,6 +1062,14 @@ impl<X> Queue<X> {
         let b = self.binding.as_ref()?;
         let ctrl = b.ctrl().clone();
         let admin = b.qid() == 0;
+        if self.auth.as_ref().is_some_and(|a| a.expired(now)) {
+            self.auth = None;
+            tracing::warn!(peer = %self.cfg.peer, host = %ctrl.hostnqn, qid = b.qid(), "DH-HMAC-CHAP: the transaction timed out");
+            if !self.authenticated {
+                self.target.auth_failures.fetch_add(1, Ordering::Relaxed);
+                return Some("authentication timed out");
+            }
+        }
         if admin && !ctrl.is_failed() && ctrl.keep_alive_expired(now) {
             tracing::warn!(
                 cntlid = ctrl.cntlid,

@@ -1316,9 +1316,11 @@ fn unknown_and_bidirectional_admin_opcodes_are_refused() {
     // Opcode bits 1:0 = 11b: data both ways, which no fabric carries.
     assert_status(&a.exec(Sqe::new(0xC3, 3, 0)), Status::INVALID_FIELD);
     // Fabrics command types this target does not have.
+    assert_status(&a.exec(fabrics(4, 0x0C)), Status::INVALID_OPCODE);
+    // Authentication Receive that is not DH-HMAC-CHAP (SECP 0).
     assert_status(
-        &a.exec(fabrics(4, fctype::AUTH_RECV)),
-        Status::INVALID_OPCODE,
+        &a.exec(fabrics(5, fctype::AUTH_RECV)),
+        Status::INVALID_FIELD,
     );
 }
 

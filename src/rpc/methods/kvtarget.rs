@@ -24,7 +24,8 @@ impl Control {
     /// listeners and namespaces. Written to `path` when given.
     pub fn current_config(&self) -> Result<crate::config::Config, SaveConfigError> {
         use crate::config::{
-            ListenerConfig, NamespaceConfig, SubsystemConfig, Unwritten, VolumeConfig,
+            HostConfig, HostEntryConfig, KeyConfig, ListenerConfig, NamespaceConfig,
+            SubsystemConfig, Unwritten, VolumeConfig,
         };
         let mut cfg = self.config.clone();
         if let Ok(r) = self.runtime_pools.lock() {
@@ -109,7 +110,27 @@ impl Control {
                 serial: s.serial.clone(),
                 model: s.model.clone(),
                 allow_any_host: s.allow_any_host.load(Ordering::Acquire),
-                hosts: s.hosts.read().map(|h| h.clone()).unwrap_or_default(),
+                hosts: {
+                    let keys = s.host_keys.read().map(|k| k.clone()).unwrap_or_default();
+                    s.hosts
+                        .read()
+                        .map(|h| h.clone())
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|nqn| match keys.get(&nqn) {
+                            // Key names, never key text.
+                            Some(k) => HostConfig::Entry(HostEntryConfig {
+                                nqn,
+                                dhchap_key: Some(k.dhchap_key.name.clone()),
+                                dhchap_ctrlr_key: k
+                                    .dhchap_ctrlr_key
+                                    .as_ref()
+                                    .map(|c| c.name.clone()),
+                            }),
+                            None => HostConfig::Nqn(nqn),
+                        })
+                        .collect()
+                },
                 listen: s
                     .listen
                     .read()
@@ -120,6 +141,17 @@ impl Control {
             });
         }
         cfg.subsystems = out;
+        // The keyring as files; a key's text never leaves the process.
+        cfg.keys = self
+            .target
+            .keyring
+            .list()
+            .iter()
+            .map(|k| KeyConfig {
+                name: k.name.clone(),
+                path: k.path.display().to_string(),
+            })
+            .collect();
         Ok(cfg)
     }
 

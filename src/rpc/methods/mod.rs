@@ -18,6 +18,7 @@
 
 mod bdev;
 mod framework;
+mod keyring;
 mod kvtarget;
 mod nvmf;
 mod nvmf_subsystem;
@@ -110,6 +111,9 @@ const TABLE: &[(&str, Handler)] = &[
     ("kvtarget_pool_set_gc", kvtarget::pool_set_gc),
     ("kvtarget_save_config", kvtarget::save_config),
     ("kvtarget_pool_check", kvtarget::pool_check),
+    ("keyring_file_add_key", keyring::file_add_key),
+    ("keyring_file_remove_key", keyring::file_remove_key),
+    ("keyring_get_keys", keyring::get_keys),
 ];
 
 /// The method names, in `TABLE` order (what `rpc_get_methods` returns).
@@ -675,6 +679,12 @@ mod tests {
             ),
             ("kvtarget_save_config", json!({})),
             ("kvtarget_pool_check", json!({"name": "kv"})),
+            (
+                "keyring_file_add_key",
+                json!({"name": "k0", "path": "/nonexistent/k0"}),
+            ),
+            ("keyring_file_remove_key", json!({"name": "k0"})),
+            ("keyring_get_keys", json!({})),
         ]
     }
 

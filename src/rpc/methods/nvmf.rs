@@ -66,10 +66,25 @@ impl Control {
                 })
             })
             .collect();
+        let keys = s.host_keys.read().map(|k| k.clone()).unwrap_or_default();
         let hosts: Vec<Value> = s
             .hosts
             .read()
-            .map(|h| h.iter().map(|n| json!({"nqn": n})).collect())
+            .map(|h| {
+                h.iter()
+                    .map(|n| {
+                        let mut v = json!({"nqn": n});
+                        // Key names as SPDK lists them; never the keys.
+                        if let Some(k) = keys.get(n) {
+                            v["dhchap_key"] = json!(k.dhchap_key.name);
+                            if let Some(c) = &k.dhchap_ctrlr_key {
+                                v["dhchap_ctrlr_key"] = json!(c.name);
+                            }
+                        }
+                        v
+                    })
+                    .collect()
+            })
             .unwrap_or_default();
         let mut v = json!({
             "nqn": s.nqn,

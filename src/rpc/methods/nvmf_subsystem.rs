@@ -300,10 +300,21 @@ pub(super) fn add_host(p: &mut Params) -> Parsed {
     let nqn = p.str("nqn")?;
     let host = p.str("host")?;
     p.opt_str("tgt_name")?;
-    p.unsupported_flags(&["psk", "dhchap_key", "dhchap_ctrlr_key"])?;
+    p.unsupported_flags(&["psk"])?;
+    let dhchap_key = p.opt_str("dhchap_key")?;
+    let dhchap_ctrlr_key = p.opt_str("dhchap_ctrlr_key")?;
+    if dhchap_ctrlr_key.is_some() && dhchap_key.is_none() {
+        return Err(RpcError::params(
+            "dhchap_ctrlr_key: needs dhchap_key (the host authenticates first)",
+        ));
+    }
     crate::config::validate_nqn(&host).map_err(|e| RpcError::params(format!("host: {e}")))?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
+        let keys = match &dhchap_key {
+            Some(k) => Some(host_keys(ctl, k, dhchap_ctrlr_key.as_deref())?),
+            None => None,
+        };
         let mut h = s
             .hosts
             .write()
@@ -315,9 +326,34 @@ pub(super) fn add_host(p: &mut Params) -> Parsed {
             ));
         }
         h.push(host.clone());
+        if let (Some(k), Ok(mut m)) = (keys, s.host_keys.write()) {
+            m.insert(host.clone(), k);
+        }
         ctl.target.genctr.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(nqn = %nqn, host = %host, "rpc: host allowed");
+        tracing::info!(nqn = %nqn, host = %host, dhchap_key = dhchap_key.as_deref().unwrap_or(""), "rpc: host allowed");
         Ok(Value::Bool(true))
+    })
+}
+
+/// A host entry's keys by keyring name; each must hold a DH-HMAC-CHAP secret.
+fn host_keys(
+    ctl: &Control,
+    key: &str,
+    ctrlr_key: Option<&str>,
+) -> Result<crate::nvmf::auth::HostKeys, RpcError> {
+    let get = |field: &str, name: &str| {
+        let k = ctl
+            .target
+            .keyring
+            .get(name)
+            .map_err(|e| not_found(format!("{field}: {e}")))?;
+        k.dhchap()
+            .map_err(|e| RpcError::params(format!("{field}: key `{name}`: {e}")))?;
+        Ok::<_, RpcError>(k)
+    };
+    Ok(crate::nvmf::auth::HostKeys {
+        dhchap_key: get("dhchap_key", key)?,
+        dhchap_ctrlr_key: ctrlr_key.map(|c| get("dhchap_ctrlr_key", c)).transpose()?,
     })
 }
 
@@ -337,6 +373,9 @@ pub(super) fn remove_host(p: &mut Params) -> Parsed {
             h.retain(|x| x != &host);
             if h.len() == before {
                 return Err(not_found(format!("{host} is not on {nqn}'s host list")));
+            }
+            if let Ok(mut m) = s.host_keys.write() {
+                m.remove(&host);
             }
         }
         ctl.target.genctr.fetch_add(1, Ordering::Relaxed);

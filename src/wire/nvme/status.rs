@@ -45,6 +45,8 @@ impl Status {
     pub const CONNECT_CONTROLLER_BUSY: Status = Status::specific(0x81);
     pub const CONNECT_INVALID_PARAMETERS: Status = Status::specific(0x82).no_retry();
     pub const CONNECT_INVALID_HOST: Status = Status::specific(0x84).no_retry();
+    /// A queue that must authenticate (DH-HMAC-CHAP) got another command first.
+    pub const AUTH_REQUIRED: Status = Status::specific(0x91);
 
     // Key Value Command Set specific (SCT 1). Capacity Exceeded, Namespace
     // Not Ready, Reservation Conflict and Format In Progress (81h-84h) are
