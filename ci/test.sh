@@ -66,6 +66,9 @@ KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-rpc/run.sh
 step "SPDK v25.09's own host tools (spdk_nvme_identify, spdk_nvme_perf, bdevperf verify) against kvtarget, default options"
 KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-tools/run.sh
 
+step "DH-HMAC-CHAP against SPDK v25.09's host (spdk_nvme_perf --dhchap-key, bdevperf verify), SPDK nvmf_tgt as the control"
+KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-tools/auth.sh
+
 step "spdk backend: its SPDK controller killed under load (I/O fails with a status, the target and its other namespaces carry on)"
 KVTARGET_BIN="$spdk_bin" tests/spdk-tools/backend-failure.sh
 

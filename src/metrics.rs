@@ -112,6 +112,16 @@ pub fn render(ctl: &Control) -> String {
         &[("reason", "other".into())],
         ctl.target.refused_other.load(Ordering::Relaxed),
     );
+    o.head(
+        "kvtarget_auth_failures_total",
+        "counter",
+        "Queues that failed DH-HMAC-CHAP authentication (wrong or missing key, timeout, bad message).",
+    );
+    o.line(
+        "kvtarget_auth_failures_total",
+        &[],
+        ctl.target.auth_failures.load(Ordering::Relaxed),
+    );
 
     let subs = ctl
         .target

@@ -24,10 +24,21 @@ pub enum DhError {
     Random(String),
 }
 
-/// Private exponents are this many bytes (512 bits): above twice the strength of
-/// every group (RFC 7919 section 5.2 asks 225 bits for ffdhe2048, 400 for
-/// ffdhe8192) and well below p.
-const EXPONENT_LEN: usize = 64;
+/// Private exponent bytes: at least twice the group's strength, the length
+/// RFC 7919 section 5.2 and OpenSSL (SPDK's DH) use: 225 bits for ffdhe2048, 275,
+/// 325, 375 and 400 for ffdhe8192, rounded up to whole bytes. Each modular
+/// exponentiation runs on the reactor (ffdhe8192: about 20 ms with 512 bits).
+fn exponent_len(group: DhGroup) -> usize {
+    let bits: usize = match group {
+        DhGroup::Null => 0,
+        DhGroup::Ffdhe2048 => 225,
+        DhGroup::Ffdhe3072 => 275,
+        DhGroup::Ffdhe4096 => 325,
+        DhGroup::Ffdhe6144 => 375,
+        DhGroup::Ffdhe8192 => 400,
+    };
+    bits.div_ceil(8)
+}
 
 fn prime(group: DhGroup) -> Option<&'static BigUint> {
     static PRIMES: [OnceLock<BigUint>; 5] = [const { OnceLock::new() }; 5];
@@ -61,7 +72,7 @@ impl DhKeyPair {
     /// A fresh private exponent and its public value g^x mod p.
     pub fn generate(group: DhGroup) -> Result<DhKeyPair, DhError> {
         let p = prime(group).ok_or(DhError::NullGroup)?;
-        let mut x = Zeroizing::new([0u8; EXPONENT_LEN]);
+        let mut x = Zeroizing::new(vec![0u8; exponent_len(group)]);
         random_bytes(&mut x[..])?;
         // Never 0 or 1: the top bit set keeps the exponent its full length.
         x[0] |= 0x80;

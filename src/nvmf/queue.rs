@@ -1103,6 +1103,19 @@ impl<X> Queue<X> {
             if let Some(st) = self.stats.as_ref() {
                 ctrl.retire_queue(st);
             }
+            if !self.authenticated && self.auth.as_ref().is_some_and(|a| a.in_progress()) {
+                // The host left mid-way or never began (a host without a key,
+                // like a Linux host built without NVMe in-band authentication).
+                self.target.auth_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    cntlid = ctrl.cntlid,
+                    host = %ctrl.hostnqn,
+                    subnqn = %ctrl.subsys.nqn,
+                    qid = b.qid(),
+                    peer = %self.cfg.peer,
+                    "queue closed before it authenticated (DH-HMAC-CHAP required for this host)"
+                );
+            }
             if b.qid() == 0 {
                 tracing::info!(
                     cntlid = ctrl.cntlid,

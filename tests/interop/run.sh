@@ -44,6 +44,10 @@ case "$target" in kernel|kvtarget|both) ;; *) echo "interop: --target kernel|kvt
 
 NQN=nqn.2026-11.io.kvtarget:interop
 HOSTNQN=nqn.2026-11.io.kvtarget:interop-host
+# A second host entry on kvtarget's subsystem, with a DH-HMAC-CHAP key: the guest's
+# Linux 6.1 has no in-band authentication, so it must be refused cleanly as this
+# host (auth-required-refused) while HOSTNQN, without a key, connects as before.
+AUTH_HOSTNQN=nqn.2026-12.io.kvtarget:interop-auth-host
 HOSTID=6b7a7f1e-0c1d-4d2e-9a41-6b7674000001
 PORT=4420
 DISC_PORT=8009
@@ -298,14 +302,23 @@ EOF
         IFS=: read -r n m b u _ <<< "$v"
         printf '\n[[pools.volumes]]\nname = "ns%s"\nsize = "%sMiB"\nblock_size = %s\nunwritten = "%s"\n' "$n" "$m" "$b" "$u"
     done
+    # The key in nvme-cli's DHHC-1 format (32 random bytes and their CRC-32),
+    # readable by its owner only, as kvtarget requires of key files.
+    local auth_key=$out/kvtarget/interop-auth.key
+    (umask 077; python3 -c 'import base64, os, zlib; k = os.urandom(32)
+print("DHHC-1:00:" + base64.b64encode(k + zlib.crc32(k).to_bytes(4, "little")).decode() + ":")' > "$auth_key")
     cat <<EOF
+
+[[keys]]
+name = "interop-auth"
+path = "$auth_key"
 
 [[subsystems]]
 nqn = "$NQN"
 serial = "$KV_SERIAL"
 model = "$KV_MODEL"
 allow_any_host = false
-hosts = ["$HOSTNQN"]
+hosts = ["$HOSTNQN", { nqn = "$AUTH_HOSTNQN", dhchap_key = "interop-auth" }]
 EOF
     for v in $VOLUMES; do
         IFS=: read -r n m b u w <<< "$v"
@@ -330,7 +343,7 @@ EOF
     fi
     local share
     share=$(new_share kvtarget/share)
-    echo "exec bash /mnt/share/tcp-suite.sh $(suite_args 10.0.2.2 share "$KV_SERIAL" "$KV_MODEL" --advertised-addr 127.0.0.1 --disc-port-svc $PORT --volumes "'$VOLUMES'")" \
+    echo "exec bash /mnt/share/tcp-suite.sh $(suite_args 10.0.2.2 share "$KV_SERIAL" "$KV_MODEL" --advertised-addr 127.0.0.1 --disc-port-svc $PORT --volumes "'$VOLUMES'" --auth-hostnqn "$AUTH_HOSTNQN")" \
         > "$share/run-suite.sh"
     log "booting the guest against kvtarget (timeout ${timeout_s}s)"
     "$repo/ci/guest/run.sh" --share "$share" --script run-suite.sh --timeout "$timeout_s" \

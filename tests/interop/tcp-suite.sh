@@ -31,6 +31,8 @@
 #                       is a space-separated list of NSID:SIZE_MIB:BLOCK_SIZE:UNWRITTEN
 #                       (UNWRITTEN = zeroes|error), one per namespace, NSID 1 included.
 #                       Without it the volume scenarios are reported as skipped.
+#   --auth-hostnqn NQN  a host the subsystem lists with a DH-HMAC-CHAP key (kvtarget):
+#                       the guest, without in-band authentication, must be refused as it
 #   --only REGEX        run only scenarios whose name matches (development aid)
 #   --transport T       tcp (default) or rdma: the same scenarios over NVMe/RDMA
 #                       (rdma-guest.sh); NVMe/TCP-only ones (digests, the 8009
@@ -42,6 +44,7 @@ export LC_ALL=C
 TRANSPORT=tcp
 ADDR= PORT=4420 DISC_PORT=8009 DISC_PORT_SVC= ADV_ADDR= NQN= HOSTNQN= HOSTID=
 SIZE=268435456 BS=4096 SERIAL= MODEL= RESTART=share SHARE=/mnt/share ONLY= VOLUMES=
+AUTH_HOSTNQN=
 INTRUDER_NQN=nqn.2026-11.io.kvtarget:intruder
 INTRUDER_ID=6b7a7f1e-0c1d-4d2e-9a41-6b76740000ff
 while [ $# -gt 0 ]; do
@@ -61,6 +64,7 @@ while [ $# -gt 0 ]; do
         --restart) RESTART=$2 ;;
         --share) SHARE=$2 ;;
         --volumes) VOLUMES=$2 ;;
+        --auth-hostnqn) AUTH_HOSTNQN=$2 ;;
         --only) ONLY=$2 ;;
         --transport) TRANSPORT=$2 ;;
         *) echo "tcp-suite: unknown argument $1" >&2; exit 2 ;;
@@ -661,6 +665,31 @@ t_unknown_host_refused() {
     echo "#   $(echo "$log" | sed 's/^\[[^]]*\] //')"
 }
 
+# The subsystem lists AUTH_HOSTNQN with a DH-HMAC-CHAP key. Linux 6.1 built without
+# CONFIG_NVME_AUTH cannot authenticate: Connect succeeds with AUTHREQ.ATR set, the
+# host gives up ("authentication setup failed") and tears the admin queue down, so
+# no controller appears and nothing hangs. The host without a key still connects.
+t_auth_required_refused() {
+    local before out rc log
+    before=$(ctrls_of "$NQN" | wc -l)
+    out=$(timeout 60 nvme connect -t "$TRANSPORT" -a "$ADDR" -s "$PORT" -n "$NQN" \
+        --hostnqn "$AUTH_HOSTNQN" --hostid "$INTRUDER_ID" -o json 2>&1)
+    rc=$?
+    if [ $rc = 0 ]; then
+        disconnect_all
+        fail "connect as $AUTH_HOSTNQN (a host that must authenticate) succeeded without a key: $(echo $out)"; return 1
+    fi
+    [ $rc != 124 ] || { fail "nvme connect hung (60 s)"; return 1; }
+    [ "$(ctrls_of "$NQN" | wc -l)" = "$before" ] || { fail "a controller for $NQN appeared"; return 1; }
+    log=$(klog_since auth-required-refused | grep -E 'authentication setup failed|authentication failed|AUTH' | head -1)
+    [ -n "$log" ] || { fail "connect failed but the kernel logged no authentication failure: $(klog_since auth-required-refused | tail -3 | tr '\n' ' ')"; return 1; }
+    echo "#   $(echo "$log" | sed 's/^\[[^]]*\] //')"
+    # The host without a key on the same subsystem is unaffected.
+    connect || return 1
+    write_pattern "$DEV" 96 1 3 || { fail "write as $HOSTNQN after the refusal failed"; return 1; }
+    check_pattern "$DEV" 96 1 3 "data written after the refusal" || return 1
+}
+
 # ---- thin-provisioned volumes (kvtarget, --volumes) ------------------------------------
 
 # Identify Namespace of NSID $1 through the controller $CTRL, as JSON.
@@ -1073,6 +1102,7 @@ keep-alive-idle
 disconnect-reconnect
 target-restart
 unknown-host-refused
+auth-required-refused
 several-namespaces
 nuse-tracks-writes-and-discard
 unwritten-error-volume
@@ -1089,6 +1119,9 @@ TCP_SCENARIOS=" discovery-8009 digests "
 skip_reason() {
     if [ "$1" = lmcache-volatile-kill ] && { [ -z "$VOL_LMCV" ] || [ "$RESTART" != share ]; }; then
         echo "needs an unwritten = error volume (>= 384 MiB) with a volatile write cache on a target the host can SIGKILL; this target serves none"
+    fi
+    if [ "$1" = auth-required-refused ] && [ -z "$AUTH_HOSTNQN" ]; then
+        echo "needs a host entry with a DH-HMAC-CHAP key (--auth-hostnqn); this target has none (Linux 6.1's nvmet here has no in-band authentication)"
     fi
     case "$VOLUME_SCENARIOS" in
         *" $1 "*) [ -n "$VOLUMES" ] || echo "needs thin-provisioned pool volumes (--volumes); this target serves none" ;;
