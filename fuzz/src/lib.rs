@@ -33,6 +33,7 @@ pub const TARGETS: &[(&str, Harness)] = &[
     ("pool_format", pool_format),
     ("pool_check", pool_check),
     ("config", config),
+    ("auth", auth),
 ];
 
 /// Most PDUs one input is parsed into: bounds the work per execution.
@@ -459,5 +460,115 @@ pub fn config(data: &[u8]) {
     match Config::parse(&saved) {
         Ok(back) => assert_eq!(back, cfg, "saved configuration parses differently"),
         Err(e) => panic!("saved configuration does not load: {e}\n{saved}"),
+    }
+}
+
+/// Longest message one step of the `auth` harness sends: a Reply with ffdhe8192.
+const AUTH_MAX_MESSAGE: usize = 16 + 2 * 64 + 1024;
+
+/// DH-HMAC-CHAP: byte 0 picks what the rest is.
+/// - 0: one host message (Authentication Send data): `HostMessage::parse`, and a
+///   parsed message must survive encode -> parse unchanged.
+/// - 1: one controller message (what a host reads back), the same.
+/// - 2: a secret's text (`DhchapSecret::parse`); a parsed one must re-encode to
+///   text that parses to the same secret.
+/// - 3 and up: a transaction on one queue, the controller's side: steps of
+///   `[op][len lo][len hi][data]`; op bit 0 picks Send (data = the message) or
+///   Receive (len = the allocation length), bit 1 the DH group allowed (null or
+///   ffdhe2048, so an execution stays cheap). No step may panic, and a finished
+///   transaction stays finished.
+pub fn auth(data: &[u8]) {
+    use kvtarget::auth::{AuthPolicy, DhGroup, DhchapSecret, Digest, Key};
+    use kvtarget::nvmf::auth::{HostKeys, QueueAuth, DEFAULT_TIMEOUT};
+    use kvtarget::wire::nvme::{AuthCommand, ControllerMessage, HostMessage};
+    use std::sync::Arc;
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    match mode {
+        0 => {
+            if let Ok(m) = HostMessage::parse(rest) {
+                let again = m.encode();
+                assert_eq!(HostMessage::parse(&again), Ok(m), "host message round trip");
+            }
+        }
+        1 => {
+            if let Ok(m) = ControllerMessage::parse(rest) {
+                let again = m.encode();
+                assert_eq!(
+                    ControllerMessage::parse(&again),
+                    Ok(m),
+                    "controller message round trip"
+                );
+            }
+        }
+        2 => {
+            let text = String::from_utf8_lossy(rest);
+            if let Ok(s) = DhchapSecret::parse(&text) {
+                assert_eq!(DhchapSecret::parse(&s.encode()), Ok(s), "secret round trip");
+            }
+        }
+        _ => {
+            let secret = |b: u8, t| {
+                DhchapSecret::new(&[b; 32], t)
+                    .map(|s| Arc::new(Key::from_text("k", &s.encode())))
+                    .ok()
+            };
+            let (Some(host), ctrl) = (secret(1, Some(Digest::Sha256)), secret(2, None)) else {
+                return;
+            };
+            let group = if mode & 2 != 0 {
+                DhGroup::Ffdhe2048
+            } else {
+                DhGroup::Null
+            };
+            let policy = AuthPolicy {
+                dhgroups: 1 << group.id(),
+                ..AuthPolicy::default()
+            };
+            let now = std::time::Instant::now();
+            let mut a = QueueAuth::new(
+                Some(HostKeys {
+                    dhchap_key: host,
+                    dhchap_ctrlr_key: ctrl,
+                }),
+                "nqn.2014-08.org.nvmexpress:uuid:fuzz",
+                "nqn.2026-12.io.kvtarget:fuzz",
+                0,
+                policy,
+                DEFAULT_TIMEOUT,
+                now,
+            );
+            let mut input = rest;
+            let mut steps = 0;
+            while input.len() >= 3 && steps < 16 {
+                let (op, len) = (input[0], u16::from_le_bytes([input[1], input[2]]) as usize);
+                input = &input[3..];
+                let had_failed = a.failed();
+                if op & 1 == 0 {
+                    let n = len.min(input.len()).min(AUTH_MAX_MESSAGE);
+                    let (msg, tail) = input.split_at(n);
+                    a.send(&AuthCommand::dhchap(msg.len() as u32), msg, now);
+                    input = tail;
+                } else {
+                    let step = a.receive(&AuthCommand::dhchap(len as u32), now);
+                    if let Some(d) = &step.data {
+                        assert!(d.len() <= len, "a reply longer than the allocation length");
+                        assert!(
+                            ControllerMessage::parse(d).is_ok(),
+                            "the controller sent what it cannot read"
+                        );
+                    }
+                }
+                assert!(
+                    !(had_failed && a.succeeded()),
+                    "a failed transaction succeeded"
+                );
+                if had_failed {
+                    assert!(a.failed(), "a failed transaction came back to life");
+                }
+                steps += 1;
+            }
+        }
     }
 }

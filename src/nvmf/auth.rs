@@ -133,6 +133,21 @@ impl QueueAuth {
         !matches!(self.state, State::Done | State::Failed)
     }
 
+    /// The transaction failed: the queue is closing, and nothing more happens
+    /// on it.
+    pub fn failed(&self) -> bool {
+        self.state == State::Failed
+    }
+
+    /// A step after the failure (commands the host had already sent).
+    fn after_failure() -> Step {
+        Step {
+            status: Status::COMMAND_SEQUENCE_ERROR,
+            data: None,
+            close_after: true,
+        }
+    }
+
     /// No step came within the timeout.
     pub fn expired(&self, now: Instant) -> bool {
         self.in_progress() && now >= self.deadline
@@ -164,6 +179,9 @@ impl QueueAuth {
 
     /// Authentication Send with `data`, the transferred message.
     pub fn send(&mut self, cmd: &AuthCommand, data: &[u8], now: Instant) -> Step {
+        if self.failed() {
+            return Self::after_failure();
+        }
         if let Err(s) = Self::checked(cmd, data.len()) {
             tracing::warn!(host = %self.hostnqn, qid = self.qid, secp = cmd.secp, spsp0 = cmd.spsp0, spsp1 = cmd.spsp1, tl = cmd.len, data = data.len(), "Authentication Send: not a DH-HMAC-CHAP transfer");
             return Step::status(s);
@@ -385,6 +403,9 @@ impl QueueAuth {
 
     /// Authentication Receive with allocation length `cmd.len`.
     pub fn receive(&mut self, cmd: &AuthCommand, now: Instant) -> Step {
+        if self.failed() {
+            return Self::after_failure();
+        }
         if !cmd.is_dhchap() {
             tracing::warn!(host = %self.hostnqn, qid = self.qid, secp = cmd.secp, "Authentication Receive: not DH-HMAC-CHAP");
             return Step::status(Status::INVALID_FIELD);
@@ -675,6 +696,14 @@ mod tests {
         let (r, _) = reply(&ch, &secret(9, Some(Digest::Sha256)), None);
         assert_eq!(send(&mut a, &r).status, Status::SUCCESS);
         assert_eq!(failure_of(&mut a), FailureReason::Failed as u8);
+        // Failed is final: the right Reply afterwards changes nothing.
+        let (r, _) = reply(&ch, &secret(1, Some(Digest::Sha256)), None);
+        let s = send(&mut a, &r);
+        assert_eq!(
+            (s.status, s.close_after),
+            (Status::COMMAND_SEQUENCE_ERROR, true)
+        );
+        assert!(a.failed() && !a.succeeded());
     }
 
     #[test]

@@ -800,7 +800,12 @@ impl<X> Queue<X> {
             self.finish(slot, Status::COMMAND_SEQUENCE_ERROR, 0, link, ctx);
             return;
         };
-        if !self.auth.as_ref().is_some_and(|a| a.in_progress()) {
+        // A new transaction unless one runs or one failed (the queue closes).
+        if !self
+            .auth
+            .as_ref()
+            .is_some_and(|a| a.in_progress() || a.failed())
+        {
             self.auth = Some(QueueAuth::new(
                 ctrl.subsys.host_keys(&ctrl.hostnqn),
                 &ctrl.hostnqn,
@@ -829,7 +834,7 @@ impl<X> Queue<X> {
         if auth.succeeded() {
             self.authenticated = true;
         }
-        if step.close_after {
+        if step.close_after && step.status != Status::COMMAND_SEQUENCE_ERROR {
             self.target.auth_failures.fetch_add(1, Ordering::Relaxed);
         }
         if let (Some(mut d), Some(r)) = (step.data, self.request_mut(slot)) {
