@@ -27,7 +27,8 @@ pub enum DhError {
 /// Private exponent bytes: at least twice the group's strength, the length
 /// RFC 7919 section 5.2 and OpenSSL (SPDK's DH) use: 225 bits for ffdhe2048, 275,
 /// 325, 375 and 400 for ffdhe8192, rounded up to whole bytes. Each modular
-/// exponentiation runs on the reactor (ffdhe8192: about 20 ms with 512 bits).
+/// exponentiation runs on the reactor: 0.5 ms for ffdhe2048, 12 ms for ffdhe8192
+/// (about 20 ms with a 512-bit exponent).
 fn exponent_len(group: DhGroup) -> usize {
     let bits: usize = match group {
         DhGroup::Null => 0,

@@ -49,8 +49,8 @@ pub(super) fn get_keys(_p: &mut Params) -> Parsed {
                     "name": k.name,
                     "path": k.path.display().to_string(),
                     "module": "keyring_file",
-                    // References beyond the ring's own (host entries using it).
-                    "refcnt": Arc::strong_count(k) - 1,
+                    // Host entries using it (not the ring's own reference, nor this listing's).
+                    "refcnt": Arc::strong_count(k).saturating_sub(2),
                     "removed": false,
                     "probed": false,
                 })

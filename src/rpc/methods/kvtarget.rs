@@ -141,17 +141,32 @@ impl Control {
             });
         }
         cfg.subsystems = out;
-        // The keyring as files; a key's text never leaves the process.
-        cfg.keys = self
+        // The keyring as files, plus keys host entries still hold after they
+        // left the ring; a key's text never leaves the process.
+        let mut keys = self.target.keyring.list();
+        let subsystems = self
             .target
-            .keyring
-            .list()
-            .iter()
-            .map(|k| KeyConfig {
-                name: k.name.clone(),
-                path: k.path.display().to_string(),
-            })
-            .collect();
+            .subsystems
+            .read()
+            .map(|s| s.clone())
+            .unwrap_or_default();
+        for s in subsystems {
+            if let Ok(m) = s.host_keys.read() {
+                for k in m.values() {
+                    keys.push(k.dhchap_key.clone());
+                    keys.extend(k.dhchap_ctrlr_key.clone());
+                }
+            }
+        }
+        cfg.keys = Vec::new();
+        for k in keys {
+            if !cfg.keys.iter().any(|c| c.name == k.name) {
+                cfg.keys.push(KeyConfig {
+                    name: k.name.clone(),
+                    path: k.path.display().to_string(),
+                });
+            }
+        }
         Ok(cfg)
     }
 

@@ -942,4 +942,104 @@ mod tests {
             assert_ne!(state(&ctl), before, "{method} changed nothing");
         }
     }
+
+    /// Keys by name over RPC: files checked, names (never key text) listed, host
+    /// entries holding them, and removal with the host.
+    #[test]
+    fn dhchap_keys_and_hosts_over_rpc() {
+        use std::os::unix::fs::PermissionsExt;
+        let (ctl, _) = populated();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let secret = crate::auth::DhchapSecret::new(&[7; 32], None).expect("secret");
+        let text = secret.encode();
+        let path = dir.path().join("k0");
+        std::fs::write(&path, text.as_str()).expect("write key");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let p = path.display().to_string();
+        ok(
+            &ctl,
+            "keyring_file_add_key",
+            json!({"name": "k0", "path": p}),
+        );
+        let e = ctl
+            .call("keyring_file_add_key", json!({"name": "k0", "path": p}))
+            .expect_err("duplicate");
+        assert_eq!(e.code, code::EEXIST);
+        let e = ctl
+            .call(
+                "keyring_file_add_key",
+                json!({"name": "k1", "path": "relative"}),
+            )
+            .expect_err("relative path");
+        assert!(e.message.starts_with("path: "), "{}", e.message);
+        // A controller key needs a host key; unknown keys are named.
+        let e = ctl
+            .call(
+                "nvmf_subsystem_add_host",
+                json!({"nqn": NQN, "host": OTHER, "dhchap_ctrlr_key": "k0"}),
+            )
+            .expect_err("ctrlr key alone");
+        assert!(e.message.starts_with("dhchap_ctrlr_key: "), "{}", e.message);
+        let e = ctl
+            .call(
+                "nvmf_subsystem_add_host",
+                json!({"nqn": NQN, "host": OTHER, "dhchap_key": "nope"}),
+            )
+            .expect_err("unknown key");
+        assert!(e.message.contains("no key `nope`"), "{}", e.message);
+        ok(
+            &ctl,
+            "nvmf_subsystem_add_host",
+            json!({"nqn": NQN, "host": OTHER, "dhchap_key": "k0", "dhchap_ctrlr_key": "k0"}),
+        );
+        let subs = ok(&ctl, "nvmf_get_subsystems", json!({}));
+        let listing = subs.to_string();
+        assert!(
+            !listing.contains(text.trim_end_matches(':')),
+            "key text listed"
+        );
+        let host = subs
+            .as_array()
+            .and_then(|a| a.iter().find(|s| s["nqn"] == NQN))
+            .and_then(|s| s["hosts"].as_array())
+            .and_then(|h| h.iter().find(|h| h["nqn"] == OTHER))
+            .cloned()
+            .expect("host listed");
+        assert_eq!(
+            (
+                host["dhchap_key"].as_str(),
+                host["dhchap_ctrlr_key"].as_str()
+            ),
+            (Some("k0"), Some("k0"))
+        );
+        let keys = ok(&ctl, "keyring_get_keys", json!({}));
+        assert_eq!(keys[0]["name"], "k0");
+        assert_eq!(keys[0]["refcnt"], 2, "the host entry holds it twice");
+        assert!(!keys.to_string().contains(text.trim_end_matches(':')));
+        let s = ctl.target.find_subsystem(NQN).expect("subsystem");
+        assert!(s.host_keys(OTHER).is_some());
+        // The saved configuration names the key and its file, and loads.
+        let saved = ok(&ctl, "kvtarget_save_config", json!({}));
+        let toml = saved["toml"].as_str().expect("toml").to_string();
+        assert!(toml.contains(r#"dhchap_key = "k0""#), "{toml}");
+        assert!(toml.contains(&format!("path = \"{p}\"")), "{toml}");
+        assert!(!toml.contains(text.trim_end_matches(':')));
+        // The key may leave the ring; the host keeps it until it goes too.
+        ok(&ctl, "keyring_file_remove_key", json!({"name": "k0"}));
+        assert!(s.host_keys(OTHER).is_some());
+        let saved = ok(&ctl, "kvtarget_save_config", json!({}));
+        assert!(saved["toml"]
+            .as_str()
+            .is_some_and(|t| t.contains("[[keys]]")));
+        ok(
+            &ctl,
+            "nvmf_subsystem_remove_host",
+            json!({"nqn": NQN, "host": OTHER}),
+        );
+        assert!(s.host_keys(OTHER).is_none());
+        let e = ctl
+            .call("keyring_file_remove_key", json!({"name": "k0"}))
+            .expect_err("gone");
+        assert_eq!(e.code, code::ENOENT);
+    }
 }
