@@ -72,6 +72,15 @@ impl Step {
     }
 }
 
+/// A transaction's state for listings: SPDK's state names, and what was
+/// negotiated once it was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthStatus {
+    pub state: &'static str,
+    pub digest: Option<&'static str>,
+    pub dhgroup: Option<&'static str>,
+}
+
 pub struct QueueAuth {
     state: State,
     keys: Option<HostKeys>,
@@ -82,6 +91,8 @@ pub struct QueueAuth {
     tid: u16,
     digest: Digest,
     dhgroup: DhGroup,
+    /// A hash and group were agreed.
+    negotiated: bool,
     dh: Option<DhKeyPair>,
     /// C1, the controller's challenge.
     challenge: Zeroizing<Vec<u8>>,
@@ -114,6 +125,7 @@ impl QueueAuth {
             tid: 0,
             digest: Digest::Sha256,
             dhgroup: DhGroup::Null,
+            negotiated: false,
             dh: None,
             challenge: Zeroizing::new(Vec::new()),
             seqnum: 0,
@@ -153,9 +165,23 @@ impl QueueAuth {
         self.in_progress() && now >= self.deadline
     }
 
-    /// The negotiated hash and DH group, for logs and RPC output.
-    pub fn negotiated(&self) -> (Digest, DhGroup) {
-        (self.digest, self.dhgroup)
+    /// The state as `nvmf_subsystem_get_qpairs` lists it.
+    pub fn status(&self) -> AuthStatus {
+        let state = match self.state {
+            State::Negotiate => "negotiate",
+            State::Challenge => "challenge",
+            State::Reply => "reply",
+            State::Success1 => "success1",
+            State::Success2 => "success2",
+            State::Failure1(_) => "failure1",
+            State::Done => "completed",
+            State::Failed => "error",
+        };
+        AuthStatus {
+            state,
+            digest: self.negotiated.then(|| self.digest.name()),
+            dhgroup: self.negotiated.then(|| self.dhgroup.name()),
+        }
     }
 
     fn fail(&mut self, reason: FailureReason, why: String) -> Step {
@@ -242,6 +268,7 @@ impl QueueAuth {
                 };
                 self.digest = d;
                 self.dhgroup = g;
+                self.negotiated = true;
                 self.state = State::Challenge;
                 Step::status(Status::SUCCESS)
             }
@@ -671,11 +698,22 @@ mod tests {
         };
         assert_eq!(r2, expect.unwrap().to_vec());
         assert!(!a.succeeded());
+        assert_eq!(a.status().state, "success2");
         assert_eq!(
             send(&mut a, &HostMessage::Success2 { t_id: 7 }.encode()).status,
             Status::SUCCESS
         );
         assert!(a.succeeded());
+        assert_eq!(
+            a.status(),
+            AuthStatus {
+                state: "completed",
+                digest: Some("sha256"),
+                dhgroup: Some("ffdhe2048")
+            }
+        );
+        let fresh = auth(None, AuthPolicy::default()).status();
+        assert_eq!((fresh.state, fresh.digest), ("negotiate", None));
     }
 
     fn failure_of(a: &mut QueueAuth) -> u8 {

@@ -339,6 +339,11 @@ impl Controller {
         }
     }
 
+    /// The counters of the connected queues.
+    pub fn queue_stats(&self) -> Vec<Arc<QpairStats>> {
+        self.queues.lock().map(|q| q.clone()).unwrap_or_default()
+    }
+
     /// A queue went: what it counted is kept.
     pub fn retire_queue(&self, st: &Arc<QpairStats>) {
         let gone = self.queues.lock().ok().and_then(|mut q| {

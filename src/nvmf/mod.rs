@@ -445,6 +445,9 @@ pub struct QpairStats {
     pub media_errors: AtomicU64,
     /// This queue's Error Information entries (its controller's log reads them).
     pub error_log: errlog::ErrorRing,
+    /// Its DH-HMAC-CHAP transaction as `nvmf_subsystem_get_qpairs` shows it (SPDK's
+    /// names): state, hash, DH group. Written once per authentication step.
+    pub auth: Mutex<Option<auth::AuthStatus>>,
 }
 
 /// The whole target: subsystems and listeners, shared by reactors and the control

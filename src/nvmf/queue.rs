@@ -751,6 +751,11 @@ impl<X> Queue<X> {
                             ));
                             self.authenticated = false;
                             dw0 |= 1 << 17;
+                            if let (Some(st), Some(a)) = (self.stats.as_ref(), self.auth.as_ref()) {
+                                if let Ok(mut s) = st.auth.lock() {
+                                    *s = Some(a.status());
+                                }
+                            }
                         }
                         self.finish(slot, Status::SUCCESS, dw0, link, ctx);
                     }
@@ -833,6 +838,11 @@ impl<X> Queue<X> {
         };
         if auth.succeeded() {
             self.authenticated = true;
+        }
+        if let Some(st) = self.stats.as_ref() {
+            if let Ok(mut a) = st.auth.lock() {
+                *a = Some(auth.status());
+            }
         }
         if step.close_after && step.status != Status::COMMAND_SEQUENCE_ERROR {
             self.target.auth_failures.fetch_add(1, Ordering::Relaxed);

@@ -187,6 +187,19 @@ bg_shm=$((shm_id + 1))
 bg_pid=$!
 pids+=("$bg_pid")
 sleep 2
+# Its queues list how they authenticated (SPDK's nvmf_subsystem_get_qpairs "auth").
+python3 "$rpc_py" -s "$work/kv.sock" nvmf_subsystem_get_qpairs "$nqn" > "$work/kv-qpairs.json" 2>&1
+if python3 - "$work/kv-qpairs.json" "$uni" <<'PY'
+import json, sys
+q = [x for x in json.load(open(sys.argv[1])) if x.get("hostnqn") == sys.argv[2]]
+ok = len(q) >= 2 and all(x.get("auth") == {"state": "completed", "digest": "sha512", "dhgroup": "ffdhe8192"} for x in q)
+sys.exit(0 if ok else 1)
+PY
+then
+    ok "qpairs-auth-listed (nvmf_subsystem_get_qpairs: admin and I/O queue completed, sha512/ffdhe8192)"
+else
+    bad qpairs-auth-listed "$(head -c 600 "$work/kv-qpairs.json" | tr '\n' ' ')"
+fi
 
 # case NAME EXPECTED KV_LOG_PATTERN HOST [perf options]
 case_() {

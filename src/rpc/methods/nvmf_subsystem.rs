@@ -454,15 +454,29 @@ pub(super) fn get_qpairs(p: &mut Params) -> Parsed {
         ctrls.sort_by_key(|c: &Arc<crate::nvmf::Controller>| c.cntlid);
         let mut out = Vec::new();
         for c in ctrls {
+            let stats = c.queue_stats();
             for qid in c.queue_ids() {
-                out.push(json!({
+                let mut q = json!({
                     "cntlid": c.cntlid,
                     "qid": qid,
                     "state": if c.is_failed() { "deleting" } else { "active" },
                     "hostnqn": c.hostnqn,
                     "trtype": "TCP",
                     "admin_peer_address": c.peer,
-                }));
+                });
+                // SPDK's "auth" object, for queues that authenticated (or are).
+                let auth = stats
+                    .iter()
+                    .find(|s| s.qid == qid)
+                    .and_then(|s| s.auth.lock().ok().and_then(|a| a.clone()));
+                if let Some(a) = auth {
+                    q["auth"] = json!({
+                        "state": a.state,
+                        "digest": a.digest.unwrap_or("unknown"),
+                        "dhgroup": a.dhgroup.unwrap_or("unknown"),
+                    });
+                }
+                out.push(q);
             }
         }
         Ok(Value::Array(out))
