@@ -1,6 +1,7 @@
 //! Criterion micro-benchmarks for the hot paths under the data path (issue 6):
 //! the NVMe/TCP PDU codec, CRC32C, the extent map lookup and the extent
-//! allocator's per-reactor cache. Run with `cargo bench --bench micro`; the
+//! allocator's per-reactor cache, and the DH-HMAC-CHAP steps a reactor runs
+//! when a queue authenticates. Run with `cargo bench --bench micro`; the
 //! full first-write mapping path (batch reservations, journaling) is measured
 //! end to end in `benches/pool.rs`.
 
@@ -153,11 +154,57 @@ fn pool_paths(c: &mut Criterion) {
     let _ = pool.close();
 }
 
+/// What one queue's DH-HMAC-CHAP costs its reactor: the key pair (challenge),
+/// the shared secret (reply check), and the two HMACs; per DH group.
+fn dhchap(c: &mut Criterion) {
+    use kvtarget::auth::{response, DhGroup, DhKeyPair, Digest, ResponseInput, Role};
+    let mut g = c.benchmark_group("dhchap");
+    g.sample_size(10);
+    for group in [
+        DhGroup::Ffdhe2048,
+        DhGroup::Ffdhe3072,
+        DhGroup::Ffdhe4096,
+        DhGroup::Ffdhe6144,
+        DhGroup::Ffdhe8192,
+    ] {
+        let Ok(peer) = DhKeyPair::generate(group) else {
+            return;
+        };
+        g.bench_function(format!("keypair_{}", group.name()), |b| {
+            b.iter(|| DhKeyPair::generate(black_box(group)).map(|k| k.public().len()))
+        });
+        let Ok(mine) = DhKeyPair::generate(group) else {
+            return;
+        };
+        g.bench_function(format!("shared_secret_{}", group.name()), |b| {
+            b.iter(|| {
+                mine.shared_secret(black_box(peer.public()))
+                    .map(|s| s.len())
+            })
+        });
+    }
+    let input = ResponseInput {
+        digest: Digest::Sha512,
+        key: &[7; 64],
+        challenge: &[9; 64],
+        dh_secret: Some(&[3; 1024]),
+        seqnum: 1,
+        tid: 1,
+        scc: 0,
+        hostnqn: "nqn.2014-08.org.nvmexpress:uuid:6b767461-7267-6574-0000-000000000001",
+        subnqn: "nqn.2026-12.io.kvtarget:secure",
+    };
+    g.bench_function("response_sha512_ffdhe8192", |b| {
+        b.iter(|| response(Role::Host, black_box(&input)).len())
+    });
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(std::time::Duration::from_millis(500))
         .measurement_time(std::time::Duration::from_secs(2));
-    targets = codec, pool_paths
+    targets = codec, pool_paths, dhchap
 }
 criterion_main!(benches);

@@ -458,6 +458,53 @@ if [ -x "$SPDK/spdk_nvme_perf" ]; then
         check spdk-rdma-host-setup 0 "$swhy"
     fi
     rpc nvmf_delete_subsystem "{\"nqn\": \"$SNQN\"}" > /dev/null 2>&1
+
+    # DH-HMAC-CHAP over NVMe/RDMA: the same Authentication Send/Receive exchange on
+    # every queue (the fabrics core is the transport's); SPDK's host with a host and
+    # a controller key gets in and runs I/O, with a wrong key it does not.
+    if [ "$sok" = 1 ]; then
+        echo "# -- spdk-rdma-host-dhchap"
+        ANQN=nqn.2026-12.io.kvtarget:spdk-rdma-auth
+        AHOST=nqn.2026-12.io.kvtarget:spdk-rdma-auth-host
+        ATRID="trtype:RDMA adrfam:IPv4 traddr:$ADDR trsvcid:$PORT subnqn:$ANQN hostnqn:$AHOST"
+        mkkey() { # FILE: a DHHC-1 secret, 32 random bytes with their CRC-32, mode 0600
+            (umask 077; python3 -c 'import base64, os, zlib; k = os.urandom(32)
+print("DHHC-1:00:" + base64.b64encode(k + zlib.crc32(k).to_bytes(4, "little")).decode() + ":")' > "$1")
+        }
+        mkkey "$WORK/auth-host.key" && mkkey "$WORK/auth-ctrl.key" && mkkey "$WORK/auth-wrong.key"
+        if {
+            rpc keyring_file_add_key "{\"name\": \"rdma-host\", \"path\": \"$WORK/auth-host.key\"}" &&
+                rpc keyring_file_add_key "{\"name\": \"rdma-ctrl\", \"path\": \"$WORK/auth-ctrl.key\"}" &&
+                rpc nvmf_create_subsystem "{\"nqn\": \"$ANQN\", \"serial_number\": \"KVTSPDKRDMAAUTH1\"}" &&
+                rpc nvmf_subsystem_add_ns "{\"nqn\": \"$ANQN\", \"namespace\": {\"bdev_name\": \"interop/spdkhost\", \"nsid\": 1}}" &&
+                rpc nvmf_subsystem_add_host "{\"nqn\": \"$ANQN\", \"host\": \"$AHOST\", \"dhchap_key\": \"rdma-host\", \"dhchap_ctrlr_key\": \"rdma-ctrl\"}" &&
+                rpc nvmf_subsystem_add_listener "{\"nqn\": \"$ANQN\", \"listen_address\": {\"trtype\": \"RDMA\", \"adrfam\": \"IPv4\", \"traddr\": \"$ADDR\", \"trsvcid\": \"$PORT\"}}"
+        } > "$WORK/spdk-auth-setup.log" 2>&1; then
+            spdk_env timeout 120 "$SPDK/spdk_nvme_perf" -q 16 -o 4096 -w randrw -M 50 -t 2 -r "$ATRID" \
+                --dhchap-key "$WORK/auth-host.key" --dhchap-ctrlr-key "$WORK/auth-ctrl.key" > "$WORK/spdk-auth-perf.log" 2>&1
+            iops=$(awk '$1 == "Total" && $2 == ":" {print $3}' "$WORK/spdk-auth-perf.log" | tail -n 1)
+            if [ -n "$iops" ] && awk -v x="$iops" 'BEGIN { exit !(x > 0) }' &&
+                ! grep -q "completed with error" "$WORK/spdk-auth-perf.log" &&
+                grep -q "host and controller authenticated .*qid=1" "$LOG"; then
+                check spdk-rdma-host-dhchap-bidirectional 1 ""
+                echo "# spdk_nvme_perf RDMA with DH-HMAC-CHAP both ways: $iops IOPS; $(grep -m 1 'host and controller authenticated' "$LOG" | grep -o 'digest=.*')"
+            else
+                check spdk-rdma-host-dhchap-bidirectional 0 "spdk_nvme_perf: $(grep -iE 'error|fail' "$WORK/spdk-auth-perf.log" | head -n 3 | tr '\n' ' ') kvtarget: $(grep 'DH-HMAC-CHAP' "$LOG" | tail -n 1)"
+            fi
+            spdk_env timeout 120 "$SPDK/spdk_nvme_perf" -q 16 -o 4096 -w randread -t 1 -r "$ATRID" \
+                --dhchap-key "$WORK/auth-wrong.key" > "$WORK/spdk-auth-wrong.log" 2>&1
+            wiops=$(awk '$1 == "Total" && $2 == ":" {print $3}' "$WORK/spdk-auth-wrong.log" | tail -n 1)
+            if grep -q 'No valid NVMe controllers' "$WORK/spdk-auth-wrong.log" && [ -z "$wiops" ] &&
+                grep -q "does not match key \`rdma-host\`" "$LOG"; then
+                check spdk-rdma-host-dhchap-wrong-key-refused 1 ""
+            else
+                check spdk-rdma-host-dhchap-wrong-key-refused 0 "perf: $(tail -n 3 "$WORK/spdk-auth-wrong.log" | tr '\n' ' ') kvtarget: $(grep 'DH-HMAC-CHAP' "$LOG" | tail -n 1)"
+            fi
+        else
+            check spdk-rdma-host-dhchap-setup 0 "$(tail -n 2 "$WORK/spdk-auth-setup.log" | tr '\n' ' ')"
+        fi
+        rpc nvmf_delete_subsystem "{\"nqn\": \"$ANQN\"}" > /dev/null 2>&1
+    fi
     rpc bdev_lvol_delete '{"name": "interop/spdkhost"}' > /dev/null 2>&1
     cp "$WORK"/spdk-*.log "$SHARE/" 2>/dev/null
 fi
