@@ -12,7 +12,10 @@
 #   refusals           a wrong host key, no key, a wrong controller key, and a
 #                      controller key the host's entry lacks: no controller
 #                      attaches, and kvtarget logs why
-#   others carry on    an authenticated perf run spans the refusals, error free
+#   rotation           nvmf_subsystem_set_keys: the old key is refused, the new one
+#                      attaches
+#   others carry on    an authenticated perf run spans the refusals and the key
+#                      rotation, error free
 #   bdevperf verify    SPDK's bdev_nvme initiator with keyring keys writes, reads
 #                      back and compares every block through authenticated queues
 #   negotiation        kvtarget with [auth] limited to sha256/null and to
@@ -74,7 +77,8 @@ nvme gen-dhchap-key -m 1 -n "$uni" > "$work/uni.key" &&
     nvme gen-dhchap-key -m 0 -l 48 > "$work/bidi.key" &&
     nvme gen-dhchap-key -m 3 -n "$nqn" > "$work/ctrl.key" &&
     nvme gen-dhchap-key -m 1 -n "$uni" > "$work/wrong.key" &&
-    nvme gen-dhchap-key -m 3 -n "$nqn" > "$work/wrong-ctrl.key" ||
+    nvme gen-dhchap-key -m 3 -n "$nqn" > "$work/wrong-ctrl.key" &&
+    nvme gen-dhchap-key -m 2 -n "$uni" > "$work/rotated.key" ||
     die keys "nvme gen-dhchap-key failed"
 umask 022
 grep -q '^DHHC-1:0[0-3]:' "$work/uni.key" || die keys "unexpected key format: $(cut -c1-12 "$work/uni.key")"
@@ -182,7 +186,7 @@ verdict() {
 
 # An authenticated run on kvtarget spanning every refusal below.
 bg_shm=$((shm_id + 1))
-"$perf" -i "$bg_shm" -q 8 -o 4096 -w randrw -M 50 -t 8 -r "$(trid "$kv_port" "$uni")" \
+"$perf" -i "$bg_shm" -q 8 -o 4096 -w randrw -M 50 -t 40 -r "$(trid "$kv_port" "$uni")" \
     --dhchap-key "$work/uni.key" > "$work/kv-background.out" 2>&1 &
 bg_pid=$!
 pids+=("$bg_pid")
@@ -232,16 +236,29 @@ case_ wrong-ctrlr-key refused "refused the controller's response" "$bidi" \
 case_ unconfigured-ctrlr-key refused 'no dhchap_ctrlr_key' "$uni" \
     --dhchap-key "$work/uni.key" --dhchap-ctrlr-key "$work/ctrl.key"
 
+# Key rotation (nvmf_subsystem_set_keys): the old key stops working, the new one
+# works, and the queues authenticated with the old one (the background run) carry on.
+for s in kv.sock spdk.sock; do
+    python3 "$rpc_py" -s "$work/$s" keyring_file_add_key rotated "$work/rotated.key" &&
+        python3 "$rpc_py" -s "$work/$s" nvmf_subsystem_set_keys "$nqn" "$uni" --dhchap-key rotated
+done > "$work/rotate-rpc.log" 2>&1 || bad rotate-keys "rpc.py nvmf_subsystem_set_keys: $(tail -n 2 "$work/rotate-rpc.log" | tr '\n' ' ')"
+case_ rotated-old-key refused "does not match key \`rotated\`" "$uni" --dhchap-key "$work/uni.key"
+case_ rotated-new-key attached 'host authenticated .*qid=1' "$uni" --dhchap-key "$work/rotated.key"
+spanned=0
+kill -0 "$bg_pid" 2>/dev/null && spanned=1
+
 wait "$bg_pid"
 bg_rc=$?
-if [ "$bg_rc" = 0 ] && positive "$(total_iops "$work/kv-background.out")" \
+if [ "$spanned" != 1 ]; then
+    bad others-carry-on "the background run ended before the refusals and the rotation did (lengthen its -t)"
+elif [ "$bg_rc" = 0 ] && positive "$(total_iops "$work/kv-background.out")" \
     && ! grep -q 'completed with error' "$work/kv-background.out"; then
-    ok "others-carry-on (an authenticated run across the refusals: $(total_iops "$work/kv-background.out") IOPS, no errors)"
+    ok "others-carry-on (an authenticated run across the refusals and the key rotation: $(total_iops "$work/kv-background.out") IOPS, no errors)"
 else
     bad others-carry-on "exit $bg_rc: $(excerpt "$work/kv-background.out")"
 fi
 failures=$(grep -c 'WARN.*\(DH-HMAC-CHAP: \|queue closed before it authenticated\)' "$work/kv.log")
-[ "$failures" -ge 4 ] && ok "refusals-logged ($failures warning lines)" \
+[ "$failures" -ge 5 ] && ok "refusals-logged ($failures warning lines)" \
     || bad refusals-logged "only $failures DH-HMAC-CHAP warning lines"
 
 # --- keys never appear in logs or listings ---

@@ -90,6 +90,7 @@ const TABLE: &[(&str, Handler)] = &[
     ("nvmf_subsystem_remove_ns", nvmf_subsystem::remove_ns),
     ("nvmf_subsystem_add_host", nvmf_subsystem::add_host),
     ("nvmf_subsystem_remove_host", nvmf_subsystem::remove_host),
+    ("nvmf_subsystem_set_keys", nvmf_subsystem::set_keys),
     (
         "nvmf_subsystem_allow_any_host",
         nvmf_subsystem::allow_any_host,
@@ -684,6 +685,7 @@ mod tests {
                 json!({"name": "k0", "path": "/nonexistent/k0"}),
             ),
             ("keyring_file_remove_key", json!({"name": "k0"})),
+            ("nvmf_subsystem_set_keys", json!({"nqn": NQN, "host": HOST})),
             ("keyring_get_keys", json!({})),
         ]
     }
@@ -1024,6 +1026,23 @@ mod tests {
         assert!(toml.contains(r#"dhchap_key = "k0""#), "{toml}");
         assert!(toml.contains(&format!("path = \"{p}\"")), "{toml}");
         assert!(!toml.contains(text.trim_end_matches(':')));
+        // Rotation: the controller key left out is cleared; no key at all, and
+        // the host no longer authenticates.
+        ok(
+            &ctl,
+            "nvmf_subsystem_set_keys",
+            json!({"nqn": NQN, "host": OTHER, "dhchap_key": "k0"}),
+        );
+        assert!(s
+            .host_keys(OTHER)
+            .is_some_and(|k| k.dhchap_ctrlr_key.is_none()));
+        let e = ctl
+            .call(
+                "nvmf_subsystem_set_keys",
+                json!({"nqn": NQN, "host": "nqn.2014-08.org.nvmexpress:uuid:nobody", "dhchap_key": "k0"}),
+            )
+            .expect_err("unlisted host");
+        assert_eq!(e.code, code::ENOENT);
         // The key may leave the ring; the host keeps it until it goes too.
         ok(&ctl, "keyring_file_remove_key", json!({"name": "k0"}));
         assert!(s.host_keys(OTHER).is_some());

@@ -357,6 +357,43 @@ fn host_keys(
     })
 }
 
+/// A listed host's DH-HMAC-CHAP keys replaced (key rotation), as SPDK's
+/// `nvmf_subsystem_set_keys`: the keys given become the host's, one left out is
+/// cleared (neither: the host no longer authenticates). Queues already
+/// authenticated carry on; the next Connect or re-authentication uses the new keys.
+pub(super) fn set_keys(p: &mut Params) -> Parsed {
+    let nqn = p.str("nqn")?;
+    let host = p.str("host")?;
+    p.opt_str("tgt_name")?;
+    let dhchap_key = p.opt_str("dhchap_key")?;
+    let dhchap_ctrlr_key = p.opt_str("dhchap_ctrlr_key")?;
+    if dhchap_ctrlr_key.is_some() && dhchap_key.is_none() {
+        return Err(RpcError::params(
+            "dhchap_ctrlr_key: needs dhchap_key (the host authenticates first)",
+        ));
+    }
+    act(move |ctl| {
+        let s = ctl.nvm_subsystem(&nqn)?;
+        if !s.hosts.read().is_ok_and(|h| h.contains(&host)) {
+            return Err(not_found(format!("{host} is not on {nqn}'s host list")));
+        }
+        let keys = match &dhchap_key {
+            Some(k) => Some(host_keys(ctl, k, dhchap_ctrlr_key.as_deref())?),
+            None => None,
+        };
+        let mut m = s
+            .host_keys
+            .write()
+            .map_err(|_| RpcError::new(code::INTERNAL_ERROR, "host keys poisoned"))?;
+        match keys {
+            Some(k) => m.insert(host.clone(), k),
+            None => m.remove(&host),
+        };
+        tracing::info!(nqn = %nqn, host = %host, dhchap_key = dhchap_key.as_deref().unwrap_or(""), dhchap_ctrlr_key = dhchap_ctrlr_key.as_deref().unwrap_or(""), "rpc: host keys set");
+        Ok(Value::Bool(true))
+    })
+}
+
 pub(super) fn remove_host(p: &mut Params) -> Parsed {
     let nqn = p.str("nqn")?;
     let host = p.str("host")?;
