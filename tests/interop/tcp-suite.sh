@@ -644,25 +644,34 @@ t_target_restart() {
     check_pattern "$dev" 132 4 1 "write after restart" || return 1
 }
 
-t_unknown_host_refused() {
-    local before out rc log
+# refused_connect HOSTNQN WHAT SCENARIO PATTERN: `nvme connect` as HOSTNQN must fail
+# without hanging and leave no controller of NQN behind; the kernel's log line for
+# it (matching PATTERN, since the scenario's marker) goes to REFUSAL_LOG.
+refused_connect() {
+    local host=$1 what=$2 scenario=$3 pattern=$4 before out rc
     before=$(ctrls_of "$NQN" | wc -l)
     out=$(timeout 60 nvme connect -t "$TRANSPORT" -a "$ADDR" -s "$PORT" -n "$NQN" \
-        --hostnqn "$INTRUDER_NQN" --hostid "$INTRUDER_ID" -o json 2>&1)
+        --hostnqn "$host" --hostid "$INTRUDER_ID" -o json 2>&1)
     rc=$?
     if [ $rc = 0 ]; then
         disconnect_all
-        fail "connect as $INTRUDER_NQN succeeded: $(echo $out)"; return 1
+        fail "connect as $host ($what) succeeded: $(echo $out)"; return 1
     fi
+    [ $rc != 124 ] || { fail "nvme connect as $host hung (60 s)"; return 1; }
     [ "$(ctrls_of "$NQN" | wc -l)" = "$before" ] || { fail "a controller for $NQN appeared"; return 1; }
+    REFUSAL_LOG=$(klog_since "$scenario" | grep -E "$pattern" | head -1)
+    [ -n "$REFUSAL_LOG" ] || { fail "connect failed but the kernel logged nothing matching '$pattern': $(klog_since "$scenario" | tail -3 | tr '\n' ' ')"; return 1; }
+    echo "#   $(echo "$REFUSAL_LOG" | sed 's/^\[[^]]*\] //')"
+}
+
+t_unknown_host_refused() {
+    refused_connect "$INTRUDER_NQN" "not on the host list" unknown-host-refused \
+        'is not allowed|Connect Invalid|Connect command failed' || return 1
     # The refusal must be the target's answer to Connect (an NVMe status), not a dropped
     # connection: the host logs which.
-    log=$(klog_since unknown-host-refused | grep -E 'is not allowed|Connect Invalid|Connect command failed' | head -1)
-    [ -n "$log" ] || { fail "connect failed but the kernel logged no Connect rejection: $(klog_since unknown-host-refused | tail -3 | tr '\n' ' ')"; return 1; }
-    case "$log" in
-        *"errno:"*) fail "Connect failed without an NVMe status: $log"; return 1 ;;
+    case "$REFUSAL_LOG" in
+        *"errno:"*) fail "Connect failed without an NVMe status: $REFUSAL_LOG"; return 1 ;;
     esac
-    echo "#   $(echo "$log" | sed 's/^\[[^]]*\] //')"
 }
 
 # The subsystem lists AUTH_HOSTNQN with a DH-HMAC-CHAP key. Linux 6.1 built without
@@ -670,20 +679,8 @@ t_unknown_host_refused() {
 # host gives up ("authentication setup failed") and tears the admin queue down, so
 # no controller appears and nothing hangs. The host without a key still connects.
 t_auth_required_refused() {
-    local before out rc log
-    before=$(ctrls_of "$NQN" | wc -l)
-    out=$(timeout 60 nvme connect -t "$TRANSPORT" -a "$ADDR" -s "$PORT" -n "$NQN" \
-        --hostnqn "$AUTH_HOSTNQN" --hostid "$INTRUDER_ID" -o json 2>&1)
-    rc=$?
-    if [ $rc = 0 ]; then
-        disconnect_all
-        fail "connect as $AUTH_HOSTNQN (a host that must authenticate) succeeded without a key: $(echo $out)"; return 1
-    fi
-    [ $rc != 124 ] || { fail "nvme connect hung (60 s)"; return 1; }
-    [ "$(ctrls_of "$NQN" | wc -l)" = "$before" ] || { fail "a controller for $NQN appeared"; return 1; }
-    log=$(klog_since auth-required-refused | grep -E 'authentication setup failed|authentication failed|AUTH' | head -1)
-    [ -n "$log" ] || { fail "connect failed but the kernel logged no authentication failure: $(klog_since auth-required-refused | tail -3 | tr '\n' ' ')"; return 1; }
-    echo "#   $(echo "$log" | sed 's/^\[[^]]*\] //')"
+    refused_connect "$AUTH_HOSTNQN" "a host that must authenticate, without a key" auth-required-refused \
+        'authentication setup failed|authentication failed|AUTH' || return 1
     # The host without a key on the same subsystem is unaffected.
     connect || return 1
     write_pattern "$DEV" 96 1 3 || { fail "write as $HOSTNQN after the refusal failed"; return 1; }
