@@ -135,41 +135,12 @@ pub enum SetupError {
         #[source]
         source: crate::auth::KeyError,
     },
-    #[error("{field}: key `{key}` is not a DH-HMAC-CHAP secret: {source}")]
-    Secret {
+    #[error("{field}.{source}")]
+    HostKey {
         field: String,
-        key: String,
         #[source]
-        source: crate::auth::SecretError,
+        source: crate::nvmf::auth::HostKeyError,
     },
-}
-
-/// A host entry's keys from the keyring, each checked to be a DH-HMAC-CHAP
-/// secret now rather than at the host's first Connect.
-fn host_keys(
-    ring: &crate::auth::Keyring,
-    key: &str,
-    ctrlr_key: Option<&str>,
-    field: &str,
-) -> Result<crate::nvmf::auth::HostKeys, SetupError> {
-    let get = |name: &str, f: String| {
-        let k = ring.get(name).map_err(|source| SetupError::Key {
-            field: f.clone(),
-            source,
-        })?;
-        k.dhchap().map_err(|source| SetupError::Secret {
-            field: f,
-            key: name.to_string(),
-            source,
-        })?;
-        Ok::<_, SetupError>(k)
-    };
-    Ok(crate::nvmf::auth::HostKeys {
-        dhchap_key: get(key, format!("{field}.dhchap_key"))?,
-        dhchap_ctrlr_key: ctrlr_key
-            .map(|c| get(c, format!("{field}.dhchap_ctrlr_key")))
-            .transpose()?,
-    })
 }
 
 fn required(field: &str, key: &str) -> SetupError {
@@ -429,7 +400,12 @@ impl Server {
                     continue;
                 };
                 let field = format!("subsystems[{i}].hosts[{j}]");
-                let keys = host_keys(&target.keyring, name, h.dhchap_ctrlr_key(), &field)?;
+                let keys = crate::nvmf::auth::HostKeys::resolve(
+                    &target.keyring,
+                    name,
+                    h.dhchap_ctrlr_key(),
+                )
+                .map_err(|source| SetupError::HostKey { field, source })?;
                 if let Ok(mut m) = subsys.host_keys.write() {
                     m.insert(h.nqn().to_string(), keys);
                 }

@@ -29,6 +29,52 @@ pub struct HostKeys {
     pub dhchap_ctrlr_key: Option<Arc<Key>>,
 }
 
+/// Why a host entry's key names do not resolve; `field` is the entry's key
+/// (`dhchap_key` or `dhchap_ctrlr_key`).
+#[derive(Debug, thiserror::Error)]
+pub enum HostKeyError {
+    #[error("{field}: {source}")]
+    Missing {
+        field: &'static str,
+        #[source]
+        source: crate::auth::KeyError,
+    },
+    #[error("{field}: key `{key}` is not a DH-HMAC-CHAP secret: {source}")]
+    NotDhchap {
+        field: &'static str,
+        key: String,
+        #[source]
+        source: crate::auth::SecretError,
+    },
+}
+
+impl HostKeys {
+    /// A host entry's keys by name from `ring`, each checked to hold a
+    /// DH-HMAC-CHAP secret now rather than at the host's first Connect (the
+    /// configuration and `nvmf_subsystem_add_host` / `set_keys` share this).
+    pub fn resolve(
+        ring: &crate::auth::Keyring,
+        key: &str,
+        ctrlr_key: Option<&str>,
+    ) -> Result<HostKeys, HostKeyError> {
+        let get = |field: &'static str, name: &str| {
+            let k = ring
+                .get(name)
+                .map_err(|source| HostKeyError::Missing { field, source })?;
+            k.dhchap().map_err(|source| HostKeyError::NotDhchap {
+                field,
+                key: name.to_string(),
+                source,
+            })?;
+            Ok(k)
+        };
+        Ok(HostKeys {
+            dhchap_key: get("dhchap_key", key)?,
+            dhchap_ctrlr_key: ctrlr_key.map(|c| get("dhchap_ctrlr_key", c)).transpose()?,
+        })
+    }
+}
+
 /// An authentication transaction with no step for this long fails (SPDK's
 /// default; a controller with a keep-alive timeout uses that instead).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);

@@ -489,10 +489,14 @@ impl<X> Queue<X> {
         if self.binding.is_none() && !(is_fabrics && sqe.fctype() == fctype::CONNECT) {
             return Err(Status::COMMAND_SEQUENCE_ERROR);
         }
-        let auth_cmd = is_fabrics && matches!(sqe.fctype(), fctype::AUTH_SEND | fctype::AUTH_RECV);
-        if !self.authenticated && !auth_cmd {
-            tracing::warn!(peer = %self.cfg.peer, qid = self.qid(), opcode = sqe.opcode(), "command before DH-HMAC-CHAP authentication: refused");
-            return Err(Status::AUTH_REQUIRED);
+        // Looked at only while the queue must still authenticate.
+        if !self.authenticated {
+            let auth_cmd =
+                is_fabrics && matches!(sqe.fctype(), fctype::AUTH_SEND | fctype::AUTH_RECV);
+            if !auth_cmd {
+                tracing::warn!(peer = %self.cfg.peer, qid = self.qid(), opcode = sqe.opcode(), "command before DH-HMAC-CHAP authentication: refused");
+                return Err(Status::AUTH_REQUIRED);
+            }
         }
         if sqe.fuse() != 0 {
             return Err(Status::INVALID_FIELD);

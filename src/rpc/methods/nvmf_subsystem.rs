@@ -335,25 +335,17 @@ pub(super) fn add_host(p: &mut Params) -> Parsed {
     })
 }
 
-/// A host entry's keys by keyring name; each must hold a DH-HMAC-CHAP secret.
+/// A host entry's keys by keyring name: an unknown name is not found, a key
+/// that is no DH-HMAC-CHAP secret a bad parameter; both name the parameter.
 fn host_keys(
     ctl: &Control,
     key: &str,
     ctrlr_key: Option<&str>,
 ) -> Result<crate::nvmf::auth::HostKeys, RpcError> {
-    let get = |field: &str, name: &str| {
-        let k = ctl
-            .target
-            .keyring
-            .get(name)
-            .map_err(|e| not_found(format!("{field}: {e}")))?;
-        k.dhchap()
-            .map_err(|e| RpcError::params(format!("{field}: key `{name}`: {e}")))?;
-        Ok::<_, RpcError>(k)
-    };
-    Ok(crate::nvmf::auth::HostKeys {
-        dhchap_key: get("dhchap_key", key)?,
-        dhchap_ctrlr_key: ctrlr_key.map(|c| get("dhchap_ctrlr_key", c)).transpose()?,
+    use crate::nvmf::auth::{HostKeyError, HostKeys};
+    HostKeys::resolve(&ctl.target.keyring, key, ctrlr_key).map_err(|e| match e {
+        HostKeyError::Missing { .. } => not_found(e.to_string()),
+        HostKeyError::NotDhchap { .. } => RpcError::params(e.to_string()),
     })
 }
 
