@@ -508,6 +508,29 @@ pub fn auth(data: &[u8]) {
                 assert_eq!(DhchapSecret::parse(&s.encode()), Ok(s), "secret round trip");
             }
         }
+        // NVMe/TCP TLS PSKs (key files) and PSK identities (from the ClientHello).
+        0x80 => {
+            use kvtarget::auth::TlsPsk;
+            let text = String::from_utf8_lossy(rest);
+            if let Ok(k) = TlsPsk::parse(&text) {
+                assert_eq!(TlsPsk::parse(&k.encode()), Ok(k.clone()), "PSK round trip");
+                if let Ok(id) = k.identity("nqn.h", "nqn.s") {
+                    assert_eq!(
+                        k.tls_psk("nqn.h", &id).len(),
+                        if k.cipher_suite().name().ends_with("384") {
+                            48
+                        } else {
+                            32
+                        }
+                    );
+                }
+            }
+        }
+        0x81 => {
+            if let Some((_, host, sub)) = kvtarget::auth::psk::parse_identity(rest) {
+                assert!(!host.is_empty() && !sub.is_empty() && !sub.contains(' '));
+            }
+        }
         _ => {
             let secret = |b: u8, t| {
                 DhchapSecret::new(&[b; 32], t)

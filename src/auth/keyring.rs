@@ -85,6 +85,11 @@ impl Key {
     pub fn dhchap(&self) -> Result<super::DhchapSecret, super::SecretError> {
         super::DhchapSecret::parse(&self.text)
     }
+
+    /// The key as an NVMe/TCP TLS PSK (interchange format).
+    pub fn tls_psk(&self) -> Result<super::TlsPsk, super::PskError> {
+        super::TlsPsk::parse(&self.text)
+    }
 }
 
 /// The target's keys by name.

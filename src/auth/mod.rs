@@ -10,6 +10,7 @@
 pub mod dh;
 mod ffdhe;
 pub mod keyring;
+pub mod psk;
 pub mod secret;
 
 use hmac::{Hmac, Mac};
@@ -18,6 +19,7 @@ use zeroize::Zeroizing;
 
 pub use dh::{DhError, DhKeyPair};
 pub use keyring::{Key, KeyError, Keyring};
+pub use psk::{CipherSuite, PskError, TlsPsk};
 pub use secret::{DhchapSecret, SecretError};
 
 /// A DH-HMAC-CHAP hash function, by its identifier in the protocol.
