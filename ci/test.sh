@@ -69,6 +69,9 @@ KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-tools/run.sh
 step "DH-HMAC-CHAP against SPDK v25.09's host (spdk_nvme_perf --dhchap-key, bdevperf verify), SPDK nvmf_tgt as the control"
 KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-tools/auth.sh
 
+step "NVMe/TCP TLS 1.3 with PSKs against SPDK v25.09's host (spdk_nvme_perf -S ssl --psk-path, both cipher suites), SPDK nvmf_tgt as the control"
+KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-tools/tls.sh
+
 step "spdk backend: its SPDK controller killed under load (I/O fails with a status, the target and its other namespaces carry on)"
 KVTARGET_BIN="$spdk_bin" tests/spdk-tools/backend-failure.sh
 

@@ -198,6 +198,10 @@ pub struct HostEntryConfig {
     pub dhchap_key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dhchap_ctrlr_key: Option<String>,
+    /// NVMe/TCP TLS PSK (a `[[keys]]` name): the host connects only through a
+    /// `secure_channel` listener, with this key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub psk: Option<String>,
 }
 
 impl HostConfig {
@@ -217,6 +221,12 @@ impl HostConfig {
         match self {
             HostConfig::Nqn(_) => None,
             HostConfig::Entry(e) => e.dhchap_ctrlr_key.as_deref(),
+        }
+    }
+    pub fn psk(&self) -> Option<&str> {
+        match self {
+            HostConfig::Nqn(_) => None,
+            HostConfig::Entry(e) => e.psk.as_deref(),
         }
     }
 }
@@ -591,6 +601,10 @@ pub struct ListenerConfig {
     /// "tcp" (default) or "rdma".
     #[serde(default, skip_serializing_if = "TransportKind::is_tcp")]
     pub transport: TransportKind,
+    /// NVMe/TCP over TLS 1.3 with PSKs only (SPDK's `secure_channel`): a
+    /// plaintext connection is refused.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub secure_channel: bool,
 }
 
 /// Which NVMe-oF transport a listener speaks.
@@ -833,6 +847,21 @@ impl Config {
         self.listen_addrs_of(TransportKind::Tcp)
     }
 
+    /// NVMe/TCP listener addresses that require TLS.
+    pub fn secure_listen_addrs(&self) -> Result<Vec<SocketAddr>, ConfigError> {
+        let all = self.listen_addrs()?;
+        let tcp = self
+            .listeners
+            .iter()
+            .filter(|l| l.transport == TransportKind::Tcp);
+        Ok(all
+            .into_iter()
+            .zip(tcp)
+            .filter(|(_, l)| l.secure_channel)
+            .map(|(a, _)| a)
+            .collect())
+    }
+
     /// NVMe/RDMA listener addresses.
     pub fn rdma_listen_addrs(&self) -> Result<Vec<SocketAddr>, ConfigError> {
         self.listen_addrs_of(TransportKind::Rdma)
@@ -967,6 +996,16 @@ impl Config {
             ));
         }
         self.rdma_listen_addrs()?;
+        if let Some(i) = self
+            .listeners
+            .iter()
+            .position(|l| l.secure_channel && l.transport == TransportKind::Rdma)
+        {
+            return Err(invalid!(
+                "listeners[{i}].secure_channel",
+                "TLS is NVMe/TCP's; an RDMA listener cannot require it"
+            ));
+        }
         for (i, a) in self.rdma_listen_addrs()?.iter().enumerate() {
             if self.rdma_listen_addrs()?[..i].contains(a) {
                 return Err(invalid!("listeners", "RDMA listener {a} is listed twice"));
@@ -1091,6 +1130,9 @@ impl Config {
                                 "{f}.hosts[{j}].dhchap_key",
                                 "no key `{k}` in [[keys]]"
                             ));
+                        }
+                        if let Some(k) = e.psk.as_deref().filter(|k| !known(k)) {
+                            return Err(invalid!("{f}.hosts[{j}].psk", "no key `{k}` in [[keys]]"));
                         }
                         match e.dhchap_ctrlr_key.as_deref() {
                             Some(_) if e.dhchap_key.is_none() => {
@@ -1637,6 +1679,24 @@ block_size = 4096
         let c = Config::parse(GOOD).unwrap();
         assert_eq!(c.subsystems[0].namespaces[0].size, Some(1 << 30));
         assert_eq!(c.tcp.max_io_size, 1 << 20);
+    }
+
+    #[test]
+    fn tls_example_and_secure_channel_rules() {
+        let c = Config::parse(include_str!("../config/tls.toml")).unwrap();
+        assert!(c.listeners[0].secure_channel && !c.listeners[1].secure_channel);
+        assert_eq!(c.secure_listen_addrs().unwrap().len(), 1);
+        assert_eq!(c.subsystems[0].hosts[0].psk(), Some("host-a-psk"));
+        let t = include_str!("../config/tls.toml");
+        let e = err(&t.replace("psk = \"host-a-psk\"", "psk = \"nope\""));
+        assert!(
+            e.contains("subsystems[0].hosts[0].psk: no key `nope`"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{t}\n[[listeners]]\naddress = \"127.0.0.1\"\ntransport = \"rdma\"\nsecure_channel = true\n"
+        ));
+        assert!(e.contains("listeners[2].secure_channel"), "{e}");
     }
 
     fn err(text: &str) -> String {

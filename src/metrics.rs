@@ -122,6 +122,16 @@ pub fn render(ctl: &Control) -> String {
         &[],
         ctl.target.auth_failures.load(Ordering::Relaxed),
     );
+    o.head(
+        "kvtarget_tls_failures_total",
+        "counter",
+        "Connections a secure_channel listener refused (plaintext ICReq, unknown PSK identity, failed TLS handshake).",
+    );
+    o.line(
+        "kvtarget_tls_failures_total",
+        &[],
+        ctl.target.tls_failures.load(Ordering::Relaxed),
+    );
 
     let subs = ctl
         .target

@@ -396,6 +396,14 @@ impl Server {
                 s.hosts.iter().map(|h| h.nqn().to_string()).collect(),
             ));
             for (j, h) in s.hosts.iter().enumerate() {
+                if let Some(name) = h.psk() {
+                    let field = format!("subsystems[{i}].hosts[{j}]");
+                    let key = crate::nvmf::auth::resolve_psk(&target.keyring, name)
+                        .map_err(|source| SetupError::HostKey { field, source })?;
+                    if let Ok(mut m) = subsys.host_psks.write() {
+                        m.insert(h.nqn().to_string(), key);
+                    }
+                }
                 let Some(name) = h.dhchap_key() else {
                     continue;
                 };
@@ -500,16 +508,22 @@ impl Server {
                 }
             }
         }
+        let secure = cfg.secure_listen_addrs()?;
         for a in addrs {
-            specs.push(transport::bind(a, false)?);
+            let tls = secure.contains(&a);
+            specs.push(transport::bind(a, false, tls)?);
             if let Some(p) = cfg.discovery.port {
                 if cfg.listen_addrs()?.contains(&a) {
-                    specs.push(transport::bind(SocketAddr::new(a.ip(), p), true)?);
+                    // The discovery port stays plaintext: its log names the
+                    // secure listeners (TREQ, SECTYPE) for hosts to pick.
+                    specs.push(transport::bind(SocketAddr::new(a.ip(), p), true, false)?);
                 }
             }
         }
-        let listen: Vec<(SocketAddr, bool)> =
-            specs.iter().map(|s| (s.addr, s.discovery_only)).collect();
+        let listen: Vec<(SocketAddr, bool, bool)> = specs
+            .iter()
+            .map(|s| (s.addr, s.discovery_only, s.secure))
+            .collect();
         // RDMA listeners: rdma-core is loaded only now, so a configuration
         // without them never needs it.
         let mut rdma_specs = Vec::new();
@@ -518,12 +532,13 @@ impl Server {
         }
         let rdma_addrs: Vec<SocketAddr> = rdma_specs.iter().map(|l| l.addr).collect();
         if let Ok(mut l) = target.listeners.write() {
-            for (i, (addr, d)) in listen.iter().enumerate() {
+            for (i, (addr, d, secure)) in listen.iter().enumerate() {
                 l.push(Listener {
                     addr: *addr,
                     discovery_only: *d,
                     portid: i as u16 + 1,
                     rdma: false,
+                    secure: *secure,
                 });
             }
             for (i, addr) in rdma_addrs.iter().enumerate() {
@@ -532,6 +547,7 @@ impl Server {
                     discovery_only: false,
                     portid: (listen.len() + i) as u16 + 1,
                     rdma: true,
+                    secure: false,
                 });
             }
         }
@@ -614,12 +630,17 @@ impl Server {
                 return Err(e);
             }
         };
-        for (a, d) in &listen {
+        for (a, d, secure) in &listen {
             tracing::info!(
                 "listening on {a} ({})",
-                if *d { "discovery" } else { "NVMe/TCP" }
+                match (*d, *secure) {
+                    (true, _) => "discovery",
+                    (false, true) => "NVMe/TCP, TLS 1.3 secure channel required",
+                    (false, false) => "NVMe/TCP",
+                }
             );
         }
+        let listen = listen.into_iter().map(|(a, d, _)| (a, d)).collect();
         for a in &rdma_addrs {
             tracing::info!("listening on {a} (NVMe/RDMA)");
         }

@@ -29,6 +29,8 @@ pub enum Error {
     KvList(nvme::ListResponseError),
     #[error("DH-HMAC-CHAP: {0}")]
     Auth(String),
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -68,9 +70,47 @@ pub struct QueueParts {
     pub unparsed: Vec<u8>,
 }
 
+/// A queue's connection: the TCP socket, or a TLS channel on it.
+enum HostSock {
+    Plain(TcpStream),
+    Tls(Box<openssl::ssl::SslStream<TcpStream>>),
+}
+
+impl Read for HostSock {
+    fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+        match self {
+            HostSock::Plain(s) => s.read(b),
+            HostSock::Tls(s) => s.read(b),
+        }
+    }
+}
+
+impl Write for HostSock {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        match self {
+            HostSock::Plain(s) => s.write(b),
+            HostSock::Tls(s) => s.write(b),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            HostSock::Plain(s) => s.flush(),
+            HostSock::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// A secure channel to open before ICReq: the PSK and the identity's NQNs.
+#[derive(Debug, Clone)]
+pub struct HostTls {
+    pub psk: crate::auth::TlsPsk,
+    pub hostnqn: String,
+    pub subnqn: String,
+}
+
 /// One NVMe/TCP queue (one TCP connection).
 pub struct QueueConn {
-    sock: TcpStream,
+    sock: HostSock,
     digests: Digests,
     rbuf: Vec<u8>,
     rlen: usize,
@@ -95,9 +135,34 @@ pub struct QueueConn {
 impl QueueConn {
     /// Connects the socket and exchanges ICReq/ICResp.
     pub fn open(addr: SocketAddr, digests: Digests, timeout: Duration) -> Result<QueueConn> {
-        let sock = TcpStream::connect_timeout(&addr, timeout)?;
-        sock.set_nodelay(true)?;
-        sock.set_read_timeout(Some(Duration::from_millis(50)))?;
+        QueueConn::open_secure(addr, digests, timeout, None)
+    }
+
+    /// Connects the socket, opens a TLS channel on it when `tls` is given, and
+    /// exchanges ICReq/ICResp inside.
+    pub fn open_secure(
+        addr: SocketAddr,
+        digests: Digests,
+        timeout: Duration,
+        tls: Option<&HostTls>,
+    ) -> Result<QueueConn> {
+        let tcp = TcpStream::connect_timeout(&addr, timeout)?;
+        tcp.set_nodelay(true)?;
+        let sock = match tls {
+            None => HostSock::Plain(tcp),
+            Some(t) => {
+                tcp.set_read_timeout(Some(timeout))?;
+                let s = crate::transport::tls::connect(tcp, &t.psk, &t.hostnqn, &t.subnqn)
+                    .map_err(|e| Error::Tls(e.to_string()))?;
+                HostSock::Tls(Box::new(s))
+            }
+        };
+        match &sock {
+            HostSock::Plain(s) => s.set_read_timeout(Some(Duration::from_millis(50)))?,
+            HostSock::Tls(s) => s
+                .get_ref()
+                .set_read_timeout(Some(Duration::from_millis(50)))?,
+        }
         let mut q = QueueConn {
             sock,
             digests: Digests::default(),
@@ -204,8 +269,13 @@ impl QueueConn {
                 "queue handed over with commands outstanding".into(),
             ));
         }
+        let HostSock::Plain(sock) = self.sock else {
+            return Err(Error::Protocol(
+                "a TLS queue cannot be handed over (perf drives plaintext sockets)".into(),
+            ));
+        };
         Ok(QueueParts {
-            sock: self.sock,
+            sock,
             digests: self.digests,
             maxh2cdata: self.maxh2cdata,
             icd_limit: self.icd_limit,
@@ -708,6 +778,8 @@ pub struct HostOptions {
     pub timeout: Duration,
     /// Keys for DH-HMAC-CHAP, used when the controller asks for authentication.
     pub dhchap: Option<HostDhchap>,
+    /// A TLS PSK: every queue runs inside a TLS 1.3 channel keyed by it.
+    pub tls: Option<crate::auth::TlsPsk>,
 }
 
 impl HostOptions {
@@ -722,7 +794,16 @@ impl HostOptions {
             queue_size: 128,
             timeout: Duration::from_secs(10),
             dhchap: None,
+            tls: None,
         }
+    }
+
+    fn host_tls(&self) -> Option<HostTls> {
+        self.tls.as_ref().map(|psk| HostTls {
+            psk: psk.clone(),
+            hostnqn: self.hostnqn.clone(),
+            subnqn: self.subnqn.clone(),
+        })
     }
 }
 
@@ -739,7 +820,9 @@ pub struct HostController {
 impl HostController {
     /// Connects the admin queue, enables the controller and reads Identify.
     pub fn connect(opts: &HostOptions) -> Result<HostController> {
-        let mut admin = QueueConn::open(opts.addr, opts.digests, opts.timeout)?;
+        let tls = opts.host_tls();
+        let mut admin =
+            QueueConn::open_secure(opts.addr, opts.digests, opts.timeout, tls.as_ref())?;
         let cntlid = admin.connect_authenticated(
             &ConnectCommand {
                 recfmt: 0,
@@ -883,7 +966,13 @@ impl HostController {
 
     /// Connects I/O queue `qid` on its own connection.
     pub fn io_queue(&self, qid: u16) -> Result<IoQueue> {
-        let mut q = QueueConn::open(self.opts.addr, self.opts.digests, self.opts.timeout)?;
+        let tls = self.opts.host_tls();
+        let mut q = QueueConn::open_secure(
+            self.opts.addr,
+            self.opts.digests,
+            self.opts.timeout,
+            tls.as_ref(),
+        )?;
         q.icd_limit = (self.id.ioccsz as usize * 16).saturating_sub(64);
         q.connect_authenticated(
             &ConnectCommand {

@@ -39,6 +39,12 @@ pub enum HostKeyError {
         #[source]
         source: crate::auth::KeyError,
     },
+    #[error("psk: key `{key}` is not an NVMe/TCP TLS PSK: {source}")]
+    NotPsk {
+        key: String,
+        #[source]
+        source: crate::auth::PskError,
+    },
     #[error("{field}: key `{key}` is not a DH-HMAC-CHAP secret: {source}")]
     NotDhchap {
         field: &'static str,
@@ -73,6 +79,20 @@ impl HostKeys {
             dhchap_ctrlr_key: ctrlr_key.map(|c| get("dhchap_ctrlr_key", c)).transpose()?,
         })
     }
+}
+
+/// A host entry's TLS PSK (SPDK's `psk`) by name from `ring`, checked to hold
+/// one in the interchange format now rather than at the host's first handshake.
+pub fn resolve_psk(ring: &crate::auth::Keyring, name: &str) -> Result<Arc<Key>, HostKeyError> {
+    let k = ring.get(name).map_err(|source| HostKeyError::Missing {
+        field: "psk",
+        source,
+    })?;
+    k.tls_psk().map_err(|source| HostKeyError::NotPsk {
+        key: name.to_string(),
+        source,
+    })?;
+    Ok(k)
 }
 
 /// An authentication transaction with no step for this long fails (SPDK's

@@ -39,6 +39,44 @@ pub struct ConnectRefusal {
     pub reason: String,
 }
 
+/// The host and subsystem a transport's secure channel was keyed for (NVMe/TCP
+/// TLS: the PSK identity). A Connect over it must name the same two.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecurePeer {
+    pub hostnqn: String,
+    pub subnqn: String,
+    pub cipher: &'static str,
+}
+
+/// Whether a Connect may use this channel: over a secure channel it must name
+/// the host and subsystem the channel's PSK is for; a host that has a TLS PSK
+/// on the subsystem must come through a secure channel.
+fn check_secure_channel(
+    target: &Target,
+    data: &ConnectData,
+    secure: Option<&SecurePeer>,
+) -> Result<(), ConnectRefusal> {
+    let refuse = |reason: String| ConnectRefusal {
+        status: Status::CONNECT_INVALID_HOST,
+        result: 0,
+        reason,
+    };
+    match secure {
+        Some(p) if p.hostnqn != data.hostnqn || p.subnqn != data.subnqn => Err(refuse(format!(
+            "the secure channel's PSK is for host {} on {}, the Connect names host {} on {}",
+            p.hostnqn, p.subnqn, data.hostnqn, data.subnqn
+        ))),
+        Some(_) => Ok(()),
+        None => match target.find_subsystem(&data.subnqn) {
+            Some(s) if s.host_psk(&data.hostnqn).is_some() => Err(refuse(format!(
+                "host {} has a TLS PSK on {}: it must connect through a secure channel (a secure_channel listener)",
+                data.hostnqn, data.subnqn
+            ))),
+            _ => Ok(()),
+        },
+    }
+}
+
 /// A queue a Connect has bound, with what its transport keeps for it.
 pub struct Connected {
     pub binding: QueueBinding,
@@ -52,6 +90,7 @@ pub struct Connected {
 /// A Connect as every transport answers it: `connect`, then the queue pair's
 /// statistics registered, the namespaces snapshotted, and the outcome logged
 /// and (for refusals) counted. `transport` names the transport in the log.
+#[allow(clippy::too_many_arguments)] // each is a distinct fact about the queue
 pub fn accept_connect(
     target: &Target,
     cmd: &ConnectCommand,
@@ -59,9 +98,12 @@ pub fn accept_connect(
     peer: &str,
     local: Option<std::net::SocketAddr>,
     transport: &str,
+    secure: Option<&SecurePeer>,
     now: Instant,
 ) -> Result<Connected, ConnectRefusal> {
-    let binding = match connect(target, cmd, data, peer, local, now) {
+    let binding = match check_secure_channel(target, data, secure)
+        .and_then(|()| connect(target, cmd, data, peer, local, now))
+    {
         Ok(b) => b,
         Err(refusal) => {
             let counter = if refusal.status == Status::CONNECT_INVALID_HOST {
@@ -364,6 +406,7 @@ mod tests {
             "p",
             None,
             "tcp",
+            None,
             Instant::now(),
         )
         .unwrap();
@@ -380,6 +423,7 @@ mod tests {
             "p",
             None,
             "rdma",
+            None,
             Instant::now(),
         );
         assert_eq!(
@@ -393,6 +437,7 @@ mod tests {
             "p",
             None,
             "tcp",
+            None,
             Instant::now(),
         );
         assert!(refused.is_err());

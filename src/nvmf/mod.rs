@@ -83,6 +83,8 @@ pub struct Listener {
     pub portid: u16,
     /// NVMe/RDMA rather than NVMe/TCP.
     pub rdma: bool,
+    /// NVMe/TCP with TLS 1.3 required (`secure_channel`).
+    pub secure: bool,
 }
 
 /// The I/O command set a namespace speaks, named by its Command Set
@@ -220,6 +222,9 @@ pub struct Subsystem {
     /// DH-HMAC-CHAP keys of listed hosts, by host NQN: a host with keys must
     /// authenticate every queue. Entries leave with their host.
     pub host_keys: RwLock<HashMap<String, auth::HostKeys>>,
+    /// NVMe/TCP TLS PSKs of listed hosts, by host NQN (SPDK's `psk`): such a host
+    /// is admitted only through a secure channel keyed by this PSK.
+    pub host_psks: RwLock<HashMap<String, Arc<crate::auth::Key>>>,
     pub namespaces: RwLock<Vec<Arc<Namespace>>>,
     /// Bumped whenever the namespace list changes; queues refresh their snapshot.
     pub ns_gen: AtomicU64,
@@ -248,6 +253,7 @@ impl Subsystem {
             allow_any_host: AtomicBool::new(allow_any_host),
             hosts: RwLock::new(hosts),
             host_keys: RwLock::new(HashMap::new()),
+            host_psks: RwLock::new(HashMap::new()),
             namespaces: RwLock::new(Vec::new()),
             ns_gen: AtomicU64::new(0),
             listen: RwLock::new(None),
@@ -269,6 +275,11 @@ impl Subsystem {
     /// The keys `hostnqn` must authenticate with here, if any.
     pub fn host_keys(&self, hostnqn: &str) -> Option<auth::HostKeys> {
         self.host_keys.read().ok()?.get(hostnqn).cloned()
+    }
+
+    /// The TLS PSK `hostnqn` must connect with here, if any.
+    pub fn host_psk(&self, hostnqn: &str) -> Option<Arc<crate::auth::Key>> {
+        self.host_psks.read().ok()?.get(hostnqn).cloned()
     }
 
     /// Whether hosts may reach this subsystem through local address `local`.
@@ -476,6 +487,9 @@ pub struct Target {
     pub dhchap_dhgroups: std::sync::atomic::AtomicU8,
     /// DH-HMAC-CHAP transactions that ended in a failure.
     pub auth_failures: AtomicU64,
+    /// Connections a secure listener refused (plaintext, unknown PSK identity,
+    /// failed handshake).
+    pub tls_failures: AtomicU64,
 }
 
 /// 16 hex digits from the OS's randomness (std's hasher keys come from it).
@@ -519,6 +533,7 @@ impl Target {
                 crate::auth::AuthPolicy::default().dhgroups,
             ),
             auth_failures: AtomicU64::new(0),
+            tls_failures: AtomicU64::new(0),
         }
     }
 
@@ -589,9 +604,10 @@ impl Target {
                 nvme::adrfam::IPV6
             },
             subtype: st,
-            // Secure channel not required. (SQ flow control can be disabled too,
-            // but nvme-cli 2.x prints combined TREQ values as "unrecognized".)
-            treq: 0x02,
+            // Secure channel required (TLS listeners) or not required. (SQ flow
+            // control can be disabled too, but nvme-cli 2.x prints combined TREQ
+            // values as "unrecognized".)
+            treq: if l.secure { 0x01 } else { 0x02 },
             portid: l.portid,
             cntlid: 0xFFFF,
             asqsz: 32,
@@ -599,7 +615,8 @@ impl Target {
             trsvcid: l.addr.port().to_string(),
             subnqn: nqn.to_string(),
             traddr: l.addr.ip().to_string(),
-            sectype: 0,
+            // TCP security type: TLS 1.3 on secure listeners, none otherwise.
+            sectype: if l.secure { 2 } else { 0 },
         };
         for l in &listeners {
             out.push(entry(
@@ -632,18 +649,21 @@ mod tests {
             discovery_only: false,
             portid: 1,
             rdma: false,
+            secure: false,
         });
         t.listeners.write().unwrap().push(Listener {
             addr: "127.0.0.1:8009".parse().unwrap(),
             discovery_only: true,
             portid: 2,
             rdma: false,
+            secure: false,
         });
         t.listeners.write().unwrap().push(Listener {
             addr: "10.0.0.1:4420".parse().unwrap(),
             discovery_only: false,
             portid: 3,
             rdma: true,
+            secure: false,
         });
         t.add_subsystem(Arc::new(Subsystem::new(
             "nqn.a",

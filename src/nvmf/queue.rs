@@ -295,6 +295,8 @@ pub struct Queue<X> {
     /// False from a Connect that asked for authentication until it succeeded:
     /// only Authentication Send/Receive are let through.
     authenticated: bool,
+    /// The secure channel this queue runs over, if any (NVMe/TCP TLS).
+    secure: Option<crate::nvmf::fabrics::SecurePeer>,
 }
 
 impl<X> Queue<X> {
@@ -317,7 +319,14 @@ impl<X> Queue<X> {
             ops_scratch: Vec::with_capacity(4),
             auth: None,
             authenticated: true,
+            secure: None,
         }
+    }
+
+    /// The transport opened a secure channel for this queue (or none): Connect
+    /// checks the host and subsystem against it.
+    pub fn set_secure_peer(&mut self, peer: Option<crate::nvmf::fabrics::SecurePeer>) {
+        self.secure = peer;
     }
 
     pub fn qid(&self) -> u16 {
@@ -723,6 +732,7 @@ impl<X> Queue<X> {
                     &self.cfg.peer,
                     self.cfg.local,
                     self.cfg.kind.name(),
+                    self.secure.as_ref(),
                     ctx.now,
                 ) {
                     Ok(c) => {

@@ -184,6 +184,7 @@ fn env() -> Env {
             discovery_only: false,
             portid: 1,
             rdma: false,
+            secure: false,
         });
     }
     let subsys = Arc::new(Subsystem::new(

@@ -4,6 +4,7 @@
 pub mod out;
 pub mod rdma;
 pub mod tcp;
+pub mod tls;
 
 use crate::nvmf::Target;
 use crate::reactor::{Message, ReactorShared};
@@ -18,6 +19,8 @@ pub struct TcpListenerSpec {
     pub listener: TcpListener,
     pub addr: SocketAddr,
     pub discovery_only: bool,
+    /// TLS 1.3 required (`secure_channel`): a plaintext ICReq is refused.
+    pub secure: bool,
 }
 
 /// Why a TCP listener could not be set up; names the address.
@@ -39,7 +42,11 @@ pub enum ListenError {
 }
 
 /// Binds a listener; the error names the address.
-pub fn bind(addr: SocketAddr, discovery_only: bool) -> Result<TcpListenerSpec, ListenError> {
+pub fn bind(
+    addr: SocketAddr,
+    discovery_only: bool,
+    secure: bool,
+) -> Result<TcpListenerSpec, ListenError> {
     let listener = TcpListener::bind(addr).map_err(|source| ListenError::Bind { addr, source })?;
     let socket = |source| ListenError::Socket { addr, source };
     listener.set_nonblocking(true).map_err(socket)?;
@@ -48,6 +55,7 @@ pub fn bind(addr: SocketAddr, discovery_only: bool) -> Result<TcpListenerSpec, L
         listener,
         addr,
         discovery_only,
+        secure,
     })
 }
 
@@ -112,6 +120,8 @@ pub fn accept_loop(
 ) {
     let mut next = 0usize;
     let mut gen = u64::MAX;
+    // Made on the first secure connection, shared by every secure listener.
+    let mut tls: Option<Arc<tls::TlsServer>> = None;
     let mut listeners: Vec<Arc<TcpListenerSpec>> = Vec::new();
     let mut pfds: Vec<libc::pollfd> = Vec::new();
     while !stop.load(Ordering::Acquire) {
@@ -140,18 +150,24 @@ pub fn accept_loop(
             loop {
                 match l.listener.accept() {
                     Ok((sock, peer)) => {
-                        let qp =
-                            match tcp::TcpConnection::new(sock, target.clone(), l.discovery_only) {
-                                Ok(qp) => qp,
-                                Err(e) => {
-                                    tracing::warn!(%peer, "cannot set up connection: {e}");
-                                    continue;
-                                }
-                            };
+                        let qp = if l.secure {
+                            secure_connection(&mut tls, sock, &target, l.discovery_only)
+                        } else {
+                            tcp::TcpConnection::new(sock, target.clone(), l.discovery_only)
+                                .map(|c| Box::new(c) as Box<dyn crate::reactor::QueuePair>)
+                                .map_err(|e| e.to_string())
+                        };
+                        let qp = match qp {
+                            Ok(qp) => qp,
+                            Err(e) => {
+                                tracing::warn!(%peer, "cannot set up connection: {e}");
+                                continue;
+                            }
+                        };
                         let r = &reactors[next % reactors.len()];
                         next = next.wrapping_add(1);
                         tracing::debug!(%peer, listener = %l.addr, reactor = r.id, "accepted");
-                        if let Err(Message::Adopt(qp)) = r.send(Message::Adopt(Box::new(qp))) {
+                        if let Err(Message::Adopt(qp)) = r.send(Message::Adopt(qp)) {
                             // Inbox full: refuse the connection rather than queue
                             // unboundedly; the host retries.
                             tracing::warn!(%peer, reactor = r.id, "reactor inbox full; dropping connection");
@@ -168,4 +184,25 @@ pub fn accept_loop(
             }
         }
     }
+}
+
+/// A connection on a secure listener: TLS first, NVMe/TCP inside it.
+fn secure_connection(
+    tls: &mut Option<Arc<tls::TlsServer>>,
+    sock: std::net::TcpStream,
+    target: &Arc<Target>,
+    discovery_only: bool,
+) -> Result<Box<dyn crate::reactor::QueuePair>, String> {
+    let server = match tls {
+        Some(s) => s.clone(),
+        None => {
+            let s = Arc::new(tls::TlsServer::new().map_err(|e| e.to_string())?);
+            *tls = Some(s.clone());
+            s
+        }
+    };
+    let wire = tls::TlsWire::new(sock, server, target.clone()).map_err(|e| e.to_string())?;
+    let c =
+        tcp::TcpConnection::new(wire, target.clone(), discovery_only).map_err(|e| e.to_string())?;
+    Ok(Box::new(c))
 }

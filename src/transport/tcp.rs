@@ -17,10 +17,11 @@ use crate::nvmf::queue::{
 use crate::nvmf::{Target, ADMIN_IN_CAPSULE_DATA};
 use crate::reactor::{IoCtx, QueuePair};
 use crate::transport::out::OutQueue;
+use crate::transport::tls::{SecurePeer, TlsWire};
 use crate::wire::nvme::{Cqe, DataDirection, SglDescriptor, Sqe, Status};
 use crate::wire::tcp::{self as pdu, fes, DataHeader, Digests, ICResp, ParseLimits, Pdu, PduError};
 use std::collections::VecDeque;
-use std::io::{ErrorKind, Read};
+use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
@@ -83,9 +84,43 @@ struct DirectReceive {
     ddgst: usize,
 }
 
+/// What a connection's bytes travel over: the TCP socket itself, or a TLS
+/// channel on it (`secure_channel` listeners). The connection is generic over
+/// it, so a plaintext connection's path has no TLS branch in it.
+pub trait Wire: Read + Write + Send + 'static {
+    fn socket(&self) -> &TcpStream;
+    /// Input already taken off the socket and held back (decrypted TLS records):
+    /// read again without waiting for the socket to become readable.
+    fn buffered(&self) -> bool {
+        false
+    }
+    /// The host and subsystem a secure channel was keyed for.
+    fn secure_peer(&self) -> Option<&SecurePeer> {
+        None
+    }
+}
+
+impl Wire for TcpStream {
+    fn socket(&self) -> &TcpStream {
+        self
+    }
+}
+
+impl Wire for TlsWire {
+    fn socket(&self) -> &TcpStream {
+        TlsWire::socket(self)
+    }
+    fn buffered(&self) -> bool {
+        TlsWire::buffered(self)
+    }
+    fn secure_peer(&self) -> Option<&SecurePeer> {
+        TlsWire::secure_peer(self)
+    }
+}
+
 /// The connection's side of the queue: socket, framing, output, R2T budget.
-struct TcpLink {
-    sock: TcpStream,
+struct TcpLink<W> {
+    sock: W,
     peer: String,
     state: ConnState,
     state_since: Instant,
@@ -110,9 +145,9 @@ struct TcpLink {
     shutting_down: bool,
 }
 
-pub struct TcpConnection {
+pub struct TcpConnection<W = TcpStream> {
     q: Queue<TcpReq>,
-    l: TcpLink,
+    l: TcpLink<W>,
 }
 
 /// The transport-neutral form of an NVMe/TCP SQE's data descriptor.
@@ -131,7 +166,7 @@ fn data_desc(sqe: &Sqe) -> Result<DataDesc, Status> {
     }
 }
 
-impl TcpLink {
+impl<W: Wire> TcpLink<W> {
     fn set_state(&mut self, s: ConnState) {
         if self.state != s {
             self.state = s;
@@ -152,7 +187,7 @@ impl TcpLink {
         if self.state == ConnState::Closed {
             return;
         }
-        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        let _ = self.sock.socket().shutdown(std::net::Shutdown::Both);
         self.set_state(ConnState::Closed);
     }
 
@@ -173,7 +208,7 @@ impl TcpLink {
     }
 }
 
-impl Link<TcpReq> for TcpLink {
+impl<W: Wire> Link<TcpReq> for TcpLink<W> {
     fn respond(
         &mut self,
         slot: u16,
@@ -259,21 +294,19 @@ impl Link<TcpReq> for TcpLink {
     }
 }
 
-impl TcpConnection {
-    pub fn new(
-        sock: TcpStream,
-        target: Arc<Target>,
-        discovery_only: bool,
-    ) -> std::io::Result<Self> {
-        sock.set_nonblocking(true)?;
-        sock.set_nodelay(true)?;
+impl<W: Wire> TcpConnection<W> {
+    /// A connection over `sock` (a `TcpStream`, or a `TlsWire` on one).
+    pub fn new(sock: W, target: Arc<Target>, discovery_only: bool) -> std::io::Result<Self> {
+        let tcp = sock.socket();
+        tcp.set_nonblocking(true)?;
+        tcp.set_nodelay(true)?;
         let lim = &target.limits;
         crate::reactor::sys::set_socket_buffers(
-            sock.as_raw_fd(),
+            tcp.as_raw_fd(),
             (lim.recv_buf_size > 0).then_some(lim.recv_buf_size),
             (lim.send_buf_size > 0).then_some(lim.send_buf_size),
         )?;
-        let peer = sock
+        let peer = tcp
             .peer_addr()
             .map(|a| a.to_string())
             .unwrap_or_else(|_| "unknown".into());
@@ -304,7 +337,7 @@ impl TcpConnection {
         };
         let cfg = QueueConfig {
             kind: TransportKind::Tcp,
-            local: l.sock.local_addr().ok(),
+            local: l.sock.socket().local_addr().ok(),
             peer,
             discovery_only,
             expected_qid: None,
@@ -373,6 +406,15 @@ impl TcpConnection {
             }
         }
         got_any
+    }
+
+    /// Whether the wire holds input the socket's readiness does not show, and
+    /// there is room and reason to take it now.
+    fn more_buffered(&self) -> bool {
+        self.l.sock.buffered()
+            && matches!(self.l.state, ConnState::AwaitIcReq | ConnState::Ready)
+            && self.l.rend < self.l.rbuf.len()
+            && self.l.out.pending() <= MAX_PENDING_OUTPUT
     }
 
     /// One read for a direct receive: the rest of the PDU's data into the command
@@ -481,6 +523,8 @@ impl TcpConnection {
                 );
                 self.l.digests = req.digests;
                 self.l.set_state(ConnState::Ready);
+                // Connect checks the host and subsystem against the PSK identity.
+                self.q.set_secure_peer(self.l.sock.secure_peer().cloned());
             }
             (ConnState::AwaitIcReq, _) => self.terminate(seq_err("expected ICReq first"), raw),
             (_, Pdu::ICReq(_)) => self.terminate(seq_err("second ICReq"), raw),
@@ -721,9 +765,9 @@ impl TcpConnection {
     }
 }
 
-impl QueuePair for TcpConnection {
+impl<W: Wire> QueuePair for TcpConnection<W> {
     fn fd(&self) -> RawFd {
-        self.l.sock.as_raw_fd()
+        self.l.sock.socket().as_raw_fd()
     }
 
     fn on_readable(&mut self, ctx: &mut IoCtx) {
@@ -738,8 +782,13 @@ impl QueuePair for TcpConnection {
             }
             return;
         }
-        self.read_socket();
-        self.process_input(ctx);
+        loop {
+            self.read_socket();
+            self.process_input(ctx);
+            if !self.more_buffered() {
+                break;
+            }
+        }
         self.sync_closed();
     }
 
@@ -809,6 +858,10 @@ impl QueuePair for TcpConnection {
         }
         // Input may be waiting behind back-pressure that has now cleared.
         if self.l.state == ConnState::Ready && self.l.rstart < self.l.rend {
+            self.process_input(ctx);
+        }
+        while self.more_buffered() {
+            self.read_socket();
             self.process_input(ctx);
         }
         self.sync_closed();

@@ -48,6 +48,7 @@ impl Control {
                 } else {
                     crate::config::TransportKind::Tcp
                 },
+                secure_channel: l.secure,
             })
             .collect();
         for pc in &mut cfg.pools {
@@ -112,22 +113,27 @@ impl Control {
                 allow_any_host: s.allow_any_host.load(Ordering::Acquire),
                 hosts: {
                     let keys = s.host_keys.read().map(|k| k.clone()).unwrap_or_default();
+                    let psks = s.host_psks.read().map(|k| k.clone()).unwrap_or_default();
                     s.hosts
                         .read()
                         .map(|h| h.clone())
                         .unwrap_or_default()
                         .into_iter()
-                        .map(|nqn| match keys.get(&nqn) {
+                        .map(|nqn| {
+                            let k = keys.get(&nqn);
+                            let psk = psks.get(&nqn).map(|p| p.name.clone());
+                            if k.is_none() && psk.is_none() {
+                                return HostConfig::Nqn(nqn);
+                            }
                             // Key names, never key text.
-                            Some(k) => HostConfig::Entry(HostEntryConfig {
+                            HostConfig::Entry(HostEntryConfig {
                                 nqn,
-                                dhchap_key: Some(k.dhchap_key.name.clone()),
+                                dhchap_key: k.map(|k| k.dhchap_key.name.clone()),
                                 dhchap_ctrlr_key: k
-                                    .dhchap_ctrlr_key
-                                    .as_ref()
+                                    .and_then(|k| k.dhchap_ctrlr_key.as_ref())
                                     .map(|c| c.name.clone()),
-                            }),
-                            None => HostConfig::Nqn(nqn),
+                                psk,
+                            })
                         })
                         .collect()
                 },
@@ -156,6 +162,9 @@ impl Control {
                     keys.push(k.dhchap_key.clone());
                     keys.extend(k.dhchap_ctrlr_key.clone());
                 }
+            }
+            if let Ok(m) = s.host_psks.read() {
+                keys.extend(m.values().cloned());
             }
         }
         cfg.keys = Vec::new();

@@ -812,6 +812,49 @@ mod tests {
         }
     }
 
+    /// secure_channel: a TLS listener opens, the discovery log says TLS is
+    /// required there, and one socket cannot be both TLS and plaintext.
+    #[test]
+    fn secure_channel_listeners_over_rpc() {
+        let (ctl, _) = populated();
+        let addr = free_port();
+        let add = |secure: bool| {
+            ctl.call(
+                "nvmf_subsystem_add_listener",
+                json!({"nqn": NQN, "listen_address": listen_address(addr), "secure_channel": secure}),
+            )
+        };
+        assert!(add(true).is_ok());
+        let l = ctl.listeners.snapshot();
+        assert!(l.iter().any(|x| x.addr == addr && x.secure));
+        let entries = ctl.target.discovery_entries("");
+        assert!(entries
+            .iter()
+            .any(|e| e.trsvcid == addr.port().to_string() && e.treq == 1 && e.sectype == 2));
+        // The same address for another subsystem, without TLS: refused, naming the field.
+        let e = ctl
+            .call(
+                "nvmf_subsystem_add_listener",
+                json!({"nqn": crate::wire::nvme::DISCOVERY_NQN, "listen_address": listen_address(addr), "secure_channel": false}),
+            )
+            .err()
+            .map(|e| e.message)
+            .unwrap_or_default();
+        assert!(
+            e.contains("secure_channel: ") && e.contains("with TLS"),
+            "{e}"
+        );
+        let e = ctl
+            .call(
+                "nvmf_subsystem_add_listener",
+                json!({"nqn": NQN, "listen_address": {"trtype": "RDMA", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": "4420"}, "secure_channel": true}),
+            )
+            .err()
+            .map(|e| e.message)
+            .unwrap_or_default();
+        assert!(e.contains("secure_channel: TLS is NVMe/TCP's"), "{e}");
+    }
+
     /// An address the subsystem already lists (here without a socket, as
     /// when it listens there over the other transport) is refused before
     /// anything is bound or announced.

@@ -58,15 +58,20 @@ impl Control {
                 }
             })
             .map(|l| {
-                json!({
+                let mut v = json!({
                     "trtype": if l.rdma { "RDMA" } else { "TCP" },
                     "adrfam": if l.addr.is_ipv4() { "IPv4" } else { "IPv6" },
                     "traddr": l.addr.ip().to_string(),
                     "trsvcid": l.addr.port().to_string(),
-                })
+                });
+                if l.secure {
+                    v["secure_channel"] = json!(true);
+                }
+                v
             })
             .collect();
         let keys = s.host_keys.read().map(|k| k.clone()).unwrap_or_default();
+        let psks = s.host_psks.read().map(|k| k.clone()).unwrap_or_default();
         let hosts: Vec<Value> = s
             .hosts
             .read()
@@ -80,6 +85,9 @@ impl Control {
                             if let Some(c) = &k.dhchap_ctrlr_key {
                                 v["dhchap_ctrlr_key"] = json!(c.name);
                             }
+                        }
+                        if let Some(k) = psks.get(n) {
+                            v["psk"] = json!(k.name);
                         }
                         v
                     })

@@ -12,7 +12,13 @@ use std::sync::Arc;
 impl Control {
     /// Adds a listener the RPC just opened to the target's list (discovery log
     /// entries, port IDs).
-    fn announce_listener(&self, addr: std::net::SocketAddr, discovery_only: bool, rdma: bool) {
+    fn announce_listener(
+        &self,
+        addr: std::net::SocketAddr,
+        discovery_only: bool,
+        rdma: bool,
+        secure: bool,
+    ) {
         if let Ok(mut l) = self.target.listeners.write() {
             let portid = l.iter().map(|x| x.portid).max().unwrap_or(0) + 1;
             l.push(crate::nvmf::Listener {
@@ -20,10 +26,11 @@ impl Control {
                 discovery_only,
                 portid,
                 rdma,
+                secure,
             });
         }
         let transport = if rdma { "rdma" } else { "tcp" };
-        tracing::info!(listener = %addr, transport, "rpc: listening");
+        tracing::info!(listener = %addr, transport, secure_channel = secure, "rpc: listening");
     }
 }
 
@@ -171,7 +178,12 @@ pub(super) fn add_listener(p: &mut Params) -> Parsed {
     p.opt_str("ana_state")?;
     p.opt_str("sock_impl")?;
     p.get("numa_id");
-    p.unsupported_flags(&["secure_channel"])?;
+    let secure = p.opt_bool("secure_channel")?.unwrap_or(false);
+    if secure && rdma {
+        return Err(RpcError::params(
+            "secure_channel: TLS is NVMe/TCP's; an RDMA listener cannot require it",
+        ));
+    }
     act(move |ctl| {
         let s = ctl.subsystem(&nqn)?;
         let discovery = s.kind == SubsystemKind::Discovery;
@@ -198,14 +210,22 @@ pub(super) fn add_listener(p: &mut Params) -> Parsed {
                     .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))?;
                 let bound = l.addr;
                 ctl.rdma.listeners.add(l);
-                ctl.announce_listener(bound, false, true);
+                ctl.announce_listener(bound, false, true, false);
             }
-        } else if !ctl.listeners.contains(addr) {
-            let spec = crate::transport::bind(addr, discovery)
+        } else if let Some(l) = ctl.listeners.snapshot().iter().find(|l| l.addr == addr) {
+            // One socket, one kind: TLS or plaintext for every subsystem on it.
+            if l.secure != secure {
+                return Err(RpcError::params(format!(
+                    "secure_channel: {addr} already listens {}",
+                    if l.secure { "with TLS" } else { "without TLS" }
+                )));
+            }
+        } else {
+            let spec = crate::transport::bind(addr, discovery, secure)
                 .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))?;
             let bound = spec.addr;
             ctl.listeners.add(spec);
-            ctl.announce_listener(bound, discovery, false);
+            ctl.announce_listener(bound, discovery, false, secure);
         }
         if !discovery {
             let mut l = s
@@ -300,7 +320,7 @@ pub(super) fn add_host(p: &mut Params) -> Parsed {
     let nqn = p.str("nqn")?;
     let host = p.str("host")?;
     p.opt_str("tgt_name")?;
-    p.unsupported_flags(&["psk"])?;
+    let psk = p.opt_str("psk")?;
     let dhchap_key = p.opt_str("dhchap_key")?;
     let dhchap_ctrlr_key = p.opt_str("dhchap_ctrlr_key")?;
     if dhchap_ctrlr_key.is_some() && dhchap_key.is_none() {
@@ -313,6 +333,15 @@ pub(super) fn add_host(p: &mut Params) -> Parsed {
         let s = ctl.nvm_subsystem(&nqn)?;
         let keys = match &dhchap_key {
             Some(k) => Some(host_keys(ctl, k, dhchap_ctrlr_key.as_deref())?),
+            None => None,
+        };
+        let psk_key = match &psk {
+            Some(k) => Some(
+                crate::nvmf::auth::resolve_psk(&ctl.target.keyring, k).map_err(|e| match e {
+                    crate::nvmf::auth::HostKeyError::Missing { .. } => not_found(e.to_string()),
+                    _ => RpcError::params(e.to_string()),
+                })?,
+            ),
             None => None,
         };
         let mut h = s
@@ -329,8 +358,11 @@ pub(super) fn add_host(p: &mut Params) -> Parsed {
         if let (Some(k), Ok(mut m)) = (keys, s.host_keys.write()) {
             m.insert(host.clone(), k);
         }
+        if let (Some(k), Ok(mut m)) = (psk_key, s.host_psks.write()) {
+            m.insert(host.clone(), k);
+        }
         ctl.target.genctr.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(nqn = %nqn, host = %host, dhchap_key = dhchap_key.as_deref().unwrap_or(""), "rpc: host allowed");
+        tracing::info!(nqn = %nqn, host = %host, dhchap_key = dhchap_key.as_deref().unwrap_or(""), psk = psk.as_deref().unwrap_or(""), "rpc: host allowed");
         Ok(Value::Bool(true))
     })
 }
@@ -345,7 +377,9 @@ fn host_keys(
     use crate::nvmf::auth::{HostKeyError, HostKeys};
     HostKeys::resolve(&ctl.target.keyring, key, ctrlr_key).map_err(|e| match e {
         HostKeyError::Missing { .. } => not_found(e.to_string()),
-        HostKeyError::NotDhchap { .. } => RpcError::params(e.to_string()),
+        HostKeyError::NotDhchap { .. } | HostKeyError::NotPsk { .. } => {
+            RpcError::params(e.to_string())
+        }
     })
 }
 
@@ -404,6 +438,9 @@ pub(super) fn remove_host(p: &mut Params) -> Parsed {
                 return Err(not_found(format!("{host} is not on {nqn}'s host list")));
             }
             if let Ok(mut m) = s.host_keys.write() {
+                m.remove(&host);
+            }
+            if let Ok(mut m) = s.host_psks.write() {
                 m.remove(&host);
             }
         }

@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# NVMe/TCP TLS 1.3 with PSKs against SPDK v25.09's own NVMe/TCP host (the `ssl`
+# sock implementation: spdk_nvme_perf -S ssl --psk-path), with SPDK's nvmf_tgt
+# as the control: both targets get the same SPDK scripts/rpc.py calls
+# (keyring_file_add_key, nvmf_subsystem_add_listener -k, nvmf_subsystem_add_host
+# --psk) and every case must end the same way on both.
+#
+#   sha256, sha384   a PSK from `nvme gen-tls-key -m 1` (32 bytes:
+#                    TLS_AES_128_GCM_SHA256) and `-m 2` (48 bytes:
+#                    TLS_AES_256_GCM_SHA384): spdk_nvme_perf attaches through TLS
+#                    and a randrw run finishes without I/O errors
+#   refusals         plaintext to the secure listener, a wrong PSK, and a host
+#                    whose entry has no PSK: no controller attaches, and kvtarget
+#                    logs why
+#   others carry on  a TLS perf run spans the refusals, error free
+#
+# (The discovery log's TREQ/SECTYPE for the secure listener is checked by
+# tests/tls.rs: spdk_nvme_discover does not print them.)
+#
+# Usage: tests/spdk-tools/tls.sh        (needs target/release/kvtarget)
+# Env:   KVTARGET_BIN, SPDK_CACHE, SPDK_DIR, KEEP_WORK=1 (keep the logs in /tmp)
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+bin=${KVTARGET_BIN:-$repo/target/release/kvtarget}
+work=$(mktemp -d /tmp/kvtarget-tls.XXXXXX)
+pass=0 fail=0
+ok() { echo "ok - $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL - $1: $2"; fail=$((fail + 1)); }
+summary() { echo "$pass passed, $fail failed"; }
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+    if [ -n "${KEEP_WORK:-}" ] || [ "$fail" != 0 ]; then
+        echo "spdk-tools tls: logs kept in $work" >&2
+    else
+        rm -rf "$work"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+die() { bad "$1" "$2"; summary; exit 1; }
+
+[ -x "$bin" ] || die setup "$bin not built (cargo build --release)"
+if ! command -v python3 >/dev/null || ! command -v timeout >/dev/null || ! command -v nvme >/dev/null; then
+    apt-get update -q >&2 && apt-get install -y -q --no-install-recommends python3 coreutils nvme-cli >&2
+fi
+spdk_env=$("$repo/ci/spdk.sh") || die setup "ci/spdk.sh could not provide SPDK"
+eval "$spdk_env"
+perf=$SPDK_DIR/build/bin/spdk_nvme_perf
+nvmf_tgt=$SPDK_DIR/build/bin/nvmf_tgt
+rpc_py=$SPDK_DIR/scripts/rpc.py
+for t in "$perf" "$nvmf_tgt" "$rpc_py"; do
+    [ -e "$t" ] || die setup "SPDK build in $SPDK_DIR has no $t"
+done
+"$repo/ci/hugepages.sh" || die setup "no hugepages for SPDK"
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+nqn=nqn.2026-12.io.kvtarget:tls
+h256=nqn.2014-08.org.nvmexpress:uuid:6b767461-7267-6574-0000-0000000000c1
+h384=nqn.2014-08.org.nvmexpress:uuid:6b767461-7267-6574-0000-0000000000c2
+plain=nqn.2014-08.org.nvmexpress:uuid:6b767461-7267-6574-0000-0000000000c3
+
+# --- keys: nvme-cli's PSK interchange format, readable by their owner only ---
+umask 077
+# SPDK's parser wants the key to end at its final ':' (no newline).
+gen() { local k; k=$(nvme gen-tls-key -m "$1") && printf %s "$k" > "$2"; }
+gen 1 "$work/k256.key" && gen 2 "$work/k384.key" && gen 1 "$work/wrong.key" ||
+    die keys "nvme gen-tls-key failed"
+umask 022
+grep -q '^NVMeTLSkey-1:01:' "$work/k256.key" || die keys "unexpected key format: $(cut -c1-16 "$work/k256.key")"
+
+# configure SOCKET PORT: listener, keys and host entries, with SPDK's rpc.py.
+configure() {
+    local s=$1 port=$2
+    python3 "$rpc_py" -s "$s" nvmf_subsystem_add_listener "$nqn" -t tcp -a 127.0.0.1 -s "$port" -f ipv4 -k &&
+        python3 "$rpc_py" -s "$s" keyring_file_add_key k256 "$work/k256.key" &&
+        python3 "$rpc_py" -s "$s" keyring_file_add_key k384 "$work/k384.key" &&
+        python3 "$rpc_py" -s "$s" nvmf_subsystem_add_host "$nqn" "$h256" --psk k256 &&
+        python3 "$rpc_py" -s "$s" nvmf_subsystem_add_host "$nqn" "$h384" --psk k384 &&
+        python3 "$rpc_py" -s "$s" nvmf_subsystem_add_host "$nqn" "$plain"
+}
+
+wait_rpc() { # SOCKET PID
+    for _ in $(seq 150); do
+        kill -0 "$2" 2>/dev/null || return 1
+        python3 "$rpc_py" -s "$1" -t 2 spdk_get_version >/dev/null 2>&1 && return 0
+        sleep 0.2
+    done
+    return 1
+}
+
+# --- kvtarget: a plaintext listener from its configuration, the secure one and
+# the hosts over RPC ---
+kv_plain=$(free_port)
+kv_port=$(free_port)
+cat > "$work/kv.toml" <<EOF
+[[listeners]]
+address = "127.0.0.1"
+port = $kv_plain
+
+[[subsystems]]
+nqn = "$nqn"
+hosts = []
+
+[[subsystems.namespaces]]
+nsid = 1
+backend = "ram"
+size = "64MiB"
+block_size = 4096
+EOF
+"$bin" --config "$work/kv.toml" -r "$work/kv.sock" > "$work/kv.log" 2>&1 &
+pids+=($!)
+wait_rpc "$work/kv.sock" $! || die kv-start "not up: $(tail -n 5 "$work/kv.log" | tr '\n' ' ')"
+configure "$work/kv.sock" "$kv_port" > "$work/kv-rpc.log" 2>&1 \
+    || die kv-configure "rpc.py against kvtarget: $(tail -n 3 "$work/kv-rpc.log" | tr '\n' ' ')"
+ok "kvtarget-configured (SPDK's rpc.py: nvmf_subsystem_add_listener -k, keyring_file_add_key, nvmf_subsystem_add_host --psk)"
+
+# --- SPDK nvmf_tgt, the control ---
+shm_id=$((1000 + $$ % 8000))
+while [ -e "/var/run/dpdk/spdk$shm_id" ] || compgen -G "/dev/hugepages/spdk${shm_id}map_*" >/dev/null; do
+    shm_id=$((shm_id + 1))
+done
+spdk_port=$(free_port)
+"$nvmf_tgt" -m 0x1 -i "$shm_id" -r "$work/spdk.sock" --no-pci > "$work/spdk.log" 2>&1 &
+pids+=($!)
+wait_rpc "$work/spdk.sock" $! || die spdk-start "nvmf_tgt not up: $(tail -n 5 "$work/spdk.log" | tr '\n' ' ')"
+srpc() { python3 "$rpc_py" -s "$work/spdk.sock" "$@"; }
+{
+    srpc framework_wait_init &&
+        srpc nvmf_create_transport -t TCP &&
+        srpc bdev_malloc_create -b Malloc0 64 4096 &&
+        srpc nvmf_create_subsystem "$nqn" -s SPDK00000000000001 &&
+        srpc nvmf_subsystem_add_ns "$nqn" Malloc0 &&
+        configure "$work/spdk.sock" "$spdk_port"
+} > "$work/spdk-rpc.log" 2>&1 || die spdk-configure "$(tail -n 3 "$work/spdk-rpc.log" | tr '\n' ' ')"
+
+run() {
+    local name=$1; shift
+    timeout -k 5 120 "$@" > "$work/$name.out" 2>&1
+    RC=$?
+    OUT=$work/$name.out
+}
+excerpt() { grep -v '^\s*$' "$1" | tail -n "${2:-4}" | tr '\n' ' ' | cut -c1-500; }
+total_iops() { tr '\r' '\n' < "$1" | awk '$1 == "Total" && $2 == ":" { print $3; exit }'; }
+positive() { awk -v x="${1:-0}" 'BEGIN { exit !(x + 0 > 0) }'; }
+trid() { echo "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$1 subnqn:$nqn hostnqn:$2"; }
+port_of() { if [ "$1" = kv ]; then echo "$kv_port"; else echo "$spdk_port"; fi; }
+
+# verdict TARGET CASE HOST [perf options]: "attached" or "refused" in V.
+verdict() {
+    local t=$1 c=$2 h=$3; shift 3
+    run "$t-$c" "$perf" -q 8 -o 4096 -w randrw -M 50 -t 1 -r "$(trid "$(port_of "$t")" "$h")" "$@"
+    if [ "$RC" = 0 ] && positive "$(total_iops "$OUT")" && ! grep -q 'completed with error' "$OUT"; then
+        V=attached
+    elif grep -q 'No valid NVMe controllers' "$OUT" && ! positive "$(total_iops "$OUT")"; then
+        V=refused
+    else
+        V="broken (exit $RC: $(excerpt "$OUT"))"
+    fi
+}
+
+# A TLS run on kvtarget spanning every refusal below.
+bg_shm=$((shm_id + 1))
+"$perf" -i "$bg_shm" -q 8 -o 4096 -w randrw -M 50 -t 25 -r "$(trid "$kv_port" "$h256")" \
+    -S ssl --psk-path "$work/k256.key" > "$work/kv-background.out" 2>&1 &
+bg_pid=$!
+pids+=("$bg_pid")
+sleep 2
+
+expect() { # CASE WANT HOST [perf options]: the same verdict on both targets
+    local c=$1 want=$2 h=$3; shift 3
+    local t
+    for t in kv spdk; do
+        verdict "$t" "$c" "$h" "$@"
+        if [ "$V" = "$want" ]; then
+            ok "$t-$c ($want)"
+        else
+            bad "$t-$c" "wanted $want, got $V"
+        fi
+    done
+}
+expect sha256 attached "$h256" -S ssl --psk-path "$work/k256.key"
+expect sha384 attached "$h384" -S ssl --psk-path "$work/k384.key"
+expect plaintext-refused refused "$h256"
+expect plaintext-ssl-impl-refused refused "$h256" -S ssl
+expect wrong-psk-refused refused "$h256" -S ssl --psk-path "$work/wrong.key"
+expect no-psk-host-refused refused "$plain" -S ssl --psk-path "$work/k256.key"
+
+# Why, in kvtarget's log.
+for why in "a plaintext connection" "TLS refused: handshake failed" "has no TLS PSK on $nqn"; do
+    if grep -q "$why" "$work/kv.log"; then
+        ok "kv-logs: $why"
+    else
+        bad "kv-logs" "no \"$why\" in kvtarget's log"
+    fi
+done
+grep -q "TLS secure channel open.*cipher=\"\?TLS_AES_256_GCM_SHA384" "$work/kv.log" \
+    && ok "kv-logs: the 48-byte PSK ran TLS_AES_256_GCM_SHA384" \
+    || bad kv-cipher "no TLS_AES_256_GCM_SHA384 channel in kvtarget's log"
+# Key text never reaches the log.
+key_b64=$(cut -d: -f3 "$work/k256.key")
+if grep -qF "$key_b64" "$work/kv.log"; then bad kv-secret "key text in kvtarget's log"; else ok "kv-keys-stay-secret"; fi
+
+wait "$bg_pid"
+if positive "$(total_iops "$work/kv-background.out")" && ! grep -q 'completed with error' "$work/kv-background.out"; then
+    ok "kv-others-carry-on (TLS run across every refusal, error free)"
+else
+    bad kv-others-carry-on "$(excerpt "$work/kv-background.out")"
+fi
+
+summary
+[ "$fail" = 0 ]
