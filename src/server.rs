@@ -509,11 +509,14 @@ impl Server {
             }
         }
         let secure = cfg.secure_listen_addrs()?;
+        let mut discovery_ips = Vec::new();
         for a in addrs {
             let tls = secure.contains(&a);
             specs.push(transport::bind(a, false, tls)?);
             if let Some(p) = cfg.discovery.port {
-                if cfg.listen_addrs()?.contains(&a) {
+                // One discovery port per address, however many listeners it has.
+                if cfg.listen_addrs()?.contains(&a) && !discovery_ips.contains(&a.ip()) {
+                    discovery_ips.push(a.ip());
                     // The discovery port stays plaintext: its log names the
                     // secure listeners (TREQ, SECTYPE) for hosts to pick.
                     specs.push(transport::bind(SocketAddr::new(a.ip(), p), true, false)?);

@@ -284,3 +284,62 @@ fn garbage_after_the_handshake_and_half_handshakes_do_not_disturb_others() {
     verified_io(&good, 6);
     drop(half);
 }
+
+/// A secure and a plaintext listener on one address share one discovery port
+/// (it was bound once per listener, and the second bind failed).
+#[test]
+fn two_listeners_on_one_address_share_the_discovery_port() {
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let (p1, p2) = (free(), free());
+    let text = format!(
+        r#"
+[[listeners]]
+address = "127.0.0.1"
+port = {p1}
+secure_channel = true
+
+[[listeners]]
+address = "127.0.0.1"
+port = {p2}
+
+[discovery]
+port = 0
+
+[[subsystems]]
+nqn = "{NQN}"
+allow_any_host = true
+
+[[subsystems.namespaces]]
+nsid = 1
+backend = "ram"
+size = "16MiB"
+block_size = 4096
+"#
+    );
+    let server = Server::start(&Config::parse(&text).unwrap()).unwrap();
+    let disc: Vec<SocketAddr> = server
+        .listen_addrs()
+        .iter()
+        .filter(|(_, d)| *d)
+        .map(|(a, _)| *a)
+        .collect();
+    assert_eq!(disc.len(), 1, "{:?}", server.listen_addrs());
+    let mut o = opts(disc[0], PLAIN, None);
+    o.subnqn = nvme::DISCOVERY_NQN.into();
+    let mut c = HostController::connect(&o).unwrap();
+    let log = c.discovery_log().unwrap();
+    let secure = log
+        .iter()
+        .find(|e| e.subnqn == NQN && e.trsvcid == p1.to_string());
+    assert_eq!(
+        secure.map(|e| (e.treq & 3, e.sectype)),
+        Some((1, 2)),
+        "{log:?}"
+    );
+}

@@ -434,6 +434,15 @@ impl TlsWire {
                             return Err(io::Error::from(ErrorKind::UnexpectedEof));
                         }
                         Ok(_) if first[0] != TLS_HANDSHAKE => {
+                            // Take what the host sent (its ICReq) so that the close
+                            // is an orderly FIN, not a reset the host may not report.
+                            // Bounded: a host that keeps sending is cut off anyway.
+                            let mut sink = [0u8; 512];
+                            for _ in 0..64 {
+                                if !matches!((&self.sock).read(&mut sink), Ok(n) if n > 0) {
+                                    break;
+                                }
+                            }
                             return Err(self.fail(format!(
                                 "a plaintext connection (first byte {:#04x}, not a TLS handshake) on a secure_channel listener",
                                 first[0]

@@ -51,6 +51,10 @@ AUTH_HOSTNQN=nqn.2026-12.io.kvtarget:interop-auth-host
 HOSTID=6b7a7f1e-0c1d-4d2e-9a41-6b7674000001
 PORT=4420
 DISC_PORT=8009
+# kvtarget also listens here with secure_channel (TLS 1.3 only): the guest's Linux
+# 6.1 has no NVMe/TCP TLS, so its plaintext connect must be refused cleanly
+# (tls-required-refused).
+TLS_PORT=4431
 SIZE_MIB=256
 BLOCK=4096
 # kvtarget's namespaces: thin volumes of one pool, NSID:SIZE_MIB:BLOCK_SIZE:UNWRITTEN[:wt].
@@ -285,6 +289,11 @@ port = $DISC_PORT
 address = "127.0.0.1"
 port = $PORT
 
+[[listeners]]
+address = "127.0.0.1"
+port = $TLS_PORT
+secure_channel = true
+
 # One pool; thin provisioning lets the volumes add up to more than it, but the
 # suite's writes stay well within it.
 [[pools]]
@@ -331,9 +340,9 @@ EOF
         host_check kvtarget-config 0 "kvtarget check-config rejects $kv_cfg"
         return
     fi
-    if listening "$PORT" || listening "$DISC_PORT"; then
-        log "port $PORT or $DISC_PORT already in use on the host: $(ss -Hltnp "( sport = :$PORT or sport = :$DISC_PORT )" | tr '\n' ' ')"
-        host_check kvtarget-start 0 "port $PORT or $DISC_PORT already in use"
+    if listening "$PORT" || listening "$DISC_PORT" || listening "$TLS_PORT"; then
+        log "port $PORT, $DISC_PORT or $TLS_PORT already in use on the host: $(ss -Hltnp "( sport = :$PORT or sport = :$DISC_PORT or sport = :$TLS_PORT )" | tr '\n' ' ')"
+        host_check kvtarget-start 0 "port $PORT, $DISC_PORT or $TLS_PORT already in use"
         return
     fi
     log "starting kvtarget: $bin --config $kv_cfg"
@@ -343,7 +352,7 @@ EOF
     fi
     local share
     share=$(new_share kvtarget/share)
-    echo "exec bash /mnt/share/tcp-suite.sh $(suite_args 10.0.2.2 share "$KV_SERIAL" "$KV_MODEL" --advertised-addr 127.0.0.1 --disc-port-svc $PORT --volumes "'$VOLUMES'" --auth-hostnqn "$AUTH_HOSTNQN")" \
+    echo "exec bash /mnt/share/tcp-suite.sh $(suite_args 10.0.2.2 share "$KV_SERIAL" "$KV_MODEL" --advertised-addr 127.0.0.1 --disc-port-svc $PORT --volumes "'$VOLUMES'" --auth-hostnqn "$AUTH_HOSTNQN" --tls-port "$TLS_PORT")" \
         > "$share/run-suite.sh"
     log "booting the guest against kvtarget (timeout ${timeout_s}s)"
     "$repo/ci/guest/run.sh" --share "$share" --script run-suite.sh --timeout "$timeout_s" \

@@ -33,6 +33,9 @@
 #                       Without it the volume scenarios are reported as skipped.
 #   --auth-hostnqn NQN  a host the subsystem lists with a DH-HMAC-CHAP key (kvtarget):
 #                       the guest, without in-band authentication, must be refused as it
+#   --tls-port P        the target also listens on P with TLS required (kvtarget's
+#                       secure_channel): the guest, without NVMe/TCP TLS, must be
+#                       refused there (tls-required-refused)
 #   --only REGEX        run only scenarios whose name matches (development aid)
 #   --transport T       tcp (default) or rdma: the same scenarios over NVMe/RDMA
 #                       (rdma-guest.sh); NVMe/TCP-only ones (digests, the 8009
@@ -45,6 +48,7 @@ TRANSPORT=tcp
 ADDR= PORT=4420 DISC_PORT=8009 DISC_PORT_SVC= ADV_ADDR= NQN= HOSTNQN= HOSTID=
 SIZE=268435456 BS=4096 SERIAL= MODEL= RESTART=share SHARE=/mnt/share ONLY= VOLUMES=
 AUTH_HOSTNQN=
+TLS_PORT=
 INTRUDER_NQN=nqn.2026-11.io.kvtarget:intruder
 INTRUDER_ID=6b7a7f1e-0c1d-4d2e-9a41-6b76740000ff
 while [ $# -gt 0 ]; do
@@ -65,6 +69,7 @@ while [ $# -gt 0 ]; do
         --share) SHARE=$2 ;;
         --volumes) VOLUMES=$2 ;;
         --auth-hostnqn) AUTH_HOSTNQN=$2 ;;
+        --tls-port) TLS_PORT=$2 ;;
         --only) ONLY=$2 ;;
         --transport) TRANSPORT=$2 ;;
         *) echo "tcp-suite: unknown argument $1" >&2; exit 2 ;;
@@ -648,9 +653,9 @@ t_target_restart() {
 # without hanging and leave no controller of NQN behind; the kernel's log line for
 # it (matching PATTERN, since the scenario's marker) goes to REFUSAL_LOG.
 refused_connect() {
-    local host=$1 what=$2 scenario=$3 pattern=$4 before out rc
+    local host=$1 what=$2 scenario=$3 pattern=$4 port=${5:-$PORT} before out rc
     before=$(ctrls_of "$NQN" | wc -l)
-    out=$(timeout 60 nvme connect -t "$TRANSPORT" -a "$ADDR" -s "$PORT" -n "$NQN" \
+    out=$(timeout 60 nvme connect -t "$TRANSPORT" -a "$ADDR" -s "$port" -n "$NQN" \
         --hostnqn "$host" --hostid "$INTRUDER_ID" -o json 2>&1)
     rc=$?
     if [ $rc = 0 ]; then
@@ -685,6 +690,18 @@ t_auth_required_refused() {
     connect || return 1
     write_pattern "$DEV" 96 1 3 || { fail "write as $HOSTNQN after the refusal failed"; return 1; }
     check_pattern "$DEV" 96 1 3 "data written after the refusal" || return 1
+}
+
+# The target listens on TLS_PORT with TLS 1.3 required (secure_channel). Linux 6.1
+# built without CONFIG_NVME_TCP_TLS sends its ICReq in the clear there: the target
+# closes the connection, the host's connect fails without hanging and leaves no
+# controller, and the plaintext port still serves the same host.
+t_tls_required_refused() {
+    refused_connect "$HOSTNQN" "plaintext to a TLS-only listener" tls-required-refused \
+        'icresp|bad type|failed to connect|Connection reset|error -104' "$TLS_PORT" || return 1
+    connect || return 1
+    write_pattern "$DEV" 97 1 4 || { fail "write over the plaintext port after the refusal failed"; return 1; }
+    check_pattern "$DEV" 97 1 4 "data written after the refusal" || return 1
 }
 
 # ---- thin-provisioned volumes (kvtarget, --volumes) ------------------------------------
@@ -1100,6 +1117,7 @@ disconnect-reconnect
 target-restart
 unknown-host-refused
 auth-required-refused
+tls-required-refused
 several-namespaces
 nuse-tracks-writes-and-discard
 unwritten-error-volume
@@ -1116,6 +1134,9 @@ TCP_SCENARIOS=" discovery-8009 digests "
 skip_reason() {
     if [ "$1" = lmcache-volatile-kill ] && { [ -z "$VOL_LMCV" ] || [ "$RESTART" != share ]; }; then
         echo "needs an unwritten = error volume (>= 384 MiB) with a volatile write cache on a target the host can SIGKILL; this target serves none"
+    fi
+    if [ "$1" = tls-required-refused ] && { [ -z "$TLS_PORT" ] || [ "$TRANSPORT" != tcp ]; }; then
+        echo "needs a TLS-only NVMe/TCP listener (--tls-port); this target has none (Linux 6.1's nvmet here has no NVMe/TCP TLS)"
     fi
     if [ "$1" = auth-required-refused ] && [ -z "$AUTH_HOSTNQN" ]; then
         echo "needs a host entry with a DH-HMAC-CHAP key (--auth-hostnqn); this target has none (Linux 6.1's nvmet here has no in-band authentication)"
