@@ -19,43 +19,8 @@
 #
 # Usage: tests/spdk-tools/tls.sh        (needs target/release/kvtarget)
 # Env:   KVTARGET_BIN, SPDK_CACHE, SPDK_DIR, KEEP_WORK=1 (keep the logs in /tmp)
-set -uo pipefail
-repo=$(cd "$(dirname "$0")/../.." && pwd)
-bin=${KVTARGET_BIN:-$repo/target/release/kvtarget}
-work=$(mktemp -d /tmp/kvtarget-tls.XXXXXX)
-pass=0 fail=0
-ok() { echo "ok - $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL - $1: $2"; fail=$((fail + 1)); }
-summary() { echo "$pass passed, $fail failed"; }
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
-    if [ -n "${KEEP_WORK:-}" ] || [ "$fail" != 0 ]; then
-        echo "spdk-tools tls: logs kept in $work" >&2
-    else
-        rm -rf "$work"
-    fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-die() { bad "$1" "$2"; summary; exit 1; }
-
-[ -x "$bin" ] || die setup "$bin not built (cargo build --release)"
-if ! command -v python3 >/dev/null || ! command -v timeout >/dev/null || ! command -v nvme >/dev/null; then
-    apt-get update -q >&2 && apt-get install -y -q --no-install-recommends python3 coreutils nvme-cli >&2
-fi
-spdk_env=$("$repo/ci/spdk.sh") || die setup "ci/spdk.sh could not provide SPDK"
-eval "$spdk_env"
-perf=$SPDK_DIR/build/bin/spdk_nvme_perf
-nvmf_tgt=$SPDK_DIR/build/bin/nvmf_tgt
-rpc_py=$SPDK_DIR/scripts/rpc.py
-for t in "$perf" "$nvmf_tgt" "$rpc_py"; do
-    [ -e "$t" ] || die setup "SPDK build in $SPDK_DIR has no $t"
-done
-"$repo/ci/hugepages.sh" || die setup "no hugepages for SPDK"
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+SUITE=tls
+source "$(dirname "$0")/common.sh"
 nqn=nqn.2026-12.io.kvtarget:tls
 h256=nqn.2014-08.org.nvmexpress:uuid:6b767461-7267-6574-0000-0000000000c1
 h384=nqn.2014-08.org.nvmexpress:uuid:6b767461-7267-6574-0000-0000000000c2
@@ -79,15 +44,6 @@ configure() {
         python3 "$rpc_py" -s "$s" nvmf_subsystem_add_host "$nqn" "$h256" --psk k256 &&
         python3 "$rpc_py" -s "$s" nvmf_subsystem_add_host "$nqn" "$h384" --psk k384 &&
         python3 "$rpc_py" -s "$s" nvmf_subsystem_add_host "$nqn" "$plain"
-}
-
-wait_rpc() { # SOCKET PID
-    for _ in $(seq 150); do
-        kill -0 "$2" 2>/dev/null || return 1
-        python3 "$rpc_py" -s "$1" -t 2 spdk_get_version >/dev/null 2>&1 && return 0
-        sleep 0.2
-    done
-    return 1
 }
 
 # --- kvtarget: a plaintext listener from its configuration, the secure one and
@@ -117,15 +73,8 @@ configure "$work/kv.sock" "$kv_port" > "$work/kv-rpc.log" 2>&1 \
 ok "kvtarget-configured (SPDK's rpc.py: nvmf_subsystem_add_listener -k, keyring_file_add_key, nvmf_subsystem_add_host --psk)"
 
 # --- SPDK nvmf_tgt, the control ---
-shm_id=$((1000 + $$ % 8000))
-while [ -e "/var/run/dpdk/spdk$shm_id" ] || compgen -G "/dev/hugepages/spdk${shm_id}map_*" >/dev/null; do
-    shm_id=$((shm_id + 1))
-done
 spdk_port=$(free_port)
-"$nvmf_tgt" -m 0x1 -i "$shm_id" -r "$work/spdk.sock" --no-pci > "$work/spdk.log" 2>&1 &
-pids+=($!)
-wait_rpc "$work/spdk.sock" $! || die spdk-start "nvmf_tgt not up: $(tail -n 5 "$work/spdk.log" | tr '\n' ' ')"
-srpc() { python3 "$rpc_py" -s "$work/spdk.sock" "$@"; }
+start_spdk_tgt
 {
     srpc framework_wait_init &&
         srpc nvmf_create_transport -t TCP &&
@@ -134,31 +83,6 @@ srpc() { python3 "$rpc_py" -s "$work/spdk.sock" "$@"; }
         srpc nvmf_subsystem_add_ns "$nqn" Malloc0 &&
         configure "$work/spdk.sock" "$spdk_port"
 } > "$work/spdk-rpc.log" 2>&1 || die spdk-configure "$(tail -n 3 "$work/spdk-rpc.log" | tr '\n' ' ')"
-
-run() {
-    local name=$1; shift
-    timeout -k 5 120 "$@" > "$work/$name.out" 2>&1
-    RC=$?
-    OUT=$work/$name.out
-}
-excerpt() { grep -v '^\s*$' "$1" | tail -n "${2:-4}" | tr '\n' ' ' | cut -c1-500; }
-total_iops() { tr '\r' '\n' < "$1" | awk '$1 == "Total" && $2 == ":" { print $3; exit }'; }
-positive() { awk -v x="${1:-0}" 'BEGIN { exit !(x + 0 > 0) }'; }
-trid() { echo "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$1 subnqn:$nqn hostnqn:$2"; }
-port_of() { if [ "$1" = kv ]; then echo "$kv_port"; else echo "$spdk_port"; fi; }
-
-# verdict TARGET CASE HOST [perf options]: "attached" or "refused" in V.
-verdict() {
-    local t=$1 c=$2 h=$3; shift 3
-    run "$t-$c" "$perf" -q 8 -o 4096 -w randrw -M 50 -t 1 -r "$(trid "$(port_of "$t")" "$h")" "$@"
-    if [ "$RC" = 0 ] && positive "$(total_iops "$OUT")" && ! grep -q 'completed with error' "$OUT"; then
-        V=attached
-    elif grep -q 'No valid NVMe controllers' "$OUT" && ! positive "$(total_iops "$OUT")"; then
-        V=refused
-    else
-        V="broken (exit $RC: $(excerpt "$OUT"))"
-    fi
-}
 
 # A TLS run on kvtarget spanning every refusal below.
 bg_shm=$((shm_id + 1))
