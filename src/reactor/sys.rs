@@ -148,6 +148,24 @@ pub fn set_socket_buffers(fd: RawFd, recv: Option<u32>, send: Option<u32>) -> io
     Ok(())
 }
 
+/// Acknowledge received data now instead of after the delayed-ACK timer (40 ms).
+/// Linux leaves quick-ACK mode again on its own, so it is set per read burst.
+pub fn set_quickack(fd: RawFd) -> io::Result<()> {
+    let v: libc::c_int = 1;
+    // SAFETY: passes a valid c_int and its size; the kernel only reads it,
+    // and a bad fd or option is reported through the return value.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_QUICKACK,
+            &v as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    })?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

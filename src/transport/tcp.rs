@@ -98,6 +98,8 @@ pub trait Wire: Read + Write + Send + 'static {
     fn secure_peer(&self) -> Option<&SecurePeer> {
         None
     }
+    /// Called once the input that was ready has been read.
+    fn read_done(&self) {}
 }
 
 impl Wire for TcpStream {
@@ -115,6 +117,13 @@ impl Wire for TlsWire {
     }
     fn secure_peer(&self) -> Option<&SecurePeer> {
         TlsWire::secure_peer(self)
+    }
+    fn read_done(&self) {
+        // A TLS host sends a large H2CData PDU as many 16 KiB records, and
+        // SPDK's ssl socket keeps an 8 KiB send buffer: it stalls until its
+        // records are acknowledged. Records are smaller than loopback's MSS, so
+        // Linux would hold that ACK for its 40 ms delayed-ACK timer.
+        let _ = crate::reactor::sys::set_quickack(self.socket().as_raw_fd());
     }
 }
 
@@ -789,6 +798,7 @@ impl<W: Wire> QueuePair for TcpConnection<W> {
                 break;
             }
         }
+        self.l.sock.read_done();
         self.sync_closed();
     }
 

@@ -107,7 +107,7 @@ start_spdk_tgt
 
 # An authenticated run on kvtarget spanning every refusal below.
 bg_shm=$((shm_id + 1))
-"$perf" -i "$bg_shm" -q 8 -o 4096 -w randrw -M 50 -t 40 -r "$(trid "$kv_port" "$uni")" \
+"$perf" -i "$bg_shm" -c "$host_core" -q 8 -o 4096 -w randrw -M 50 -t 40 -r "$(trid "$kv_port" "$uni")" \
     --dhchap-key "$work/uni.key" > "$work/kv-background.out" 2>&1 &
 bg_pid=$!
 pids+=("$bg_pid")
@@ -215,7 +215,7 @@ cat > "$work/bdevperf.json" <<EOF
               "trsvcid": "$kv_port", "subnqn": "$nqn", "hostnqn": "$bidi",
               "dhchap_key": "bidi", "dhchap_ctrlr_key": "ctrl"}}]}]}
 EOF
-run bdevperf "$bdevperf" --json "$work/bdevperf.json" --no-pci --disable-cpumask-locks \
+run bdevperf "$bdevperf" -m "$host_core" --json "$work/bdevperf.json" --no-pci --disable-cpumask-locks \
     -w verify -q 16 -o 65536 -t 1
 iops=$(total_iops "$OUT")
 if grep -q 'Buffer mismatch' "$OUT"; then
@@ -248,7 +248,7 @@ dhchap_digests = [\"$d\"]
 dhchap_dhgroups = [\"$g\"]
 
 $keys_toml" "$hosts_toml"
-    run "$name-bidi" "$perf" -q 8 -o 4096 -w randrw -M 50 -t 1 -r "$(trid "$port" "$bidi")" \
+    run "$name-bidi" "$perf" -c "$host_core" -q 8 -o 4096 -w randrw -M 50 -t 1 -r "$(trid "$port" "$bidi")" \
         --dhchap-key "$work/bidi.key" --dhchap-ctrlr-key "$work/ctrl.key"
     if ! positive "$(total_iops "$OUT")" || grep -q 'completed with error' "$OUT"; then
         bad "$name" "exit $RC: $(excerpt "$OUT")"

@@ -86,7 +86,7 @@ start_spdk_tgt
 
 # A TLS run on kvtarget spanning every refusal below.
 bg_shm=$((shm_id + 1))
-"$perf" -i "$bg_shm" -q 8 -o 4096 -w randrw -M 50 -t 25 -r "$(trid "$kv_port" "$h256")" \
+"$perf" -i "$bg_shm" -c "$host_core" -q 8 -o 4096 -w randrw -M 50 -t 25 -r "$(trid "$kv_port" "$h256")" \
     -S ssl --psk-path "$work/k256.key" > "$work/kv-background.out" 2>&1 &
 bg_pid=$!
 pids+=("$bg_pid")
@@ -100,7 +100,7 @@ expect() { # CASE WANT HOST [perf options]: the same verdict on both targets
         if [ "$V" = "$want" ]; then
             ok "$t-$c ($want)"
         else
-            bad "$t-$c" "wanted $want, got $V"
+            bad "$t-$c" "wanted $want, got $V: $(excerpt "$OUT" 3)"
         fi
     done
 }
