@@ -4,7 +4,8 @@
 # drives one kvtarget that listens both ways (one reactor busy-polling core 0,
 # a 1 GiB RAM namespace, 4 KiB blocks), and SPDK's nvmf_tgt set up the same way
 # (core 0, a 1 GiB Malloc bdev, TLS through its ssl sock impl) as the reference.
-# Rounds alternate plaintext and TLS; perf runs on core 1.
+# Rounds alternate plaintext and TLS; perf runs on core 1. Both targets poll core
+# 0, so the one not being measured is stopped (SIGSTOP) for the other's runs.
 #
 #   randread-4k   4 KiB random reads, QD 32
 #   write-1m      1 MiB sequential writes, QD 4
@@ -30,7 +31,7 @@ perf=$SPDK_DIR/build/bin/spdk_nvme_perf
 rpc_py=$SPDK_DIR/scripts/rpc.py
 work=$(mktemp -d /tmp/kvtarget-tls-bench.XXXXXX)
 pids=()
-trap 'for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done; wait 2>/dev/null' EXIT
+trap 'for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null; kill -TERM "$p" 2>/dev/null; done; wait 2>/dev/null' EXIT
 nqn=nqn.2026-12.io.kvtarget:tls-bench
 host=nqn.2014-08.org.nvmexpress:uuid:6b767461-7267-6574-0000-0000000000d1
 umask 077
@@ -76,11 +77,13 @@ EOF
 plain_host=${host%1}2
 sed -i "s|hosts = \[{ nqn = \"$host\" }\]|hosts = [{ nqn = \"$host\", psk = \"psk\" }, \"$plain_host\"]|" "$work/kv.toml"
 "$bin" --config "$work/kv.toml" -r "$work/kv.sock" > "$work/kv.log" 2>&1 &
+kv_pid=$!
 pids+=($!)
 wait_rpc "$work/kv.sock" || { echo "kvtarget not up" >&2; tail "$work/kv.log" >&2; exit 1; }
 
 sp_plain=$(free_port) sp_tls=$(free_port)
 "$SPDK_DIR/build/bin/nvmf_tgt" -m 0x1 -i 77 -r "$work/spdk.sock" --no-pci > "$work/spdk.log" 2>&1 &
+sp_pid=$!
 pids+=($!)
 wait_rpc "$work/spdk.sock" || { echo "nvmf_tgt not up" >&2; exit 1; }
 srpc() { python3 "$rpc_py" -s "$work/spdk.sock" "$@" >/dev/null; }
@@ -97,6 +100,11 @@ srpc framework_wait_init && srpc nvmf_create_transport -t TCP &&
 # one TARGET MODE WORKLOAD: prints IOPS MiB/s avg-us
 one() {
     local port h opts=()
+    case $1-$2 in
+    kv-*) kill -STOP "$sp_pid"; kill -CONT "$kv_pid" ;;
+    spdk-*) kill -STOP "$kv_pid"; kill -CONT "$sp_pid" ;;
+    esac
+    sleep 0.2
     case $1-$2 in
     kv-plain) port=$kv_plain h=$plain_host ;;
     kv-tls) port=$kv_tls h=$host opts=(-S ssl --psk-path "$work/psk.key") ;;
