@@ -98,8 +98,6 @@ pub trait Wire: Read + Write + Send + 'static {
     fn secure_peer(&self) -> Option<&SecurePeer> {
         None
     }
-    /// Called once the input that was ready has been read.
-    fn read_done(&self) {}
 }
 
 impl Wire for TcpStream {
@@ -117,13 +115,6 @@ impl Wire for TlsWire {
     }
     fn secure_peer(&self) -> Option<&SecurePeer> {
         TlsWire::secure_peer(self)
-    }
-    fn read_done(&self) {
-        // A TLS host sends a large H2CData PDU as many 16 KiB records, and
-        // SPDK's ssl socket keeps an 8 KiB send buffer: it stalls until its
-        // records are acknowledged. Records are smaller than loopback's MSS, so
-        // Linux would hold that ACK for its 40 ms delayed-ACK timer.
-        let _ = crate::reactor::sys::set_quickack(self.socket().as_raw_fd());
     }
 }
 
@@ -201,6 +192,12 @@ impl<W: Wire> TcpLink<W> {
     }
 
     /// A request leaves R2T: its R2T slot or its place in line goes.
+    /// Whether more of the host's write data is due: an R2T outstanding, a PDU
+    /// being received straight into its command buffer, or part of a PDU read.
+    fn awaiting_host_data(&self) -> bool {
+        self.r2t_active > 0 || self.direct.is_some() || self.rend > self.rstart
+    }
+
     fn leave_r2t(&mut self, slot: u16, x: &mut TcpReq) {
         match x.h2c {
             H2cState::AwaitingData => self.r2t_active = self.r2t_active.saturating_sub(1),
@@ -798,7 +795,15 @@ impl<W: Wire> QueuePair for TcpConnection<W> {
                 break;
             }
         }
-        self.l.sock.read_done();
+        if self.l.awaiting_host_data() {
+            // The host is streaming write data and may be blocked on a full send
+            // buffer until this data is acknowledged (SPDK's ssl host keeps 8 KiB,
+            // its posix one 2 MiB against 4 MiB writes). Linux would hold the ACK
+            // for its 40 ms delayed-ACK timer: records and PDU tails are smaller
+            // than loopback's MSS and the connection counts as interactive. A
+            // command without such data gets its ACK on the response instead.
+            let _ = crate::reactor::sys::set_quickack(self.l.sock.socket().as_raw_fd());
+        }
         self.sync_closed();
     }
 
