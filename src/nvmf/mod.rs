@@ -62,7 +62,7 @@ impl Default for TransportLimits {
             max_io_size: 1 << 20,
             max_h2c_data: 128 << 10,
             max_r2t_len: 1 << 20,
-            max_active_r2ts: 32,
+            max_active_r2ts: 8,
             recv_buf_size: 0,
             send_buf_size: 0,
             c2h_success: true,
