@@ -191,13 +191,13 @@ impl<W: Wire> TcpLink<W> {
         self.set_state(ConnState::Closed);
     }
 
-    /// A request leaves R2T: its R2T slot or its place in line goes.
     /// Whether more of the host's write data is due: an R2T outstanding, a PDU
     /// being received straight into its command buffer, or part of a PDU read.
     fn awaiting_host_data(&self) -> bool {
         self.r2t_active > 0 || self.direct.is_some() || self.rend > self.rstart
     }
 
+    /// A request leaves R2T: its R2T slot or its place in line goes.
     fn leave_r2t(&mut self, slot: u16, x: &mut TcpReq) {
         match x.h2c {
             H2cState::AwaitingData => self.r2t_active = self.r2t_active.saturating_sub(1),
