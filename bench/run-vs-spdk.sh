@@ -119,15 +119,9 @@ for t in "$nvmf_tgt" "$perf" "$rpc_py"; do [ -e "$t" ] || die "SPDK build in $SP
 "$repo/ci/hugepages.sh" --free 940 || die "not enough hugepages"
 
 work=$(mktemp -d /tmp/kvtarget-vs-spdk.XXXXXX)
+# shellcheck source=bench/lib/targets.sh
+. "$repo/bench/lib/targets.sh"
 spdk_pid='' kv_pid='' base_pid='' perf_pid='' shm_id='' failed=0
-stop_proc() { # PID: continue it (a stopped process cannot act on SIGTERM), stop it, reap it
-    local p=$1
-    kill -CONT "$p" 2>/dev/null
-    kill -TERM "$p" 2>/dev/null || return 0
-    for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$p" 2>/dev/null
-    wait "$p" 2>/dev/null
-}
 cleanup() {
     [ -n "$perf_pid" ] && stop_proc "$perf_pid" && rm -rf "/var/run/dpdk/spdk_pid$perf_pid"
     [ -n "$kv_pid" ] && stop_proc "$kv_pid"
@@ -139,7 +133,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 spdk_port=$(free_port)
 kv_port=$(free_port)
 while [ "$kv_port" = "$spdk_port" ]; do kv_port=$(free_port); done
@@ -148,62 +141,13 @@ while [ "$base_port" = "$spdk_port" ] || [ "$base_port" = "$kv_port" ]; do base_
 spdk_nqn=nqn.2016-06.io.spdk:kvtarget-vs-spdk
 kv_config=${KVTARGET_CONFIG:-config/bench-ram.toml}
 [ -r "$kv_config" ] || die "cannot read $kv_config"
-kv_nqn=$(python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["subsystems"][0]["nqn"])' \
-    "$kv_config") || die "cannot read the subsystem NQN from $kv_config"
+kv_nqn=$(kv_nqn_of "$kv_config") || die "cannot read the subsystem NQN from $kv_config"
 
 # --- SPDK nvmf_tgt ---
-# A shm id no other SPDK process uses: DPDK file prefix spdk<id>, /dev/shm/nvmf_trace.<id>.
-shm_id=$((1000 + $$ % 8000))
-while [ -e "/var/run/dpdk/spdk$shm_id" ] || [ -e "/dev/shm/nvmf_trace.$shm_id" ] \
-    || compgen -G "/dev/hugepages/spdk${shm_id}map_*" >/dev/null; do
-    shm_id=$((shm_id + 1))
-done
-spdk_sock=$work/spdk.sock
-"$nvmf_tgt" -m 0x1 -i "$shm_id" -r "$spdk_sock" --no-pci > "$work/nvmf_tgt.log" 2>&1 &
-spdk_pid=$!
-srpc() { python3 "$rpc_py" -s "$spdk_sock" "$@"; }
-for _ in $(seq 150); do
-    kill -0 "$spdk_pid" 2>/dev/null || break
-    srpc -t 2 spdk_get_version >/dev/null 2>&1 && break
-    sleep 0.2
-done
-srpc -t 30 framework_wait_init >/dev/null 2>&1 || { cat "$work/nvmf_tgt.log" >&2; die "nvmf_tgt did not start"; }
-{
-    srpc nvmf_create_transport -t TCP &&
-    srpc bdev_malloc_create -b Malloc0 1024 4096 &&
-    srpc bdev_malloc_create -b Malloc1 256 4096 &&
-    srpc nvmf_create_subsystem "$spdk_nqn" -a -s SPDK00000000000001 -d "SPDK bdev Controller" &&
-    srpc nvmf_subsystem_add_ns "$spdk_nqn" Malloc0 &&
-    srpc nvmf_subsystem_add_ns "$spdk_nqn" Malloc1 &&
-    srpc nvmf_subsystem_add_listener "$spdk_nqn" -t tcp -a 127.0.0.1 -s "$spdk_port" -f ipv4
-} > "$work/spdk-config.log" 2>&1 || { cat "$work/spdk-config.log" "$work/nvmf_tgt.log" >&2; die "configuring nvmf_tgt failed"; }
-# Its "git sha1" is whatever git checkout SPDK was built inside (the kvtarget
-# one, for ci/spdk.sh's cache), not SPDK's: left out.
-spdk_version=$(srpc spdk_get_version | python3 -c 'import json, sys; print(json.load(sys.stdin)["version"])' \
-    | sed 's/ git sha1 [0-9a-f]*//')
-kill -STOP "$spdk_pid"
+start_spdk "$spdk_port" "$spdk_nqn"
 
 # --- kvtarget (and its baseline build) ---
-start_kv() { # NAME BIN PORT [CONFIG] -> sets started_pid, started_sock, started_version
-    local name=$1 bin=$2 port=$3 cfg=${4:-$kv_config}
-    sed -e "s/^port = [0-9]*/port = $port/" -e 's/^block_size = [0-9]*/block_size = 4096/' \
-        "$cfg" > "$work/$name.toml"
-    started_sock=$work/$name.sock
-    "$bin" --config "$work/$name.toml" -r "$started_sock" > "$work/$name.log" 2>&1 &
-    started_pid=$!
-    local up=0
-    for _ in $(seq 150); do
-        kill -0 "$started_pid" 2>/dev/null || break
-        grep -q "listening on 127.0.0.1:$port" "$work/$name.log" && [ -S "$started_sock" ] && { up=1; break; }
-        sleep 0.1
-    done
-    [ "$up" = 1 ] || { cat "$work/$name.log" >&2; die "$name ($bin) did not start"; }
-    grep -q "subnqn=$kv_nqn nsid=1 .*bytes=1073741824 block_size=4096" "$work/$name.log" \
-        || { cat "$work/$name.log" >&2; die "$name's namespace is not 1 GiB of 4096-byte blocks"; }
-    started_version=$(python3 "$rpc_py" -s "$started_sock" spdk_get_version | python3 -c 'import json, sys; print(json.load(sys.stdin)["version"])')
-    kill -STOP "$started_pid"
-}
-start_kv kvtarget "$kvbin" "$kv_port"
+start_kv kvtarget "$kvbin" "$kv_port" "$kv_config"
 kv_pid=$started_pid kv_sock=$started_sock kv_version=$started_version
 targets=(spdk kvtarget)
 declare -A pid_of=([spdk]=$spdk_pid [kvtarget]=$kv_pid)
@@ -228,21 +172,6 @@ if [ -n "${KVTARGET_BASE_BIN:-}" ]; then
     addr_of[base]=127.0.0.1:$base_port
     nqn_of[base]=$kv_nqn
 fi
-active=
-activate() { # TARGET: the others are stopped, this one runs
-    local t=$1 o
-    [ "$active" = "$t" ] && return 0
-    for o in "${targets[@]}"; do [ "$o" = "$t" ] || kill -STOP "${pid_of[$o]}"; done
-    kill -CONT "${pid_of[$t]}"
-    active=$t
-    sleep 0.5 # let the reactor settle before its counters are read
-}
-reactors() { # TARGET -> "busy_ticks tick_rate" summed over its reactors
-    python3 "$rpc_py" -s "${sock_of[$1]}" -t 10 framework_get_reactors | python3 -c '
-import json, sys
-d = json.load(sys.stdin)
-print(sum(r["busy"] for r in d["reactors"]), d["tick_rate"])'
-}
 run_perf() { # OUTFILE TARGET PERF-ARGS...: perf on core 1 against TARGET's namespace 1
     local out=$1 t=$2; shift 2
     "$perf" "$@" -c 0x2 -r "${trid_of[$t]} ns:1" > "$out" 2>&1 &
