@@ -242,8 +242,10 @@ impl<W: Wire> Link<TcpReq> for TcpLink<W> {
         let mut sent_success = false;
         if c2h_len > 0 {
             // SUCCESS skips the CapsuleResp and its SQ head update; hosts over
-            // TCP do not use SQ head (SPDK sends SUCCESS the same way).
-            let success = self.c2h_success;
+            // TCP do not use SQ head (SPDK sends SUCCESS the same way). The
+            // host then assumes a zero DW0/DW1, so a result (a KV Retrieve's
+            // value size) needs the CapsuleResp.
+            let success = self.c2h_success && rsp.cqe.result == 0;
             let mut flags = pdu::flags::LAST_PDU;
             if success {
                 flags |= pdu::flags::SUCCESS;
