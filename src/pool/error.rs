@@ -77,6 +77,12 @@ pub enum PoolError {
     GcWatermarks { low: u64, high: u64 },
     #[error("{path}: {reason}")]
     Lock { path: String, reason: String },
+    #[error(
+        "volume {name}: a KV volume cannot be resized (its key index is laid out for its size)"
+    )]
+    KvResize { name: String },
+    #[error("volume {name}: a KV volume of this size holds up to {keys} keys; the pool's checkpoint has room for {room} more (KV volumes may total the pool's device size)")]
+    KvKeyRoom { name: String, keys: u64, room: u64 },
     #[error("{path}: the pool is in use by another kvtarget process")]
     Locked { path: String },
 }

@@ -11,6 +11,9 @@
 //! data_offset  extent 0, extent 1, ... (extent_size each)
 //! ```
 
+use super::kv::{KvLoc, KV_BYTES_PER_KEY, KV_CKPT_ENTRY_BYTES};
+use crate::wire::nvme::{KvKey, KV_KEY_MAX_LEN};
+
 /// Granularity of every metadata write.
 pub const META_BLOCK: u64 = 4096;
 pub const SUPERBLOCK_MAGIC: &[u8; 8] = b"KVTPOOL\0";
@@ -30,6 +33,9 @@ pub const MAX_NAME_LEN: usize = 255;
 /// Volume option: reads of unwritten or deallocated blocks fail with the NVMe
 /// "deallocated or unwritten logical block" status instead of returning zeros.
 pub const VOL_UNWRITTEN_ERROR: u32 = 1;
+/// Volume option: the volume holds a KV namespace's values; its key index is
+/// journaled (`Record::KvPut`/`KvDelete`) and checkpointed with the pool.
+pub const VOL_KV: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FormatError {
@@ -166,10 +172,15 @@ impl Superblock {
         let bitmap = bitmap_bytes_max(extent_size) as u64;
         let estimate = device_size / extent_size;
         // Checkpoint payload bound: every extent mapped with a full bitmap, every
-        // extent on the clean list, the volume table.
+        // extent on the clean list, the volume table, and the keys of KV
+        // volumes (one per KV_BYTES_PER_KEY of device).
         let per_extent = 12 + 4 + bitmap + 4;
         let ckpt_slot_len = round_up(
-            META_BLOCK * 2 + estimate * per_extent + (MAX_VOLUMES as u64) * 320,
+            META_BLOCK * 2
+                + estimate * per_extent
+                + (MAX_VOLUMES as u64) * 320
+                + 8
+                + kv_key_room(device_size) * KV_CKPT_ENTRY_BYTES,
             META_BLOCK,
         );
         let journal_len = round_up(
@@ -295,6 +306,12 @@ impl Superblock {
 
 /// The smallest device `Superblock::layout` fits a pool of `extent_size` extents
 /// on: superblock, both checkpoint slots, the journal and one extent.
+/// Keys of KV volumes a pool on a device of `device_size` bytes has
+/// checkpoint room for.
+pub fn kv_key_room(device_size: u64) -> u64 {
+    device_size / KV_BYTES_PER_KEY
+}
+
 pub fn min_device_size(extent_size: u64) -> Result<u64, FormatError> {
     // The metadata grows with the device, so try sizes upwards. The smallest
     // fit is its metadata (aligned to `layout`'s min(extent, 1 MiB)) plus one
@@ -397,6 +414,17 @@ pub enum Record {
     Reserve(Vec<u32>),
     /// Dirty extents scrubbed to zeros.
     Clean(Vec<u32>),
+    /// A KV volume's key now holds the value at `loc`.
+    KvPut {
+        vol: u32,
+        key: KvKey,
+        loc: KvLoc,
+    },
+    /// A KV volume's key holds no value any more.
+    KvDelete {
+        vol: u32,
+        key: KvKey,
+    },
 }
 
 const REC_VOLUME_CREATE: u8 = 1;
@@ -405,6 +433,36 @@ const REC_VOLUME_DELETE: u8 = 3;
 const REC_EXTENT: u8 = 4;
 const REC_RESERVE: u8 = 5;
 const REC_CLEAN: u8 = 6;
+const REC_KV_PUT: u8 = 7;
+const REC_KV_DELETE: u8 = 8;
+
+fn encode_key(w: &mut Writer, k: &KvKey) {
+    w.u8(k.len() as u8);
+    w.bytes(k.as_bytes());
+}
+
+fn decode_key(r: &mut Reader) -> Result<KvKey, FormatError> {
+    let n = r.u8()? as usize;
+    if n == 0 {
+        return Err(r.invalid("KV key of 0 bytes"));
+    }
+    let b = r.bytes(n.min(KV_KEY_MAX_LEN + 1))?;
+    KvKey::new(b).ok_or_else(|| r.invalid(format!("KV key of {n} bytes")))
+}
+
+fn encode_loc(w: &mut Writer, l: &KvLoc) {
+    w.u64(l.block);
+    w.u32(l.nblocks);
+    w.u32(l.len);
+}
+
+fn decode_loc(r: &mut Reader) -> Result<KvLoc, FormatError> {
+    Ok(KvLoc {
+        block: r.u64()?,
+        nblocks: r.u32()?,
+        len: r.u32()?,
+    })
+}
 
 fn encode_list(w: &mut Writer, v: &[u32]) {
     w.u32(v.len() as u32);
@@ -462,6 +520,17 @@ impl Record {
                 w.u8(REC_CLEAN);
                 encode_list(w, v);
             }
+            Record::KvPut { vol, key, loc } => {
+                w.u8(REC_KV_PUT);
+                w.u32(*vol);
+                encode_key(w, key);
+                encode_loc(w, loc);
+            }
+            Record::KvDelete { vol, key } => {
+                w.u8(REC_KV_DELETE);
+                w.u32(*vol);
+                encode_key(w, key);
+            }
         }
     }
 
@@ -490,6 +559,15 @@ impl Record {
             }
             REC_RESERVE => Record::Reserve(decode_list(r)?),
             REC_CLEAN => Record::Clean(decode_list(r)?),
+            REC_KV_PUT => Record::KvPut {
+                vol: r.u32()?,
+                key: decode_key(r)?,
+                loc: decode_loc(r)?,
+            },
+            REC_KV_DELETE => Record::KvDelete {
+                vol: r.u32()?,
+                key: decode_key(r)?,
+            },
             t => return Err(r.invalid(format!("unknown record type {t}"))),
         })
     }
@@ -596,6 +674,9 @@ pub struct CheckpointData {
     /// (volume, logical extent, physical extent, bitmap)
     pub mappings: Vec<(u32, u32, u32, Vec<u8>)>,
     pub clean: Vec<u32>,
+    /// Every key of every KV volume: (volume, key, location). Written after
+    /// the clean list, so a checkpoint without KV volumes reads as before.
+    pub kv: Vec<(u32, KvKey, KvLoc)>,
 }
 
 impl CheckpointData {
@@ -615,6 +696,14 @@ impl CheckpointData {
             w.bytes(bm);
         }
         encode_list(&mut w, &self.clean);
+        if !self.kv.is_empty() {
+            w.u64(self.kv.len() as u64);
+            for (vol, key, loc) in &self.kv {
+                w.u32(*vol);
+                encode_key(&mut w, key);
+                encode_loc(&mut w, loc);
+            }
+        }
         w.b
     }
 
@@ -645,6 +734,19 @@ impl CheckpointData {
             mappings.push((vol, lext, phys, r.bytes(n)?.to_vec()));
         }
         let clean = decode_list(&mut r)?;
+        let mut kv = Vec::new();
+        if !r.done() {
+            let n = r.u64()?;
+            // Each entry takes at least 18 bytes: a count beyond what is left
+            // is damage, not a reason to reserve memory.
+            if n > (b.len() / 18) as u64 {
+                return Err(r.invalid(format!("{n} KV keys")));
+            }
+            kv.reserve(n as usize);
+            for _ in 0..n {
+                kv.push((r.u32()?, decode_key(&mut r)?, decode_loc(&mut r)?));
+            }
+        }
         if !r.done() {
             return Err(r.invalid("trailing bytes"));
         }
@@ -653,6 +755,7 @@ impl CheckpointData {
             volumes,
             mappings,
             clean,
+            kv,
         })
     }
 }
@@ -701,6 +804,19 @@ mod tests {
             },
             Record::Reserve(vec![1, 2, 3]),
             Record::Clean(vec![]),
+            Record::KvPut {
+                vol: 2,
+                key: KvKey::new(b"0123456789abcdef").unwrap_or_default(),
+                loc: KvLoc {
+                    block: 7,
+                    nblocks: 3,
+                    len: 9000,
+                },
+            },
+            Record::KvDelete {
+                vol: 2,
+                key: KvKey::new(b"k").unwrap_or_default(),
+            },
             Record::VolumeDelete { id: 3 },
         ];
         let mut w = Writer::default();
@@ -750,12 +866,13 @@ mod tests {
         }
 
         #[test]
-        fn checkpoint_round_trips(vols in 0usize..5, maps in proptest::collection::vec((0u32..5, 0u32..100, 0u32..1000, proptest::collection::vec(any::<u8>(), 0..64)), 0..50), clean in proptest::collection::vec(0u32..1000, 0..100)) {
+        fn checkpoint_round_trips(vols in 0usize..5, maps in proptest::collection::vec((0u32..5, 0u32..100, 0u32..1000, proptest::collection::vec(any::<u8>(), 0..64)), 0..50), clean in proptest::collection::vec(0u32..1000, 0..100), kv in proptest::collection::vec((0u32..5, proptest::collection::vec(any::<u8>(), 1..=16), any::<u64>(), any::<u32>(), any::<u32>()), 0..40)) {
             let c = CheckpointData {
                 next_volume_id: vols as u32,
                 volumes: (0..vols).map(|i| VolumeDesc { id: i as u32, name: format!("v{i}"), uuid: [i as u8; 16], size_bytes: 4096 * i as u64, block_size: 4096, flags: 0 }).collect(),
                 mappings: maps,
                 clean,
+                kv: kv.into_iter().filter_map(|(v, k, block, nblocks, len)| Some((v, KvKey::new(&k)?, KvLoc { block, nblocks, len }))).collect(),
             };
             prop_assert_eq!(CheckpointData::decode(&c.encode()), Ok(c));
         }

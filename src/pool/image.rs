@@ -2,7 +2,9 @@
 //! records applied on top. Recovery builds the live state from it; `check` judges
 //! it. Nothing here touches a device.
 
-use super::format::{bitmap_bytes_max, CheckpointData, Record, VolumeDesc, NO_EXTENT};
+use super::format::{bitmap_bytes_max, CheckpointData, Record, VolumeDesc, NO_EXTENT, VOL_KV};
+use super::kv::KvLoc;
+use crate::wire::nvme::KvKey;
 use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Debug, Clone, Default)]
@@ -10,6 +12,8 @@ pub struct VolumeImage {
     pub desc: VolumeDesc,
     /// logical extent → (physical extent, valid-block bitmap)
     pub map: BTreeMap<u32, (u32, Vec<u8>)>,
+    /// A KV volume's keys and where their values are.
+    pub kv: BTreeMap<KvKey, KvLoc>,
 }
 
 impl Default for VolumeDesc {
@@ -71,11 +75,15 @@ impl Image {
                 VolumeImage {
                     desc: d,
                     map: BTreeMap::new(),
+                    kv: BTreeMap::new(),
                 },
             );
         }
         for (vol, lext, phys, bm) in c.mappings {
             img.set_extent(vol, lext, phys, bm, "checkpoint");
+        }
+        for (vol, key, loc) in c.kv {
+            img.set_kv(vol, key, Some(loc), "checkpoint");
         }
         for p in c.clean {
             if p >= extent_count {
@@ -124,6 +132,58 @@ impl Image {
         self.clean.remove(&phys);
     }
 
+    fn set_kv(&mut self, vol: u32, key: KvKey, loc: Option<KvLoc>, src: &str) {
+        let Some(v) = self.volumes.get_mut(&vol) else {
+            return;
+        };
+        if v.desc.flags & VOL_KV == 0 {
+            self.problems.push(format!(
+                "{src}: KV key {key:?} for volume {vol}, which is not a KV volume"
+            ));
+            return;
+        }
+        match loc {
+            Some(l) => {
+                v.kv.insert(key, l);
+            }
+            None => {
+                v.kv.remove(&key);
+            }
+        }
+    }
+
+    /// Keys of KV volumes whose values lie outside their volume or on
+    /// another key's blocks.
+    pub fn kv_problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (id, v) in &self.volumes {
+            let blocks = v.desc.size_bytes / v.desc.block_size.max(1) as u64;
+            let mut by_block: Vec<(u64, u64, &KvKey)> = Vec::with_capacity(v.kv.len());
+            for (k, l) in &v.kv {
+                let end = l.block.saturating_add(l.nblocks as u64);
+                if end > blocks || l.len as u64 > l.nblocks as u64 * v.desc.block_size as u64 {
+                    problems.push(format!(
+                        "volume {id}: KV key {k:?} at block {} ({} blocks, {} bytes) lies outside the volume",
+                        l.block, l.nblocks, l.len
+                    ));
+                }
+                if l.nblocks > 0 {
+                    by_block.push((l.block, end, k));
+                }
+            }
+            by_block.sort();
+            for w in by_block.windows(2) {
+                if w[1].0 < w[0].1 {
+                    problems.push(format!(
+                        "volume {id}: KV keys {:?} and {:?} share blocks from {}",
+                        w[0].2, w[1].2, w[1].0
+                    ));
+                }
+            }
+        }
+        problems
+    }
+
     pub fn apply(&mut self, r: Record) {
         match r {
             Record::VolumeCreate(d) => {
@@ -133,6 +193,7 @@ impl Image {
                     VolumeImage {
                         desc: d,
                         map: BTreeMap::new(),
+                        kv: BTreeMap::new(),
                     },
                 );
             }
@@ -172,6 +233,8 @@ impl Image {
                     }
                 }
             }
+            Record::KvPut { vol, key, loc } => self.set_kv(vol, key, Some(loc), "journal"),
+            Record::KvDelete { vol, key } => self.set_kv(vol, key, None, "journal"),
         }
     }
 
@@ -219,6 +282,11 @@ impl Image {
                 })
                 .collect(),
             clean: self.clean.iter().copied().collect(),
+            kv: self
+                .volumes
+                .iter()
+                .flat_map(|(id, v)| v.kv.iter().map(move |(k, l)| (*id, *k, *l)))
+                .collect(),
         }
     }
 }
@@ -246,6 +314,7 @@ mod tests {
                 volumes: vec![],
                 mappings: vec![],
                 clean: (0..8).collect(),
+                kv: vec![],
             },
             1 << 20,
             8,

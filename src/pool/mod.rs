@@ -22,6 +22,7 @@ pub mod channel;
 pub mod format;
 pub mod gc;
 pub mod image;
+pub mod kv;
 pub mod volume;
 
 #[cfg(test)]
@@ -494,6 +495,7 @@ pub fn format(dev: &SharedDevice, opts: &FormatOptions) -> Result<Superblock, Po
         volumes: vec![],
         mappings: vec![],
         clean: (0..sb.extent_count).collect(),
+        kv: vec![],
     };
     let block = seal(
         CHECKPOINT_MAGIC,
@@ -522,7 +524,8 @@ impl Pool {
         let mut io = SyncIo::new(&dev)?;
         let (sb, img, rep) =
             load_image(&mut io, dev.size_bytes()).map_err(|e| e.on(dev.describe()))?;
-        let (_, problems) = img.ownership();
+        let (_, mut problems) = img.ownership();
+        problems.extend(img.kv_problems());
         if let Some(p) = img.problems.iter().chain(problems.iter()).next() {
             return Err(PoolError::Damaged {
                 dev: dev.describe(),
@@ -536,6 +539,16 @@ impl Pool {
             let vol = Volume::new(v.desc.clone(), sb.extent_size);
             for (&lext, (phys, bm)) in &v.map {
                 vol.restore(lext, Some(*phys), bm);
+            }
+            if let Some(kv) = &vol.kv {
+                let now = Instant::now();
+                for (key, loc) in &v.kv {
+                    kv.restore(*key, *loc, now)
+                        .map_err(|problem| PoolError::Damaged {
+                            dev: dev.describe(),
+                            problem,
+                        })?;
+                }
             }
             volumes.insert(*id, Arc::new(vol));
         }
@@ -744,6 +757,23 @@ impl Pool {
                 max: MAX_VOLUMES,
             });
         }
+        if flags & VOL_KV != 0 {
+            let taken: u64 = self
+                .volumes()
+                .iter()
+                .filter(|v| v.kv.is_some())
+                .map(|v| kv::max_keys_of(v.desc.size_bytes))
+                .sum();
+            let room = kv_key_room(self.sb.device_size).saturating_sub(taken);
+            let keys = kv::max_keys_of(size_bytes);
+            if keys > room {
+                return Err(PoolError::KvKeyRoom {
+                    name: name.into(),
+                    keys,
+                    room,
+                });
+            }
+        }
         let id = m.next_volume_id;
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -803,6 +833,9 @@ impl Pool {
     pub fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<(), PoolError> {
         let mut m = lock(&self.meta);
         let v = self.exclusive(name)?;
+        if v.kv.is_some() {
+            return Err(PoolError::KvResize { name: name.into() });
+        }
         let bs = v.desc.block_size as u64;
         if size_bytes == 0 || size_bytes % bs != 0 {
             return Err(PoolError::VolumeSize {
@@ -1255,6 +1288,7 @@ impl Pool {
         if let Err(e) = &r {
             m.failed = Some(e.to_string());
         }
+        self.kv_committed(r.is_ok());
         // The next step restarts the periodic commit's interval from its now.
         m.last_commit = None;
         r
@@ -1269,6 +1303,7 @@ impl Pool {
         }
         let mut records = std::mem::take(&mut m.pending);
         let mut changed = Vec::new();
+        let mut kv_changed = Vec::new();
         for v in self.volumes() {
             v.drain_dirty(&mut changed);
             for (lext, phys, bitmap) in changed.drain(..) {
@@ -1278,6 +1313,21 @@ impl Pool {
                     phys,
                     bitmap,
                 });
+            }
+            if let Some(kv) = &v.kv {
+                kv_changed.clear();
+                kv.drain_changes(&mut kv_changed);
+                records.extend(kv_changed.drain(..).map(|(key, loc)| match loc {
+                    Some(loc) => Record::KvPut {
+                        vol: v.desc.id,
+                        key,
+                        loc,
+                    },
+                    None => Record::KvDelete {
+                        vol: v.desc.id,
+                        key,
+                    },
+                }));
             }
         }
         records.extend(extra);
@@ -1290,7 +1340,11 @@ impl Pool {
         // Data before metadata: an entry that marks blocks valid must not
         // reach the device before their data does, or a crash could keep the
         // entry and lose the data (the blocks would read their old contents).
-        if records.iter().any(|r| matches!(r, Record::Extent { .. })) {
+        // The same for a key's record and its value.
+        if records
+            .iter()
+            .any(|r| matches!(r, Record::Extent { .. } | Record::KvPut { .. }))
+        {
             m.io.flush()?;
         }
         let limit = MAX_ENTRY.min(self.sb.journal_len as usize / 8);
@@ -1384,6 +1438,15 @@ impl Pool {
                 })
                 .collect(),
             clean: m.clean.iter().copied().collect(),
+            kv: vols
+                .iter()
+                .flat_map(|v| {
+                    let id = v.desc.id;
+                    v.kv.iter().flat_map(move |kv| {
+                        kv.snapshot_all().into_iter().map(move |(k, l)| (id, k, l))
+                    })
+                })
+                .collect(),
         };
         if cfg!(debug_assertions) {
             self.assert_unmapped(&data.clean, "clean");
@@ -1415,7 +1478,18 @@ impl Pool {
         // Pending control records are captured by the volume table above.
         m.pending.clear();
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+        self.kv_committed(true);
         Ok(())
+    }
+
+    /// Tells KV indexes whether the commit that took their changes is
+    /// durable: blocks their keys gave up before it are free for reuse.
+    fn kv_committed(&self, ok: bool) {
+        for v in self.volumes() {
+            if let Some(kv) = &v.kv {
+                kv.committed(ok);
+            }
+        }
     }
 
     /// Stops the metadata thread and leaves the pool clean: unused reserved
@@ -1649,6 +1723,7 @@ pub fn check(dev: &SharedDevice) -> CheckReport {
     rep.damage.extend(img.problems.iter().cloned());
     let (owner, problems) = img.ownership();
     rep.damage.extend(problems);
+    rep.damage.extend(img.kv_problems());
     for (id, v) in &img.volumes {
         let used: u64 = v
             .map
@@ -1663,6 +1738,31 @@ pub fn check(dev: &SharedDevice) -> CheckReport {
             v.map.len(),
             used
         ));
+        if v.desc.flags & VOL_KV != 0 {
+            let bytes: u64 = v.kv.values().map(|l| l.len as u64).sum();
+            rep.lines.push(format!(
+                "volume {id} {:?}: KV namespace, {} keys, {} value bytes",
+                v.desc.name,
+                v.kv.len(),
+                bytes
+            ));
+            // A key's blocks must be valid in the volume (written before the
+            // record that names them).
+            for (k, l) in &v.kv {
+                let bpe = sb.extent_size / v.desc.block_size as u64;
+                let missing = (l.block..l.block + l.nblocks as u64).find(|&b| {
+                    let (lext, i) = ((b / bpe) as u32, (b % bpe) as usize);
+                    !v.map.get(&lext).is_some_and(|(_, bm)| {
+                        bm.get(i / 8).is_some_and(|x| x & (1 << (i % 8)) != 0)
+                    })
+                });
+                if let Some(b) = missing {
+                    rep.damage.push(format!(
+                        "volume {id}: KV key {k:?} names block {b}, which holds no data"
+                    ));
+                }
+            }
+        }
     }
     let dirty = (0..sb.extent_count)
         .filter(|p| !owner.contains_key(p) && !img.clean.contains(p))

@@ -114,6 +114,8 @@ pub struct Volume {
     pub deleted: AtomicBool,
     /// Every channel's counters (kept after the channel closes).
     stats: std::sync::Mutex<Vec<std::sync::Arc<ChannelStats>>>,
+    /// The key index of a KV volume (`VOL_KV`).
+    pub kv: Option<std::sync::Arc<super::kv::KvIndex>>,
 }
 
 impl Volume {
@@ -121,7 +123,11 @@ impl Volume {
         let blocks_per_extent = (extent_size / desc.block_size as u64) as u32;
         let words_per_extent = (blocks_per_extent as usize).div_ceil(64);
         let n = desc.size_bytes.div_ceil(extent_size) as usize;
+        let kv = (desc.flags & super::format::VOL_KV != 0).then(|| {
+            std::sync::Arc::new(super::kv::KvIndex::new(desc.size_bytes, desc.block_size))
+        });
         Volume {
+            kv,
             desc,
             blocks_per_extent,
             words_per_extent,

@@ -1,0 +1,1100 @@
+//! The key index of a KV namespace: which blocks of its volume hold each key's
+//! value, the free blocks among them, CLOCK eviction with an optional TTL, and
+//! the keys changed since the pool's last commit. Values live in the volume's
+//! blocks, so in the pool's extents; the index is journaled (`Record::KvPut`,
+//! `Record::KvDelete`) and checkpointed with the rest of the pool's metadata.
+//!
+//! Crash rule: blocks a key gave up (Delete, eviction, overwrite, TTL) are
+//! reused only after a commit has made that change durable. Reused earlier, a
+//! crash could recover the old key pointing at another key's data. So a Store
+//! that finds no free blocks while given-up blocks wait for a commit asks for
+//! one (a Flush of the volume) and tries again (`Reserve::AfterCommit`).
+//!
+//! Every reactor serving the namespace shares the index: one mutex, held for
+//! a hash lookup and a bitmap search, never across I/O. It is the one lock on
+//! a KV command's path; the map and bitmap are sized at creation so the path
+//! does not allocate (List, a cold command, sorts a copy of the keys).
+
+use super::format::NO_EXTENT;
+use crate::wire::nvme::{KvKey, Status, StoreOptions};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Checkpoint room a pool's layout reserves per this many bytes of device,
+/// one key each: a KV namespace holds at most its size over this many keys
+/// (its Identify MNK).
+pub const KV_BYTES_PER_KEY: u64 = 16 << 10;
+/// The most bytes one key takes in a checkpoint (volume, key, location).
+pub const KV_CKPT_ENTRY_BYTES: u64 = 4 + 1 + 16 + 8 + 4 + 4;
+
+/// Where a value lives: `nblocks` blocks of the volume from `block`, the
+/// first `len` bytes of which are the value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KvLoc {
+    pub block: u64,
+    pub nblocks: u32,
+    pub len: u32,
+}
+
+/// What a full KV namespace does with a Store of a new value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnFull {
+    /// Evict least-recently-used keys (CLOCK) to make room.
+    #[default]
+    Evict,
+    /// Fail the Store with Capacity Exceeded.
+    Fail,
+}
+
+impl OnFull {
+    pub fn name(self) -> &'static str {
+        match self {
+            OnFull::Evict => "evict",
+            OnFull::Fail => "fail",
+        }
+    }
+}
+
+/// A KV namespace's cache policy (set where it is served; not persisted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KvSettings {
+    pub on_full: OnFull,
+    /// Keys older than this read as missing and are evicted when met.
+    pub ttl: Option<Duration>,
+}
+
+/// The answer to a Store's request for space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reserve {
+    /// Write the value here, then `commit_store`.
+    Ready(KvLoc),
+    /// Blocks given up wait for a commit: flush the volume and ask again.
+    AfterCommit,
+}
+
+/// Counters of one KV namespace (monotonic, except the gauges).
+#[derive(Debug, Default)]
+pub struct KvCounters {
+    pub stores: AtomicU64,
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub deletes: AtomicU64,
+    pub evictions: AtomicU64,
+    pub expirations: AtomicU64,
+    /// Sum of the evicted keys' ages (since stored), milliseconds.
+    pub eviction_age_ms: AtomicU64,
+    /// Stores that waited for a commit to reuse given-up blocks.
+    pub commit_waits: AtomicU64,
+    pub store_failures_full: AtomicU64,
+}
+
+/// A point-in-time view for RPC and metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KvSnapshot {
+    pub keys: u64,
+    pub max_keys: u64,
+    pub value_bytes: u64,
+    pub used_blocks: u64,
+    pub free_blocks: u64,
+    pub pending_free_blocks: u64,
+    pub total_blocks: u64,
+    pub stores: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub deletes: u64,
+    pub evictions: u64,
+    pub expirations: u64,
+    pub eviction_age_ms: u64,
+    pub commit_waits: u64,
+    pub store_failures_full: u64,
+}
+
+struct Entry {
+    key: KvKey,
+    loc: KvLoc,
+    /// CLOCK's reference bit: set on every hit, cleared as the hand passes.
+    referenced: bool,
+    /// Retrieves reading its blocks now: they are given up only after.
+    readers: u32,
+    /// Still the key's value (not deleted, evicted or overwritten).
+    live: bool,
+    stored_ms: u64,
+}
+
+/// Used-block bitmap with next-fit search for contiguous runs: fixed size, so
+/// allocation never allocates memory.
+struct Blocks {
+    words: Vec<u64>,
+    total: u64,
+    free: u64,
+    hint: u64,
+}
+
+impl Blocks {
+    fn new(total: u64) -> Blocks {
+        let n = total.div_ceil(64) as usize;
+        let mut words = vec![0u64; n];
+        // Bits past the end count as used, so a search never returns them.
+        if total % 64 != 0 {
+            if let Some(w) = words.last_mut() {
+                *w = !0u64 << (total % 64);
+            }
+        }
+        Blocks {
+            words,
+            total,
+            free: total,
+            hint: 0,
+        }
+    }
+    fn is_used(&self, b: u64) -> bool {
+        self.words
+            .get((b / 64) as usize)
+            .is_some_and(|w| w & (1 << (b % 64)) != 0)
+    }
+    fn set(&mut self, block: u64, n: u32, used: bool) {
+        for b in block..block + n as u64 {
+            if b >= self.total {
+                break;
+            }
+            let (i, bit) = ((b / 64) as usize, 1u64 << (b % 64));
+            let w = &mut self.words[i];
+            if (*w & bit != 0) != used {
+                *w ^= bit;
+                if used {
+                    self.free -= 1;
+                } else {
+                    self.free += 1;
+                }
+            }
+        }
+    }
+    /// The first free block at or after `from`, if any.
+    fn next_free(&self, from: u64) -> Option<u64> {
+        let mut i = (from / 64) as usize;
+        let mut w = self.words.get(i)? | ((1u64 << (from % 64)) - 1);
+        loop {
+            if w != !0 {
+                let b = i as u64 * 64 + w.trailing_ones() as u64;
+                return (b < self.total).then_some(b);
+            }
+            i += 1;
+            w = *self.words.get(i)?;
+        }
+    }
+    /// The first used block at or after `from` (or `total`).
+    fn next_used(&self, from: u64) -> u64 {
+        let mut i = (from / 64) as usize;
+        let Some(&first) = self.words.get(i) else {
+            return self.total;
+        };
+        let mut w = first & !((1u64 << (from % 64)) - 1);
+        loop {
+            if w != 0 {
+                return (i as u64 * 64 + w.trailing_zeros() as u64).min(self.total);
+            }
+            i += 1;
+            match self.words.get(i) {
+                Some(&x) => w = x,
+                None => return self.total,
+            }
+        }
+    }
+    /// Takes `n` contiguous free blocks (next fit from the last allocation).
+    fn alloc(&mut self, n: u32) -> Option<u64> {
+        if n == 0 || (n as u64) > self.free {
+            return None;
+        }
+        for (start, end) in [(self.hint, self.total), (0, self.hint)] {
+            let mut at = start;
+            while at < end {
+                // None: nothing free past `at`; the wrapped range may have some.
+                let Some(b) = self.next_free(at).filter(|&b| b < end) else {
+                    break;
+                };
+                let run_end = self.next_used(b);
+                if run_end - b >= n as u64 {
+                    self.set(b, n, true);
+                    self.hint = b + n as u64;
+                    return Some(b);
+                }
+                at = run_end;
+            }
+        }
+        None
+    }
+}
+
+struct State {
+    map: HashMap<KvKey, u32>,
+    entries: Vec<Option<Entry>>,
+    free_slots: Vec<u32>,
+    blocks: Blocks,
+    /// Given up, not yet durably so: (block, nblocks).
+    pending_free: Vec<(u64, u32)>,
+    pending_blocks: u64,
+    /// Drained into a commit that has not finished yet.
+    committing: Vec<(u64, u32)>,
+    /// Keys whose index state changed since the last commit drained them.
+    dirty: HashSet<KvKey>,
+    /// Stores of new keys between `reserve` and `commit_store`.
+    inflight_new: u64,
+    hand: usize,
+    value_bytes: u64,
+}
+
+/// The key index of one KV volume.
+pub struct KvIndex {
+    block_size: u32,
+    max_keys: u64,
+    /// The clock key ages are counted from (ages restart at recovery).
+    base: Instant,
+    settings: Mutex<KvSettings>,
+    state: Mutex<State>,
+    pub counters: KvCounters,
+}
+
+impl KvIndex {
+    /// An empty index for a volume of `size_bytes` in `block_size` blocks.
+    pub fn new(size_bytes: u64, block_size: u32) -> KvIndex {
+        let total = size_bytes / block_size.max(1) as u64;
+        let max_keys = max_keys_of(size_bytes);
+        // Sized for every key up front: the Store path never grows them.
+        let cap = max_keys.min(1 << 24) as usize;
+        KvIndex {
+            block_size,
+            max_keys,
+            base: Instant::now(),
+            settings: Mutex::new(KvSettings::default()),
+            state: Mutex::new(State {
+                map: HashMap::with_capacity(cap),
+                entries: Vec::with_capacity(cap),
+                free_slots: Vec::with_capacity(cap),
+                blocks: Blocks::new(total),
+                pending_free: Vec::with_capacity(1024),
+                pending_blocks: 0,
+                committing: Vec::new(),
+                dirty: HashSet::with_capacity(cap),
+                inflight_new: 0,
+                hand: 0,
+                value_bytes: 0,
+            }),
+            counters: KvCounters::default(),
+        }
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+    pub fn max_keys(&self) -> u64 {
+        self.max_keys
+    }
+    pub fn total_blocks(&self) -> u64 {
+        self.lock().blocks.total
+    }
+
+    pub fn settings(&self) -> KvSettings {
+        self.settings.lock().map(|s| *s).unwrap_or_default()
+    }
+    pub fn set_settings(&self, s: KvSettings) {
+        if let Ok(mut g) = self.settings.lock() {
+            *g = s;
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding it cannot leave a half-made change worse than
+        // refusing service: the state is plain values, each change one step.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn ms(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.base).as_millis() as u64
+    }
+
+    fn blocks_for(&self, len: u32) -> u32 {
+        len.div_ceil(self.block_size.max(1))
+    }
+
+    /// Space for a Store of `len` bytes under `key` with `opts`.
+    pub fn reserve(
+        &self,
+        key: &KvKey,
+        len: u32,
+        opts: StoreOptions,
+        now: Instant,
+    ) -> Result<Reserve, Status> {
+        let settings = self.settings();
+        let now_ms = self.ms(now);
+        let mut st = self.lock();
+        self.expire_if_old(&mut st, key, now_ms, settings.ttl);
+        let exists = st.map.contains_key(key);
+        if opts.must_exist && !exists {
+            return Err(Status::KV_KEY_DOES_NOT_EXIST);
+        }
+        if opts.must_not_exist && exists {
+            return Err(Status::KV_KEY_EXISTS);
+        }
+        let nblocks = self.blocks_for(len);
+        if nblocks as u64 > st.blocks.total {
+            return Err(Status::KV_INVALID_VALUE_SIZE);
+        }
+        let evict = settings.on_full == OnFull::Evict;
+        if !exists && st.map.len() as u64 + st.inflight_new >= self.max_keys {
+            // Out of keys (the checkpoint's room), not of blocks.
+            if !evict || !self.evict_one(&mut st, now_ms, settings.ttl, Some(key)) {
+                self.counters
+                    .store_failures_full
+                    .fetch_add(1, Ordering::Relaxed);
+                return Err(Status::CAPACITY_EXCEEDED);
+            }
+        }
+        let block = if nblocks == 0 {
+            Some(0)
+        } else {
+            st.blocks.alloc(nblocks)
+        };
+        if let Some(block) = block {
+            if !exists {
+                st.inflight_new += 1;
+            }
+            return Ok(Reserve::Ready(KvLoc {
+                block,
+                nblocks,
+                len,
+            }));
+        }
+        // Room once given-up blocks are durable: evict until what waits for
+        // the commit covers this value with some slack, so one commit serves
+        // the next few Stores too (a full cache otherwise waits on every one).
+        if evict {
+            let want = (nblocks as u64 * 2)
+                .max(st.blocks.total / 64)
+                .min(st.blocks.total);
+            while st.pending_blocks + st.blocks.free < want {
+                if !self.evict_one(&mut st, now_ms, settings.ttl, Some(key)) {
+                    break;
+                }
+            }
+        }
+        if st.pending_blocks + (st.committing.iter().map(|r| r.1 as u64).sum::<u64>()) > 0 {
+            self.counters.commit_waits.fetch_add(1, Ordering::Relaxed);
+            return Ok(Reserve::AfterCommit);
+        }
+        self.counters
+            .store_failures_full
+            .fetch_add(1, Ordering::Relaxed);
+        Err(Status::CAPACITY_EXCEEDED)
+    }
+
+    /// The value of a reserved Store is written: it becomes `key`'s. Fails
+    /// (and frees the blocks) if a Store that finished meanwhile broke the
+    /// store options.
+    pub fn commit_store(
+        &self,
+        key: &KvKey,
+        loc: KvLoc,
+        opts: StoreOptions,
+        now: Instant,
+    ) -> Result<(), Status> {
+        let now_ms = self.ms(now);
+        let mut st = self.lock();
+        let old = st.map.get(key).copied();
+        if old.is_none() {
+            st.inflight_new = st.inflight_new.saturating_sub(1);
+        }
+        let refuse = match old {
+            Some(_) if opts.must_not_exist => Some(Status::KV_KEY_EXISTS),
+            None if opts.must_exist => Some(Status::KV_KEY_DOES_NOT_EXIST),
+            _ => None,
+        };
+        if let Some(status) = refuse {
+            // Never referenced by the index, durably or not: free at once.
+            st.blocks.set(loc.block, loc.nblocks, false);
+            return Err(status);
+        }
+        if let Some(slot) = old {
+            self.give_up(&mut st, slot);
+        }
+        let slot = match st.free_slots.pop() {
+            Some(s) => s,
+            None => {
+                st.entries.push(None);
+                (st.entries.len() - 1) as u32
+            }
+        };
+        st.entries[slot as usize] = Some(Entry {
+            key: *key,
+            loc,
+            referenced: false,
+            readers: 0,
+            live: true,
+            stored_ms: now_ms,
+        });
+        st.map.insert(*key, slot);
+        st.value_bytes += loc.len as u64;
+        st.dirty.insert(*key);
+        self.counters.stores.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A reserved Store failed: its blocks go back.
+    pub fn abort_store(&self, key: &KvKey, loc: KvLoc) {
+        let mut st = self.lock();
+        if !st.map.contains_key(key) {
+            st.inflight_new = st.inflight_new.saturating_sub(1);
+        }
+        st.blocks.set(loc.block, loc.nblocks, false);
+    }
+
+    /// Looks `key` up for a Retrieve and pins its blocks until `end_read`.
+    /// Returns the pin and where the value is.
+    pub fn begin_read(&self, key: &KvKey, now: Instant) -> Result<(u32, KvLoc), Status> {
+        let ttl = self.settings().ttl;
+        let now_ms = self.ms(now);
+        let mut st = self.lock();
+        self.expire_if_old(&mut st, key, now_ms, ttl);
+        let Some(&slot) = st.map.get(key) else {
+            self.counters.misses.fetch_add(1, Ordering::Relaxed);
+            return Err(Status::KV_KEY_DOES_NOT_EXIST);
+        };
+        let Some(e) = st.entries.get_mut(slot as usize).and_then(|e| e.as_mut()) else {
+            return Err(Status::INTERNAL_ERROR);
+        };
+        e.readers += 1;
+        e.referenced = true;
+        self.counters.hits.fetch_add(1, Ordering::Relaxed);
+        Ok((slot, e.loc))
+    }
+
+    /// A Retrieve pinned by `begin_read` is done with the blocks.
+    pub fn end_read(&self, pin: u32) {
+        let mut st = self.lock();
+        let done = match st.entries.get_mut(pin as usize).and_then(|e| e.as_mut()) {
+            Some(e) => {
+                e.readers = e.readers.saturating_sub(1);
+                (!e.live && e.readers == 0).then_some(e.loc)
+            }
+            None => None,
+        };
+        if let Some(loc) = done {
+            Self::pend(&mut st, loc);
+            st.entries[pin as usize] = None;
+            st.free_slots.push(pin);
+        }
+    }
+
+    /// Whether `key` holds a value (a hit for CLOCK, as a Retrieve).
+    pub fn exists(&self, key: &KvKey, now: Instant) -> bool {
+        let ttl = self.settings().ttl;
+        let now_ms = self.ms(now);
+        let mut st = self.lock();
+        self.expire_if_old(&mut st, key, now_ms, ttl);
+        let found = match st.map.get(key).copied() {
+            Some(slot) => {
+                if let Some(e) = st.entries.get_mut(slot as usize).and_then(|e| e.as_mut()) {
+                    e.referenced = true;
+                }
+                true
+            }
+            None => false,
+        };
+        let c = if found {
+            &self.counters.hits
+        } else {
+            &self.counters.misses
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        found
+    }
+
+    /// Deletes `key`; Key Does Not Exist if it holds no value.
+    pub fn delete(&self, key: &KvKey, now: Instant) -> Result<(), Status> {
+        let ttl = self.settings().ttl;
+        let now_ms = self.ms(now);
+        let mut st = self.lock();
+        self.expire_if_old(&mut st, key, now_ms, ttl);
+        let Some(slot) = st.map.get(key).copied() else {
+            return Err(Status::KV_KEY_DOES_NOT_EXIST);
+        };
+        self.give_up(&mut st, slot);
+        self.counters.deletes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Keys from `start` on (an empty start: from the first), in byte order,
+    /// at most `max`. Expired keys are left out.
+    pub fn list(&self, start: &KvKey, max: usize, now: Instant) -> Vec<KvKey> {
+        let ttl = self.settings().ttl;
+        let now_ms = self.ms(now);
+        let st = self.lock();
+        let mut keys: Vec<KvKey> = st
+            .map
+            .iter()
+            .filter(|(k, _)| start.is_empty() || order(k, start) != std::cmp::Ordering::Less)
+            .filter(|(_, &slot)| {
+                st.entries
+                    .get(slot as usize)
+                    .and_then(|e| e.as_ref())
+                    .is_some_and(|e| !expired(e, now_ms, ttl))
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        drop(st);
+        keys.sort_by(order);
+        keys.truncate(max);
+        keys
+    }
+
+    /// The index state of every key changed since the last call, as
+    /// (key, Some(location) or None for gone), and the blocks given up before
+    /// this call: free once the commit carrying these records is durable
+    /// (`committed`).
+    pub fn drain_changes(&self, out: &mut Vec<(KvKey, Option<KvLoc>)>) {
+        let mut st = self.lock();
+        let st = &mut *st;
+        for key in st.dirty.drain() {
+            let loc = st
+                .map
+                .get(&key)
+                .and_then(|&s| st.entries.get(s as usize))
+                .and_then(|e| e.as_ref())
+                .map(|e| e.loc);
+            out.push((key, loc));
+        }
+        let pending = std::mem::take(&mut st.pending_free);
+        st.committing.extend(pending);
+        st.pending_blocks = 0;
+    }
+
+    /// Every key and its location (a checkpoint), with the same bookkeeping
+    /// as `drain_changes`.
+    pub fn snapshot_all(&self) -> Vec<(KvKey, KvLoc)> {
+        let mut st = self.lock();
+        let st = &mut *st;
+        st.dirty.clear();
+        let pending = std::mem::take(&mut st.pending_free);
+        st.committing.extend(pending);
+        st.pending_blocks = 0;
+        st.map
+            .iter()
+            .filter_map(|(k, &s)| {
+                st.entries
+                    .get(s as usize)
+                    .and_then(|e| e.as_ref())
+                    .map(|e| (*k, e.loc))
+            })
+            .collect()
+    }
+
+    /// The commit that drained changes is durable (`ok`): blocks given up
+    /// before it are free. If it failed, they wait for the next one.
+    pub fn committed(&self, ok: bool) {
+        let mut st = self.lock();
+        let done = std::mem::take(&mut st.committing);
+        if ok {
+            for (b, n) in done {
+                st.blocks.set(b, n, false);
+            }
+        } else {
+            for r in done {
+                Self::pend(
+                    &mut st,
+                    KvLoc {
+                        block: r.0,
+                        nblocks: r.1,
+                        len: 0,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Recovery: `key`'s value is at `loc`. Locations overlapping another
+    /// key's or past the end are refused (`check` reports them).
+    pub fn restore(&self, key: KvKey, loc: KvLoc, now: Instant) -> Result<(), String> {
+        let now_ms = self.ms(now);
+        let mut st = self.lock();
+        if loc.block + loc.nblocks as u64 > st.blocks.total
+            || loc.len > loc.nblocks.saturating_mul(self.block_size)
+        {
+            return Err(format!(
+                "key {key:?} at block {} ({} blocks, {} bytes) is outside the namespace",
+                loc.block, loc.nblocks, loc.len
+            ));
+        }
+        if (loc.block..loc.block + loc.nblocks as u64).any(|b| st.blocks.is_used(b)) {
+            return Err(format!(
+                "key {key:?} at block {} overlaps another key's value",
+                loc.block
+            ));
+        }
+        if st.map.contains_key(&key) {
+            return Err(format!("key {key:?} is recorded twice"));
+        }
+        st.blocks.set(loc.block, loc.nblocks, true);
+        let slot = st.entries.len() as u32;
+        st.entries.push(Some(Entry {
+            key,
+            loc,
+            referenced: false,
+            readers: 0,
+            live: true,
+            stored_ms: now_ms,
+        }));
+        st.map.insert(key, slot);
+        st.value_bytes += loc.len as u64;
+        Ok(())
+    }
+
+    pub fn snapshot(&self) -> KvSnapshot {
+        let st = self.lock();
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let committing: u64 = st.committing.iter().map(|r| r.1 as u64).sum();
+        KvSnapshot {
+            keys: st.map.len() as u64,
+            max_keys: self.max_keys,
+            value_bytes: st.value_bytes,
+            used_blocks: st.blocks.total - st.blocks.free,
+            free_blocks: st.blocks.free,
+            pending_free_blocks: st.pending_blocks + committing,
+            total_blocks: st.blocks.total,
+            stores: get(&c.stores),
+            hits: get(&c.hits),
+            misses: get(&c.misses),
+            deletes: get(&c.deletes),
+            evictions: get(&c.evictions),
+            expirations: get(&c.expirations),
+            eviction_age_ms: get(&c.eviction_age_ms),
+            commit_waits: get(&c.commit_waits),
+            store_failures_full: get(&c.store_failures_full),
+        }
+    }
+
+    /// Checks the index against itself: every live key's blocks are used,
+    /// no two keys share a block. Returns the problems found.
+    pub fn verify(&self) -> Vec<String> {
+        let st = self.lock();
+        let mut problems = Vec::new();
+        let mut seen = Blocks::new(st.blocks.total);
+        for (k, &slot) in &st.map {
+            let Some(e) = st.entries.get(slot as usize).and_then(|e| e.as_ref()) else {
+                problems.push(format!("key {k:?} names an empty index slot"));
+                continue;
+            };
+            let l = e.loc;
+            if (l.block..l.block + l.nblocks as u64)
+                .any(|b| seen.is_used(b) || !st.blocks.is_used(b))
+            {
+                problems.push(format!(
+                    "key {k:?}: blocks at {} are shared or free",
+                    l.block
+                ));
+            }
+            seen.set(l.block, l.nblocks, true);
+        }
+        problems
+    }
+
+    // --- internals, under the state lock ---
+
+    fn pend(st: &mut State, loc: KvLoc) {
+        if loc.nblocks > 0 {
+            st.pending_free.push((loc.block, loc.nblocks));
+            st.pending_blocks += loc.nblocks as u64;
+        }
+    }
+
+    /// `slot` stops being its key's value; its blocks wait for the next
+    /// commit (or for its readers, then the commit).
+    fn give_up(&self, st: &mut State, slot: u32) {
+        let Some(e) = st.entries.get_mut(slot as usize).and_then(|e| e.as_mut()) else {
+            return;
+        };
+        e.live = false;
+        let (key, loc, readers) = (e.key, e.loc, e.readers);
+        st.map.remove(&key);
+        st.value_bytes = st.value_bytes.saturating_sub(loc.len as u64);
+        st.dirty.insert(key);
+        if readers == 0 {
+            Self::pend(st, loc);
+            st.entries[slot as usize] = None;
+            st.free_slots.push(slot);
+        }
+    }
+
+    fn expire_if_old(&self, st: &mut State, key: &KvKey, now_ms: u64, ttl: Option<Duration>) {
+        let Some(&slot) = st.map.get(key) else {
+            return;
+        };
+        let old = st
+            .entries
+            .get(slot as usize)
+            .and_then(|e| e.as_ref())
+            .is_some_and(|e| expired(e, now_ms, ttl));
+        if old {
+            self.counters.expirations.fetch_add(1, Ordering::Relaxed);
+            self.give_up(st, slot);
+        }
+    }
+
+    /// Evicts one key by CLOCK (expired keys first as the hand meets them),
+    /// never `keep` (the key being stored). False when there is none to evict.
+    fn evict_one(
+        &self,
+        st: &mut State,
+        now_ms: u64,
+        ttl: Option<Duration>,
+        keep: Option<&KvKey>,
+    ) -> bool {
+        let n = st.entries.len();
+        if n == 0 || st.map.is_empty() {
+            return false;
+        }
+        // Two sweeps clear every reference bit, so a third finds a victim.
+        for _ in 0..n * 3 {
+            let i = st.hand % n;
+            st.hand = (i + 1) % n;
+            let Some(e) = st.entries[i].as_mut() else {
+                continue;
+            };
+            if !e.live || keep == Some(&e.key) {
+                continue;
+            }
+            if e.referenced && !expired(e, now_ms, ttl) {
+                e.referenced = false;
+                continue;
+            }
+            let age = now_ms.saturating_sub(e.stored_ms);
+            if expired(e, now_ms, ttl) {
+                self.counters.expirations.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .eviction_age_ms
+                    .fetch_add(age, Ordering::Relaxed);
+            }
+            self.give_up(st, i as u32);
+            return true;
+        }
+        false
+    }
+}
+
+fn expired(e: &Entry, now_ms: u64, ttl: Option<Duration>) -> bool {
+    ttl.is_some_and(|t| now_ms.saturating_sub(e.stored_ms) >= t.as_millis() as u64)
+}
+
+/// Keys in byte order, a shorter key before its extensions.
+fn order(a: &KvKey, b: &KvKey) -> std::cmp::Ordering {
+    a.as_bytes().cmp(b.as_bytes())
+}
+
+/// The most keys a KV volume of `size_bytes` holds (its Identify MNK).
+pub fn max_keys_of(size_bytes: u64) -> u64 {
+    (size_bytes / KV_BYTES_PER_KEY).max(1)
+}
+
+// Keys are recorded with their blocks; NO_EXTENT is never a block count.
+const _: () = assert!(NO_EXTENT == u32::MAX);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    fn key(n: u32) -> KvKey {
+        KvKey::new(&n.to_be_bytes()).unwrap_or_default()
+    }
+    const NONE: StoreOptions = StoreOptions {
+        must_exist: false,
+        must_not_exist: false,
+        no_compress: false,
+    };
+
+    /// A commit as the pool makes it: the drained changes become what
+    /// recovery would find (`durable`).
+    fn commit(ix: &KvIndex, durable: &mut BTreeMap<KvKey, KvLoc>) {
+        let mut out = Vec::new();
+        ix.drain_changes(&mut out);
+        for (k, l) in out {
+            match l {
+                Some(l) => durable.insert(k, l),
+                None => durable.remove(&k),
+            };
+        }
+        ix.committed(true);
+    }
+
+    fn store_with(
+        ix: &KvIndex,
+        k: &KvKey,
+        len: u32,
+        now: Instant,
+        durable: &mut BTreeMap<KvKey, KvLoc>,
+    ) -> Result<KvLoc, Status> {
+        for _ in 0..4 {
+            match ix.reserve(k, len, NONE, now)? {
+                Reserve::Ready(loc) => {
+                    ix.commit_store(k, loc, NONE, now)?;
+                    return Ok(loc);
+                }
+                Reserve::AfterCommit => commit(ix, durable),
+            }
+        }
+        Err(Status::CAPACITY_EXCEEDED)
+    }
+
+    fn store(ix: &KvIndex, k: &KvKey, len: u32, now: Instant) -> Result<KvLoc, Status> {
+        store_with(ix, k, len, now, &mut BTreeMap::new())
+    }
+
+    #[test]
+    fn blocks_find_runs_and_free_them() {
+        let mut b = Blocks::new(130);
+        assert_eq!(b.alloc(64), Some(0));
+        assert_eq!(b.alloc(64), Some(64));
+        assert_eq!(b.alloc(3), None);
+        assert_eq!(b.alloc(2), Some(128));
+        assert_eq!(b.free, 0);
+        b.set(10, 20, false);
+        assert_eq!(b.alloc(21), None);
+        assert_eq!(b.alloc(20), Some(10));
+        b.set(60, 10, false);
+        assert_eq!(b.alloc(10), Some(60));
+        assert_eq!(b.free, 0);
+    }
+
+    #[test]
+    fn next_fit_wraps_to_free_runs_before_the_hint() {
+        // The hint past every free block: the search must wrap, not give up.
+        let mut b = Blocks::new(128);
+        assert_eq!(b.alloc(128), Some(0));
+        b.set(32, 32, false);
+        assert_eq!(b.hint, 128);
+        assert_eq!(b.alloc(32), Some(32));
+        b.set(0, 32, false);
+        b.set(96, 16, false);
+        b.hint = 100;
+        assert_eq!(b.alloc(32), Some(0));
+    }
+
+    #[test]
+    fn store_options_and_misses() {
+        let now = Instant::now();
+        let ix = KvIndex::new(1 << 20, 4096);
+        let k = key(1);
+        let mne = StoreOptions {
+            must_not_exist: true,
+            ..NONE
+        };
+        let me = StoreOptions {
+            must_exist: true,
+            ..NONE
+        };
+        assert_eq!(
+            ix.reserve(&k, 10, me, now),
+            Err(Status::KV_KEY_DOES_NOT_EXIST)
+        );
+        let Ok(Reserve::Ready(loc)) = ix.reserve(&k, 5000, mne, now) else {
+            panic!("no space in an empty index");
+        };
+        assert_eq!(loc.nblocks, 2);
+        // A second must-not-exist Store racing the first loses at commit.
+        let Ok(Reserve::Ready(loc2)) = ix.reserve(&k, 10, mne, now) else {
+            panic!("second reserve");
+        };
+        assert_eq!(ix.commit_store(&k, loc, mne, now), Ok(()));
+        assert_eq!(
+            ix.commit_store(&k, loc2, mne, now),
+            Err(Status::KV_KEY_EXISTS)
+        );
+        assert_eq!(ix.reserve(&k, 10, mne, now), Err(Status::KV_KEY_EXISTS));
+        assert!(ix.exists(&k, now));
+        assert_eq!(ix.begin_read(&k, now).map(|r| r.1), Ok(loc));
+        assert_eq!(ix.delete(&k, now), Ok(()));
+        assert_eq!(ix.delete(&k, now), Err(Status::KV_KEY_DOES_NOT_EXIST));
+        assert_eq!(ix.begin_read(&k, now), Err(Status::KV_KEY_DOES_NOT_EXIST));
+        assert!(ix.verify().is_empty());
+    }
+
+    #[test]
+    fn given_up_blocks_wait_for_readers_and_the_commit() {
+        let now = Instant::now();
+        // 4 blocks of value space.
+        let ix = KvIndex::new(4 * 4096 * 4, 4096);
+        ix.set_settings(KvSettings {
+            on_full: OnFull::Fail,
+            ttl: None,
+        });
+        let total = ix.total_blocks() as u32;
+        let a = key(1);
+        let loc = store(&ix, &a, total * 4096, now).unwrap_or_default();
+        let (pin, _) = ix.begin_read(&a, now).unwrap_or((0, loc));
+        assert_eq!(ix.delete(&a, now), Ok(()));
+        // Deleted but read, and not committed: the space is not reusable.
+        assert_eq!(
+            ix.reserve(&key(2), 4096, NONE, now),
+            Err(Status::CAPACITY_EXCEEDED)
+        );
+        ix.end_read(pin);
+        assert_eq!(
+            ix.reserve(&key(2), 4096, NONE, now),
+            Ok(Reserve::AfterCommit)
+        );
+        let mut out = Vec::new();
+        ix.drain_changes(&mut out);
+        assert_eq!(out, vec![(a, None)]);
+        // A failed commit keeps them waiting.
+        ix.committed(false);
+        assert_eq!(
+            ix.reserve(&key(2), 4096, NONE, now),
+            Ok(Reserve::AfterCommit)
+        );
+        ix.drain_changes(&mut out);
+        ix.committed(true);
+        assert!(matches!(
+            ix.reserve(&key(2), 4096, NONE, now),
+            Ok(Reserve::Ready(_))
+        ));
+    }
+
+    #[test]
+    fn full_namespace_evicts_by_clock() {
+        let now = Instant::now();
+        // 16 values of 4 blocks fill it (and its 16 keys).
+        let ix = KvIndex::new(64 * 4096, 4096);
+        let n = 16u32;
+        assert_eq!(ix.max_keys(), n as u64);
+        for i in 0..n {
+            assert!(store(&ix, &key(i), 16384, now).is_ok());
+        }
+        assert_eq!(ix.snapshot().evictions, 0);
+        // Key 0 is hot: it survives the evictions the next stores cause.
+        for i in n..n + 8 {
+            assert!(ix.exists(&key(0), now));
+            assert!(store(&ix, &key(i), 16384, now).is_ok(), "store {i}");
+        }
+        assert!(ix.exists(&key(0), now));
+        let s = ix.snapshot();
+        assert!(s.evictions >= 8, "{s:?}");
+        assert!(ix.verify().is_empty());
+        ix.set_settings(KvSettings {
+            on_full: OnFull::Fail,
+            ttl: None,
+        });
+        let mut failed = false;
+        for i in 1000..1000 + n {
+            failed |= store(&ix, &key(i), 16384, now) == Err(Status::CAPACITY_EXCEEDED);
+        }
+        assert!(failed);
+    }
+
+    #[test]
+    fn ttl_expires_keys() {
+        let now = Instant::now();
+        let ix = KvIndex::new(1 << 20, 4096);
+        ix.set_settings(KvSettings {
+            on_full: OnFull::Evict,
+            ttl: Some(Duration::from_secs(10)),
+        });
+        assert!(store(&ix, &key(1), 100, now).is_ok());
+        assert!(ix.exists(&key(1), now + Duration::from_secs(9)));
+        assert!(!ix.exists(&key(1), now + Duration::from_secs(11)));
+        assert_eq!(ix.snapshot().expirations, 1);
+    }
+
+    #[test]
+    fn list_in_key_order_from_start() {
+        let now = Instant::now();
+        let ix = KvIndex::new(1 << 20, 4096);
+        for k in [b"b".as_slice(), b"a", b"ab", b"c"] {
+            let k = KvKey::new(k).unwrap_or_default();
+            assert!(store(&ix, &k, 1, now).is_ok());
+        }
+        let got: Vec<Vec<u8>> = ix
+            .list(&KvKey::new(b"ab").unwrap_or_default(), 10, now)
+            .iter()
+            .map(|k| k.as_bytes().to_vec())
+            .collect();
+        assert_eq!(got, vec![b"ab".to_vec(), b"b".to_vec(), b"c".to_vec()]);
+        assert_eq!(ix.list(&KvKey::default(), 2, now).len(), 2);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Store(u8, u32),
+        Delete(u8),
+        Read(u8),
+        Commit,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (any::<u8>(), 0u32..40_000).prop_map(|(k, l)| Op::Store(k, l)),
+            any::<u8>().prop_map(Op::Delete),
+            any::<u8>().prop_map(Op::Read),
+            Just(Op::Commit),
+        ]
+    }
+
+    proptest! {
+        /// Against a model: every key the index holds has the length last
+        /// stored, no two keys share blocks, and what the commits drained
+        /// replays (as recovery would) to exactly the index's keys.
+        #[test]
+        fn index_matches_a_model(ops in proptest::collection::vec(op(), 1..300)) {
+            let now = Instant::now();
+            let ix = KvIndex::new(48 * 4096 * 4, 4096);
+            let mut model: BTreeMap<KvKey, u32> = BTreeMap::new();
+            let mut durable: BTreeMap<KvKey, KvLoc> = BTreeMap::new();
+            for o in ops {
+                match o {
+                    Op::Store(k, len) => {
+                        let k = key(k as u32);
+                        if let Ok(loc) = store_with(&ix, &k, len, now, &mut durable) {
+                            // The crash rule: a new value never lands on blocks
+                            // a durable record still points at.
+                            for d in durable.values() {
+                                let apart = loc.block + loc.nblocks as u64 <= d.block
+                                    || d.block + d.nblocks as u64 <= loc.block;
+                                prop_assert!(apart, "{:?} over durable {:?}", loc, d);
+                            }
+                            model.insert(k, len);
+                        }
+                        // Evictions drop keys the model still has.
+                        model.retain(|k, _| ix.list(k, 1, now).first() == Some(k));
+                    }
+                    Op::Delete(k) => {
+                        let k = key(k as u32);
+                        prop_assert_eq!(ix.delete(&k, now).is_ok(), model.remove(&k).is_some());
+                    }
+                    Op::Read(k) => {
+                        let k = key(k as u32);
+                        match ix.begin_read(&k, now) {
+                            Ok((pin, loc)) => {
+                                prop_assert_eq!(Some(&loc.len), model.get(&k));
+                                ix.end_read(pin);
+                            }
+                            Err(_) => prop_assert!(!model.contains_key(&k)),
+                        }
+                    }
+                    Op::Commit => {
+                        commit(&ix, &mut durable);
+                        let r = KvIndex::new(48 * 4096 * 4, 4096);
+                        for (k, l) in &durable {
+                            prop_assert_eq!(r.restore(*k, *l, now), Ok(()));
+                        }
+                        prop_assert_eq!(durable.len(), model.len());
+                    }
+                }
+                prop_assert!(ix.verify().is_empty());
+                prop_assert_eq!(ix.snapshot().keys as usize, model.len());
+            }
+        }
+    }
+}
