@@ -394,6 +394,44 @@ pub struct VolumeConfig {
     pub block_size: u32,
     #[serde(default)]
     pub unwritten: Unwritten,
+    /// "kv": the volume holds a KV namespace (values by key, NVMe Key Value
+    /// command set) instead of blocks. Fixed at creation.
+    #[serde(default, skip_serializing_if = "VolumeKind::is_block")]
+    pub kind: VolumeKind,
+}
+
+/// What a volume, or a namespace, holds.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum VolumeKind {
+    /// Blocks: an NVM command set namespace.
+    #[default]
+    Block,
+    /// Values by key: a Key Value command set namespace.
+    Kv,
+}
+
+impl VolumeKind {
+    pub fn is_block(&self) -> bool {
+        *self == VolumeKind::Block
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            VolumeKind::Block => "block",
+            VolumeKind::Kv => "kv",
+        }
+    }
+}
+
+/// What a full KV namespace does with a Store of a new value.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OnFullConfig {
+    /// Evict the least recently used keys (CLOCK).
+    #[default]
+    Evict,
+    /// Fail the Store with Capacity Exceeded.
+    Fail,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -746,9 +784,32 @@ pub struct NamespaceConfig {
     /// subsystem's namespaces are so (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_cache: Option<bool>,
+    /// "kv" for a KV namespace (its volume must be a KV volume), "block" for
+    /// a block one; by default what the volume is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<VolumeKind>,
+    /// KV namespaces: "evict" (default) or "fail" when full.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_full: Option<OnFullConfig>,
+    /// KV namespaces: keys older than this many seconds read as missing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_secs: Option<u64>,
 }
 
 impl NamespaceConfig {
+    /// The KV cache policy this namespace asks for.
+    pub fn kv_settings(&self) -> crate::pool::kv::KvSettings {
+        crate::pool::kv::KvSettings {
+            on_full: match self.on_full.unwrap_or_default() {
+                OnFullConfig::Evict => crate::pool::kv::OnFull::Evict,
+                OnFullConfig::Fail => crate::pool::kv::OnFull::Fail,
+            },
+            ttl: self
+                .ttl_secs
+                .filter(|&t| t > 0)
+                .map(std::time::Duration::from_secs),
+        }
+    }
     pub fn block_size(&self) -> u32 {
         self.block_size.unwrap_or(4096)
     }

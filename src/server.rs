@@ -5,10 +5,10 @@ use crate::bdev::nvme::NvmeDevice;
 use crate::bdev::ram::RamDevice;
 use crate::bdev::uring::UringDevice;
 use crate::bdev::SharedDevice;
-use crate::config::{Backend, Config, PoolConfig, Unwritten};
+use crate::config::{Backend, Config, PoolConfig, Unwritten, VolumeKind};
 use crate::nvmf::{Listener, Namespace, Subsystem, SubsystemKind, Target, TransportLimits};
 use crate::pool::channel::VolumeDevice;
-use crate::pool::format::VOL_UNWRITTEN_ERROR;
+use crate::pool::format::{VOL_KV, VOL_UNWRITTEN_ERROR};
 use crate::pool::gc::GcSettings;
 use crate::pool::{DualPath, FormatOptions, Pool, PoolOptions};
 use crate::reactor::{Message, Reactor, ReactorShared};
@@ -115,6 +115,22 @@ pub enum SetupError {
     Shrink { field: String, have: u64 },
     #[error("{field}.volume: `{volume}` does not exist")]
     NoVolume { field: String, volume: String },
+    #[error("{field}.kind: the volume was created with kind = \"{created}\"")]
+    KindChanged {
+        field: String,
+        created: &'static str,
+    },
+    #[error("{field}.kind: `{want}`, but volume {volume} is a {have} volume")]
+    KindMismatch {
+        field: String,
+        want: &'static str,
+        volume: String,
+        have: &'static str,
+    },
+    #[error("{field}.kind: KV namespaces live on pool volumes of kind = \"kv\" (set volume)")]
+    KvNeedsVolume { field: String },
+    #[error("{field}: on_full and ttl_secs apply only to KV namespaces")]
+    KvOptionsOnBlock { field: String },
     #[error("{field}: needs a volume or a backend")]
     NoBackend { field: String },
     #[error("{field}: device is smaller than one block")]
@@ -280,13 +296,17 @@ fn start_pool(
     }
     for (j, v) in p.volumes.iter().enumerate() {
         let f = format!("{field}.volumes[{j}]");
+        let kv_flag = match v.kind {
+            VolumeKind::Block => 0,
+            VolumeKind::Kv => VOL_KV,
+        };
         let flags = match v.unwritten {
             Unwritten::Zeroes => 0,
             Unwritten::Error => VOL_UNWRITTEN_ERROR,
         };
         match pool.volume(&v.name) {
             None => {
-                pool.create_volume(&v.name, v.size, v.block_size, flags)
+                pool.create_volume(&v.name, v.size, v.block_size, flags | kv_flag)
                     .map_err(|source| SetupError::Pool {
                         field: f.clone(),
                         source,
@@ -299,6 +319,12 @@ fn start_pool(
                     return Err(SetupError::BlockSizeChanged {
                         field: f,
                         have: d.block_size,
+                    });
+                }
+                if d.flags & VOL_KV != kv_flag {
+                    return Err(SetupError::KindChanged {
+                        field: f,
+                        created: if d.flags & VOL_KV != 0 { "kv" } else { "block" },
                     });
                 }
                 if d.flags & VOL_UNWRITTEN_ERROR != flags {
@@ -426,6 +452,11 @@ impl Server {
             }
             for (j, n) in s.namespaces.iter().enumerate() {
                 let field = format!("subsystems[{i}].namespaces[{j}]");
+                let mut kv_index = None;
+                if n.volume.is_none() && n.kind == Some(VolumeKind::Kv) {
+                    close_pools(&pools);
+                    return Err(SetupError::KvNeedsVolume { field }.into());
+                }
                 let dev: SharedDevice = if let Some(v) = &n.volume {
                     let (pname, vname) = v.split_once('/').unwrap_or((v, ""));
                     let found = pools
@@ -433,7 +464,25 @@ impl Server {
                         .find(|p| p.name == pname)
                         .and_then(|p| p.volume(vname).map(|vol| (p.clone(), vol)));
                     match found {
-                        Some((p, vol)) => VolumeDevice::new(p, vol),
+                        Some((p, vol)) => {
+                            let have = if vol.kv.is_some() {
+                                VolumeKind::Kv
+                            } else {
+                                VolumeKind::Block
+                            };
+                            if let Some(want) = n.kind.filter(|&k| k != have) {
+                                close_pools(&pools);
+                                return Err(SetupError::KindMismatch {
+                                    field,
+                                    want: want.name(),
+                                    volume: v.clone(),
+                                    have: have.name(),
+                                }
+                                .into());
+                            }
+                            kv_index = vol.kv.clone();
+                            VolumeDevice::new(p, vol)
+                        }
                         None => {
                             close_pools(&pools);
                             return Err(SetupError::NoVolume {
@@ -482,8 +531,20 @@ impl Server {
                 if n.volume.is_none() {
                     devices.push(dev.clone());
                 }
-                let ns = Namespace::new(&s.nqn, n.nsid, dev, block_size)
+                let mut ns = Namespace::new(&s.nqn, n.nsid, dev, block_size)
                     .with_write_cache(n.write_cache.unwrap_or(true));
+                match kv_index {
+                    Some(kv) => {
+                        kv.set_settings(n.kv_settings());
+                        tracing::info!(subnqn = %s.nqn, nsid = n.nsid, keys = kv.snapshot().keys, max_keys = kv.max_keys(), on_full = kv.settings().on_full.name(), "KV namespace");
+                        ns = ns.with_kv(kv);
+                    }
+                    None if n.on_full.is_some() || n.ttl_secs.is_some() => {
+                        close_pools(&pools);
+                        return Err(SetupError::KvOptionsOnBlock { field }.into());
+                    }
+                    None => {}
+                }
                 if let Ok(mut v) = subsys.namespaces.write() {
                     v.push(Arc::new(ns));
                 }

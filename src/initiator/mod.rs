@@ -902,6 +902,19 @@ impl HostController {
         ))
     }
 
+    /// The KV command set specific Identify Namespace (CNS 05h, CSI 01h).
+    pub fn identify_kv_namespace(&mut self, nsid: u32) -> Result<nvme::KvIdentifyNamespace> {
+        let mut sqe = Sqe::new(admin_opc::IDENTIFY, 0, nsid);
+        sqe.set_cdw(10, cns::CSI_NAMESPACE as u32);
+        sqe.set_cdw(11, (nvme::csi::KEY_VALUE as u32) << 24);
+        let d = self
+            .admin
+            .execute(sqe, None, nvme::IDENTIFY_LEN)?
+            .ok()?
+            .data;
+        Ok(nvme::KvIdentifyNamespace::decode(&d))
+    }
+
     pub fn active_namespaces(&mut self) -> Result<Vec<u32>> {
         Ok(nvme::decode_ns_list(
             &self.identify(cns::ACTIVE_NS_LIST, 0)?,

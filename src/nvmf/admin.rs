@@ -240,10 +240,18 @@ pub const KV_KEY_MAX_BYTES: u16 = nvme::KV_KEY_MAX_LEN as u16;
 /// Store or Retrieve.
 pub fn kv_identify_namespace(target: &Target, ns: &Namespace) -> KvIdentifyNamespace {
     let size = ns.dev.size_bytes();
-    let (nuse, nsfeat) = match ns.dev.thin_info() {
+    let (mut nuse, nsfeat) = match ns.dev.thin_info() {
         Some(t) => (t.used_bytes.min(size), nvme::NSFEAT_THIN),
         None => (size, 0),
     };
+    // A KV namespace's use is its values' blocks, and its key count is
+    // bounded by the pool's checkpoint room.
+    let mut mnk = 0;
+    if let Some(kv) = &ns.kv {
+        let s = kv.snapshot();
+        nuse = (s.used_blocks * kv.block_size() as u64).min(size);
+        mnk = kv.max_keys().min(u32::MAX as u64) as u32;
+    }
     KvIdentifyNamespace {
         nsze: size,
         nuse,
@@ -255,8 +263,8 @@ pub fn kv_identify_namespace(target: &Target, ns: &Namespace) -> KvIdentifyNames
         kvf: vec![KvFormat {
             kml: KV_KEY_MAX_BYTES,
             fopt: 0,
-            vml: target.limits.max_io_size,
-            mnk: 0,
+            vml: super::io::kv_value_max(ns, target.limits.max_io_size),
+            mnk,
         }],
         ..Default::default()
     }

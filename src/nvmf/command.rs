@@ -91,6 +91,12 @@ pub fn device_ops(
 ) -> Result<(), Status> {
     let the_ns = || table.get(nsid).ok_or(Status::INVALID_NAMESPACE);
     match plan {
+        // KV commands run step by step in the queue (`Queue::execute_kv`).
+        IoPlan::KvStore { .. }
+        | IoPlan::KvRetrieve { .. }
+        | IoPlan::KvDelete { .. }
+        | IoPlan::KvExist { .. }
+        | IoPlan::KvList { .. } => return Err(Status::INTERNAL_ERROR),
         IoPlan::Nothing => {}
         IoPlan::Read { offset, len } => {
             the_ns()?;
@@ -226,7 +232,8 @@ pub fn account(
     let Some(st) = stats else { return };
     // A read of unwritten blocks is a KV-cache miss, an answer rather than a
     // fault: counted by kind below, but not logged as an error or a media error.
-    let miss = status == Status::DEALLOCATED_OR_UNWRITTEN;
+    let miss =
+        status == Status::DEALLOCATED_OR_UNWRITTEN || status == Status::KV_KEY_DOES_NOT_EXIST;
     if let (Some(b), false) = (binding, status.is_success() || miss) {
         // I/O commands name their LBA even when they failed before a plan.
         let lba = if qid != 0 { sqe.slba() } else { 0 };
@@ -249,6 +256,21 @@ pub fn account(
             st.read_bytes.fetch_add(len as u64, Ordering::Relaxed);
             st.read_hist[b].fetch_add(1, Ordering::Relaxed);
             st.read_ns.fetch_add(latency_ns, Ordering::Relaxed);
+        }
+        Some(IoPlan::KvRetrieve {
+            stage: super::io::KvStage::Sent { xfer },
+            ..
+        }) => {
+            st.reads.fetch_add(1, Ordering::Relaxed);
+            st.read_bytes.fetch_add(xfer as u64, Ordering::Relaxed);
+            st.read_hist[b].fetch_add(1, Ordering::Relaxed);
+            st.read_ns.fetch_add(latency_ns, Ordering::Relaxed);
+        }
+        Some(IoPlan::KvStore { len, .. }) => {
+            st.writes.fetch_add(1, Ordering::Relaxed);
+            st.write_bytes.fetch_add(len as u64, Ordering::Relaxed);
+            st.write_hist[b].fetch_add(1, Ordering::Relaxed);
+            st.write_ns.fetch_add(latency_ns, Ordering::Relaxed);
         }
         Some(IoPlan::Write { len, .. }) => {
             st.writes.fetch_add(1, Ordering::Relaxed);

@@ -1,8 +1,32 @@
 //! NVM command set I/O commands, decoded and checked into device operations.
 //! Pure functions: the transport owns buffers and submits what this returns.
 
-use super::Namespace;
-use crate::wire::nvme::{io_opc, DsmRange, Sqe, Status, DSM_ATTR_DEALLOCATE, DSM_RANGE_LEN};
+use super::{CommandSet, Namespace};
+use crate::pool::kv::KvLoc;
+use crate::wire::nvme::{
+    io_opc, DsmRange, KvCommand, KvKey, Sqe, Status, StoreOptions, DSM_ATTR_DEALLOCATE,
+    DSM_RANGE_LEN, KV_LIST_MIN_BUFFER,
+};
+
+/// Where a KV command is in its steps (each step's device operation
+/// completes into the next).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvStage {
+    /// Not started.
+    Start,
+    /// A Store waits for the commit (a volume flush) that frees blocks other
+    /// keys gave up; `tries` so far.
+    Space { tries: u8 },
+    /// A Store's value is being written there.
+    Write(KvLoc),
+    /// The index change is being committed (no volatile write cache).
+    Durable,
+    /// A Retrieve reads the value: `pin` holds its blocks; `xfer` bytes go to
+    /// the host; the value is `len` bytes.
+    Read { pin: u32, xfer: u32, len: u32 },
+    /// A Retrieve's data is ready: `xfer` bytes.
+    Sent { xfer: u32 },
+}
 
 /// What a checked I/O command asks the device to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +56,113 @@ pub enum IoPlan {
     },
     /// A command that succeeds without device work (DSM hints without deallocate).
     Nothing,
+    /// KV Store of `len` bytes (the first `len` of the host's data).
+    /// `durable`: no volatile write cache, so the key is committed before the
+    /// completion.
+    KvStore {
+        key: KvKey,
+        len: u32,
+        opts: StoreOptions,
+        durable: bool,
+        stage: KvStage,
+    },
+    /// KV Retrieve into a host buffer of `buf` bytes (the smaller of HBS and
+    /// the data descriptor).
+    KvRetrieve {
+        key: KvKey,
+        buf: u32,
+        stage: KvStage,
+    },
+    KvDelete {
+        key: KvKey,
+        durable: bool,
+        stage: KvStage,
+    },
+    KvExist {
+        key: KvKey,
+    },
+    /// KV List from `start` into a buffer of `buf` bytes.
+    KvList {
+        start: KvKey,
+        buf: u32,
+    },
+}
+
+impl IoPlan {
+    /// A command of the KV command set (other than Flush, which is shared).
+    pub fn is_kv(&self) -> bool {
+        matches!(
+            self,
+            IoPlan::KvStore { .. }
+                | IoPlan::KvRetrieve { .. }
+                | IoPlan::KvDelete { .. }
+                | IoPlan::KvExist { .. }
+                | IoPlan::KvList { .. }
+        )
+    }
+}
+
+/// The largest value a KV namespace takes: one command's data (MDTS), and no
+/// more than the namespace holds.
+pub fn kv_value_max(ns: &Namespace, max_io_size: u32) -> u32 {
+    let cap = ns.num_blocks.saturating_mul(ns.block_size as u64);
+    (max_io_size as u64).min(cap) as u32
+}
+
+/// Decodes and checks a KV command set I/O command against its namespace.
+fn kv_plan(ns: &Namespace, sqe: &Sqe, max_io_size: u32) -> Result<IoPlan, Status> {
+    let sgl_len = sqe.sgl().length;
+    Ok(
+        match KvCommand::decode(sqe, kv_value_max(ns, max_io_size))? {
+            KvCommand::Flush => IoPlan::Flush { all: false },
+            KvCommand::Store {
+                key,
+                value_size,
+                options,
+            } => {
+                // The host's buffer may be longer than the value (a passthrough
+                // rounds it up); never shorter.
+                if sgl_len < value_size {
+                    return Err(Status::DATA_SGL_LENGTH_INVALID);
+                }
+                IoPlan::KvStore {
+                    key,
+                    len: value_size,
+                    opts: options,
+                    durable: false,
+                    stage: KvStage::Start,
+                }
+            }
+            KvCommand::Retrieve {
+                key,
+                host_buffer_size,
+                ..
+            } => IoPlan::KvRetrieve {
+                key,
+                buf: host_buffer_size.min(sgl_len),
+                stage: KvStage::Start,
+            },
+            KvCommand::Delete { key } => IoPlan::KvDelete {
+                key,
+                durable: false,
+                stage: KvStage::Start,
+            },
+            KvCommand::Exist { key } => IoPlan::KvExist { key },
+            KvCommand::List {
+                start_key,
+                host_buffer_size,
+            } => {
+                let buf = host_buffer_size.min(sgl_len);
+                if buf < KV_LIST_MIN_BUFFER {
+                    return Err(Status::DATA_SGL_LENGTH_INVALID);
+                }
+                IoPlan::KvList {
+                    start: start_key,
+                    buf,
+                }
+            }
+        },
+    )
 }
 
 /// Data the host sends for a command with in-capsule or R2T data.
@@ -57,6 +188,9 @@ pub fn plan(ns: Option<&Namespace>, sqe: &Sqe, max_io_size: u32) -> Result<IoPla
     let opc = sqe.opcode();
     if opc == io_opc::FLUSH && sqe.nsid() == 0xFFFF_FFFF {
         return Ok(IoPlan::Flush { all: true });
+    }
+    if let Some(n) = ns.filter(|n| n.command_set == CommandSet::KeyValue) {
+        return kv_plan(n, sqe, max_io_size);
     }
     if !matches!(
         opc,
@@ -120,12 +254,18 @@ pub fn plan(ns: Option<&Namespace>, sqe: &Sqe, max_io_size: u32) -> Result<IoPla
 /// The NVMe status for a failed device operation.
 pub fn status_for_errno(errno: i32, plan: Option<IoPlan>) -> Status {
     match errno {
+        // A KV value's blocks read as never written: a miss, not a fault.
+        crate::bdev::ERRNO_UNWRITTEN if matches!(plan, Some(IoPlan::KvRetrieve { .. })) => {
+            Status::KV_KEY_DOES_NOT_EXIST
+        }
         crate::bdev::ERRNO_UNWRITTEN => Status::DEALLOCATED_OR_UNWRITTEN,
         crate::bdev::ERRNO_NO_SPACE => Status::CAPACITY_EXCEEDED,
         libc::ENXIO => Status::INVALID_NAMESPACE,
         _ => match plan {
             Some(IoPlan::Read { .. }) => Status::UNRECOVERED_READ_ERROR,
             Some(IoPlan::Write { .. }) => Status::WRITE_FAULT,
+            Some(IoPlan::KvRetrieve { .. }) => Status::KV_UNRECOVERED_ERROR,
+            Some(IoPlan::KvStore { .. }) => Status::WRITE_FAULT,
             _ => Status::INTERNAL_ERROR,
         },
     }

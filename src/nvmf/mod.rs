@@ -132,6 +132,8 @@ pub struct Namespace {
     /// (run as FUA), and Identify says so when all of a subsystem's
     /// namespaces are like this.
     pub write_through: bool,
+    /// The key index of a KV namespace (a KV volume's).
+    pub kv: Option<Arc<crate::pool::kv::KvIndex>>,
 }
 
 static NEXT_NS_KEY: AtomicU64 = AtomicU64::new(1);
@@ -164,7 +166,15 @@ impl Namespace {
             key: NEXT_NS_KEY.fetch_add(1, Ordering::Relaxed),
             removed: AtomicBool::new(false),
             write_through: false,
+            kv: None,
         }
+    }
+    /// The namespace as a KV namespace (Key Value command set) over `index`,
+    /// which lives with the volume `dev` is.
+    pub fn with_kv(mut self, index: Arc<crate::pool::kv::KvIndex>) -> Namespace {
+        self.command_set = CommandSet::KeyValue;
+        self.kv = Some(index);
+        self
     }
     /// The namespace with or without a volatile write cache.
     pub fn with_write_cache(mut self, on: bool) -> Namespace {

@@ -12,6 +12,9 @@
 //! `X` is the transport's own per-request state (R2T windows, RDMA keys and
 //! registered chunks), kept in the slot next to the core's.
 
+#[path = "queue_kv.rs"]
+mod kv_exec;
+
 use super::admin::{self, AdminOutcome};
 use super::auth::{QueueAuth, DEFAULT_TIMEOUT as AUTH_TIMEOUT};
 use super::command::{self, DeviceOps};
@@ -515,11 +518,14 @@ impl<X> Queue<X> {
             self.refresh_namespaces();
             let ns = self.ns.get(sqe.nsid()).map(|n| &**n);
             let mut p = tio::plan(ns, sqe, self.target.limits.max_io_size)?;
-            if let IoPlan::Write { fua, .. } = &mut p {
+            if let IoPlan::Write { fua: d, .. }
+            | IoPlan::KvStore { durable: d, .. }
+            | IoPlan::KvDelete { durable: d, .. } = &mut p
+            {
                 // Without a volatile write cache (the namespace has none, or
                 // the host turned the controller's off) a write is durable
                 // before its completion.
-                *fua |= ns.is_some_and(|n| n.write_through)
+                *d |= ns.is_some_and(|n| n.write_through)
                     || self
                         .binding
                         .as_ref()
@@ -552,6 +558,11 @@ impl<X> Queue<X> {
                     }
                     if self.cfg.places_read_buffers {
                         return Ok(Some((len, DataDirection::ControllerToHost)));
+                    }
+                }
+                if let Some(IoPlan::KvRetrieve { buf, .. }) = plan {
+                    if self.cfg.places_read_buffers && buf > 0 {
+                        return Ok(Some((buf as usize, DataDirection::ControllerToHost)));
                     }
                 }
             }
@@ -886,6 +897,9 @@ impl<X> Queue<X> {
             return Err(Status::INTERNAL_ERROR);
         };
         let plan = r.plan.ok_or(Status::INTERNAL_ERROR)?;
+        if plan.is_kv() {
+            return self.execute_kv(slot, link, ctx);
+        }
         if places && matches!(plan, IoPlan::Read { .. }) && r.buf.is_none() {
             // Read data must be in the transport's memory; it placed it, so
             // this is never a host's doing.
@@ -952,6 +966,10 @@ impl<X> Queue<X> {
             }
             return;
         };
+        if r.plan.is_some_and(|p| p.is_kv()) {
+            self.kv_step_done(slot, result, buf, link, ctx);
+            return;
+        }
         if let Err(errno) = result {
             command::log_device_error(
                 &mut self.device_errors,
@@ -1032,6 +1050,13 @@ impl<X> Queue<X> {
                 C2h::None
             }
             (true, Some(IoPlan::Read { len, .. })) if r.buf.is_some() => C2h::Data(len),
+            (
+                true,
+                Some(IoPlan::KvRetrieve {
+                    stage: tio::KvStage::Sent { xfer },
+                    ..
+                }),
+            ) if r.buf.is_some() => C2h::Data(xfer as usize),
             _ if r.reply.as_ref().is_some_and(|d| !d.is_empty()) => C2h::Reply,
             _ => C2h::None,
         };

@@ -65,6 +65,11 @@ impl Control {
                         } else {
                             Unwritten::Zeroes
                         },
+                        kind: if v.kv.is_some() {
+                            crate::config::VolumeKind::Kv
+                        } else {
+                            crate::config::VolumeKind::Block
+                        },
                     })
                     .collect();
             }
@@ -93,6 +98,16 @@ impl Control {
                         size: None,
                         block_size: None,
                         write_cache: n.write_through.then_some(false),
+                        kind: None,
+                        on_full: n.kv.as_ref().map(|k| match k.settings().on_full {
+                            crate::pool::kv::OnFull::Evict => crate::config::OnFullConfig::Evict,
+                            crate::pool::kv::OnFull::Fail => crate::config::OnFullConfig::Fail,
+                        }),
+                        ttl_secs: n
+                            .kv
+                            .as_ref()
+                            .and_then(|k| k.settings().ttl)
+                            .map(|t| t.as_secs()),
                     }),
                     None => match orig.and_then(|o| o.namespaces.iter().find(|x| x.nsid == n.nsid))
                     {

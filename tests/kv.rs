@@ -1,0 +1,526 @@
+//! KV namespaces (NVMe Key Value command set) served over NVMe/TCP: the real
+//! target with pools on real files, driven by the in-repo initiator over
+//! sockets; and the daemon killed with SIGKILL under a KV load.
+
+use kvtarget::config::Config;
+use kvtarget::initiator::{Error, HostController, HostOptions, IoQueue};
+use kvtarget::server::Server;
+use kvtarget::wire::nvme::{KvCommand, KvKey, Status, StoreOptions};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const NQN: &str = "nqn.2026-12.io.kvtarget:kv";
+const BIN: &str = env!("CARGO_BIN_EXE_kvtarget");
+
+fn config(dir: &std::path::Path, port: u16, kv_size: &str, ns_extra: &str) -> String {
+    format!(
+        r#"
+[reactors]
+count = 2
+
+[[listeners]]
+address = "127.0.0.1"
+port = {port}
+
+[[pools]]
+name = "p"
+backend = "uring"
+path = "{dir}/pool.img"
+size = "256MiB"
+extent_size = "1MiB"
+
+[[pools.volumes]]
+name = "cache"
+size = "{kv_size}"
+kind = "kv"
+
+[[pools.volumes]]
+name = "blocks"
+size = "16MiB"
+
+[[subsystems]]
+nqn = "{NQN}"
+allow_any_host = true
+
+[[subsystems.namespaces]]
+nsid = 1
+volume = "p/cache"
+{ns_extra}
+
+[[subsystems.namespaces]]
+nsid = 2
+volume = "p/blocks"
+"#,
+        dir = dir.display()
+    )
+}
+
+fn start(dir: &std::path::Path, kv_size: &str, ns_extra: &str) -> (Server, SocketAddr) {
+    let cfg = Config::parse(&config(dir, 0, kv_size, ns_extra)).expect("config");
+    let server = Server::start(&cfg).expect("start");
+    let addr = server.listen_addrs()[0].0;
+    (server, addr)
+}
+
+fn connect(addr: SocketAddr, queues: u16) -> (HostController, Vec<IoQueue>) {
+    let mut c = HostController::connect(&HostOptions::new(addr, NQN)).expect("connect");
+    c.set_queue_count(queues).expect("queues");
+    let qs = (1..=queues)
+        .map(|q| c.io_queue(q).expect("io queue"))
+        .collect();
+    (c, qs)
+}
+
+fn key(s: &str) -> KvKey {
+    KvKey::new(s.as_bytes()).expect("key of at most 16 bytes")
+}
+
+fn value(seed: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i as u64).wrapping_mul(131) ^ seed.wrapping_mul(0x9E37_79B9)) as u8)
+        .collect()
+}
+
+fn status_of(e: Error) -> Status {
+    match e {
+        Error::Status(s, _) => s,
+        other => panic!("expected an NVMe status, got {other:?}"),
+    }
+}
+
+const PLAIN: StoreOptions = StoreOptions {
+    must_exist: false,
+    must_not_exist: false,
+    no_compress: false,
+};
+
+#[test]
+fn kv_commands_round_trip_with_the_specs_statuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, addr) = start(dir.path(), "64MiB", "");
+    let (mut c, mut qs) = connect(addr, 2);
+    let q = &mut qs[0];
+
+    // Values of one byte to the largest a command carries (1 MiB MDTS).
+    let sizes = [1usize, 4096, 5000, 65536, 300_001, 1 << 20];
+    for (i, &n) in sizes.iter().enumerate() {
+        let k = key(&format!("value-{i}"));
+        q.kv_store(1, k, value(i as u64, n), PLAIN).unwrap();
+    }
+    for (i, &n) in sizes.iter().enumerate() {
+        let k = key(&format!("value-{i}"));
+        let (got, size) = q.kv_retrieve(1, k, n as u32).unwrap();
+        assert_eq!(size as usize, n);
+        assert!(got == value(i as u64, n), "value {i} ({n} bytes) differs");
+    }
+    // A buffer smaller than the value gets its first bytes and the whole size.
+    let (got, size) = q.kv_retrieve(1, key("value-3"), 1000).unwrap();
+    assert_eq!(size, 65536);
+    assert_eq!(got, value(3, 65536)[..1000].to_vec());
+    // HBS 0: only the size.
+    let (got, size) = q.kv_retrieve(1, key("value-4"), 0).unwrap();
+    assert_eq!((got.len(), size), (0, 300_001));
+    // An empty value.
+    q.kv_store(1, key("empty"), Vec::new(), PLAIN).unwrap();
+    assert_eq!(q.kv_retrieve(1, key("empty"), 16).unwrap().1, 0);
+
+    // Overwrite, store options, Exist, Delete.
+    q.kv_store(1, key("value-0"), value(99, 7000), PLAIN)
+        .unwrap();
+    assert_eq!(
+        q.kv_retrieve(1, key("value-0"), 8192).unwrap().0,
+        value(99, 7000)
+    );
+    let mne = StoreOptions {
+        must_not_exist: true,
+        ..PLAIN
+    };
+    let me = StoreOptions {
+        must_exist: true,
+        ..PLAIN
+    };
+    let e = q.kv_store(1, key("value-0"), vec![1; 10], mne).unwrap_err();
+    assert_eq!(status_of(e), Status::KV_KEY_EXISTS);
+    let e = q.kv_store(1, key("nope"), vec![1; 10], me).unwrap_err();
+    assert_eq!(status_of(e), Status::KV_KEY_DOES_NOT_EXIST);
+    q.kv_store(1, key("fresh"), vec![2; 10], mne).unwrap();
+    q.kv_store(1, key("fresh"), vec![3; 10], me).unwrap();
+    assert_eq!(q.kv_retrieve(1, key("fresh"), 10).unwrap().0, vec![3; 10]);
+    assert!(q.kv_exist(1, key("fresh")).unwrap());
+    q.kv_delete(1, key("fresh")).unwrap();
+    assert!(!q.kv_exist(1, key("fresh")).unwrap());
+    let e = q.kv_delete(1, key("fresh")).unwrap_err();
+    assert_eq!(status_of(e), Status::KV_KEY_DOES_NOT_EXIST);
+    let e = q.kv_retrieve(1, key("fresh"), 4096).unwrap_err();
+    assert_eq!(status_of(e), Status::KV_KEY_DOES_NOT_EXIST);
+
+    // List in key order, from a start key, limited by the buffer.
+    let all = q.kv_list(1, KvKey::default(), 4096).unwrap();
+    let names: Vec<String> = all
+        .iter()
+        .map(|k| String::from_utf8_lossy(k.as_bytes()).into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        ["empty", "value-0", "value-1", "value-2", "value-3", "value-4", "value-5"]
+    );
+    let from = q.kv_list(1, key("value-3"), 4096).unwrap();
+    assert_eq!(from.first(), Some(&key("value-3")));
+    assert_eq!(from.len(), 3);
+    // 4 + 2 entries of 12 bytes ("value-N" padded): room for two keys.
+    assert_eq!(q.kv_list(1, KvKey::default(), 4 + 24).unwrap().len(), 2);
+
+    // Malformed commands get the spec's status and touch nothing else.
+    let bad = |q: &mut IoQueue, cmd: KvCommand, data: Option<Vec<u8>>, inlen: usize| {
+        let cid = q.submit_kv(1, &cmd, data, inlen).unwrap();
+        q.q.wait_for(cid).unwrap().status()
+    };
+    let empty_key = KvKey::default();
+    assert_eq!(
+        bad(
+            q,
+            KvCommand::Store {
+                key: empty_key,
+                value_size: 4,
+                options: PLAIN
+            },
+            Some(vec![0; 4]),
+            0
+        ),
+        Status::KV_INVALID_KEY_SIZE
+    );
+    assert_eq!(
+        bad(
+            q,
+            KvCommand::Retrieve {
+                key: empty_key,
+                host_buffer_size: 4096,
+                raw: false
+            },
+            None,
+            4096
+        ),
+        Status::KV_INVALID_KEY_SIZE
+    );
+    let mut over = KvCommand::Store {
+        key: key("big"),
+        value_size: (1 << 20) + 1,
+        options: PLAIN,
+    }
+    .encode(0, 1);
+    over.set_cdw(10, (1 << 20) + 1);
+    let cid = q.q.submit(over, Some(vec![0; 4096]), 0).unwrap();
+    assert_eq!(
+        q.q.wait_for(cid).unwrap().status(),
+        Status::KV_INVALID_VALUE_SIZE
+    );
+    assert_eq!(
+        bad(
+            q,
+            KvCommand::List {
+                start_key: empty_key,
+                host_buffer_size: 2
+            },
+            None,
+            2
+        ),
+        Status::INVALID_FIELD
+    );
+    // NVM commands on a KV namespace are not of its command set (Write
+    // Zeroes, 08h; Read and Write share their opcodes with Retrieve and Store).
+    let e = q.write_zeroes(1, 0, 1, false).unwrap_err();
+    assert_eq!(status_of(e), Status::INVALID_OPCODE);
+    // The block namespace beside it works as before.
+    q.write(2, 8, value(5, 4096), 4096).unwrap();
+    assert_eq!(q.read(2, 8, 1, 4096).unwrap(), value(5, 4096));
+
+    // Identify: the KV format and the key bound.
+    let kv_id = c.identify_kv_namespace(1).unwrap();
+    assert_eq!(kv_id.kvf[0].kml, 16);
+    assert_eq!(kv_id.kvf[0].vml, 1 << 20);
+    assert_eq!(kv_id.kvf[0].mnk, (64 << 20) / (16 << 10));
+    assert_eq!(kv_id.nsze, 64 << 20);
+    assert!(kv_id.nuse > 0);
+
+    // Two queues storing and reading concurrently, values verified.
+    let mut handles = Vec::new();
+    for (w, mut q) in qs.into_iter().enumerate() {
+        handles.push(std::thread::spawn(move || {
+            for i in 0..40u64 {
+                let k = key(&format!("w{w}-{i}"));
+                let v = value(w as u64 * 1000 + i, 4096 + (i as usize * 3331) % 200_000);
+                q.kv_store(1, k, v.clone(), PLAIN).unwrap();
+                let (got, n) = q.kv_retrieve(1, k, v.len() as u32).unwrap();
+                assert_eq!(n as usize, v.len());
+                assert!(got == v, "w{w}-{i} differs");
+            }
+        }));
+    }
+    for h in handles {
+        h.join().unwrap();
+    }
+    drop(c);
+    server.shutdown();
+
+    // Clean restart: every key is back.
+    let (server, addr) = start(dir.path(), "64MiB", "");
+    let (_c, mut qs) = connect(addr, 1);
+    let q = &mut qs[0];
+    assert_eq!(
+        q.kv_retrieve(1, key("value-0"), 8192).unwrap().0,
+        value(99, 7000)
+    );
+    assert_eq!(
+        q.kv_retrieve(1, key("value-5"), 1 << 20).unwrap().0,
+        value(5, 1 << 20)
+    );
+    assert!(q.kv_exist(1, key("w1-39")).unwrap());
+    assert!(!q.kv_exist(1, key("fresh")).unwrap());
+    server.shutdown();
+}
+
+#[test]
+fn a_full_kv_namespace_evicts_or_fails_as_configured() {
+    let dir = tempfile::tempdir().unwrap();
+    // 8 MiB: 512 keys at most, 64 values of 128 KiB fill it.
+    let (server, addr) = start(dir.path(), "8MiB", "");
+    let (_c, mut qs) = connect(addr, 1);
+    let q = &mut qs[0];
+    let n = 200u64;
+    for i in 0..n {
+        q.kv_store(1, key(&format!("k{i}")), value(i, 128 << 10), PLAIN)
+            .unwrap_or_else(|e| panic!("store {i} on a full namespace: {e:?}"));
+        // k0 stays hot.
+        if i > 0 {
+            assert!(q.kv_exist(1, key("k0")).unwrap(), "hot key evicted at {i}");
+        }
+    }
+    let mut present = 0;
+    for i in 0..n {
+        match q.kv_retrieve(1, key(&format!("k{i}")), 128 << 10) {
+            Ok((v, _)) => {
+                assert!(v == value(i, 128 << 10), "k{i} differs");
+                present += 1;
+            }
+            Err(e) => assert_eq!(status_of(e), Status::KV_KEY_DOES_NOT_EXIST),
+        }
+    }
+    assert!((32..=64).contains(&present), "{present} keys left");
+    // The newest key is always there.
+    assert!(q.kv_exist(1, key(&format!("k{}", n - 1))).unwrap());
+    drop(qs);
+    server.shutdown();
+
+    let dir = tempfile::tempdir().unwrap();
+    let (server, addr) = start(dir.path(), "8MiB", "on_full = \"fail\"");
+    let (_c, mut qs) = connect(addr, 1);
+    let q = &mut qs[0];
+    let mut failed_at = None;
+    for i in 0..100u64 {
+        if let Err(e) = q.kv_store(1, key(&format!("k{i}")), value(i, 128 << 10), PLAIN) {
+            assert_eq!(status_of(e), Status::CAPACITY_EXCEEDED);
+            failed_at = Some(i);
+            break;
+        }
+    }
+    assert_eq!(failed_at, Some(64));
+    // Deleting makes room again (after the commit the Store itself asks for).
+    q.kv_delete(1, key("k3")).unwrap();
+    q.kv_store(1, key("again"), value(7, 128 << 10), PLAIN)
+        .unwrap();
+    assert_eq!(
+        q.kv_retrieve(1, key("k0"), 128 << 10).unwrap().0,
+        value(0, 128 << 10)
+    );
+    drop(qs);
+    server.shutdown();
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn connect_retry(addr: SocketAddr) -> HostController {
+    let opts = HostOptions::new(addr, NQN);
+    let t0 = Instant::now();
+    loop {
+        match HostController::connect(&opts) {
+            Ok(c) => return c,
+            Err(_) if t0.elapsed() < Duration::from_secs(20) => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => panic!("daemon never answered: {e}"),
+        }
+    }
+}
+
+/// A value that names its key and version, so a recovered value can be
+/// checked whole.
+fn versioned(k: u64, version: u64) -> Vec<u8> {
+    let len = 4096 + (k as usize % 7) * 10_000;
+    let mut v = value(k ^ version, len);
+    v[..8].copy_from_slice(&k.to_le_bytes());
+    v[8..16].copy_from_slice(&version.to_le_bytes());
+    v
+}
+
+/// The daemon killed with SIGKILL under a KV load: `kvtarget check` passes,
+/// and after restart every key holds what it held at the last completed Flush
+/// or something stored after it (never torn, never another key's value).
+#[test]
+fn sigkill_mid_kv_load_keeps_every_flushed_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let cfg = dir.path().join("kv.toml");
+    let pool = dir.path().join("pool.img");
+    // Large enough that nothing is evicted: every flushed key must be back.
+    std::fs::write(&cfg, config(dir.path(), port, "128MiB", "")).unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let spawn = || {
+        Command::new(BIN)
+            .arg("--config")
+            .arg(&cfg)
+            .arg("-r")
+            .arg(dir.path().join("rpc.sock"))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut child = spawn();
+    let mut c = connect_retry(addr);
+    c.set_queue_count(2).unwrap();
+    // Per key: the versions a Retrieve may find after the crash (0: none).
+    let allowed: Arc<Mutex<HashMap<u64, Vec<u64>>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for w in 0..2u64 {
+        let mut q = c.io_queue(w as u16 + 1).unwrap();
+        let (allowed, stop) = (allowed.clone(), stop.clone());
+        workers.push(std::thread::spawn(move || {
+            let mut rng = 0x2545_F491u64 + w;
+            let mut version = w << 40;
+            let mut since_flush: Vec<u64> = Vec::new();
+            let mut ops = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                // Worker w owns keys congruent to w mod 2.
+                let k = (rng % 400) * 2 + w;
+                let kk = KvKey::new(&k.to_be_bytes()).unwrap();
+                version += 1;
+                let op = rng % 10;
+                let r = if op < 7 {
+                    allowed
+                        .lock()
+                        .unwrap()
+                        .entry(k)
+                        .or_insert_with(|| vec![0])
+                        .push(version);
+                    q.kv_store(1, kk, versioned(k, version), PLAIN)
+                } else if op < 9 {
+                    allowed
+                        .lock()
+                        .unwrap()
+                        .entry(k)
+                        .or_insert_with(|| vec![0])
+                        .push(0);
+                    match q.kv_delete(1, kk) {
+                        Err(Error::Status(s, _)) if s == Status::KV_KEY_DOES_NOT_EXIST => Ok(()),
+                        r => r,
+                    }
+                } else {
+                    let cid = match q.submit_kv(1, &KvCommand::Flush, None, 0) {
+                        Ok(c) => c,
+                        Err(_) => return ops,
+                    };
+                    match q.q.wait_for(cid).map(|c| c.ok()) {
+                        Ok(Ok(_)) => {
+                            let mut a = allowed.lock().unwrap();
+                            for key in since_flush.drain(..) {
+                                if let Some(v) = a.get_mut(&key) {
+                                    let last = *v.last().unwrap();
+                                    *v = vec![last];
+                                }
+                            }
+                            Ok(())
+                        }
+                        _ => return ops,
+                    }
+                };
+                if r.is_err() {
+                    return ops; // the target died
+                }
+                if op < 9 {
+                    since_flush.push(k);
+                }
+                ops += 1;
+            }
+            ops
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(3000));
+    let st = Command::new("kill")
+        .arg("-KILL")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let _ = child.wait();
+    stop.store(true, Ordering::Relaxed);
+    let ops: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    assert!(ops > 200, "only {ops} operations before the kill");
+    drop(c);
+
+    let out = Command::new(BIN).arg("check").arg(&pool).output().unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "check failed:\n{report}");
+    assert!(report.contains("KV namespace"), "{report}");
+
+    let mut child = spawn();
+    let mut c = connect_retry(addr);
+    c.set_queue_count(1).unwrap();
+    let mut q = c.io_queue(1).unwrap();
+    let allowed = allowed.lock().unwrap();
+    let (mut found, mut checked) = (0, 0);
+    for (&k, vals) in allowed.iter() {
+        let kk = KvKey::new(&k.to_be_bytes()).unwrap();
+        let got = match q.kv_retrieve(1, kk, 1 << 20) {
+            Ok((v, _)) => {
+                let ver = u64::from_le_bytes(v[8..16].try_into().unwrap());
+                assert_eq!(v, versioned(k, ver), "key {k}: torn or foreign value");
+                found += 1;
+                ver
+            }
+            Err(Error::Status(s, _)) if s == Status::KV_KEY_DOES_NOT_EXIST => 0,
+            Err(e) => panic!("key {k}: {e:?}"),
+        };
+        // What was current at the key's last flush, or stored since (0: the
+        // key was absent then, or deleted since).
+        assert!(
+            vals.contains(&got),
+            "key {k}: version {got}, allowed {vals:?}"
+        );
+        checked += 1;
+    }
+    assert!(checked > 100 && found > 20, "{checked} keys, {found} found");
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    assert!(child.wait().unwrap().success());
+    let out = Command::new(BIN).arg("check").arg(&pool).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
