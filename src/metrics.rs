@@ -358,6 +358,29 @@ pub fn render(ctl: &Control) -> String {
         );
     }
 
+    // KV namespaces: the cache's own counters.
+    let kvs: Vec<_> = vols
+        .iter()
+        .filter_map(|(p, v)| v.kv.as_ref().map(|k| (p, &v.desc.name, k.snapshot())))
+        .collect();
+    type KvField = fn(&crate::pool::kv::KvSnapshot) -> u64;
+    let kv_series: [(&str, &str, &str, KvField); 8] = [
+        ("kvtarget_kv_keys", "gauge", "Keys holding a value.", |s| s.keys),
+        ("kvtarget_kv_value_bytes", "gauge", "Bytes of stored values.", |s| s.value_bytes),
+        ("kvtarget_kv_stores_total", "counter", "Completed Stores.", |s| s.stores),
+        ("kvtarget_kv_hits_total", "counter", "Retrieves and Exists that found their key.", |s| s.hits),
+        ("kvtarget_kv_misses_total", "counter", "Retrieves and Exists of a key with no value (evicted, expired, deleted or never stored).", |s| s.misses),
+        ("kvtarget_kv_evictions_total", "counter", "Keys evicted to make room.", |s| s.evictions),
+        ("kvtarget_kv_eviction_age_seconds_total", "counter", "Sum of evicted keys' ages since they were stored; over evictions, the mean age.", |s| s.eviction_age_ms / 1000),
+        ("kvtarget_kv_expirations_total", "counter", "Keys dropped by the namespace's TTL.", |s| s.expirations),
+    ];
+    for (name, kind, help, get) in kv_series {
+        o.head(name, kind, help);
+        for (p, v, s) in &kvs {
+            o.line(name, &lbl(p, v), get(s));
+        }
+    }
+
     // Pools and GC.
     let snaps: Vec<_> = ctl
         .pools()

@@ -524,3 +524,133 @@ fn sigkill_mid_kv_load_keeps_every_flushed_key() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// A KV namespace made over JSON-RPC: a KV volume (`bdev_lvol_create` with
+/// kind "kv"), served with on_full "fail", its counters from
+/// `kvtarget_get_kv_namespaces`; bad parameters are refused naming the field.
+#[test]
+fn kv_namespaces_over_rpc_with_their_counters() {
+    use kvtarget::rpc::RpcClient;
+    use serde_json::json;
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        r#"
+[reactors]
+count = 1
+
+[rpc]
+socket = "{d}/kv.sock"
+
+[metrics]
+address = "127.0.0.1:0"
+
+[[listeners]]
+address = "127.0.0.1"
+port = 0
+
+[[pools]]
+name = "p"
+backend = "ram"
+size = "256MiB"
+extent_size = "1MiB"
+"#,
+        d = dir.path().display()
+    );
+    let server = Server::start(&Config::parse(&text).unwrap()).unwrap();
+    let mut c = RpcClient::connect(server.rpc_path().unwrap()).unwrap();
+    let e = c
+        .call(
+            "bdev_lvol_create",
+            json!({"lvol_name": "c", "size_in_mib": 16, "lvs_name": "p", "kind": "kvs"}),
+        )
+        .unwrap_err();
+    assert!(e.message.contains("kind"), "{}", e.message);
+    c.call(
+        "bdev_lvol_create",
+        json!({"lvol_name": "c", "size_in_mib": 16, "lvs_name": "p", "kind": "kv"}),
+    )
+    .unwrap();
+    c.call(
+        "bdev_lvol_create",
+        json!({"lvol_name": "b", "size_in_mib": 16, "lvs_name": "p"}),
+    )
+    .unwrap();
+    c.call(
+        "nvmf_create_subsystem",
+        json!({"nqn": NQN, "allow_any_host": true}),
+    )
+    .unwrap();
+    let e = c
+        .call(
+            "nvmf_subsystem_add_ns",
+            json!({"nqn": NQN, "namespace": {"bdev_name": "p/c", "on_full": "maybe"}}),
+        )
+        .unwrap_err();
+    assert!(e.message.contains("namespace.on_full"), "{}", e.message);
+    let e = c
+        .call(
+            "nvmf_subsystem_add_ns",
+            json!({"nqn": NQN, "namespace": {"bdev_name": "p/b", "on_full": "fail"}}),
+        )
+        .unwrap_err();
+    assert!(e.message.contains("not a KV volume"), "{}", e.message);
+    c.call(
+        "nvmf_subsystem_add_ns",
+        json!({"nqn": NQN, "namespace": {"bdev_name": "p/c", "on_full": "fail", "ttl_secs": 3600}}),
+    )
+    .unwrap();
+    let addr = server.listen_addrs()[0].0;
+    c.call(
+        "nvmf_subsystem_add_listener",
+        json!({"nqn": NQN, "listen_address": {"trtype": "TCP", "adrfam": "IPv4", "traddr": addr.ip().to_string(), "trsvcid": addr.port().to_string()}}),
+    )
+    .unwrap();
+    let (_h, mut qs) = connect(addr, 1);
+    let q = &mut qs[0];
+    q.kv_store(1, key("a"), value(1, 10_000), PLAIN).unwrap();
+    assert_eq!(q.kv_retrieve(1, key("a"), 10_000).unwrap().1, 10_000);
+    assert!(!q.kv_exist(1, key("b")).unwrap());
+    let list = c.call("kvtarget_get_kv_namespaces", json!({})).unwrap();
+    let n = &list[0];
+    assert_eq!(n["name"], "p/c");
+    assert_eq!(n["subsystem"], NQN);
+    assert_eq!(n["nsid"], 1);
+    assert_eq!(n["on_full"], "fail");
+    assert_eq!(n["ttl_secs"], 3600);
+    assert_eq!(n["keys"], 1);
+    assert_eq!(n["value_bytes"], 10_000);
+    assert_eq!(n["used_bytes"], 12288);
+    assert_eq!(n["stores"], 1);
+    assert_eq!(n["hits"], 1);
+    assert_eq!(n["misses"], 1);
+    assert_eq!(n["max_keys"], 1024);
+    let e = c
+        .call("kvtarget_get_kv_namespaces", json!({"name": "p/b"}))
+        .unwrap_err();
+    assert!(e.message.contains("no KV namespace"), "{}", e.message);
+    // The same counters on the metrics endpoint.
+    let metrics = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(server.metrics_addr().unwrap()).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    for line in [
+        r#"kvtarget_kv_keys{pool="p",volume="c"} 1"#,
+        r#"kvtarget_kv_hits_total{pool="p",volume="c"} 1"#,
+        r#"kvtarget_kv_misses_total{pool="p",volume="c"} 1"#,
+        r#"kvtarget_kv_value_bytes{pool="p",volume="c"} 10000"#,
+    ] {
+        assert!(metrics.contains(line), "{line} missing:\n{metrics}");
+    }
+    // The saved configuration keeps the volume's kind and the policy.
+    let saved = c.call("kvtarget_save_config", json!({})).unwrap();
+    let toml = saved["toml"].as_str().unwrap().to_string();
+    assert!(toml.contains("kind = \"kv\""), "{toml}");
+    assert!(toml.contains("on_full = \"fail\""), "{toml}");
+    drop(qs);
+    server.shutdown();
+}

@@ -434,6 +434,14 @@ fn image_invariants(img: &Image) {
         assert!(*p < img.extent_count, "extent {p} past the pool's end");
     }
     let _ = img.dirty();
+    // KV keys are kept only for KV volumes; judging them never panics.
+    for v in img.volumes.values() {
+        assert!(
+            v.kv.is_empty() || v.desc.flags & kvtarget::pool::format::VOL_KV != 0,
+            "KV keys on a block volume"
+        );
+    }
+    let _ = img.kv_problems();
 }
 
 /// `kvtarget check` on an image built from the input (see `image`): the same

@@ -392,6 +392,32 @@ mod tests {
     }
 
     proptest! {
+        /// Any SQE against a KV namespace: a plan within the namespace's
+        /// value limit, or a status; never a panic.
+        #[test]
+        fn kv_plan_never_panics(raw in proptest::array::uniform32(any::<u8>()), raw2 in proptest::array::uniform32(any::<u8>())) {
+            let mut n = ns();
+            n.command_set = CommandSet::KeyValue;
+            let mut b = [0u8; 64];
+            b[..32].copy_from_slice(&raw);
+            b[32..].copy_from_slice(&raw2);
+            let sqe = Sqe(b);
+            match plan(Some(&n), &sqe, 1 << 20) {
+                Ok(IoPlan::KvStore { len, key, .. }) => {
+                    prop_assert!(len as u64 <= n.dev.size_bytes() && len <= 1 << 20);
+                    prop_assert!(sqe.sgl().length >= len);
+                    prop_assert!((1..=16).contains(&key.len()));
+                }
+                Ok(IoPlan::KvRetrieve { buf, .. }) => prop_assert!(buf <= sqe.sgl().length),
+                Ok(IoPlan::KvList { buf, .. }) => prop_assert!(buf >= 4),
+                Ok(p) => {
+                    let flush = matches!(p, IoPlan::Flush { .. });
+                    prop_assert!(p.is_kv() || flush, "{:?}", p);
+                }
+                Err(_) => {}
+            }
+        }
+
         #[test]
         fn plan_never_panics_and_stays_in_bounds(raw in proptest::array::uniform32(any::<u8>()), raw2 in proptest::array::uniform32(any::<u8>())) {
             let n = ns();

@@ -738,8 +738,9 @@ impl CheckpointData {
         if !r.done() {
             let n = r.u64()?;
             // Each entry takes at least 18 bytes: a count beyond what is left
-            // is damage, not a reason to reserve memory.
-            if n > (b.len() / 18) as u64 {
+            // is damage, not a reason to reserve memory. An empty section is
+            // never written (one encoding per state).
+            if n == 0 || n > (b.len() / 18) as u64 {
                 return Err(r.invalid(format!("{n} KV keys")));
             }
             kv.reserve(n as usize);

@@ -78,6 +78,7 @@ pub(super) fn get_bdevs(p: &mut Params) -> Parsed {
                             "num_allocated_clusters": v.mapped().len(),
                             "used_bytes": v.used_bytes(),
                             "unwritten": if v.desc.flags & VOL_UNWRITTEN_ERROR != 0 { "error" } else { "zeroes" },
+                            "kind": if v.kv.is_some() { "kv" } else { "block" },
                         }
                     }
                 }));
@@ -312,6 +313,13 @@ pub(super) fn lvol_create(p: &mut Params) -> Parsed {
             )))
         }
     };
+    // kvtarget's own: "kv" makes a KV volume (a KV namespace's store).
+    let flags = flags
+        | match p.opt_str("kind")?.as_deref() {
+            None | Some("block") => 0,
+            Some("kv") => crate::pool::format::VOL_KV,
+            Some(o) => return Err(RpcError::params(format!("kind: `{o}` is not block or kv"))),
+        };
     let size = mib
         .checked_mul(1 << 20)
         .ok_or_else(|| RpcError::params("size_in_mib: too large"))?;

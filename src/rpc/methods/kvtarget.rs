@@ -272,6 +272,58 @@ pub(super) fn save_config(p: &mut Params) -> Parsed {
 }
 
 /// Live consistency check of a pool (the offline one is `kvtarget check`).
+/// KV namespaces (KV volumes) with their cache counters; `name`: one
+/// "pool/volume".
+pub(super) fn get_kv_namespaces(p: &mut Params) -> Parsed {
+    let name = p.opt_str("name")?;
+    act(move |ctl| {
+        let mut out = Vec::new();
+        for pool in &ctl.pools() {
+            for v in pool.volumes() {
+                let Some(kv) = &v.kv else { continue };
+                let alias = format!("{}/{}", pool.name, v.desc.name);
+                if name.as_ref().is_some_and(|n| n != &alias) {
+                    continue;
+                }
+                let s = kv.snapshot();
+                let set = kv.settings();
+                let bs = kv.block_size() as u64;
+                let served = ctl.served_by(&v.desc.uuid);
+                out.push(json!({
+                    "name": alias,
+                    "uuid": uuid_str(&v.desc.uuid),
+                    "subsystem": served.as_ref().map(|(n, _)| n.clone()),
+                    "nsid": served.as_ref().map(|(_, i)| *i),
+                    "on_full": set.on_full.name(),
+                    "ttl_secs": set.ttl.map(|t| t.as_secs()),
+                    "keys": s.keys,
+                    "max_keys": s.max_keys,
+                    "value_bytes": s.value_bytes,
+                    "capacity_bytes": s.total_blocks * bs,
+                    "used_bytes": s.used_blocks * bs,
+                    "free_bytes": s.free_blocks * bs,
+                    "awaiting_commit_bytes": s.pending_free_blocks * bs,
+                    "stores": s.stores,
+                    "hits": s.hits,
+                    "misses": s.misses,
+                    "deletes": s.deletes,
+                    "evictions": s.evictions,
+                    "expirations": s.expirations,
+                    "mean_eviction_age_ms": s.eviction_age_ms.checked_div(s.evictions).unwrap_or(0),
+                    "commit_waits": s.commit_waits,
+                    "store_failures_full": s.store_failures_full,
+                }));
+            }
+        }
+        if let Some(n) = &name {
+            if out.is_empty() {
+                return Err(not_found(format!("no KV namespace {n}")));
+            }
+        }
+        Ok(json!(out))
+    })
+}
+
 pub(super) fn pool_check(p: &mut Params) -> Parsed {
     let name = p.str("name")?;
     act(move |ctl| {

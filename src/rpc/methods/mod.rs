@@ -112,6 +112,7 @@ const TABLE: &[(&str, Handler)] = &[
     ("kvtarget_pool_set_gc", kvtarget::pool_set_gc),
     ("kvtarget_save_config", kvtarget::save_config),
     ("kvtarget_pool_check", kvtarget::pool_check),
+    ("kvtarget_get_kv_namespaces", kvtarget::get_kv_namespaces),
     ("keyring_file_add_key", keyring::file_add_key),
     ("keyring_file_remove_key", keyring::file_remove_key),
     ("keyring_get_keys", keyring::get_keys),
@@ -368,7 +369,7 @@ impl Control {
         Err(not_found(format!("bdev {name} does not exist")))
     }
 
-    fn served_by(&self, uuid: &[u8; 16]) -> Option<(String, u32)> {
+    pub(super) fn served_by(&self, uuid: &[u8; 16]) -> Option<(String, u32)> {
         let subs = self.target.subsystems.read().ok()?.clone();
         for s in subs {
             for n in s.namespace_snapshot() {
@@ -680,6 +681,7 @@ mod tests {
             ),
             ("kvtarget_save_config", json!({})),
             ("kvtarget_pool_check", json!({"name": "kv"})),
+            ("kvtarget_get_kv_namespaces", json!({})),
             (
                 "keyring_file_add_key",
                 json!({"name": "k0", "path": "/nonexistent/k0"}),

@@ -59,6 +59,18 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
     }
     // kvtarget's own: false serves the volume without a volatile write cache.
     let write_cache = ns.opt_bool("write_cache")?.unwrap_or(true);
+    // kvtarget's own, for KV volumes: the cache policy when full, and a TTL.
+    let on_full = match ns.opt_str("on_full")?.as_deref() {
+        None => None,
+        Some("evict") => Some(crate::pool::kv::OnFull::Evict),
+        Some("fail") => Some(crate::pool::kv::OnFull::Fail),
+        Some(o) => {
+            return Err(RpcError::params(format!(
+                "namespace.on_full: `{o}` is not evict or fail"
+            )))
+        }
+    };
+    let ttl_secs = ns.opt_u64("ttl_secs")?;
     ns.opt_str("ptpl_file")?;
     ns.opt_u64("anagrpid")?;
     ns.unsupported_flags(&["no_auto_visible", "hide_metadata"])?;
@@ -86,8 +98,25 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
             ));
         }
         let dev = VolumeDevice::new(pool, vol.clone());
-        let namespace =
+        let mut namespace =
             Namespace::new(&nqn, nsid, dev, vol.desc.block_size).with_write_cache(write_cache);
+        match &vol.kv {
+            Some(kv) => {
+                kv.set_settings(crate::pool::kv::KvSettings {
+                    on_full: on_full.unwrap_or_default(),
+                    ttl: ttl_secs
+                        .filter(|&t| t > 0)
+                        .map(std::time::Duration::from_secs),
+                });
+                namespace = namespace.with_kv(kv.clone());
+            }
+            None if on_full.is_some() || ttl_secs.is_some() => {
+                return Err(RpcError::params(format!(
+                    "namespace.on_full, namespace.ttl_secs: bdev {bdev} is not a KV volume"
+                )));
+            }
+            None => {}
+        }
         s.add_namespace(Arc::new(namespace))
             .map_err(|e| RpcError::new(code::EEXIST, e.to_string()))?;
         tracing::info!(nqn = %nqn, nsid, bdev = %bdev, "rpc: namespace added");
