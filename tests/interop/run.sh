@@ -48,6 +48,9 @@ HOSTNQN=nqn.2026-11.io.kvtarget:interop-host
 # Linux 6.1 has no in-band authentication, so it must be refused cleanly as this
 # host (auth-required-refused) while HOSTNQN, without a key, connects as before.
 AUTH_HOSTNQN=nqn.2026-12.io.kvtarget:interop-auth-host
+# kvtarget only: a second subsystem with one block namespace (NSID 1) and one KV
+# namespace (NSID 2, NVMe Key Value command set) for kv-namespace.
+KV_NQN=nqn.2026-12.io.kvtarget:interop-kv
 HOSTID=6b7a7f1e-0c1d-4d2e-9a41-6b7674000001
 PORT=4420
 DISC_PORT=8009
@@ -334,6 +337,31 @@ EOF
         printf '\n[[subsystems.namespaces]]\nnsid = %s\nvolume = "interop/ns%s"\n' "$n" "$n"
         [ "$w" = wt ] && printf 'write_cache = false\n'
     done
+    cat <<EOF
+
+[[pools.volumes]]
+name = "kv-blocks"
+size = "16MiB"
+
+[[pools.volumes]]
+name = "kv-cache"
+size = "64MiB"
+kind = "kv"
+
+[[subsystems]]
+nqn = "$KV_NQN"
+serial = "KVTINTEROPKV01"
+allow_any_host = false
+hosts = ["$HOSTNQN"]
+
+[[subsystems.namespaces]]
+nsid = 1
+volume = "interop/kv-blocks"
+
+[[subsystems.namespaces]]
+nsid = 2
+volume = "interop/kv-cache"
+EOF
     } > "$kv_cfg"
     if ! "$bin" check-config "$kv_cfg" >> "$out/kvtarget/kvtarget.log" 2>&1; then
         log "kvtarget rejects the generated config $kv_cfg: $(tail -n 1 "$out/kvtarget/kvtarget.log")"
@@ -352,7 +380,7 @@ EOF
     fi
     local share
     share=$(new_share kvtarget/share)
-    echo "exec bash /mnt/share/tcp-suite.sh $(suite_args 10.0.2.2 share "$KV_SERIAL" "$KV_MODEL" --advertised-addr 127.0.0.1 --disc-port-svc $PORT --volumes "'$VOLUMES'" --auth-hostnqn "$AUTH_HOSTNQN" --tls-port "$TLS_PORT")" \
+    echo "exec bash /mnt/share/tcp-suite.sh $(suite_args 10.0.2.2 share "$KV_SERIAL" "$KV_MODEL" --advertised-addr 127.0.0.1 --disc-port-svc $PORT --volumes "'$VOLUMES'" --auth-hostnqn "$AUTH_HOSTNQN" --tls-port "$TLS_PORT" --kv-nqn "$KV_NQN")" \
         > "$share/run-suite.sh"
     log "booting the guest against kvtarget (timeout ${timeout_s}s)"
     "$repo/ci/guest/run.sh" --share "$share" --script run-suite.sh --timeout "$timeout_s" \

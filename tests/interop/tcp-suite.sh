@@ -36,6 +36,10 @@
 #   --tls-port P        the target also listens on P with TLS required (kvtarget's
 #                       secure_channel): the guest, without NVMe/TCP TLS, must be
 #                       refused there (tls-required-refused)
+#   --kv-nqn NQN        a subsystem whose NSID 1 is a block volume and NSID 2 a KV
+#                       namespace (kvtarget, NVMe Key Value command set): kv-namespace
+#                       checks what the kernel host makes of it and round-trips KV
+#                       commands through passthrough. Skipped without it.
 #   --only REGEX        run only scenarios whose name matches (development aid)
 #   --transport T       tcp (default) or rdma: the same scenarios over NVMe/RDMA
 #                       (rdma-guest.sh); NVMe/TCP-only ones (digests, the 8009
@@ -49,6 +53,7 @@ ADDR= PORT=4420 DISC_PORT=8009 DISC_PORT_SVC= ADV_ADDR= NQN= HOSTNQN= HOSTID=
 SIZE=268435456 BS=4096 SERIAL= MODEL= RESTART=share SHARE=/mnt/share ONLY= VOLUMES=
 AUTH_HOSTNQN=
 TLS_PORT=
+KV_NQN=
 INTRUDER_NQN=nqn.2026-11.io.kvtarget:intruder
 INTRUDER_ID=6b7a7f1e-0c1d-4d2e-9a41-6b76740000ff
 while [ $# -gt 0 ]; do
@@ -70,6 +75,7 @@ while [ $# -gt 0 ]; do
         --volumes) VOLUMES=$2 ;;
         --auth-hostnqn) AUTH_HOSTNQN=$2 ;;
         --tls-port) TLS_PORT=$2 ;;
+        --kv-nqn) KV_NQN=$2 ;;
         --only) ONLY=$2 ;;
         --transport) TRANSPORT=$2 ;;
         *) echo "tcp-suite: unknown argument $1" >&2; exit 2 ;;
@@ -1092,6 +1098,112 @@ t_lmcache_volatile_kill() {
 
 # ---- runner --------------------------------------------------------------------------
 
+# ---- a KV namespace (NVMe Key Value command set) --------------------------------------
+
+# kv_cmd DEV OPCODE KEYLEN VALUE_LEN DIR [FILE] -> KV_OUT (nvme-cli's output), KV_RC.
+# The 16-byte key is fixed by KV_KEY (four dwords: CDW2, CDW3, CDW14, CDW15, the order
+# the KV command set carries key bytes 0-15 in). DIR: w (data from FILE), r (data to
+# FILE), - (none).
+KV_KEY="0x6b766b31 0x30303030 0x61616161 0x62626262"
+kv_cmd() {
+    local dev=$1 opc=$2 kl=$3 len=$4 dir=$5 file=${6:-} k2 k3 k14 k15 data=
+    read -r k2 k3 k14 k15 <<< "$KV_KEY"
+    case "$dir" in
+        w) data="--data-len=$len -w -i $file" ;;
+        r) data="--data-len=$len -r" ;;
+    esac
+    # shellcheck disable=SC2086
+    if [ "$dir" = r ]; then
+        KV_OUT=$(timeout 60 nvme io-passthru "$dev" --opcode="$opc" --namespace-id=2 \
+            --cdw2="$k2" --cdw3="$k3" --cdw14="$k14" --cdw15="$k15" --cdw10="$len" --cdw11="$kl" \
+            $data --raw-binary 2>"$WORK/kv.err" > "$file")
+        KV_RC=$?
+        KV_OUT="$KV_OUT $(cat "$WORK/kv.err")"
+    else
+        KV_OUT=$(timeout 60 nvme io-passthru "$dev" --opcode="$opc" --namespace-id=2 \
+            --cdw2="$k2" --cdw3="$k3" --cdw14="$k14" --cdw15="$k15" --cdw10="$len" --cdw11="$kl" \
+            $data 2>&1)
+        KV_RC=$?
+    fi
+}
+
+# What the 6.1 host makes of a namespace of a command set it does not drive, and KV
+# commands through the passthrough path it leaves open.
+t_kv_namespace() {
+    local out ctrl nodes d id kml vml dev len=12345
+    out=$(timeout 60 nvme connect $(common_opts) -a "$ADDR" -s "$PORT" -n "$KV_NQN" -o json 2>&1) \
+        || { fail "nvme connect to $KV_NQN failed: $(echo $out)"; return 1; }
+    ctrl=$(echo "$out" | jq -r '.device // empty' 2>/dev/null)
+    [ -n "$ctrl" ] || { fail "nvme connect printed no device: $(echo $out)"; return 1; }
+    ns_dev "$ctrl" 1 || { disconnect_ctrl "$ctrl"; return 1; }
+    sleep 1
+    # Both namespaces are active (the host enabled all I/O command sets, CC.CSS = 110b).
+    out=$(timeout 60 nvme list-ns "/dev/$ctrl" 2>&1)
+    echo "#   list-ns: $(echo $out)"
+    echo "$out" | grep -q ': *0x2 *$' || { fail "nvme list-ns does not show NSID 2: $(echo $out)"; disconnect_ctrl "$ctrl"; return 1; }
+    # The kernel's view of NSID 2: every node of the subsystem and its nsid.
+    nodes=
+    for d in /sys/class/nvme-subsystem/*/nvme*n* /sys/class/nvme-generic/ng*; do
+        [ -e "$d" ] || continue
+        nodes="$nodes $(basename "$d"):$(cat "$d/nsid" 2>/dev/null || cat "$d/device/nsid" 2>/dev/null || echo ?)"
+    done
+    echo "#   namespace nodes (name:nsid):$nodes"
+    echo "#   kernel log: $(klog_since kv-namespace | grep -i -E 'csi|nsid|nvme' | tr '\n' '|')"
+    echo "$(cat /sys/class/nvme/$ctrl/cntrltype 2>/dev/null) $(uname -r)" | sed 's/^/#   controller type, kernel: /'
+    # The KV Identify Namespace through admin passthrough: KV format 0 (bytes 72-87).
+    id=$(timeout 60 nvme admin-passthru "/dev/$ctrl" --opcode=0x06 --namespace-id=2 --cdw10=5 \
+        --cdw11=$((1 << 24)) --data-len=4096 -r --raw-binary 2>/dev/null | od -An -tu1 -v -j72 -N16 | tr -s ' \n' ' ')
+    read -r kml _ _ _ v0 v1 v2 v3 _ <<< "$id"
+    vml=$(( v0 + (v1 << 8) + (v2 << 16) + (v3 << 24) ))
+    echo "#   KV format 0: key max $kml bytes, value max $vml bytes"
+    [ "$kml" = 16 ] || { fail "KV Identify Namespace reports key length '$kml', expected 16"; disconnect_ctrl "$ctrl"; return 1; }
+    # Linux (Debian's 6.1) makes no block device for a namespace of a command set it
+    # does not drive ("block device for nsid 2 not supported (csi 1)") but does make
+    # its generic char device /dev/ngXnY, which takes passthrough commands.
+    dev=
+    for d in /sys/class/nvme-subsystem/*/nvme*n*; do
+        [ -e "$d/nsid" ] && [ "$(cat "$d/nsid")" = 2 ] || continue
+        d=$(basename "$d")
+        case "$d" in nvme*c*) continue ;; esac
+        [ -b "/dev/$d" ] && { fail "the kernel made a block device /dev/$d for the KV namespace"; disconnect_ctrl "$ctrl"; return 1; }
+        [ -c "/dev/ng${d#nvme}" ] && dev=/dev/ng${d#nvme}
+    done
+    [ -n "$dev" ] || { fail "no generic char device (/dev/ngXnY) for the KV namespace, NSID 2"; disconnect_ctrl "$ctrl"; return 1; }
+    klog_since kv-namespace | grep -q "nsid 2 not supported (csi 1)" \
+        || echo "#   (the kernel did not log 'block device for nsid 2 not supported (csi 1)')"
+    echo "#   KV commands through $dev"
+    dd if="$WORK/random" of="$WORK/kv.val" bs=$len count=1 status=none
+    kv_cmd "$dev" 0x01 16 $len w "$WORK/kv.val"
+    [ $KV_RC = 0 ] || { fail "KV Store through $dev failed (rc $KV_RC): $(echo $KV_OUT)"; disconnect_ctrl "$ctrl"; return 1; }
+    kv_cmd "$dev" 0x14 16 0 -
+    [ $KV_RC = 0 ] || { fail "KV Exist after Store failed (rc $KV_RC): $(echo $KV_OUT)"; disconnect_ctrl "$ctrl"; return 1; }
+    kv_cmd "$dev" 0x02 16 16384 r "$WORK/kv.got"
+    [ $KV_RC = 0 ] || { fail "KV Retrieve failed (rc $KV_RC): $(echo $KV_OUT)"; disconnect_ctrl "$ctrl"; return 1; }
+    echo "#   Retrieve: $(echo $KV_OUT | tr -s ' ')"
+    echo "$KV_OUT" | grep -qi "result: *0x0*3039" || { fail "KV Retrieve's result is not the value size $len (0x3039): $(echo $KV_OUT)"; disconnect_ctrl "$ctrl"; return 1; }
+    [ "$(head -c $len "$WORK/kv.got" | sha256sum)" = "$(sha256sum < "$WORK/kv.val")" ] \
+        || { fail "KV Retrieve returned other bytes than stored"; disconnect_ctrl "$ctrl"; return 1; }
+    kv_cmd "$dev" 0x06 16 4096 r "$WORK/kv.list"
+    [ $KV_RC = 0 ] || { fail "KV List failed (rc $KV_RC): $(echo $KV_OUT)"; disconnect_ctrl "$ctrl"; return 1; }
+    [ "$(od -An -tu4 -N4 "$WORK/kv.list" | tr -d ' ')" = 1 ] || { fail "KV List does not return the one key: $(od -An -tx1 -N32 "$WORK/kv.list")"; disconnect_ctrl "$ctrl"; return 1; }
+    kv_cmd "$dev" 0x10 16 0 -
+    [ $KV_RC = 0 ] || { fail "KV Delete failed (rc $KV_RC): $(echo $KV_OUT)"; disconnect_ctrl "$ctrl"; return 1; }
+    kv_cmd "$dev" 0x14 16 0 -
+    echo "#   Exist after Delete: rc $KV_RC $(echo $KV_OUT)"
+    # nvme-cli 2.3 prints the status field raw: DNR | SCT 1 | SC 87h (Key Does Not Exist).
+    [ $KV_RC != 0 ] && echo "$KV_OUT" | grep -q "(0x4187)" \
+        || { fail "KV Exist after Delete did not answer Key Does Not Exist: rc $KV_RC $(echo $KV_OUT)"; disconnect_ctrl "$ctrl"; return 1; }
+    # Malformed: key length 0 is Invalid Key Size, and the block namespace is untouched.
+    kv_cmd "$dev" 0x14 0 0 -
+    [ $KV_RC != 0 ] && echo "$KV_OUT" | grep -q "(0x4186)" \
+        || { fail "KV Exist with key length 0 did not answer Invalid Key Size (0x4186): rc $KV_RC $(echo $KV_OUT)"; disconnect_ctrl "$ctrl"; return 1; }
+    echo "#   Exist with key length 0: $(echo $KV_OUT)"
+    dd if="$WORK/random" of="$NSDEV" bs=1M count=1 oflag=direct status=none \
+        && [ "$(sha_dev "$NSDEV" 0 1)" = "$(sha_pattern 1 0)" ] \
+        || { fail "the block namespace beside the KV one failed a write and read back"; disconnect_ctrl "$ctrl"; return 1; }
+    disconnect_ctrl "$ctrl"
+}
+
 SCENARIOS="
 discovery-4420
 discovery-8009
@@ -1126,6 +1238,7 @@ namespace-hot-add-remove
 bench-fio-profiles
 lmcache-raw-block
 lmcache-volatile-kill
+kv-namespace
 "
 # Scenarios that need thin-provisioned volumes (--volumes); reported as skipped without.
 VOLUME_SCENARIOS=" several-namespaces nuse-tracks-writes-and-discard unwritten-error-volume volume-data-survives-restart namespace-hot-add-remove "
@@ -1137,6 +1250,9 @@ skip_reason() {
     fi
     if [ "$1" = tls-required-refused ] && { [ -z "$TLS_PORT" ] || [ "$TRANSPORT" != tcp ]; }; then
         echo "needs a TLS-only NVMe/TCP listener (--tls-port); this target has none (Linux 6.1's nvmet here has no NVMe/TCP TLS)"
+    fi
+    if [ "$1" = kv-namespace ] && [ -z "$KV_NQN" ]; then
+        echo "needs a subsystem with a KV namespace (--kv-nqn); this target serves none (Linux nvmet serves NVM and zoned namespaces only)"
     fi
     if [ "$1" = auth-required-refused ] && [ -z "$AUTH_HOSTNQN" ]; then
         echo "needs a host entry with a DH-HMAC-CHAP key (--auth-hostnqn); this target has none (Linux 6.1's nvmet here has no in-band authentication)"
