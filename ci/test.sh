@@ -44,6 +44,10 @@ tests/interop/klog-filter-test.sh
 step "fuzz crate: fmt, clippy, replay of fuzz/corpus and fuzz/regressions"
 (cd fuzz && cargo fmt -- --check && cargo clippy --all-targets -- -D warnings && cargo test)
 
+step "interop's io_uring KV client (tests/interop/kv-uring): fmt, clippy"
+(cd tests/interop/kv-uring && CARGO_TARGET_DIR=../../../.cache/kv-uring cargo fmt -- --check \
+    && CARGO_TARGET_DIR=../../../.cache/kv-uring cargo clippy --release -- -D warnings)
+
 step "fuzzing: every cargo-afl target for ${FUZZ_SECONDS:-20} s (ci/fuzz.sh)"
 ci/fuzz.sh
 

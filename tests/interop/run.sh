@@ -165,6 +165,14 @@ new_share() {
     mkdir -p "$share"
     cp "$here/tcp-suite.sh" "$here/klog-filter.sh" "$here/nvmet-control.sh" \
         "$here/lmcache_scenario.py" "$share/"
+    # The io_uring passthrough KV client (kv-namespace), a static binary: built here
+    # (seconds; cached in .cache/kv-uring) since the guest has no compiler.
+    if CARGO_TARGET_DIR="$repo/.cache/kv-uring" cargo build --release --quiet \
+        --manifest-path "$here/kv-uring/Cargo.toml" >&2; then
+        cp "$repo/.cache/kv-uring/release/kv-uring" "$share/"
+    else
+        log "kv-uring did not build: kv-namespace will fail for want of it"
+    fi
     # bench/fio's job files, run by the bench-fio-profiles scenario.
     mkdir -p "$share/fio"
     cp "$repo"/bench/fio/*.fio "$share/fio/"

@@ -1193,6 +1193,12 @@ t_kv_namespace() {
     # nvme-cli 2.3 prints the status field raw: DNR | SCT 1 | SC 87h (Key Does Not Exist).
     [ $KV_RC != 0 ] && echo "$KV_OUT" | grep -q "(0x4187)" \
         || { fail "KV Exist after Delete did not answer Key Does Not Exist: rc $KV_RC $(echo $KV_OUT)"; disconnect_ctrl "$ctrl"; return 1; }
+    # io_uring NVMe passthrough (URING_CMD, SQE128/CQE32: Mooncake Store's path), values
+    # of 4 KiB to VML, eight in flight, every byte and every DW0 size checked.
+    [ -x "$SHARE/kv-uring" ] || { fail "no kv-uring client in the share (run.sh builds it)"; disconnect_ctrl "$ctrl"; return 1; }
+    out=$(timeout 300 "$SHARE/kv-uring" --dev "$dev" --nsid 2 --count 48 --qd 8 --sizes 4096,65536,300001,1048576 2>&1) \
+        || { fail "kv-uring: $(echo $out)"; disconnect_ctrl "$ctrl"; return 1; }
+    echo "#   $out"
     # Malformed: key length 0 is Invalid Key Size, and the block namespace is untouched.
     kv_cmd "$dev" 0x14 0 0 -
     [ $KV_RC != 0 ] && echo "$KV_OUT" | grep -q "(0x4186)" \
