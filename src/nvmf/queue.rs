@@ -300,6 +300,10 @@ pub struct Queue<X> {
     authenticated: bool,
     /// The secure channel this queue runs over, if any (NVMe/TCP TLS).
     secure: Option<crate::nvmf::fabrics::SecurePeer>,
+    /// Whether the controller enabled the KV command set (CC.CSS), read at the
+    /// first I/O command: CC.CSS changes only while the controller is
+    /// disabled, and disabling it ends its I/O queues.
+    kv_enabled: Option<bool>,
 }
 
 impl<X> Queue<X> {
@@ -323,6 +327,7 @@ impl<X> Queue<X> {
             auth: None,
             authenticated: true,
             secure: None,
+            kv_enabled: None,
         }
     }
 
@@ -516,7 +521,19 @@ impl<X> Queue<X> {
         let mut plan = None;
         if !self.is_admin() && !is_fabrics {
             self.refresh_namespaces();
+            let kv_enabled = *self.kv_enabled.get_or_insert_with(|| {
+                self.binding.as_ref().is_some_and(|b| {
+                    b.ctrl().enabled_command_sets()
+                        & crate::wire::nvme::csi_bit(crate::wire::nvme::csi::KEY_VALUE)
+                        != 0
+                })
+            });
             let ns = self.ns.get(sqe.nsid()).map(|n| &**n);
+            if !kv_enabled && ns.is_some_and(|n| n.command_set == super::CommandSet::KeyValue) {
+                // A host that enabled only the NVM command set (CC.CSS = 000b)
+                // does not see this namespace as active.
+                return Err(Status::IOCS_NOT_ENABLED);
+            }
             let mut p = tio::plan(ns, sqe, self.target.limits.max_io_size)?;
             if let IoPlan::Write { fua: d, .. }
             | IoPlan::KvStore { durable: d, .. }
