@@ -26,6 +26,8 @@ HOSTNQN=nqn.2026-11.io.kvtarget:interop-host
 HOSTID=6b7a7f1e-0c1d-4d2e-9a41-6b7674000001
 SIZE_MIB=256
 VOLUMES="1:$SIZE_MIB:4096:zeroes 2:64:4096:zeroes 3:64:512:error"
+# A second subsystem: NSID 1 a block volume, NSID 2 a KV namespace (kv-namespace).
+KV_NQN=nqn.2026-12.io.kvtarget:interop-kv
 POOL_MIB=640
 SERIAL=KVTRDMA0000001
 MODEL=kvtarget
@@ -95,6 +97,31 @@ for v in $VOLUMES; do
     IFS=: read -r n m b u <<< "$v"
     printf '\n[[subsystems.namespaces]]\nnsid = %s\nvolume = "interop/ns%s"\n' "$n" "$n"
 done
+cat <<EOF
+
+[[pools.volumes]]
+name = "kv-blocks"
+size = "16MiB"
+
+[[pools.volumes]]
+name = "kv-cache"
+size = "64MiB"
+kind = "kv"
+
+[[subsystems]]
+nqn = "$KV_NQN"
+serial = "KVTINTEROPKV01"
+allow_any_host = false
+hosts = ["$HOSTNQN"]
+
+[[subsystems.namespaces]]
+nsid = 1
+volume = "interop/kv-blocks"
+
+[[subsystems.namespaces]]
+nsid = 2
+volume = "interop/kv-cache"
+EOF
 } > "$CFG"
 "$BIN" check-config "$CFG" >> "$LOG" 2>&1 || die "kvtarget rejects $CFG: $(tail -n 1 "$LOG")"
 
@@ -166,7 +193,7 @@ orchestrate_once() {
 bash "$SHARE/tcp-suite.sh" --transport rdma --addr "$ADDR" --port "$PORT" --disc-port "$PORT" \
     --nqn "$NQN" --hostnqn "$HOSTNQN" --hostid "$HOSTID" --size $((SIZE_MIB * 1048576)) \
     --block-size 4096 --restart share --serial "$SERIAL" --model "$MODEL" \
-    --volumes "$VOLUMES" ${RDMA_ONLY:+--only "$RDMA_ONLY"} 2>&1 | tee "$WORK/suite.log" &
+    --volumes "$VOLUMES" --kv-nqn "$KV_NQN" ${RDMA_ONLY:+--only "$RDMA_ONLY"} 2>&1 | tee "$WORK/suite.log" &
 suite_pid=$!
 while kill -0 "$suite_pid" 2>/dev/null; do
     orchestrate_once

@@ -40,6 +40,13 @@ if [ -n "${SPDK_DIR:-}" ] && [ -x "$SPDK_DIR/build/bin/spdk_nvme_perf" ]; then
             | xargs -r -I{} cp -L -n {} "$share/spdk/lib/"
     done
 fi
+# The io_uring passthrough KV client (kv-namespace), a static binary built here.
+if CARGO_TARGET_DIR="$repo/.cache/kv-uring" cargo build --release --quiet \
+    --manifest-path "$here/kv-uring/Cargo.toml" >&2; then
+    cp "$repo/.cache/kv-uring/release/kv-uring" "$share/"
+else
+    echo "rdma-interop: kv-uring did not build: kv-namespace will fail for want of it" >&2
+fi
 # bench/fio's job files, run by the bench-fio-profiles scenario.
 mkdir -p "$share/fio"
 cp "$repo"/bench/fio/*.fio "$share/fio/"
