@@ -617,7 +617,7 @@ impl KvIndex {
     pub fn restore(&self, key: KvKey, loc: KvLoc, now: Instant) -> Result<(), String> {
         let now_ms = self.ms(now);
         let mut st = self.lock();
-        if loc.block + loc.nblocks as u64 > st.blocks.total
+        if loc.block.saturating_add(loc.nblocks as u64) > st.blocks.total
             || loc.len > loc.nblocks.saturating_mul(self.block_size)
         {
             return Err(format!(
@@ -881,6 +881,26 @@ mod tests {
         b.set(96, 16, false);
         b.hint = 100;
         assert_eq!(b.alloc(32), Some(0));
+    }
+
+    #[test]
+    fn restore_refuses_damaged_locations_without_overflow() {
+        let now = Instant::now();
+        let ix = KvIndex::new(1 << 20, 4096);
+        let k = key(1);
+        let far = KvLoc {
+            block: u64::MAX - 1,
+            nblocks: 4,
+            len: 1,
+        };
+        assert!(ix.restore(k, far, now).is_err());
+        let long = KvLoc {
+            block: 0,
+            nblocks: 1,
+            len: 8192,
+        };
+        assert!(ix.restore(k, long, now).is_err());
+        assert!(ix.verify().is_empty());
     }
 
     #[test]
