@@ -296,6 +296,12 @@ idle = "adaptive"
 [discovery]
 port = $DISC_PORT
 
+# MDTS 32 MiB: the kernel does not split passthrough commands, so a KV value is
+# at most one command (kv-namespace stores 32 MiB values); block I/O is still
+# split at max_sectors_kb (1280 KiB on 6.1).
+[tcp]
+max_io_size = "32MiB"
+
 [[listeners]]
 address = "127.0.0.1"
 port = $PORT
@@ -353,7 +359,7 @@ size = "16MiB"
 
 [[pools.volumes]]
 name = "kv-cache"
-size = "64MiB"
+size = "128MiB"
 kind = "kv"
 
 [[subsystems]]

@@ -1199,6 +1199,14 @@ t_kv_namespace() {
     out=$(timeout 300 "$SHARE/kv-uring" --dev "$dev" --nsid 2 --count 48 --qd 8 --sizes 4096,65536,300001,1048576 2>&1) \
         || { fail "kv-uring: $(echo $out)"; disconnect_ctrl "$ctrl"; return 1; }
     echo "#   $out"
+    # Values as large as one command may carry (VML: MDTS, 32 MiB on kvtarget over TCP;
+    # over RDMA the guest's registered buffer pool of 32 MiB keeps MDTS at 1 MiB).
+    if [ "$TRANSPORT" = tcp ]; then
+        [ "$vml" -ge $((32 * MiB)) ] || { fail "KV value max $vml is below the 32 MiB the TCP target is configured for"; disconnect_ctrl "$ctrl"; return 1; }
+        out=$(timeout 300 "$SHARE/kv-uring" --dev "$dev" --nsid 2 --count 4 --qd 2 --seed 7 --sizes 4096,$((32 * MiB)) 2>&1) \
+            || { fail "kv-uring (32 MiB values): $(echo $out)"; disconnect_ctrl "$ctrl"; return 1; }
+        echo "#   $out"
+    fi
     # Malformed: key length 0 is Invalid Key Size, and the block namespace is untouched.
     kv_cmd "$dev" 0x14 0 0 -
     [ $KV_RC != 0 ] && echo "$KV_OUT" | grep -q "(0x4186)" \

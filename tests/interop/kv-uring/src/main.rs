@@ -55,16 +55,57 @@ fn key_of(seed: u64, i: u64) -> ([u8; 16], u32) {
     (k, 12)
 }
 
-fn value_of(seed: u64, i: u64, len: usize) -> Vec<u8> {
+/// One 4 KiB page, page-aligned.
+#[derive(Clone, Copy)]
+#[repr(C, align(4096))]
+struct Page([u8; 4096]);
+
+/// A page-aligned byte buffer, as passthrough clients use: the kernel maps a
+/// command larger than one bio (256 pages) only if its buffer starts on a page
+/// (a first segment at an offset is a "gap" to the next bio under the NVMe
+/// virt boundary, and the command fails with EINVAL), so an unaligned 1 MiB
+/// buffer works only when its pages happen to be physically contiguous.
+struct Buf {
+    pages: Vec<Page>,
+    len: usize,
+}
+
+impl Buf {
+    fn zeroed(len: usize) -> Buf {
+        Buf {
+            pages: vec![Page([0; 4096]); len.div_ceil(4096)],
+            len,
+        }
+    }
+    fn bytes(&self) -> impl Iterator<Item = &u8> {
+        self.pages.iter().flat_map(|p| p.0.iter()).take(self.len)
+    }
+    fn addr(&self) -> u64 {
+        self.pages.as_ptr() as u64
+    }
+    /// For a buffer the kernel writes into.
+    fn addr_mut(&mut self) -> u64 {
+        self.pages.as_mut_ptr() as u64
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    /// The whole pages: a Retrieve asks for a multiple of 4 KiB.
+    fn page_bytes(&self) -> usize {
+        self.pages.len() * 4096
+    }
+}
+
+fn value_of(seed: u64, i: u64, len: usize) -> Buf {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i.wrapping_add(1);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    let mut b = Buf::zeroed(len);
+    for byte in b.pages.iter_mut().flat_map(|p| p.0.iter_mut()).take(len) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *byte = x as u8;
+    }
+    b
 }
 
 struct Args {
@@ -180,7 +221,7 @@ fn real_main() -> Result<(), String> {
         .build(64)
         .map_err(|e| format!("io_uring with SQE128/CQE32: {e}"))?;
     let len_of = |i: u64| a.sizes[i as usize % a.sizes.len()];
-    let values: Vec<Vec<u8>> = (0..a.count)
+    let values: Vec<Buf> = (0..a.count)
         .map(|i| value_of(a.seed, i, len_of(i)))
         .collect();
     let cmd = |opcode, i: u64, addr: u64, len: usize| {
@@ -199,12 +240,8 @@ fn real_main() -> Result<(), String> {
     // Store every value.
     let stores: Vec<UringCmd> = (0..a.count)
         .map(|i| {
-            cmd(
-                STORE,
-                i,
-                values[i as usize].as_ptr() as u64,
-                values[i as usize].len(),
-            )
+            let v = &values[i as usize];
+            cmd(STORE, i, v.addr(), v.len())
         })
         .collect();
     for (i, d) in run(&mut ring, fd, &stores, a.qd)?.iter().enumerate() {
@@ -219,14 +256,14 @@ fn real_main() -> Result<(), String> {
     let stored: usize = values.iter().map(|v| v.len()).sum();
     // Retrieve each into a buffer of whole 4 KiB blocks (at most VML, as the
     // kernel does not split passthrough): the data is the value, DW0 its size.
-    let mut bufs: Vec<Vec<u8>> = values
-        .iter()
-        .map(|v| vec![0u8; v.len().div_ceil(4096) * 4096])
-        .collect();
+    let mut bufs: Vec<Buf> = values.iter().map(|v| Buf::zeroed(v.len())).collect();
     let gets: Vec<UringCmd> = bufs
         .iter_mut()
         .enumerate()
-        .map(|(i, b)| cmd(RETRIEVE, i as u64, b.as_mut_ptr() as u64, b.len()))
+        .map(|(i, b)| {
+            let n = b.page_bytes();
+            cmd(RETRIEVE, i as u64, b.addr_mut(), n)
+        })
         .collect();
     for (i, d) in run(&mut ring, fd, &gets, a.qd)?.iter().enumerate() {
         if d.res != 0 {
@@ -239,7 +276,7 @@ fn real_main() -> Result<(), String> {
                 values[i].len()
             ));
         }
-        if bufs[i][..values[i].len()] != values[i][..] {
+        if !bufs[i].bytes().eq(values[i].bytes()) {
             return Err(format!(
                 "Retrieve {i}: the value differs from what was stored"
             ));
