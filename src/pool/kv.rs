@@ -204,10 +204,17 @@ impl Blocks {
     }
     /// Takes `n` contiguous free blocks (next fit from the last allocation).
     fn alloc(&mut self, n: u32) -> Option<u64> {
+        let b = self.find_run(n, self.hint)?;
+        self.set(b, n, true);
+        self.hint = b + n as u64;
+        Some(b)
+    }
+    /// The first run of `n` free blocks from `hint` on, wrapping to 0.
+    fn find_run(&self, n: u32, hint: u64) -> Option<u64> {
         if n == 0 || (n as u64) > self.free {
             return None;
         }
-        for (start, end) in [(self.hint, self.total), (0, self.hint)] {
+        for (start, end) in [(hint, self.total), (0, hint)] {
             let mut at = start;
             while at < end {
                 // None: nothing free past `at`; the wrapped range may have some.
@@ -216,8 +223,6 @@ impl Blocks {
                 };
                 let run_end = self.next_used(b);
                 if run_end - b >= n as u64 {
-                    self.set(b, n, true);
-                    self.hint = b + n as u64;
                     return Some(b);
                 }
                 at = run_end;
@@ -232,6 +237,9 @@ struct State {
     entries: Vec<Option<Entry>>,
     free_slots: Vec<u32>,
     blocks: Blocks,
+    /// Scratch of `blocks`' size: the blocks as they will be once what waits
+    /// for a commit is free (sized at creation: the full path allocates nothing).
+    after_commit: Blocks,
     /// Given up, not yet durably so: (block, nblocks).
     pending_free: Vec<(u64, u32)>,
     pending_blocks: u64,
@@ -273,6 +281,7 @@ impl KvIndex {
                 entries: Vec::with_capacity(cap),
                 free_slots: Vec::with_capacity(cap),
                 blocks: Blocks::new(total),
+                after_commit: Blocks::new(total),
                 pending_free: Vec::with_capacity(1024),
                 pending_blocks: 0,
                 committing: Vec::new(),
@@ -375,6 +384,18 @@ impl KvIndex {
                 .min(st.blocks.total);
             while st.pending_blocks + st.blocks.free < want {
                 if !self.evict_one(&mut st, now_ms, settings.ttl, Some(key)) {
+                    break;
+                }
+            }
+            // Enough blocks, yet values of mixed sizes can leave no run of
+            // `nblocks` among them (64 KiB holes for a 1 MiB value): clear the
+            // keys in a window at CLOCK's next victim, a few windows at most
+            // (one may hold a Store in flight or a key being read).
+            for _ in 0..8 {
+                if Self::run_after_commit(&mut st, nblocks) {
+                    break;
+                }
+                if !self.evict_window(&mut st, now_ms, settings.ttl, key, nblocks) {
                     break;
                 }
             }
@@ -741,6 +762,67 @@ impl KvIndex {
         }
     }
 
+    /// Whether `n` contiguous blocks will be free once the given-up blocks
+    /// waiting for a commit (or in one) are.
+    fn run_after_commit(st: &mut State, n: u32) -> bool {
+        let State {
+            blocks,
+            after_commit,
+            pending_free,
+            committing,
+            ..
+        } = st;
+        after_commit.words.copy_from_slice(&blocks.words);
+        after_commit.free = blocks.free;
+        for &(b, k) in pending_free.iter().chain(committing.iter()) {
+            after_commit.set(b, k, false);
+        }
+        after_commit.find_run(n, 0).is_some()
+    }
+
+    /// Evicts CLOCK's next victim and every other key with blocks in the
+    /// `n`-block window starting at the victim's (pulled back from the end),
+    /// never `keep`. False when there is no victim.
+    fn evict_window(
+        &self,
+        st: &mut State,
+        now_ms: u64,
+        ttl: Option<Duration>,
+        keep: &KvKey,
+        n: u32,
+    ) -> bool {
+        let Some(victim) = self.evict_one_at(st, now_ms, ttl, Some(keep)) else {
+            return false;
+        };
+        let start = victim.min(st.blocks.total.saturating_sub(n as u64));
+        let end = start + n as u64;
+        // A scan of every key: only when a value cannot be placed at all.
+        for i in 0..st.entries.len() {
+            let hit = st.entries[i].as_ref().is_some_and(|e| {
+                e.live
+                    && e.key != *keep
+                    && e.loc.nblocks > 0
+                    && e.loc.block < end
+                    && e.loc.block + e.loc.nblocks as u64 > start
+            });
+            if hit {
+                if let Some(e) = st.entries[i].as_ref() {
+                    let age = now_ms.saturating_sub(e.stored_ms);
+                    if expired(e, now_ms, ttl) {
+                        self.counters.expirations.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+                        self.counters
+                            .eviction_age_ms
+                            .fetch_add(age, Ordering::Relaxed);
+                    }
+                }
+                self.give_up(st, i as u32);
+            }
+        }
+        true
+    }
+
     /// Evicts one key by CLOCK (expired keys first as the hand meets them),
     /// never `keep` (the key being stored). False when there is none to evict.
     fn evict_one(
@@ -750,9 +832,20 @@ impl KvIndex {
         ttl: Option<Duration>,
         keep: Option<&KvKey>,
     ) -> bool {
+        self.evict_one_at(st, now_ms, ttl, keep).is_some()
+    }
+
+    /// `evict_one`, returning the victim's first block.
+    fn evict_one_at(
+        &self,
+        st: &mut State,
+        now_ms: u64,
+        ttl: Option<Duration>,
+        keep: Option<&KvKey>,
+    ) -> Option<u64> {
         let n = st.entries.len();
         if n == 0 || st.map.is_empty() {
-            return false;
+            return None;
         }
         // Two sweeps clear every reference bit, so a third finds a victim.
         for _ in 0..n * 3 {
@@ -777,10 +870,11 @@ impl KvIndex {
                     .eviction_age_ms
                     .fetch_add(age, Ordering::Relaxed);
             }
+            let block = e.loc.block;
             self.give_up(st, i as u32);
-            return true;
+            return Some(block);
         }
-        false
+        None
     }
 }
 
@@ -1012,6 +1106,39 @@ mod tests {
             failed |= store(&ix, &key(i), 16384, now) == Err(Status::CAPACITY_EXCEEDED);
         }
         assert!(failed);
+    }
+
+    /// A namespace of small values with holes between them still places a
+    /// large value: eviction clears a window instead of finding enough free
+    /// blocks, none of them contiguous, and refusing (the bug: 1 MiB Stores
+    /// into a namespace fragmented by 64 KiB values all got Capacity Exceeded).
+    #[test]
+    fn fragmented_namespace_evicts_a_window_for_a_large_value() {
+        let now = Instant::now();
+        let ix = KvIndex::new(256 * 4096, 4096);
+        let mut durable = BTreeMap::new();
+        for i in 0..64 {
+            assert!(store_with(&ix, &key(i), 16384, now, &mut durable).is_ok());
+        }
+        for i in (0..64).step_by(2) {
+            assert!(ix.delete(&key(i), now).is_ok());
+        }
+        commit(&ix, &mut durable);
+        // Half the blocks are free, in 4-block holes: no run of 16.
+        let loc = store_with(&ix, &key(1000), 16 * 4096, now, &mut durable);
+        let loc = loc.expect("the large value is placed");
+        assert_eq!(loc.nblocks, 16);
+        assert!(ix.exists(&key(1000), now));
+        // Targeted: the keys in one 16-block window, not most of the cache.
+        let evicted = ix.snapshot().evictions;
+        assert!((1..=4).contains(&evicted), "{:?}", ix.snapshot());
+        assert!(ix.verify().is_empty());
+        // Nothing durable shares the new value's blocks (the crash rule).
+        commit(&ix, &mut durable);
+        for (k, l) in &durable {
+            let overlap = l.block < loc.block + 16 && loc.block < l.block + l.nblocks as u64;
+            assert!(*k == key(1000) || !overlap, "{k:?} {l:?} overlaps {loc:?}");
+        }
     }
 
     #[test]
