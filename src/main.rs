@@ -145,6 +145,19 @@ struct PerfArgs {
     /// Header and data digests
     #[arg(long)]
     digests: bool,
+    /// KV commands on a KV namespace: writes are Stores of one --bs value,
+    /// reads Retrieves, --deallocate-pct Deletes; Retrieves that find no key
+    /// are counted as misses (read-only runs store every key first)
+    #[arg(long)]
+    kv: bool,
+    /// --kv: keys addressed [default: as many values as the namespace holds];
+    /// more than that is eviction pressure
+    #[arg(long, value_name = "N", requires = "kv", value_parser = clap::value_parser!(u64).range(1..))]
+    kv_keys: Option<u64>,
+    /// Random I/Os pick keys (or blocks) by Zipf popularity with this
+    /// exponent, e.g. 0.99 [default: 0, uniform]
+    #[arg(long, value_name = "THETA")]
+    zipf: Option<f64>,
     /// Print the report as JSON
     #[arg(long)]
     json: bool,
@@ -794,6 +807,11 @@ fn perf_options(a: PerfArgs) -> kvtarget::perf::PerfOptions {
     o.progress = !a.quiet;
     o.hostnqn = a.hostnqn;
     o.verify = a.verify;
+    o.kv = a.kv;
+    o.kv_keys = a.kv_keys;
+    if let Some(z) = a.zipf {
+        o.zipf = z;
+    }
     if a.digests {
         o.digests = kvtarget::wire::tcp::Digests {
             header: true,

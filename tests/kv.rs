@@ -654,3 +654,81 @@ extent_size = "1MiB"
     drop(qs);
     server.shutdown();
 }
+
+/// `kvtarget perf --kv` against a real KV namespace: Stores, verified
+/// Retrieves, a Zipf mix with Deletes under eviction pressure (misses counted,
+/// not errors), the keys it left found by the initiator, and bad options
+/// refused by name.
+#[test]
+fn perf_drives_a_kv_namespace() {
+    use kvtarget::perf::{run, PerfError, PerfOptions, Workload};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_server, addr) = start(dir.path(), "8MiB", "");
+    let opts = |workload, bs: usize, keys: Option<u64>| PerfOptions {
+        nsid: 1,
+        kv: true,
+        kv_keys: keys,
+        workload,
+        block_size: bs,
+        qd: 4,
+        queues: 2,
+        runtime: Duration::from_millis(400),
+        warmup: Duration::from_millis(100),
+        busy_poll: false,
+        ..PerfOptions::new(addr, NQN)
+    };
+    // Stores of 64 KiB values over 64 keys (half the namespace).
+    let r = run(&opts(Workload::RandWrite, 65536, Some(64))).expect("store run");
+    assert!(r.ios > 0 && r.errors == 0, "{}", r.to_text());
+    assert_eq!(r.kv_keys, Some(64));
+    assert!(
+        r.to_json().contains("\"kv\":{\"keys\":64,"),
+        "{}",
+        r.to_json()
+    );
+    // A verified Retrieve run stores its keys first: every read checks out.
+    let r = run(&PerfOptions {
+        verify: true,
+        ..opts(Workload::RandRead, 65536, Some(64))
+    })
+    .expect("retrieve run");
+    assert!(
+        r.ios > 0 && r.errors == 0 && r.mismatches == 0,
+        "{}",
+        r.to_text()
+    );
+    assert_eq!(r.misses, 0, "{}", r.to_text());
+    assert!(r.verified > 0);
+    // Four times the keys the namespace holds, Zipf popularity, some Deletes:
+    // Stores evict, Retrieves of evicted or deleted keys miss, nothing fails.
+    let r = run(&PerfOptions {
+        zipf: 0.99,
+        deallocate_pct: 10,
+        verify: true,
+        ..opts(Workload::RandRw, 65536, Some(512))
+    })
+    .expect("churn run");
+    assert!(
+        r.ios > 0 && r.errors == 0 && r.mismatches == 0,
+        "{}",
+        r.to_text()
+    );
+    assert!(r.misses > 0, "{}", r.to_text());
+    // The keys are the initiator's too: kvperf:: and the index big-endian.
+    let (_c, mut qs) = connect(addr, 1);
+    let listed = qs[0].kv_list(1, KvKey::default(), 4096).expect("list");
+    assert!(!listed.is_empty());
+    assert!(listed.iter().all(|k| k.as_bytes().starts_with(b"kvperf::")));
+    // Bad options name what is wrong.
+    let e = run(&opts(Workload::RandWrite, 64 << 20, None)).unwrap_err();
+    assert!(matches!(e, PerfError::KvValueTooLarge { .. }), "{e}");
+    assert!(e.to_string().contains("VML"), "{e}");
+    let e = run(&opts(Workload::LmcacheStore, 65536, None)).unwrap_err();
+    assert!(matches!(e, PerfError::KvWorkload(_)), "{e}");
+    let e = run(&PerfOptions {
+        nsid: 2,
+        ..opts(Workload::RandRead, 4096, None)
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("namespace 2"), "{e}");
+}

@@ -55,6 +55,20 @@ pub enum PerfError {
     LmcacheMetadata(u32),
     #[error("namespace smaller than one I/O per queue")]
     NamespaceTooSmall,
+    #[error("--kv: {0} is an LMCache block layout; KV runs take randread|randwrite|randrw|read|write (Retrieve, Store, a mix)")]
+    KvWorkload(&'static str),
+    #[error(
+        "--kv: --bs {value} is over the namespace's largest value ({vml} bytes, KV Identify VML)"
+    )]
+    KvValueTooLarge { value: usize, vml: u32 },
+    #[error("--kv: namespace {0} is not a KV namespace (its KV Identify reports no format)")]
+    NotKvNamespace(u32),
+    #[error("--kv-keys must be at least one per queue")]
+    KvKeys,
+    #[error("--zipf must be from 0 (uniform) to 10, got {0}")]
+    Zipf(f64),
+    #[error("--kv-keys/--zipf: a popularity table for {0} keys is too large (at most 16777216)")]
+    ZipfTooLarge(u64),
 
     // Workers and their queues.
     #[error("worker panicked")]

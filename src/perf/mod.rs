@@ -14,7 +14,7 @@ pub use queue::{check_pattern, fill_pattern};
 
 use crate::initiator::{HostController, HostOptions};
 use crate::wire::tcp::Digests;
-use queue::{Layout, LiveCounters, PerfQueue, QueuePlan};
+use queue::{Layout, LiveCounters, PerfQueue, Popularity, QueuePlan};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -196,6 +196,16 @@ pub struct PerfOptions {
     pub busy_poll: bool,
     /// A progress line on stderr every second.
     pub progress: bool,
+    /// KV commands on a KV namespace instead of block I/O: a write is a Store
+    /// of one `block_size` value, a read a Retrieve, a deallocate a Delete.
+    pub kv: bool,
+    /// The keys a KV run addresses (none: as many values as the namespace's
+    /// capacity holds). More than that is eviction pressure: Stores evict and
+    /// Retrieves of evicted keys miss.
+    pub kv_keys: Option<u64>,
+    /// Random I/Os pick slots (keys) by Zipf popularity with this exponent;
+    /// 0 is uniform.
+    pub zipf: f64,
 }
 
 impl PerfOptions {
@@ -221,6 +231,9 @@ impl PerfOptions {
             lmcache_metadata: LMCACHE_METADATA_BYTES,
             busy_poll: true,
             progress: false,
+            kv: false,
+            kv_keys: None,
+            zipf: 0.0,
         }
     }
 }
@@ -247,16 +260,24 @@ pub struct PerfReport {
     pub mismatches: u64,
     /// The first mismatches, described.
     pub mismatch_details: Vec<String>,
+    /// KV runs: the keys addressed, and the measured Retrieves (and Deletes)
+    /// that found no key (not in `ios` or the latencies).
+    pub kv_keys: Option<u64>,
+    pub misses: u64,
 }
 
 impl PerfReport {
     pub fn to_json(&self) -> String {
         format!(
-            "{{\"ios\":{},\"bytes\":{},\"seconds\":{:.3},\"iops\":{:.1},\"mib_s\":{:.2},\"lat_us\":{{\"mean\":{:.2},\"p50\":{:.2},\"p90\":{:.2},\"p99\":{:.2},\"p99_9\":{:.2},\"p99_99\":{:.2},\"max\":{:.2}}},\"errors\":{},\"cpu_us_per_io\":{:.3},\"verified\":{},\"mismatches\":{}}}",
+            "{{\"ios\":{},\"bytes\":{},\"seconds\":{:.3},\"iops\":{:.1},\"mib_s\":{:.2},\"lat_us\":{{\"mean\":{:.2},\"p50\":{:.2},\"p90\":{:.2},\"p99\":{:.2},\"p99_9\":{:.2},\"p99_99\":{:.2},\"max\":{:.2}}},\"errors\":{},\"cpu_us_per_io\":{:.3},\"verified\":{},\"mismatches\":{}",
             self.ios, self.bytes, self.seconds, self.iops, self.mib_s, self.mean_us, self.p50_us,
             self.p90_us, self.p99_us, self.p999_us, self.p9999_us, self.max_us, self.errors,
             self.cpu_us_per_io, self.verified, self.mismatches
-        )
+        ) + &match self.kv_keys {
+            // Appended inside the object: `…,"kv":{…}}`.
+            Some(k) => format!(",\"kv\":{{\"keys\":{k},\"misses\":{}}}}}", self.misses),
+            None => "}".into(),
+        }
     }
 
     pub fn to_text(&self) -> String {
@@ -269,6 +290,9 @@ impl PerfReport {
                 "  verified {} reads, {} mismatches",
                 self.verified, self.mismatches
             );
+        }
+        if let Some(k) = self.kv_keys {
+            t += &format!("  keys {k}, misses {}", self.misses);
         }
         for d in &self.mismatch_details {
             t += &format!("\n  mismatch: {d}");
@@ -290,6 +314,7 @@ fn cpu_time() -> Duration {
 struct WorkerResult {
     hist: Histogram,
     errors: u64,
+    misses: u64,
     verified: u64,
     mismatches: u64,
     details: Vec<String>,
@@ -344,49 +369,68 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
             asked: o.queues,
         });
     }
-    let ns = ctrl
-        .identify_namespace(o.nsid)
-        .map_err(|source| PerfError::Identify {
-            nsid: o.nsid,
-            source,
-        })?;
-    if ns.nsze == 0 {
-        return Err(PerfError::InactiveNamespace(o.nsid));
+    if !(0.0..=10.0).contains(&o.zipf) {
+        return Err(PerfError::Zipf(o.zipf));
     }
-    let lba = 1u32 << ns.lbads;
-    if o.block_size == 0 || o.block_size % lba as usize != 0 {
-        return Err(PerfError::BlockSize(lba));
-    }
-    let (workload, layout) = o.workload.layout(o.lmcache_metadata);
-    if o.lmcache_metadata % lba as u64 != 0 {
-        return Err(PerfError::LmcacheMetadata(lba));
-    }
-    let bytes = ns.nsze.saturating_mul(lba as u64);
-    let total = bytes.saturating_sub(layout.base()) / layout.stride(o.block_size);
-    if total < o.queues as u64 {
-        return Err(PerfError::NamespaceTooSmall);
-    }
+    let (workload, layout, lba, total) = if o.kv {
+        kv_layout(o, &mut ctrl)?
+    } else {
+        let ns = ctrl
+            .identify_namespace(o.nsid)
+            .map_err(|source| PerfError::Identify {
+                nsid: o.nsid,
+                source,
+            })?;
+        if ns.nsze == 0 {
+            return Err(PerfError::InactiveNamespace(o.nsid));
+        }
+        let lba = 1u32 << ns.lbads;
+        if o.block_size == 0 || o.block_size % lba as usize != 0 {
+            return Err(PerfError::BlockSize(lba));
+        }
+        let (workload, layout) = o.workload.layout(o.lmcache_metadata);
+        if o.lmcache_metadata % lba as u64 != 0 {
+            return Err(PerfError::LmcacheMetadata(lba));
+        }
+        let bytes = ns.nsze.saturating_mul(lba as u64);
+        let total = bytes.saturating_sub(layout.base()) / layout.stride(o.block_size);
+        if total < o.queues as u64 {
+            return Err(PerfError::NamespaceTooSmall);
+        }
+        (workload, layout, lba, total)
+    };
     // Verified runs give each queue its own range (two queues writing one block
     // at once have no defined result); others share the whole namespace, with
     // sequential streams starting apart.
     let per_queue = total / o.queues as u64;
+    let counts = |i: u16| {
+        if o.verify {
+            (
+                per_queue * i as u64,
+                per_queue.min(VERIFY_MAX_IOS_PER_QUEUE),
+            )
+        } else {
+            (0, total)
+        }
+    };
+    // Every queue draws from the same range (verified runs: same-sized ones),
+    // so one popularity table serves them all.
+    let (_, count0) = counts(0);
+    if o.zipf > 0.0 && count0 > 1 << 24 {
+        return Err(PerfError::ZipfTooLarge(count0));
+    }
+    let popularity = Popularity::new(count0, o.zipf);
     let plans: Vec<QueuePlan> = (0..o.queues)
         .map(|i| {
-            let (first, count) = if o.verify {
-                (
-                    per_queue * i as u64,
-                    per_queue.min(VERIFY_MAX_IOS_PER_QUEUE),
-                )
-            } else {
-                (0, total)
-            };
+            let (first, count) = counts(i);
             QueuePlan {
                 qid: i + 1,
                 nsid: o.nsid,
                 workload,
                 read_pct: o.read_pct,
-                // LMCache never discards: its phases issue no deallocates.
-                deallocate_pct: if layout == Layout::Blocks {
+                // LMCache never discards: its phases issue no deallocates
+                // (KV runs send Deletes).
+                deallocate_pct: if matches!(layout, Layout::Blocks | Layout::Kv) {
                     o.deallocate_pct
                 } else {
                     0
@@ -400,10 +444,14 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
                 first,
                 count,
                 verify: o.verify,
+                popularity: popularity.clone(),
             }
         })
         .collect();
-    let needs_prefill = o.verify && matches!(workload, Workload::RandRead | Workload::Read);
+    // A read-only run reads what was written first: verified runs check it, and a
+    // KV Retrieve of a key never stored is a miss.
+    let needs_prefill =
+        (o.verify || o.kv) && matches!(workload, Workload::RandRead | Workload::Read);
 
     let workers = o.cpus.len().max(1);
     let live: Vec<Arc<LiveCounters>> = (0..workers).map(|_| Arc::default()).collect();
@@ -499,12 +547,14 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
     });
     let (results, cpu_used) = results;
     let mut hist = Histogram::default();
+    let mut misses = 0;
     let mut errors = 0;
     let (mut verified, mut mismatches, mut details) = (0, 0, Vec::new());
     for r in results {
         let w = r?;
         hist.merge(&w.hist);
         errors += w.errors;
+        misses += w.misses;
         verified += w.verified;
         mismatches += w.mismatches;
         details.extend(w.details);
@@ -534,7 +584,50 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
         verified,
         mismatches,
         mismatch_details: details,
+        kv_keys: o.kv.then_some(total),
+        misses,
     })
+}
+
+/// A KV run's workload, layout, "block" (one byte: values need not be
+/// whole blocks) and key count, from the KV Identify Namespace.
+fn kv_layout(
+    o: &PerfOptions,
+    ctrl: &mut HostController,
+) -> Result<(Workload, Layout, u32, u64), PerfError> {
+    match o.workload {
+        Workload::LmcacheStore => return Err(PerfError::KvWorkload("lmcache-store")),
+        Workload::LmcacheRetrieve => return Err(PerfError::KvWorkload("lmcache-retrieve")),
+        _ => {}
+    }
+    let ns = ctrl
+        .identify_kv_namespace(o.nsid)
+        .map_err(|source| PerfError::Identify {
+            nsid: o.nsid,
+            source,
+        })?;
+    let Some(f) = ns.kvf.first() else {
+        return Err(PerfError::NotKvNamespace(o.nsid));
+    };
+    if ns.nsze == 0 {
+        return Err(PerfError::InactiveNamespace(o.nsid));
+    }
+    if f.vml == 0 {
+        return Err(PerfError::NotKvNamespace(o.nsid));
+    }
+    if o.block_size == 0 || o.block_size > f.vml as usize {
+        return Err(PerfError::KvValueTooLarge {
+            value: o.block_size,
+            vml: f.vml,
+        });
+    }
+    // A value takes whole 4 KiB blocks of the namespace's bytes.
+    let fits = ns.nsze / (o.block_size.div_ceil(4096) as u64 * 4096);
+    let keys = o.kv_keys.unwrap_or(fits);
+    if keys < o.queues as u64 {
+        return Err(PerfError::KvKeys);
+    }
+    Ok((o.workload, Layout::Kv, 1, keys))
 }
 
 /// How long the coordinator sleeps: until the next progress tick (a second after
@@ -657,6 +750,7 @@ fn worker(
     let mut r = WorkerResult {
         hist: Histogram::default(),
         errors: 0,
+        misses: 0,
         verified: 0,
         mismatches: 0,
         details: Vec::new(),
@@ -664,6 +758,7 @@ fn worker(
     for q in &qs {
         r.hist.merge(&q.hist);
         r.errors += q.errors;
+        r.misses += q.misses;
         r.verified += q.verified;
         r.mismatches += q.mismatch_count;
         for m in &q.mismatches {

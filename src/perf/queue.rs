@@ -15,7 +15,10 @@
 
 use super::{Histogram, PerfError, Workload};
 use crate::initiator::QueueParts;
-use crate::wire::nvme::{io_opc, DsmRange, SglDescriptor, Sqe, DSM_ATTR_DEALLOCATE, DSM_RANGE_LEN};
+use crate::wire::nvme::{
+    io_opc, DsmRange, KvCommand, KvKey, SglDescriptor, Sqe, Status, StoreOptions,
+    DSM_ATTR_DEALLOCATE, DSM_RANGE_LEN,
+};
 use crate::wire::tcp::{self as pdu, DataHeader, Digests, ParseLimits, Pdu};
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
@@ -34,6 +37,55 @@ pub enum Layout {
     /// block at the slot's start, then the payload after it (two commands, or
     /// more when MDTS splits the payload); a read retrieves the payload only.
     LmcacheSlots { metadata: u64, header: usize },
+    /// A KV namespace: I/O `i` is the value of key `i` (`kv_key(i)`), one
+    /// command each (a value is at most VML, which is at most MDTS). A write is
+    /// a Store, a read a Retrieve into a buffer of the value's size, a
+    /// deallocate a Delete.
+    Kv,
+}
+
+/// The key of KV I/O `i`: 16 bytes, "kvperf::" and `i` big-endian (so List
+/// order is index order).
+pub fn kv_key(i: u64) -> KvKey {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(b"kvperf::");
+    k[8..].copy_from_slice(&i.to_be_bytes());
+    KvKey::new(&k).unwrap_or_default()
+}
+
+/// Key popularity: uniform, or Zipf with exponent `theta` over the keys (rank
+/// `r` drawn with probability proportional to 1 / (r + 1)^theta), sampled from a
+/// cumulative table built once per queue.
+#[derive(Debug, Clone)]
+pub struct Popularity {
+    cdf: Vec<f64>,
+}
+
+impl Popularity {
+    /// A table for `n` keys; `theta` 0 is uniform (no table).
+    pub fn new(n: u64, theta: f64) -> Popularity {
+        if theta <= 0.0 || n == 0 {
+            return Popularity { cdf: Vec::new() };
+        }
+        let mut cdf = Vec::with_capacity(n as usize);
+        let mut sum = 0.0;
+        for r in 0..n {
+            sum += 1.0 / ((r + 1) as f64).powf(theta);
+            cdf.push(sum);
+        }
+        for c in cdf.iter_mut() {
+            *c /= sum;
+        }
+        Popularity { cdf }
+    }
+    /// The index for random word `x` among `n` keys.
+    fn pick(&self, x: u64, n: u64) -> u64 {
+        if self.cdf.is_empty() {
+            return x % n.max(1);
+        }
+        let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+        (self.cdf.partition_point(|&c| c < u) as u64).min(n.saturating_sub(1))
+    }
 }
 
 impl Layout {
@@ -42,6 +94,7 @@ impl Layout {
         match self {
             Layout::Blocks => io_size as u64,
             Layout::LmcacheSlots { header, .. } => (header + io_size).div_ceil(4096) as u64 * 4096,
+            Layout::Kv => 1,
         }
     }
     /// Where I/O 0 starts.
@@ -49,6 +102,7 @@ impl Layout {
         match self {
             Layout::Blocks => 0,
             Layout::LmcacheSlots { metadata, .. } => metadata,
+            Layout::Kv => 0,
         }
     }
 }
@@ -78,6 +132,8 @@ pub struct QueuePlan {
     pub count: u64,
     /// Check every read against what this run wrote there.
     pub verify: bool,
+    /// How random I/Os pick their slot (or key).
+    pub popularity: Popularity,
 }
 
 /// A verification failure, described for the report.
@@ -227,6 +283,9 @@ pub struct PerfQueue {
     pub verified: u64,
     pub mismatches: Vec<Mismatch>,
     pub mismatch_count: u64,
+    /// KV Retrieves (and Deletes) measured that found no key: an evicted,
+    /// expired or never stored value. Not errors, and not in the histogram.
+    pub misses: u64,
     live: Arc<LiveCounters>,
     /// Completions are recorded only inside [measure_from, measure_until).
     measure_from: Instant,
@@ -246,13 +305,17 @@ impl PerfQueue {
         // which no block size exceeds.
         let piece = (plan.max_transfer.max(lba) / lba * lba).min(plan.io_size.max(lba));
         let header = match plan.layout {
-            Layout::Blocks => 0,
+            Layout::Blocks | Layout::Kv => 0,
             Layout::LmcacheSlots { header, .. } => header,
         };
         if header % lba != 0 || header > piece {
             return Err(PerfError::BlockSize(plan.lba_size));
         }
-        let pieces = plan.io_size.div_ceil(piece).max(1) + usize::from(header > 0);
+        let pieces = if plan.layout == Layout::Kv {
+            1
+        } else {
+            plan.io_size.div_ceil(piece).max(1) + usize::from(header > 0)
+        };
         if plan.qd * pieces > u16::MAX as usize || plan.max_commands == 0 {
             return Err(PerfError::TooManyPieces {
                 qd: plan.qd,
@@ -279,7 +342,8 @@ impl PerfQueue {
                 io_index: 0,
                 stamp: 0,
                 submitted: measure_from,
-                data: if writes || plan.verify {
+                // KV read-only runs store their keys first.
+                data: if writes || plan.verify || plan.layout == Layout::Kv {
                     vec![0x5A; header + plan.io_size]
                 } else {
                     Vec::new()
@@ -324,6 +388,7 @@ impl PerfQueue {
             verified: 0,
             mismatches: Vec::new(),
             mismatch_count: 0,
+            misses: 0,
             live,
             measure_from,
             measure_until,
@@ -376,7 +441,8 @@ impl PerfQueue {
                 self.seq = (self.seq + 1) % self.plan.count;
                 i
             } else {
-                self.next_rand() % self.plan.count
+                let x = self.next_rand();
+                self.plan.popularity.pick(x, self.plan.count)
             };
             match &self.verify {
                 Some(v) if v.busy(i as usize) => continue,
@@ -455,6 +521,8 @@ impl PerfQueue {
                     )
                 }));
             }
+            // One command per key: Store, Retrieve or Delete of the value.
+            (_, Layout::Kv) => s.pieces.push((at, 0, io)),
             (_, Layout::Blocks) => s.pieces.extend((0..io.div_ceil(piece)).map(|j| {
                 let off = j * piece;
                 (at + off as u64, off, piece.min(io - off))
@@ -504,6 +572,9 @@ impl PerfQueue {
 
     fn encode_piece(&mut self, cid: u16) {
         let (slot, start, len, at) = self.piece_of(cid);
+        if self.plan.layout == Layout::Kv {
+            return self.encode_kv(cid, slot, at, len);
+        }
         let lba = self.plan.lba_size as usize;
         let s = &self.slots[slot];
         let op = s.op;
@@ -542,6 +613,43 @@ impl PerfQueue {
                     len,
                 )
             }
+        };
+        sqe.set_sgl(SglDescriptor {
+            address: 0,
+            length: len as u32,
+            type_byte: if !data.is_empty() {
+                SglDescriptor::IN_CAPSULE
+            } else {
+                SglDescriptor::TRANSPORT
+            },
+        });
+        pdu::encode_capsule_cmd(&mut self.wbuf, &sqe, data, self.digests);
+    }
+
+    /// A KV command for key `key`: Store of the slot's value (in the capsule when
+    /// it fits, else by R2T), Retrieve into a buffer of the value's size, or
+    /// Delete.
+    fn encode_kv(&mut self, cid: u16, slot: usize, key: u64, len: usize) {
+        let key = kv_key(key);
+        let s = &self.slots[slot];
+        let cmd = match s.op {
+            Op::Write => KvCommand::Store {
+                key,
+                value_size: len as u32,
+                options: StoreOptions::default(),
+            },
+            Op::Read => KvCommand::Retrieve {
+                key,
+                host_buffer_size: len as u32,
+                raw: false,
+            },
+            Op::Deallocate => KvCommand::Delete { key },
+        };
+        let mut sqe = cmd.encode(cid, self.plan.nsid);
+        let (data, len): (&[u8], usize) = match s.op {
+            Op::Write if len <= self.icd_limit => (&s.data[..len], len),
+            Op::Write | Op::Read => (&[], len),
+            Op::Deallocate => (&[], 0),
         };
         sqe.set_sgl(SglDescriptor {
             address: 0,
@@ -633,7 +741,7 @@ impl PerfQueue {
 
     fn handle(&mut self, p: Pdu, now: Instant) -> Result<usize, PerfError> {
         match p {
-            Pdu::CapsuleResp(cqe) => self.complete(cqe.cid, cqe.status().is_success(), now),
+            Pdu::CapsuleResp(cqe) => self.complete(cqe.cid, cqe.status(), now),
             Pdu::C2HData {
                 hdr,
                 success,
@@ -673,7 +781,7 @@ impl PerfQueue {
                     if !last {
                         return Err(PerfError::SuccessWithoutLast);
                     }
-                    return self.complete(hdr.cccid, true, now);
+                    return self.complete(hdr.cccid, Status::SUCCESS, now);
                 }
                 Ok(0)
             }
@@ -730,7 +838,13 @@ impl PerfQueue {
     }
 
     /// Command `cid` completed; returns 1 when that finished its I/O.
-    fn complete(&mut self, cid: u16, ok: bool, now: Instant) -> Result<usize, PerfError> {
+    fn complete(&mut self, cid: u16, status: Status, now: Instant) -> Result<usize, PerfError> {
+        // A KV key that is not there (evicted, expired, deleted, never stored)
+        // is a miss, which a cache has by design: counted, not an error.
+        let nokey = Status::KV_KEY_DOES_NOT_EXIST;
+        let miss =
+            self.plan.layout == Layout::Kv && (status.sct, status.sc) == (nokey.sct, nokey.sc);
+        let ok = status.is_success() || miss;
         let (slot, piece) = (cid as usize / self.pieces, cid as usize % self.pieces);
         // A completion for a piece not yet sent is the target's error.
         let s = self
@@ -750,6 +864,7 @@ impl PerfQueue {
         self.outstanding -= 1;
         self.free.push(slot as u16);
         let (op, io_index, stamp, bad, t0) = (s.op, s.io_index, s.stamp, s.bad, s.submitted);
+        let miss = miss && ok;
         self.send_ready();
         let read = op == Op::Read;
         if let Some(v) = self.verify.as_mut() {
@@ -760,11 +875,15 @@ impl PerfQueue {
                 // failed write leaves the block undefined: stop checking either.
                 v.stamps[i] = if ok { stamp } else { 0 };
             }
-            if read && ok && stamp != 0 && !bad {
+            if read && ok && !miss && stamp != 0 && !bad {
                 self.verified += 1;
             }
         }
-        if now >= self.measure_from && now < self.measure_until {
+        if miss {
+            if now >= self.measure_from && now < self.measure_until {
+                self.misses += 1;
+            }
+        } else if now >= self.measure_from && now < self.measure_until {
             self.hist
                 .record(now.saturating_duration_since(t0).as_nanos() as u64);
             if !ok || bad {
@@ -810,6 +929,7 @@ mod tests {
                 first: 0,
                 count: 64,
                 verify,
+                popularity: Popularity::new(64, 0.0),
             },
             Arc::default(),
             now,
@@ -817,6 +937,43 @@ mod tests {
         )
         .unwrap();
         (q, target)
+    }
+
+    proptest! {
+        /// Every draw is a key of the range, uniform or Zipf.
+        #[test]
+        fn popularity_picks_inside_the_range(n in 1u64..5000, theta in 0.0f64..3.0, xs in proptest::collection::vec(any::<u64>(), 1..64)) {
+            let p = Popularity::new(n, theta);
+            for x in xs {
+                prop_assert!(p.pick(x, n) < n);
+            }
+        }
+    }
+
+    /// Zipf 0.99 over 1000 keys: the first key is drawn far more often than the
+    /// last (about 13 % against 0.013 %), uniform draws are even.
+    #[test]
+    fn zipf_popularity_is_skewed_and_uniform_is_not() {
+        let (n, draws) = (1000u64, 200_000u64);
+        let mut rng = 0x1234_5678_9ABC_DEF0u64;
+        let mut count = |p: &Popularity| {
+            let mut c = vec![0u64; n as usize];
+            for _ in 0..draws {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                c[p.pick(rng, n) as usize] += 1;
+            }
+            c
+        };
+        let z = count(&Popularity::new(n, 0.99));
+        assert!(z[0] > draws / 10 && z[0] < draws / 5, "{}", z[0]);
+        assert!(z[0] > 100 * z[999].max(1), "{} {}", z[0], z[999]);
+        let u = count(&Popularity::new(n, 0.0));
+        assert!(u.iter().all(|&c| c > 100 && c < 300), "{:?}", &u[..8]);
+        // KV keys: 16 bytes, in index order.
+        assert_eq!(kv_key(7).len(), 16);
+        assert!(kv_key(255) < kv_key(256));
     }
 
     proptest! {
