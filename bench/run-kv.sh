@@ -26,8 +26,8 @@
 #   KV store        --kv --workload write: one Store per value, keys in order, as
 #                   many keys as the block volume has slots (no eviction)
 #   block retrieve  --workload lmcache-retrieve: a random slot's payload
-#   KV retrieve     --kv --workload randread over those keys (perf stores every key
-#                   first, outside the measured window)
+#   KV retrieve     --kv --workload randread over those keys (the namespace emptied
+#                   again, perf stores every key first, outside the measured window)
 # Both volumes are written in full once before the first run (a first write maps
 # the extent; freed KV blocks stay mapped), so no run pays for mapping. GB/s are 10^9 bytes of payload (values) per second; the header
 # block is not counted, as it is not KV-cache data.
@@ -36,7 +36,9 @@
 # popularity, once over keys filling half the KV namespace (nothing evicted) and once
 # over twice as many keys as it holds (it stays at 100 % capacity: Stores of new keys
 # evict, Retrieves of evicted keys miss), the foreground P99 beside each and the
-# evictions the target counted (kvtarget_get_kv_namespaces) during the run.
+# evictions the target counted (kvtarget_get_kv_namespaces) during the run (warm-up
+# included). Each starts empty and stores its keys in order for 2 s first, so the full
+# case is full before it is measured.
 #
 # Nothing else may run on the machine during a measurement (2 cores: the target owns
 # core 0, perf core 1); the script warns when the 1-minute load average is above 0.5.
@@ -159,6 +161,9 @@ for r in $(seq "$ROUNDS"); do
         kv() {
             kv_reset 16384 3
             perf "$work/r$r-$s-kv-store.json" --nsid 2 --kv --kv-keys "$slots" --workload write --bs "$s"
+            # Empty again: the retrieve run's own Stores would otherwise overwrite a
+            # nearly full namespace, and overwrites there evict (a cache's rule).
+            kv_reset 16384 3
             perf "$work/r$r-$s-kv-retrieve.json" --nsid 2 --kv --kv-keys "$slots" --workload randread --bs "$s"
         }
         echo "run-kv: round $r, $s ($slots slots/keys)" >&2
@@ -169,6 +174,10 @@ for r in $(seq "$ROUNDS"); do
     for c in half:$((fit / 2)) full:$((fit * 2)); do
         name=${c%%:*} keys=${c#*:}
         kv_reset 16384 3
+        # Store every key in order first: half full, or (twice the keys) full
+        # with the oldest evicted, before the measured mix starts.
+        "$bin" perf --addr "127.0.0.1:$port" --nqn "$NQN" --nsid 2 --kv --kv-keys "$keys" \
+            --workload write --bs 1MiB --qd 8 --time 2 --warmup 0 --quiet > /dev/null
         e0=$(evictions)
         perf "$work/r$r-churn-$name.json" --nsid 2 --kv --kv-keys "$keys" --workload randrw \
             --rwmix-read 50 --zipf 0.99 --bs 1MiB

@@ -590,15 +590,31 @@ impl KvIndex {
         st.pending_blocks = 0;
     }
 
-    /// Every key and its location (a checkpoint), with the same bookkeeping
-    /// as `drain_changes`.
-    pub fn snapshot_all(&self) -> Vec<(KvKey, KvLoc)> {
+    /// Every key and its location for a checkpoint, with the same bookkeeping
+    /// as `drain_changes`: the changes since the last commit are taken (the
+    /// checkpoint holds them). Not a way to look at the index: `locations`.
+    pub fn drain_snapshot(&self) -> Vec<(KvKey, KvLoc)> {
         let mut st = self.lock();
         let st = &mut *st;
         st.dirty.clear();
         let pending = std::mem::take(&mut st.pending_free);
         st.committing.extend(pending);
         st.pending_blocks = 0;
+        Self::all_locations(st)
+    }
+
+    /// Keys changed, or blocks given up, since the last commit took them.
+    pub fn has_changes(&self) -> bool {
+        let st = self.lock();
+        !st.dirty.is_empty() || !st.pending_free.is_empty()
+    }
+
+    /// Every key and its location, changing nothing.
+    pub fn locations(&self) -> Vec<(KvKey, KvLoc)> {
+        Self::all_locations(&self.lock())
+    }
+
+    fn all_locations(st: &State) -> Vec<(KvKey, KvLoc)> {
         st.map
             .iter()
             .filter_map(|(k, &s)| {

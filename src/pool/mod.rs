@@ -1149,7 +1149,9 @@ impl Pool {
             let t = v.io_totals();
             ops += t.reads + t.writes + t.unmaps;
             ns += t.read_ns + t.write_ns + t.unmap_ns;
-            volumes_dirty |= v.has_dirty();
+            // A KV Delete, or a Store over blocks already written, changes only
+            // the key index: the periodic commit takes that too.
+            volumes_dirty |= v.has_dirty() || v.kv.as_ref().is_some_and(|kv| kv.has_changes());
         }
         let (prev_ops, prev_ns) = m.fg_seen;
         m.fg_seen = (ops, ns);
@@ -1443,7 +1445,9 @@ impl Pool {
                 .flat_map(|v| {
                     let id = v.desc.id;
                     v.kv.iter().flat_map(move |kv| {
-                        kv.snapshot_all().into_iter().map(move |(k, l)| (id, k, l))
+                        kv.drain_snapshot()
+                            .into_iter()
+                            .map(move |(k, l)| (id, k, l))
                     })
                 })
                 .collect(),

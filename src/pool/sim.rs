@@ -24,17 +24,29 @@
 //!   place: recovery must detect it (fail, then succeed once the fault is
 //!   gone) or recover exactly the flushed state, never something else.
 //!
+//! KV (one seed in eight, so the older seeds replay as they were): a KV volume
+//! beside the block ones takes Stores (values of 1 byte to 5 blocks, more
+//! keys and bytes than it holds, so Stores evict), Retrieves, Deletes and
+//! Flushes through the real key index and pool channels, under the same fuses,
+//! reordering and crashes. In the run every Retrieve returns the model's value
+//! or a miss for a key the model has absent (evictions are read back from the
+//! index after each Store); after every recovery each key holds its value at
+//! the last acknowledged Flush or one stored, deleted or evicted since, read
+//! back byte for byte, never another key's or a torn one.
+//!
 //! `KVT_SIM_SEEDS=N` sets how many seeds run (default 60; CI runs thousands in the `sim` profile);
 //! `KVT_SIM_SEED=S` runs one seed. A failure names its seed.
 
 use super::channel::PoolChannel;
-use super::format::VOL_UNWRITTEN_ERROR;
+use super::format::{VOL_KV, VOL_UNWRITTEN_ERROR};
 use super::gc::GcSettings;
+use super::kv::{KvIndex, Reserve};
 use super::{check, format, FormatOptions, Pool, PoolOptions};
 use crate::bdev::fault::{FaultDevice, FaultHandle, SimRng};
 use crate::bdev::fault::{ReadFault, ReadFaultKind};
 use crate::bdev::{IoChannel, IoCompletion, IoOp, SharedDevice, ERRNO_NO_SPACE, ERRNO_UNWRITTEN};
 use crate::mem::IoBuf;
+use crate::wire::nvme::{KvKey, Status, StoreOptions};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,6 +75,77 @@ impl Sector {
     fn flushed(&mut self) {
         self.allowed = BTreeSet::from([self.cur]);
     }
+}
+
+/// What a KV key may hold after a crash: its value (a version, or absent) at
+/// the last flush, and every value or absence since.
+#[derive(Clone, Debug)]
+struct KSlot {
+    cur: Option<u64>,
+    allowed: BTreeSet<Option<u64>>,
+}
+
+impl KSlot {
+    fn set(&mut self, v: Option<u64>) {
+        self.cur = v;
+        self.allowed.insert(v);
+    }
+    fn flushed(&mut self) {
+        self.allowed = BTreeSet::from([self.cur]);
+    }
+}
+
+/// The KV volume's name, its keys and block size.
+const KV_VOL: &str = "kv";
+const KV_KEYS: u32 = 24;
+const KV_BS: u64 = 4096;
+
+fn kv_key_of(k: u32) -> KvKey {
+    let mut b = *b"sim-key-\0\0\0\0";
+    b[8..].copy_from_slice(&k.to_be_bytes());
+    KvKey::new(&b).unwrap_or_default()
+}
+
+/// A value: key, version and length in the first 16 bytes, then bytes that
+/// depend on all three and the position (a torn, stale or foreign value fails).
+fn kv_value_byte(k: u32, version: u64, i: usize) -> u8 {
+    let x = version.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ ((k as u64) << 40) ^ i as u64;
+    (x ^ (x >> 29)) as u8
+}
+
+fn kv_value(k: u32, version: u64, len: usize, out: &mut [u8]) {
+    let mut head = [0u8; 16];
+    head[..4].copy_from_slice(&k.to_le_bytes());
+    head[4..12].copy_from_slice(&version.to_le_bytes());
+    head[12..].copy_from_slice(&(len as u32).to_le_bytes());
+    for (i, b) in out.iter_mut().enumerate().take(len) {
+        *b = if i < 16 {
+            head[i]
+        } else {
+            kv_value_byte(k, version, i)
+        };
+    }
+}
+
+/// The version a value read back holds, if it is whole and `k`'s.
+fn kv_version(k: u32, len: usize, data: &[u8]) -> Option<u64> {
+    if len < 16 {
+        // Too short for a header: the version is in the model's `len` table.
+        return None;
+    }
+    let word = |a: usize, b: usize| data.get(a..b);
+    let key = u32::from_le_bytes(word(0, 4)?.try_into().ok()?);
+    let version = u64::from_le_bytes(word(4, 12)?.try_into().ok()?);
+    let n = u32::from_le_bytes(word(12, 16)?.try_into().ok()?) as usize;
+    let body_ok = (16..len).all(|i| data.get(i) == Some(&kv_value_byte(k, version, i)));
+    (key == k && n == len && body_ok).then_some(version)
+}
+
+struct KvModel {
+    keys: Vec<KSlot>,
+    /// The length of each version stored (values under 16 bytes carry no
+    /// header: they are told apart by length and bytes).
+    lens: BTreeMap<u64, usize>,
 }
 
 struct MVol {
@@ -128,6 +211,8 @@ struct Sim {
     /// A create or resize that failed mid-commit: settled after the crash.
     pending_create: Option<(String, MVol)>,
     pending_resize: Option<(String, u64)>,
+    /// The KV volume's model, on the seeds that have one.
+    kv: Option<KvModel>,
 }
 
 const REACTORS: usize = 3;
@@ -177,7 +262,7 @@ impl Sim {
             .unwrap_or_else(|e| panic!("seed {seed}: open: {e}"));
         fault.set_reorder(Some(seed ^ 0x5eed));
         let meta_end = pool.sb.data_offset;
-        Sim {
+        let mut sim = Sim {
             seed,
             rng: SimRng(seed),
             fault,
@@ -194,7 +279,29 @@ impl Sim {
             now: Instant::now(),
             pending_create: None,
             pending_resize: None,
+            kv: None,
+        };
+        if seed % 8 == 3 {
+            // 64 blocks of 4 KiB and (one per 16 KiB) 16 keys: fewer than the
+            // 24 keys of up to 5 blocks the run stores, so Stores evict.
+            if let Err(e) = sim
+                .pool()
+                .create_volume(KV_VOL, 4 * EXTENT, KV_BS as u32, VOL_KV)
+            {
+                sim.fail(format!("create the KV volume: {e}"));
+            }
+            sim.kv = Some(KvModel {
+                keys: vec![
+                    KSlot {
+                        cur: None,
+                        allowed: BTreeSet::from([None]),
+                    };
+                    KV_KEYS as usize
+                ],
+                lens: BTreeMap::new(),
+            });
         }
+        sim
     }
 
     fn fail(&self, msg: String) -> ! {
@@ -319,6 +426,10 @@ impl Sim {
                 s.flushed();
             }
         }
+        // Every commit journals the key index's changes too.
+        if let Some(kv) = self.kv.as_mut() {
+            kv.keys.iter_mut().for_each(KSlot::flushed);
+        }
     }
 
     fn step(&mut self) {
@@ -334,21 +445,32 @@ impl Sim {
             self.advance(Duration::from_millis(400));
         }
         let mut stepped = false;
-        match roll {
-            0..=5 => self.create(),
-            6..=7 => self.delete(),
-            8..=10 => self.resize(),
-            11..=35 => self.write(),
-            36..=50 => self.read(),
-            51..=59 => self.deallocate(false),
-            60..=62 => self.deallocate(true),
-            63..=72 => self.flush(),
-            73..=87 => self.concurrent(),
-            88..=93 => {
-                self.gc_steps();
-                stepped = true;
+        if self.kv.is_some() && self.rng.chance(50) {
+            match roll {
+                0..=49 => self.kv_store(),
+                50..=74 => self.kv_retrieve(),
+                75..=89 => self.kv_delete(),
+                _ => {
+                    self.kv_flush();
+                }
             }
-            _ => self.crash(),
+        } else {
+            match roll {
+                0..=5 => self.create(),
+                6..=7 => self.delete(),
+                8..=10 => self.resize(),
+                11..=35 => self.write(),
+                36..=50 => self.read(),
+                51..=59 => self.deallocate(false),
+                60..=62 => self.deallocate(true),
+                63..=72 => self.flush(),
+                73..=87 => self.concurrent(),
+                88..=93 => {
+                    self.gc_steps();
+                    stepped = true;
+                }
+                _ => self.crash(),
+            }
         }
         if self.fault.tripped() {
             self.crash();
@@ -889,6 +1011,214 @@ impl Sim {
         }
     }
 
+    fn kv_index(&self) -> Arc<KvIndex> {
+        match self.pool().volume(KV_VOL).and_then(|v| v.kv.clone()) {
+            Some(ix) => ix,
+            None => self.fail("the KV volume or its index is missing".into()),
+        }
+    }
+
+    /// A Store as the target makes one: reserve, write the value's blocks,
+    /// commit it to the index; a full index asks for a commit and retries.
+    fn kv_store(&mut self) {
+        let ix = self.kv_index();
+        let k = self.rng.below(KV_KEYS as u64) as u32;
+        let version = self.next_value;
+        self.next_value += 1;
+        let len = 1 + self.rng.below(5 * KV_BS) as usize;
+        let key = kv_key_of(k);
+        self.log
+            .push(format!("kv store key {k} v{version} ({len} bytes)"));
+        let opts = StoreOptions::default();
+        let mut loc = None;
+        for _ in 0..4 {
+            match ix.reserve(&key, len as u32, opts, self.now) {
+                Ok(Reserve::Ready(l)) => {
+                    loc = Some(l);
+                    break;
+                }
+                Ok(Reserve::AfterCommit) => {
+                    self.log.push("  full: flush and ask again".into());
+                    if !self.kv_flush() {
+                        return;
+                    }
+                }
+                Err(s) => self.fail(format!("kv store key {k}: reserve refused {s:?}")),
+            }
+        }
+        let Some(loc) = loc else {
+            self.fail(format!("kv store key {k}: no room after four commits"));
+        };
+        let mut buf = sized(loc.nblocks as usize * KV_BS as usize);
+        buf.fill(0);
+        kv_value(k, version, len, &mut buf);
+        let c = self.run(
+            KV_VOL,
+            IoOp::Write {
+                offset: loc.block * KV_BS,
+                buf,
+                fua: false,
+            },
+        );
+        if let Err(e) = c.result {
+            ix.abort_store(&key, loc);
+            if self.fault.tripped() {
+                self.log.push(format!("  failed: errno {e}"));
+                return;
+            }
+            self.fail(format!("kv store key {k}: write errno {e}"));
+        }
+        if let Err(s) = ix.commit_store(&key, loc, opts, self.now) {
+            self.fail(format!("kv store key {k}: commit refused {s:?}"));
+        }
+        if let Some(kv) = self.kv.as_mut() {
+            kv.keys[k as usize].set(Some(version));
+            kv.lens.insert(version, len);
+        }
+        self.cover.kv_stores += 1;
+        // Keys the Store evicted are gone now (and may be after a crash).
+        let present: BTreeSet<KvKey> = ix.locations().into_iter().map(|(k, _)| k).collect();
+        if let Some(kv) = self.kv.as_mut() {
+            for (i, slot) in kv.keys.iter_mut().enumerate() {
+                if slot.cur.is_some() && !present.contains(&kv_key_of(i as u32)) {
+                    self.log.push(format!("  evicted key {i}"));
+                    slot.set(None);
+                    self.cover.kv_evicted += 1;
+                }
+            }
+        }
+    }
+
+    /// Reads `k`'s value at `loc` through a channel: its version, or a
+    /// failure naming what came back.
+    fn kv_read(&mut self, k: u32, loc: super::kv::KvLoc) -> Result<u64, String> {
+        let c = self.run(
+            KV_VOL,
+            IoOp::Read {
+                offset: loc.block * KV_BS,
+                buf: sized(loc.nblocks as usize * KV_BS as usize),
+            },
+        );
+        if let Err(e) = c.result {
+            return Err(format!("read errno {e}"));
+        }
+        let Some(data) = c.buf else {
+            return Err("read returned no buffer".into());
+        };
+        let len = loc.len as usize;
+        if let Some(v) = kv_version(k, len, &data) {
+            return Ok(v);
+        }
+        // A value under 16 bytes: whichever version of that length matches.
+        let lens = self.kv.as_ref().map(|m| m.lens.clone()).unwrap_or_default();
+        let mut want = vec![0u8; len];
+        for (&v, &l) in lens.iter().filter(|(_, &l)| l == len && l < 16) {
+            kv_value(k, v, l, &mut want);
+            if data.get(..len) == Some(&want[..]) {
+                return Ok(v);
+            }
+        }
+        Err(format!(
+            "{len} bytes that are no value of key {k}: {:02x?}",
+            &data[..len.min(32)]
+        ))
+    }
+
+    fn kv_retrieve(&mut self) {
+        let ix = self.kv_index();
+        let k = self.rng.below(KV_KEYS as u64) as u32;
+        let cur = self.kv.as_ref().and_then(|m| m.keys[k as usize].cur);
+        self.log
+            .push(format!("kv retrieve key {k} (model {cur:?})"));
+        match ix.begin_read(&kv_key_of(k), self.now) {
+            Err(s) if s == Status::KV_KEY_DOES_NOT_EXIST => {
+                if cur.is_some() {
+                    self.fail(format!("kv key {k} missing, model has v{cur:?}"));
+                }
+            }
+            Err(s) => self.fail(format!("kv retrieve key {k}: {s:?}")),
+            Ok((pin, loc)) => {
+                let got = self.kv_read(k, loc);
+                ix.end_read(pin);
+                match got {
+                    Ok(v) if Some(v) == cur => {}
+                    Err(_) if self.fault.tripped() => self.log.push("  read failed".into()),
+                    other => self.fail(format!("kv key {k}: read {other:?}, model has {cur:?}")),
+                }
+            }
+        }
+    }
+
+    fn kv_delete(&mut self) {
+        let ix = self.kv_index();
+        let k = self.rng.below(KV_KEYS as u64) as u32;
+        self.log.push(format!("kv delete key {k}"));
+        let cur = self.kv.as_ref().and_then(|m| m.keys[k as usize].cur);
+        match ix.delete(&kv_key_of(k), self.now) {
+            Ok(()) if cur.is_some() => {}
+            Err(s) if s == Status::KV_KEY_DOES_NOT_EXIST && cur.is_none() => return,
+            other => self.fail(format!("kv delete key {k}: {other:?}, model has {cur:?}")),
+        }
+        if let Some(kv) = self.kv.as_mut() {
+            kv.keys[k as usize].set(None);
+        }
+    }
+
+    /// A Flush through the KV volume; false when it failed (a fuse).
+    fn kv_flush(&mut self) -> bool {
+        self.log.push("kv flush".into());
+        let c = self.run(KV_VOL, IoOp::Flush);
+        match c.result {
+            Ok(()) => {
+                self.flush_model();
+                true
+            }
+            Err(e) if self.fault.tripped() => {
+                self.log.push(format!("  failed: errno {e}"));
+                false
+            }
+            Err(e) => self.fail(format!("kv flush failed with errno {e}")),
+        }
+    }
+
+    /// After a crash: every key holds what the model allows, read back byte
+    /// for byte, and the index holds no key the run never stored.
+    fn kv_settle(&mut self) {
+        if self.kv.is_none() {
+            return;
+        }
+        let ix = self.kv_index();
+        let keys: BTreeMap<KvKey, super::kv::KvLoc> = ix.locations().into_iter().collect();
+        let known: BTreeSet<KvKey> = (0..KV_KEYS).map(kv_key_of).collect();
+        if let Some(stray) = keys.keys().find(|k| !known.contains(k)) {
+            self.fail(format!(
+                "after crash the KV index holds {stray:?}, never stored"
+            ));
+        }
+        for k in 0..KV_KEYS {
+            let got = match keys.get(&kv_key_of(k)) {
+                None => None,
+                Some(&loc) => match self.kv_read(k, loc) {
+                    Ok(v) => {
+                        self.cover.kv_checked += 1;
+                        Some(v)
+                    }
+                    Err(e) => self.fail(format!("kv key {k} after crash: {e}")),
+                },
+            };
+            let allowed = self.kv.as_ref().map(|m| m.keys[k as usize].allowed.clone());
+            if !allowed.as_ref().is_some_and(|a| a.contains(&got)) {
+                self.fail(format!(
+                    "kv key {k} after crash holds {got:?}, allowed {allowed:?}"
+                ));
+            }
+            if let Some(kv) = self.kv.as_mut() {
+                kv.keys[k as usize].cur = got;
+                kv.keys[k as usize].flushed();
+            }
+        }
+    }
+
     fn flush(&mut self) {
         let Some(name) = self.pick_volume() else {
             return;
@@ -1003,8 +1333,15 @@ impl Sim {
             }
             self.settle_volume(&name);
         }
+        if self.kv.is_some() {
+            if pool.volume(KV_VOL).is_none() {
+                self.fail("the KV volume is gone after recovery".into());
+            }
+            self.kv_settle();
+        }
         for v in pool.volumes() {
-            if !self.model.contains_key(&v.desc.name) {
+            let kv_volume = self.kv.is_some() && v.desc.name == KV_VOL;
+            if !self.model.contains_key(&v.desc.name) && !kv_volume {
                 self.fail(format!(
                     "volume {} exists but the model has none",
                     v.desc.name
@@ -1094,7 +1431,10 @@ impl Sim {
 
     /// Deletes everything and lets GC finish: every extent must be clean again.
     fn drain(&mut self) {
-        let names: Vec<String> = self.model.keys().cloned().collect();
+        let mut names: Vec<String> = self.model.keys().cloned().collect();
+        if self.kv.take().is_some() {
+            names.push(KV_VOL.into());
+        }
         self.reactors.iter_mut().for_each(|r| *r = None);
         let pool = self.pool();
         for n in names {
@@ -1154,6 +1494,11 @@ struct Cover {
     /// Extents GC scrubbed and journal commits, in the final pool of each seed.
     scrubbed: u64,
     commits: u64,
+    /// KV: Stores acknowledged, keys the index evicted, and keys found holding
+    /// a value after a crash (each read back and checked).
+    kv_stores: u64,
+    kv_evicted: u64,
+    kv_checked: u64,
 }
 
 impl Cover {
@@ -1166,6 +1511,9 @@ impl Cover {
         self.refused += o.refused;
         self.scrubbed += o.scrubbed;
         self.commits += o.commits;
+        self.kv_stores += o.kv_stores;
+        self.kv_evicted += o.kv_evicted;
+        self.kv_checked += o.kv_checked;
     }
 }
 
@@ -1227,6 +1575,10 @@ fn simulation_over_many_seeds() {
             "concurrency or read faults not exercised: {total:?}"
         );
         assert!(total.scrubbed > 0 && total.commits > 0, "{total:?}");
+        assert!(
+            total.kv_stores > 0 && total.kv_evicted > 0 && total.kv_checked > 0,
+            "KV not exercised: {total:?}"
+        );
     }
     eprintln!(
         "pool simulation: seeds {first}..{}: {total:?}",
@@ -1368,4 +1720,43 @@ fn an_unflushed_chunk_after_a_crash_reads_as_data_or_misses() {
     }
     // The crashes lost unflushed blocks (or the test showed nothing).
     assert!(misses > 0, "no crash lost a block of the unflushed chunk");
+}
+
+/// The periodic group commit takes KV-only changes too: a Delete (or a Store
+/// over blocks already written) dirties no extent, only the key index, and
+/// once stayed uncommitted until a Flush.
+#[test]
+fn the_periodic_commit_journals_kv_only_changes() {
+    // Seed 11: a KV seed (11 % 8 == 3) with the periodic commit on (11 % 3 != 0).
+    let mut sim = Sim::new(11);
+    assert!(sim.timed && sim.kv.is_some());
+    while sim.kv_index().locations().is_empty() {
+        sim.kv_store();
+    }
+    assert!(sim.kv_flush());
+    let (key, _) = sim.kv_index().locations()[0];
+    let commits = sim.pool().snapshot().commits;
+    assert!(sim.kv_index().delete(&key, sim.now).is_ok());
+    let pool = sim.pool();
+    // The interval counts from the first step after the last commit.
+    pool.md_step(sim.now);
+    sim.now += Duration::from_secs(3);
+    pool.md_step(sim.now);
+    assert!(pool.snapshot().commits > commits, "no periodic commit");
+    drop(pool);
+    sim.fault.crash(&mut sim.rng);
+    sim.reactors.iter_mut().for_each(|r| *r = None);
+    sim.pool = None;
+    let pool = match Pool::open("sim", sim.dev.clone(), pool_opts(true)) {
+        Ok(p) => p,
+        Err(e) => panic!("recovery: {e}"),
+    };
+    let ix = pool
+        .volume(KV_VOL)
+        .and_then(|v| v.kv.clone())
+        .expect("the KV volume");
+    assert!(
+        !ix.locations().iter().any(|(k, _)| *k == key),
+        "the deleted {key:?} came back"
+    );
 }
