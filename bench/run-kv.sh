@@ -215,9 +215,11 @@ PYEOF
 )
 echo "$tables"
 if [ "$RECORD" = 1 ]; then
+    # Before the append: the heading names the build measured, not the file being written.
+    rev="$(git -C "$repo" rev-parse --short HEAD)$(git -C "$repo" diff --quiet || echo +dirty)"
     {
         echo
-        echo "### $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git -C "$repo" rev-parse --short HEAD)$(git -C "$repo" diff --quiet || echo +dirty): KV namespace vs LMCache block slots, ${SECS}s per run, $ROUNDS round(s), medians"
+        echo "### $(date -u '+%Y-%m-%d %H:%M UTC'), commit $rev: KV namespace vs LMCache block slots, ${SECS}s per run, $ROUNDS round(s), medians"
         echo
         echo "\`bench/run-kv.sh $*\`; load at start: $load; $(nproc) cores; target core 0 busy-poll, perf core 1, QD 4, one queue."
         echo
