@@ -151,6 +151,21 @@ pub struct LiveCounters {
     pub bytes: AtomicU64,
 }
 
+/// Encodes `sqe` as a capsule: its data in the capsule when given, else
+/// `len` bytes the transport moves (R2T, C2HData).
+fn encode_capsule(wbuf: &mut Vec<u8>, sqe: &mut Sqe, data: &[u8], len: usize, digests: Digests) {
+    sqe.set_sgl(SglDescriptor {
+        address: 0,
+        length: len as u32,
+        type_byte: if !data.is_empty() {
+            SglDescriptor::IN_CAPSULE
+        } else {
+            SglDescriptor::TRANSPORT
+        },
+    });
+    pdu::encode_capsule_cmd(wbuf, sqe, data, digests);
+}
+
 /// The data pattern of a verified block: every 8-byte word is a function of the
 /// I/O slot, the write's stamp and the word's position, so stale, misplaced and
 /// torn data all fail.
@@ -614,16 +629,7 @@ impl PerfQueue {
                 )
             }
         };
-        sqe.set_sgl(SglDescriptor {
-            address: 0,
-            length: len as u32,
-            type_byte: if !data.is_empty() {
-                SglDescriptor::IN_CAPSULE
-            } else {
-                SglDescriptor::TRANSPORT
-            },
-        });
-        pdu::encode_capsule_cmd(&mut self.wbuf, &sqe, data, self.digests);
+        encode_capsule(&mut self.wbuf, &mut sqe, data, len, self.digests);
     }
 
     /// A KV command for key `key`: Store of the slot's value (in the capsule when
@@ -651,16 +657,7 @@ impl PerfQueue {
             Op::Write | Op::Read => (&[], len),
             Op::Deallocate => (&[], 0),
         };
-        sqe.set_sgl(SglDescriptor {
-            address: 0,
-            length: len as u32,
-            type_byte: if !data.is_empty() {
-                SglDescriptor::IN_CAPSULE
-            } else {
-                SglDescriptor::TRANSPORT
-            },
-        });
-        pdu::encode_capsule_cmd(&mut self.wbuf, &sqe, data, self.digests);
+        encode_capsule(&mut self.wbuf, &mut sqe, data, len, self.digests);
     }
 
     /// Sends what is queued; partial writes leave the rest for the next call.

@@ -796,6 +796,19 @@ impl KvIndex {
         after_commit.find_run(n, 0).is_some()
     }
 
+    /// Counts `e` leaving the index: an expiration, or an eviction and its age.
+    fn count_gone(&self, e: &Entry, now_ms: u64, ttl: Option<Duration>) {
+        if expired(e, now_ms, ttl) {
+            self.counters.expirations.fetch_add(1, Ordering::Relaxed);
+        } else {
+            let age = now_ms.saturating_sub(e.stored_ms);
+            self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .eviction_age_ms
+                .fetch_add(age, Ordering::Relaxed);
+        }
+    }
+
     /// Evicts CLOCK's next victim and every other key with blocks in the
     /// `n`-block window starting at the victim's (pulled back from the end),
     /// never `keep`. False when there is no victim.
@@ -823,15 +836,7 @@ impl KvIndex {
             });
             if hit {
                 if let Some(e) = st.entries[i].as_ref() {
-                    let age = now_ms.saturating_sub(e.stored_ms);
-                    if expired(e, now_ms, ttl) {
-                        self.counters.expirations.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        self.counters.evictions.fetch_add(1, Ordering::Relaxed);
-                        self.counters
-                            .eviction_age_ms
-                            .fetch_add(age, Ordering::Relaxed);
-                    }
+                    self.count_gone(e, now_ms, ttl);
                 }
                 self.give_up(st, i as u32);
             }
@@ -877,15 +882,7 @@ impl KvIndex {
                 e.referenced = false;
                 continue;
             }
-            let age = now_ms.saturating_sub(e.stored_ms);
-            if expired(e, now_ms, ttl) {
-                self.counters.expirations.fetch_add(1, Ordering::Relaxed);
-            } else {
-                self.counters.evictions.fetch_add(1, Ordering::Relaxed);
-                self.counters
-                    .eviction_age_ms
-                    .fetch_add(age, Ordering::Relaxed);
-            }
+            self.count_gone(e, now_ms, ttl);
             let block = e.loc.block;
             self.give_up(st, i as u32);
             return Some(block);
