@@ -245,6 +245,8 @@ struct State {
     pending_blocks: u64,
     /// Drained into a commit that has not finished yet.
     committing: Vec<(u64, u32)>,
+    /// Blocks in `committing`.
+    committing_blocks: u64,
     /// Keys whose index state changed since the last commit drained them.
     dirty: HashSet<KvKey>,
     /// Stores of new keys between `reserve` and `commit_store`.
@@ -285,6 +287,7 @@ impl KvIndex {
                 pending_free: Vec::with_capacity(1024),
                 pending_blocks: 0,
                 committing: Vec::new(),
+                committing_blocks: 0,
                 dirty: HashSet::with_capacity(cap),
                 inflight_new: 0,
                 hand: 0,
@@ -382,7 +385,9 @@ impl KvIndex {
             let want = (nblocks as u64 * 2)
                 .max(st.blocks.total / 64)
                 .min(st.blocks.total);
-            while st.pending_blocks + st.blocks.free < want {
+            // Blocks a commit in flight carries count: they are free when it
+            // lands, and evicting for them would cost live keys for nothing.
+            while st.pending_blocks + st.committing_blocks + st.blocks.free < want {
                 if !self.evict_one(&mut st, now_ms, settings.ttl, Some(key)) {
                     break;
                 }
@@ -400,7 +405,7 @@ impl KvIndex {
                 }
             }
         }
-        if st.pending_blocks + (st.committing.iter().map(|r| r.1 as u64).sum::<u64>()) > 0 {
+        if st.pending_blocks + st.committing_blocks > 0 {
             self.counters.commit_waits.fetch_add(1, Ordering::Relaxed);
             return Ok(Reserve::AfterCommit);
         }
@@ -585,9 +590,7 @@ impl KvIndex {
                 .map(|e| e.loc);
             out.push((key, loc));
         }
-        let pending = std::mem::take(&mut st.pending_free);
-        st.committing.extend(pending);
-        st.pending_blocks = 0;
+        Self::begin_commit(st);
     }
 
     /// Every key and its location for a checkpoint, with the same bookkeeping
@@ -597,9 +600,7 @@ impl KvIndex {
         let mut st = self.lock();
         let st = &mut *st;
         st.dirty.clear();
-        let pending = std::mem::take(&mut st.pending_free);
-        st.committing.extend(pending);
-        st.pending_blocks = 0;
+        Self::begin_commit(st);
         Self::all_locations(st)
     }
 
@@ -631,6 +632,7 @@ impl KvIndex {
     pub fn committed(&self, ok: bool) {
         let mut st = self.lock();
         let done = std::mem::take(&mut st.committing);
+        st.committing_blocks = 0;
         if ok {
             for (b, n) in done {
                 st.blocks.set(b, n, false);
@@ -690,7 +692,7 @@ impl KvIndex {
         let st = self.lock();
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let committing: u64 = st.committing.iter().map(|r| r.1 as u64).sum();
+        let committing = st.committing_blocks;
         KvSnapshot {
             keys: st.map.len() as u64,
             max_keys: self.max_keys,
@@ -737,6 +739,14 @@ impl KvIndex {
     }
 
     // --- internals, under the state lock ---
+
+    /// The given-up blocks join the commit being made.
+    fn begin_commit(st: &mut State) {
+        let pending = std::mem::take(&mut st.pending_free);
+        st.committing.extend(pending);
+        st.committing_blocks += st.pending_blocks;
+        st.pending_blocks = 0;
+    }
 
     fn pend(st: &mut State, loc: KvLoc) {
         if loc.nblocks > 0 {
@@ -1088,6 +1098,38 @@ mod tests {
             ix.reserve(&key(2), 4096, NONE, now),
             Ok(Reserve::Ready(_))
         ));
+    }
+
+    /// Blocks a commit in flight carries are room: a Store waits for that
+    /// commit instead of evicting live keys (CI: a verified Retrieve run
+    /// missed keys its own prefill had stored, evicted while a commit ran).
+    #[test]
+    fn a_commit_in_flight_is_room_not_a_reason_to_evict() {
+        let now = Instant::now();
+        // 16 values of 4 blocks fill it.
+        let ix = KvIndex::new(64 * 4096, 4096);
+        for i in 0..16 {
+            assert!(store(&ix, &key(i), 16384, now).is_ok());
+        }
+        for i in 0..4 {
+            assert_eq!(ix.delete(&key(i), now), Ok(()));
+        }
+        // The commit carrying the Deletes starts: their blocks are in it.
+        let mut out = Vec::new();
+        ix.drain_changes(&mut out);
+        assert_eq!(ix.snapshot().pending_free_blocks, 16);
+        assert_eq!(
+            ix.reserve(&key(100), 16384, NONE, now),
+            Ok(Reserve::AfterCommit)
+        );
+        assert_eq!(ix.snapshot().evictions, 0);
+        ix.committed(true);
+        assert!(matches!(
+            ix.reserve(&key(100), 16384, NONE, now),
+            Ok(Reserve::Ready(_))
+        ));
+        assert_eq!(ix.snapshot().evictions, 0);
+        assert!(ix.verify().is_empty());
     }
 
     #[test]
