@@ -364,7 +364,7 @@ pub fn render(ctl: &Control) -> String {
         .filter_map(|(p, v)| v.kv.as_ref().map(|k| (p, &v.desc.name, k.snapshot())))
         .collect();
     type KvField = fn(&crate::pool::kv::KvSnapshot) -> u64;
-    let kv_series: [(&str, &str, &str, KvField); 8] = [
+    let kv_series: [(&str, &str, &str, KvField); 9] = [
         ("kvtarget_kv_keys", "gauge", "Keys holding a value.", |s| s.keys),
         ("kvtarget_kv_value_bytes", "gauge", "Bytes of stored values.", |s| s.value_bytes),
         ("kvtarget_kv_stores_total", "counter", "Completed Stores.", |s| s.stores),
@@ -373,6 +373,7 @@ pub fn render(ctl: &Control) -> String {
         ("kvtarget_kv_evictions_total", "counter", "Keys evicted to make room.", |s| s.evictions),
         ("kvtarget_kv_eviction_age_seconds_total", "counter", "Sum of evicted keys' ages since they were stored; over evictions, the mean age.", |s| s.eviction_age_ms / 1000),
         ("kvtarget_kv_expirations_total", "counter", "Keys dropped by the namespace's TTL.", |s| s.expirations),
+        ("kvtarget_kv_trimmed_extents_total", "counter", "Extents whose blocks stayed free long enough to go back to the pool.", |s| s.trimmed_extents),
     ];
     for (name, kind, help, get) in kv_series {
         o.head(name, kind, help);

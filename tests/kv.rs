@@ -732,3 +732,97 @@ fn perf_drives_a_kv_namespace() {
     .unwrap_err();
     assert!(e.to_string().contains("namespace 2"), "{e}");
 }
+
+/// Space the keys gave up goes back to the pool: after Deletes and a Flush,
+/// the namespace's extents are unmapped once they stay free a few seconds
+/// (`TRIM_AFTER`), GC scrubs them (holes punched in the pool file), and the
+/// namespace stores and retrieves values in that space again.
+#[test]
+fn freed_kv_space_goes_back_to_the_pool() {
+    use kvtarget::rpc::RpcClient;
+    use serde_json::{json, Value};
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = format!(
+        "[rpc]\nsocket = \"{d}/kv.sock\"\n{rest}",
+        d = dir.path().display(),
+        rest = config(dir.path(), 0, "64MiB", "")
+    );
+    let server = Server::start(&Config::parse(&text).expect("config")).expect("start");
+    let addr = server.listen_addrs()[0].0;
+    let mut c = RpcClient::connect(server.rpc_path().expect("rpc socket")).expect("rpc");
+    let mut ns = || -> Value {
+        let v = c
+            .call("kvtarget_get_kv_namespaces", json!({"name": "p/cache"}))
+            .expect("kv namespaces");
+        v[0].clone()
+    };
+    let file_bytes = || {
+        std::fs::metadata(dir.path().join("pool.img"))
+            .map(|m| m.blocks() * 512)
+            .unwrap_or(0)
+    };
+    let (_h, mut qs) = connect(addr, 1);
+    let q = &mut qs[0];
+    let n = 40u64;
+    let len = 700 << 10;
+    for i in 0..n {
+        q.kv_store(1, key(&format!("v{i}")), value(i, len), PLAIN)
+            .expect("store");
+    }
+    q.flush(1).expect("flush");
+    let full = ns();
+    let allocated = full["allocated_bytes"].as_u64().unwrap_or(0);
+    assert!(allocated >= n * len as u64, "{full}");
+    let file_full = file_bytes();
+    for i in 0..n {
+        q.kv_delete(1, key(&format!("v{i}"))).expect("delete");
+    }
+    q.flush(1).expect("flush");
+    // Unmapped after TRIM_AFTER; the deadline only bounds a hang.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let trimmed = loop {
+        let s = ns();
+        if s["allocated_bytes"] == 0 {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "never trimmed: {s}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        trimmed["trimmed_extents"].as_u64() >= Some((n * len as u64) >> 20),
+        "{trimmed}"
+    );
+    assert_eq!(trimmed["keys"], 0);
+    assert_eq!(
+        trimmed["free_bytes"], trimmed["capacity_bytes"],
+        "{trimmed}"
+    );
+    // GC scrubs the extents: the pool file gives the space back.
+    loop {
+        let freed = file_full.saturating_sub(file_bytes());
+        if freed >= allocated - (2 << 20) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pool file kept its blocks: {file_full} then {}",
+            file_bytes()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The space serves new values, read back byte for byte.
+    for i in 0..n {
+        q.kv_store(1, key(&format!("w{i}")), value(1000 + i, len), PLAIN)
+            .expect("store again");
+    }
+    for i in 0..n {
+        let (got, size) = q
+            .kv_retrieve(1, key(&format!("w{i}")), len as u32)
+            .expect("retrieve");
+        assert_eq!(size as usize, len);
+        assert!(got == value(1000 + i, len), "value w{i}");
+    }
+    drop(qs);
+    server.shutdown();
+}

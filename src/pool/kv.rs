@@ -14,11 +14,19 @@
 //! a hash lookup and a bitmap search, never across I/O. It is the one lock on
 //! a KV command's path; the map and bitmap are sized at creation so the path
 //! does not allocate (List, a cold command, sorts a copy of the keys).
+//!
+//! Space back to the pool: an extent of the volume whose blocks have all been
+//! free for `trim_after` (and durably so) is handed to the metadata thread
+//! (`trim_step`), which unmaps it; GC scrubs it under admission control like
+//! any deallocated extent. Its blocks stay marked used meanwhile, so no Store
+//! writes into an extent being unmapped. Waiting keeps a churning cache, which
+//! reuses freed blocks as soon as next fit comes round, from paying a scrub
+//! and a fresh mapping for space it takes back at once.
 
 use super::format::NO_EXTENT;
 use crate::wire::nvme::{KvKey, Status, StoreOptions};
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -28,6 +36,11 @@ use std::time::{Duration, Instant};
 pub const KV_BYTES_PER_KEY: u64 = 16 << 10;
 /// The most bytes one key takes in a checkpoint (volume, key, location).
 pub const KV_CKPT_ENTRY_BYTES: u64 = 4 + 1 + 16 + 8 + 4 + 4;
+/// How long an extent's blocks stay all free before it goes back to the pool.
+pub const TRIM_AFTER: Duration = Duration::from_secs(5);
+/// Extents one `trim_step` hands over at most (the rest wait a tick), so the
+/// index lock is never held for a scan of a whole large volume.
+const TRIM_BATCH: usize = 256;
 
 /// Where a value lives: `nblocks` blocks of the volume from `block`, the
 /// first `len` bytes of which are the value.
@@ -88,6 +101,8 @@ pub struct KvCounters {
     /// Stores that waited for a commit to reuse given-up blocks.
     pub commit_waits: AtomicU64,
     pub store_failures_full: AtomicU64,
+    /// Extents whose blocks were all free long enough to go back to the pool.
+    pub trimmed_extents: AtomicU64,
 }
 
 /// A point-in-time view for RPC and metrics.
@@ -109,6 +124,7 @@ pub struct KvSnapshot {
     pub eviction_age_ms: u64,
     pub commit_waits: u64,
     pub store_failures_full: u64,
+    pub trimmed_extents: u64,
 }
 
 struct Entry {
@@ -148,6 +164,9 @@ impl Blocks {
             free: total,
             hint: 0,
         }
+    }
+    fn all_free(&self, first: u64, n: u64) -> bool {
+        self.next_free(first) == Some(first) && self.next_used(first) >= first + n
     }
     fn is_used(&self, b: u64) -> bool {
         self.words
@@ -253,6 +272,13 @@ struct State {
     inflight_new: u64,
     hand: usize,
     value_bytes: u64,
+    /// Extents blocks were freed in since `trim_step` last looked.
+    freed_extents: Vec<u32>,
+    /// Extent -> when `trim_step` last saw blocks freed in it (ms).
+    trim_since: HashMap<u32, u64>,
+    /// (extent, ms) as `trim_since` had them when queued, oldest first; an
+    /// entry older than `trim_since` is requeued at the newer time.
+    trim_queue: VecDeque<(u32, u64)>,
 }
 
 /// The key index of one KV volume.
@@ -264,6 +290,13 @@ pub struct KvIndex {
     settings: Mutex<KvSettings>,
     state: Mutex<State>,
     pub counters: KvCounters,
+    /// Blocks per extent of the volume; 0: nothing is trimmed.
+    extent_blocks: u64,
+    trim_after: Mutex<Duration>,
+    /// Set when `freed_extents` has entries.
+    trim_fresh: AtomicBool,
+    /// When the oldest queued extent is due (ms), `u64::MAX` with none.
+    trim_due_ms: AtomicU64,
 }
 
 impl KvIndex {
@@ -292,8 +325,39 @@ impl KvIndex {
                 inflight_new: 0,
                 hand: 0,
                 value_bytes: 0,
+                freed_extents: Vec::new(),
+                trim_since: HashMap::new(),
+                trim_queue: VecDeque::new(),
             }),
             counters: KvCounters::default(),
+            extent_blocks: 0,
+            trim_after: Mutex::new(TRIM_AFTER),
+            trim_fresh: AtomicBool::new(false),
+            trim_due_ms: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// The index of a volume of `blocks_per_extent` blocks per extent: its
+    /// free extents go back to the pool. Every extent starts as a candidate,
+    /// so after recovery the ones no key uses are trimmed too.
+    pub fn with_extents(mut self, blocks_per_extent: u32) -> KvIndex {
+        self.extent_blocks = blocks_per_extent as u64;
+        if blocks_per_extent > 0 {
+            let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+            let extents = st.blocks.total.div_ceil(blocks_per_extent as u64);
+            let n = extents.min(u32::MAX as u64) as u32;
+            st.freed_extents = (0..n).collect();
+            st.trim_since.reserve(n as usize);
+            st.trim_queue.reserve(n as usize);
+            self.trim_fresh.store(n > 0, Ordering::Release);
+        }
+        self
+    }
+
+    /// How long an extent's blocks must stay free before it is trimmed.
+    pub fn set_trim_after(&self, d: Duration) {
+        if let Ok(mut g) = self.trim_after.lock() {
+            *g = d;
         }
     }
 
@@ -438,7 +502,7 @@ impl KvIndex {
         };
         if let Some(status) = refuse {
             // Never referenced by the index, durably or not: free at once.
-            st.blocks.set(loc.block, loc.nblocks, false);
+            self.release_blocks(&mut st, loc.block, loc.nblocks);
             return Err(status);
         }
         if let Some(slot) = old {
@@ -472,7 +536,7 @@ impl KvIndex {
         if !st.map.contains_key(key) {
             st.inflight_new = st.inflight_new.saturating_sub(1);
         }
-        st.blocks.set(loc.block, loc.nblocks, false);
+        self.release_blocks(&mut st, loc.block, loc.nblocks);
     }
 
     /// Looks `key` up for a Retrieve and pins its blocks until `end_read`.
@@ -635,7 +699,7 @@ impl KvIndex {
         st.committing_blocks = 0;
         if ok {
             for (b, n) in done {
-                st.blocks.set(b, n, false);
+                self.release_blocks(&mut st, b, n);
             }
         } else {
             for r in done {
@@ -710,6 +774,7 @@ impl KvIndex {
             eviction_age_ms: get(&c.eviction_age_ms),
             commit_waits: get(&c.commit_waits),
             store_failures_full: get(&c.store_failures_full),
+            trimmed_extents: get(&c.trimmed_extents),
         }
     }
 
@@ -739,6 +804,101 @@ impl KvIndex {
     }
 
     // --- internals, under the state lock ---
+
+    /// Blocks no key holds any more, durably: free for Stores, and their
+    /// extents are candidates to go back to the pool.
+    fn release_blocks(&self, st: &mut State, block: u64, n: u32) {
+        st.blocks.set(block, n, false);
+        let eb = self.extent_blocks;
+        if eb == 0 || n == 0 {
+            return;
+        }
+        for e in block / eb..=(block + n as u64 - 1) / eb {
+            let e = e as u32;
+            if st.freed_extents.last() != Some(&e) {
+                st.freed_extents.push(e);
+            }
+        }
+        self.trim_fresh.store(true, Ordering::Release);
+    }
+
+    /// Extents whose blocks have all been free for `trim_after` and which
+    /// `mapped` says hold storage, at most `TRIM_BATCH` of them, appended to
+    /// `out`. Their blocks are taken until `trimmed` gives them back, so the
+    /// caller may unmap them. Cheap when nothing is due (no lock taken).
+    pub fn trim_step(&self, now: Instant, mapped: impl Fn(u32) -> bool, out: &mut Vec<u32>) {
+        let now_ms = self.ms(now);
+        if self.extent_blocks == 0
+            || (!self.trim_fresh.load(Ordering::Acquire)
+                && now_ms < self.trim_due_ms.load(Ordering::Acquire))
+        {
+            return;
+        }
+        let after = self
+            .trim_after
+            .lock()
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(TRIM_AFTER.as_millis() as u64);
+        let eb = self.extent_blocks;
+        let mut st = self.lock();
+        let st = &mut *st;
+        self.trim_fresh.store(false, Ordering::Release);
+        for &e in &st.freed_extents {
+            if st.trim_since.insert(e, now_ms).is_none() {
+                st.trim_queue.push_back((e, now_ms));
+            }
+        }
+        st.freed_extents.clear();
+        let first_out = out.len();
+        while let Some(&(e, since)) = st.trim_queue.front() {
+            if since.saturating_add(after) > now_ms || out.len() - first_out >= TRIM_BATCH {
+                break;
+            }
+            st.trim_queue.pop_front();
+            match st.trim_since.get(&e) {
+                // Freed again since: wait from then (behind newer entries at
+                // most `after` late, which only delays a trim).
+                Some(&latest) if latest > since => {
+                    st.trim_queue.push_back((e, latest));
+                    continue;
+                }
+                _ => {
+                    st.trim_since.remove(&e);
+                }
+            }
+            let first = e as u64 * eb;
+            let n = eb.min(st.blocks.total.saturating_sub(first));
+            if n == 0 || !mapped(e) || !st.blocks.all_free(first, n) {
+                continue;
+            }
+            st.blocks.set(first, n as u32, true);
+            out.push(e);
+        }
+        let due = match st.trim_queue.front() {
+            Some(_) if out.len() - first_out >= TRIM_BATCH => now_ms,
+            Some(&(_, since)) => since.saturating_add(after),
+            None => u64::MAX,
+        };
+        self.trim_due_ms.store(due, Ordering::Release);
+    }
+
+    /// The extents `trim_step` handed over are unmapped: their blocks are
+    /// free again (a Store there maps a fresh extent).
+    pub fn trimmed(&self, extents: &[u32]) {
+        if extents.is_empty() {
+            return;
+        }
+        let eb = self.extent_blocks;
+        let mut st = self.lock();
+        for &e in extents {
+            let first = e as u64 * eb;
+            let n = eb.min(st.blocks.total.saturating_sub(first));
+            st.blocks.set(first, n as u32, false);
+        }
+        self.counters
+            .trimmed_extents
+            .fetch_add(extents.len() as u64, Ordering::Relaxed);
+    }
 
     /// The given-up blocks join the commit being made.
     fn begin_commit(st: &mut State) {
@@ -1130,6 +1290,70 @@ mod tests {
         ));
         assert_eq!(ix.snapshot().evictions, 0);
         assert!(ix.verify().is_empty());
+    }
+
+    /// Extents whose blocks stay free for `trim_after` go to the caller to
+    /// unmap: only mapped ones, never one a Store took meanwhile; a free
+    /// again restarts the wait; the blocks are taken until `trimmed`.
+    #[test]
+    fn free_extents_go_back_to_the_pool_after_a_while() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // 4 extents of 16 blocks.
+        let ix = KvIndex::new(64 * 4096, 4096).with_extents(16);
+        ix.set_trim_after(Duration::from_secs(1));
+        let mut durable = BTreeMap::new();
+        let mut out = Vec::new();
+        let all = |_| true;
+        for i in 0..4 {
+            let loc = store_with(&ix, &key(i), 16 * 4096, at(0), &mut durable);
+            assert_eq!(loc.map(|l| l.block), Ok(i as u64 * 16));
+        }
+        ix.trim_step(at(0), all, &mut out);
+        assert_eq!(ix.delete(&key(1), at(0)), Ok(()));
+        assert_eq!(ix.delete(&key(2), at(0)), Ok(()));
+        // Not durable yet: nothing to trim however long it waits.
+        ix.trim_step(at(5000), all, &mut out);
+        assert!(out.is_empty(), "{out:?}");
+        commit(&ix, &mut durable);
+        ix.trim_step(at(5000), all, &mut out);
+        assert!(out.is_empty(), "due a second after the commit: {out:?}");
+        // A Store that failed in extent 1 frees a block there again.
+        let Ok(Reserve::Ready(loc)) = ix.reserve(&key(50), 1, NONE, at(5200)) else {
+            panic!("no room for one block");
+        };
+        assert_eq!(loc.block, 16);
+        ix.abort_store(&key(50), loc);
+        ix.trim_step(at(5200), all, &mut out);
+        ix.trim_step(at(6000), all, &mut out);
+        assert_eq!(out, vec![2], "extent 1 waits from 5200");
+        // Being trimmed: its blocks are nobody's to take.
+        assert_eq!(ix.snapshot().free_blocks, 16);
+        ix.trimmed(&out);
+        assert_eq!(ix.snapshot().free_blocks, 32);
+        assert_eq!(ix.snapshot().trimmed_extents, 1);
+        out.clear();
+        // A Store takes blocks of extents 1 and 2 before extent 1 is due.
+        let loc = store_with(&ix, &key(9), 16 * 4096, at(6100), &mut durable);
+        assert_eq!(loc.map(|l| l.block), Ok(17));
+        ix.trim_step(at(6200), all, &mut out);
+        assert!(out.is_empty(), "{out:?}");
+        // Freed again: an unmapped extent needs nothing, a mapped one goes.
+        assert_eq!(ix.delete(&key(9), at(6300)), Ok(()));
+        commit(&ix, &mut durable);
+        ix.trim_step(at(6300), all, &mut out);
+        ix.trim_step(at(7200), all, &mut out);
+        assert!(out.is_empty(), "{out:?}");
+        ix.trim_step(at(7300), |e| e != 1, &mut out);
+        assert_eq!(out, vec![2]);
+        ix.trimmed(&out);
+        assert_eq!(ix.snapshot().trimmed_extents, 2);
+        assert!(ix.verify().is_empty());
+        // A plain index (no extents) never hands one over.
+        out.clear();
+        let plain = KvIndex::new(64 * 4096, 4096);
+        plain.trim_step(at(100_000), all, &mut out);
+        assert!(out.is_empty());
     }
 
     #[test]

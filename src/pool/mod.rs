@@ -1102,6 +1102,7 @@ impl Pool {
                 }
             }
         }
+        self.kv_trim(&mut m, now);
         if m.failed.is_some() {
             // Metadata can no longer be written: fail every waiter.
             while let Some(r) = self.commits.pop() {
@@ -1484,6 +1485,29 @@ impl Pool {
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
         self.kv_committed(true);
         Ok(())
+    }
+
+    /// KV extents whose blocks have all been free long enough go back to the
+    /// pool: unmapped here (no key and no Store can reach them: the index
+    /// holds their blocks), then dirty for GC to scrub under admission
+    /// control, like an extent a Deallocate emptied. The unmap is journaled
+    /// with the volume's next commit.
+    fn kv_trim(&self, m: &mut Meta, now: Instant) {
+        let mut out = Vec::new();
+        for v in self.volumes() {
+            let Some(kv) = &v.kv else { continue };
+            out.clear();
+            kv.trim_step(now, |l| v.mapping(l).is_some(), &mut out);
+            for &lext in &out {
+                v.clear_valid(lext, 0, v.blocks_per_extent);
+                match v.try_unmap_empty(lext) {
+                    Ok(Some(p)) => m.dirty.push(p),
+                    Ok(None) => {}
+                    Err(()) => self.retry_free.push((v.desc.id, lext)),
+                }
+            }
+            kv.trimmed(&out);
+        }
     }
 
     /// Tells KV indexes whether the commit that took their changes is

@@ -97,6 +97,8 @@ impl KSlot {
 
 /// The KV volume's name, its keys and block size.
 const KV_VOL: &str = "kv";
+/// The KV index's trim wait in the simulation: a few steps of 200 us.
+const KV_TRIM_AFTER: Duration = Duration::from_millis(2);
 const KV_KEYS: u32 = 24;
 const KV_BS: u64 = 4096;
 
@@ -1013,7 +1015,12 @@ impl Sim {
 
     fn kv_index(&self) -> Arc<KvIndex> {
         match self.pool().volume(KV_VOL).and_then(|v| v.kv.clone()) {
-            Some(ix) => ix,
+            Some(ix) => {
+                // Extents free a few steps go back to the pool (unmapped, then
+                // scrubbed) while the run goes on, crashes included.
+                ix.set_trim_after(KV_TRIM_AFTER);
+                ix
+            }
             None => self.fail("the KV volume or its index is missing".into()),
         }
     }
@@ -1248,7 +1255,55 @@ impl Sim {
         }
     }
 
+    /// Deletes every key and flushes: once the trim wait has passed, the KV
+    /// volume maps no extent (its space went back to the pool for GC).
+    fn kv_empty_and_trim(&mut self) {
+        if self.kv.is_none() {
+            return;
+        }
+        let ix = self.kv_index();
+        for (k, _) in ix.locations() {
+            if let Err(s) = ix.delete(&k, self.now) {
+                self.fail(format!("final kv delete {k:?}: {s:?}"));
+            }
+        }
+        if !self.kv_flush() {
+            self.fail("final kv flush failed".into());
+        }
+        let pool = self.pool();
+        let Some(vol) = pool.volume(KV_VOL) else {
+            self.fail("the KV volume is missing".into());
+        };
+        for _ in 0..100 {
+            if vol.mapped().is_empty() {
+                return;
+            }
+            self.now += Duration::from_millis(1);
+            pool.md_step(self.now);
+        }
+        self.fail(format!(
+            "an empty KV volume still maps {:?}; index {:?}",
+            vol.mapped(),
+            ix.snapshot()
+        ));
+    }
+
+    /// Counts the KV extents the current index trimmed (before it goes).
+    fn note_kv_trims(&mut self) {
+        if self.kv.is_some() {
+            if let Some(ix) = self
+                .pool
+                .as_ref()
+                .and_then(|p| p.volume(KV_VOL))
+                .and_then(|v| v.kv.clone())
+            {
+                self.cover.kv_trimmed += ix.snapshot().trimmed_extents;
+            }
+        }
+    }
+
     fn crash(&mut self) {
+        self.note_kv_trims();
         self.crashes += 1;
         self.log.push("crash".into());
         self.reactors.iter_mut().for_each(|r| *r = None);
@@ -1440,6 +1495,8 @@ impl Sim {
     /// Deletes everything and lets GC finish: every extent must be clean again.
     fn drain(&mut self) {
         let mut names: Vec<String> = self.model.keys().cloned().collect();
+        self.kv_empty_and_trim();
+        self.note_kv_trims();
         if self.kv.take().is_some() {
             names.push(KV_VOL.into());
         }
@@ -1507,6 +1564,8 @@ struct Cover {
     kv_stores: u64,
     kv_evicted: u64,
     kv_checked: u64,
+    /// KV extents whose blocks stayed free long enough to be unmapped.
+    kv_trimmed: u64,
 }
 
 impl Cover {
@@ -1521,6 +1580,7 @@ impl Cover {
         self.commits += o.commits;
         self.kv_stores += o.kv_stores;
         self.kv_evicted += o.kv_evicted;
+        self.kv_trimmed += o.kv_trimmed;
         self.kv_checked += o.kv_checked;
     }
 }
@@ -1584,7 +1644,10 @@ fn simulation_over_many_seeds() {
         );
         assert!(total.scrubbed > 0 && total.commits > 0, "{total:?}");
         assert!(
-            total.kv_stores > 0 && total.kv_evicted > 0 && total.kv_checked > 0,
+            total.kv_stores > 0
+                && total.kv_evicted > 0
+                && total.kv_checked > 0
+                && total.kv_trimmed > 0,
             "KV not exercised: {total:?}"
         );
     }

@@ -312,6 +312,9 @@ pub(super) fn get_kv_namespaces(p: &mut Params) -> Parsed {
                     "mean_eviction_age_ms": s.eviction_age_ms.checked_div(s.evictions).unwrap_or(0),
                     "commit_waits": s.commit_waits,
                     "store_failures_full": s.store_failures_full,
+                    // The namespace's footprint in the pool, and what went back.
+                    "allocated_bytes": v.mapped().len() as u64 * v.extent_size(),
+                    "trimmed_extents": s.trimmed_extents,
                 }));
             }
         }
