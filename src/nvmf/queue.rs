@@ -130,6 +130,9 @@ pub struct Request<X> {
     data_error: bool,
     /// `IoCtx::now_ns` when the capsule arrived.
     arrived_ns: u64,
+    /// The key index a KV command holds reserved blocks or a read pin in:
+    /// its steps finish there even if the namespace is removed meanwhile.
+    pub(super) kv: Option<Arc<crate::pool::kv::KvIndex>>,
     /// The transport's state for this request.
     pub x: X,
 }
@@ -471,6 +474,7 @@ impl<X> Queue<X> {
             status: Status::SUCCESS,
             data_error: icd_corrupt,
             arrived_ns: ctx.now_ns,
+            kv: None,
             x,
         });
         match self.admit(slot, sqe, desc, icd, ctx) {

@@ -71,6 +71,11 @@ impl<X> Queue<X> {
             None => return Err(Status::INTERNAL_ERROR),
         };
         let (kv, bs) = self.kv_index(nsid)?;
+        if let Some(r) = self.request_mut(slot) {
+            if r.kv.is_none() {
+                r.kv = Some(kv.clone());
+            }
+        }
         match plan {
             IoPlan::KvStore {
                 key,
@@ -260,12 +265,15 @@ impl<X> Queue<X> {
             Some(p) => (p, r.sqe.nsid(), r.sqe.cid(), r.sqe.opcode()),
             None => return,
         };
+        // The index the command started in, not the namespace table: blocks
+        // or a pin taken there are released even if the namespace went.
+        let held = r.kv.clone();
         if let Err(errno) = result {
             command::log_device_error(&mut self.device_errors, ctx.now, cid, opcode, errno);
         }
         let failed = result.err().map(|e| tio::status_for_errno(e, Some(plan)));
-        let out = match self.kv_index(nsid) {
-            Ok((kv, _)) => self.kv_continue(slot, nsid, plan, &kv, failed, buf, link, ctx),
+        let out = match held.ok_or(Status::INVALID_NAMESPACE) {
+            Ok(kv) => self.kv_continue(slot, nsid, plan, &kv, failed, buf, link, ctx),
             Err(s) => {
                 if let Some(b) = buf.filter(|b| b.is_owned()) {
                     ctx.bufs.put(b);

@@ -2750,3 +2750,85 @@ fn kv_namespace_refuses_io_from_a_controller_that_enabled_only_nvm() {
     // The NVM namespace beside it works.
     assert_eq!(io.read(2, 1, 0, 1).status(), Status::SUCCESS);
 }
+
+/// A namespace removed while a Retrieve reads and a Store writes: both still
+/// finish in the key index they started in, so the Store's reserved blocks
+/// and the Retrieve's pin are not leaked into the volume's index (which
+/// outlives the namespace and may be served again).
+#[test]
+fn kv_commands_release_the_index_when_their_namespace_goes() {
+    let e = env();
+    let pool = e.add_pool_kv_ns(2, 4 << 20);
+    let ix = pool.volume("c").and_then(|v| v.kv.clone()).unwrap();
+    let (_a, cntlid) = e.admin_cc(CC_ENABLE_ALL_IOCS);
+    let mut io = e.io_with(rdma_cfg(1), cntlid, 1);
+    let k1 = nvme::KvKey::new(b"read-me").unwrap();
+    let k2 = nvme::KvKey::new(b"write-me").unwrap();
+    let per = 5000u64.div_ceil(ix.block_size() as u64);
+    let start_store = |io: &mut Conn, key, cid| {
+        let store = io.kv(
+            nvme::KvCommand::Store {
+                key,
+                value_size: 5000,
+                options: Default::default(),
+            },
+            cid,
+            2,
+            5000,
+        );
+        let Received::NeedData { slot, .. } = io.receive(store) else {
+            panic!("no data request for the Store");
+        };
+        let mut placed = IoBuf::new(5000);
+        placed.set_len(5000);
+        placed.copy_from_slice(&pattern(5000, cid as u8));
+        io.q.request_mut(slot).unwrap().buf = Some(placed);
+        io.data_ready(slot, false);
+    };
+    start_store(&mut io, k1, 1);
+    assert_eq!(io.wait_one().status(), Status::SUCCESS);
+    // A Retrieve of k1 and a Store of k2 reach the device; then the
+    // namespace goes.
+    let get = io.kv(
+        nvme::KvCommand::Retrieve {
+            key: k1,
+            host_buffer_size: 8192,
+            raw: false,
+        },
+        2,
+        2,
+        8192,
+    );
+    let Received::NeedData { slot, .. } = io.receive(get) else {
+        panic!("no buffer request for the Retrieve");
+    };
+    io.q.request_mut(slot).unwrap().buf = Some(IoBuf::new(8192));
+    io.data_ready(slot, false);
+    start_store(&mut io, k2, 3);
+    assert!(e.subsys.remove_namespace(2).is_some());
+    // The queue's table lets go of it before the device answers.
+    assert_eq!(io.housekeeping(), None);
+    assert!(io.q.ns.get(2).is_none());
+    let mut answered = 0;
+    for _ in 0..5000 {
+        io.poll();
+        answered += std::mem::take(&mut io.link.sent).len();
+        if answered == 2 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(answered, 2, "both commands answered");
+    // The Store either made it into the index or gave its blocks back.
+    let s = ix.snapshot();
+    assert!(
+        (s.keys, s.used_blocks) == (2, 2 * per) || (s.keys, s.used_blocks) == (1, per),
+        "{s:?}"
+    );
+    // The Retrieve's pin is gone: k1's blocks, given up, wait for a commit
+    // instead of for a reader that will never finish.
+    let before = s.pending_free_blocks;
+    assert_eq!(ix.delete(&k1, std::time::Instant::now()), Ok(()));
+    assert_eq!(ix.snapshot().pending_free_blocks, before + per);
+    assert!(ix.verify().is_empty());
+}
