@@ -17,6 +17,9 @@ pub enum KvStage {
     /// A Store waits for the commit (a volume flush) that frees blocks other
     /// keys gave up; `tries` so far.
     Space { tries: u8 },
+    /// A Store's blocks are claimed; the commit (a volume flush) that makes
+    /// their release by other keys durable runs before the value is written.
+    Claimed(KvLoc),
     /// A Store's value is being written there.
     Write(KvLoc),
     /// The index change is being committed (no volatile write cache).

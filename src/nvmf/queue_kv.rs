@@ -100,24 +100,12 @@ impl<X> Queue<X> {
                         kv.commit_store(&key, loc, opts, ctx.now)?;
                         self.kv_stored(slot, nsid, plan, durable, link, ctx)
                     }
-                    Reserve::Ready(loc) => {
-                        let buf = match self.value_buffer(slot, len as usize, loc, bs, ctx) {
-                            Ok(b) => b,
-                            Err(e) => {
-                                kv.abort_store(&key, loc);
-                                return Err(e);
-                            }
-                        };
-                        self.set_plan(slot, with_stage(plan, KvStage::Write(loc)));
-                        let op = IoOp::Write {
-                            offset: loc.block * bs as u64,
-                            buf,
-                            fua: false,
-                        };
-                        self.kv_submit(slot, nsid, op, ctx).inspect_err(|_| {
-                            kv.abort_store(&key, loc);
-                        })
+                    Reserve::Claimed(loc) => {
+                        self.set_plan(slot, with_stage(plan, KvStage::Claimed(loc)));
+                        self.kv_submit(slot, nsid, IoOp::Flush, ctx)
+                            .inspect_err(|_| kv.abort_claim(&key, loc))
                     }
+                    Reserve::Ready(loc) => self.kv_write_value(slot, nsid, plan, &kv, loc, ctx),
                 }
             }
             IoPlan::KvRetrieve { key, buf, .. } => {
@@ -184,6 +172,38 @@ impl<X> Queue<X> {
             }
             _ => Err(Status::INTERNAL_ERROR),
         }
+    }
+
+    /// Writes a Store's value into the blocks `loc` reserved for it (given
+    /// back if the write cannot be submitted).
+    fn kv_write_value(
+        &mut self,
+        slot: u16,
+        nsid: u32,
+        plan: IoPlan,
+        kv: &KvIndex,
+        loc: KvLoc,
+        ctx: &mut IoCtx,
+    ) -> Result<(), Status> {
+        let IoPlan::KvStore { key, len, .. } = plan else {
+            return Err(Status::INTERNAL_ERROR);
+        };
+        let bs = kv.block_size();
+        let buf = match self.value_buffer(slot, len as usize, loc, bs, ctx) {
+            Ok(b) => b,
+            Err(e) => {
+                kv.abort_store(&key, loc);
+                return Err(e);
+            }
+        };
+        self.set_plan(slot, with_stage(plan, KvStage::Write(loc)));
+        let op = IoOp::Write {
+            offset: loc.block * bs as u64,
+            buf,
+            fua: false,
+        };
+        self.kv_submit(slot, nsid, op, ctx)
+            .inspect_err(|_| kv.abort_store(&key, loc))
     }
 
     /// The host's value as a whole number of blocks: its buffer when that has
@@ -319,6 +339,13 @@ impl<X> Queue<X> {
                             return Err(s);
                         }
                         self.execute_kv(slot, link, ctx)
+                    }
+                    KvStage::Claimed(loc) => {
+                        if let Some(s) = failed {
+                            kv.abort_claim(&key, loc);
+                            return Err(s);
+                        }
+                        self.kv_write_value(slot, nsid, plan, kv, loc, ctx)
                     }
                     KvStage::Write(loc) => {
                         if let Some(s) = failed {

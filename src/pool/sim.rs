@@ -1044,6 +1044,22 @@ impl Sim {
                     loc = Some(l);
                     break;
                 }
+                Ok(Reserve::Claimed(l)) => {
+                    self.log.push(format!(
+                        "  full: blocks {}+{} claimed; flush, then write",
+                        l.block, l.nblocks
+                    ));
+                    self.kv_note_evictions(&ix);
+                    if !self.kv_flush() {
+                        // The release of some of these blocks may not be
+                        // durable: they wait for a commit again.
+                        ix.abort_claim(&key, l);
+                        return;
+                    }
+                    self.cover.kv_claimed += 1;
+                    loc = Some(l);
+                    break;
+                }
                 Ok(Reserve::AfterCommit) => {
                     self.log.push("  full: flush and ask again".into());
                     // It evicted keys to make that commit free enough room.
@@ -1563,6 +1579,8 @@ struct Cover {
     /// a value after a crash (each read back and checked).
     kv_stores: u64,
     kv_evicted: u64,
+    /// Stores that claimed blocks waiting for a commit and wrote them after it.
+    kv_claimed: u64,
     kv_checked: u64,
     /// KV extents whose blocks stayed free long enough to be unmapped.
     kv_trimmed: u64,
@@ -1580,6 +1598,7 @@ impl Cover {
         self.commits += o.commits;
         self.kv_stores += o.kv_stores;
         self.kv_evicted += o.kv_evicted;
+        self.kv_claimed += o.kv_claimed;
         self.kv_trimmed += o.kv_trimmed;
         self.kv_checked += o.kv_checked;
     }
@@ -1646,6 +1665,7 @@ fn simulation_over_many_seeds() {
         assert!(
             total.kv_stores > 0
                 && total.kv_evicted > 0
+                && total.kv_claimed > 0
                 && total.kv_checked > 0
                 && total.kv_trimmed > 0,
             "KV not exercised: {total:?}"
