@@ -733,6 +733,40 @@ fn perf_drives_a_kv_namespace() {
     assert!(e.to_string().contains("namespace 2"), "{e}");
 }
 
+/// A perf run whose commands fail says which and with what status: Stores
+/// past the capacity of a namespace set to fail, each error line naming the
+/// Store and Capacity Exceeded (CI had only "errors 2" to go on).
+#[test]
+fn perf_names_the_commands_that_failed() {
+    use kvtarget::perf::{run, PerfOptions, Workload};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_server, addr) = start(dir.path(), "8MiB", "on_full = \"fail\"");
+    // 512 keys of 64 KiB: four times what 8 MiB holds.
+    let r = run(&PerfOptions {
+        nsid: 1,
+        kv: true,
+        kv_keys: Some(512),
+        workload: Workload::RandWrite,
+        block_size: 65536,
+        qd: 4,
+        queues: 1,
+        runtime: Duration::from_millis(400),
+        warmup: Duration::ZERO,
+        busy_poll: false,
+        ..PerfOptions::new(addr, NQN)
+    })
+    .expect("store run");
+    assert!(r.errors > 0, "{}", r.to_text());
+    assert!(!r.error_details.is_empty(), "{}", r.to_text());
+    let cap = Status::CAPACITY_EXCEEDED;
+    let want = format!("(SCT {:#x} SC {:#04x})", cap.sct, cap.sc);
+    for d in &r.error_details {
+        assert!(d.starts_with("Store failed: ") && d.ends_with(&want), "{d}");
+    }
+    let text = r.to_text();
+    assert!(text.contains("\n  error: Store failed: "), "{text}");
+}
+
 /// Space the keys gave up goes back to the pool: after Deletes and a Flush,
 /// the namespace's extents are unmapped once they stay free a few seconds
 /// (`TRIM_AFTER`), GC scrubs them (holes punched in the pool file), and the

@@ -183,6 +183,7 @@ fn client(addr: std::net::SocketAddr, o: &EchoOptions) -> Result<PerfReport, Per
         verified: 0,
         mismatches: 0,
         mismatch_details: Vec::new(),
+        error_details: Vec::new(),
         kv_keys: None,
         misses: 0,
     })

@@ -260,6 +260,8 @@ pub struct PerfReport {
     pub mismatches: u64,
     /// The first mismatches, described.
     pub mismatch_details: Vec<String>,
+    /// The first failed commands with the status each got.
+    pub error_details: Vec<String>,
     /// KV runs: the keys addressed, and the measured Retrieves (and Deletes)
     /// that found no key (not in `ios` or the latencies).
     pub kv_keys: Option<u64>,
@@ -297,6 +299,9 @@ impl PerfReport {
         for d in &self.mismatch_details {
             t += &format!("\n  mismatch: {d}");
         }
+        for d in &self.error_details {
+            t += &format!("\n  error: {d}");
+        }
         t
     }
 }
@@ -318,6 +323,7 @@ struct WorkerResult {
     verified: u64,
     mismatches: u64,
     details: Vec<String>,
+    failures: Vec<String>,
 }
 
 /// Largest range (in I/Os) one queue verifies: the stamp table stays small and a
@@ -550,6 +556,7 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
     let mut misses = 0;
     let mut errors = 0;
     let (mut verified, mut mismatches, mut details) = (0, 0, Vec::new());
+    let mut failures = Vec::new();
     for r in results {
         let w = r?;
         hist.merge(&w.hist);
@@ -558,6 +565,7 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
         verified += w.verified;
         mismatches += w.mismatches;
         details.extend(w.details);
+        failures.extend(w.failures);
     }
     let secs = o.runtime.as_secs_f64();
     let ios = hist.count();
@@ -584,6 +592,7 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
         verified,
         mismatches,
         mismatch_details: details,
+        error_details: failures,
         kv_keys: o.kv.then_some(total),
         misses,
     })
@@ -754,6 +763,7 @@ fn worker(
         verified: 0,
         mismatches: 0,
         details: Vec::new(),
+        failures: Vec::new(),
     };
     for q in &qs {
         r.hist.merge(&q.hist);
@@ -761,6 +771,7 @@ fn worker(
         r.misses += q.misses;
         r.verified += q.verified;
         r.mismatches += q.mismatch_count;
+        r.failures.extend(q.failures.iter().cloned());
         for m in &q.mismatches {
             r.details.push(format!(
                 "slba {} byte {} differs from the write stamped {}",

@@ -215,6 +215,9 @@ fn check_bytes(data: &[u8], offset: usize, io_index: u64, stamp: u32) -> Option<
     None
 }
 
+/// Failed commands described per queue (the count is in `errors`).
+const MAX_FAILURES_KEPT: usize = 4;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Op {
     Read,
@@ -298,6 +301,8 @@ pub struct PerfQueue {
     pub verified: u64,
     pub mismatches: Vec<Mismatch>,
     pub mismatch_count: u64,
+    /// The first failed commands: what they were and the status returned.
+    pub failures: Vec<String>,
     /// KV Retrieves (and Deletes) measured that found no key: an evicted,
     /// expired or never stored value. Not errors, and not in the histogram.
     pub misses: u64,
@@ -403,6 +408,7 @@ impl PerfQueue {
             verified: 0,
             mismatches: Vec::new(),
             mismatch_count: 0,
+            failures: Vec::new(),
             misses: 0,
             live,
             measure_from,
@@ -852,6 +858,20 @@ impl PerfQueue {
         self.commands = self.commands.saturating_sub(1);
         s.pending -= 1;
         s.ok &= ok;
+        if !ok && self.failures.len() < MAX_FAILURES_KEPT {
+            let what = match (s.op, self.plan.layout == Layout::Kv) {
+                (Op::Read, true) => "Retrieve",
+                (Op::Write, true) => "Store",
+                (Op::Deallocate, true) => "Delete",
+                (Op::Read, false) => "Read",
+                (Op::Write, false) => "Write",
+                (Op::Deallocate, false) => "Deallocate",
+            };
+            self.failures.push(format!(
+                "{what} failed: {status} (SCT {:#x} SC {:#04x})",
+                status.sct, status.sc
+            ));
+        }
         if s.pending > 0 {
             self.send_ready();
             return Ok(0);
