@@ -794,6 +794,10 @@ pub struct NamespaceConfig {
     /// KV namespaces: keys older than this many seconds read as missing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_secs: Option<u64>,
+    /// KV namespaces: false keeps extents whose blocks are all free mapped
+    /// instead of giving them back to the pool after 5 s (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trim: Option<bool>,
 }
 
 impl NamespaceConfig {
@@ -808,7 +812,12 @@ impl NamespaceConfig {
                 .ttl_secs
                 .filter(|&t| t > 0)
                 .map(std::time::Duration::from_secs),
+            keep_footprint: self.trim == Some(false),
         }
+    }
+    /// Whether a KV-only option is set (refused on a block namespace).
+    pub fn has_kv_options(&self) -> bool {
+        self.on_full.is_some() || self.ttl_secs.is_some() || self.trim.is_some()
     }
     pub fn block_size(&self) -> u32 {
         self.block_size.unwrap_or(4096)

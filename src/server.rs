@@ -129,7 +129,7 @@ pub enum SetupError {
     },
     #[error("{field}.kind: KV namespaces live on pool volumes of kind = \"kv\" (set volume)")]
     KvNeedsVolume { field: String },
-    #[error("{field}: on_full and ttl_secs apply only to KV namespaces")]
+    #[error("{field}: on_full, ttl_secs and trim apply only to KV namespaces")]
     KvOptionsOnBlock { field: String },
     #[error("{field}: needs a volume or a backend")]
     NoBackend { field: String },
@@ -539,7 +539,7 @@ impl Server {
                         tracing::info!(subnqn = %s.nqn, nsid = n.nsid, keys = kv.snapshot().keys, max_keys = kv.max_keys(), on_full = kv.settings().on_full.name(), "KV namespace");
                         ns = ns.with_kv(kv);
                     }
-                    None if n.on_full.is_some() || n.ttl_secs.is_some() => {
+                    None if n.has_kv_options() => {
                         close_pools(&pools);
                         return Err(SetupError::KvOptionsOnBlock { field }.into());
                     }

@@ -594,9 +594,23 @@ extent_size = "1MiB"
         )
         .unwrap_err();
     assert!(e.message.contains("not a KV volume"), "{}", e.message);
+    let e = c
+        .call(
+            "nvmf_subsystem_add_ns",
+            json!({"nqn": NQN, "namespace": {"bdev_name": "p/b", "trim": false}}),
+        )
+        .unwrap_err();
+    assert!(e.message.contains("namespace.trim"), "{}", e.message);
+    let e = c
+        .call(
+            "nvmf_subsystem_add_ns",
+            json!({"nqn": NQN, "namespace": {"bdev_name": "p/c", "trim": "no"}}),
+        )
+        .unwrap_err();
+    assert!(e.message.contains("trim"), "{}", e.message);
     c.call(
         "nvmf_subsystem_add_ns",
-        json!({"nqn": NQN, "namespace": {"bdev_name": "p/c", "on_full": "fail", "ttl_secs": 3600}}),
+        json!({"nqn": NQN, "namespace": {"bdev_name": "p/c", "on_full": "fail", "ttl_secs": 3600, "trim": false}}),
     )
     .unwrap();
     let addr = server.listen_addrs()[0].0;
@@ -617,6 +631,7 @@ extent_size = "1MiB"
     assert_eq!(n["nsid"], 1);
     assert_eq!(n["on_full"], "fail");
     assert_eq!(n["ttl_secs"], 3600);
+    assert_eq!(n["trim"], false);
     assert_eq!(n["keys"], 1);
     assert_eq!(n["value_bytes"], 10_000);
     assert_eq!(n["used_bytes"], 12288);
@@ -651,6 +666,7 @@ extent_size = "1MiB"
     let toml = saved["toml"].as_str().unwrap().to_string();
     assert!(toml.contains("kind = \"kv\""), "{toml}");
     assert!(toml.contains("on_full = \"fail\""), "{toml}");
+    assert!(toml.contains("trim = false"), "{toml}");
     drop(qs);
     server.shutdown();
 }
@@ -731,6 +747,25 @@ fn perf_drives_a_kv_namespace() {
     })
     .unwrap_err();
     assert!(e.to_string().contains("namespace 2"), "{e}");
+}
+
+/// KV-only options on a block namespace are refused at start-up, naming the
+/// namespace and the options.
+#[test]
+fn kv_options_on_a_block_namespace_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for opt in ["trim = false", "on_full = \"fail\"", "ttl_secs = 60"] {
+        let text = config(dir.path(), 0, "8MiB", "") + opt + "\n";
+        let cfg = Config::parse(&text).expect("config");
+        let e = match Server::start(&cfg) {
+            Ok(_) => panic!("{opt} accepted on a block namespace"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            e.contains("namespaces[1]") && e.contains("trim") && e.contains("only to KV"),
+            "{opt}: {e}"
+        );
+    }
 }
 
 /// A perf run whose commands fail says which and with what status: Stores

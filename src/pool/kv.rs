@@ -79,6 +79,10 @@ pub struct KvSettings {
     pub on_full: OnFull,
     /// Keys older than this read as missing and are evicted when met.
     pub ttl: Option<Duration>,
+    /// Free extents stay mapped (no trim): the namespace keeps its
+    /// high-water footprint, and a cache that refills at once never pays for
+    /// fresh mappings.
+    pub keep_footprint: bool,
 }
 
 /// The answer to a Store's request for space.
@@ -386,6 +390,8 @@ impl KvIndex {
         if let Ok(mut g) = self.settings.lock() {
             *g = s;
         }
+        // Trimming may be on now: the next `trim_step` looks at the queue.
+        self.trim_due_ms.store(0, Ordering::Release);
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -877,6 +883,11 @@ impl KvIndex {
             }
         }
         st.freed_extents.clear();
+        if self.settings().keep_footprint {
+            // Remembered, not trimmed: `set_settings` looks again.
+            self.trim_due_ms.store(u64::MAX, Ordering::Release);
+            return;
+        }
         let first_out = out.len();
         while let Some(&(e, since)) = st.trim_queue.front() {
             if since.saturating_add(after) > now_ms || out.len() - first_out >= TRIM_BATCH {
@@ -1308,6 +1319,7 @@ mod tests {
         ix.set_settings(KvSettings {
             on_full: OnFull::Fail,
             ttl: None,
+            keep_footprint: false,
         });
         let total = ix.total_blocks() as u32;
         let a = key(1);
@@ -1529,6 +1541,46 @@ mod tests {
         assert!(out.is_empty());
     }
 
+    /// `keep_footprint` keeps free extents mapped; turned off, the ones that
+    /// have been free long enough go at once.
+    #[test]
+    fn a_namespace_that_keeps_its_footprint_trims_nothing_until_told() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let ix = KvIndex::new(64 * 4096, 4096).with_extents(16);
+        ix.set_trim_after(Duration::from_secs(1));
+        let keep = KvSettings {
+            keep_footprint: true,
+            ..KvSettings::default()
+        };
+        ix.set_settings(keep);
+        let mut durable = BTreeMap::new();
+        let mut out = Vec::new();
+        for i in 0..4 {
+            assert!(store_with(&ix, &key(i), 16 * 4096, at(0), &mut durable).is_ok());
+        }
+        ix.trim_step(at(0), |_| true, &mut out);
+        for i in 0..2 {
+            assert_eq!(ix.delete(&key(i), at(0)), Ok(()));
+        }
+        commit(&ix, &mut durable);
+        ix.trim_step(at(100), |_| true, &mut out);
+        ix.trim_step(at(60_000), |_| true, &mut out);
+        assert!(out.is_empty(), "{out:?}");
+        assert_eq!(ix.snapshot().free_blocks, 32);
+        // Setting it again changes nothing.
+        ix.set_settings(keep);
+        ix.trim_step(at(61_000), |_| true, &mut out);
+        assert!(out.is_empty(), "{out:?}");
+        ix.set_settings(KvSettings::default());
+        ix.trim_step(at(61_000), |_| true, &mut out);
+        out.sort_unstable();
+        assert_eq!(out, vec![0, 1]);
+        ix.trimmed(&out);
+        assert_eq!(ix.snapshot().trimmed_extents, 2);
+        assert!(ix.verify().is_empty());
+    }
+
     #[test]
     fn full_namespace_evicts_by_clock() {
         let now = Instant::now();
@@ -1552,6 +1604,7 @@ mod tests {
         ix.set_settings(KvSettings {
             on_full: OnFull::Fail,
             ttl: None,
+            keep_footprint: false,
         });
         let mut failed = false;
         for i in 1000..1000 + n {
@@ -1600,6 +1653,7 @@ mod tests {
         ix.set_settings(KvSettings {
             on_full: OnFull::Evict,
             ttl: Some(Duration::from_secs(10)),
+            keep_footprint: false,
         });
         assert!(store(&ix, &key(1), 100, now).is_ok());
         assert!(ix.exists(&key(1), now + Duration::from_secs(9)));

@@ -108,6 +108,10 @@ impl Control {
                             .as_ref()
                             .and_then(|k| k.settings().ttl)
                             .map(|t| t.as_secs()),
+                        trim: n
+                            .kv
+                            .as_ref()
+                            .and_then(|k| k.settings().keep_footprint.then_some(false)),
                     }),
                     None => match orig.and_then(|o| o.namespaces.iter().find(|x| x.nsid == n.nsid))
                     {
@@ -296,6 +300,7 @@ pub(super) fn get_kv_namespaces(p: &mut Params) -> Parsed {
                     "nsid": served.as_ref().map(|(_, i)| *i),
                     "on_full": set.on_full.name(),
                     "ttl_secs": set.ttl.map(|t| t.as_secs()),
+                    "trim": !set.keep_footprint,
                     "keys": s.keys,
                     "max_keys": s.max_keys,
                     "value_bytes": s.value_bytes,

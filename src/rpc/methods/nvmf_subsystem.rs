@@ -71,6 +71,7 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
         }
     };
     let ttl_secs = ns.opt_u64("ttl_secs")?;
+    let trim = ns.opt_bool("trim")?;
     ns.opt_str("ptpl_file")?;
     ns.opt_u64("anagrpid")?;
     ns.unsupported_flags(&["no_auto_visible", "hide_metadata"])?;
@@ -107,12 +108,13 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
                     ttl: ttl_secs
                         .filter(|&t| t > 0)
                         .map(std::time::Duration::from_secs),
+                    keep_footprint: trim == Some(false),
                 });
                 namespace = namespace.with_kv(kv.clone());
             }
-            None if on_full.is_some() || ttl_secs.is_some() => {
+            None if on_full.is_some() || ttl_secs.is_some() || trim.is_some() => {
                 return Err(RpcError::params(format!(
-                    "namespace.on_full, namespace.ttl_secs: bdev {bdev} is not a KV volume"
+                    "namespace.on_full, namespace.ttl_secs, namespace.trim: bdev {bdev} is not a KV volume"
                 )));
             }
             None => {}
