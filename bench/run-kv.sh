@@ -46,6 +46,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
 SECS=5 ROUNDS=2 SIZES=64KiB,1MiB,32MiB RECORD=0 KEEP=0
+ARGS="$*" # for the record: the loop below shifts them away
 while [ $# -gt 0 ]; do
     case $1 in
         --secs) SECS=$2; shift ;;
@@ -221,7 +222,7 @@ if [ "$RECORD" = 1 ]; then
         echo
         echo "### $(date -u '+%Y-%m-%d %H:%M UTC'), commit $rev: KV namespace vs LMCache block slots, ${SECS}s per run, $ROUNDS round(s), medians"
         echo
-        echo "\`bench/run-kv.sh $*\`; load at start: $load; $(nproc) cores; target core 0 busy-poll, perf core 1, QD 4, one queue."
+        echo "\`bench/run-kv.sh $ARGS\`; load at start: $load; $(nproc) cores; target core 0 busy-poll, perf core 1, QD 4, one queue."
         echo
         echo "$tables"
     } >> "$repo/bench/RESULTS.md"
