@@ -459,6 +459,8 @@ impl KvIndex {
         // Room once given-up blocks are durable: evict until what waits for
         // the commit covers this value with some slack, so one commit serves
         // the next few Stores too (a full cache otherwise waits on every one).
+        // A run found while evicting, claimed below without a second look.
+        let mut run = None;
         if evict {
             let want = (nblocks as u64 * 2)
                 .max(st.blocks.total / 64)
@@ -475,7 +477,8 @@ impl KvIndex {
             // keys in a window at CLOCK's next victim, a few windows at most
             // (one may hold a Store in flight or a key being read).
             for _ in 0..8 {
-                if Self::run_after_commit(&mut st, nblocks).is_some() {
+                run = Self::run_after_commit(&mut st, nblocks);
+                if run.is_some() {
                     break;
                 }
                 if !self.evict_window(&mut st, now_ms, settings.ttl, key, nblocks) {
@@ -485,7 +488,9 @@ impl KvIndex {
         }
         if st.pending_blocks + st.committing_blocks > 0 {
             self.counters.commit_waits.fetch_add(1, Ordering::Relaxed);
-            if let Some(block) = Self::claim_after_commit(&mut st, nblocks) {
+            let run = run.or_else(|| Self::run_after_commit(&mut st, nblocks));
+            if let Some(block) = run {
+                Self::claim(&mut st, block, nblocks);
                 if !exists {
                     st.inflight_new += 1;
                 }
@@ -873,6 +878,7 @@ impl KvIndex {
             .lock()
             .map(|d| d.as_millis() as u64)
             .unwrap_or(TRIM_AFTER.as_millis() as u64);
+        let keep_footprint = self.settings().keep_footprint;
         let eb = self.extent_blocks;
         let mut st = self.lock();
         let st = &mut *st;
@@ -883,7 +889,7 @@ impl KvIndex {
             }
         }
         st.freed_extents.clear();
-        if self.settings().keep_footprint {
+        if keep_footprint {
             // Remembered, not trimmed: `set_settings` looks again.
             self.trim_due_ms.store(u64::MAX, Ordering::Release);
             return;
@@ -1005,17 +1011,15 @@ impl KvIndex {
         after_commit.find_run(n, blocks.hint)
     }
 
-    /// Takes a run of `n` blocks that will be free once the given-up blocks
-    /// waiting for a commit (or in one) are, out of those lists: the commit
-    /// frees them to the claimant only. Its first block, or None.
-    fn claim_after_commit(st: &mut State, n: u32) -> Option<u64> {
-        let block = Self::run_after_commit(st, n)?;
+    /// Takes the run of `n` blocks from `block` that `run_after_commit`
+    /// found out of the lists waiting for a commit: the commit frees them to
+    /// the claimant only.
+    fn claim(st: &mut State, block: u64, n: u32) {
         let end = block + n as u64;
         st.blocks.set(block, n, true);
         st.blocks.hint = end;
         st.pending_blocks -= carve(&mut st.pending_free, block, end);
         st.committing_blocks -= carve(&mut st.committing, block, end);
-        Some(block)
     }
 
     /// Counts `e` leaving the index: an expiration, or an eviction and its age.
