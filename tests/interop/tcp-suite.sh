@@ -1207,6 +1207,37 @@ t_kv_namespace() {
             || { fail "kv-uring (32 MiB values): $(echo $out)"; disconnect_ctrl "$ctrl"; return 1; }
         echo "#   $out"
     fi
+    # A full namespace evicts (on_full's default), through nvme-cli: 40 Stores of
+    # distinct 4 MiB values into the 128 MiB namespace all succeed, the newest reads
+    # back byte for byte, and at least the 8 that cannot fit answer Key Does Not Exist.
+    # (TCP only: the RDMA guest's MDTS is 1 MiB.)
+    if [ "$TRANSPORT" = tcp ]; then
+        local i misses=0 hits=0 saved_key=$KV_KEY big=$((4 * MiB))
+        head -c $big "$WORK/random" > "$WORK/kv.big"
+        for i in $(seq 0 39); do
+            KV_KEY="0x65766963 0x74303030 0x30303030 $((0x30303030 + i))"
+            printf '%08d' "$i" | dd of="$WORK/kv.big" bs=8 count=1 conv=notrunc status=none
+            kv_cmd "$dev" 0x01 16 $big w "$WORK/kv.big"
+            [ $KV_RC = 0 ] || { KV_KEY=$saved_key; fail "KV Store $i of 40 (4 MiB) into the full namespace failed (rc $KV_RC): $(echo $KV_OUT)"; disconnect_ctrl "$ctrl"; return 1; }
+        done
+        kv_cmd "$dev" 0x02 16 $big r "$WORK/kv.got"
+        [ $KV_RC = 0 ] && cmp -s "$WORK/kv.got" "$WORK/kv.big" \
+            || { KV_KEY=$saved_key; fail "the newest 4 MiB value did not read back (rc $KV_RC): $(echo $KV_OUT)"; disconnect_ctrl "$ctrl"; return 1; }
+        for i in $(seq 0 38); do
+            KV_KEY="0x65766963 0x74303030 0x30303030 $((0x30303030 + i))"
+            kv_cmd "$dev" 0x14 16 0 -
+            if [ $KV_RC = 0 ]; then
+                hits=$((hits + 1))
+            elif echo "$KV_OUT" | grep -q "(0x4187)"; then
+                misses=$((misses + 1))
+            else
+                KV_KEY=$saved_key; fail "KV Exist of key $i answered neither a hit nor Key Does Not Exist: rc $KV_RC $(echo $KV_OUT)"; disconnect_ctrl "$ctrl"; return 1
+            fi
+        done
+        KV_KEY=$saved_key
+        echo "#   40 Stores of 4 MiB into 128 MiB: older keys $hits present, $misses evicted"
+        [ $misses -ge 8 ] || { fail "only $misses of 39 older keys were evicted from a 128 MiB namespace holding 160 MiB of Stores"; disconnect_ctrl "$ctrl"; return 1; }
+    fi
     # Malformed: key length 0 is Invalid Key Size, and the block namespace is untouched.
     kv_cmd "$dev" 0x14 0 0 -
     [ $KV_RC != 0 ] && echo "$KV_OUT" | grep -q "(0x4186)" \
