@@ -910,3 +910,36 @@ fn perf_runs_lmcache_store_and_retrieve_phases() {
         "the metadata region was written"
     );
 }
+
+/// A queue stages at most a few MiB of read data ahead of its socket; reads
+/// beyond that wait for it to drain, in order, and every one still returns its
+/// own data: 16 MiB as 1 MiB reads in flight at once, a 4 KiB read issued
+/// behind them, and a single read larger than the whole staging allowance. On
+/// both backends (RAM completes reads inline, io_uring later).
+#[test]
+fn reads_beyond_the_staging_allowance_wait_and_return_their_data() {
+    for backend in ["ram", "uring"] {
+        let h = Harness::start_with("max_io_size = \"4MiB\"", backend);
+        let mut c = h.host();
+        assert_eq!(c.set_queue_count(1).unwrap(), 1);
+        let mut q = c.io_queue(1).unwrap();
+        let data = pattern(31, 32 << 20);
+        q.write(1, 0, data.clone(), 512).unwrap();
+        // 32 reads of 1 MiB submitted before any is collected.
+        let cids: Vec<u16> = (0..32u64)
+            .map(|i| q.submit_read(1, i * 2048, 2048, 512).unwrap())
+            .collect();
+        let small = q.submit_read(1, 7, 8, 512).unwrap();
+        for (i, cid) in cids.into_iter().enumerate() {
+            let got = q.q.wait_for(cid).unwrap().ok().unwrap().data;
+            assert!(
+                got == data[i << 20..(i + 1) << 20],
+                "{backend}: read {i} returned other data"
+            );
+        }
+        let got = q.q.wait_for(small).unwrap().ok().unwrap().data;
+        assert_eq!(got, data[7 * 512..15 * 512], "{backend}: the 4 KiB read");
+        // One 4 MiB read: more than the allowance on its own, still served.
+        assert_eq!(q.read(1, 8192, 8192, 512).unwrap(), data[4 << 20..8 << 20]);
+    }
+}

@@ -166,7 +166,8 @@ impl QueueConn {
         let mut q = QueueConn {
             sock,
             digests: Digests::default(),
-            rbuf: vec![0; 4 << 20],
+            // A 4 MiB C2HData PDU (MDTS 4 MiB) with its header and digests.
+            rbuf: vec![0; (4 << 20) + (64 << 10)],
             rlen: 0,
             out: Vec::new(),
             pending: HashMap::new(),

@@ -267,6 +267,9 @@ impl CidSet {
     fn remove(&mut self, cid: u16) {
         self.0[cid as usize / 64] &= !(1 << (cid % 64));
     }
+    fn contains(&self, cid: u16) -> bool {
+        self.0[cid as usize / 64] & (1 << (cid % 64)) != 0
+    }
 }
 
 /// SQE byte offsets of Connect fields, for refusals' DW0 (IATTR 0).
@@ -369,6 +372,11 @@ impl<X> Queue<X> {
         self.dev_ops
     }
 
+    /// Whether `cid` belongs to a command the queue still holds.
+    pub fn cid_outstanding(&self, cid: u16) -> bool {
+        self.cids.contains(cid)
+    }
+
     pub fn request(&self, slot: u16) -> Option<&Request<X>> {
         self.slots.get(slot as usize).and_then(|s| s.as_ref())
     }
@@ -399,7 +407,7 @@ impl<X> Queue<X> {
     /// Slots a queue may use: its entries, or all the transport has room for
     /// (NVMe/RDMA holds a slot until its SEND completes, which the host may
     /// not wait for before it sends the next command).
-    fn slot_limit(&self) -> usize {
+    pub fn slot_limit(&self) -> usize {
         self.cfg.max_entries.unwrap_or(self.sqsize as usize + 1)
     }
 
@@ -442,6 +450,19 @@ impl<X> Queue<X> {
         link: &mut L,
         ctx: &mut IoCtx,
     ) -> Received {
+        let now_ns = ctx.now_ns;
+        self.receive_at(capsule, now_ns, link, ctx)
+    }
+
+    /// `receive` for a command the transport held since `arrived_ns` (its
+    /// latency counts from then).
+    pub fn receive_at<L: Link<X>>(
+        &mut self,
+        capsule: Capsule<'_, X>,
+        arrived_ns: u64,
+        link: &mut L,
+        ctx: &mut IoCtx,
+    ) -> Received {
         let Capsule {
             sqe,
             desc,
@@ -473,7 +494,7 @@ impl<X> Queue<X> {
             pending_ops: 0,
             status: Status::SUCCESS,
             data_error: icd_corrupt,
-            arrived_ns: ctx.now_ns,
+            arrived_ns,
             kv: None,
             x,
         });

@@ -114,6 +114,11 @@ pub trait QueuePair: Send {
     /// Writes what is queued; returns true while output remains (wants EPOLLOUT).
     /// Sent data buffers go back to `bufs`.
     fn flush(&mut self, bufs: &mut BufPool) -> bool;
+    /// Starts commands that waited for output to drain (after `flush`);
+    /// returns true if it started any.
+    fn after_flush(&mut self, _ctx: &mut IoCtx) -> bool {
+        false
+    }
     /// Periodic checks (keep-alive, controller teardown).
     fn housekeeping(&mut self, ctx: &mut IoCtx);
     /// Starts an orderly close (target shutdown).
@@ -677,21 +682,25 @@ impl Reactor {
         }
     }
 
-    fn flush_and_reap(&mut self) {
+    /// Flushes every queue pair's output and drops the finished ones; true if
+    /// a queue pair started commands that waited for its output to drain.
+    fn flush_and_reap(&mut self) -> bool {
+        let mut started = false;
         for id in 0..self.conns.len() {
             let Some(Some(c)) = self.conns.get_mut(id) else {
                 continue;
             };
             let want = c.flush(&mut self.bufs);
+            let mut ctx = IoCtx {
+                channels: &mut self.channels,
+                bufs: &mut self.bufs,
+                locals: &mut self.locals,
+                conn_id: id as u32,
+                now: self.now,
+                now_ns: self.now_ns,
+            };
+            started |= c.after_flush(&mut ctx);
             if c.finished() {
-                let mut ctx = IoCtx {
-                    channels: &mut self.channels,
-                    bufs: &mut self.bufs,
-                    locals: &mut self.locals,
-                    conn_id: id as u32,
-                    now: self.now,
-                    now_ns: self.now_ns,
-                };
                 c.release(&mut ctx);
                 let fd = c.fd();
                 let _ = self.epoll.delete(fd);
@@ -718,6 +727,11 @@ impl Reactor {
                 }
             }
         }
+        if started {
+            // Their device operations go out now, not a pass later.
+            self.channels.flush_submissions();
+        }
+        started
     }
 
     /// Polls every shared poller once, routing each event by (poller, key) to
@@ -870,7 +884,7 @@ impl Reactor {
                 busy = true;
             }
             busy |= self.fire_timers();
-            self.flush_and_reap();
+            busy |= self.flush_and_reap();
 
             // Busy/idle accounting by pass, with the clock read at its start.
             let spent = self.now_ns.saturating_sub(last_ns);

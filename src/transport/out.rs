@@ -55,6 +55,11 @@ impl OutQueue {
         self.bytes.len() - self.bytes_sent + self.buf_pending
     }
 
+    /// Data-buffer bytes (read data) queued and not yet sent.
+    pub fn buffered_data(&self) -> usize {
+        self.buf_pending
+    }
+
     pub fn is_empty(&self) -> bool {
         self.pending() == 0
     }
