@@ -599,8 +599,8 @@ impl<W: Wire> TcpConnection<W> {
     }
 
     fn on_command(&mut self, sqe: Sqe, data: &[u8], data_error: bool, raw: &[u8], ctx: &mut IoCtx) {
-        let mut x = TcpReq::default();
-        if let Some(len) = self.staged_read_len(&sqe) {
+        let staged = self.staged_read_len(&sqe);
+        if let Some(len) = staged {
             // Only a plain read waits: one with in-capsule data (refused) or
             // a bad digest is answered now.
             let plain = data.is_empty() && !data_error;
@@ -612,11 +612,29 @@ impl<W: Wire> TcpConnection<W> {
                     return;
                 }
             }
-            // A reused CID is answered without a request: nothing to count.
-            if !self.q.cid_outstanding(sqe.cid()) {
-                x.staged = len;
-                self.l.read_staged += len;
-            }
+        }
+        let now_ns = ctx.now_ns;
+        self.pass_to_queue(sqe, data, data_error, now_ns, staged, raw, ctx);
+    }
+
+    /// Hands a command to the queue (`staged`: the read bytes it counts in
+    /// `read_staged`) and starts what the queue asks for next.
+    #[allow(clippy::too_many_arguments)]
+    fn pass_to_queue(
+        &mut self,
+        sqe: Sqe,
+        data: &[u8],
+        data_error: bool,
+        arrived_ns: u64,
+        staged: Option<usize>,
+        raw: &[u8],
+        ctx: &mut IoCtx,
+    ) {
+        let mut x = TcpReq::default();
+        // A reused CID is answered without a request: nothing to count.
+        if let Some(len) = staged.filter(|_| !self.q.cid_outstanding(sqe.cid())) {
+            x.staged = len;
+            self.l.read_staged += len;
         }
         let capsule = Capsule {
             desc: data_desc(&sqe),
@@ -625,7 +643,7 @@ impl<W: Wire> TcpConnection<W> {
             icd_corrupt: data_error,
             x,
         };
-        match self.q.receive(capsule, &mut self.l, ctx) {
+        match self.q.receive_at(capsule, arrived_ns, &mut self.l, ctx) {
             Received::Done => {}
             Received::Overrun => self.terminate(
                 PduError {
@@ -678,30 +696,7 @@ impl<W: Wire> TcpConnection<W> {
                 break;
             }
             self.l.read_waiting.pop_front();
-            let mut x = TcpReq::default();
-            if !self.q.cid_outstanding(sqe.cid()) {
-                x.staged = len;
-                self.l.read_staged += len;
-            }
-            let capsule = Capsule {
-                desc: data_desc(&sqe),
-                sqe: &sqe,
-                icd: &[],
-                icd_corrupt: false,
-                x,
-            };
-            match self.q.receive_at(capsule, arrived_ns, &mut self.l, ctx) {
-                Received::Done => {}
-                Received::NeedData { slot, .. } => self.q.data_ready(slot, false, &mut self.l, ctx),
-                Received::Overrun => self.terminate(
-                    PduError {
-                        fes: fes::PDU_SEQUENCE_ERROR,
-                        fei: 0,
-                        reason: "more commands outstanding than the queue size",
-                    },
-                    &[],
-                ),
-            }
+            self.pass_to_queue(sqe, &[], false, arrived_ns, Some(len), &[], ctx);
             started = true;
         }
         started
