@@ -619,6 +619,32 @@ fn ram_backend_serves_io() {
     assert_eq!(q.read(1, 7, 8, 512).unwrap(), pattern(11, 4096));
 }
 
+/// A host that closes a queue's connection without a Disconnect and connects
+/// the same QID straight away (SPDK's initiator reconnecting a queue pair)
+/// gets it: the Connect waits for the old queue's close to be seen.
+#[test]
+fn a_queue_id_can_be_connected_again_right_after_its_connection_closes() {
+    let h = Harness::start_with("", "ram");
+    let mut c = h.host();
+    c.set_queue_count(2).unwrap();
+    let mut other = c.io_queue(2).unwrap();
+    for round in 0..20u8 {
+        let mut q = c.io_queue(1).unwrap();
+        q.write(1, round as u64, pattern(round as u64, 512), 512)
+            .unwrap();
+        drop(q);
+    }
+    let mut q = c.io_queue(1).unwrap();
+    for round in 0..20u8 {
+        assert_eq!(
+            q.read(1, round as u64, 1, 512).unwrap(),
+            pattern(round as u64, 512)
+        );
+    }
+    // The other queue of the controller never noticed.
+    assert_eq!(other.read(1, 19, 1, 512).unwrap(), pattern(19, 512));
+}
+
 /// Random and mutated PDUs from many connections: each one is answered with a
 /// TermReq or an NVMe status or closed, the target never panics or hangs, and a
 /// well-behaved queue keeps working throughout.

@@ -99,13 +99,36 @@ pub struct Controller {
     pub write_cache: AtomicBool,
     pub regs: Mutex<ControllerRegs>,
     /// Which I/O queue IDs are connected (index = qid).
-    io_queues: Mutex<Vec<bool>>,
+    io_queues: Mutex<IoQueueIds>,
     /// The counters and error entries of its connected queues, each written
     /// only by the reactor that owns the queue and summed when read.
     queues: Mutex<Vec<Arc<QpairStats>>>,
     retired: Mutex<Retired>,
     /// Error Information entries made so far (the next entry's error count).
     error_seq: AtomicU64,
+}
+
+/// One attachment of an I/O queue ID: only the queue that attached it can
+/// free it, so a late release never frees the ID for its next holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QidHold(u64);
+
+#[derive(Default)]
+struct IoQueueIds {
+    /// Index = qid.
+    held: Vec<Option<QidHold>>,
+    last: u64,
+}
+
+/// Why an I/O queue ID cannot be attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AttachError {
+    #[error("queue ID outside 1..={limit}")]
+    OutOfRange { limit: u16 },
+    #[error("queue ID already connected")]
+    Held,
+    #[error("controller state poisoned")]
+    Poisoned,
 }
 
 impl Controller {
@@ -140,7 +163,7 @@ impl Controller {
                 pending_events: VecDeque::new(),
                 io_command_set_profile: 0,
             }),
-            io_queues: Mutex::new(Vec::new()),
+            io_queues: Mutex::new(IoQueueIds::default()),
             queues: Mutex::new(Vec::new()),
             retired: Mutex::new(Retired::default()),
             error_seq: AtomicU64::new(0),
@@ -223,31 +246,38 @@ impl Controller {
         enabled_command_sets(regs.cc, regs.io_command_set_profile)
     }
 
-    /// Registers I/O queue `qid`; fails if it is out of range or taken.
-    pub fn attach_io_queue(&self, qid: u16, max_io_queues: u16) -> Result<(), Status> {
+    /// Registers I/O queue `qid` and returns the hold to release it with;
+    /// fails if it is out of range or taken.
+    pub fn attach_io_queue(&self, qid: u16, max_io_queues: u16) -> Result<QidHold, AttachError> {
         let granted = self.regs.lock().map(|r| r.io_queues_granted).unwrap_or(0);
         // A host that skipped Set Features Number of Queues gets the maximum.
         let limit = if granted == 0 { max_io_queues } else { granted };
         if qid == 0 || qid > limit {
-            return Err(Status::CONNECT_INVALID_PARAMETERS);
+            return Err(AttachError::OutOfRange { limit });
         }
         let Ok(mut q) = self.io_queues.lock() else {
-            return Err(Status::INTERNAL_ERROR);
+            return Err(AttachError::Poisoned);
         };
-        if q.len() <= qid as usize {
-            q.resize(qid as usize + 1, false);
+        if q.held.len() <= qid as usize {
+            q.held.resize(qid as usize + 1, None);
         }
-        if q[qid as usize] {
-            return Err(Status::CONNECT_INVALID_PARAMETERS);
+        if q.held[qid as usize].is_some() {
+            return Err(AttachError::Held);
         }
-        q[qid as usize] = true;
-        Ok(())
+        q.last = q.last.wrapping_add(1);
+        let hold = QidHold(q.last);
+        q.held[qid as usize] = Some(hold);
+        Ok(hold)
     }
 
-    pub fn detach_io_queue(&self, qid: u16) {
+    /// Frees queue ID `qid` if `hold` still holds it: releasing twice, or
+    /// after another queue took the ID, changes nothing.
+    pub fn detach_io_queue(&self, qid: u16, hold: QidHold) {
         if let Ok(mut q) = self.io_queues.lock() {
-            if let Some(slot) = q.get_mut(qid as usize) {
-                *slot = false;
+            if let Some(slot) = q.held.get_mut(qid as usize) {
+                if *slot == Some(hold) {
+                    *slot = None;
+                }
             }
         }
     }
@@ -257,9 +287,10 @@ impl Controller {
         let mut v = vec![0];
         if let Ok(q) = self.io_queues.lock() {
             v.extend(
-                q.iter()
+                q.held
+                    .iter()
                     .enumerate()
-                    .filter(|(_, &b)| b)
+                    .filter(|(_, h)| h.is_some())
                     .map(|(i, _)| i as u16),
             );
         }
@@ -269,7 +300,7 @@ impl Controller {
     pub fn connected_io_queues(&self) -> usize {
         self.io_queues
             .lock()
-            .map(|q| q.iter().filter(|&&b| b).count())
+            .map(|q| q.held.iter().filter(|h| h.is_some()).count())
             .unwrap_or(0)
     }
 
@@ -561,14 +592,23 @@ mod tests {
     fn io_queue_ids_are_bounded_and_unique() {
         let c = ctrl(0);
         c.regs.lock().unwrap().io_queues_granted = 2;
-        assert!(c.attach_io_queue(1, 8).is_ok());
-        assert!(c.attach_io_queue(1, 8).is_err());
+        let first = c.attach_io_queue(1, 8).unwrap();
+        assert_eq!(c.attach_io_queue(1, 8), Err(AttachError::Held));
         assert!(c.attach_io_queue(2, 8).is_ok());
-        assert!(c.attach_io_queue(3, 8).is_err());
+        assert_eq!(
+            c.attach_io_queue(3, 8),
+            Err(AttachError::OutOfRange { limit: 2 })
+        );
         assert!(c.attach_io_queue(0, 8).is_err());
-        c.detach_io_queue(1);
-        assert!(c.attach_io_queue(1, 8).is_ok());
+        c.detach_io_queue(1, first);
+        let second = c.attach_io_queue(1, 8).unwrap();
         assert_eq!(c.connected_io_queues(), 2);
+        // The first holder letting go again (a Disconnect, then the socket
+        // closing) leaves the new holder's ID alone.
+        c.detach_io_queue(1, first);
+        assert_eq!(c.attach_io_queue(1, 8), Err(AttachError::Held));
+        c.detach_io_queue(1, second);
+        assert_eq!(c.connected_io_queues(), 1);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Fabrics Connect: creates a controller (admin queue) or joins an existing one (I/O
 //! queue), with the access checks and the error details the host prints.
 
+use super::controller::{AttachError, QidHold};
 use super::{Controller, Namespace, QpairStats, SubsystemKind, Target};
 use crate::wire::nvme::{
     fctype, ConnectCommand, ConnectData, PropertyCommand, Sqe, Status, CONNECT_DATA_CNTLID_OFF,
@@ -14,7 +15,11 @@ use std::time::Instant;
 #[derive(Clone)]
 pub enum QueueBinding {
     Admin(Arc<Controller>),
-    Io { ctrl: Arc<Controller>, qid: u16 },
+    Io {
+        ctrl: Arc<Controller>,
+        qid: u16,
+        hold: QidHold,
+    },
 }
 
 impl QueueBinding {
@@ -37,6 +42,9 @@ pub struct ConnectRefusal {
     pub status: Status,
     pub result: u32,
     pub reason: String,
+    /// The queue ID is held by another queue of the controller, which may
+    /// be closing: a Connect refused only for this is worth another try.
+    pub qid_held: bool,
 }
 
 /// The host and subsystem a transport's secure channel was keyed for (NVMe/TCP
@@ -57,6 +65,7 @@ fn check_secure_channel(
     secure: Option<&SecurePeer>,
 ) -> Result<(), ConnectRefusal> {
     let refuse = |reason: String| ConnectRefusal {
+        qid_held: false,
         status: Status::CONNECT_INVALID_HOST,
         result: 0,
         reason,
@@ -106,13 +115,11 @@ pub fn accept_connect(
     {
         Ok(b) => b,
         Err(refusal) => {
-            let counter = if refusal.status == Status::CONNECT_INVALID_HOST {
-                &target.refused_host
-            } else {
-                &target.refused_other
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(peer, host = %data.hostnqn, subnqn = %data.subnqn, qid = cmd.qid, transport, "connect refused: {}", refusal.reason);
+            // One whose queue ID is held may yet succeed: the caller counts
+            // it if it gives up.
+            if !refusal.qid_held {
+                note_refusal(target, &refusal, peer, data, cmd.qid, transport);
+            }
             return Err(refusal);
         }
     };
@@ -145,6 +152,24 @@ pub fn accept_connect(
     })
 }
 
+/// Counts a refused Connect and logs why.
+pub fn note_refusal(
+    target: &Target,
+    refusal: &ConnectRefusal,
+    peer: &str,
+    data: &ConnectData,
+    qid: u16,
+    transport: &str,
+) {
+    let counter = if refusal.status == Status::CONNECT_INVALID_HOST {
+        &target.refused_host
+    } else {
+        &target.refused_other
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(peer, host = %data.hostnqn, subnqn = %data.subnqn, qid, transport, "connect refused: {}", refusal.reason);
+}
+
 /// Property Get / Property Set, on the admin queue only: the value read (0 for
 /// a set), to put in the response's DW0.
 pub fn property(
@@ -172,6 +197,7 @@ const SQE_SQSIZE_OFF: u16 = 44;
 
 fn invalid(in_data: bool, offset: u16, reason: String) -> ConnectRefusal {
     ConnectRefusal {
+        qid_held: false,
         status: Status::CONNECT_INVALID_PARAMETERS,
         // DW0: IPO in bits 15:0, IATTR in bit 16 (1 = the field is in the data).
         result: offset as u32 | (in_data as u32) << 16,
@@ -191,6 +217,7 @@ pub fn connect(
 ) -> Result<QueueBinding, ConnectRefusal> {
     if cmd.recfmt != 0 {
         return Err(ConnectRefusal {
+            qid_held: false,
             status: Status::CONNECT_INCOMPATIBLE_FORMAT,
             result: 0,
             reason: format!("record format {} not supported", cmd.recfmt),
@@ -219,6 +246,7 @@ pub fn connect(
     };
     if !subsys.host_allowed(&data.hostnqn) {
         return Err(ConnectRefusal {
+            qid_held: false,
             status: Status::CONNECT_INVALID_HOST,
             result: 0,
             reason: if data.hostnqn.is_empty() {
@@ -270,6 +298,7 @@ pub fn connect(
         }
         let Ok(mut ctrls) = subsys.controllers.lock() else {
             return Err(ConnectRefusal {
+                qid_held: false,
                 status: Status::INTERNAL_ERROR,
                 result: 0,
                 reason: "controller table poisoned".into(),
@@ -277,6 +306,7 @@ pub fn connect(
         };
         let Some(cntlid) = subsys.alloc_cntlid(&ctrls) else {
             return Err(ConnectRefusal {
+                qid_held: false,
                 status: Status::CONNECT_CONTROLLER_BUSY,
                 result: 0,
                 reason: "no controller IDs left".into(),
@@ -331,17 +361,30 @@ pub fn connect(
     }
     if ctrl.is_failed() || !ctrl.is_ready() {
         return Err(ConnectRefusal {
+            qid_held: false,
             status: Status::COMMAND_SEQUENCE_ERROR,
             result: 0,
             reason: format!("controller {} is not enabled", ctrl.cntlid),
         });
     }
-    if let Err(status) = ctrl.attach_io_queue(cmd.qid, target.limits.max_io_queues) {
-        let mut r = invalid(false, SQE_QID_OFF, format!("queue {} unavailable", cmd.qid));
-        r.status = status;
-        return Err(r);
+    match ctrl.attach_io_queue(cmd.qid, target.limits.max_io_queues) {
+        Ok(hold) => Ok(QueueBinding::Io {
+            ctrl,
+            qid: cmd.qid,
+            hold,
+        }),
+        Err(AttachError::Poisoned) => Err(ConnectRefusal {
+            status: Status::INTERNAL_ERROR,
+            result: 0,
+            reason: "controller state poisoned".into(),
+            qid_held: false,
+        }),
+        Err(e) => {
+            let mut r = invalid(false, SQE_QID_OFF, format!("queue {}: {e}", cmd.qid));
+            r.qid_held = e == AttachError::Held;
+            Err(r)
+        }
     }
-    Ok(QueueBinding::Io { ctrl, qid: cmd.qid })
 }
 
 /// Ends a queue's association: an admin queue takes its controller (and with it
@@ -354,7 +397,7 @@ pub fn disconnect(binding: &QueueBinding) {
                 c.remove(&ctrl.cntlid);
             }
         }
-        QueueBinding::Io { ctrl, qid } => ctrl.detach_io_queue(*qid),
+        QueueBinding::Io { ctrl, qid, hold } => ctrl.detach_io_queue(*qid, *hold),
     }
 }
 

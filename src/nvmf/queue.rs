@@ -279,6 +279,14 @@ const CONNECT_SQE_SQSIZE_OFF: u64 = 44;
 /// The SQ size a queue assumes before Connect sets it.
 const DEFAULT_SQSIZE: u16 = 31;
 
+/// How long a Connect for an I/O queue ID still held by another queue of the
+/// controller waits for it to be let go (re-checked each housekeeping pass).
+/// A host that closes a queue's connection and connects the same ID again at
+/// once (SPDK's initiator reconnecting a queue pair) can reach us before the
+/// reactor owning the old connection has seen it close. Well inside the
+/// 500 ms SPDK's host allows a Connect.
+pub const QID_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+
 pub struct Queue<X> {
     target: Arc<Target>,
     cfg: QueueConfig,
@@ -310,6 +318,8 @@ pub struct Queue<X> {
     /// first I/O command: CC.CSS changes only while the controller is
     /// disabled, and disabling it ends its I/O queues.
     kv_enabled: Option<bool>,
+    /// A Connect waiting for its queue ID to be let go (slot, give-up time).
+    held_connect: Option<(u16, Instant)>,
 }
 
 impl<X> Queue<X> {
@@ -334,6 +344,7 @@ impl<X> Queue<X> {
             authenticated: true,
             secure: None,
             kv_enabled: None,
+            held_connect: None,
         }
     }
 
@@ -745,15 +756,11 @@ impl<X> Queue<X> {
     ) -> Result<(), Status> {
         match sqe.fctype() {
             fctype::CONNECT => {
-                if self.binding.is_some() {
+                if self.binding.is_some() || self.held_connect.is_some() {
                     return Err(Status::COMMAND_SEQUENCE_ERROR);
                 }
                 let cmd = ConnectCommand::parse(sqe);
-                let data = self
-                    .request(slot)
-                    .and_then(|r| r.buf.as_ref())
-                    .and_then(|b| ConnectData::parse(&b[..b.len().min(CONNECT_DATA_LEN)]))
-                    .ok_or(Status::DATA_SGL_LENGTH_INVALID)?;
+                let data = self.connect_data(slot)?;
                 // DW0 of a refusal points at the field: the byte offset in bits
                 // 15:0, in the Connect data when bit 16 (IATTR) is set, else in
                 // the SQE.
@@ -778,58 +785,7 @@ impl<X> Queue<X> {
                     self.finish(slot, Status::CONNECT_INVALID_PARAMETERS, dw0, link, ctx);
                     return Ok(());
                 }
-                match fabrics::accept_connect(
-                    &self.target,
-                    &cmd,
-                    &data,
-                    &self.cfg.peer,
-                    self.cfg.local,
-                    self.cfg.kind.name(),
-                    self.secure.as_ref(),
-                    ctx.now,
-                ) {
-                    Ok(c) => {
-                        let ctrl = c.binding.ctrl().clone();
-                        if c.binding.qid() == 0 && self.cfg.kind == TransportKind::Rdma {
-                            // Hosts on this controller describe data with keyed
-                            // SGLs (Identify), and its error log names RDMA.
-                            ctrl.keyed_sgl.store(true, Ordering::Release);
-                        }
-                        self.sqsize = cmd.sqsize;
-                        // The Connect itself took entry 0 of the new queue.
-                        self.sq_head = if cmd.sqsize == 0 { 0 } else { 1 };
-                        self.sqflow_disabled = cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0;
-                        self.stats = Some(c.stats);
-                        self.ns.load(c.ns_gen, c.namespaces);
-                        let qid = c.binding.qid();
-                        self.binding = Some(c.binding);
-                        let mut dw0 = ctrl.cntlid as u64;
-                        if let Some(keys) = ctrl.subsys.host_keys(&data.hostnqn) {
-                            // AUTHREQ.ATR (DW0 bit 17): the host must run
-                            // DH-HMAC-CHAP on this queue before anything else.
-                            self.auth = Some(QueueAuth::new(
-                                Some(keys),
-                                &data.hostnqn,
-                                &ctrl.subsys.nqn,
-                                qid,
-                                self.target.auth_policy(),
-                                self.auth_timeout(&ctrl),
-                                ctx.now,
-                            ));
-                            self.authenticated = false;
-                            dw0 |= 1 << 17;
-                            if let (Some(st), Some(a)) = (self.stats.as_ref(), self.auth.as_ref()) {
-                                if let Ok(mut s) = st.auth.lock() {
-                                    *s = Some(a.status());
-                                }
-                            }
-                        }
-                        self.finish(slot, Status::SUCCESS, dw0, link, ctx);
-                    }
-                    Err(refusal) => {
-                        self.finish(slot, refusal.status, refusal.result as u64, link, ctx)
-                    }
-                }
+                self.try_connect(slot, &cmd, &data, link, ctx);
                 Ok(())
             }
             fctype::AUTH_SEND | fctype::AUTH_RECV => {
@@ -848,10 +804,129 @@ impl<X> Queue<X> {
                     return Err(Status::INVALID_FIELD);
                 }
                 tracing::info!(peer = %self.cfg.peer, qid = self.qid(), "Fabrics Disconnect: the queue closes after the response");
+                // The queue ID is free before the host reads the answer, so it
+                // can connect the same ID again at once (closing the connection
+                // later frees nothing: the hold is spent).
+                if let Some(QueueBinding::Io { ctrl, qid, hold }) = self.binding.as_ref() {
+                    ctrl.detach_io_queue(*qid, *hold);
+                }
                 self.respond(slot, Status::SUCCESS, 0, true, link, ctx);
                 Ok(())
             }
             _ => Err(Status::INVALID_OPCODE),
+        }
+    }
+
+    /// The Connect data in `slot`'s buffer.
+    fn connect_data(&self, slot: u16) -> Result<ConnectData, Status> {
+        self.request(slot)
+            .and_then(|r| r.buf.as_ref())
+            .and_then(|b| ConnectData::parse(&b[..b.len().min(CONNECT_DATA_LEN)]))
+            .ok_or(Status::DATA_SGL_LENGTH_INVALID)
+    }
+
+    /// Binds the queue to its controller and answers the Connect in `slot`, or
+    /// refuses it; a Connect whose queue ID is still held waits (see
+    /// `QID_RELEASE_WAIT`) and is tried again by `housekeeping`.
+    fn try_connect<L: Link<X>>(
+        &mut self,
+        slot: u16,
+        cmd: &ConnectCommand,
+        data: &ConnectData,
+        link: &mut L,
+        ctx: &mut IoCtx,
+    ) {
+        let accepted = fabrics::accept_connect(
+            &self.target,
+            cmd,
+            data,
+            &self.cfg.peer,
+            self.cfg.local,
+            self.cfg.kind.name(),
+            self.secure.as_ref(),
+            ctx.now,
+        );
+        let c = match accepted {
+            Ok(c) => c,
+            Err(refusal) => {
+                if refusal.qid_held {
+                    let give_up = self
+                        .held_connect
+                        .get_or_insert((slot, ctx.now + QID_RELEASE_WAIT))
+                        .1;
+                    if ctx.now < give_up {
+                        tracing::debug!(peer = %self.cfg.peer, qid = cmd.qid, "Connect waits for its queue ID to be let go");
+                        return;
+                    }
+                    fabrics::note_refusal(
+                        &self.target,
+                        &refusal,
+                        &self.cfg.peer,
+                        data,
+                        cmd.qid,
+                        self.cfg.kind.name(),
+                    );
+                }
+                self.held_connect = None;
+                self.finish(slot, refusal.status, refusal.result as u64, link, ctx);
+                return;
+            }
+        };
+        self.held_connect = None;
+        let ctrl = c.binding.ctrl().clone();
+        if c.binding.qid() == 0 && self.cfg.kind == TransportKind::Rdma {
+            // Hosts on this controller describe data with keyed
+            // SGLs (Identify), and its error log names RDMA.
+            ctrl.keyed_sgl.store(true, Ordering::Release);
+        }
+        self.sqsize = cmd.sqsize;
+        // The Connect itself took entry 0 of the new queue.
+        self.sq_head = if cmd.sqsize == 0 { 0 } else { 1 };
+        self.sqflow_disabled = cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0;
+        self.stats = Some(c.stats);
+        self.ns.load(c.ns_gen, c.namespaces);
+        let qid = c.binding.qid();
+        self.binding = Some(c.binding);
+        let mut dw0 = ctrl.cntlid as u64;
+        if let Some(keys) = ctrl.subsys.host_keys(&data.hostnqn) {
+            // AUTHREQ.ATR (DW0 bit 17): the host must run
+            // DH-HMAC-CHAP on this queue before anything else.
+            self.auth = Some(QueueAuth::new(
+                Some(keys),
+                &data.hostnqn,
+                &ctrl.subsys.nqn,
+                qid,
+                self.target.auth_policy(),
+                self.auth_timeout(&ctrl),
+                ctx.now,
+            ));
+            self.authenticated = false;
+            dw0 |= 1 << 17;
+            if let (Some(st), Some(a)) = (self.stats.as_ref(), self.auth.as_ref()) {
+                if let Ok(mut s) = st.auth.lock() {
+                    *s = Some(a.status());
+                }
+            }
+        }
+        self.finish(slot, Status::SUCCESS, dw0, link, ctx);
+    }
+
+    /// Tries a waiting Connect again.
+    fn retry_held_connect<L: Link<X>>(&mut self, link: &mut L, ctx: &mut IoCtx) {
+        let Some((slot, _)) = self.held_connect else {
+            return;
+        };
+        let Some(sqe) = self.request(slot).map(|r| r.sqe) else {
+            self.held_connect = None;
+            return;
+        };
+        let cmd = ConnectCommand::parse(&sqe);
+        match self.connect_data(slot) {
+            Ok(data) => self.try_connect(slot, &cmd, &data, link, ctx),
+            Err(status) => {
+                self.held_connect = None;
+                self.finish(slot, status, 0, link, ctx);
+            }
         }
     }
 
@@ -1152,7 +1227,13 @@ impl<X> Queue<X> {
 
     /// Periodic checks: keep-alive, controller failure, namespace changes, and
     /// held AERs completed by events. Returns why the queue must close, if it must.
-    pub fn housekeeping<L: Link<X>>(&mut self, link: &mut L, now: Instant) -> Option<&'static str> {
+    pub fn housekeeping<L: Link<X>>(
+        &mut self,
+        link: &mut L,
+        ctx: &mut IoCtx,
+    ) -> Option<&'static str> {
+        let now = ctx.now;
+        self.retry_held_connect(link, ctx);
         // Idle queues also let go of namespaces removed at run time.
         self.refresh_namespaces();
         let b = self.binding.as_ref()?;

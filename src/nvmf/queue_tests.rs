@@ -399,7 +399,7 @@ impl Conn {
     }
 
     fn housekeeping(&mut self) -> Option<&'static str> {
-        self.q.housekeeping(&mut self.link, self.now)
+        self.with(|q, l, ctx| q.housekeeping(l, ctx))
     }
 
     /// Moves this queue's clock on.
@@ -820,19 +820,67 @@ fn connect_io_queue_joins_the_controller_by_cntlid() {
     assert_status(&r, Status::SUCCESS);
     assert_eq!((r.cqe.result, r.cqe.sq_id), (cntlid as u64, 1));
     match io.q.binding() {
-        Some(QueueBinding::Io { ctrl: c, qid: 1 }) => assert!(Arc::ptr_eq(c, &ctrl)),
+        Some(QueueBinding::Io {
+            ctrl: c, qid: 1, ..
+        }) => assert!(Arc::ptr_eq(c, &ctrl)),
         _ => panic!("not bound as I/O queue 1"),
     }
     assert!(!io.q.is_admin());
     assert_eq!(ctrl.queue_ids(), vec![0, 1]);
-    // The same QID twice: IATTR 0, IPO 42 (QID in the SQE).
+    // The same QID twice: it waits for the holder to let go, and when that
+    // does not happen in time, IATTR 0, IPO 42 (QID in the SQE).
+    let refused = e.target.refused_other.load(Ordering::Relaxed);
     let mut dup = e.conn(tcp_cfg());
-    let r = dup.connect(1, 31, 0, cntlid, SUBNQN);
+    let (sqe, data) = connect_cmd(9, 1, 31, 0, cntlid, SUBNQN, HOSTNQN);
+    assert_eq!(
+        dup.receive_raw(sqe, tcp_desc(&sqe), &data, false),
+        Received::Done
+    );
+    assert!(dup.take().is_empty(), "waits while the ID is held");
+    dup.advance(QID_RELEASE_WAIT / 2);
+    assert_eq!(dup.housekeeping(), None);
+    assert!(dup.take().is_empty(), "still inside the wait");
+    assert_eq!(e.target.refused_other.load(Ordering::Relaxed), refused);
+    // A second Connect on the same connection meanwhile is out of sequence.
+    let (again, data) = connect_cmd(10, 1, 31, 0, cntlid, SUBNQN, HOSTNQN);
+    assert_status(&dup.exec_icd(again, &data), Status::COMMAND_SEQUENCE_ERROR);
+    dup.advance(QID_RELEASE_WAIT);
+    assert_eq!(dup.housekeeping(), None);
+    let r = dup.one();
     assert_status(&r, Status::CONNECT_INVALID_PARAMETERS);
-    assert_eq!(r.cqe.result, 42);
+    assert_eq!((r.cqe.result, r.cqe.cid), (42, 9));
+    assert_eq!(e.target.refused_other.load(Ordering::Relaxed), refused + 1);
+    assert!(dup.q.binding().is_none());
     // Closing the I/O queue gives its QID back.
     io.q.unbind();
     assert_eq!(ctrl.queue_ids(), vec![0]);
+}
+
+/// A host that closes a queue's connection and connects the same QID at once
+/// (SPDK's initiator reconnecting a queue pair) can get there before the old
+/// connection's close is seen: the Connect waits for it instead of failing.
+#[test]
+fn connect_waits_for_a_closing_queue_to_let_its_qid_go() {
+    let e = env();
+    let (_a, mut old) = e.pair();
+    let cntlid = old.q.binding().unwrap().ctrl().cntlid;
+    let mut new = e.conn(tcp_cfg());
+    let (sqe, data) = connect_cmd(9, 1, 31, 0, cntlid, SUBNQN, HOSTNQN);
+    assert_eq!(
+        new.receive_raw(sqe, tcp_desc(&sqe), &data, false),
+        Received::Done
+    );
+    assert!(new.take().is_empty());
+    // The old connection's close reaches its reactor.
+    old.q.unbind();
+    new.advance(QID_RELEASE_WAIT / 4);
+    assert_eq!(new.housekeeping(), None);
+    let r = new.one();
+    assert_status(&r, Status::SUCCESS);
+    assert_eq!((r.cqe.result, r.cqe.sq_id), (cntlid as u64, 1));
+    assert_eq!(new.q.binding().map(|b| b.qid()), Some(1));
+    // The new queue serves I/O.
+    assert!(zeros(&ok_data(new.read(1, 1, 0, 8))));
 }
 
 #[test]
@@ -2051,6 +2099,26 @@ fn disconnect_on_an_io_queue_is_answered_then_closes() {
     let r = io.exec(fabrics(2, fctype::DISCONNECT));
     assert_status(&r, Status::SUCCESS);
     assert_eq!((r.cqe.cid, r.cqe.sq_id, r.close_after), (2, 1, true));
+}
+
+/// The host may connect the same QID as soon as it reads the Disconnect's
+/// answer, before the old connection has closed; the old queue's later close
+/// leaves the new one's QID alone.
+#[test]
+fn disconnect_frees_the_qid_before_the_answer() {
+    let e = env();
+    let (_a, mut old) = e.pair();
+    let ctrl = old.q.binding().unwrap().ctrl().clone();
+    assert_eq!(ctrl.queue_ids(), vec![0, 1]);
+    assert_status(&old.exec(fabrics(2, fctype::DISCONNECT)), Status::SUCCESS);
+    assert_eq!(ctrl.queue_ids(), vec![0]);
+    let mut new = e.conn(tcp_cfg());
+    assert_status(&new.connect(1, 31, 0, ctrl.cntlid, SUBNQN), Status::SUCCESS);
+    old.q.unbind();
+    assert_eq!(ctrl.queue_ids(), vec![0, 1]);
+    assert!(zeros(&ok_data(new.read(1, 1, 0, 8))));
+    new.q.unbind();
+    assert_eq!(ctrl.queue_ids(), vec![0]);
 }
 
 #[test]

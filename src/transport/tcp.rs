@@ -968,7 +968,7 @@ impl<W: Wire> QueuePair for TcpConnection<W> {
             }
             _ => {}
         }
-        if self.q.housekeeping(&mut self.l, ctx.now).is_some() {
+        if self.q.housekeeping(&mut self.l, ctx).is_some() {
             self.close();
         }
         if self.l.shutting_down

@@ -907,7 +907,7 @@ impl QueuePair for RdmaQueuePair {
         if self.l.state == State::Connecting && self.l.since.elapsed() > ESTABLISH_TIMEOUT {
             self.close("not established in time");
         }
-        if let Some(why) = self.q.housekeeping(&mut self.l, ctx.now) {
+        if let Some(why) = self.q.housekeeping(&mut self.l, ctx) {
             self.close(why);
         }
         if self.l.state != State::Closed {
