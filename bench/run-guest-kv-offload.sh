@@ -243,6 +243,11 @@ def med(p, t, key):
           and r["error"] is None and r["fio"].get(key) is not None]
     return statistics.median(xs) if xs else None
 
+def worst(p, t, key):
+    xs = [r["fio"][key] for r in runs if r["profile"] == p and r["target"] == t
+          and r["error"] is None and r["fio"].get(key) is not None]
+    return max(xs) if xs else None
+
 def fmt(x, nd=1):
     return "-" if x is None else f"{x:,.{nd}f}"
 
@@ -260,42 +265,52 @@ print(f"The link (raw TCP through slirp, python sockets, both targets stopped, m
       f"{len(links)}): guest to host {fmt(up)} MiB/s, host to guest {fmt(down)} MiB/s. "
       "'of link' divides a run's MiB/s by the direction it mostly uses.")
 print()
-print("| profile | SPDK MiB/s | SPDK of link | SPDK P99 ms | SPDK busy ms/chunk | kvtarget MiB/s "
-      "| kvtarget of link | kvtarget P99 ms | kvtarget busy ms/chunk | MiB/s kvt/SPDK | P99 kvt/SPDK | busy kvt/SPDK |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| profile | SPDK MiB/s | SPDK of link | SPDK P99 ms | SPDK P99.9 ms | SPDK max ms | SPDK busy ms/chunk "
+      "| kvtarget MiB/s | kvtarget of link | kvtarget P99 ms | kvtarget P99.9 ms | kvtarget max ms "
+      "| kvtarget busy ms/chunk | MiB/s kvt/SPDK | P99 kvt/SPDK | P99.9 kvt/SPDK | max kvt/SPDK | busy kvt/SPDK |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for p in profiles:
-    s = {k: med(p, "spdk", k) for k in ("mib_s", "p99_us", "busy_ms_per_chunk")}
-    k = {k: med(p, "kvtarget", k) for k in ("mib_s", "p99_us", "busy_ms_per_chunk")}
+    s = {k: med(p, "spdk", k) for k in ("mib_s", "p99_us", "p999_us", "busy_ms_per_chunk")}
+    k = {k: med(p, "kvtarget", k) for k in ("mib_s", "p99_us", "p999_us", "busy_ms_per_chunk")}
+    s["max_us"], k["max_us"] = worst(p, "spdk", "max_us"), worst(p, "kvtarget", "max_us")
     ln = down if "retrieve" in p else up
     of = lambda x: "-" if x is None or not ln else f"{x / ln:.0%}"
     ms = lambda x: None if x is None else x / 1000
-    print(f"| {p} | {fmt(s['mib_s'])} | {of(s['mib_s'])} | {fmt(ms(s['p99_us']))} | {fmt(s['busy_ms_per_chunk'], 2)} "
-          f"| {fmt(k['mib_s'])} | {of(k['mib_s'])} | {fmt(ms(k['p99_us']))} | {fmt(k['busy_ms_per_chunk'], 2)} "
+    print(f"| {p} | {fmt(s['mib_s'])} | {of(s['mib_s'])} | {fmt(ms(s['p99_us']))} | {fmt(ms(s['p999_us']))} "
+          f"| {fmt(ms(s['max_us']))} | {fmt(s['busy_ms_per_chunk'], 2)} "
+          f"| {fmt(k['mib_s'])} | {of(k['mib_s'])} | {fmt(ms(k['p99_us']))} | {fmt(ms(k['p999_us']))} "
+          f"| {fmt(ms(k['max_us']))} | {fmt(k['busy_ms_per_chunk'], 2)} "
           f"| {ratio(k['mib_s'], s['mib_s'])} | {ratio(k['p99_us'], s['p99_us'])} "
+          f"| {ratio(k['p999_us'], s['p999_us'])} | {ratio(k['max_us'], s['max_us'])} "
           f"| {ratio(k['busy_ms_per_chunk'], s['busy_ms_per_chunk'])} |")
 if any("bg_iops" in (r.get("fio") or {}) for r in runs):
     print()
     print("Beside the store, fio's 4 KiB random reads at iodepth 8 on namespace 2 (medians):")
     print()
-    print("| profile | SPDK bg IOPS | SPDK bg P99 us | kvtarget bg IOPS | kvtarget bg P99 us | bg IOPS kvt/SPDK | bg P99 kvt/SPDK |")
-    print("|---|---|---|---|---|---|---|")
+    print("| profile | SPDK bg IOPS | SPDK bg P99 us | SPDK bg P99.9 us | SPDK bg max us | kvtarget bg IOPS "
+          "| kvtarget bg P99 us | kvtarget bg P99.9 us | kvtarget bg max us | bg IOPS kvt/SPDK | bg P99 kvt/SPDK "
+          "| bg P99.9 kvt/SPDK |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for p in profiles:
         if not any(r["profile"] == p and "bg_iops" in (r.get("fio") or {}) for r in runs):
             continue
-        s = {k: med(p, "spdk", k) for k in ("bg_iops", "bg_p99_us")}
-        k = {k: med(p, "kvtarget", k) for k in ("bg_iops", "bg_p99_us")}
-        print(f"| {p} | {fmt(s['bg_iops'], 0)} | {fmt(s['bg_p99_us'])} | {fmt(k['bg_iops'], 0)} "
-              f"| {fmt(k['bg_p99_us'])} | {ratio(k['bg_iops'], s['bg_iops'])} | {ratio(k['bg_p99_us'], s['bg_p99_us'])} |")
+        s = {k: med(p, "spdk", k) for k in ("bg_iops", "bg_p99_us", "bg_p999_us")}
+        k = {k: med(p, "kvtarget", k) for k in ("bg_iops", "bg_p99_us", "bg_p999_us")}
+        s["bg_max_us"], k["bg_max_us"] = worst(p, "spdk", "bg_max_us"), worst(p, "kvtarget", "bg_max_us")
+        print(f"| {p} | {fmt(s['bg_iops'], 0)} | {fmt(s['bg_p99_us'])} | {fmt(s['bg_p999_us'])} | {fmt(s['bg_max_us'])} "
+              f"| {fmt(k['bg_iops'], 0)} | {fmt(k['bg_p99_us'])} | {fmt(k['bg_p999_us'])} | {fmt(k['bg_max_us'])} "
+              f"| {ratio(k['bg_iops'], s['bg_iops'])} | {ratio(k['bg_p99_us'], s['bg_p99_us'])} "
+              f"| {ratio(k['bg_p999_us'], s['bg_p999_us'])} |")
 print()
 print("Every run, in the order run:")
 print()
-print("| round | profile | target | chunks | MiB/s | mean ms | P50 ms | P99 ms | max ms | busy ms/chunk | error |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+print("| round | profile | target | chunks | MiB/s | mean ms | P50 ms | P99 ms | P99.9 ms | max ms | busy ms/chunk | error |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in runs:
     f = r.get("fio") or {}
     ms = lambda key: None if f.get(key) is None else f[key] / 1000
     print(f"| {r.get('round', '-')} | {r['profile']} | {r['target']} | {f.get('chunks', '-')} | {fmt(f.get('mib_s'))} "
-          f"| {fmt(ms('mean_us'))} | {fmt(ms('p50_us'))} | {fmt(ms('p99_us'))} | {fmt(ms('max_us'))} "
+          f"| {fmt(ms('mean_us'))} | {fmt(ms('p50_us'))} | {fmt(ms('p99_us'))} | {fmt(ms('p999_us'))} | {fmt(ms('max_us'))} "
           f"| {fmt(f.get('busy_ms_per_chunk'), 2)} | {r['error'] or (f.get('errors') or '')} |")
 print()
 print("Link measurements: " + "; ".join(

@@ -5,7 +5,8 @@
 # is driven by SPDK's spdk_nvme_perf pinned to core 1 (-c 0x2). Runs alternate
 # SPDK, kvtarget, SPDK, kvtarget, ... profile by profile, round by round.
 #
-#   bench/run-vs-spdk.sh [--secs S] [--rounds N] [--set NAME] [--only REGEX] [--record] [--keep]
+#   bench/run-vs-spdk.sh [--secs S] [--rounds N] [--set NAME] [--only REGEX] [--no-restart]
+#                        [--record] [--keep]
 #
 #   --secs S      seconds per run (default 10)
 #   --rounds N    runs per target and profile (default 2); tables give the median
@@ -13,6 +14,8 @@
 #                 LMCache's raw-block phases driven by `kvtarget perf` (see below);
 #                 all: both
 #   --only REGEX  profiles whose name matches (grep -E), e.g. 'randread|4MiB'
+#   --no-restart  start each target once for the whole run (before: every round
+#                 starts with fresh targets, see below)
 #   --record      also append the tables to bench/RESULTS.md under a heading with
 #                 date, commit, this command and the machine's load (uptime)
 #   --keep        keep the work directory (perf outputs, target logs) in /tmp
@@ -25,11 +28,16 @@
 # its own RPC socket. Only one target runs at a time: both busy-poll core 0, so the
 # one not being measured is stopped (SIGSTOP) and continued before its next run
 # (its counters are read only after that, so the stopped time is in no delta).
-# Both namespaces are written once in full (1 MiB writes) before the first run, so
-# reads find memory already backed.
+# Every round starts both targets afresh (stopped, started, configured), as a user
+# restarts a target, so what a first run after a start costs is measured, not
+# discarded: right after the start each target's namespace is written once in full
+# (1024 sequential writes of 1 MiB, QD8), and that prefill is a measured row of its
+# own ("prefill ... first I/O after start"), with its P99.9 and max. The later
+# profiles then find every block written, so reads find memory already backed.
+# --no-restart starts the targets once and prefills before the first round only.
 #
-# Per run: IOPS, MiB/s, average latency (spdk_nvme_perf's Total row), P99 (its -L
-# summary), and the target reactor's busy time per I/O: the difference of the
+# Per run: IOPS, MiB/s, average and max latency (spdk_nvme_perf's Total row), P99 and
+# P99.9 (its -L summary), and the target reactor's busy time per I/O: the difference of the
 # "busy" counters of framework_get_reactors (both targets answer it; SPDK counts
 # TSC ticks, kvtarget nanoseconds, each says its tick_rate) read with SPDK's
 # rpc.py just before and just after the run, divided by the run's I/O count
@@ -64,13 +72,14 @@ cd "$(dirname "$0")/.." || exit 1
 repo=$PWD
 cmdline="bench/run-vs-spdk.sh$(printf ' %q' "$@")"
 
-secs=10 rounds=2 only=. record=0 keep=0 set=block
+secs=10 rounds=2 only=. record=0 keep=0 set=block restart=1
 while [ $# -gt 0 ]; do
     case $1 in
         --secs) secs=${2:-}; shift 2 || exit 2 ;;
         --rounds) rounds=${2:-}; shift 2 || exit 2 ;;
         --only) only=${2:-}; shift 2 || exit 2 ;;
         --set) set=${2:-}; shift 2 || exit 2 ;;
+        --no-restart) restart=0; shift ;;
         --record) record=1; shift ;;
         --keep) keep=1; shift ;;
         -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
@@ -127,7 +136,7 @@ cleanup() {
     [ -n "$kv_pid" ] && stop_proc "$kv_pid"
     [ -n "$base_pid" ] && stop_proc "$base_pid"
     [ -n "$spdk_pid" ] && stop_proc "$spdk_pid"
-    [ -n "$shm_id" ] && rm -rf "/var/run/dpdk/spdk$shm_id"
+    [ -n "$shm_id" ] && rm -rf "/var/run/dpdk/spdk$shm_id" /dev/hugepages/spdk"${shm_id}"map_*
     if [ "$keep" = 1 ] || [ "$failed" != 0 ]; then log "work directory kept: $work"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
@@ -143,35 +152,42 @@ kv_config=${KVTARGET_CONFIG:-config/bench-ram.toml}
 [ -r "$kv_config" ] || die "cannot read $kv_config"
 kv_nqn=$(kv_nqn_of "$kv_config") || die "cannot read the subsystem NQN from $kv_config"
 
-# --- SPDK nvmf_tgt ---
-start_spdk "$spdk_port" "$spdk_nqn"
-
-# --- kvtarget (and its baseline build) ---
-start_kv kvtarget "$kvbin" "$kv_port" "$kv_config"
-kv_pid=$started_pid kv_sock=$started_sock kv_version=$started_version
+# --- the targets: SPDK nvmf_tgt, kvtarget (and its baseline build) ---
 targets=(spdk kvtarget)
-declare -A pid_of=([spdk]=$spdk_pid [kvtarget]=$kv_pid)
-declare -A sock_of=([spdk]=$spdk_sock [kvtarget]=$kv_sock)
-declare -A trid_of=(
-    [spdk]="trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$spdk_port subnqn:$spdk_nqn"
-    [kvtarget]="trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$kv_port subnqn:$kv_nqn"
-)
-declare -A addr_of=([spdk]=127.0.0.1:$spdk_port [kvtarget]=127.0.0.1:$kv_port)
-declare -A nqn_of=([spdk]=$spdk_nqn [kvtarget]=$kv_nqn)
+[ -z "${KVTARGET_BASE_BIN:-}" ] || targets=(spdk base kvtarget)
+declare -A pid_of sock_of trid_of addr_of nqn_of
+declare -A port_of=([spdk]=$spdk_port [kvtarget]=$kv_port [base]=$base_port)
 base_version=
 if [ -n "${KVTARGET_BASE_BIN:-}" ]; then
     [ -x "$KVTARGET_BASE_BIN" ] || die "KVTARGET_BASE_BIN $KVTARGET_BASE_BIN is not an executable"
     base_config=${KVTARGET_BASE_CONFIG:-$kv_config}
     [ -r "$base_config" ] || die "cannot read $base_config"
-    start_kv base "$KVTARGET_BASE_BIN" "$base_port" "$base_config"
-    base_pid=$started_pid base_version=$started_version
-    targets=(spdk base kvtarget)
-    pid_of[base]=$base_pid
-    sock_of[base]=$started_sock
-    trid_of[base]="trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$base_port subnqn:$kv_nqn"
-    addr_of[base]=127.0.0.1:$base_port
-    nqn_of[base]=$kv_nqn
 fi
+start_target() { # TARGET: (re)start it, configured and stopped (SIGSTOP), as at the first start
+    local t=$1 port=${port_of[$1]}
+    case $t in
+        spdk)
+            if [ -n "$spdk_pid" ]; then
+                stop_proc "$spdk_pid"
+                rm -rf "/var/run/dpdk/spdk$shm_id" /dev/hugepages/spdk"${shm_id}"map_*
+            fi
+            start_spdk "$port" "$spdk_nqn"
+            pid_of[spdk]=$spdk_pid sock_of[spdk]=$spdk_sock nqn_of[spdk]=$spdk_nqn ;;
+        kvtarget)
+            [ -z "$kv_pid" ] || stop_proc "$kv_pid"
+            start_kv kvtarget "$kvbin" "$port" "$kv_config"
+            kv_pid=$started_pid kv_version=$started_version
+            pid_of[kvtarget]=$kv_pid sock_of[kvtarget]=$started_sock nqn_of[kvtarget]=$kv_nqn ;;
+        base)
+            [ -z "$base_pid" ] || stop_proc "$base_pid"
+            start_kv base "$KVTARGET_BASE_BIN" "$port" "$base_config"
+            base_pid=$started_pid base_version=$started_version
+            pid_of[base]=$base_pid sock_of[base]=$started_sock nqn_of[base]=$kv_nqn ;;
+    esac
+    trid_of[$t]="trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:${nqn_of[$t]}"
+    addr_of[$t]=127.0.0.1:$port
+    [ "$active" != "$t" ] || active= # started stopped: activate must continue it
+}
 run_perf() { # OUTFILE TARGET PERF-ARGS...: perf on core 1 against TARGET's namespace 1
     local out=$1 t=$2; shift 2
     "$perf" "$@" -c 0x2 -r "${trid_of[$t]} ns:1" > "$out" 2>&1 &
@@ -188,17 +204,6 @@ run_kvperf() { # OUTFILE TARGET KVPERF-ARGS...: kvtarget perf on core 1 against 
 }
 perf_bin=$repo/target/release/kvtarget
 [ -x "$perf_bin" ] || perf_bin=$kvbin
-
-# Every namespace written once in full: 1024 sequential writes of 1 MiB.
-for t in "${targets[@]}"; do
-    activate "$t"
-    log "writing $t's namespace once"
-    if ! run_perf "$work/prefill-$t.out" "$t" -q 8 -o 1048576 -w write -d 1024 -t 120 \
-        || ! grep -q '^Total' "$work/prefill-$t.out"; then
-        cat "$work/prefill-$t.out" >&2
-        die "writing $t's namespace failed"
-    fi
-done
 
 profiles=(
     "4KiB randread QD1|-w randread -o 4096 -q 1"
@@ -233,41 +238,47 @@ done
 runs=$work/runs.jsonl
 : > "$runs"
 n=0
-for r in $(seq "$rounds"); do
-    for p in "${selected[@]}"; do
-        name=${p%%|*}
-        rest=${p#*|}
-        bg=
-        case $rest in *"|bg:"*) bg=${rest#*|bg:}; rest=${rest%%|bg:*} ;; esac
-        for t in "${targets[@]}"; do
-            n=$((n + 1))
-            out=$work/run-$n.out
-            bgout=$work/run-$n.bg.out
-            activate "$t"
-            before=$(reactors "$t") || before=
-            bg_pid=
-            if [ -n "$bg" ]; then
-                read -ra bargs <<< "$bg"
-                # Namespace 2, for the run's length and a little more.
-                "$perf" "${bargs[@]}" -c 0x2 -t $((secs + 1)) -L -r "${trid_of[$t]} ns:2" > "$bgout" 2>&1 &
-                bg_pid=$!
-            fi
-            case $rest in
-                kvperf:*)
-                    read -ra args <<< "${rest#kvperf:}"
-                    run_kvperf "$out" "$t" "${args[@]}" --time "$secs" --warmup 1
-                    rc=$? ;;
-                *)
-                    read -ra args <<< "$rest"
-                    run_perf "$out" "$t" "${args[@]}" -t "$secs" -L
-                    rc=$? ;;
-            esac
-            if [ -n "$bg_pid" ]; then
-                wait "$bg_pid"; rm -rf "/var/run/dpdk/spdk_pid$bg_pid"
-            fi
-            after=$(reactors "$t") || after=
-            log "round $r/$rounds $t: $name"
-            python3 - "$out" "$t" "$name" "$r" "$secs" "$rc" "$before" "$after" "$bgout" "${rest%%:*}" >> "$runs" <<'PY'
+# The prefill: namespace 1 written once in full, 1024 sequential writes of 1 MiB at QD8
+# (-d: a number of I/Os; -t only bounds it), measured like any run.
+prefill_name="prefill 1MiB seq write QD8, first I/O after start"
+prefill_args="prefill:-w write -o 1048576 -q 8 -d 1024 -t 120"
+measure() { # ROUND PROFILE-NAME TARGET RUN-SPEC [BG-ARGS]: one run, one line in $runs
+    local r=$1 name=$2 t=$3 rest=$4 bg=${5:-} out bgout before after bg_pid= rc run_secs=$secs
+    n=$((n + 1))
+    out=$work/run-$n.out
+    bgout=$work/run-$n.bg.out
+    activate "$t"
+    before=$(reactors "$t") || before=
+    if [ -n "$bg" ]; then
+        read -ra bargs <<< "$bg"
+        # Namespace 2, for the run's length and a little more.
+        "$perf" "${bargs[@]}" -c 0x2 -t $((secs + 1)) -L -r "${trid_of[$t]} ns:2" > "$bgout" 2>&1 &
+        bg_pid=$!
+    fi
+    case $rest in
+        kvperf:*)
+            read -ra args <<< "${rest#kvperf:}"
+            run_kvperf "$out" "$t" "${args[@]}" --time "$secs" --warmup 1
+            rc=$? ;;
+        prefill:*)
+            read -ra args <<< "${rest#prefill:}"
+            run_secs=0 # its length is its I/O count: no busy-per-I/O from a nominal time
+            run_perf "$out" "$t" "${args[@]}" -L
+            rc=$? ;;
+        *)
+            read -ra args <<< "$rest"
+            run_perf "$out" "$t" "${args[@]}" -t "$secs" -L
+            rc=$? ;;
+    esac
+    if [ -n "$bg_pid" ]; then
+        wait "$bg_pid"; rm -rf "/var/run/dpdk/spdk_pid$bg_pid"
+    fi
+    after=$(reactors "$t") || after=
+    log "round $r/$rounds $t: $name"
+    python3 "$work/record.py" "$out" "$t" "$name" "$r" "$run_secs" "$rc" "$before" "$after" "$bgout" "${rest%%:*}" >> "$runs"
+    tail -n 1 "$runs" | grep -q '"error": null' || failed=1
+}
+cat > "$work/record.py" <<'PY'
 import json, os, re, sys
 out, target, name, rnd, secs, rc, before, after, bgout, initiator = sys.argv[1:11]
 text = open(out, errors="replace").read().replace("\r", "\n")
@@ -287,21 +298,23 @@ def spdk_perf(text):
             continue
         m = re.match(r"\s*([0-9.]+)%\s*:\s*([0-9.]+)us\s*$", line)
         if in_summary and m:
-            pct[float(m.group(1))] = float(m.group(2))
+            pct[round(float(m.group(1)), 4)] = float(m.group(2))
     return total, pct
 
 if os.path.exists(bgout):
     bt, bp = spdk_perf(open(bgout, errors="replace").read().replace("\r", "\n"))
     if bt is not None:
-        run["bg_iops"] = bt[0]
-    run["bg_p99_us"] = bp.get(99.0)
+        run["bg_iops"], run["bg_max_us"] = bt[0], bt[4]
+    run["bg_p99_us"], run["bg_p999_us"] = bp.get(99.0), bp.get(99.9)
 if initiator == "kvperf":
     # kvtarget perf --json: the same fields from its report.
     try:
         j = json.loads(text.strip().splitlines()[-1])
         if rc != "0" or j["errors"] or j["ios"] == 0:
             run["error"] = f"kvtarget perf exit {rc}, {j['errors']} errors, {j['ios']} I/Os"
-        run.update(iops=j["iops"], mib_s=j["mib_s"], avg_us=j["lat_us"]["mean"], p99_us=j["lat_us"]["p99"])
+        lat = j["lat_us"]
+        run.update(iops=j["iops"], mib_s=j["mib_s"], avg_us=lat["mean"], p99_us=lat["p99"],
+                   p999_us=lat["p99_9"], max_us=lat["max"])
     except (ValueError, KeyError, IndexError):
         run["error"] = "kvtarget perf: " + (text.strip().splitlines() or ["no output"])[-1][:120]
 else:
@@ -314,15 +327,33 @@ else:
     elif total is None or total[0] <= 0:
         run["error"] = "no Total row (no controller attached?)"
     if total is not None:
-        run.update(iops=total[0], mib_s=total[1], avg_us=total[2])
-    run["p99_us"] = pct.get(99.0)
+        run.update(iops=total[0], mib_s=total[1], avg_us=total[2], max_us=total[4])
+    run["p99_us"], run["p999_us"] = pct.get(99.0), pct.get(99.9)
 b, a = before.split(), after.split()
-if run.get("iops") and len(b) == 2 and len(a) == 2:
+if run.get("iops") and float(secs) > 0 and len(b) == 2 and len(a) == 2:
     ticks, rate = int(a[0]) - int(b[0]), float(a[1])
     run["busy_us_per_io"] = ticks / rate * 1e6 / (run["iops"] * float(secs))
 print(json.dumps(run))
 PY
-            tail -n 1 "$runs" | grep -q '"error": null' || failed=1
+
+for r in $(seq "$rounds"); do
+    if [ "$restart" = 1 ] || [ "$r" = 1 ]; then
+        for t in "${targets[@]}"; do
+            log "round $r/$rounds: starting $t"
+            start_target "$t"
+        done
+        for t in "${targets[@]}"; do
+            measure "$r" "$prefill_name" "$t" "$prefill_args"
+            grep -q '^Total' "$work/run-$n.out" || { cat "$work/run-$n.out" >&2; die "writing $t's namespace failed"; }
+        done
+    fi
+    for p in "${selected[@]}"; do
+        name=${p%%|*}
+        rest=${p#*|}
+        bg=
+        case $rest in *"|bg:"*) bg=${rest#*|bg:}; rest=${rest%%|bg:*} ;; esac
+        for t in "${targets[@]}"; do
+            measure "$r" "$name" "$t" "$rest" "$bg"
         done
     done
 done
@@ -340,63 +371,81 @@ def med(p, t, key):
           and r["error"] is None and r.get(key) is not None]
     return statistics.median(xs) if xs else None
 
+def worst(p, t, key):
+    xs = [r[key] for r in runs if r["profile"] == p and r["target"] == t
+          and r["error"] is None and r.get(key) is not None]
+    return max(xs) if xs else None
+
 def fmt(x, nd=1):
     return "-" if x is None else f"{x:,.{nd}f}"
 
 def ratio(a, b):
     return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}"
 
-print(f"Median of {rounds} round(s), {secs} s per run; kvtarget/SPDK ratios of those medians "
-      "(IOPS: above 1 is kvtarget faster; P99 and busy: below 1 is kvtarget better).")
+print(f"Median of {rounds} round(s), {secs} s per run (prefill rows: 1 GiB each); "
+      "kvtarget/SPDK ratios of those medians (IOPS: above 1 is kvtarget faster; latency and "
+      "busy: below 1 is kvtarget better). max is the worst run's max, not a median.")
 print()
-print("| profile | SPDK IOPS | SPDK P99 us | SPDK busy us/IO | kvtarget IOPS | kvtarget P99 us "
-      "| kvtarget busy us/IO | IOPS kvt/SPDK | P99 kvt/SPDK | busy kvt/SPDK |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("| profile | SPDK IOPS | kvt IOPS | IOPS kvt/SPDK | SPDK P99 us | kvt P99 us | P99 kvt/SPDK "
+      "| SPDK P99.9 us | kvt P99.9 us | P99.9 kvt/SPDK | SPDK max us | kvt max us | max kvt/SPDK "
+      "| SPDK busy us/IO | kvt busy us/IO | busy kvt/SPDK |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for p in profiles:
-    s = {k: med(p, "spdk", k) for k in ("iops", "p99_us", "busy_us_per_io")}
-    k = {k: med(p, "kvtarget", k) for k in ("iops", "p99_us", "busy_us_per_io")}
-    print(f"| {p} | {fmt(s['iops'], 0)} | {fmt(s['p99_us'])} | {fmt(s['busy_us_per_io'], 2)} "
-          f"| {fmt(k['iops'], 0)} | {fmt(k['p99_us'])} | {fmt(k['busy_us_per_io'], 2)} "
-          f"| {ratio(k['iops'], s['iops'])} | {ratio(k['p99_us'], s['p99_us'])} "
+    s = {k: med(p, "spdk", k) for k in ("iops", "p99_us", "p999_us", "busy_us_per_io")}
+    k = {k: med(p, "kvtarget", k) for k in ("iops", "p99_us", "p999_us", "busy_us_per_io")}
+    s["max_us"], k["max_us"] = worst(p, "spdk", "max_us"), worst(p, "kvtarget", "max_us")
+    print(f"| {p} | {fmt(s['iops'], 0)} | {fmt(k['iops'], 0)} | {ratio(k['iops'], s['iops'])} "
+          f"| {fmt(s['p99_us'])} | {fmt(k['p99_us'])} | {ratio(k['p99_us'], s['p99_us'])} "
+          f"| {fmt(s['p999_us'])} | {fmt(k['p999_us'])} | {ratio(k['p999_us'], s['p999_us'])} "
+          f"| {fmt(s['max_us'])} | {fmt(k['max_us'])} | {ratio(k['max_us'], s['max_us'])} "
+          f"| {fmt(s['busy_us_per_io'], 2)} | {fmt(k['busy_us_per_io'], 2)} "
           f"| {ratio(k['busy_us_per_io'], s['busy_us_per_io'])} |")
 if any("bg_iops" in r for r in runs):
     print()
     print("Beside the run, spdk_nvme_perf's 4 KiB random reads on namespace 2 (same rounds, medians):")
     print()
-    print("| profile | SPDK bg IOPS | SPDK bg P99 us | kvtarget bg IOPS | kvtarget bg P99 us | bg IOPS kvt/SPDK | bg P99 kvt/SPDK |")
-    print("|---|---|---|---|---|---|---|")
+    print("| profile | SPDK bg IOPS | kvt bg IOPS | bg IOPS kvt/SPDK | SPDK bg P99 us | kvt bg P99 us "
+          "| bg P99 kvt/SPDK | SPDK bg P99.9 us | kvt bg P99.9 us | bg P99.9 kvt/SPDK "
+          "| SPDK bg max us | kvt bg max us |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for p in profiles:
         if not any(r["profile"] == p and "bg_iops" in r for r in runs):
             continue
-        s = {k: med(p, "spdk", k) for k in ("bg_iops", "bg_p99_us")}
-        k = {k: med(p, "kvtarget", k) for k in ("bg_iops", "bg_p99_us")}
-        print(f"| {p} | {fmt(s['bg_iops'], 0)} | {fmt(s['bg_p99_us'])} | {fmt(k['bg_iops'], 0)} "
-              f"| {fmt(k['bg_p99_us'])} | {ratio(k['bg_iops'], s['bg_iops'])} "
-              f"| {ratio(k['bg_p99_us'], s['bg_p99_us'])} |")
+        s = {k: med(p, "spdk", k) for k in ("bg_iops", "bg_p99_us", "bg_p999_us")}
+        k = {k: med(p, "kvtarget", k) for k in ("bg_iops", "bg_p99_us", "bg_p999_us")}
+        print(f"| {p} | {fmt(s['bg_iops'], 0)} | {fmt(k['bg_iops'], 0)} | {ratio(k['bg_iops'], s['bg_iops'])} "
+              f"| {fmt(s['bg_p99_us'])} | {fmt(k['bg_p99_us'])} | {ratio(k['bg_p99_us'], s['bg_p99_us'])} "
+              f"| {fmt(s['bg_p999_us'])} | {fmt(k['bg_p999_us'])} | {ratio(k['bg_p999_us'], s['bg_p999_us'])} "
+              f"| {fmt(worst(p, 'spdk', 'bg_max_us'))} | {fmt(worst(p, 'kvtarget', 'bg_max_us'))} |")
 if any(r["target"] == "base" for r in runs):
     print()
     print("The same rounds, kvtarget against its baseline build (`KVTARGET_BASE_BIN`): "
           "IOPS above 1 and P99/busy below 1 mean this build is better.")
     print()
-    print("| profile | base IOPS | base P99 us | base busy us/IO | IOPS kvt/base | P99 kvt/base "
+    print("| profile | base IOPS | base P99 us | base P99.9 us | base max us | base busy us/IO "
+          "| IOPS kvt/base | P99 kvt/base | P99.9 kvt/base | max kvt/base "
           "| busy kvt/base | IOPS base/SPDK | P99 base/SPDK |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for p in profiles:
         s = {k: med(p, "spdk", k) for k in ("iops", "p99_us")}
-        b = {k: med(p, "base", k) for k in ("iops", "p99_us", "busy_us_per_io")}
-        k = {k: med(p, "kvtarget", k) for k in ("iops", "p99_us", "busy_us_per_io")}
-        print(f"| {p} | {fmt(b['iops'], 0)} | {fmt(b['p99_us'])} | {fmt(b['busy_us_per_io'], 2)} "
+        b = {k: med(p, "base", k) for k in ("iops", "p99_us", "p999_us", "busy_us_per_io")}
+        k = {k: med(p, "kvtarget", k) for k in ("iops", "p99_us", "p999_us", "busy_us_per_io")}
+        b["max_us"], k["max_us"] = worst(p, "base", "max_us"), worst(p, "kvtarget", "max_us")
+        print(f"| {p} | {fmt(b['iops'], 0)} | {fmt(b['p99_us'])} | {fmt(b['p999_us'])} | {fmt(b['max_us'])} "
+              f"| {fmt(b['busy_us_per_io'], 2)} "
               f"| {ratio(k['iops'], b['iops'])} | {ratio(k['p99_us'], b['p99_us'])} "
+              f"| {ratio(k['p999_us'], b['p999_us'])} | {ratio(k['max_us'], b['max_us'])} "
               f"| {ratio(k['busy_us_per_io'], b['busy_us_per_io'])} "
               f"| {ratio(b['iops'], s['iops'])} | {ratio(b['p99_us'], s['p99_us'])} |")
 print()
 print("Every run, in the order run:")
 print()
-print("| round | profile | target | IOPS | MiB/s | avg us | P99 us | busy us/IO | error |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| round | profile | target | IOPS | MiB/s | avg us | P99 us | P99.9 us | max us | busy us/IO | error |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 for r in runs:
     print(f"| {r['round']} | {r['profile']} | {r['target']} | {fmt(r.get('iops'), 0)} "
           f"| {fmt(r.get('mib_s'))} | {fmt(r.get('avg_us'))} | {fmt(r.get('p99_us'))} "
+          f"| {fmt(r.get('p999_us'))} | {fmt(r.get('max_us'))} "
           f"| {fmt(r.get('busy_us_per_io'), 2)} | {r['error'] or ''} |")
 PY
 {
@@ -405,6 +454,8 @@ PY
     echo "Command: \`$cmdline\` (\`bench/run-vs-spdk.sh --help\` says what it sets up)."
     echo "SPDK: $spdk_version, nvmf_tgt -m 0x1, TCP transport defaults, Malloc bdev 1 GiB / 4096 B."
     echo "kvtarget: $kv_version, $kv_config on a free port with 4096-byte blocks."
+    if [ "$restart" = 1 ]; then echo "Targets restarted before every round; each round's prefill is its first I/O after the start."
+    else echo "Targets started once (--no-restart), prefilled before round 1 only."; fi
     [ -z "$base_version" ] || echo "base: $base_version (\`KVTARGET_BASE_BIN=$KVTARGET_BASE_BIN\`), $base_config on its own port."
     echo "Initiator: spdk_nvme_perf -c 0x2 -L (LMCache rows: \`kvtarget perf --cpus 1\` of this tree). Machine: $(nproc) cores."
     echo "Load at start: \`$load_start\`; at end: \`$load_end\`."

@@ -108,7 +108,8 @@ PY
 
 # summarise FIO_JSON CLAT_LOG BG -> JSON fields of one run: payload (32 MiB) I/Os per
 # second, MiB/s of everything moved, payload latency mean/P50/P99/max from the
-# per-I/O completion-latency log, and the background job's IOPS and P99.
+# per-I/O completion-latency log (P99.9 too), and the background job's IOPS, P99,
+# P99.9 and max.
 summarise() {
     python3 - "$@" <<'PY'
 import json, sys
@@ -128,12 +129,15 @@ pct = lambda p: lats[min(len(lats) - 1, int(p * len(lats)))] if lats else None
 r = {"secs": secs, "chunks": len(lats), "chunks_s": len(lats) / secs if secs else 0,
      "mib_s": moved / secs / 1048576 if secs else 0,
      "mean_us": sum(lats) / len(lats) if lats else None,
-     "p50_us": pct(0.50), "p99_us": pct(0.99), "max_us": lats[-1] if lats else None,
+     "p50_us": pct(0.50), "p99_us": pct(0.99), "p999_us": pct(0.999),
+     "max_us": lats[-1] if lats else None,
      "errors": main["error"]}
 if bg == "1":
     b = jobs["bg"]["read"]
     r["bg_iops"] = b["iops"]
     r["bg_p99_us"] = b["clat_ns"]["percentile"].get("99.000000", 0) / 1000.0
+    r["bg_p999_us"] = b["clat_ns"]["percentile"].get("99.900000", 0) / 1000.0
+    r["bg_max_us"] = b["clat_ns"]["max"] / 1000.0
     r["errors"] += jobs["bg"]["error"]
 print(json.dumps(r))
 PY
