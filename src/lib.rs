@@ -1,10 +1,22 @@
-//! kvtarget: a user-space NVMe-over-Fabrics target for KV-cache volumes.
+//! kvtarget: a user-space NVMe-over-Fabrics target for KV-cache volumes and
+//! NVMe-KV namespaces, over NVMe/TCP and NVMe/RDMA.
 //!
-//! Layers, bottom up: `wire` (NVMe and NVMe/TCP formats), `mem` (I/O buffers),
-//! `bdev` (block device backends), `reactor` (polling threads), `target`
-//! (subsystems, controllers, namespaces, discovery), `transport` (NVMe/TCP queue
-//! pairs), `config` and `server` (assembly), and `initiator` (our own NVMe/TCP host,
-//! for tests and `kvtarget perf`).
+//! Modules in dependency order, each using only those before it:
+//! - leaves: `wire` (NVMe, NVMe/TCP and NVMe/RDMA formats), `mem` (I/O buffers in
+//!   the DMA arena), `stats` (latency histograms), `ident` (name-based UUIDs),
+//!   `auth` (DH-HMAC-CHAP and TLS PSK keys);
+//! - `bdev` (block device backends: ram, uring, nvme over VFIO, spdk, fault);
+//! - `reactor` (polling threads, per-reactor device channels, worker loops);
+//! - `pool` (pools, thin volumes, KV indexes, metadata, GC, the simulation);
+//! - `nvmf` (the NVMe-oF core: queues, controllers, subsystems, namespaces,
+//!   discovery);
+//! - `transport` (NVMe/TCP, TLS and NVMe/RDMA queue pairs, the acceptor);
+//! - `initiator` (our own NVMe/TCP host) and `perf` (the load generator on it);
+//! - the control plane: `config` (the TOML file), `rpc` (JSON-RPC server, client
+//!   and methods), `metrics` (Prometheus endpoint) and `server` (assembly).
+//!
+//! Two references still point backwards: `bdev::spdk` uses `config::validate_nqn`,
+//! and `config` uses `rpc::DEFAULT_SOCKET`.
 
 pub mod auth;
 pub mod bdev;

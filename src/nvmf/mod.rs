@@ -1,9 +1,9 @@
 //! The NVMe-oF target model: subsystems, namespaces, controllers, discovery.
 //!
 //! These objects are shared by every reactor, so they are read-mostly: the data path
-//! reads namespaces through an `Arc` snapshot taken at queue connect, and touches
-//! controllers only through atomics. Mutexes here guard control-path state (admin
-//! commands, connect, configuration), never an I/O.
+//! reads namespaces through each queue's `Arc` table (refreshed when the namespace
+//! generation moves) and touches controllers only through atomics. Mutexes here guard
+//! control-path state (admin commands, connect, configuration), never an I/O.
 
 pub mod admin;
 pub mod auth;

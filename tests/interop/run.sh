@@ -63,7 +63,7 @@ BLOCK=4096
 # kvtarget's namespaces: thin volumes of one pool, NSID:SIZE_MIB:BLOCK_SIZE:UNWRITTEN[:wt].
 # NSID 1 carries the common scenarios; 2 and 3 the volume scenarios (tcp-suite.sh); 4 is
 # LMCache's raw-block device (lmcache-raw-block), "wt": its namespace has no volatile
-# write cache (write_cache = false), the configuration the README gives LMCache; 5 is the
+# write cache (write_cache = false), the configuration docs/lmcache.md gives LMCache; 5 is the
 # same with the volatile cache, crashed with SIGKILL (lmcache-volatile-kill).
 VOLUMES="1:$SIZE_MIB:$BLOCK:zeroes 2:64:4096:zeroes 3:64:512:error 4:512:4096:error:wt 5:512:4096:error"
 POOL_MIB=$((SIZE_MIB + 1536))

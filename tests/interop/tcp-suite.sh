@@ -1075,7 +1075,7 @@ t_lmcache_raw_block() {
 # intact, dropped (its header does not read) or a miss (the torn case: its header
 # sits in an extent written before, its payload's tail does not read), but none may
 # read back as other data: on an error volume a lost first write is a miss, never
-# zeroes. The outcome is printed ("recover: ...") for the README's account.
+# zeroes. The outcome is printed ("recover: ...") for docs/lmcache.md's account.
 t_lmcache_volatile_kill() {
     local ns=$VOL_LMCV meta=128 dev size slots
     connect --reconnect-delay=1 --ctrl-loss-tmo=60 || return 1

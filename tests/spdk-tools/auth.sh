@@ -22,7 +22,7 @@
 #                      sha384/ffdhe3072 ([[keys]] and host entries from its
 #                      configuration file): SPDK's host gets what is allowed
 #
-# Keys come from `nvme gen-dhchap-key` (nvme-cli), as the README says to make them.
+# Keys come from `nvme gen-dhchap-key` (nvme-cli), as docs/auth-and-tls.md says to make them.
 # SPDK's perf offers every hash and group, so by default both targets pick
 # sha512/ffdhe8192.
 #

@@ -2,7 +2,8 @@
 //!
 //! Each reactor's channel owns one I/O submission/completion queue pair on the
 //! controller, created when the channel opens and deleted when it drops. Commands
-//! carry PRPs built straight over the `IoBuf`s the transport filled (every `IoBuf`
+//! carry PRPs (or one SGL data block, for multi-page transfers on a controller with
+//! SGLs) built straight over the `IoBuf`s the transport filled (every `IoBuf`
 //! lives in the DMA arena the IOMMU maps), the submission doorbell is rung once per
 //! `flush_submissions` batch, and `poll` finds completions by the phase bit: no
 //! interrupt, no lock on the data path. A command that outlives `IO_TIMEOUT` is

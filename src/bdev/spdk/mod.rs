@@ -22,7 +22,7 @@ use std::str::FromStr;
 /// What can go wrong attaching or using an SPDK device.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpdkError {
-    #[error("the spdk backend needs kvtarget built with `--features spdk` (this build has no SPDK; see README \"Building with SPDK\")")]
+    #[error("the spdk backend needs kvtarget built with `--features spdk` (this build has no SPDK; see docs/backends.md \"Building with SPDK\")")]
     NotBuilt,
     #[error("{0}")]
     Invalid(String),

@@ -1,5 +1,6 @@
-//! Get Log Page and the log pages kvtarget serves: Error Information, SMART /
-//! Health Information and the discovery log.
+//! Get Log Page, the identifiers of the log pages kvtarget serves, and the layouts of
+//! Error Information, SMART / Health Information and the discovery log (`nvmf::admin`
+//! builds the firmware slot, changed namespace list and commands supported pages).
 
 use super::{admin_opc, Sqe, NQN_FIELD_LEN};
 use crate::wire::le::*;
