@@ -10,7 +10,14 @@ cd "$(dirname "$0")/.."
 quick=0
 [[ "${1:-}" == "--quick" ]] && quick=1
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each stage's wall time, and the total so far, printed as the next one starts and at exit.
+t_start=$SECONDS t_stage=$SECONDS stage=
+stage_done() {
+    [ -n "$stage" ] && printf '==> took %ss (total %ss): %s\n' "$((SECONDS - t_stage))" "$((SECONDS - t_start))" "$stage"
+    return 0
+}
+step() { stage_done; stage=$*; t_stage=$SECONDS; printf '\n==> %s\n' "$*"; }
+trap 'rc=$?; stage_done; exit $rc' EXIT
 
 step "toolchain: $(cargo --version)"
 cargo fmt --version >/dev/null && cargo clippy --version >/dev/null
