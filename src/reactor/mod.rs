@@ -49,6 +49,10 @@ const MAX_SLEEP_MS: i32 = 100;
 const HOUSEKEEPING_EVERY: Duration = Duration::from_millis(100);
 /// Inbox capacity per reactor: a full inbox is back-pressure for the sender.
 pub const INBOX_CAPACITY: usize = 4096;
+/// I/O buffer memory committed and faulted in per reactor before it starts
+/// (`mem::dma::commit_at_least`): a full queue of 128 commands of 128 KiB.
+/// Beyond it the arena grows on first use, 2 MiB at a time.
+pub const REACTOR_BUFFER_BYTES: usize = 16 << 20;
 
 /// A pass of the loop longer than this is logged (`reactors.stall_warn_us`),
 /// in nanoseconds; read by each reactor when it starts.
@@ -505,6 +509,9 @@ impl Reactor {
         idle: IdleMode,
         core: Option<usize>,
     ) -> std::io::Result<(Arc<ReactorShared>, std::thread::JoinHandle<()>)> {
+        // Its first I/O buffers are resident before it serves, faulted in on
+        // this (the starting) thread.
+        crate::mem::dma::commit_at_least((id + 1) * REACTOR_BUFFER_BYTES);
         // The reactor is built on its own thread: device channels it will own
         // (io_uring instances) never cross threads.
         let (tx, rx) = std::sync::mpsc::channel();
