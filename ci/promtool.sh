@@ -7,6 +7,7 @@
 #
 #   ci/promtool.sh                      uses target/release/kvtarget
 #   KVTARGET_BIN=path ci/promtool.sh    another build
+#   METRICS_OUT=file ci/promtool.sh     also keep the scrape in file
 #
 # Installs Debian's `prometheus` package (which ships promtool) if promtool is
 # missing.
@@ -109,6 +110,7 @@ done
     --bs 4KiB --qd 4 --time 0.5 --quiet >/dev/null
 
 scrape >"$dir/metrics.txt"
+[[ -n ${METRICS_OUT:-} ]] && cp "$dir/metrics.txt" "$METRICS_OUT"
 echo "promtool.sh: $(grep -c '^# TYPE' "$dir/metrics.txt") metric families, $(grep -vc '^#' "$dir/metrics.txt") samples"
 promtool check metrics <"$dir/metrics.txt"
 echo "promtool.sh: promtool check metrics: no findings"
