@@ -159,7 +159,7 @@ pub struct RamDevice {
 
 impl RamDevice {
     /// A RAM namespace of `size` bytes, all of it resident before this returns
-    /// (call it off the reactors: it costs about 0.1 s per GiB).
+    /// (call it off the reactors: the kernel zeroes every page now).
     pub fn new(name: &str, size: u64) -> std::io::Result<Arc<RamDevice>> {
         Self::map(name, size, true)
     }
