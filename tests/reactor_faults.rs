@@ -54,11 +54,21 @@ fn reactor_faults(c: &mut RpcClient) -> u64 {
     n("minor_faults") + n("major_faults")
 }
 
-/// Waits until the reactor has read its resource usage again (it does once a
-/// second), so the counters cover everything it did so far.
+/// The reactor's fault count once it has settled: the reactor reads its
+/// resource usage once a second, so two equal readings a period apart (the
+/// reactor idle in between) cover everything it did before.
 fn settled_faults(c: &mut RpcClient) -> u64 {
-    std::thread::sleep(kvtarget::reactor::stall::RUSAGE_EVERY + Duration::from_millis(300));
-    reactor_faults(c)
+    let period = kvtarget::reactor::stall::RUSAGE_EVERY + Duration::from_millis(300);
+    let mut last = reactor_faults(c);
+    for _ in 0..10 {
+        std::thread::sleep(period);
+        let now = reactor_faults(c);
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    last
 }
 
 /// A small xorshift: block numbers spread over the whole namespace.
