@@ -65,6 +65,9 @@ fi
 step "cargo build --release"
 cargo build --release
 
+step "promtool check metrics on a live target's /metrics (ci/promtool.sh)"
+KVTARGET_BIN="$PWD/target/release/kvtarget" ci/promtool.sh
+
 # The SPDK-linked binary, in its own target folder so the two builds do not
 # invalidate each other.
 step "cargo build --release --features spdk (target/spdk)"

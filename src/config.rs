@@ -524,6 +524,14 @@ pub struct ReactorConfig {
     pub cores: Vec<usize>,
     #[serde(default = "adaptive")]
     pub idle: IdleMode,
+    /// A pass of a reactor's loop longer than this (µs) is counted as a stall
+    /// and logged, at most once a second per reactor.
+    #[serde(default = "d_stall_warn_us")]
+    pub stall_warn_us: u64,
+}
+
+fn d_stall_warn_us() -> u64 {
+    crate::reactor::stall::DEFAULT_STALL_WARN_US
 }
 
 fn one() -> usize {
@@ -539,6 +547,7 @@ impl Default for ReactorConfig {
             count: 1,
             cores: Vec::new(),
             idle: IdleMode::Adaptive,
+            stall_warn_us: d_stall_warn_us(),
         }
     }
 }

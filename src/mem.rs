@@ -14,6 +14,46 @@ use std::ptr::NonNull;
 /// with logical blocks up to 4 KiB and NVMe PRP rules.
 pub const IO_BUF_ALIGN: usize = 4096;
 
+/// `madvise` advice that faults a range in as if written (Linux 5.14; not in
+/// the libc crate yet). Same value on every architecture.
+const MADV_POPULATE_WRITE: libc::c_int = 23;
+
+/// Faults in `len` bytes at `p` for writing, on the calling thread, so that no
+/// reactor takes those page faults later on its I/O path.
+///
+/// # Safety
+/// `p..p+len` is a private anonymous mapping (or hugetlb) the caller owns and
+/// that nothing reads or writes yet: the fallback stores a zero into one byte
+/// of every page.
+pub unsafe fn fault_in(p: *mut u8, len: usize) {
+    // SAFETY: the caller owns the range; the advice only faults pages in.
+    let r = unsafe { libc::madvise(p as *mut libc::c_void, len, MADV_POPULATE_WRITE) };
+    if r == 0 {
+        return;
+    }
+    // Older kernels: touch one byte of every page. A write, so each page gets
+    // its own frame now (a read maps the shared zero page and leaves the
+    // copy-on-write fault for the first writer).
+    for off in (0..len).step_by(IO_BUF_ALIGN) {
+        // SAFETY: off < len, inside the caller's fresh mapping.
+        unsafe { std::ptr::write_volatile(p.add(off), 0) };
+    }
+}
+
+/// A zeroed `Vec<u8>` of `len` bytes with every page already written: a
+/// queue's receive or send buffer made at queue creation, so the reactor that
+/// serves the queue takes no page fault the first time a burst reaches deep
+/// into it (`vec![0; n]` of a large `n` is fresh zero pages from the kernel).
+pub fn prefaulted_vec(len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    for off in (0..len).step_by(IO_BUF_ALIGN) {
+        // SAFETY: off < len; a volatile store the compiler cannot drop as a
+        // redundant write of zero into zeroed memory.
+        unsafe { std::ptr::write_volatile(v.as_mut_ptr().add(off), 0) };
+    }
+    v
+}
+
 /// An owned, page-aligned, zero-initialised byte buffer with a fixed capacity and a
 /// current length.
 pub struct IoBuf {
@@ -305,6 +345,10 @@ pub mod dma {
                 // SAFETY: advisory only, on memory we own.
                 unsafe { libc::madvise(addr, len, libc::MADV_HUGEPAGE) };
             }
+            // Resident now, on the thread that grows the arena (at start, see
+            // `commit_at_least`), not at some reactor's first write into it.
+            // SAFETY: the range was just mapped and is not handed out yet.
+            unsafe { super::fault_in(addr as *mut u8, len) };
             self.chunks += n;
             MAPPED_LEN.store(self.chunks * CHUNK_BYTES, Ordering::Release);
             let range = DmaRange {
@@ -407,6 +451,28 @@ pub mod dma {
             Some(p) => p,
             None => std::alloc::handle_alloc_error(layout),
         }
+    }
+
+    /// Commits (and faults in) arena chunks until at least `bytes` are
+    /// committed, as free 2 MiB blocks: called before reactors serve, so the
+    /// buffers of their first commands come from resident memory and do not
+    /// grow the arena (an mmap, page faults, an RDMA registration) on a reactor.
+    pub fn commit_at_least(bytes: usize) {
+        let mut g = lock();
+        if g.is_none() {
+            *g = Arena::new();
+        }
+        let Some(arena) = g.as_mut() else { return };
+        while arena.chunks * CHUNK_BYTES < bytes {
+            // One chunk per range: no block may span two mapper ranges.
+            let Some(off) = arena.grow(1) else { return };
+            arena.free[CLASSES - 1].push((off, true));
+        }
+    }
+
+    /// Bytes of the arena committed so far.
+    pub fn committed_bytes() -> usize {
+        MAPPED_LEN.load(Ordering::Acquire)
     }
 
     /// Returns a block from `alloc_zeroed(cap)`.
@@ -592,6 +658,25 @@ mod tests {
         })
         .unwrap();
         (id, seen)
+    }
+
+    #[test]
+    fn committed_chunks_are_resident_free_blocks() {
+        dma::commit_at_least(4 * dma::CHUNK_BYTES);
+        assert!(dma::committed_bytes() >= 4 * dma::CHUNK_BYTES);
+        let before = dma::committed_bytes();
+        let b = IoBuf::new(1 << 20);
+        assert!(b.iter().all(|&x| x == 0));
+        // Arena memory is resident when handed out: writing it faults nothing.
+        let mut c = IoBuf::new(64 << 10);
+        let t = crate::reactor::stall::thread_rusage().unwrap();
+        c.fill(7);
+        let u = crate::reactor::stall::thread_rusage().unwrap();
+        assert_eq!(
+            u.minor_faults + u.major_faults,
+            t.minor_faults + t.major_faults
+        );
+        assert!(dma::committed_bytes() >= before);
     }
 
     #[test]

@@ -4,12 +4,18 @@
 //! one reactor (per-channel volume counters, reactor busy/idle time); a scrape
 //! sums them here.
 
+use crate::nvmf::{QpairStats, Subsystem};
+use crate::pool::kv::KvSnapshot;
+use crate::pool::volume::{IoTotals, Volume};
+use crate::pool::{Pool, PoolSnapshot};
+use crate::reactor::stall::{poll_gap_bucket_le_us, StallSnapshot};
 use crate::rpc::methods::Control;
-use crate::stats::{latency_bucket_le_us, LATENCY_BUCKETS};
+use crate::stats::latency_bucket_le_us;
+use crate::transport::rdma::PollGroupStats;
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,606 +25,569 @@ fn esc(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
-struct Out {
-    s: String,
+/// A metric family's Prometheus type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
 }
 
-impl Out {
-    fn head(&mut self, name: &str, kind: &str, help: &str) {
-        let _ = writeln!(self.s, "# HELP {name} {help}");
-        let _ = writeln!(self.s, "# TYPE {name} {kind}");
-    }
-    fn line(&mut self, name: &str, labels: &[(&str, String)], v: impl std::fmt::Display) {
-        let l: Vec<String> = labels
-            .iter()
-            .map(|(k, v)| format!("{k}=\"{}\"", esc(v)))
-            .collect();
-        if l.is_empty() {
-            let _ = writeln!(self.s, "{name} {v}");
-        } else {
-            let _ = writeln!(self.s, "{name}{{{}}} {v}", l.join(","));
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
         }
     }
 }
 
-/// Renders every metric.
-pub fn render(ctl: &Control) -> String {
-    let mut o = Out { s: String::new() };
-    o.head(
-        "kvtarget_build_info",
-        "gauge",
-        "Version of the running target.",
-    );
-    o.line(
-        "kvtarget_build_info",
-        &[
-            ("version", env!("CARGO_PKG_VERSION").to_string()),
-            ("revision", ctl.target.firmware.clone()),
-        ],
-        1,
-    );
+/// A sample's value: integers print as integers, so counts stay exact.
+enum Value {
+    Int(u64),
+    Float(f64),
+    /// Cumulative (le, count) buckets, the last "+Inf"; sum; count.
+    Hist {
+        buckets: Vec<(String, u64)>,
+        sum: f64,
+    },
+}
 
-    o.head(
-        "kvtarget_reactor_busy_seconds_total",
-        "counter",
-        "Time reactors spent in polls that found work.",
-    );
-    for r in &ctl.reactors {
-        o.line(
-            "kvtarget_reactor_busy_seconds_total",
-            &[("reactor", r.id.to_string())],
-            r.busy_ns.load(Ordering::Relaxed) as f64 / 1e9,
-        );
+impl From<u64> for Value {
+    fn from(v: u64) -> Value {
+        Value::Int(v)
     }
-    o.head(
-        "kvtarget_reactor_idle_seconds_total",
-        "counter",
-        "Time reactors spent in polls that found nothing.",
-    );
-    for r in &ctl.reactors {
-        o.line(
-            "kvtarget_reactor_idle_seconds_total",
-            &[("reactor", r.id.to_string())],
-            r.idle_ns.load(Ordering::Relaxed) as f64 / 1e9,
-        );
+}
+impl From<usize> for Value {
+    fn from(v: usize) -> Value {
+        Value::Int(v as u64)
     }
-    o.head(
-        "kvtarget_reactor_queue_pairs",
-        "gauge",
-        "Queue pairs (connections) owned by each reactor.",
-    );
-    for r in &ctl.reactors {
-        o.line(
-            "kvtarget_reactor_queue_pairs",
-            &[("reactor", r.id.to_string())],
-            r.queue_pairs.load(Ordering::Relaxed),
-        );
+}
+impl From<bool> for Value {
+    fn from(v: bool) -> Value {
+        Value::Int(v as u64)
     }
+}
+impl From<f64> for Value {
+    fn from(v: f64) -> Value {
+        Value::Float(v)
+    }
+}
 
-    rdma_poll_groups(&mut o, &crate::transport::rdma::poll_group_stats());
+type Labels = Vec<(&'static str, String)>;
 
-    o.head(
-        "kvtarget_connect_refused_total",
-        "counter",
-        "Refused Fabrics Connect commands.",
-    );
-    o.line(
-        "kvtarget_connect_refused_total",
-        &[("reason", "host_not_allowed".into())],
-        ctl.target.refused_host.load(Ordering::Relaxed),
-    );
-    o.line(
-        "kvtarget_connect_refused_total",
-        &[("reason", "other".into())],
-        ctl.target.refused_other.load(Ordering::Relaxed),
-    );
-    o.head(
-        "kvtarget_auth_failures_total",
-        "counter",
-        "Queues that failed DH-HMAC-CHAP authentication (wrong or missing key, timeout, bad message).",
-    );
-    o.line(
-        "kvtarget_auth_failures_total",
-        &[],
-        ctl.target.auth_failures.load(Ordering::Relaxed),
-    );
-    o.head(
-        "kvtarget_tls_failures_total",
-        "counter",
-        "Connections a secure_channel listener refused (plaintext ICReq, unknown PSK identity, failed TLS handshake).",
-    );
-    o.line(
-        "kvtarget_tls_failures_total",
-        &[],
-        ctl.target.tls_failures.load(Ordering::Relaxed),
-    );
+/// One labelled sample of a family.
+struct Sample {
+    labels: Labels,
+    value: Value,
+}
 
-    let subs = ctl
-        .target
-        .subsystems
-        .read()
-        .map(|s| s.clone())
-        .unwrap_or_default();
-    o.head(
-        "kvtarget_subsystem_controllers",
-        "gauge",
-        "Controllers (host associations) per subsystem.",
-    );
-    for s in &subs {
-        let n = s.controllers.lock().map(|c| c.len()).unwrap_or(0);
-        o.line(
-            "kvtarget_subsystem_controllers",
-            &[("subsystem", s.nqn.clone())],
-            n,
-        );
-    }
-    o.head(
-        "kvtarget_namespace_info",
-        "gauge",
-        "Which volume each namespace serves.",
-    );
-    for s in &subs {
-        for n in s.namespace_snapshot() {
-            let vol = ctl.bdev_name_of(&n);
-            o.line(
-                "kvtarget_namespace_info",
-                &[
-                    ("subsystem", s.nqn.clone()),
-                    ("nsid", n.nsid.to_string()),
-                    ("volume", vol),
-                ],
-                1,
-            );
-        }
-    }
+/// Where a reader puts its samples.
+#[derive(Default)]
+struct Samples(Vec<Sample>);
 
-    // Queue pairs (connections): commands, bytes, errors, latency from capsule
-    // in to response out.
-    let qps = ctl.target.live_qpairs();
-    let ql = |q: &crate::nvmf::QpairStats| {
-        vec![
-            ("subsystem", q.subnqn.clone()),
-            ("cntlid", q.cntlid.to_string()),
-            ("qid", q.qid.to_string()),
-        ]
-    };
-    let ld = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    o.head(
-        "kvtarget_qpair_commands_total",
-        "counter",
-        "Completed commands per queue pair.",
-    );
-    for q in &qps {
-        for (op, n) in [
-            ("read", ld(&q.reads)),
-            ("write", ld(&q.writes)),
-            ("other", ld(&q.other)),
-        ] {
-            let mut l = ql(q);
-            l.push(("op", op.into()));
-            o.line("kvtarget_qpair_commands_total", &l, n);
-        }
+impl Samples {
+    fn push(&mut self, labels: Labels, value: impl Into<Value>) {
+        self.0.push(Sample {
+            labels,
+            value: value.into(),
+        });
     }
-    o.head(
-        "kvtarget_qpair_bytes_total",
-        "counter",
-        "Data bytes per queue pair.",
-    );
-    for q in &qps {
-        for (op, n) in [("read", ld(&q.read_bytes)), ("write", ld(&q.write_bytes))] {
-            let mut l = ql(q);
-            l.push(("op", op.into()));
-            o.line("kvtarget_qpair_bytes_total", &l, n);
-        }
-    }
-    o.head(
-        "kvtarget_qpair_errors_total",
-        "counter",
-        "Commands completed with an error status, by kind.",
-    );
-    for q in &qps {
-        for (i, kind) in crate::nvmf::ERROR_KINDS.iter().enumerate() {
-            let mut l = ql(q);
-            l.push(("status", kind.to_string()));
-            o.line("kvtarget_qpair_errors_total", &l, ld(&q.errors_by[i]));
-        }
-    }
-    o.head(
-        "kvtarget_qpair_latency_seconds",
-        "histogram",
-        "Command latency seen by the host side of each queue pair.",
-    );
-    for q in &qps {
-        for (op, hist, sum) in [
-            ("read", &q.read_hist, ld(&q.read_ns)),
-            ("write", &q.write_hist, ld(&q.write_ns)),
-        ] {
-            let mut cum = 0u64;
-            for (i, c) in hist.iter().enumerate() {
-                cum += ld(c);
-                let le = match latency_bucket_le_us(i) {
-                    Some(us) => format!("{}", us as f64 / 1e6),
-                    None => "+Inf".into(),
-                };
-                let mut l = ql(q);
-                l.push(("op", op.into()));
-                l.push(("le", le));
-                o.line("kvtarget_qpair_latency_seconds_bucket", &l, cum);
-            }
-            let mut l = ql(q);
-            l.push(("op", op.into()));
-            o.line("kvtarget_qpair_latency_seconds_sum", &l, sum as f64 / 1e9);
-            o.line("kvtarget_qpair_latency_seconds_count", &l, cum);
-        }
-    }
-
-    // Volumes: I/O counters, latency histograms, capacity and use.
-    let vols: Vec<_> = ctl
-        .pools()
-        .iter()
-        .flat_map(|p| p.volumes().into_iter().map(move |v| (p.name.clone(), v)))
-        .collect();
-    let lbl = |p: &str, v: &str| vec![("pool", p.to_string()), ("volume", v.to_string())];
-    o.head(
-        "kvtarget_volume_ops_total",
-        "counter",
-        "Completed commands per volume and operation.",
-    );
-    let totals: Vec<_> = vols.iter().map(|(p, v)| (p, v, v.io_totals())).collect();
-    for (p, v, t) in &totals {
-        for (op, n) in [
-            ("read", t.reads),
-            ("write", t.writes),
-            ("unmap", t.unmaps),
-            ("flush", t.flushes),
-        ] {
-            let mut l = lbl(p, &v.desc.name);
-            l.push(("op", op.into()));
-            o.line("kvtarget_volume_ops_total", &l, n);
-        }
-    }
-    o.head(
-        "kvtarget_volume_bytes_total",
-        "counter",
-        "Bytes moved per volume and operation.",
-    );
-    for (p, v, t) in &totals {
-        for (op, n) in [
-            ("read", t.read_bytes),
-            ("write", t.write_bytes),
-            ("unmap", t.unmap_bytes),
-        ] {
-            let mut l = lbl(p, &v.desc.name);
-            l.push(("op", op.into()));
-            o.line("kvtarget_volume_bytes_total", &l, n);
-        }
-    }
-    o.head(
-        "kvtarget_volume_errors_total",
-        "counter",
-        "Commands that completed with an error.",
-    );
-    for (p, v, t) in &totals {
-        o.line(
-            "kvtarget_volume_errors_total",
-            &lbl(p, &v.desc.name),
-            t.errors,
-        );
-    }
-    o.head(
-        "kvtarget_volume_latency_seconds",
-        "histogram",
-        "Device-side command latency per volume.",
-    );
-    for (p, v, t) in &totals {
-        for (op, hist, sum_ns) in [
-            ("read", &t.read_hist, t.read_ns),
-            ("write", &t.write_hist, t.write_ns),
-        ] {
-            let mut cum = 0u64;
-            for (i, c) in hist.iter().enumerate().take(LATENCY_BUCKETS) {
+    /// A histogram from per-bucket counts, bounds `le_us(i)` in microseconds
+    /// (`None`: +Inf), and the sum in nanoseconds; exposed in seconds.
+    fn histogram(
+        &mut self,
+        labels: Labels,
+        counts: impl IntoIterator<Item = u64>,
+        le_us: fn(usize) -> Option<u64>,
+        sum_ns: u64,
+    ) {
+        let mut cum = 0u64;
+        let buckets = counts
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| {
                 cum += c;
-                let le = match latency_bucket_le_us(i) {
+                let le = match le_us(i) {
                     Some(us) => format!("{}", us as f64 / 1e6),
                     None => "+Inf".into(),
                 };
-                let mut l = lbl(p, &v.desc.name);
-                l.push(("op", op.into()));
-                l.push(("le", le));
-                o.line("kvtarget_volume_latency_seconds_bucket", &l, cum);
-            }
-            let mut l = lbl(p, &v.desc.name);
-            l.push(("op", op.into()));
-            o.line(
-                "kvtarget_volume_latency_seconds_sum",
-                &l,
-                sum_ns as f64 / 1e9,
-            );
-            o.line("kvtarget_volume_latency_seconds_count", &l, cum);
-        }
+                (le, cum)
+            })
+            .collect();
+        self.0.push(Sample {
+            labels,
+            value: Value::Hist {
+                buckets,
+                sum: sum_ns as f64 / 1e9,
+            },
+        });
     }
-    o.head("kvtarget_volume_size_bytes", "gauge", "Volume capacity.");
-    for (p, v) in &vols {
-        o.line(
-            "kvtarget_volume_size_bytes",
-            &lbl(p, &v.desc.name),
-            v.desc.size_bytes,
-        );
-    }
-    o.head(
-        "kvtarget_volume_used_bytes",
-        "gauge",
-        "Bytes of written blocks (NUSE).",
-    );
-    for (p, v) in &vols {
-        o.line(
-            "kvtarget_volume_used_bytes",
-            &lbl(p, &v.desc.name),
-            v.used_bytes(),
-        );
-    }
-
-    // KV namespaces: the cache's own counters.
-    let kvs: Vec<_> = vols
-        .iter()
-        .filter_map(|(p, v)| v.kv.as_ref().map(|k| (p, &v.desc.name, k.snapshot())))
-        .collect();
-    type KvField = fn(&crate::pool::kv::KvSnapshot) -> u64;
-    let kv_series: [(&str, &str, &str, KvField); 9] = [
-        ("kvtarget_kv_keys", "gauge", "Keys holding a value.", |s| s.keys),
-        ("kvtarget_kv_value_bytes", "gauge", "Bytes of stored values.", |s| s.value_bytes),
-        ("kvtarget_kv_stores_total", "counter", "Completed Stores.", |s| s.stores),
-        ("kvtarget_kv_hits_total", "counter", "Retrieves and Exists that found their key.", |s| s.hits),
-        ("kvtarget_kv_misses_total", "counter", "Retrieves and Exists of a key with no value (evicted, expired, deleted or never stored).", |s| s.misses),
-        ("kvtarget_kv_evictions_total", "counter", "Keys evicted to make room.", |s| s.evictions),
-        ("kvtarget_kv_eviction_age_seconds_total", "counter", "Sum of evicted keys' ages since they were stored; over evictions, the mean age.", |s| s.eviction_age_ms / 1000),
-        ("kvtarget_kv_expirations_total", "counter", "Keys dropped by the namespace's TTL.", |s| s.expirations),
-        ("kvtarget_kv_trimmed_extents_total", "counter", "Extents whose blocks stayed free long enough to go back to the pool.", |s| s.trimmed_extents),
-    ];
-    for (name, kind, help, get) in kv_series {
-        o.head(name, kind, help);
-        for (p, v, s) in &kvs {
-            o.line(name, &lbl(p, v), get(s));
-        }
-    }
-
-    // Pools and GC.
-    let snaps: Vec<_> = ctl
-        .pools()
-        .iter()
-        .map(|p| (p.clone(), p.snapshot()))
-        .collect();
-    o.head("kvtarget_pool_extents", "gauge", "Pool extents by state.");
-    for (p, s) in &snaps {
-        for (state, n) in [
-            ("mapped", s.mapped),
-            ("clean", s.clean),
-            ("dirty", s.dirty),
-            ("reserved", s.reserved),
-        ] {
-            o.line(
-                "kvtarget_pool_extents",
-                &[("pool", p.name.clone()), ("state", state.into())],
-                n,
-            );
-        }
-    }
-    o.head(
-        "kvtarget_pool_capacity_bytes",
-        "gauge",
-        "Pool capacity (extents times extent size).",
-    );
-    for (p, s) in &snaps {
-        o.line(
-            "kvtarget_pool_capacity_bytes",
-            &[("pool", p.name.clone())],
-            s.extents as u64 * s.extent_size,
-        );
-    }
-    o.head(
-        "kvtarget_pool_used_bytes",
-        "gauge",
-        "Bytes in mapped extents.",
-    );
-    for (p, s) in &snaps {
-        o.line(
-            "kvtarget_pool_used_bytes",
-            &[("pool", p.name.clone())],
-            s.mapped * s.extent_size,
-        );
-    }
-    o.head(
-        "kvtarget_gc_backlog_extents",
-        "gauge",
-        "Freed extents waiting to be scrubbed.",
-    );
-    for (p, s) in &snaps {
-        o.line(
-            "kvtarget_gc_backlog_extents",
-            &[("pool", p.name.clone())],
-            s.dirty,
-        );
-    }
-    o.head(
-        "kvtarget_gc_rate_extents_per_second",
-        "gauge",
-        "Rate GC's admission controller currently allows.",
-    );
-    for (p, s) in &snaps {
-        o.line(
-            "kvtarget_gc_rate_extents_per_second",
-            &[("pool", p.name.clone())],
-            s.gc_rate,
-        );
-    }
-    o.head(
-        "kvtarget_gc_scrubbed_extents_total",
-        "counter",
-        "Extents scrubbed by GC.",
-    );
-    for (p, s) in &snaps {
-        o.line(
-            "kvtarget_gc_scrubbed_extents_total",
-            &[("pool", p.name.clone())],
-            s.gc_scrubbed,
-        );
-    }
-    o.head(
-        "kvtarget_gc_state",
-        "gauge",
-        "GC admission state (1 for the current one).",
-    );
-    for (p, s) in &snaps {
-        for m in ["idle", "running", "throttled", "urgent"] {
-            o.line(
-                "kvtarget_gc_state",
-                &[("pool", p.name.clone()), ("state", m.into())],
-                (s.gc_mode.name() == m) as u8,
-            );
-        }
-        o.line(
-            "kvtarget_gc_state",
-            &[("pool", p.name.clone()), ("state", "paused".into())],
-            p.gc_paused() as u8,
-        );
-    }
-    o.head(
-        "kvtarget_gc_watermark_extents",
-        "gauge",
-        "Clean-extent watermarks of GC admission.",
-    );
-    for (p, s) in &snaps {
-        o.line(
-            "kvtarget_gc_watermark_extents",
-            &[("pool", p.name.clone()), ("level", "low".into())],
-            s.low_watermark,
-        );
-        o.line(
-            "kvtarget_gc_watermark_extents",
-            &[("pool", p.name.clone()), ("level", "high".into())],
-            s.high_watermark,
-        );
-    }
-    o.head(
-        "kvtarget_pool_journal_used_bytes",
-        "gauge",
-        "Journal bytes since the last checkpoint.",
-    );
-    for (p, s) in &snaps {
-        o.line(
-            "kvtarget_pool_journal_used_bytes",
-            &[("pool", p.name.clone())],
-            s.journal_used,
-        );
-    }
-    o.head(
-        "kvtarget_pool_commits_total",
-        "counter",
-        "Metadata commits (Flush, FUA, GC, reservations).",
-    );
-    for (p, s) in &snaps {
-        o.line(
-            "kvtarget_pool_commits_total",
-            &[("pool", p.name.clone())],
-            s.commits,
-        );
-    }
-    o.s
 }
 
-/// NVMe/RDMA poll groups: one completion queue per (reactor, device), shared
-/// by that reactor's QPs on the device.
-fn rdma_poll_groups(o: &mut Out, groups: &[crate::transport::rdma::PollGroupStats]) {
-    let labels = |g: &crate::transport::rdma::PollGroupStats| {
-        [
-            ("reactor", g.reactor.to_string()),
-            ("device", g.device.clone()),
-        ]
-    };
-    type Field = fn(&crate::transport::rdma::PollGroupStats) -> u64;
-    let rows: [(&str, &str, &str, Field); 10] = [
-        (
-            "kvtarget_rdma_poll_group_polls_total",
-            "counter",
-            "Polls of the reactor's RDMA completion queue.",
-            |g| g.polls,
-        ),
-        (
-            "kvtarget_rdma_poll_group_idle_polls_total",
-            "counter",
-            "Polls of the RDMA completion queue that found nothing.",
-            |g| g.idle_polls,
-        ),
-        (
-            "kvtarget_rdma_poll_group_completions_total",
-            "counter",
-            "Work completions polled from the RDMA completion queue.",
-            |g| g.completions,
-        ),
-        (
-            "kvtarget_rdma_poll_group_requests_total",
-            "counter",
-            "NVMe command capsules received by the poll group's QPs.",
-            |g| g.requests,
-        ),
-        (
-            "kvtarget_rdma_poll_group_send_wrs_total",
-            "counter",
-            "Send work requests posted (SEND, RDMA READ, RDMA WRITE).",
-            |g| g.send_wrs,
-        ),
-        (
-            "kvtarget_rdma_poll_group_recv_wrs_total",
-            "counter",
-            "Receive work requests posted.",
-            |g| g.recv_wrs,
-        ),
-        (
-            "kvtarget_rdma_poll_group_dropped_completions_total",
-            "counter",
-            "Completions that belonged to no live QP (dropped, never delivered).",
-            |g| g.dropped_completions,
-        ),
-        (
-            "kvtarget_rdma_poll_group_queue_pairs",
-            "gauge",
-            "QPs whose sends and receives complete on this completion queue.",
-            |g| g.qpairs as u64,
-        ),
-        (
-            "kvtarget_rdma_poll_group_cq_entries",
-            "gauge",
-            "Size of the completion queue.",
-            |g| g.cq_entries as u64,
-        ),
-        (
-            "kvtarget_rdma_poll_group_cq_entries_reserved",
-            "gauge",
-            "Completion queue entries reserved by live QPs.",
-            |g| g.cq_entries_reserved as u64,
-        ),
-    ];
-    for (name, kind, help, f) in rows {
-        o.head(name, kind, help);
-        for g in groups {
-            o.line(name, &labels(g), f(g));
+/// Everything one scrape reads, gathered once before the table is rendered.
+struct Scrape<'a> {
+    ctl: &'a Control,
+    /// Per reactor: its stall counters, and the longest poll gap since the
+    /// last scrape (taken: this scrape resets it).
+    stalls: Vec<(StallSnapshot, u64)>,
+    rdma: Vec<PollGroupStats>,
+    subs: Vec<Arc<Subsystem>>,
+    qps: Vec<Arc<QpairStats>>,
+    /// (pool name, volume, its I/O totals).
+    vols: Vec<(String, Arc<Volume>, IoTotals)>,
+    /// (pool name, volume name, KV counters) of KV volumes.
+    kvs: Vec<(String, String, KvSnapshot)>,
+    pools: Vec<(Arc<Pool>, PoolSnapshot)>,
+}
+
+impl<'a> Scrape<'a> {
+    fn gather(ctl: &'a Control) -> Scrape<'a> {
+        let vols: Vec<_> = ctl
+            .pools()
+            .iter()
+            .flat_map(|p| p.volumes().into_iter().map(move |v| (p.name.clone(), v)))
+            .map(|(p, v)| {
+                let t = v.io_totals();
+                (p, v, t)
+            })
+            .collect();
+        let kvs = vols
+            .iter()
+            .filter_map(|(p, v, _)| {
+                let k = v.kv.as_ref()?;
+                Some((p.clone(), v.desc.name.clone(), k.snapshot()))
+            })
+            .collect();
+        Scrape {
+            ctl,
+            stalls: ctl
+                .reactors
+                .iter()
+                .map(|r| (r.stall.snapshot(), r.stall.take_max_gap_ns()))
+                .collect(),
+            rdma: crate::transport::rdma::poll_group_stats(),
+            subs: ctl
+                .target
+                .subsystems
+                .read()
+                .map(|s| s.clone())
+                .unwrap_or_default(),
+            qps: ctl.target.live_qpairs(),
+            vols,
+            kvs,
+            pools: ctl
+                .pools()
+                .iter()
+                .map(|p| (p.clone(), p.snapshot()))
+                .collect(),
         }
     }
-    o.head(
-        "kvtarget_rdma_completion_queues",
-        "gauge",
-        "RDMA completion queues per reactor (one per device it serves).",
-    );
-    let mut per_reactor: std::collections::BTreeMap<usize, usize> = Default::default();
-    for g in groups {
-        *per_reactor.entry(g.reactor).or_default() += 1;
+
+    fn per_reactor<V: Into<Value>>(&self, o: &mut Samples, f: impl Fn(&ReactorRow) -> V) {
+        for (r, (stall, max_gap_ns)) in self.ctl.reactors.iter().zip(&self.stalls) {
+            let row = ReactorRow {
+                shared: r,
+                stall,
+                max_gap_ns: *max_gap_ns,
+            };
+            o.push(vec![("reactor", r.id.to_string())], f(&row));
+        }
     }
-    for (r, n) in per_reactor {
-        o.line(
-            "kvtarget_rdma_completion_queues",
-            &[("reactor", r.to_string())],
-            n,
-        );
+
+    fn per_poll_group<V: Into<Value>>(&self, o: &mut Samples, f: impl Fn(&PollGroupStats) -> V) {
+        for g in &self.rdma {
+            let l = vec![
+                ("reactor", g.reactor.to_string()),
+                ("device", g.device.clone()),
+            ];
+            o.push(l, f(g));
+        }
+    }
+
+    /// One sample per queue pair and `(label value, reading)`.
+    fn per_qpair(
+        &self,
+        o: &mut Samples,
+        label: &'static str,
+        f: impl Fn(&QpairStats) -> Vec<(String, u64)>,
+    ) {
+        for q in &self.qps {
+            for (v, n) in f(q) {
+                let mut l = qpair_labels(q);
+                l.push((label, v));
+                o.push(l, n);
+            }
+        }
+    }
+
+    /// One sample per volume and `(op, reading)`.
+    fn per_volume_op(&self, o: &mut Samples, f: impl Fn(&IoTotals) -> Vec<(&'static str, u64)>) {
+        for (p, v, t) in &self.vols {
+            for (op, n) in f(t) {
+                let mut l = volume_labels(p, &v.desc.name);
+                l.push(("op", op.into()));
+                o.push(l, n);
+            }
+        }
+    }
+
+    fn per_volume<V: Into<Value>>(&self, o: &mut Samples, f: impl Fn(&Volume, &IoTotals) -> V) {
+        for (p, v, t) in &self.vols {
+            o.push(volume_labels(p, &v.desc.name), f(v, t));
+        }
+    }
+
+    fn per_kv(&self, o: &mut Samples, f: fn(&KvSnapshot) -> u64) {
+        for (p, v, k) in &self.kvs {
+            o.push(volume_labels(p, v), f(k));
+        }
+    }
+
+    fn per_pool<V: Into<Value>>(&self, o: &mut Samples, f: impl Fn(&PoolSnapshot) -> V) {
+        for (p, s) in &self.pools {
+            o.push(vec![("pool", p.name.clone())], f(s));
+        }
+    }
+
+    /// One sample per pool and `(label value, reading)`.
+    fn per_pool_by<V: Into<Value>>(
+        &self,
+        o: &mut Samples,
+        label: &'static str,
+        f: impl Fn(&Pool, &PoolSnapshot) -> Vec<(&'static str, V)>,
+    ) {
+        for (p, s) in &self.pools {
+            for (v, n) in f(p, s) {
+                o.push(vec![("pool", p.name.clone()), (label, v.into())], n);
+            }
+        }
+    }
+}
+
+/// What a reactor reader sees.
+struct ReactorRow<'a> {
+    shared: &'a crate::reactor::ReactorShared,
+    stall: &'a StallSnapshot,
+    max_gap_ns: u64,
+}
+
+fn qpair_labels(q: &QpairStats) -> Labels {
+    vec![
+        ("subsystem", q.subnqn.clone()),
+        ("cntlid", q.cntlid.to_string()),
+        ("qid", q.qid.to_string()),
+    ]
+}
+
+fn volume_labels(pool: &str, volume: &str) -> Labels {
+    vec![("pool", pool.to_string()), ("volume", volume.to_string())]
+}
+
+fn ld(a: &AtomicU64) -> u64 {
+    a.load(Ordering::Relaxed)
+}
+
+/// One row of the table: a metric family and how to read its samples.
+struct Metric {
+    name: &'static str,
+    kind: Kind,
+    help: &'static str,
+    read: fn(&Scrape, &mut Samples),
+}
+
+const fn metric(
+    name: &'static str,
+    kind: Kind,
+    help: &'static str,
+    read: fn(&Scrape, &mut Samples),
+) -> Metric {
+    Metric {
+        name,
+        kind,
+        help,
+        read,
+    }
+}
+
+use Kind::{Counter, Gauge, Histogram};
+
+/// Every metric, in exposition order (docs/metrics.md describes each). One row
+/// per family, kept on few lines so the table reads as one.
+#[rustfmt::skip]
+const METRICS: &[Metric] = &[
+    metric("kvtarget_build_info", Gauge, "Version of the running target.", |s, o| {
+        let l = vec![
+            ("version", env!("CARGO_PKG_VERSION").to_string()),
+            ("revision", s.ctl.target.firmware.clone()),
+        ];
+        o.push(l, 1u64)
+    }),
+    // Reactors.
+    metric("kvtarget_reactor_busy_seconds_total", Counter, "Time reactors spent in polls that found work.", |s, o| {
+        s.per_reactor(o, |r| ld(&r.shared.busy_ns) as f64 / 1e9)
+    }),
+    metric("kvtarget_reactor_idle_seconds_total", Counter, "Time reactors spent in polls that found nothing.", |s, o| {
+        s.per_reactor(o, |r| ld(&r.shared.idle_ns) as f64 / 1e9)
+    }),
+    metric("kvtarget_reactor_queue_pairs", Gauge, "Queue pairs (connections) owned by each reactor.", |s, o| {
+        s.per_reactor(o, |r| ld(&r.shared.queue_pairs))
+    }),
+    // Reactor stalls (reactor::stall): gaps between two polls, passes over
+    // `reactors.stall_warn_us`, the reactor thread's own faults and switches.
+    metric("kvtarget_reactor_poll_gap_seconds", Histogram, "Time between two polls of a reactor (one pass of its loop; sleep in epoll left out).", |s, o| {
+        for (r, (st, _)) in s.ctl.reactors.iter().zip(&s.stalls) {
+            let l = vec![("reactor", r.id.to_string())];
+            o.histogram(l, st.gap_buckets, poll_gap_bucket_le_us, st.gap_sum_ns);
+        }
+    }),
+    metric("kvtarget_reactor_max_poll_gap_seconds", Gauge, "Longest time between two polls of a reactor since the last scrape (a scrape resets it).", |s, o| {
+        s.per_reactor(o, |r| r.max_gap_ns as f64 / 1e9)
+    }),
+    metric("kvtarget_reactor_stalls_total", Counter, "Passes of a reactor's loop longer than reactors.stall_warn_us.", |s, o| {
+        s.per_reactor(o, |r| r.stall.stalls)
+    }),
+    metric("kvtarget_reactor_minor_faults_total", Counter, "Minor page faults taken by the reactor thread (getrusage RUSAGE_THREAD, read once a second).", |s, o| {
+        s.per_reactor(o, |r| r.stall.minor_faults)
+    }),
+    metric("kvtarget_reactor_major_faults_total", Counter, "Major page faults (waits for I/O) taken by the reactor thread (read once a second).", |s, o| {
+        s.per_reactor(o, |r| r.stall.major_faults)
+    }),
+    metric("kvtarget_reactor_involuntary_context_switches_total", Counter, "Times the kernel preempted the reactor thread (read once a second).", |s, o| {
+        s.per_reactor(o, |r| r.stall.involuntary_switches)
+    }),
+    // RDMA poll groups: one completion queue per (reactor, device), shared by
+    // that reactor's QPs on the device.
+    metric("kvtarget_rdma_poll_group_polls_total", Counter, "Polls of the reactor's RDMA completion queue.", |s, o| {
+        s.per_poll_group(o, |g| g.polls)
+    }),
+    metric("kvtarget_rdma_poll_group_idle_polls_total", Counter, "Polls of the RDMA completion queue that found nothing.", |s, o| {
+        s.per_poll_group(o, |g| g.idle_polls)
+    }),
+    metric("kvtarget_rdma_poll_group_completions_total", Counter, "Work completions polled from the RDMA completion queue.", |s, o| {
+        s.per_poll_group(o, |g| g.completions)
+    }),
+    metric("kvtarget_rdma_poll_group_requests_total", Counter, "NVMe command capsules received by the poll group's QPs.", |s, o| {
+        s.per_poll_group(o, |g| g.requests)
+    }),
+    metric("kvtarget_rdma_poll_group_send_wrs_total", Counter, "Send work requests posted (SEND, RDMA READ, RDMA WRITE).", |s, o| {
+        s.per_poll_group(o, |g| g.send_wrs)
+    }),
+    metric("kvtarget_rdma_poll_group_recv_wrs_total", Counter, "Receive work requests posted.", |s, o| {
+        s.per_poll_group(o, |g| g.recv_wrs)
+    }),
+    metric("kvtarget_rdma_poll_group_dropped_completions_total", Counter, "Completions that belonged to no live QP (dropped, never delivered).", |s, o| {
+        s.per_poll_group(o, |g| g.dropped_completions)
+    }),
+    metric("kvtarget_rdma_poll_group_queue_pairs", Gauge, "QPs whose sends and receives complete on this completion queue.", |s, o| {
+        s.per_poll_group(o, |g| g.qpairs as u64)
+    }),
+    metric("kvtarget_rdma_poll_group_cq_entries", Gauge, "Size of the completion queue.", |s, o| {
+        s.per_poll_group(o, |g| g.cq_entries as u64)
+    }),
+    metric("kvtarget_rdma_poll_group_cq_entries_reserved", Gauge, "Completion queue entries reserved by live QPs.", |s, o| {
+        s.per_poll_group(o, |g| g.cq_entries_reserved as u64)
+    }),
+    metric("kvtarget_rdma_completion_queues", Gauge, "RDMA completion queues per reactor (one per device it serves).", |s, o| {
+        let mut per_reactor: std::collections::BTreeMap<usize, usize> = Default::default();
+        for g in &s.rdma {
+            *per_reactor.entry(g.reactor).or_default() += 1;
+        }
+        for (r, n) in per_reactor {
+            o.push(vec![("reactor", r.to_string())], n);
+        }
+    }),
+    // Target-wide refusals.
+    metric("kvtarget_connect_refused_total", Counter, "Refused Fabrics Connect commands.", |s, o| {
+        o.push(vec![("reason", "host_not_allowed".into())], ld(&s.ctl.target.refused_host));
+        o.push(vec![("reason", "other".into())], ld(&s.ctl.target.refused_other));
+    }),
+    metric("kvtarget_auth_failures_total", Counter, "Queues that failed DH-HMAC-CHAP authentication (wrong or missing key, timeout, bad message).", |s, o| {
+        o.push(vec![], ld(&s.ctl.target.auth_failures))
+    }),
+    metric("kvtarget_tls_failures_total", Counter, "Connections a secure_channel listener refused (plaintext ICReq, unknown PSK identity, failed TLS handshake).", |s, o| {
+        o.push(vec![], ld(&s.ctl.target.tls_failures))
+    }),
+    // Subsystems and namespaces.
+    metric("kvtarget_subsystem_controllers", Gauge, "Controllers (host associations) per subsystem.", |s, o| {
+        for sub in &s.subs {
+            let n = sub.controllers.lock().map(|c| c.len()).unwrap_or(0);
+            o.push(vec![("subsystem", sub.nqn.clone())], n);
+        }
+    }),
+    metric("kvtarget_namespace_info", Gauge, "Which volume each namespace serves.", |s, o| {
+        for sub in &s.subs {
+            for n in sub.namespace_snapshot() {
+                let l = vec![
+                    ("subsystem", sub.nqn.clone()),
+                    ("nsid", n.nsid.to_string()),
+                    ("volume", s.ctl.bdev_name_of(&n)),
+                ];
+                o.push(l, 1u64);
+            }
+        }
+    }),
+    // Queue pairs (connections): commands, bytes, errors, latency from
+    // capsule in to response out.
+    metric("kvtarget_qpair_commands_total", Counter, "Completed commands per queue pair.", |s, o| {
+        s.per_qpair(o, "op", |q| {
+            vec![("read".into(), ld(&q.reads)), ("write".into(), ld(&q.writes)), ("other".into(), ld(&q.other))]
+        })
+    }),
+    metric("kvtarget_qpair_bytes_total", Counter, "Data bytes per queue pair.", |s, o| {
+        s.per_qpair(o, "op", |q| vec![("read".into(), ld(&q.read_bytes)), ("write".into(), ld(&q.write_bytes))])
+    }),
+    metric("kvtarget_qpair_errors_total", Counter, "Commands completed with an error status, by kind.", |s, o| {
+        s.per_qpair(o, "status", |q| {
+            let kinds = crate::nvmf::ERROR_KINDS.iter();
+            kinds.zip(&q.errors_by).map(|(k, n)| (k.to_string(), ld(n))).collect()
+        })
+    }),
+    metric("kvtarget_qpair_latency_seconds", Histogram, "Command latency seen by the host side of each queue pair.", |s, o| {
+        for q in &s.qps {
+            for (op, hist, sum) in [("read", &q.read_hist, &q.read_ns), ("write", &q.write_hist, &q.write_ns)] {
+                let mut l = qpair_labels(q);
+                l.push(("op", op.into()));
+                o.histogram(l, hist.iter().map(ld), latency_bucket_le_us, ld(sum));
+            }
+        }
+    }),
+    // Volumes: I/O counters, latency histograms, capacity and use.
+    metric("kvtarget_volume_ops_total", Counter, "Completed commands per volume and operation.", |s, o| {
+        s.per_volume_op(o, |t| vec![("read", t.reads), ("write", t.writes), ("unmap", t.unmaps), ("flush", t.flushes)])
+    }),
+    metric("kvtarget_volume_bytes_total", Counter, "Bytes moved per volume and operation.", |s, o| {
+        s.per_volume_op(o, |t| vec![("read", t.read_bytes), ("write", t.write_bytes), ("unmap", t.unmap_bytes)])
+    }),
+    metric("kvtarget_volume_errors_total", Counter, "Commands that completed with an error.", |s, o| {
+        s.per_volume(o, |_, t| t.errors)
+    }),
+    metric("kvtarget_volume_latency_seconds", Histogram, "Device-side command latency per volume.", |s, o| {
+        for (p, v, t) in &s.vols {
+            for (op, hist, sum_ns) in [("read", &t.read_hist, t.read_ns), ("write", &t.write_hist, t.write_ns)] {
+                let mut l = volume_labels(p, &v.desc.name);
+                l.push(("op", op.into()));
+                o.histogram(l, hist.iter().copied(), latency_bucket_le_us, sum_ns);
+            }
+        }
+    }),
+    metric("kvtarget_volume_size_bytes", Gauge, "Volume capacity.", |s, o| {
+        s.per_volume(o, |v, _| v.desc.size_bytes)
+    }),
+    metric("kvtarget_volume_used_bytes", Gauge, "Bytes of written blocks (NUSE).", |s, o| {
+        s.per_volume(o, |v, _| v.used_bytes())
+    }),
+    // KV namespaces: the cache's own counters.
+    metric("kvtarget_kv_keys", Gauge, "Keys holding a value.", |s, o| s.per_kv(o, |k| k.keys)),
+    metric("kvtarget_kv_value_bytes", Gauge, "Bytes of stored values.", |s, o| s.per_kv(o, |k| k.value_bytes)),
+    metric("kvtarget_kv_stores_total", Counter, "Completed Stores.", |s, o| s.per_kv(o, |k| k.stores)),
+    metric("kvtarget_kv_hits_total", Counter, "Retrieves and Exists that found their key.", |s, o| s.per_kv(o, |k| k.hits)),
+    metric("kvtarget_kv_misses_total", Counter, "Retrieves and Exists of a key with no value (evicted, expired, deleted or never stored).", |s, o| {
+        s.per_kv(o, |k| k.misses)
+    }),
+    metric("kvtarget_kv_evictions_total", Counter, "Keys evicted to make room.", |s, o| s.per_kv(o, |k| k.evictions)),
+    metric("kvtarget_kv_eviction_age_seconds_total", Counter, "Sum of evicted keys' ages since they were stored; over evictions, the mean age.", |s, o| {
+        s.per_kv(o, |k| k.eviction_age_ms / 1000)
+    }),
+    metric("kvtarget_kv_expirations_total", Counter, "Keys dropped by the namespace's TTL.", |s, o| s.per_kv(o, |k| k.expirations)),
+    metric("kvtarget_kv_trimmed_extents_total", Counter, "Extents whose blocks stayed free long enough to go back to the pool.", |s, o| {
+        s.per_kv(o, |k| k.trimmed_extents)
+    }),
+    // Pools and GC.
+    metric("kvtarget_pool_extents", Gauge, "Pool extents by state.", |s, o| {
+        s.per_pool_by(o, "state", |_, p| {
+            vec![("mapped", p.mapped), ("clean", p.clean), ("dirty", p.dirty), ("reserved", p.reserved)]
+        })
+    }),
+    metric("kvtarget_pool_capacity_bytes", Gauge, "Pool capacity (extents times extent size).", |s, o| {
+        s.per_pool(o, |p| p.extents as u64 * p.extent_size)
+    }),
+    metric("kvtarget_pool_used_bytes", Gauge, "Bytes in mapped extents.", |s, o| {
+        s.per_pool(o, |p| p.mapped * p.extent_size)
+    }),
+    metric("kvtarget_gc_backlog_extents", Gauge, "Freed extents waiting to be scrubbed.", |s, o| {
+        s.per_pool(o, |p| p.dirty)
+    }),
+    metric("kvtarget_gc_rate_extents_per_second", Gauge, "Rate GC's admission controller currently allows.", |s, o| {
+        s.per_pool(o, |p| p.gc_rate)
+    }),
+    metric("kvtarget_gc_scrubbed_extents_total", Counter, "Extents scrubbed by GC.", |s, o| {
+        s.per_pool(o, |p| p.gc_scrubbed)
+    }),
+    metric("kvtarget_gc_state", Gauge, "GC admission state (1 for the current one).", |s, o| {
+        s.per_pool_by(o, "state", |pool, p| {
+            let mut v: Vec<_> = ["idle", "running", "throttled", "urgent"]
+                .into_iter()
+                .map(|m| (m, p.gc_mode.name() == m))
+                .collect();
+            v.push(("paused", pool.gc_paused()));
+            v
+        })
+    }),
+    metric("kvtarget_gc_watermark_extents", Gauge, "Clean-extent watermarks of GC admission.", |s, o| {
+        s.per_pool_by(o, "level", |_, p| vec![("low", p.low_watermark), ("high", p.high_watermark)])
+    }),
+    metric("kvtarget_pool_journal_used_bytes", Gauge, "Journal bytes since the last checkpoint.", |s, o| {
+        s.per_pool(o, |p| p.journal_used)
+    }),
+    metric("kvtarget_pool_commits_total", Counter, "Metadata commits (Flush, FUA, GC, reservations).", |s, o| {
+        s.per_pool(o, |p| p.commits)
+    }),
+];
+
+/// Renders every metric of the table, in its order.
+pub fn render(ctl: &Control) -> String {
+    let scrape = Scrape::gather(ctl);
+    let mut out = String::new();
+    let mut samples = Samples::default();
+    for m in METRICS {
+        samples.0.clear();
+        (m.read)(&scrape, &mut samples);
+        let _ = writeln!(out, "# HELP {} {}", m.name, m.help);
+        let _ = writeln!(out, "# TYPE {} {}", m.name, m.kind.name());
+        for s in &samples.0 {
+            write_sample(&mut out, m.name, s);
+        }
+    }
+    out
+}
+
+fn write_sample(out: &mut String, name: &str, s: &Sample) {
+    match &s.value {
+        Value::Int(v) => line(out, name, "", &s.labels, None, v),
+        Value::Float(v) => line(out, name, "", &s.labels, None, v),
+        Value::Hist { buckets, sum } => {
+            for (le, cum) in buckets {
+                line(out, name, "_bucket", &s.labels, Some(le), cum);
+            }
+            line(out, name, "_sum", &s.labels, None, sum);
+            let count = buckets.last().map_or(0, |b| b.1);
+            line(out, name, "_count", &s.labels, None, count);
+        }
+    }
+}
+
+/// One exposition line: `name{labels} value`, with `le` last when given.
+fn line(
+    out: &mut String,
+    name: &str,
+    suffix: &str,
+    labels: &Labels,
+    le: Option<&String>,
+    v: impl std::fmt::Display,
+) {
+    let mut l: Vec<String> = labels
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", esc(v)))
+        .collect();
+    if let Some(le) = le {
+        l.push(format!("le=\"{}\"", esc(le)));
+    }
+    if l.is_empty() {
+        let _ = writeln!(out, "{name}{suffix} {v}");
+    } else {
+        let _ = writeln!(out, "{name}{suffix}{{{}}} {v}", l.join(","));
     }
 }
 
@@ -719,4 +688,51 @@ fn serve(mut sock: TcpStream, ctl: &Control) {
         body.len()
     );
     let _ = sock.write_all(resp.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_are_unique_and_follow_prometheus_conventions() {
+        let mut seen = std::collections::HashSet::new();
+        for m in METRICS {
+            assert!(seen.insert(m.name), "{} twice", m.name);
+            assert!(m.name.starts_with("kvtarget_"), "{}", m.name);
+            assert!(
+                m.name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+                "{}",
+                m.name
+            );
+            assert_eq!(m.kind == Counter, m.name.ends_with("_total"), "{}", m.name);
+            assert!(!m.help.is_empty() && !m.help.contains('\n'), "{}", m.name);
+        }
+    }
+
+    #[test]
+    fn a_histogram_renders_cumulative_buckets_then_sum_and_count() {
+        let mut o = Samples::default();
+        let counts = [3u64, 0, 2].into_iter().chain(std::iter::repeat_n(0, 19));
+        o.histogram(
+            vec![("reactor", "0".into())],
+            counts,
+            poll_gap_bucket_le_us,
+            2_500_000_000,
+        );
+        o.push(vec![("a", "x\"y".into())], 1.5f64);
+        let mut out = String::new();
+        for s in &o.0 {
+            write_sample(&mut out, "m", s);
+        }
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], "m_bucket{reactor=\"0\",le=\"0.000001\"} 3");
+        assert_eq!(lines[2], "m_bucket{reactor=\"0\",le=\"0.000004\"} 5");
+        assert_eq!(lines[21], "m_bucket{reactor=\"0\",le=\"+Inf\"} 5");
+        assert_eq!(lines[22], "m_sum{reactor=\"0\"} 2.5");
+        assert_eq!(lines[23], "m_count{reactor=\"0\"} 5");
+        assert_eq!(lines[24], "m{a=\"x\\\"y\"} 1.5");
+    }
 }

@@ -617,6 +617,9 @@ impl Server {
         }
 
         let mut reactors = Vec::new();
+        crate::reactor::set_stall_warn(std::time::Duration::from_micros(
+            cfg.reactors.stall_warn_us,
+        ));
         for (i, core) in cfg.reactor_cores().into_iter().enumerate() {
             let r = Reactor::spawn(i, cfg.reactors.idle, core)
                 .map_err(|source| SetupError::Reactor { reactor: i, source })?;

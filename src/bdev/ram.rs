@@ -1,5 +1,12 @@
 //! RAM backend: a zero-initialised region of memory, shared by all reactors.
 //!
+//! The memory is made resident when the device is created, on the thread that
+//! creates it (the server's start, an RPC), before any reactor serves it: a
+//! page (a 2 MiB transparent huge page) faulted in by a reactor's first write
+//! stalls every queue of that reactor for up to a millisecond, hundreds of
+//! times over. `RamDevice::lazy` keeps the older behaviour (resident only
+//! where written) for hosts short of memory and for tests of huge namespaces.
+//!
 //! Operations complete synchronously inside `submit`; `poll` hands them back so the
 //! caller sees the same asynchronous contract as every other backend.
 
@@ -13,7 +20,13 @@ use std::time::Instant;
 struct RamRegion {
     base: NonNull<u8>,
     size: u64,
+    /// Every page was faulted in at creation and must stay resident: zeroing
+    /// writes zeros instead of giving pages back to the kernel.
+    resident: bool,
 }
+
+/// The page size the fallback touches at (the smallest Linux page).
+const PAGE_BYTES: usize = 4096;
 
 // SAFETY: the region is only reached through raw-pointer copies in `RamChannel`,
 // never through references, like a DMA target shared by several queues. Hosts that
@@ -27,7 +40,7 @@ impl RamRegion {
     /// Maps `size` bytes of anonymous memory. Pages are zero and only become
     /// resident when written, so a large namespace starts instantly and costs
     /// memory only for what hosts write.
-    fn map(size: u64) -> std::io::Result<RamRegion> {
+    fn map(size: u64, resident: bool) -> std::io::Result<RamRegion> {
         let len = usize::try_from(size.max(4096))
             .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "size too large"))?;
         // SAFETY: anonymous private mapping with no address hint; the result is
@@ -53,7 +66,21 @@ impl RamRegion {
         // in 2 MiB steps. Advisory: ignored where THP is off.
         // SAFETY: the range is exactly the mapping made above.
         unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };
-        Ok(RamRegion { base, size })
+        let region = RamRegion {
+            base,
+            size,
+            resident,
+        };
+        if resident {
+            region.populate(len);
+        }
+        Ok(region)
+    }
+
+    /// Faults in all `len` bytes of the mapping, writable, on this thread.
+    fn populate(&self, len: usize) {
+        // SAFETY: the range is exactly the mapping, not shared with anyone yet.
+        unsafe { crate::mem::fault_in(self.base.as_ptr(), len) };
     }
     fn check(&self, offset: u64, len: u64) -> Result<*mut u8, i32> {
         match offset.checked_add(len) {
@@ -70,10 +97,12 @@ impl RamRegion {
     /// written, so deallocating or scrubbing a large range never makes it resident.
     fn zero(&self, offset: u64, len: u64) -> Result<(), i32> {
         let dst = self.check(offset, len)?;
-        const PAGE: u64 = 4096;
+        const PAGE: u64 = PAGE_BYTES as u64;
         let start = offset.div_ceil(PAGE) * PAGE;
         let end = (offset + len) / PAGE * PAGE;
-        if end <= start {
+        // A resident region stays resident: pages given back would be faulted
+        // in again by the next write, on a reactor.
+        if end <= start || self.resident {
             // SAFETY: dst..dst+len is inside the region (checked above).
             unsafe { std::ptr::write_bytes(dst, 0, len as usize) };
             return Ok(());
@@ -129,8 +158,20 @@ pub struct RamDevice {
 }
 
 impl RamDevice {
+    /// A RAM namespace of `size` bytes, all of it resident before this returns
+    /// (call it off the reactors: the kernel zeroes every page now).
     pub fn new(name: &str, size: u64) -> std::io::Result<Arc<RamDevice>> {
-        let region = RamRegion::map(size).map_err(|e| {
+        Self::map(name, size, true)
+    }
+
+    /// A RAM namespace whose memory becomes resident only where written, by
+    /// the reactor that writes it (page faults on the I/O path).
+    pub fn lazy(name: &str, size: u64) -> std::io::Result<Arc<RamDevice>> {
+        Self::map(name, size, false)
+    }
+
+    fn map(name: &str, size: u64, resident: bool) -> std::io::Result<Arc<RamDevice>> {
+        let region = RamRegion::map(size, resident).map_err(|e| {
             std::io::Error::new(
                 e.kind(),
                 format!("cannot map {size} bytes for RAM namespace {name}: {e}"),
@@ -234,7 +275,7 @@ mod tests {
     #[test]
     fn large_namespace_costs_memory_only_when_written() {
         let before = resident_bytes();
-        let dev = RamDevice::new("big", 4 << 30).unwrap();
+        let dev = RamDevice::lazy("big", 4 << 30).unwrap();
         let after = resident_bytes();
         // Zeroing 4 GiB up front would make all of it resident.
         assert!(
@@ -254,7 +295,7 @@ mod tests {
 
     #[test]
     fn deallocating_a_large_range_releases_memory_instead_of_touching_it() {
-        let dev = RamDevice::new("scrub", 4 << 30).unwrap();
+        let dev = RamDevice::lazy("scrub", 4 << 30).unwrap();
         let mut ch = dev.open_channel().unwrap();
         let mut w = crate::mem::IoBuf::new(1 << 20);
         w.fill(0xAB);
@@ -284,6 +325,62 @@ mod tests {
             IoOp::Read {
                 offset: (1 << 30) - 4096,
                 buf: crate::mem::IoBuf::new(8192),
+            },
+        );
+        assert!(r.buf.unwrap().iter().all(|&b| b == 0));
+    }
+
+    /// Pages of the device's memory that are resident (mincore).
+    fn resident_pages(dev: &RamDevice) -> usize {
+        let len = dev.region.size as usize;
+        let mut v = vec![0u8; len.div_ceil(PAGE_BYTES)];
+        // SAFETY: the range is the device's mapping; v has one byte per page.
+        let r = unsafe {
+            libc::mincore(
+                dev.region.base.as_ptr() as *mut libc::c_void,
+                len,
+                v.as_mut_ptr(),
+            )
+        };
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+        v.iter().filter(|&&b| b & 1 != 0).count()
+    }
+
+    #[test]
+    fn a_namespace_is_resident_at_creation_and_stays_resident() {
+        let dev = RamDevice::new("warm", 64 << 20).unwrap();
+        assert_eq!(resident_pages(&dev), (64 << 20) / PAGE_BYTES);
+        assert_eq!(
+            resident_pages(&RamDevice::lazy("cold", 64 << 20).unwrap()),
+            0
+        );
+        let mut ch = dev.open_channel().unwrap();
+        let mut w = crate::mem::IoBuf::new(1 << 20);
+        w.fill(0xCD);
+        let c = crate::bdev::tests::run(
+            ch.as_mut(),
+            IoOp::Write {
+                offset: 4 << 20,
+                buf: w,
+                fua: false,
+            },
+        );
+        assert_eq!(c.result, Ok(()));
+        // Deallocating zeroes in place: nothing given back, nothing to fault.
+        let c = crate::bdev::tests::run(
+            ch.as_mut(),
+            IoOp::Deallocate {
+                offset: 512,
+                len: (64 << 20) - 1024,
+            },
+        );
+        assert_eq!(c.result, Ok(()));
+        assert_eq!(resident_pages(&dev), (64 << 20) / PAGE_BYTES);
+        let r = crate::bdev::tests::run(
+            ch.as_mut(),
+            IoOp::Read {
+                offset: 4 << 20,
+                buf: crate::mem::IoBuf::new(1 << 20),
             },
         );
         assert!(r.buf.unwrap().iter().all(|&b| b == 0));

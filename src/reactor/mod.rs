@@ -14,11 +14,13 @@
 //! the transport's own, carried as `&dyn Any`.
 
 pub mod signals;
+pub mod stall;
 pub mod sys;
 
 use crate::bdev::{IoChannel, IoCompletion, IoOp};
 use crate::mem::{BufPool, IoBuf};
 use crossbeam_queue::{ArrayQueue, SegQueue};
+use stall::{StallStats, StallWarner};
 use std::any::Any;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -47,6 +49,20 @@ const MAX_SLEEP_MS: i32 = 100;
 const HOUSEKEEPING_EVERY: Duration = Duration::from_millis(100);
 /// Inbox capacity per reactor: a full inbox is back-pressure for the sender.
 pub const INBOX_CAPACITY: usize = 4096;
+/// I/O buffer memory committed and faulted in per reactor before it starts
+/// (`mem::dma::commit_at_least`): a full queue of 128 commands of 128 KiB.
+/// Beyond it the arena grows on first use, 2 MiB at a time.
+pub const REACTOR_BUFFER_BYTES: usize = 16 << 20;
+
+/// A pass of the loop longer than this is logged (`reactors.stall_warn_us`),
+/// in nanoseconds; read by each reactor when it starts.
+static STALL_WARN_NS: AtomicU64 = AtomicU64::new(stall::DEFAULT_STALL_WARN_US * 1000);
+
+/// Sets the bound above which a reactor logs one pass of its loop (for the
+/// reactors started from now on).
+pub fn set_stall_warn(bound: Duration) {
+    STALL_WARN_NS.store(bound.as_nanos() as u64, Ordering::Relaxed);
+}
 
 /// Epoll token space: connection ids are small; these mark the rest.
 const TOKEN_WAKE: u64 = u64::MAX;
@@ -397,6 +413,8 @@ pub struct ReactorShared {
     pub busy_ns: AtomicU64,
     pub idle_ns: AtomicU64,
     pub queue_pairs: AtomicU64,
+    /// Poll gaps, page faults and context switches (see `stall`).
+    pub stall: StallStats,
 }
 
 impl ReactorShared {
@@ -437,6 +455,9 @@ pub struct Reactor {
     next_timer: u64,
     shutting_down: Option<Instant>,
     exit: bool,
+    /// Passes longer than this are counted and logged (rate-limited).
+    stall_warn_ns: u64,
+    warner: StallWarner,
 }
 
 /// Longest a shutdown waits for queue pairs to drain.
@@ -452,6 +473,7 @@ impl Reactor {
             busy_ns: AtomicU64::new(0),
             idle_ns: AtomicU64::new(0),
             queue_pairs: AtomicU64::new(0),
+            stall: StallStats::default(),
         });
         let epoll = Epoll::new()?;
         epoll.add(shared.wake.raw(), EPOLLIN, TOKEN_WAKE)?;
@@ -476,6 +498,8 @@ impl Reactor {
             next_timer: 0,
             shutting_down: None,
             exit: false,
+            stall_warn_ns: STALL_WARN_NS.load(Ordering::Relaxed),
+            warner: StallWarner::default(),
         })
     }
 
@@ -485,6 +509,9 @@ impl Reactor {
         idle: IdleMode,
         core: Option<usize>,
     ) -> std::io::Result<(Arc<ReactorShared>, std::thread::JoinHandle<()>)> {
+        // Its first I/O buffers are resident before it serves, faulted in on
+        // this (the starting) thread.
+        crate::mem::dma::commit_at_least((id + 1) * REACTOR_BUFFER_BYTES);
         // The reactor is built on its own thread: device channels it will own
         // (io_uring instances) never cross threads.
         let (tx, rx) = std::sync::mpsc::channel();
@@ -648,6 +675,37 @@ impl Reactor {
         }
     }
 
+    /// Reads this reactor's own page faults and context switches (cold: a
+    /// timer, once per `RUSAGE_EVERY`).
+    fn sample_rusage(&mut self) {
+        if let Err(e) = self.shared.stall.sample_rusage() {
+            tracing::warn!(reactor = self.shared.id, "getrusage: {e}");
+        }
+    }
+
+    /// Accounts one pass of `gap_ns` (sleep left out) ending at `now_ns`.
+    fn note_pass(&mut self, gap_ns: u64, now_ns: u64) {
+        let over = gap_ns > self.stall_warn_ns;
+        self.shared.stall.record_gap(gap_ns, over);
+        if over {
+            self.warn_stall(gap_ns, now_ns);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn warn_stall(&mut self, gap_ns: u64, now_ns: u64) {
+        if let Some(left_out) = self.warner.due(now_ns) {
+            tracing::warn!(
+                reactor = self.shared.id,
+                pass_us = gap_ns / 1000,
+                bound_us = self.stall_warn_ns / 1000,
+                left_out,
+                "reactor stalled: one pass of its loop took longer than the bound"
+            );
+        }
+    }
+
     fn housekeeping(&mut self) {
         for id in 0..self.conns.len() as u32 {
             self.with_conn(id, |c, ctx| c.housekeeping(ctx));
@@ -775,6 +833,18 @@ impl Reactor {
         n
     }
 
+    fn rusage_timer(&mut self) {
+        self.sample_rusage();
+        self.add_timer(stall::RUSAGE_EVERY, Self::rusage_timer);
+    }
+
+    /// The clock now, on this reactor's scale (`now_ns`), without moving `now`.
+    fn clock_ns(&self) -> u64 {
+        Instant::now()
+            .saturating_duration_since(self.epoch)
+            .as_nanos() as u64
+    }
+
     fn read_clock(&mut self) {
         self.now = Instant::now();
         self.now_ns = self.now.saturating_duration_since(self.epoch).as_nanos() as u64;
@@ -784,11 +854,15 @@ impl Reactor {
     /// drained (or the grace period ran out).
     pub fn run(&mut self) {
         self.add_timer(HOUSEKEEPING_EVERY, |r| r.housekeeping());
+        self.sample_rusage();
+        self.add_timer(stall::RUSAGE_EVERY, Self::rusage_timer);
         let mut events = Vec::with_capacity(128);
         let mut completions: Vec<IoCompletion> = Vec::with_capacity(256);
         let mut empty_polls = 0u32;
         self.read_clock();
         let mut last_ns = self.now_ns;
+        // Start of the current pass (after its epoll wait), for its gap.
+        let mut pass_start_ns = self.now_ns;
         while !self.exit {
             let mut busy = self.drain_inbox();
 
@@ -820,12 +894,18 @@ impl Reactor {
                     timeout = 0;
                 }
             }
+            // A pass that sleeps ends where the sleep starts: sleeping is
+            // idleness, not a stall (one more clock read, only before a sleep).
+            let sleep_from_ns = (timeout != 0).then(|| self.clock_ns());
             if let Err(e) = self.epoll.wait(&mut events, timeout) {
                 tracing::error!("epoll_wait: {e}");
             }
             // One clock read per pass (and one more per batch of device
             // completions below): every command in the pass shares it.
             self.read_clock();
+            let pass_end_ns = sleep_from_ns.unwrap_or(self.now_ns);
+            self.note_pass(pass_end_ns.saturating_sub(pass_start_ns), self.now_ns);
+            pass_start_ns = self.now_ns;
             self.shared.sleeping.store(false, Ordering::Release);
             for &(token, _ev) in &events {
                 if token == TOKEN_WAKE {

@@ -45,7 +45,13 @@ pub struct OutQueue {
 impl OutQueue {
     pub fn with_capacity(n: usize) -> OutQueue {
         OutQueue {
-            bytes: Vec::with_capacity(n),
+            // Written once now, at queue creation: no page fault on the
+            // reactor when a burst first reaches deep into it.
+            bytes: {
+                let mut b = crate::mem::prefaulted_vec(n);
+                b.clear();
+                b
+            },
             ..Default::default()
         }
     }

@@ -359,7 +359,7 @@ impl<W: Wire> TcpConnection<W> {
             maxh2cdata: lim.max_h2c_data,
             max_r2t_len: lim.max_r2t_len as usize,
             max_r2t_active: usize::from(lim.max_active_r2ts.max(1)),
-            rbuf: vec![0; rcap],
+            rbuf: crate::mem::prefaulted_vec(rcap),
             rstart: 0,
             rend: 0,
             out: OutQueue::with_capacity(256 * 1024),

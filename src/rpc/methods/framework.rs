@@ -33,6 +33,7 @@ pub(super) fn reactors(_p: &mut Params) -> Parsed {
             .reactors
             .iter()
             .map(|r| {
+                let st = r.stall.snapshot();
                 json!({
                     "lcore": r.id,
                     "busy": r.busy_ns.load(Ordering::Relaxed),
@@ -42,6 +43,13 @@ pub(super) fn reactors(_p: &mut Params) -> Parsed {
                     "sys_count": 0,
                     "queue_pairs": r.queue_pairs.load(Ordering::Relaxed),
                     "lw_threads": [],
+                    // kvtarget's own (ticks are ns): see docs/metrics.md.
+                    "minor_faults": st.minor_faults,
+                    "major_faults": st.major_faults,
+                    "involuntary_context_switches": st.involuntary_switches,
+                    "polls": st.gap_count(),
+                    "stalls": st.stalls,
+                    "max_poll_gap": st.max_gap_ns,
                 })
             })
             .collect();
