@@ -1,6 +1,7 @@
 //! Configuration: one TOML file. Every error is one line that names the field.
 
 use crate::reactor::IdleMode;
+pub use crate::wire::nqn::{validate_nqn, NqnError};
 use serde::{Deserialize, Deserializer, Serialize};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -63,15 +64,6 @@ pub enum SizeError {
     UnknownUnit(String),
     #[error("`{0}` is too large")]
     TooLarge(String),
-}
-
-/// Why a string is not an NVMe Qualified Name.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum NqnError {
-    #[error("`{0}` is longer than 223 bytes")]
-    TooLong(String),
-    #[error("`{0}` is not an NQN (expected nqn.yyyy-mm.domain:name)")]
-    Malformed(String),
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -307,8 +299,11 @@ pub struct RpcConfig {
     pub enabled: bool,
 }
 
+/// Default JSON-RPC socket path (like SPDK's /var/tmp/spdk.sock).
+pub const DEFAULT_SOCKET: &str = "/var/tmp/kvtarget.sock";
+
 fn d_rpc_socket() -> PathBuf {
-    PathBuf::from(crate::rpc::DEFAULT_SOCKET)
+    PathBuf::from(DEFAULT_SOCKET)
 }
 
 impl Default for RpcConfig {
@@ -1612,8 +1607,6 @@ fn resolve(counts: &[(String, usize)], dotted: &str) -> String {
     path
 }
 
-/// NVMe Qualified Name rules (NVMe Base 2.0 §4.5): "nqn." followed by a domain
-/// date and name, or the UUID form; at most 223 bytes of UTF-8.
 /// `pci` and `nvme_nsid` belong to the nvme backend, which needs a valid `pci`.
 fn validate_nvme(
     f: &str,
@@ -1682,17 +1675,6 @@ impl Backend {
             Backend::Spdk => "spdk",
         }
     }
-}
-
-pub fn validate_nqn(nqn: &str) -> Result<(), NqnError> {
-    if nqn.len() > crate::wire::nvme::NQN_MAX_LEN {
-        return Err(NqnError::TooLong(nqn.into()));
-    }
-    let ok = nqn.starts_with("nqn.") && nqn.len() > 4 && !nqn.contains(char::is_whitespace);
-    if !ok {
-        return Err(NqnError::Malformed(nqn.into()));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

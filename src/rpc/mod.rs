@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Default socket path (like SPDK's /var/tmp/spdk.sock).
-pub const DEFAULT_SOCKET: &str = "/var/tmp/kvtarget.sock";
+/// Default socket path (like SPDK's /var/tmp/spdk.sock); `[rpc] socket`'s default.
+pub use crate::config::DEFAULT_SOCKET;
 /// Largest request accepted (SPDK's default limit is also in the MiB range).
 pub const MAX_REQUEST: usize = 1 << 20;
 const MAX_CLIENTS: usize = 64;

@@ -250,7 +250,7 @@ pub(super) fn create_subsystem(p: &mut Params) -> Parsed {
     p.opt_u64("dmrsl")?;
     p.opt_u64("wzsl")?;
     p.unsupported_flags(&["ana_reporting", "passthrough", "enable_nssr", "admin_label"])?;
-    crate::config::validate_nqn(&nqn).map_err(|e| RpcError::params(format!("nqn: {e}")))?;
+    crate::wire::nqn::validate_nqn(&nqn).map_err(|e| RpcError::params(format!("nqn: {e}")))?;
     if nqn == crate::wire::nvme::DISCOVERY_NQN {
         return Err(RpcError::params("nqn: the discovery NQN is reserved"));
     }

@@ -359,7 +359,7 @@ pub(super) fn add_host(p: &mut Params) -> Parsed {
             "dhchap_ctrlr_key: needs dhchap_key (the host authenticates first)",
         ));
     }
-    crate::config::validate_nqn(&host).map_err(|e| RpcError::params(format!("host: {e}")))?;
+    crate::wire::nqn::validate_nqn(&host).map_err(|e| RpcError::params(format!("host: {e}")))?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
         let keys = match &dhchap_key {
