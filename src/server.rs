@@ -282,12 +282,7 @@ fn start_pool(
             fixed_batch: (!p.gc.admission).then_some(GcSettings::default().batch),
             ..GcSettings::default()
         },
-        dual_path: DualPath {
-            enabled: p.dual_path.enabled,
-            large_threshold: p.dual_path.large_threshold,
-            piece: p.dual_path.piece,
-            max_inflight: p.dual_path.max_inflight,
-        },
+        dual_path: DualPath::from(&p.dual_path),
         commit_interval: Some(std::time::Duration::from_millis(p.commit_interval_ms)),
     };
     let pool = Pool::open(&p.name, dev, opts).map_err(pool_err)?;

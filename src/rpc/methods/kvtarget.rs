@@ -99,10 +99,7 @@ impl Control {
                         block_size: None,
                         write_cache: n.write_through.then_some(false),
                         kind: None,
-                        on_full: n.kv.as_ref().map(|k| match k.settings().on_full {
-                            crate::pool::kv::OnFull::Evict => crate::config::OnFullConfig::Evict,
-                            crate::pool::kv::OnFull::Fail => crate::config::OnFullConfig::Fail,
-                        }),
+                        on_full: n.kv.as_ref().map(|k| k.settings().on_full),
                         ttl_secs: n
                             .kv
                             .as_ref()
