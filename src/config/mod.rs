@@ -63,6 +63,7 @@ macro_rules! invalid {
 mod auth;
 mod device;
 mod keypath;
+pub mod ops;
 mod pool;
 mod runtime;
 mod size;
@@ -71,6 +72,7 @@ mod transport;
 
 pub use auth::{AuthConfig, KeyConfig};
 pub use device::{Backend, DeviceSpec};
+pub use ops::{Op, OpError};
 pub(crate) use pool::d_commit_interval_ms;
 pub use pool::{DualPathConfig, GcConfig, PoolConfig, Unwritten, VolumeConfig, VolumeKind};
 pub use runtime::{MetricsConfig, ReactorConfig, RpcConfig, SpdkConfig, DEFAULT_SOCKET};

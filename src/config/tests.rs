@@ -371,3 +371,134 @@ fn sizes() {
     assert!(parse_size("").is_err());
     assert!(parse_size("99999999999TiB").is_err());
 }
+
+mod ops {
+    use super::*;
+    use crate::config::ops::Op;
+    use proptest::prelude::*;
+
+    /// Loaded, turned into operations, rebuilt from them, saved and loaded
+    /// again: the same operations. Also through the operations' JSON form.
+    fn round_trip(c: &Config) {
+        let ops = c.ops();
+        let json = serde_json::to_string(&ops).unwrap();
+        let back: Vec<Op> = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, ops, "{json}");
+        let rebuilt = c.with_ops(&ops).unwrap();
+        let text = rebuilt.to_toml().unwrap();
+        let again = Config::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(again.ops(), ops, "{text}");
+    }
+
+    #[test]
+    fn example_configs_round_trip_through_ops() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/config");
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "toml") {
+                // The spdk examples need an SPDK build (every_example_config_parses).
+                if let Ok(c) = Config::load(&p) {
+                    round_trip(&c);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn ops_refuse_what_they_do_not_name() {
+        let c = Config::parse(GOOD).unwrap();
+        let mut ops = c.ops();
+        let Some(Op::AddNamespace(n)) = ops.last_mut() else {
+            panic!("{ops:?}");
+        };
+        n.nqn = "nqn.2026-11.io.kvtarget:none".into();
+        assert!(c.with_ops(&ops).is_err());
+        let bad = r#"[{"method": "nvmf_create_subsystem", "params": {"nqn": "n", "serial_number": "s", "model_number": "m", "bogus": 1}}]"#;
+        let e = serde_json::from_str::<Vec<Op>>(bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`bogus`"), "{e}");
+    }
+
+    /// A valid configuration of ram pools with volumes, keys, and subsystems
+    /// whose hosts, listen lists and namespaces vary.
+    fn config() -> impl Strategy<Value = Config> {
+        let volumes = prop::collection::vec((1u64..16, any::<bool>(), any::<bool>()), 0..4);
+        let pools = prop::collection::vec(volumes, 0..3);
+        let hosts = prop::collection::vec((0usize..4, any::<bool>()), 0..3);
+        let listen = prop::option::of(prop::collection::vec(1u16..1000, 0..3));
+        let subsystem = (any::<bool>(), hosts, listen, 0usize..3, 0usize..3);
+        let subsystems = prop::collection::vec(subsystem, 0..3);
+        (pools, 0usize..3, subsystems)
+            .prop_map(|(pools, nkeys, subsystems)| build(&pools, nkeys, &subsystems))
+    }
+
+    type SubsystemShape = (bool, Vec<(usize, bool)>, Option<Vec<u16>>, usize, usize);
+
+    fn build(pools: &[Vec<(u64, bool, bool)>], nkeys: usize, subs: &[SubsystemShape]) -> Config {
+        let mut text = String::from("[[listeners]]\naddress = \"127.0.0.1\"\nport = 4420\n");
+        for k in 0..nkeys {
+            text += &format!("[[keys]]\nname = \"k{k}\"\npath = \"/tmp/k{k}\"\n");
+        }
+        let mut free: Vec<String> = Vec::new();
+        for (i, vols) in pools.iter().enumerate() {
+            text += &format!("[[pools]]\nname = \"p{i}\"\nbackend = \"ram\"\nsize = \"64MiB\"\n");
+            for (j, &(mib, kv, error)) in vols.iter().enumerate() {
+                let kind = if kv { "kind = \"kv\"\n" } else { "" };
+                let unwritten = if error { "error" } else { "zeroes" };
+                text += &format!("[[pools.volumes]]\nname = \"v{j}\"\nsize = \"{mib}MiB\"\nunwritten = \"{unwritten}\"\n{kind}");
+                free.push(format!("p{i}/v{j}"));
+            }
+        }
+        for (i, (any_host, hosts, listen, nvols, nram)) in subs.iter().enumerate() {
+            text += &format!(
+                "[[subsystems]]\nnqn = \"nqn.2026-11.io.test:s{i}\"\nallow_any_host = {any_host}\n"
+            );
+            if let Some(ports) = listen {
+                let list: Vec<String> = ports
+                    .iter()
+                    .map(|p| format!("\"127.0.0.1:{}\"", 5000 + i as u16 * 1000 + p))
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .into_iter()
+                    .collect();
+                text += &format!("listen = [{}]\n", list.join(", "));
+            }
+            let mut seen = Vec::new();
+            let entries: Vec<String> = hosts
+                .iter()
+                .filter(|(h, _)| {
+                    let new = !seen.contains(h);
+                    seen.push(*h);
+                    new
+                })
+                .map(|&(h, keyed)| {
+                    let nqn = format!("nqn.2026-11.io.test:h{h}");
+                    if keyed && nkeys > 0 {
+                        format!("{{ nqn = \"{nqn}\", dhchap_key = \"k{}\" }}", h % nkeys)
+                    } else {
+                        format!("\"{nqn}\"")
+                    }
+                })
+                .collect();
+            text += &format!("hosts = [{}]\n", entries.join(", "));
+            let mut nsid = 0;
+            for _ in 0..*nvols {
+                let Some(v) = free.pop() else { break };
+                nsid += 1;
+                text += &format!("[[subsystems.namespaces]]\nnsid = {nsid}\nvolume = \"{v}\"\n");
+            }
+            for _ in 0..*nram {
+                nsid += 1;
+                text += &format!("[[subsystems.namespaces]]\nnsid = {nsid}\nbackend = \"ram\"\nsize = \"1MiB\"\nwrite_cache = false\n");
+            }
+        }
+        Config::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+    }
+
+    proptest! {
+        #[test]
+        fn a_config_saved_and_loaded_gives_the_same_ops(c in config()) {
+            round_trip(&c);
+        }
+    }
+}
