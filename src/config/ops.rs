@@ -133,21 +133,35 @@ impl Config {
     /// creates everything before it is named: keys, pools and their volumes,
     /// then each subsystem with its hosts, listeners and namespaces.
     pub fn ops(&self) -> Vec<Op> {
-        let mut ops: Vec<Op> = self.keys.iter().cloned().map(Op::AddKey).collect();
-        for p in &self.pools {
-            ops.push(Op::CreatePool(PoolConfig {
+        self.ops_with_fields()
+            .into_iter()
+            .map(|(_, op)| op)
+            .collect()
+    }
+
+    /// [`Config::ops`], each with the path of the entry it comes from
+    /// (`pools[0].volumes[1]`), for errors that name it.
+    pub fn ops_with_fields(&self) -> Vec<(String, Op)> {
+        let mut ops: Vec<(String, Op)> = (self.keys.iter().enumerate())
+            .map(|(i, k)| (format!("keys[{i}]"), Op::AddKey(k.clone())))
+            .collect();
+        for (i, p) in self.pools.iter().enumerate() {
+            let f = format!("pools[{i}]");
+            let pool = PoolConfig {
                 volumes: Vec::new(),
                 ..p.clone()
-            }));
-            ops.extend(p.volumes.iter().map(|v| {
-                Op::CreateVolume(CreateVolume {
+            };
+            ops.push((f.clone(), Op::CreatePool(pool)));
+            ops.extend(p.volumes.iter().enumerate().map(|(j, v)| {
+                let op = Op::CreateVolume(CreateVolume {
                     lvs_name: p.name.clone(),
                     volume: v.clone(),
-                })
+                });
+                (format!("{f}.volumes[{j}]"), op)
             }));
         }
-        for s in &self.subsystems {
-            ops.extend(subsystem_ops(s));
+        for (i, s) in self.subsystems.iter().enumerate() {
+            ops.extend(subsystem_ops(&format!("subsystems[{i}]"), s));
         }
         ops
     }
@@ -218,38 +232,43 @@ impl Config {
     }
 }
 
-/// A subsystem's creation, then its hosts, listeners and namespaces.
-fn subsystem_ops(s: &SubsystemConfig) -> Vec<Op> {
+/// A subsystem's creation, then its hosts, listeners and namespaces; `f` is
+/// the subsystem's path.
+fn subsystem_ops(f: &str, s: &SubsystemConfig) -> Vec<(String, Op)> {
     let nqn = || s.nqn.clone();
-    let mut ops = vec![Op::CreateSubsystem(CreateSubsystem {
+    let create = Op::CreateSubsystem(CreateSubsystem {
         nqn: nqn(),
         serial_number: s.serial.clone(),
         model_number: s.model.clone(),
         allow_any_host: s.allow_any_host,
         any_listener: s.listen.is_none(),
-    })];
-    ops.extend(s.hosts.iter().map(|h| {
-        Op::AddHost(AddHost {
+    });
+    let mut ops = vec![(f.to_string(), create)];
+    ops.extend(s.hosts.iter().enumerate().map(|(j, h)| {
+        let op = Op::AddHost(AddHost {
             nqn: nqn(),
             host: h.nqn().into(),
             dhchap_key: h.dhchap_key().map(Into::into),
             dhchap_ctrlr_key: h.dhchap_ctrlr_key().map(Into::into),
             psk: h.psk().map(Into::into),
-        })
+        });
+        (format!("{f}.hosts[{j}]"), op)
     }));
-    // Validated entries parse; the configuration's spelling is kept by none.
-    let addrs = s.listen.iter().flatten().filter_map(|a| a.parse().ok());
-    ops.extend(addrs.map(|a| {
-        Op::AddListener(AddListener {
+    // Validated entries parse; an unparsable one (unvalidated) is left out.
+    let addrs = s.listen.iter().flatten().enumerate();
+    ops.extend(addrs.filter_map(|(j, a)| {
+        let op = Op::AddListener(AddListener {
             nqn: nqn(),
-            listen_address: ListenAddress::tcp(a),
-        })
+            listen_address: ListenAddress::tcp(a.parse().ok()?),
+        });
+        Some((format!("{f}.listen[{j}]"), op))
     }));
-    ops.extend(s.namespaces.iter().map(|n| {
-        Op::AddNamespace(AddNamespace {
+    ops.extend(s.namespaces.iter().enumerate().map(|(j, n)| {
+        let op = Op::AddNamespace(AddNamespace {
             nqn: nqn(),
             namespace: n.clone(),
-        })
+        });
+        (format!("{f}.namespaces[{j}]"), op)
     }));
     ops
 }
