@@ -47,13 +47,16 @@ pub struct CreateVolume {
     pub volume: VolumeConfig,
 }
 
-/// `nvmf_create_subsystem`'s parameters, and `any_listener` (kvtarget's
-/// default: a subsystem without a `listen` list is reachable on every listener).
+/// `nvmf_create_subsystem`'s parameters, and `any_listener` (not an RPC
+/// parameter: a configured subsystem without a `listen` list is reachable on
+/// every listener; one created over RPC, as in SPDK, only on those added).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSubsystem {
     pub nqn: String,
+    #[serde(default = "super::subsystem::d_serial")]
     pub serial_number: String,
+    #[serde(default = "super::subsystem::d_model")]
     pub model_number: String,
     #[serde(default)]
     pub allow_any_host: bool,

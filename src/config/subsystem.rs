@@ -38,11 +38,16 @@ pub struct SubsystemConfig {
     pub namespaces: Vec<NamespaceConfig>,
 }
 
-fn d_serial() -> String {
-    "KVT0000000000001".into()
+/// Serial number of a subsystem that names none.
+pub const DEFAULT_SERIAL: &str = "KVT0000000000001";
+/// Model number of a subsystem that names none.
+pub const DEFAULT_MODEL: &str = "kvtarget";
+
+pub(super) fn d_serial() -> String {
+    DEFAULT_SERIAL.into()
 }
-fn d_model() -> String {
-    "kvtarget".into()
+pub(super) fn d_model() -> String {
+    DEFAULT_MODEL.into()
 }
 
 /// A host allowed on a subsystem: its NQN, or a table with DH-HMAC-CHAP keys

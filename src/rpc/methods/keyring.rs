@@ -4,13 +4,13 @@
 
 use super::{act, not_found, Params, Parsed};
 use crate::auth::{Key, KeyError};
+use crate::config::KeyConfig;
 use crate::rpc::{code, RpcError};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
 pub(super) fn file_add_key(p: &mut Params) -> Parsed {
-    let name = p.str("name")?;
-    let path = p.str("path")?;
+    let KeyConfig { name, path } = p.typed(&["name", "path"])?;
     act(move |ctl| {
         let key = Key::load(&name, std::path::Path::new(&path)).map_err(|e| match e {
             KeyError::Name => RpcError::params(format!("name: {e}")),

@@ -2,6 +2,7 @@
 //! per-subsystem ones (listeners, namespaces, hosts) are in `nvmf_subsystem`.
 
 use super::{act, hex_id, not_found, uuid_str, Control, Params, Parsed};
+use crate::config::ops::CreateSubsystem;
 use crate::nvmf::{Subsystem, SubsystemKind};
 use crate::rpc::{code, RpcError};
 use serde_json::{json, Value};
@@ -228,14 +229,14 @@ pub(super) fn get_transports(p: &mut Params) -> Parsed {
 }
 
 pub(super) fn create_subsystem(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    let serial = p
-        .opt_str("serial_number")?
-        .unwrap_or_else(|| "KVT0000000000001".into());
-    let model = p
-        .opt_str("model_number")?
-        .unwrap_or_else(|| "kvtarget".into());
-    let any = p.opt_bool("allow_any_host")?.unwrap_or(false);
+    let fields = ["nqn", "serial_number", "model_number", "allow_any_host"];
+    let CreateSubsystem {
+        nqn,
+        serial_number: serial,
+        model_number: model,
+        allow_any_host: any,
+        ..
+    } = p.typed(&fields)?;
     p.opt_str("tgt_name")?;
     if let Some(m) = p.opt_u64("max_namespaces")? {
         if m > crate::nvmf::admin::MAX_NAMESPACES as u64 {

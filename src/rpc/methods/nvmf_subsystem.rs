@@ -2,6 +2,7 @@
 //! controllers and queue pairs.
 
 use super::{act, not_found, uuid_str, Control, Params, Parsed};
+use crate::config::ops::AddHost;
 use crate::nvmf::{Namespace, SubsystemKind};
 use crate::pool::channel::VolumeDevice;
 use crate::rpc::{code, RpcError};
@@ -348,12 +349,14 @@ pub(super) fn remove_listener(p: &mut Params) -> Parsed {
 }
 
 pub(super) fn add_host(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    let host = p.str("host")?;
+    let AddHost {
+        nqn,
+        host,
+        dhchap_key,
+        dhchap_ctrlr_key,
+        psk,
+    } = p.typed(&["nqn", "host", "psk", "dhchap_key", "dhchap_ctrlr_key"])?;
     p.opt_str("tgt_name")?;
-    let psk = p.opt_str("psk")?;
-    let dhchap_key = p.opt_str("dhchap_key")?;
-    let dhchap_ctrlr_key = p.opt_str("dhchap_ctrlr_key")?;
     if dhchap_ctrlr_key.is_some() && dhchap_key.is_none() {
         return Err(RpcError::params(
             "dhchap_ctrlr_key: needs dhchap_key (the host authenticates first)",
