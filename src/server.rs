@@ -8,7 +8,7 @@ use crate::bdev::SharedDevice;
 use crate::config::ops::{AddHost, AddNamespace};
 use crate::config::{Backend, Config, DeviceSpec, NamespaceConfig, Op, OpError, PoolConfig};
 use crate::config::{TcpConfig, Unwritten, VolumeConfig, VolumeKind};
-use crate::nvmf::{Listener, Namespace, Subsystem, SubsystemKind, Target, TransportLimits};
+use crate::nvmf::{Listener, Namespace, Subsystem, Target, TransportLimits};
 use crate::pool::channel::VolumeDevice;
 use crate::pool::format::{VOL_KV, VOL_UNWRITTEN_ERROR};
 use crate::pool::gc::GcSettings;
@@ -158,6 +158,12 @@ pub enum SetupError {
         field: String,
         #[source]
         source: OpError,
+    },
+    #[error("{field}: {source}")]
+    Apply {
+        field: String,
+        #[source]
+        source: crate::rpc::apply::ApplyError,
     },
     #[error("{field}.{source}")]
     HostKey {
@@ -404,6 +410,10 @@ impl Assembly {
             field: field.into(),
             source,
         };
+        let apply_err = |source| SetupError::Apply {
+            field: field.into(),
+            source,
+        };
         match op {
             Op::AddKey(k) => {
                 crate::auth::Key::load(&k.name, std::path::Path::new(&k.path))
@@ -426,21 +436,7 @@ impl Assembly {
                 ensure_volume(pool, &v.volume, field)
             }
             Op::CreateSubsystem(s) => {
-                let subsys = Subsystem::new(
-                    &s.nqn,
-                    SubsystemKind::Nvm,
-                    &s.serial_number,
-                    &s.model_number,
-                    s.allow_any_host,
-                    Vec::new(),
-                );
-                if !s.any_listener {
-                    if let Ok(mut l) = subsys.listen.write() {
-                        *l = Some(Vec::new());
-                    }
-                }
-                self.target.add_subsystem(Arc::new(subsys));
-                Ok(())
+                crate::rpc::apply::create_subsystem(&self.target, s).map_err(apply_err)
             }
             Op::AddHost(h) => self.add_host(field, h),
             Op::AddListener(l) => {
@@ -464,33 +460,21 @@ impl Assembly {
 
     /// An allowed host, with the keys it names.
     fn add_host(&mut self, field: &str, h: &AddHost) -> Result<(), SetupError> {
+        use crate::rpc::apply::ApplyError;
         let subsys = self.subsystem(&h.nqn).map_err(|source| SetupError::Op {
             field: field.into(),
             source,
         })?;
-        let key_err = |source| SetupError::HostKey {
-            field: field.into(),
-            source,
-        };
-        if let Ok(mut hosts) = subsys.hosts.write() {
-            hosts.push(h.host.clone());
-        }
-        let keyring = &self.target.keyring;
-        if let Some(name) = &h.psk {
-            let key = crate::nvmf::auth::resolve_psk(keyring, name).map_err(key_err)?;
-            if let Ok(mut m) = subsys.host_psks.write() {
-                m.insert(h.host.clone(), key);
-            }
-        }
-        if let Some(name) = &h.dhchap_key {
-            let ctrlr = h.dhchap_ctrlr_key.as_deref();
-            let keys =
-                crate::nvmf::auth::HostKeys::resolve(keyring, name, ctrlr).map_err(key_err)?;
-            if let Ok(mut m) = subsys.host_keys.write() {
-                m.insert(h.host.clone(), keys);
-            }
-        }
-        Ok(())
+        crate::rpc::apply::add_host(&self.target, &subsys, h).map_err(|e| match e {
+            ApplyError::HostKey(source) | ApplyError::Psk(source) => SetupError::HostKey {
+                field: field.into(),
+                source,
+            },
+            source => SetupError::Apply {
+                field: field.into(),
+                source,
+            },
+        })
     }
 
     /// The device a namespace is: a pool volume (with its KV index, if any),

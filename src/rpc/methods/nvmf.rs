@@ -261,20 +261,18 @@ pub(super) fn create_subsystem(p: &mut Params) -> Parsed {
     if model.is_empty() || model.len() > 40 || !model.is_ascii() {
         return Err(RpcError::params("model_number: 1 to 40 ASCII characters"));
     }
+    // As in SPDK, a new subsystem is reachable only on listeners added to it.
+    let op = CreateSubsystem {
+        nqn,
+        serial_number: serial,
+        model_number: model,
+        allow_any_host: any,
+        any_listener: false,
+    };
     act(move |ctl| {
-        if ctl.target.find_subsystem(&nqn).is_some() {
-            return Err(RpcError::new(
-                code::EEXIST,
-                format!("subsystem {nqn} already exists"),
-            ));
-        }
-        let sub = Subsystem::new(&nqn, SubsystemKind::Nvm, &serial, &model, any, Vec::new());
-        // As in SPDK, a new subsystem is reachable only on listeners added to it.
-        if let Ok(mut l) = sub.listen.write() {
-            *l = Some(Vec::new());
-        }
-        ctl.target.add_subsystem(Arc::new(sub));
-        tracing::info!(nqn = %nqn, "rpc: subsystem created");
+        crate::rpc::apply::create_subsystem(&ctl.target, &op)
+            .map_err(super::nvmf_subsystem::apply_error)?;
+        tracing::info!(nqn = %op.nqn, "rpc: subsystem created");
         Ok(Value::Bool(true))
     })
 }

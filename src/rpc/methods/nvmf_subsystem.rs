@@ -363,42 +363,37 @@ pub(super) fn add_host(p: &mut Params) -> Parsed {
         ));
     }
     crate::wire::nqn::validate_nqn(&host).map_err(|e| RpcError::params(format!("host: {e}")))?;
+    let op = AddHost {
+        nqn,
+        host,
+        dhchap_key,
+        dhchap_ctrlr_key,
+        psk,
+    };
     act(move |ctl| {
-        let s = ctl.nvm_subsystem(&nqn)?;
-        let keys = match &dhchap_key {
-            Some(k) => Some(host_keys(ctl, k, dhchap_ctrlr_key.as_deref())?),
-            None => None,
-        };
-        let psk_key = match &psk {
-            Some(k) => Some(
-                crate::nvmf::auth::resolve_psk(&ctl.target.keyring, k).map_err(|e| match e {
-                    crate::nvmf::auth::HostKeyError::Missing { .. } => not_found(e.to_string()),
-                    _ => RpcError::params(e.to_string()),
-                })?,
-            ),
-            None => None,
-        };
-        let mut h = s
-            .hosts
-            .write()
-            .map_err(|_| RpcError::new(code::INTERNAL_ERROR, "host list poisoned"))?;
-        if h.contains(&host) {
-            return Err(RpcError::new(
-                code::EEXIST,
-                format!("{host} is already allowed on {nqn}"),
-            ));
-        }
-        h.push(host.clone());
-        if let (Some(k), Ok(mut m)) = (keys, s.host_keys.write()) {
-            m.insert(host.clone(), k);
-        }
-        if let (Some(k), Ok(mut m)) = (psk_key, s.host_psks.write()) {
-            m.insert(host.clone(), k);
-        }
-        ctl.target.genctr.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(nqn = %nqn, host = %host, dhchap_key = dhchap_key.as_deref().unwrap_or(""), psk = psk.as_deref().unwrap_or(""), "rpc: host allowed");
+        let s = ctl.nvm_subsystem(&op.nqn)?;
+        crate::rpc::apply::add_host(&ctl.target, &s, &op).map_err(apply_error)?;
+        let key = |k: &Option<String>| k.clone().unwrap_or_default();
+        tracing::info!(nqn = %op.nqn, host = %op.host, dhchap_key = key(&op.dhchap_key), psk = key(&op.psk), "rpc: host allowed");
         Ok(Value::Bool(true))
     })
+}
+
+/// A refused change as an RPC error: what does not exist is not found, what
+/// exists already EEXIST, a key of the wrong kind a bad parameter.
+pub(super) fn apply_error(e: crate::rpc::apply::ApplyError) -> RpcError {
+    use crate::nvmf::auth::HostKeyError;
+    use crate::rpc::apply::ApplyError;
+    match e {
+        ApplyError::SubsystemExists(_) | ApplyError::HostExists { .. } => {
+            RpcError::new(code::EEXIST, e.to_string())
+        }
+        ApplyError::HostKey(k) | ApplyError::Psk(k) => match k {
+            HostKeyError::Missing { .. } => not_found(k.to_string()),
+            _ => RpcError::params(k.to_string()),
+        },
+        ApplyError::Poisoned => RpcError::new(code::INTERNAL_ERROR, e.to_string()),
+    }
 }
 
 /// A host entry's keys by keyring name: an unknown name is not found, a key
