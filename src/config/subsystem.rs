@@ -183,9 +183,22 @@ pub struct NamespaceConfig {
     pub trim: Option<bool>,
 }
 
-impl NamespaceConfig {
-    /// The KV cache policy this namespace asks for.
-    pub fn kv_settings(&self) -> crate::pool::kv::KvSettings {
+/// A KV namespace's cache policy as `nvmf_subsystem_add_ns` and the
+/// configuration give it (`on_full`, `ttl_secs`, `trim`).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct KvOptions {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_full: Option<OnFull>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_secs: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trim: Option<bool>,
+}
+
+impl KvOptions {
+    /// The policy: evict when full, no TTL and trimming unless told otherwise.
+    pub fn settings(&self) -> crate::pool::kv::KvSettings {
         crate::pool::kv::KvSettings {
             on_full: self.on_full.unwrap_or_default(),
             ttl: self
@@ -195,9 +208,27 @@ impl NamespaceConfig {
             keep_footprint: self.trim == Some(false),
         }
     }
+    /// Whether any option is set (refused on a block namespace).
+    pub fn is_set(&self) -> bool {
+        *self != KvOptions::default()
+    }
+}
+
+impl NamespaceConfig {
+    pub fn kv_options(&self) -> KvOptions {
+        KvOptions {
+            on_full: self.on_full,
+            ttl_secs: self.ttl_secs,
+            trim: self.trim,
+        }
+    }
+    /// The KV cache policy this namespace asks for.
+    pub fn kv_settings(&self) -> crate::pool::kv::KvSettings {
+        self.kv_options().settings()
+    }
     /// Whether a KV-only option is set (refused on a block namespace).
     pub fn has_kv_options(&self) -> bool {
-        self.on_full.is_some() || self.ttl_secs.is_some() || self.trim.is_some()
+        self.kv_options().is_set()
     }
     pub fn block_size(&self) -> u32 {
         self.block_size.unwrap_or(DEFAULT_BLOCK_SIZE)

@@ -251,6 +251,8 @@ impl Params {
             "must be a string"
         } else if message.ends_with("expected a boolean") {
             "must be true or false"
+        } else if message.ends_with("expected u64") {
+            "must be a non-negative integer"
         } else {
             message
         };

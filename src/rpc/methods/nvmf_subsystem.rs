@@ -3,6 +3,7 @@
 
 use super::{act, not_found, uuid_str, Control, Params, Parsed};
 use crate::config::ops::AddHost;
+use crate::config::KvOptions;
 use crate::nvmf::{Namespace, SubsystemKind};
 use crate::pool::channel::VolumeDevice;
 use crate::rpc::{code, RpcError};
@@ -61,18 +62,7 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
     // kvtarget's own: false serves the volume without a volatile write cache.
     let write_cache = ns.opt_bool("write_cache")?.unwrap_or(true);
     // kvtarget's own, for KV volumes: the cache policy when full, and a TTL.
-    let on_full = match ns.opt_str("on_full")?.as_deref() {
-        None => None,
-        Some("evict") => Some(crate::pool::kv::OnFull::Evict),
-        Some("fail") => Some(crate::pool::kv::OnFull::Fail),
-        Some(o) => {
-            return Err(RpcError::params(format!(
-                "namespace.on_full: `{o}` is not evict or fail"
-            )))
-        }
-    };
-    let ttl_secs = ns.opt_u64("ttl_secs")?;
-    let trim = ns.opt_bool("trim")?;
+    let kv_options: KvOptions = ns.typed(&["on_full", "ttl_secs", "trim"])?;
     ns.opt_str("ptpl_file")?;
     ns.opt_u64("anagrpid")?;
     ns.unsupported_flags(&["no_auto_visible", "hide_metadata"])?;
@@ -104,16 +94,10 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
             Namespace::new(&nqn, nsid, dev, vol.desc.block_size).with_write_cache(write_cache);
         match &vol.kv {
             Some(kv) => {
-                kv.set_settings(crate::pool::kv::KvSettings {
-                    on_full: on_full.unwrap_or_default(),
-                    ttl: ttl_secs
-                        .filter(|&t| t > 0)
-                        .map(std::time::Duration::from_secs),
-                    keep_footprint: trim == Some(false),
-                });
+                kv.set_settings(kv_options.settings());
                 namespace = namespace.with_kv(kv.clone());
             }
-            None if on_full.is_some() || ttl_secs.is_some() || trim.is_some() => {
+            None if kv_options.is_set() => {
                 return Err(RpcError::params(format!(
                     "namespace.on_full, namespace.ttl_secs, namespace.trim: bdev {bdev} is not a KV volume"
                 )));
