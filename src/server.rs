@@ -14,6 +14,7 @@ use crate::pool::format::{VOL_KV, VOL_UNWRITTEN_ERROR};
 use crate::pool::gc::GcSettings;
 use crate::pool::{DualPath, FormatOptions, Pool, PoolOptions};
 use crate::reactor::{Message, Reactor, ReactorShared};
+use crate::rpc::apply::ApplyError;
 use crate::transport;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -163,7 +164,7 @@ pub enum SetupError {
     Apply {
         field: String,
         #[source]
-        source: crate::rpc::apply::ApplyError,
+        source: ApplyError,
     },
     #[error("{field}.{source}")]
     HostKey {
@@ -415,15 +416,13 @@ impl Assembly {
             source,
         };
         match op {
-            Op::AddKey(k) => {
-                crate::auth::Key::load(&k.name, std::path::Path::new(&k.path))
-                    .and_then(|key| self.target.keyring.add(key))
-                    .map_err(|source| SetupError::Key {
-                        field: field.into(),
-                        source,
-                    })?;
-                Ok(())
-            }
+            Op::AddKey(k) => crate::rpc::apply::add_key(&self.target, k).map_err(|e| match e {
+                ApplyError::LoadKey(source) | ApplyError::AddKey(source) => SetupError::Key {
+                    field: field.into(),
+                    source,
+                },
+                source => apply_err(source),
+            }),
             Op::CreatePool(p) => {
                 let pool = open_pool(p, field, self.reactors, &mut self.pool_locks)?;
                 self.pools.push(pool);
@@ -460,7 +459,6 @@ impl Assembly {
 
     /// An allowed host, with the keys it names.
     fn add_host(&mut self, field: &str, h: &AddHost) -> Result<(), SetupError> {
-        use crate::rpc::apply::ApplyError;
         let subsys = self.subsystem(&h.nqn).map_err(|source| SetupError::Op {
             field: field.into(),
             source,

@@ -3,7 +3,9 @@
 //! for each operation of the configuration and by the RPC method of the same
 //! name. Callers word the errors (a field path at start, an RPC code here).
 
+use crate::auth::{Key, KeyError};
 use crate::config::ops::{AddHost, CreateSubsystem};
+use crate::config::KeyConfig;
 use crate::nvmf::auth::{resolve_psk, HostKeyError, HostKeys};
 use crate::nvmf::{Subsystem, SubsystemKind, Target};
 use std::sync::atomic::Ordering;
@@ -24,6 +26,19 @@ pub enum ApplyError {
     Psk(HostKeyError),
     #[error("host list poisoned")]
     Poisoned,
+    /// The key file cannot be used.
+    #[error(transparent)]
+    LoadKey(KeyError),
+    /// The keyring refuses the key (a key of that name is there).
+    #[error(transparent)]
+    AddKey(KeyError),
+}
+
+/// `keyring_file_add_key`: the key file read into the target's keyring.
+pub fn add_key(target: &Target, k: &KeyConfig) -> Result<(), ApplyError> {
+    let key = Key::load(&k.name, std::path::Path::new(&k.path)).map_err(ApplyError::LoadKey)?;
+    target.keyring.add(key).map_err(ApplyError::AddKey)?;
+    Ok(())
 }
 
 /// `nvmf_create_subsystem`: a new NVM subsystem without hosts or namespaces,

@@ -366,6 +366,7 @@ pub(super) fn add_host(p: &mut Params) -> Parsed {
 /// A refused change as an RPC error: what does not exist is not found, what
 /// exists already EEXIST, a key of the wrong kind a bad parameter.
 pub(super) fn apply_error(e: crate::rpc::apply::ApplyError) -> RpcError {
+    use crate::auth::KeyError;
     use crate::nvmf::auth::HostKeyError;
     use crate::rpc::apply::ApplyError;
     match e {
@@ -376,7 +377,12 @@ pub(super) fn apply_error(e: crate::rpc::apply::ApplyError) -> RpcError {
             HostKeyError::Missing { .. } => not_found(k.to_string()),
             _ => RpcError::params(k.to_string()),
         },
-        ApplyError::Poisoned => RpcError::new(code::INTERNAL_ERROR, e.to_string()),
+        ApplyError::LoadKey(KeyError::Name) => RpcError::params(format!("name: {e}")),
+        ApplyError::LoadKey(_) => RpcError::params(format!("path: {e}")),
+        ApplyError::AddKey(KeyError::Exists(_)) => RpcError::new(code::EEXIST, e.to_string()),
+        ApplyError::Poisoned | ApplyError::AddKey(_) => {
+            RpcError::new(code::INTERNAL_ERROR, e.to_string())
+        }
     }
 }
 
