@@ -5,13 +5,16 @@ use crate::bdev::nvme::NvmeDevice;
 use crate::bdev::ram::RamDevice;
 use crate::bdev::uring::UringDevice;
 use crate::bdev::SharedDevice;
-use crate::config::{Backend, Config, PoolConfig, Unwritten, VolumeKind};
-use crate::nvmf::{Listener, Namespace, Subsystem, SubsystemKind, Target, TransportLimits};
+use crate::config::ops::{AddHost, AddNamespace};
+use crate::config::{Backend, Config, DeviceSpec, NamespaceConfig, Op, OpError, PoolConfig};
+use crate::config::{TcpConfig, Unwritten, VolumeConfig, VolumeKind};
+use crate::nvmf::{Listener, Namespace, Subsystem, Target, TransportLimits};
 use crate::pool::channel::VolumeDevice;
 use crate::pool::format::{VOL_KV, VOL_UNWRITTEN_ERROR};
 use crate::pool::gc::GcSettings;
 use crate::pool::{DualPath, FormatOptions, Pool, PoolOptions};
 use crate::reactor::{Message, Reactor, ReactorShared};
+use crate::rpc::apply::ApplyError;
 use crate::transport;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -151,6 +154,18 @@ pub enum SetupError {
         #[source]
         source: crate::auth::KeyError,
     },
+    #[error("{field}: {source}")]
+    Op {
+        field: String,
+        #[source]
+        source: OpError,
+    },
+    #[error("{field}: {source}")]
+    Apply {
+        field: String,
+        #[source]
+        source: ApplyError,
+    },
     #[error("{field}.{source}")]
     HostKey {
         field: String,
@@ -165,33 +180,42 @@ fn required(field: &str, key: &str) -> SetupError {
     }
 }
 
-/// Opens (formatting if allowed and needed) the device of a configured pool.
-pub fn open_pool_device(p: &PoolConfig, field: &str) -> Result<SharedDevice, SetupError> {
-    Ok(match p.backend {
+/// Opens the device a pool or a plain namespace describes; `name` names a RAM
+/// device, `block_size` a file's blocks.
+fn open_device(
+    dev: &DeviceSpec<'_>,
+    name: &str,
+    block_size: u32,
+    field: &str,
+) -> Result<SharedDevice, SetupError> {
+    Ok(match dev.backend {
         Backend::Ram => {
-            RamDevice::new(&format!("pool/{}", p.name), p.size.unwrap_or(0)).map_err(|source| {
-                SetupError::Ram {
-                    field: field.into(),
-                    source,
-                }
+            RamDevice::new(name, dev.size.unwrap_or(0)).map_err(|source| SetupError::Ram {
+                field: field.into(),
+                source,
             })?
         }
         Backend::Uring => {
-            let path = p.path.as_deref().ok_or_else(|| required(field, "path"))?;
-            UringDevice::open(path, p.size, 512).map_err(|source| SetupError::Uring {
+            let path = dev.path.ok_or_else(|| required(field, "path"))?;
+            UringDevice::open(path, dev.size, block_size).map_err(|source| SetupError::Uring {
                 field: field.into(),
                 source,
             })?
         }
         Backend::Nvme => {
-            let pci = p.pci.as_deref().ok_or_else(|| required(field, "pci"))?;
-            NvmeDevice::open(pci, p.nvme_nsid.unwrap_or(1)).map_err(|source| SetupError::Nvme {
+            let pci = dev.pci.ok_or_else(|| required(field, "pci"))?;
+            NvmeDevice::open(pci, dev.nsid()).map_err(|source| SetupError::Nvme {
                 field: field.into(),
                 source,
             })?
         }
-        Backend::Spdk => open_spdk(&p.trid, p.nvme_nsid, field)?,
+        Backend::Spdk => open_spdk(dev.trid, dev.nvme_nsid, field)?,
     })
+}
+
+/// Opens (formatting if allowed and needed) the device of a configured pool.
+pub fn open_pool_device(p: &PoolConfig, field: &str) -> Result<SharedDevice, SetupError> {
+    open_device(&p.device(), &format!("pool/{}", p.name), 512, field)
 }
 
 /// SPDK environment settings, set once from the configuration before the first
@@ -204,12 +228,11 @@ pub fn set_spdk_env(cfg: &Config) {
 }
 
 fn open_spdk(
-    trid: &Option<String>,
+    trid: Option<&str>,
     nsid: Option<u32>,
     field: &str,
 ) -> Result<SharedDevice, SetupError> {
     let trid = trid
-        .as_deref()
         .ok_or_else(|| required(field, "trid"))?
         .parse::<crate::bdev::spdk::TransportId>()
         .map_err(|source| SetupError::Trid {
@@ -229,8 +252,9 @@ fn open_spdk(
     })
 }
 
-/// Opens a configured pool and makes sure its configured volumes exist.
-fn start_pool(
+/// Opens a configured pool, formatting its device when it holds none and
+/// `create` allows it.
+fn open_pool(
     p: &PoolConfig,
     field: &str,
     reactors: usize,
@@ -282,101 +306,391 @@ fn start_pool(
             fixed_batch: (!p.gc.admission).then_some(GcSettings::default().batch),
             ..GcSettings::default()
         },
-        dual_path: DualPath {
-            enabled: p.dual_path.enabled,
-            large_threshold: p.dual_path.large_threshold,
-            piece: p.dual_path.piece,
-            max_inflight: p.dual_path.max_inflight,
-        },
+        dual_path: DualPath::from(&p.dual_path),
         commit_interval: Some(std::time::Duration::from_millis(p.commit_interval_ms)),
     };
     let pool = Pool::open(&p.name, dev, opts).map_err(pool_err)?;
     if pool.sb.extent_size != p.extent_size {
         tracing::warn!(pool = %p.name, "the pool was formatted with {}-byte extents; extent_size = {} applies only to new pools", pool.sb.extent_size, p.extent_size);
     }
-    for (j, v) in p.volumes.iter().enumerate() {
-        let f = format!("{field}.volumes[{j}]");
-        let kv_flag = match v.kind {
-            VolumeKind::Block => 0,
-            VolumeKind::Kv => VOL_KV,
-        };
-        let flags = match v.unwritten {
-            Unwritten::Zeroes => 0,
-            Unwritten::Error => VOL_UNWRITTEN_ERROR,
-        };
-        match pool.volume(&v.name) {
-            None => {
-                pool.create_volume(&v.name, v.size, v.block_size, flags | kv_flag)
-                    .map_err(|source| SetupError::Pool {
-                        field: f.clone(),
-                        source,
-                    })?;
-                tracing::info!(pool = %p.name, volume = %v.name, size = v.size, "volume created");
-            }
-            Some(existing) => {
-                let d = &existing.desc;
-                if d.block_size != v.block_size {
-                    return Err(SetupError::BlockSizeChanged {
-                        field: f,
-                        have: d.block_size,
-                    });
-                }
-                if d.flags & VOL_KV != kv_flag {
-                    return Err(SetupError::KindChanged {
-                        field: f,
-                        created: if d.flags & VOL_KV != 0 { "kv" } else { "block" },
-                    });
-                }
-                if d.flags & VOL_UNWRITTEN_ERROR != flags {
-                    return Err(SetupError::UnwrittenChanged {
-                        field: f,
-                        created: if d.flags & VOL_UNWRITTEN_ERROR != 0 {
-                            "error"
-                        } else {
-                            "zeroes"
-                        },
-                    });
-                }
-                if v.size < d.size_bytes {
-                    return Err(SetupError::Shrink {
-                        field: f,
-                        have: d.size_bytes,
-                    });
-                }
-                if v.size > d.size_bytes {
-                    drop(existing);
-                    pool.resize_volume(&v.name, v.size)
-                        .map_err(|source| SetupError::Pool {
-                            field: f.clone(),
-                            source,
-                        })?;
-                    tracing::info!(pool = %p.name, volume = %v.name, size = v.size, "volume grown");
-                }
-            }
-        }
-    }
     Ok(pool)
 }
 
+/// Makes sure a configured volume exists: created, or grown; a volume whose
+/// block size, kind or unwritten policy differs, or that would shrink, is an
+/// error naming `f`.
+fn ensure_volume(pool: &Pool, v: &VolumeConfig, f: &str) -> Result<(), SetupError> {
+    let pool_err = |source| SetupError::Pool {
+        field: f.into(),
+        source,
+    };
+    let kv_flag = match v.kind {
+        VolumeKind::Block => 0,
+        VolumeKind::Kv => VOL_KV,
+    };
+    let flags = match v.unwritten {
+        Unwritten::Zeroes => 0,
+        Unwritten::Error => VOL_UNWRITTEN_ERROR,
+    };
+    let Some(existing) = pool.volume(&v.name) else {
+        pool.create_volume(&v.name, v.size, v.block_size, flags | kv_flag)
+            .map_err(pool_err)?;
+        tracing::info!(pool = %pool.name, volume = %v.name, size = v.size, "volume created");
+        return Ok(());
+    };
+    let d = &existing.desc;
+    let field = f.to_string();
+    if d.block_size != v.block_size {
+        let have = d.block_size;
+        return Err(SetupError::BlockSizeChanged { field, have });
+    }
+    if d.flags & VOL_KV != kv_flag {
+        let created = if d.flags & VOL_KV != 0 { "kv" } else { "block" };
+        return Err(SetupError::KindChanged { field, created });
+    }
+    if d.flags & VOL_UNWRITTEN_ERROR != flags {
+        let created = match d.flags & VOL_UNWRITTEN_ERROR {
+            0 => "zeroes",
+            _ => "error",
+        };
+        return Err(SetupError::UnwrittenChanged { field, created });
+    }
+    let have = d.size_bytes;
+    if v.size < have {
+        return Err(SetupError::Shrink { field, have });
+    }
+    if v.size > have {
+        drop(existing);
+        pool.resize_volume(&v.name, v.size).map_err(pool_err)?;
+        tracing::info!(pool = %pool.name, volume = %v.name, size = v.size, "volume grown");
+    }
+    Ok(())
+}
+
+/// The controller limits `[tcp]` sets (for every transport).
+fn transport_limits(t: &TcpConfig) -> TransportLimits {
+    TransportLimits {
+        max_queue_depth: t.max_queue_depth,
+        max_admin_queue_depth: t.max_queue_depth.max(32),
+        max_io_queues: t.max_io_queues,
+        in_capsule_data: t.in_capsule_data as u32,
+        max_io_size: t.max_io_size as u32,
+        max_h2c_data: t.max_h2c_data as u32,
+        max_r2t_len: t.max_r2t_length.min(u32::MAX as u64) as u32,
+        max_active_r2ts: t.max_active_r2ts,
+        recv_buf_size: t.recv_buf_size.min(u32::MAX as u64) as u32,
+        send_buf_size: t.send_buf_size.min(u32::MAX as u64) as u32,
+        c2h_success: t.c2h_success,
+    }
+}
+
+fn close_pools(pools: &[Arc<Pool>]) {
+    for p in pools {
+        if let Err(e) = p.close() {
+            tracing::error!(pool = %p.name, "close: {e}");
+        }
+    }
+}
+
+/// What the configuration's operations build on a target before any thread
+/// runs: one `apply` per operation.
+struct Assembly {
+    target: Arc<Target>,
+    reactors: usize,
+    pools: Vec<Arc<Pool>>,
+    /// Held for as long as the pools are open.
+    pool_locks: Vec<crate::pool::PoolLock>,
+    /// The whole devices plain namespaces are.
+    devices: Vec<SharedDevice>,
+}
+
+impl Assembly {
+    /// Makes one change; `field` is the configuration entry it comes from.
+    fn apply(&mut self, field: &str, op: &Op) -> Result<(), SetupError> {
+        let op_err = |source| SetupError::Op {
+            field: field.into(),
+            source,
+        };
+        let apply_err = |source| SetupError::Apply {
+            field: field.into(),
+            source,
+        };
+        match op {
+            Op::AddKey(k) => crate::rpc::apply::add_key(&self.target, k).map_err(|e| match e {
+                ApplyError::LoadKey(source) | ApplyError::AddKey(source) => SetupError::Key {
+                    field: field.into(),
+                    source,
+                },
+                source => apply_err(source),
+            }),
+            Op::CreatePool(p) => {
+                let pool = open_pool(p, field, self.reactors, &mut self.pool_locks)?;
+                self.pools.push(pool);
+                Ok(())
+            }
+            Op::CreateVolume(v) => {
+                let name = &v.lvs_name;
+                let pool = self.pools.iter().find(|p| p.name == *name);
+                let pool = pool.ok_or_else(|| op_err(OpError::NoPool(name.clone())))?;
+                ensure_volume(pool, &v.volume, field)
+            }
+            Op::CreateSubsystem(s) => {
+                crate::rpc::apply::create_subsystem(&self.target, s).map_err(apply_err)
+            }
+            Op::AddHost(h) => self.add_host(field, h),
+            Op::AddListener(l) => {
+                let subsys = self.subsystem(&l.nqn).map_err(op_err)?;
+                let a = l.listen_address.socket_addr();
+                let a =
+                    a.ok_or_else(|| op_err(OpError::Address(l.listen_address.traddr.clone())))?;
+                if let Ok(mut list) = subsys.listen.write() {
+                    list.get_or_insert_with(Vec::new).push(a);
+                }
+                Ok(())
+            }
+            Op::AddNamespace(n) => self.add_namespace(field, n),
+        }
+    }
+
+    fn subsystem(&self, nqn: &str) -> Result<Arc<Subsystem>, OpError> {
+        let s = self.target.find_subsystem(nqn);
+        s.ok_or_else(|| OpError::NoSubsystem(nqn.into()))
+    }
+
+    /// An allowed host, with the keys it names.
+    fn add_host(&mut self, field: &str, h: &AddHost) -> Result<(), SetupError> {
+        let subsys = self.subsystem(&h.nqn).map_err(|source| SetupError::Op {
+            field: field.into(),
+            source,
+        })?;
+        crate::rpc::apply::add_host(&self.target, &subsys, h).map_err(|e| match e {
+            ApplyError::HostKey(source) | ApplyError::Psk(source) => SetupError::HostKey {
+                field: field.into(),
+                source,
+            },
+            source => SetupError::Apply {
+                field: field.into(),
+                source,
+            },
+        })
+    }
+
+    /// The device a namespace is: a pool volume (with its KV index, if any),
+    /// or a whole device.
+    fn namespace_device(
+        &mut self,
+        field: &str,
+        nqn: &str,
+        n: &NamespaceConfig,
+    ) -> Result<(SharedDevice, Option<Arc<crate::pool::kv::KvIndex>>), SetupError> {
+        let Some(v) = &n.volume else {
+            if n.kind == Some(VolumeKind::Kv) {
+                return Err(SetupError::KvNeedsVolume {
+                    field: field.into(),
+                });
+            }
+            let Some(dev) = n.device() else {
+                return Err(SetupError::NoBackend {
+                    field: field.into(),
+                });
+            };
+            let name = format!("{nqn}/{}", n.nsid);
+            let dev = open_device(&dev, &name, n.block_size(), field)?;
+            self.devices.push(dev.clone());
+            return Ok((dev, None));
+        };
+        let (pname, vname) = v.split_once('/').unwrap_or((v, ""));
+        let found = (self.pools.iter().find(|p| p.name == pname))
+            .and_then(|p| p.volume(vname).map(|vol| (p.clone(), vol)));
+        let Some((p, vol)) = found else {
+            let (field, volume) = (field.into(), v.clone());
+            return Err(SetupError::NoVolume { field, volume });
+        };
+        let have = match vol.kv {
+            Some(_) => VolumeKind::Kv,
+            None => VolumeKind::Block,
+        };
+        if let Some(want) = n.kind.filter(|&k| k != have) {
+            return Err(SetupError::KindMismatch {
+                field: field.into(),
+                want: want.name(),
+                volume: v.clone(),
+                have: have.name(),
+            });
+        }
+        let kv = vol.kv.clone();
+        Ok((VolumeDevice::new(p, vol), kv))
+    }
+
+    fn add_namespace(&mut self, field: &str, a: &AddNamespace) -> Result<(), SetupError> {
+        let (nqn, n) = (&a.nqn, &a.namespace);
+        let subsys = self.subsystem(nqn).map_err(|source| SetupError::Op {
+            field: field.into(),
+            source,
+        })?;
+        let (dev, kv_index) = self.namespace_device(field, nqn, n)?;
+        let block_size = dev.block_size().unwrap_or(n.block_size());
+        if dev.size_bytes() < block_size as u64 {
+            return Err(SetupError::TooSmall {
+                field: field.into(),
+            });
+        }
+        tracing::info!(subnqn = %nqn, nsid = n.nsid, dev = %dev.describe(), bytes = dev.size_bytes(), block_size, "namespace");
+        let mut ns = Namespace::new(nqn, n.nsid, dev, block_size)
+            .with_write_cache(n.write_cache.unwrap_or(true));
+        match kv_index {
+            Some(kv) => {
+                kv.set_settings(n.kv_settings());
+                tracing::info!(subnqn = %nqn, nsid = n.nsid, keys = kv.snapshot().keys, max_keys = kv.max_keys(), on_full = kv.settings().on_full.name(), "KV namespace");
+                ns = ns.with_kv(kv);
+            }
+            None if n.has_kv_options() => {
+                return Err(SetupError::KvOptionsOnBlock {
+                    field: field.into(),
+                })
+            }
+            None => {}
+        }
+        if let Ok(mut v) = subsys.namespaces.write() {
+            v.push(Arc::new(ns));
+        }
+        Ok(())
+    }
+}
+
+/// Bound NVMe/TCP and NVMe/RDMA listeners, not yet served.
+struct Bound {
+    tcp: Vec<transport::TcpListenerSpec>,
+    /// Each TCP listener's address, whether it is discovery-only, and whether
+    /// it requires TLS.
+    listen: Vec<(SocketAddr, bool, bool)>,
+    rdma: Vec<transport::rdma::RdmaListener>,
+    rdma_addrs: Vec<SocketAddr>,
+}
+
+/// Binds every listener and records them on the target (for the discovery
+/// log), with port IDs from 1.
+fn bind_listeners(cfg: &Config, target: &Target) -> Result<Bound, StartError> {
+    let mut specs = Vec::new();
+    let mut addrs = cfg.listen_addrs()?;
+    let rdma_listen = cfg.rdma_listen_addrs()?;
+    // Addresses a subsystem lists that are not global listeners are
+    // listened on too (a saved configuration carries RPC-added ones).
+    for s in &cfg.subsystems {
+        let listed = s.listen.iter().flatten().filter_map(|a| a.parse().ok());
+        for a in listed {
+            // An RDMA listener's address stays RDMA-only.
+            if !addrs.contains(&a) && !rdma_listen.contains(&a) {
+                addrs.push(a);
+            }
+        }
+    }
+    let secure = cfg.secure_listen_addrs()?;
+    let global = cfg.listen_addrs()?;
+    let mut discovery_ips = Vec::new();
+    for a in addrs {
+        specs.push(transport::bind(a, false, secure.contains(&a))?);
+        let Some(p) = cfg.discovery.port else {
+            continue;
+        };
+        // One discovery port per address, however many listeners it has.
+        if global.contains(&a) && !discovery_ips.contains(&a.ip()) {
+            discovery_ips.push(a.ip());
+            // The discovery port stays plaintext: its log names the
+            // secure listeners (TREQ, SECTYPE) for hosts to pick.
+            specs.push(transport::bind(SocketAddr::new(a.ip(), p), true, false)?);
+        }
+    }
+    let listen: Vec<(SocketAddr, bool, bool)> = specs
+        .iter()
+        .map(|s| (s.addr, s.discovery_only, s.secure))
+        .collect();
+    // RDMA listeners: rdma-core is loaded only now, so a configuration
+    // without them never needs it.
+    let mut rdma = Vec::new();
+    for a in rdma_listen {
+        rdma.push(transport::rdma::listen(a, false)?);
+    }
+    let rdma_addrs: Vec<SocketAddr> = rdma.iter().map(|l| l.addr).collect();
+    if let Ok(mut l) = target.listeners.write() {
+        for (i, (addr, d, secure)) in listen.iter().enumerate() {
+            l.push(Listener {
+                addr: *addr,
+                discovery_only: *d,
+                portid: i as u16 + 1,
+                rdma: false,
+                secure: *secure,
+            });
+        }
+        for (i, addr) in rdma_addrs.iter().enumerate() {
+            l.push(Listener {
+                addr: *addr,
+                discovery_only: false,
+                portid: (listen.len() + i) as u16 + 1,
+                rdma: true,
+                secure: false,
+            });
+        }
+    }
+    Ok(Bound {
+        tcp: specs,
+        listen,
+        rdma,
+        rdma_addrs,
+    })
+}
+
+/// The RPC server and the metrics endpoint, where configured.
+fn start_services(
+    cfg: &Config,
+    ctl: &Arc<crate::rpc::methods::Control>,
+) -> Result<
+    (
+        Option<crate::rpc::RpcServer>,
+        Option<crate::metrics::MetricsServer>,
+    ),
+    StartError,
+> {
+    let rpc = match cfg.rpc.as_ref().filter(|r| r.enabled) {
+        Some(r) => Some(crate::rpc::RpcServer::start(&r.socket, ctl.clone())?),
+        None => None,
+    };
+    let metrics = match &cfg.metrics {
+        Some(m) => {
+            let a = m
+                .address
+                .parse()
+                .map_err(|_| SetupError::MetricsAddress(m.address.clone()))?;
+            Some(crate::metrics::MetricsServer::start(a, ctl.clone())?)
+        }
+        None => None,
+    };
+    Ok((rpc, metrics))
+}
+
+fn log_listeners(tcp: &[(SocketAddr, bool, bool)], rdma: &[SocketAddr]) {
+    for (a, d, secure) in tcp {
+        tracing::info!(
+            "listening on {a} ({})",
+            match (*d, *secure) {
+                (true, _) => "discovery",
+                (false, true) => "NVMe/TCP, TLS 1.3 secure channel required",
+                (false, false) => "NVMe/TCP",
+            }
+        );
+    }
+    for a in rdma {
+        tracing::info!("listening on {a} (NVMe/RDMA)");
+    }
+}
+
 impl Server {
-    /// Starts everything the configuration describes. Errors are one line.
+    /// Starts everything the configuration describes: the target and its
+    /// state (one `apply` per configuration operation), the listeners, then the
+    /// reactors and service threads. Errors are one line.
     pub fn start(cfg: &Config) -> Result<Server, StartError> {
         set_spdk_env(cfg);
-        let t = &cfg.tcp;
-        let limits = TransportLimits {
-            max_queue_depth: t.max_queue_depth,
-            max_admin_queue_depth: t.max_queue_depth.max(32),
-            max_io_queues: t.max_io_queues,
-            in_capsule_data: t.in_capsule_data as u32,
-            max_io_size: t.max_io_size as u32,
-            max_h2c_data: t.max_h2c_data as u32,
-            max_r2t_len: t.max_r2t_length.min(u32::MAX as u64) as u32,
-            max_active_r2ts: t.max_active_r2ts,
-            recv_buf_size: t.recv_buf_size.min(u32::MAX as u64) as u32,
-            send_buf_size: t.send_buf_size.min(u32::MAX as u64) as u32,
-            c2h_success: t.c2h_success,
-        };
-        let target = Arc::new(Target::new(limits));
+        let target = Arc::new(Target::new(transport_limits(&cfg.tcp)));
         let policy = cfg.auth.policy();
         target
             .dhchap_digests
@@ -384,238 +698,38 @@ impl Server {
         target
             .dhchap_dhgroups
             .store(policy.dhgroups, std::sync::atomic::Ordering::Relaxed);
-        for (i, k) in cfg.keys.iter().enumerate() {
-            let field = format!("keys[{i}]");
-            crate::auth::Key::load(&k.name, std::path::Path::new(&k.path))
-                .and_then(|key| target.keyring.add(key))
-                .map_err(|source| SetupError::Key { field, source })?;
-        }
-        let mut devices: Vec<SharedDevice> = Vec::new();
-        let nreactors = cfg.reactor_cores().len();
-        let mut pools: Vec<Arc<Pool>> = Vec::new();
-        let mut pool_locks = Vec::new();
-        for (i, p) in cfg.pools.iter().enumerate() {
-            match start_pool(p, &format!("pools[{i}]"), nreactors, &mut pool_locks) {
-                Ok(pool) => pools.push(pool),
-                Err(e) => {
-                    for p in &pools {
-                        let _ = p.close();
-                    }
-                    return Err(e.into());
-                }
-            }
-        }
-        let close_pools = |pools: &[Arc<Pool>]| {
-            for p in pools {
-                if let Err(e) = p.close() {
-                    tracing::error!(pool = %p.name, "close: {e}");
-                }
-            }
+        let mut built = Assembly {
+            target,
+            reactors: cfg.reactor_cores().len(),
+            pools: Vec::new(),
+            pool_locks: Vec::new(),
+            devices: Vec::new(),
         };
-        for (i, s) in cfg.subsystems.iter().enumerate() {
-            let subsys = Arc::new(Subsystem::new(
-                &s.nqn,
-                SubsystemKind::Nvm,
-                &s.serial,
-                &s.model,
-                s.allow_any_host,
-                s.hosts.iter().map(|h| h.nqn().to_string()).collect(),
-            ));
-            for (j, h) in s.hosts.iter().enumerate() {
-                if let Some(name) = h.psk() {
-                    let field = format!("subsystems[{i}].hosts[{j}]");
-                    let key = crate::nvmf::auth::resolve_psk(&target.keyring, name)
-                        .map_err(|source| SetupError::HostKey { field, source })?;
-                    if let Ok(mut m) = subsys.host_psks.write() {
-                        m.insert(h.nqn().to_string(), key);
-                    }
-                }
-                let Some(name) = h.dhchap_key() else {
-                    continue;
-                };
-                let field = format!("subsystems[{i}].hosts[{j}]");
-                let keys = crate::nvmf::auth::HostKeys::resolve(
-                    &target.keyring,
-                    name,
-                    h.dhchap_ctrlr_key(),
-                )
-                .map_err(|source| SetupError::HostKey { field, source })?;
-                if let Ok(mut m) = subsys.host_keys.write() {
-                    m.insert(h.nqn().to_string(), keys);
-                }
+        for (field, op) in cfg.ops_with_fields() {
+            if let Err(e) = built.apply(&field, &op) {
+                close_pools(&built.pools);
+                return Err(e.into());
             }
-            if let Some(list) = &s.listen {
-                let addrs: Vec<SocketAddr> = list.iter().filter_map(|a| a.parse().ok()).collect();
-                if let Ok(mut l) = subsys.listen.write() {
-                    *l = Some(addrs);
-                }
-            }
-            for (j, n) in s.namespaces.iter().enumerate() {
-                let field = format!("subsystems[{i}].namespaces[{j}]");
-                let mut kv_index = None;
-                if n.volume.is_none() && n.kind == Some(VolumeKind::Kv) {
-                    close_pools(&pools);
-                    return Err(SetupError::KvNeedsVolume { field }.into());
-                }
-                let dev: SharedDevice = if let Some(v) = &n.volume {
-                    let (pname, vname) = v.split_once('/').unwrap_or((v, ""));
-                    let found = pools
-                        .iter()
-                        .find(|p| p.name == pname)
-                        .and_then(|p| p.volume(vname).map(|vol| (p.clone(), vol)));
-                    match found {
-                        Some((p, vol)) => {
-                            let have = if vol.kv.is_some() {
-                                VolumeKind::Kv
-                            } else {
-                                VolumeKind::Block
-                            };
-                            if let Some(want) = n.kind.filter(|&k| k != have) {
-                                close_pools(&pools);
-                                return Err(SetupError::KindMismatch {
-                                    field,
-                                    want: want.name(),
-                                    volume: v.clone(),
-                                    have: have.name(),
-                                }
-                                .into());
-                            }
-                            kv_index = vol.kv.clone();
-                            VolumeDevice::new(p, vol)
-                        }
-                        None => {
-                            close_pools(&pools);
-                            return Err(SetupError::NoVolume {
-                                field,
-                                volume: v.clone(),
-                            }
-                            .into());
-                        }
-                    }
-                } else {
-                    match n.backend {
-                        Some(Backend::Ram) => {
-                            RamDevice::new(&format!("{}/{}", s.nqn, n.nsid), n.size.unwrap_or(0))
-                                .map_err(|source| SetupError::Ram {
-                                    field: field.clone(),
-                                    source,
-                                })?
-                        }
-                        Some(Backend::Uring) => {
-                            let path = n.path.as_deref().ok_or_else(|| required(&field, "path"))?;
-                            UringDevice::open(path, n.size, n.block_size()).map_err(|source| {
-                                SetupError::Uring {
-                                    field: field.clone(),
-                                    source,
-                                }
-                            })?
-                        }
-                        Some(Backend::Nvme) => {
-                            let pci = n.pci.as_deref().ok_or_else(|| required(&field, "pci"))?;
-                            NvmeDevice::open(pci, n.nvme_nsid.unwrap_or(1)).map_err(|source| {
-                                SetupError::Nvme {
-                                    field: field.clone(),
-                                    source,
-                                }
-                            })?
-                        }
-                        Some(Backend::Spdk) => open_spdk(&n.trid, n.nvme_nsid, &field)?,
-                        None => return Err(SetupError::NoBackend { field }.into()),
-                    }
-                };
-                let block_size = dev.block_size().unwrap_or(n.block_size());
-                if dev.size_bytes() < block_size as u64 {
-                    return Err(SetupError::TooSmall { field }.into());
-                }
-                tracing::info!(subnqn = %s.nqn, nsid = n.nsid, dev = %dev.describe(), bytes = dev.size_bytes(), block_size, "namespace");
-                if n.volume.is_none() {
-                    devices.push(dev.clone());
-                }
-                let mut ns = Namespace::new(&s.nqn, n.nsid, dev, block_size)
-                    .with_write_cache(n.write_cache.unwrap_or(true));
-                match kv_index {
-                    Some(kv) => {
-                        kv.set_settings(n.kv_settings());
-                        tracing::info!(subnqn = %s.nqn, nsid = n.nsid, keys = kv.snapshot().keys, max_keys = kv.max_keys(), on_full = kv.settings().on_full.name(), "KV namespace");
-                        ns = ns.with_kv(kv);
-                    }
-                    None if n.has_kv_options() => {
-                        close_pools(&pools);
-                        return Err(SetupError::KvOptionsOnBlock { field }.into());
-                    }
-                    None => {}
-                }
-                if let Ok(mut v) = subsys.namespaces.write() {
-                    v.push(Arc::new(ns));
-                }
-            }
-            target.add_subsystem(subsys);
         }
+        match bind_listeners(cfg, &built.target) {
+            Ok(bound) => Server::run(cfg, built, bound),
+            Err(e) => {
+                close_pools(&built.pools);
+                Err(e)
+            }
+        }
+    }
 
-        let mut specs = Vec::new();
-        let mut addrs = cfg.listen_addrs()?;
-        // Addresses a subsystem lists that are not global listeners are
-        // listened on too (a saved configuration carries RPC-added ones).
-        for s in &cfg.subsystems {
-            for a in s
-                .listen
-                .iter()
-                .flatten()
-                .filter_map(|a| a.parse::<SocketAddr>().ok())
-            {
-                // An RDMA listener's address stays RDMA-only.
-                if !addrs.contains(&a) && !cfg.rdma_listen_addrs()?.contains(&a) {
-                    addrs.push(a);
-                }
-            }
-        }
-        let secure = cfg.secure_listen_addrs()?;
-        let mut discovery_ips = Vec::new();
-        for a in addrs {
-            let tls = secure.contains(&a);
-            specs.push(transport::bind(a, false, tls)?);
-            if let Some(p) = cfg.discovery.port {
-                // One discovery port per address, however many listeners it has.
-                if cfg.listen_addrs()?.contains(&a) && !discovery_ips.contains(&a.ip()) {
-                    discovery_ips.push(a.ip());
-                    // The discovery port stays plaintext: its log names the
-                    // secure listeners (TREQ, SECTYPE) for hosts to pick.
-                    specs.push(transport::bind(SocketAddr::new(a.ip(), p), true, false)?);
-                }
-            }
-        }
-        let listen: Vec<(SocketAddr, bool, bool)> = specs
-            .iter()
-            .map(|s| (s.addr, s.discovery_only, s.secure))
-            .collect();
-        // RDMA listeners: rdma-core is loaded only now, so a configuration
-        // without them never needs it.
-        let mut rdma_specs = Vec::new();
-        for a in cfg.rdma_listen_addrs()? {
-            rdma_specs.push(transport::rdma::listen(a, false)?);
-        }
-        let rdma_addrs: Vec<SocketAddr> = rdma_specs.iter().map(|l| l.addr).collect();
-        if let Ok(mut l) = target.listeners.write() {
-            for (i, (addr, d, secure)) in listen.iter().enumerate() {
-                l.push(Listener {
-                    addr: *addr,
-                    discovery_only: *d,
-                    portid: i as u16 + 1,
-                    rdma: false,
-                    secure: *secure,
-                });
-            }
-            for (i, addr) in rdma_addrs.iter().enumerate() {
-                l.push(Listener {
-                    addr: *addr,
-                    discovery_only: false,
-                    portid: (listen.len() + i) as u16 + 1,
-                    rdma: true,
-                    secure: false,
-                });
-            }
-        }
-
+    /// Starts the reactors, the acceptor, the RDMA transport, RPC and metrics
+    /// on a built target; on an error stops what started and closes the pools.
+    fn run(cfg: &Config, built: Assembly, bound: Bound) -> Result<Server, StartError> {
+        let Assembly {
+            target,
+            pools,
+            pool_locks,
+            devices,
+            ..
+        } = built;
         let mut reactors = Vec::new();
         crate::reactor::set_stall_warn(std::time::Duration::from_micros(
             cfg.reactors.stall_warn_us,
@@ -629,7 +743,7 @@ impl Server {
         let shared: Vec<_> = reactors.iter().map(|(s, _)| s.clone()).collect();
         let shared_reactors = shared.clone();
         let (tgt, st) = (target.clone(), stop.clone());
-        let listener_set = Arc::new(transport::ListenerSet::new(specs));
+        let listener_set = Arc::new(transport::ListenerSet::new(bound.tcp));
         let set = listener_set.clone();
         let acceptor = std::thread::Builder::new()
             .name("acceptor".into())
@@ -645,10 +759,10 @@ impl Server {
             },
             stop.clone(),
         ));
-        for l in rdma_specs {
+        for l in bound.rdma {
             rdma.listeners.add(l);
         }
-        let rdma_started = if rdma_addrs.is_empty() {
+        let rdma_started = if bound.rdma_addrs.is_empty() {
             Ok(())
         } else {
             rdma.start()
@@ -656,29 +770,14 @@ impl Server {
         let ctl = Arc::new(crate::rpc::methods::Control::new(
             target.clone(),
             pools.clone(),
-            shared_reactors.clone(),
+            shared_reactors,
             listener_set.clone(),
             rdma.clone(),
             cfg.clone(),
         ));
-        let started = (|| -> Result<_, StartError> {
-            rdma_started?;
-            let rpc = match cfg.rpc.as_ref().filter(|r| r.enabled) {
-                Some(r) => Some(crate::rpc::RpcServer::start(&r.socket, ctl.clone())?),
-                None => None,
-            };
-            let metrics = match &cfg.metrics {
-                Some(m) => {
-                    let a = m
-                        .address
-                        .parse()
-                        .map_err(|_| SetupError::MetricsAddress(m.address.clone()))?;
-                    Some(crate::metrics::MetricsServer::start(a, ctl.clone())?)
-                }
-                None => None,
-            };
-            Ok((rpc, metrics))
-        })();
+        let started = rdma_started
+            .map_err(StartError::from)
+            .and_then(|()| start_services(cfg, &ctl));
         let (rpc, metrics) = match started {
             Ok(x) => x,
             Err(e) => {
@@ -697,20 +796,8 @@ impl Server {
                 return Err(e);
             }
         };
-        for (a, d, secure) in &listen {
-            tracing::info!(
-                "listening on {a} ({})",
-                match (*d, *secure) {
-                    (true, _) => "discovery",
-                    (false, true) => "NVMe/TCP, TLS 1.3 secure channel required",
-                    (false, false) => "NVMe/TCP",
-                }
-            );
-        }
-        let listen = listen.into_iter().map(|(a, d, _)| (a, d)).collect();
-        for a in &rdma_addrs {
-            tracing::info!("listening on {a} (NVMe/RDMA)");
-        }
+        log_listeners(&bound.listen, &bound.rdma_addrs);
+        let listen = bound.listen.into_iter().map(|(a, d, _)| (a, d)).collect();
         Ok(Server {
             target,
             reactors,

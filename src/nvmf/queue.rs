@@ -37,8 +37,10 @@ use std::time::Instant;
 pub const TRANSIENT_TRANSPORT_ERROR: Status = Status::generic(0x22);
 
 /// The fabric a queue runs over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum TransportKind {
+    #[default]
     Tcp,
     Rdma,
 }

@@ -55,7 +55,8 @@ pub struct KvLoc {
 }
 
 /// What a full KV namespace does with a Store of a new value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum OnFull {
     /// Evict least-recently-used keys (CLOCK) to make room.
     #[default]

@@ -8,6 +8,7 @@
 //! client sends can panic or block the daemon (each connection has its own
 //! thread, reads time out, and at most `MAX_CLIENTS` are served at once).
 
+pub mod apply;
 pub mod methods;
 
 use serde_json::{json, Value};
@@ -18,8 +19,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Default socket path (like SPDK's /var/tmp/spdk.sock).
-pub const DEFAULT_SOCKET: &str = "/var/tmp/kvtarget.sock";
+/// Default socket path (like SPDK's /var/tmp/spdk.sock); `[rpc] socket`'s default.
+pub use crate::config::DEFAULT_SOCKET;
 /// Largest request accepted (SPDK's default limit is also in the MiB range).
 pub const MAX_REQUEST: usize = 1 << 20;
 const MAX_CLIENTS: usize = 64;

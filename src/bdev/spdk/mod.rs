@@ -16,6 +16,7 @@
 #[cfg(feature = "spdk")]
 mod ffi;
 
+use crate::wire::nqn::{validate_nqn, NqnError};
 use std::fmt;
 use std::str::FromStr;
 
@@ -79,9 +80,9 @@ pub enum TridError {
     #[error("subnqn is missing")]
     NoSubNqn,
     #[error("subnqn: {0}")]
-    SubNqn(#[source] crate::config::NqnError),
+    SubNqn(#[source] NqnError),
     #[error("hostnqn: {0}")]
-    HostNqn(#[source] crate::config::NqnError),
+    HostNqn(#[source] NqnError),
 }
 
 /// SPDK transport types kvtarget accepts.
@@ -221,14 +222,14 @@ impl FromStr for TransportId {
                 let Some(n) = &subnqn else {
                     return Err(TridError::NoSubNqn);
                 };
-                crate::config::validate_nqn(n).map_err(TridError::SubNqn)?;
+                validate_nqn(n).map_err(TridError::SubNqn)?;
                 if adrfam.is_none() {
                     adrfam = Some(if traddr.contains(':') { "IPv6" } else { "IPv4" }.into());
                 }
             }
         }
         if let Some(h) = &hostnqn {
-            crate::config::validate_nqn(h).map_err(TridError::HostNqn)?;
+            validate_nqn(h).map_err(TridError::HostNqn)?;
         }
         Ok(TransportId {
             trtype,

@@ -3,24 +3,15 @@
 //! and paths only.
 
 use super::{act, not_found, Params, Parsed};
-use crate::auth::{Key, KeyError};
-use crate::rpc::{code, RpcError};
+use crate::config::KeyConfig;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
 pub(super) fn file_add_key(p: &mut Params) -> Parsed {
-    let name = p.str("name")?;
-    let path = p.str("path")?;
+    let op: KeyConfig = p.typed(&["name", "path"])?;
     act(move |ctl| {
-        let key = Key::load(&name, std::path::Path::new(&path)).map_err(|e| match e {
-            KeyError::Name => RpcError::params(format!("name: {e}")),
-            e => RpcError::params(format!("path: {e}")),
-        })?;
-        ctl.target.keyring.add(key).map_err(|e| match e {
-            KeyError::Exists(_) => RpcError::new(code::EEXIST, e.to_string()),
-            e => RpcError::new(code::INTERNAL_ERROR, e.to_string()),
-        })?;
-        tracing::info!(name = %name, path = %path, "rpc: key added");
+        crate::rpc::apply::add_key(&ctl.target, &op).map_err(super::nvmf_subsystem::apply_error)?;
+        tracing::info!(name = %op.name, path = %op.path, "rpc: key added");
         Ok(Value::Bool(true))
     })
 }

@@ -2,6 +2,10 @@
 //! configuration.
 
 use super::{act, not_found, uuid_str, Control, Params, Parsed};
+use crate::config::ops::{AddHost, AddListener, AddNamespace, CreateSubsystem, ListenAddress};
+use crate::config::{Config, KeyConfig, ListenerConfig, NamespaceConfig, Op, OpError};
+use crate::config::{TransportKind, Unwritten, VolumeConfig, VolumeKind};
+use crate::nvmf::{Namespace, Subsystem};
 use crate::pool::format::VOL_UNWRITTEN_ERROR;
 use crate::pool::Pool;
 use crate::rpc::{code, RpcError};
@@ -16,158 +20,76 @@ pub enum SaveConfigError {
     /// describe (only volumes and configured namespaces can be saved).
     #[error("{nqn} namespace {nsid} has no configuration to save")]
     NamespaceUnsaved { nqn: String, nsid: u32 },
+    /// The state read back names what it does not hold (a bug).
+    #[error("the running state does not rebuild: {0}")]
+    Op(#[from] OpError),
+}
+
+/// A volume as it is now, as a configuration entry.
+fn volume_config(v: &crate::pool::volume::Volume) -> VolumeConfig {
+    VolumeConfig {
+        name: v.desc.name.clone(),
+        size: v.desc.size_bytes,
+        block_size: v.desc.block_size,
+        unwritten: match v.desc.flags & VOL_UNWRITTEN_ERROR {
+            0 => Unwritten::Zeroes,
+            _ => Unwritten::Error,
+        },
+        kind: match v.kv {
+            Some(_) => VolumeKind::Kv,
+            None => VolumeKind::Block,
+        },
+    }
 }
 
 impl Control {
     /// The running state as a configuration that reproduces it at the next
     /// start: listeners, pools with every volume, subsystems with hosts,
-    /// listeners and namespaces. Written to `path` when given.
-    pub fn current_config(&self) -> Result<crate::config::Config, SaveConfigError> {
-        use crate::config::{
-            HostConfig, HostEntryConfig, KeyConfig, ListenerConfig, NamespaceConfig,
-            SubsystemConfig, Unwritten, VolumeConfig,
-        };
-        let mut cfg = self.config.clone();
-        if let Ok(r) = self.runtime_pools.lock() {
-            cfg.pools.extend(r.iter().map(|(c, _)| c.clone()));
-        }
-        let listeners = self
-            .target
-            .listeners
-            .read()
-            .map(|l| l.clone())
-            .unwrap_or_default();
-        cfg.listeners = listeners
-            .iter()
-            .filter(|l| !l.discovery_only)
-            .map(|l| ListenerConfig {
-                address: l.addr.ip().to_string(),
-                port: l.addr.port(),
-                transport: if l.rdma {
-                    crate::config::TransportKind::Rdma
-                } else {
-                    crate::config::TransportKind::Tcp
-                },
-                secure_channel: l.secure,
-            })
-            .collect();
-        for pc in &mut cfg.pools {
-            if let Some(pool) = self.pools().iter().find(|p| p.name == pc.name) {
-                pc.volumes = pool
-                    .volumes()
-                    .iter()
-                    .map(|v| VolumeConfig {
-                        name: v.desc.name.clone(),
-                        size: v.desc.size_bytes,
-                        block_size: v.desc.block_size,
-                        unwritten: if v.desc.flags & VOL_UNWRITTEN_ERROR != 0 {
-                            Unwritten::Error
-                        } else {
-                            Unwritten::Zeroes
-                        },
-                        kind: if v.kv.is_some() {
-                            crate::config::VolumeKind::Kv
-                        } else {
-                            crate::config::VolumeKind::Block
-                        },
-                    })
-                    .collect();
-            }
-        }
+    /// listeners and namespaces. The state is read back as the operations
+    /// that build it, applied to the configuration's other sections.
+    pub fn current_config(&self) -> Result<Config, SaveConfigError> {
+        let mut env = self.config.without_state();
+        env.listeners = self.running_listeners();
+        let mut ops = self.key_ops();
+        ops.extend(self.pool_ops());
         let subs = self
             .target
             .subsystems
             .read()
             .map(|s| s.clone())
             .unwrap_or_default();
-        let mut out = Vec::new();
-        for s in subs {
-            let orig = self.config.subsystems.iter().find(|o| o.nqn == s.nqn);
-            let mut namespaces = Vec::new();
-            for n in s.namespace_snapshot() {
-                let vol = self.volume_alias(&n.uuid);
-                match vol {
-                    Some(v) => namespaces.push(NamespaceConfig {
-                        nsid: n.nsid,
-                        volume: Some(v),
-                        backend: None,
-                        path: None,
-                        pci: None,
-                        nvme_nsid: None,
-                        trid: None,
-                        size: None,
-                        block_size: None,
-                        write_cache: n.write_through.then_some(false),
-                        kind: None,
-                        on_full: n.kv.as_ref().map(|k| match k.settings().on_full {
-                            crate::pool::kv::OnFull::Evict => crate::config::OnFullConfig::Evict,
-                            crate::pool::kv::OnFull::Fail => crate::config::OnFullConfig::Fail,
-                        }),
-                        ttl_secs: n
-                            .kv
-                            .as_ref()
-                            .and_then(|k| k.settings().ttl)
-                            .map(|t| t.as_secs()),
-                        trim: n
-                            .kv
-                            .as_ref()
-                            .and_then(|k| k.settings().keep_footprint.then_some(false)),
-                    }),
-                    None => match orig.and_then(|o| o.namespaces.iter().find(|x| x.nsid == n.nsid))
-                    {
-                        Some(c) => namespaces.push(c.clone()),
-                        None => {
-                            return Err(SaveConfigError::NamespaceUnsaved {
-                                nqn: s.nqn.clone(),
-                                nsid: n.nsid,
-                            })
-                        }
-                    },
-                }
-            }
-            out.push(SubsystemConfig {
-                nqn: s.nqn.clone(),
-                serial: s.serial.clone(),
-                model: s.model.clone(),
-                allow_any_host: s.allow_any_host.load(Ordering::Acquire),
-                hosts: {
-                    let keys = s.host_keys.read().map(|k| k.clone()).unwrap_or_default();
-                    let psks = s.host_psks.read().map(|k| k.clone()).unwrap_or_default();
-                    s.hosts
-                        .read()
-                        .map(|h| h.clone())
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|nqn| {
-                            let k = keys.get(&nqn);
-                            let psk = psks.get(&nqn).map(|p| p.name.clone());
-                            if k.is_none() && psk.is_none() {
-                                return HostConfig::Nqn(nqn);
-                            }
-                            // Key names, never key text.
-                            HostConfig::Entry(HostEntryConfig {
-                                nqn,
-                                dhchap_key: k.map(|k| k.dhchap_key.name.clone()),
-                                dhchap_ctrlr_key: k
-                                    .and_then(|k| k.dhchap_ctrlr_key.as_ref())
-                                    .map(|c| c.name.clone()),
-                                psk,
-                            })
-                        })
-                        .collect()
-                },
-                listen: s
-                    .listen
-                    .read()
-                    .ok()
-                    .and_then(|l| l.clone())
-                    .map(|l| l.iter().map(|a| a.to_string()).collect()),
-                namespaces,
-            });
+        for s in &subs {
+            ops.extend(self.subsystem_ops(s)?);
         }
-        cfg.subsystems = out;
-        // The keyring as files, plus keys host entries still hold after they
-        // left the ring; a key's text never leaves the process.
+        Ok(env.with_ops(&ops)?)
+    }
+
+    /// Every listener but the discovery-only ones.
+    fn running_listeners(&self) -> Vec<ListenerConfig> {
+        let listeners = self
+            .target
+            .listeners
+            .read()
+            .map(|l| l.clone())
+            .unwrap_or_default();
+        listeners
+            .iter()
+            .filter(|l| !l.discovery_only)
+            .map(|l| ListenerConfig {
+                address: l.addr.ip().to_string(),
+                port: l.addr.port(),
+                transport: match l.rdma {
+                    true => TransportKind::Rdma,
+                    false => TransportKind::Tcp,
+                },
+                secure_channel: l.secure,
+            })
+            .collect()
+    }
+
+    /// The keyring as files, plus keys host entries still hold after they
+    /// left the ring; a key's text never leaves the process.
+    fn key_ops(&self) -> Vec<Op> {
         let mut keys = self.target.keyring.list();
         let subsystems = self
             .target
@@ -186,16 +108,113 @@ impl Control {
                 keys.extend(m.values().cloned());
             }
         }
-        cfg.keys = Vec::new();
+        let mut out: Vec<KeyConfig> = Vec::new();
         for k in keys {
-            if !cfg.keys.iter().any(|c| c.name == k.name) {
-                cfg.keys.push(KeyConfig {
+            if !out.iter().any(|c| c.name == k.name) {
+                out.push(KeyConfig {
                     name: k.name.clone(),
                     path: k.path.display().to_string(),
                 });
             }
         }
-        Ok(cfg)
+        out.into_iter().map(Op::AddKey).collect()
+    }
+
+    /// Configured pools, then pools created over RPC, each with the volumes
+    /// it holds now (a pool that is not open keeps its configured ones).
+    fn pool_ops(&self) -> Vec<Op> {
+        let mut pools = self.config.pools.clone();
+        if let Ok(r) = self.runtime_pools.lock() {
+            pools.extend(r.iter().map(|(c, _)| c.clone()));
+        }
+        for pc in &mut pools {
+            if let Some(pool) = self.pools().iter().find(|p| p.name == pc.name) {
+                pc.volumes = pool.volumes().iter().map(|v| volume_config(v)).collect();
+            }
+        }
+        let cfg = Config {
+            pools,
+            ..self.config.without_state()
+        };
+        cfg.ops()
+    }
+
+    /// A running subsystem's creation, hosts, listeners and namespaces.
+    fn subsystem_ops(&self, s: &Subsystem) -> Result<Vec<Op>, SaveConfigError> {
+        let nqn = || s.nqn.clone();
+        let listen = s.listen.read().ok().and_then(|l| l.clone());
+        let mut ops = vec![Op::CreateSubsystem(CreateSubsystem {
+            nqn: nqn(),
+            serial_number: s.serial.clone(),
+            model_number: s.model.clone(),
+            allow_any_host: s.allow_any_host.load(Ordering::Acquire),
+            any_listener: listen.is_none(),
+        })];
+        let keys = s.host_keys.read().map(|k| k.clone()).unwrap_or_default();
+        let psks = s.host_psks.read().map(|k| k.clone()).unwrap_or_default();
+        let hosts = s.hosts.read().map(|h| h.clone()).unwrap_or_default();
+        ops.extend(hosts.into_iter().map(|host| {
+            let k = keys.get(&host);
+            // Key names, never key text.
+            Op::AddHost(AddHost {
+                nqn: nqn(),
+                dhchap_key: k.map(|k| k.dhchap_key.name.clone()),
+                dhchap_ctrlr_key: k
+                    .and_then(|k| k.dhchap_ctrlr_key.as_ref())
+                    .map(|c| c.name.clone()),
+                psk: psks.get(&host).map(|p| p.name.clone()),
+                host,
+            })
+        }));
+        ops.extend(listen.into_iter().flatten().map(|a| {
+            Op::AddListener(AddListener {
+                nqn: nqn(),
+                listen_address: ListenAddress::tcp(a),
+            })
+        }));
+        for n in s.namespace_snapshot() {
+            let namespace = self.namespace_config(s, &n)?;
+            ops.push(Op::AddNamespace(AddNamespace {
+                nqn: nqn(),
+                namespace,
+            }));
+        }
+        Ok(ops)
+    }
+
+    /// A volume namespace as it runs; a whole-device one as configured.
+    fn namespace_config(
+        &self,
+        s: &Subsystem,
+        n: &Namespace,
+    ) -> Result<NamespaceConfig, SaveConfigError> {
+        let Some(volume) = self.volume_alias(&n.uuid) else {
+            let orig = self.config.subsystems.iter().find(|o| o.nqn == s.nqn);
+            let configured = orig.and_then(|o| o.namespaces.iter().find(|x| x.nsid == n.nsid));
+            return configured
+                .cloned()
+                .ok_or_else(|| SaveConfigError::NamespaceUnsaved {
+                    nqn: s.nqn.clone(),
+                    nsid: n.nsid,
+                });
+        };
+        let kv = n.kv.as_ref().map(|k| k.settings());
+        Ok(NamespaceConfig {
+            nsid: n.nsid,
+            volume: Some(volume),
+            backend: None,
+            path: None,
+            pci: None,
+            nvme_nsid: None,
+            trid: None,
+            size: None,
+            block_size: None,
+            write_cache: n.write_through.then_some(false),
+            kind: None,
+            on_full: kv.as_ref().map(|k| k.on_full),
+            ttl_secs: kv.as_ref().and_then(|k| k.ttl).map(|t| t.as_secs()),
+            trim: kv.as_ref().and_then(|k| k.keep_footprint.then_some(false)),
+        })
     }
 
     /// The open pool called `name`.

@@ -212,6 +212,52 @@ impl Params {
             None => Err(self.required(k)),
         }
     }
+    /// The keys `fields` deserialised with serde into `T`, one of the
+    /// parameter structs the configuration's operations use
+    /// (`crate::config::ops`). The keys count as read; a missing one is
+    /// "required", a value of the wrong type names its key.
+    fn typed<T: serde::de::DeserializeOwned>(&mut self, fields: &[&str]) -> Result<T, RpcError> {
+        let mut obj = Map::new();
+        for f in fields {
+            if let Some(v) = self.get(f) {
+                obj.insert(f.to_string(), v.clone());
+            }
+        }
+        // One top-level key per line: the error's line names the key.
+        let text = serde_json::to_string_pretty(&Value::Object(obj)).unwrap_or_default();
+        serde_json::from_str(&text).map_err(|e| self.serde_error(&text, &e))
+    }
+
+    /// A serde error as this reader words it, naming the key.
+    fn serde_error(&self, text: &str, e: &serde_json::Error) -> RpcError {
+        let full = e.to_string();
+        let message = full
+            .rsplit_once(" at line ")
+            .map_or(full.as_str(), |(m, _)| m);
+        if let Some(k) = message
+            .strip_prefix("missing field `")
+            .and_then(|r| r.strip_suffix('`'))
+        {
+            return self.required(k);
+        }
+        let key = text
+            .lines()
+            .take(e.line())
+            .filter_map(|l| l.strip_prefix("  \"")?.split_once('"'))
+            .map(|(k, _)| k)
+            .last()
+            .unwrap_or_default();
+        let reason = if message.ends_with("expected a string") {
+            "must be a string"
+        } else if message.ends_with("expected a boolean") {
+            "must be true or false"
+        } else if message.ends_with("expected u64") {
+            "must be a non-negative integer"
+        } else {
+            message
+        };
+        RpcError::params(format!("{}: {reason}", self.name(key)))
+    }
     /// SPDK options kvtarget does not implement: fine when off or absent.
     fn unsupported_flags(&mut self, keys: &[&str]) -> Result<(), RpcError> {
         for k in keys {
@@ -1105,5 +1151,39 @@ mod tests {
             .call("keyring_file_remove_key", json!({"name": "k0"}))
             .expect_err("gone");
         assert_eq!(e.code, code::ENOENT);
+    }
+
+    /// Parameters read with serde into the operations' structs keep this
+    /// reader's errors: the key, "required", the type wanted.
+    #[test]
+    fn typed_parameters_name_the_key() {
+        let (ctl, _) = populated();
+        let new = "nqn.2026-11.io.kvtarget:typed";
+        for (method, params, msg) in [
+            (
+                "nvmf_create_subsystem",
+                json!({"nqn": new, "serial_number": 5}),
+                "serial_number: must be a string",
+            ),
+            (
+                "nvmf_create_subsystem",
+                json!({"nqn": new, "allow_any_host": "yes"}),
+                "allow_any_host: must be true or false",
+            ),
+            ("nvmf_create_subsystem", json!({}), "nqn: required"),
+            (
+                "nvmf_subsystem_add_host",
+                json!({"nqn": NQN}),
+                "host: required",
+            ),
+            (
+                "keyring_file_add_key",
+                json!({"name": "k", "path": ["x"]}),
+                "path: must be a string",
+            ),
+        ] {
+            let e = ctl.call(method, params).expect_err(msg);
+            assert_eq!((e.code, e.message.as_str()), (code::INVALID_PARAMS, msg));
+        }
     }
 }

@@ -2,6 +2,7 @@
 //! per-subsystem ones (listeners, namespaces, hosts) are in `nvmf_subsystem`.
 
 use super::{act, hex_id, not_found, uuid_str, Control, Params, Parsed};
+use crate::config::ops::CreateSubsystem;
 use crate::nvmf::{Subsystem, SubsystemKind};
 use crate::rpc::{code, RpcError};
 use serde_json::{json, Value};
@@ -228,14 +229,14 @@ pub(super) fn get_transports(p: &mut Params) -> Parsed {
 }
 
 pub(super) fn create_subsystem(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    let serial = p
-        .opt_str("serial_number")?
-        .unwrap_or_else(|| "KVT0000000000001".into());
-    let model = p
-        .opt_str("model_number")?
-        .unwrap_or_else(|| "kvtarget".into());
-    let any = p.opt_bool("allow_any_host")?.unwrap_or(false);
+    let fields = ["nqn", "serial_number", "model_number", "allow_any_host"];
+    let CreateSubsystem {
+        nqn,
+        serial_number: serial,
+        model_number: model,
+        allow_any_host: any,
+        ..
+    } = p.typed(&fields)?;
     p.opt_str("tgt_name")?;
     if let Some(m) = p.opt_u64("max_namespaces")? {
         if m > crate::nvmf::admin::MAX_NAMESPACES as u64 {
@@ -250,7 +251,7 @@ pub(super) fn create_subsystem(p: &mut Params) -> Parsed {
     p.opt_u64("dmrsl")?;
     p.opt_u64("wzsl")?;
     p.unsupported_flags(&["ana_reporting", "passthrough", "enable_nssr", "admin_label"])?;
-    crate::config::validate_nqn(&nqn).map_err(|e| RpcError::params(format!("nqn: {e}")))?;
+    crate::wire::nqn::validate_nqn(&nqn).map_err(|e| RpcError::params(format!("nqn: {e}")))?;
     if nqn == crate::wire::nvme::DISCOVERY_NQN {
         return Err(RpcError::params("nqn: the discovery NQN is reserved"));
     }
@@ -260,20 +261,18 @@ pub(super) fn create_subsystem(p: &mut Params) -> Parsed {
     if model.is_empty() || model.len() > 40 || !model.is_ascii() {
         return Err(RpcError::params("model_number: 1 to 40 ASCII characters"));
     }
+    // As in SPDK, a new subsystem is reachable only on listeners added to it.
+    let op = CreateSubsystem {
+        nqn,
+        serial_number: serial,
+        model_number: model,
+        allow_any_host: any,
+        any_listener: false,
+    };
     act(move |ctl| {
-        if ctl.target.find_subsystem(&nqn).is_some() {
-            return Err(RpcError::new(
-                code::EEXIST,
-                format!("subsystem {nqn} already exists"),
-            ));
-        }
-        let sub = Subsystem::new(&nqn, SubsystemKind::Nvm, &serial, &model, any, Vec::new());
-        // As in SPDK, a new subsystem is reachable only on listeners added to it.
-        if let Ok(mut l) = sub.listen.write() {
-            *l = Some(Vec::new());
-        }
-        ctl.target.add_subsystem(Arc::new(sub));
-        tracing::info!(nqn = %nqn, "rpc: subsystem created");
+        crate::rpc::apply::create_subsystem(&ctl.target, &op)
+            .map_err(super::nvmf_subsystem::apply_error)?;
+        tracing::info!(nqn = %op.nqn, "rpc: subsystem created");
         Ok(Value::Bool(true))
     })
 }

@@ -2,6 +2,8 @@
 //! controllers and queue pairs.
 
 use super::{act, not_found, uuid_str, Control, Params, Parsed};
+use crate::config::ops::AddHost;
+use crate::config::KvOptions;
 use crate::nvmf::{Namespace, SubsystemKind};
 use crate::pool::channel::VolumeDevice;
 use crate::rpc::{code, RpcError};
@@ -60,18 +62,7 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
     // kvtarget's own: false serves the volume without a volatile write cache.
     let write_cache = ns.opt_bool("write_cache")?.unwrap_or(true);
     // kvtarget's own, for KV volumes: the cache policy when full, and a TTL.
-    let on_full = match ns.opt_str("on_full")?.as_deref() {
-        None => None,
-        Some("evict") => Some(crate::pool::kv::OnFull::Evict),
-        Some("fail") => Some(crate::pool::kv::OnFull::Fail),
-        Some(o) => {
-            return Err(RpcError::params(format!(
-                "namespace.on_full: `{o}` is not evict or fail"
-            )))
-        }
-    };
-    let ttl_secs = ns.opt_u64("ttl_secs")?;
-    let trim = ns.opt_bool("trim")?;
+    let kv_options: KvOptions = ns.typed(&["on_full", "ttl_secs", "trim"])?;
     ns.opt_str("ptpl_file")?;
     ns.opt_u64("anagrpid")?;
     ns.unsupported_flags(&["no_auto_visible", "hide_metadata"])?;
@@ -103,16 +94,10 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
             Namespace::new(&nqn, nsid, dev, vol.desc.block_size).with_write_cache(write_cache);
         match &vol.kv {
             Some(kv) => {
-                kv.set_settings(crate::pool::kv::KvSettings {
-                    on_full: on_full.unwrap_or_default(),
-                    ttl: ttl_secs
-                        .filter(|&t| t > 0)
-                        .map(std::time::Duration::from_secs),
-                    keep_footprint: trim == Some(false),
-                });
+                kv.set_settings(kv_options.settings());
                 namespace = namespace.with_kv(kv.clone());
             }
-            None if on_full.is_some() || ttl_secs.is_some() || trim.is_some() => {
+            None if kv_options.is_set() => {
                 return Err(RpcError::params(format!(
                     "namespace.on_full, namespace.ttl_secs, namespace.trim: bdev {bdev} is not a KV volume"
                 )));
@@ -348,54 +333,57 @@ pub(super) fn remove_listener(p: &mut Params) -> Parsed {
 }
 
 pub(super) fn add_host(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    let host = p.str("host")?;
+    let AddHost {
+        nqn,
+        host,
+        dhchap_key,
+        dhchap_ctrlr_key,
+        psk,
+    } = p.typed(&["nqn", "host", "psk", "dhchap_key", "dhchap_ctrlr_key"])?;
     p.opt_str("tgt_name")?;
-    let psk = p.opt_str("psk")?;
-    let dhchap_key = p.opt_str("dhchap_key")?;
-    let dhchap_ctrlr_key = p.opt_str("dhchap_ctrlr_key")?;
     if dhchap_ctrlr_key.is_some() && dhchap_key.is_none() {
         return Err(RpcError::params(
             "dhchap_ctrlr_key: needs dhchap_key (the host authenticates first)",
         ));
     }
-    crate::config::validate_nqn(&host).map_err(|e| RpcError::params(format!("host: {e}")))?;
+    crate::wire::nqn::validate_nqn(&host).map_err(|e| RpcError::params(format!("host: {e}")))?;
+    let op = AddHost {
+        nqn,
+        host,
+        dhchap_key,
+        dhchap_ctrlr_key,
+        psk,
+    };
     act(move |ctl| {
-        let s = ctl.nvm_subsystem(&nqn)?;
-        let keys = match &dhchap_key {
-            Some(k) => Some(host_keys(ctl, k, dhchap_ctrlr_key.as_deref())?),
-            None => None,
-        };
-        let psk_key = match &psk {
-            Some(k) => Some(
-                crate::nvmf::auth::resolve_psk(&ctl.target.keyring, k).map_err(|e| match e {
-                    crate::nvmf::auth::HostKeyError::Missing { .. } => not_found(e.to_string()),
-                    _ => RpcError::params(e.to_string()),
-                })?,
-            ),
-            None => None,
-        };
-        let mut h = s
-            .hosts
-            .write()
-            .map_err(|_| RpcError::new(code::INTERNAL_ERROR, "host list poisoned"))?;
-        if h.contains(&host) {
-            return Err(RpcError::new(
-                code::EEXIST,
-                format!("{host} is already allowed on {nqn}"),
-            ));
-        }
-        h.push(host.clone());
-        if let (Some(k), Ok(mut m)) = (keys, s.host_keys.write()) {
-            m.insert(host.clone(), k);
-        }
-        if let (Some(k), Ok(mut m)) = (psk_key, s.host_psks.write()) {
-            m.insert(host.clone(), k);
-        }
-        ctl.target.genctr.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(nqn = %nqn, host = %host, dhchap_key = dhchap_key.as_deref().unwrap_or(""), psk = psk.as_deref().unwrap_or(""), "rpc: host allowed");
+        let s = ctl.nvm_subsystem(&op.nqn)?;
+        crate::rpc::apply::add_host(&ctl.target, &s, &op).map_err(apply_error)?;
+        let key = |k: &Option<String>| k.clone().unwrap_or_default();
+        tracing::info!(nqn = %op.nqn, host = %op.host, dhchap_key = key(&op.dhchap_key), psk = key(&op.psk), "rpc: host allowed");
         Ok(Value::Bool(true))
     })
+}
+
+/// A refused change as an RPC error: what does not exist is not found, what
+/// exists already EEXIST, a key of the wrong kind a bad parameter.
+pub(super) fn apply_error(e: crate::rpc::apply::ApplyError) -> RpcError {
+    use crate::auth::KeyError;
+    use crate::nvmf::auth::HostKeyError;
+    use crate::rpc::apply::ApplyError;
+    match e {
+        ApplyError::SubsystemExists(_) | ApplyError::HostExists { .. } => {
+            RpcError::new(code::EEXIST, e.to_string())
+        }
+        ApplyError::HostKey(k) | ApplyError::Psk(k) => match k {
+            HostKeyError::Missing { .. } => not_found(k.to_string()),
+            _ => RpcError::params(k.to_string()),
+        },
+        ApplyError::LoadKey(KeyError::Name) => RpcError::params(format!("name: {e}")),
+        ApplyError::LoadKey(_) => RpcError::params(format!("path: {e}")),
+        ApplyError::AddKey(KeyError::Exists(_)) => RpcError::new(code::EEXIST, e.to_string()),
+        ApplyError::Poisoned | ApplyError::AddKey(_) => {
+            RpcError::new(code::INTERNAL_ERROR, e.to_string())
+        }
+    }
 }
 
 /// A host entry's keys by keyring name: an unknown name is not found, a key

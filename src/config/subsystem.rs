@@ -1,0 +1,394 @@
+//! `[[subsystems]]`: NVMe subsystems, their allowed hosts and their namespaces.
+
+use super::device::{Backend, DeviceSpec, Holder};
+use super::size::opt_size;
+use super::{ConfigError, KeyConfig, PoolConfig, VolumeKind};
+use crate::pool::kv::OnFull;
+use crate::wire::nqn::validate_nqn;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Longest serial number, in ASCII bytes: Identify Controller's SN field.
+pub const SERIAL_MAX_LEN: usize = 20;
+/// Longest model number, in ASCII bytes: Identify Controller's MN field.
+pub const MODEL_MAX_LEN: usize = 40;
+/// Block sizes a plain namespace may have, in bytes (powers of two).
+pub const NAMESPACE_BLOCK_SIZES: std::ops::RangeInclusive<u32> = 512..=4096;
+/// Block size of a plain namespace when none is given, in bytes.
+pub const DEFAULT_BLOCK_SIZE: u32 = 4096;
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SubsystemConfig {
+    pub nqn: String,
+    #[serde(default = "d_serial")]
+    pub serial: String,
+    #[serde(default = "d_model")]
+    pub model: String,
+    #[serde(default)]
+    pub allow_any_host: bool,
+    #[serde(default)]
+    pub hosts: Vec<HostConfig>,
+    /// "address:port" entries this subsystem is reachable on; absent: every
+    /// listener. Addresses not among [[listeners]] are listened on as well.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<Vec<String>>,
+    #[serde(default)]
+    pub namespaces: Vec<NamespaceConfig>,
+}
+
+/// Serial number of a subsystem that names none.
+pub const DEFAULT_SERIAL: &str = "KVT0000000000001";
+/// Model number of a subsystem that names none.
+pub const DEFAULT_MODEL: &str = "kvtarget";
+
+pub(super) fn d_serial() -> String {
+    DEFAULT_SERIAL.into()
+}
+pub(super) fn d_model() -> String {
+    DEFAULT_MODEL.into()
+}
+
+/// A host allowed on a subsystem: its NQN, or a table with DH-HMAC-CHAP keys
+/// (`{ nqn = "...", dhchap_key = "key0", dhchap_ctrlr_key = "ckey0" }`, key
+/// names from `[[keys]]`). A host with `dhchap_key` must authenticate every queue;
+/// with `dhchap_ctrlr_key` too, the controller can prove itself to it.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum HostConfig {
+    Nqn(String),
+    Entry(HostEntryConfig),
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HostEntryConfig {
+    pub nqn: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_ctrlr_key: Option<String>,
+    /// NVMe/TCP TLS PSK (a `[[keys]]` name): the host connects only through a
+    /// `secure_channel` listener, with this key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub psk: Option<String>,
+}
+
+impl HostConfig {
+    pub fn nqn(&self) -> &str {
+        match self {
+            HostConfig::Nqn(n) => n,
+            HostConfig::Entry(e) => &e.nqn,
+        }
+    }
+    fn entry(&self) -> Option<&HostEntryConfig> {
+        match self {
+            HostConfig::Nqn(_) => None,
+            HostConfig::Entry(e) => Some(e),
+        }
+    }
+    pub fn dhchap_key(&self) -> Option<&str> {
+        self.entry()?.dhchap_key.as_deref()
+    }
+    pub fn dhchap_ctrlr_key(&self) -> Option<&str> {
+        self.entry()?.dhchap_ctrlr_key.as_deref()
+    }
+    pub fn psk(&self) -> Option<&str> {
+        self.entry()?.psk.as_deref()
+    }
+
+    /// `f`: this host's path; `keys`: the configured `[[keys]]`.
+    fn validate(&self, f: &str, keys: &[KeyConfig]) -> Result<(), ConfigError> {
+        let e = match self {
+            HostConfig::Nqn(n) => return validate_nqn(n).map_err(|e| invalid!("{f}", "{e}")),
+            HostConfig::Entry(e) => e,
+        };
+        validate_nqn(&e.nqn).map_err(|err| invalid!("{f}.nqn", "{err}"))?;
+        let known = |k: &str| keys.iter().any(|x| x.name == k);
+        if let Some(k) = e.dhchap_key.as_deref().filter(|k| !known(k)) {
+            return Err(invalid!("{f}.dhchap_key", "no key `{k}` in [[keys]]"));
+        }
+        if let Some(k) = e.psk.as_deref().filter(|k| !known(k)) {
+            return Err(invalid!("{f}.psk", "no key `{k}` in [[keys]]"));
+        }
+        match e.dhchap_ctrlr_key.as_deref() {
+            Some(_) if e.dhchap_key.is_none() => Err(invalid!(
+                "{f}.dhchap_ctrlr_key",
+                "needs dhchap_key (the host authenticates first)"
+            )),
+            Some(k) if !known(k) => {
+                Err(invalid!("{f}.dhchap_ctrlr_key", "no key `{k}` in [[keys]]"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl From<&str> for HostConfig {
+    fn from(n: &str) -> HostConfig {
+        HostConfig::Nqn(n.to_string())
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceConfig {
+    pub nsid: u32,
+    /// A pool volume, as "pool/volume".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
+    /// Or a whole device (no thin provisioning).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<Backend>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// The controller of an `nvme` backend, by PCI address ("0000:00:04.0").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci: Option<String>,
+    /// The controller's namespace an `nvme` or `spdk` backend uses (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvme_nsid: Option<u32>,
+    /// The controller of an `spdk` backend, as an SPDK transport ID
+    /// ("trtype:PCIe traddr:0000:00:04.0", or "trtype:TCP adrfam:IPv4
+    /// traddr:10.0.0.5 trsvcid:4420 subnqn:..." for a remote NVMe-oF namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trid: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "opt_size",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub size: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u32>,
+    /// false: no volatile write cache; every write is durable before its
+    /// completion (as FUA), and Identify reports no cache when all of the
+    /// subsystem's namespaces are so (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_cache: Option<bool>,
+    /// "kv" for a KV namespace (its volume must be a KV volume), "block" for
+    /// a block one; by default what the volume is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<VolumeKind>,
+    /// KV namespaces: "evict" (default) or "fail" when full.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_full: Option<OnFull>,
+    /// KV namespaces: keys older than this many seconds read as missing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_secs: Option<u64>,
+    /// KV namespaces: false keeps extents whose blocks are all free mapped
+    /// instead of giving them back to the pool after 5 s (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trim: Option<bool>,
+}
+
+/// A KV namespace's cache policy as `nvmf_subsystem_add_ns` and the
+/// configuration give it (`on_full`, `ttl_secs`, `trim`).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct KvOptions {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_full: Option<OnFull>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_secs: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trim: Option<bool>,
+}
+
+impl KvOptions {
+    /// The policy: evict when full, no TTL and trimming unless told otherwise.
+    pub fn settings(&self) -> crate::pool::kv::KvSettings {
+        crate::pool::kv::KvSettings {
+            on_full: self.on_full.unwrap_or_default(),
+            ttl: self
+                .ttl_secs
+                .filter(|&t| t > 0)
+                .map(std::time::Duration::from_secs),
+            keep_footprint: self.trim == Some(false),
+        }
+    }
+    /// Whether any option is set (refused on a block namespace).
+    pub fn is_set(&self) -> bool {
+        *self != KvOptions::default()
+    }
+}
+
+impl NamespaceConfig {
+    pub fn kv_options(&self) -> KvOptions {
+        KvOptions {
+            on_full: self.on_full,
+            ttl_secs: self.ttl_secs,
+            trim: self.trim,
+        }
+    }
+    /// The KV cache policy this namespace asks for.
+    pub fn kv_settings(&self) -> crate::pool::kv::KvSettings {
+        self.kv_options().settings()
+    }
+    /// Whether a KV-only option is set (refused on a block namespace).
+    pub fn has_kv_options(&self) -> bool {
+        self.kv_options().is_set()
+    }
+    pub fn block_size(&self) -> u32 {
+        self.block_size.unwrap_or(DEFAULT_BLOCK_SIZE)
+    }
+
+    /// The whole device this namespace is, when it is not a pool volume.
+    pub fn device(&self) -> Option<DeviceSpec<'_>> {
+        Some(DeviceSpec {
+            backend: self.backend?,
+            path: self.path.as_deref(),
+            pci: self.pci.as_deref(),
+            nvme_nsid: self.nvme_nsid,
+            trid: self.trid.as_deref(),
+            size: self.size,
+        })
+    }
+
+    /// A volume namespace takes its device and geometry from the volume.
+    fn validate_volume(&self, f: &str) -> Result<(), ConfigError> {
+        if self.backend.is_some()
+            || self.pci.is_some()
+            || self.trid.is_some()
+            || self.nvme_nsid.is_some()
+            || self.path.is_some()
+            || self.size.is_some()
+            || self.block_size.is_some()
+        {
+            return Err(invalid!(
+                "{f}.volume", "a volume namespace takes no backend, path, size or block_size (the volume has them)"
+            ));
+        }
+        Ok(())
+    }
+
+    /// A plain namespace: a backend and a geometry that fits it.
+    fn validate_device(&self, f: &str) -> Result<(), ConfigError> {
+        let Some(dev) = self.device() else {
+            return Err(invalid!(
+                "{f}",
+                "needs `volume = \"pool/volume\"` or a `backend`"
+            ));
+        };
+        let bs = self.block_size();
+        if !bs.is_power_of_two() || !NAMESPACE_BLOCK_SIZES.contains(&bs) {
+            return Err(invalid!(
+                "{f}.block_size",
+                "must be 512, 1024, 2048 or 4096 (got {bs})"
+            ));
+        }
+        if let Some(sz) = self.size {
+            if sz == 0 || sz % bs as u64 != 0 {
+                return Err(invalid!(
+                    "{f}.size",
+                    "must be a non-zero multiple of block_size {bs} (got {sz})"
+                ));
+            }
+        }
+        let holder = Holder::Namespace {
+            block_size: self.block_size.is_some(),
+        };
+        dev.validate(f, holder)
+    }
+}
+
+/// What a subsystem's entries may refer to.
+pub(super) struct Refs<'a> {
+    pub keys: &'a [KeyConfig],
+    pub pools: &'a [PoolConfig],
+}
+
+impl SubsystemConfig {
+    /// `earlier`: the subsystems before this one; `served`: the volumes their
+    /// namespaces (and this one's so far) serve, each at most once.
+    pub(super) fn validate<'a>(
+        &'a self,
+        f: &str,
+        earlier: &[SubsystemConfig],
+        refs: &Refs<'_>,
+        served: &mut Vec<&'a str>,
+    ) -> Result<(), ConfigError> {
+        validate_nqn(&self.nqn).map_err(|e| invalid!("{f}.nqn", "{e}"))?;
+        if self.nqn == crate::wire::nvme::DISCOVERY_NQN {
+            return Err(invalid!("{f}.nqn", "the discovery NQN is reserved"));
+        }
+        if earlier.iter().any(|o| o.nqn == self.nqn) {
+            return Err(invalid!("{f}.nqn", "`{}` is defined twice", self.nqn));
+        }
+        self.validate_identity(f)?;
+        for (j, h) in self.hosts.iter().enumerate() {
+            h.validate(&format!("{f}.hosts[{j}]"), refs.keys)?;
+            if self.hosts[..j].iter().any(|o| o.nqn() == h.nqn()) {
+                return Err(invalid!("{f}.hosts[{j}]", "`{}` is listed twice", h.nqn()));
+            }
+        }
+        for (j, a) in self.listen.iter().flatten().enumerate() {
+            a.parse::<SocketAddr>()
+                .map_err(|_| invalid!("{f}.listen[{j}]", "`{a}` is not ADDRESS:PORT"))?;
+        }
+        for j in 0..self.namespaces.len() {
+            let f = format!("{f}.namespaces[{j}]");
+            self.validate_namespace(&f, j, refs, served)?;
+        }
+        Ok(())
+    }
+
+    /// Serial and model number fit Identify Controller.
+    fn validate_identity(&self, f: &str) -> Result<(), ConfigError> {
+        let s = &self.serial;
+        if s.is_empty() || s.len() > SERIAL_MAX_LEN || !s.is_ascii() {
+            return Err(invalid!(
+                "{f}.serial",
+                "1 to {SERIAL_MAX_LEN} ASCII characters (got `{s}`)"
+            ));
+        }
+        let m = &self.model;
+        if m.is_empty() || m.len() > MODEL_MAX_LEN || !m.is_ascii() {
+            return Err(invalid!(
+                "{f}.model",
+                "1 to {MODEL_MAX_LEN} ASCII characters (got `{m}`)"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Namespace `j` of this subsystem, at path `f`.
+    fn validate_namespace<'a>(
+        &'a self,
+        f: &str,
+        j: usize,
+        refs: &Refs<'_>,
+        served: &mut Vec<&'a str>,
+    ) -> Result<(), ConfigError> {
+        let n = &self.namespaces[j];
+        let max = crate::nvmf::admin::MAX_NAMESPACES;
+        if n.nsid == 0 || n.nsid > max {
+            return Err(invalid!("{f}.nsid", "must be 1..={max} (got {})", n.nsid));
+        }
+        if self.namespaces[..j].iter().any(|o| o.nsid == n.nsid) {
+            return Err(invalid!(
+                "{f}.nsid",
+                "{} is used twice in {}",
+                n.nsid,
+                self.nqn
+            ));
+        }
+        let Some(v) = &n.volume else {
+            return n.validate_device(f);
+        };
+        n.validate_volume(f)?;
+        super::pool::find_volume(refs.pools, v).map_err(|reason| ConfigError::Invalid {
+            field: format!("{f}.volume"),
+            reason,
+        })?;
+        if served.contains(&v.as_str()) {
+            return Err(invalid!(
+                "{f}.volume",
+                "`{v}` is served by another namespace"
+            ));
+        }
+        served.push(v);
+        Ok(())
+    }
+}

@@ -1,0 +1,98 @@
+//! The running target's side of the configuration's operations
+//! (`crate::config::ops`): one function per change, used by `Server::start`
+//! for each operation of the configuration and by the RPC method of the same
+//! name. Callers word the errors (a field path at start, an RPC code here).
+
+use crate::auth::{Key, KeyError};
+use crate::config::ops::{AddHost, CreateSubsystem};
+use crate::config::KeyConfig;
+use crate::nvmf::auth::{resolve_psk, HostKeyError, HostKeys};
+use crate::nvmf::{Subsystem, SubsystemKind, Target};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Why an operation was refused; nothing changed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("subsystem {0} already exists")]
+    SubsystemExists(String),
+    #[error("{host} is already allowed on {nqn}")]
+    HostExists { host: String, nqn: String },
+    /// `dhchap_key` or `dhchap_ctrlr_key` does not resolve.
+    #[error(transparent)]
+    HostKey(HostKeyError),
+    /// `psk` does not resolve.
+    #[error(transparent)]
+    Psk(HostKeyError),
+    #[error("host list poisoned")]
+    Poisoned,
+    /// The key file cannot be used.
+    #[error(transparent)]
+    LoadKey(KeyError),
+    /// The keyring refuses the key (a key of that name is there).
+    #[error(transparent)]
+    AddKey(KeyError),
+}
+
+/// `keyring_file_add_key`: the key file read into the target's keyring.
+pub fn add_key(target: &Target, k: &KeyConfig) -> Result<(), ApplyError> {
+    let key = Key::load(&k.name, std::path::Path::new(&k.path)).map_err(ApplyError::LoadKey)?;
+    target.keyring.add(key).map_err(ApplyError::AddKey)?;
+    Ok(())
+}
+
+/// `nvmf_create_subsystem`: a new NVM subsystem without hosts or namespaces,
+/// reachable on every listener (`any_listener`) or, as in SPDK, only on those
+/// added to it.
+pub fn create_subsystem(target: &Target, s: &CreateSubsystem) -> Result<(), ApplyError> {
+    if target.find_subsystem(&s.nqn).is_some() {
+        return Err(ApplyError::SubsystemExists(s.nqn.clone()));
+    }
+    let sub = Subsystem::new(
+        &s.nqn,
+        SubsystemKind::Nvm,
+        &s.serial_number,
+        &s.model_number,
+        s.allow_any_host,
+        Vec::new(),
+    );
+    if !s.any_listener {
+        if let Ok(mut l) = sub.listen.write() {
+            *l = Some(Vec::new());
+        }
+    }
+    target.add_subsystem(Arc::new(sub));
+    Ok(())
+}
+
+/// `nvmf_subsystem_add_host` on `subsys`: the host allowed, with the keys it
+/// names from `target`'s keyring, all resolved before anything changes.
+pub fn add_host(target: &Target, subsys: &Subsystem, h: &AddHost) -> Result<(), ApplyError> {
+    let keys = match &h.dhchap_key {
+        Some(k) => Some(
+            HostKeys::resolve(&target.keyring, k, h.dhchap_ctrlr_key.as_deref())
+                .map_err(ApplyError::HostKey)?,
+        ),
+        None => None,
+    };
+    let psk = match &h.psk {
+        Some(k) => Some(resolve_psk(&target.keyring, k).map_err(ApplyError::Psk)?),
+        None => None,
+    };
+    let mut hosts = subsys.hosts.write().map_err(|_| ApplyError::Poisoned)?;
+    if hosts.contains(&h.host) {
+        return Err(ApplyError::HostExists {
+            host: h.host.clone(),
+            nqn: h.nqn.clone(),
+        });
+    }
+    hosts.push(h.host.clone());
+    if let (Some(k), Ok(mut m)) = (keys, subsys.host_keys.write()) {
+        m.insert(h.host.clone(), k);
+    }
+    if let (Some(k), Ok(mut m)) = (psk, subsys.host_psks.write()) {
+        m.insert(h.host.clone(), k);
+    }
+    target.genctr.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
