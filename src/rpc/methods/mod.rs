@@ -223,30 +223,22 @@ impl Params {
                 obj.insert(f.to_string(), v.clone());
             }
         }
-        // One top-level key per line: the error's line names the key.
-        let text = serde_json::to_string_pretty(&Value::Object(obj)).unwrap_or_default();
-        serde_json::from_str(&text).map_err(|e| self.serde_error(&text, &e))
+        serde_path_to_error::deserialize(Value::Object(obj)).map_err(|e| self.serde_error(&e))
     }
 
-    /// A serde error as this reader words it, naming the key.
-    fn serde_error(&self, text: &str, e: &serde_json::Error) -> RpcError {
-        let full = e.to_string();
-        let message = full
-            .rsplit_once(" at line ")
-            .map_or(full.as_str(), |(m, _)| m);
+    /// A serde error as this reader words it, naming the key by its path.
+    fn serde_error(&self, e: &serde_path_to_error::Error<serde_json::Error>) -> RpcError {
+        let message = e.inner().to_string();
+        // serde names the root "."; a field missing in a nested object is
+        // reported at that object's path.
+        let at = e.path().to_string();
+        let at = if at == "." { String::new() } else { at + "." };
         if let Some(k) = message
             .strip_prefix("missing field `")
             .and_then(|r| r.strip_suffix('`'))
         {
-            return self.required(k);
+            return self.required(&format!("{at}{k}"));
         }
-        let key = text
-            .lines()
-            .take(e.line())
-            .filter_map(|l| l.strip_prefix("  \"")?.split_once('"'))
-            .map(|(k, _)| k)
-            .last()
-            .unwrap_or_default();
         let reason = if message.ends_with("expected a string") {
             "must be a string"
         } else if message.ends_with("expected a boolean") {
@@ -254,9 +246,9 @@ impl Params {
         } else if message.ends_with("expected u64") {
             "must be a non-negative integer"
         } else {
-            message
+            message.as_str()
         };
-        RpcError::params(format!("{}: {reason}", self.name(key)))
+        RpcError::params(format!("{}: {reason}", self.name(&e.path().to_string())))
     }
     /// SPDK options kvtarget does not implement: fine when off or absent.
     fn unsupported_flags(&mut self, keys: &[&str]) -> Result<(), RpcError> {
