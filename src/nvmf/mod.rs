@@ -12,7 +12,9 @@ pub mod controller;
 pub mod errlog;
 pub mod fabrics;
 pub mod io;
+pub mod ns_table;
 pub mod queue;
+pub mod request;
 
 use crate::bdev::SharedDevice;
 use crate::wire::nvme::{self, DiscoveryEntry};

@@ -12,15 +12,14 @@
 //! `X` is the transport's own per-request state (R2T windows, RDMA keys and
 //! registered chunks), kept in the slot next to the core's.
 
-#[path = "queue_kv.rs"]
-mod kv_exec;
-
 use super::admin::{self, AdminOutcome};
 use super::auth::{QueueAuth, DEFAULT_TIMEOUT as AUTH_TIMEOUT};
-use super::command::{self, DeviceOps};
+use super::command::{self, DeviceOps, Transfer};
 use super::fabrics::{self, QueueBinding};
-use super::io::{self as tio, IoPlan};
-use super::{Namespace, QpairStats, Target, ADMIN_IN_CAPSULE_DATA};
+use super::io::{self, IoEnv, IoPlan, Outcome};
+use super::ns_table::NsTable;
+pub use super::request::{Handler, Phase, Request};
+use super::{QpairStats, Target, ADMIN_IN_CAPSULE_DATA};
 use crate::mem::IoBuf;
 use crate::reactor::IoCtx;
 use crate::wire::nvme::{
@@ -102,41 +101,6 @@ impl DataDesc {
     }
 }
 
-/// Where a request is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    /// The transport is moving its data (or waiting for memory to move it into).
-    Moving,
-    /// Running: admin work, or device operations outstanding.
-    Executing,
-    /// Answered; the transport still holds its resources until `Queue::release`.
-    Responding,
-}
-
-/// One command in a slot.
-pub struct Request<X> {
-    pub sqe: Sqe,
-    pub phase: Phase,
-    /// Host data for writes and DSM, device data for reads.
-    pub buf: Option<IoBuf>,
-    /// Controller-to-host data an admin command produced.
-    pub reply: Option<Vec<u8>>,
-    pub plan: Option<IoPlan>,
-    pending_ops: u32,
-    /// A failure met on the way (device error, refused submission); the
-    /// command completes with it.
-    status: Status,
-    /// The data arrived corrupt; the command fails once it is all here.
-    data_error: bool,
-    /// `IoCtx::now_ns` when the capsule arrived.
-    arrived_ns: u64,
-    /// The key index a KV command holds reserved blocks or a read pin in:
-    /// its steps finish there even if the namespace is removed meanwhile.
-    pub(super) kv: Option<Arc<crate::pool::kv::KvIndex>>,
-    /// The transport's state for this request.
-    pub x: X,
-}
-
 /// The data a response carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum C2h {
@@ -214,41 +178,6 @@ pub enum Received {
     /// More commands outstanding than the queue has entries: a protocol error
     /// the transport answers by ending the connection.
     Overrun,
-}
-
-/// The namespaces a queue sees, indexed by NSID (no search per command),
-/// refreshed when the subsystem's namespace generation moves.
-#[derive(Default)]
-pub struct NsTable {
-    by_nsid: Vec<Option<Arc<Namespace>>>,
-    all: Vec<Arc<Namespace>>,
-    gen: u64,
-}
-
-impl NsTable {
-    pub fn new(gen: u64, all: Vec<Arc<Namespace>>) -> NsTable {
-        let mut t = NsTable::default();
-        t.load(gen, all);
-        t
-    }
-    fn load(&mut self, gen: u64, all: Vec<Arc<Namespace>>) {
-        self.gen = gen;
-        self.by_nsid.clear();
-        let top = all.iter().map(|n| n.nsid as usize).max().unwrap_or(0);
-        self.by_nsid.resize(top + 1, None);
-        for n in &all {
-            if let Some(e) = self.by_nsid.get_mut(n.nsid as usize) {
-                *e = Some(n.clone());
-            }
-        }
-        self.all = all;
-    }
-    pub fn get(&self, nsid: u32) -> Option<&Arc<Namespace>> {
-        self.by_nsid.get(nsid as usize).and_then(|n| n.as_ref())
-    }
-    pub fn all(&self) -> &[Arc<Namespace>] {
-        &self.all
-    }
 }
 
 /// Which command IDs are outstanding, to refuse duplicates.
@@ -502,6 +431,7 @@ impl<X> Queue<X> {
             buf: None,
             reply: None,
             plan: None,
+            handler: None,
             pending_ops: 0,
             status: Status::SUCCESS,
             data_error: icd_corrupt,
@@ -538,128 +468,178 @@ impl<X> Queue<X> {
         icd: &[u8],
         ctx: &mut IoCtx,
     ) -> Result<Option<(usize, DataDirection)>, Status> {
+        let (handler, plan) = self.parse(sqe)?;
+        if let Some(r) = self.request_mut(slot) {
+            r.handler = Some(handler);
+            r.plan = plan;
+        }
+        self.admit_data(slot, sqe, desc?, plan, icd, ctx)
+    }
+
+    /// The parse step of this queue's kind (Linux nvmet's
+    /// `nvmet_req_init`): which handler runs `sqe`, and for an I/O command
+    /// its checked plan. Before Connect only Connect is let in, and before
+    /// DH-HMAC-CHAP succeeded only Authentication Send/Receive.
+    fn parse(&mut self, sqe: &Sqe) -> Result<(Handler, Option<IoPlan>), Status> {
         let is_fabrics = sqe.opcode() == admin_opc::FABRICS;
         if self.binding.is_none() && !(is_fabrics && sqe.fctype() == fctype::CONNECT) {
             return Err(Status::COMMAND_SEQUENCE_ERROR);
         }
-        // Looked at only while the queue must still authenticate.
-        if !self.authenticated {
-            let auth_cmd =
-                is_fabrics && matches!(sqe.fctype(), fctype::AUTH_SEND | fctype::AUTH_RECV);
-            if !auth_cmd {
-                tracing::warn!(peer = %self.cfg.peer, qid = self.qid(), opcode = sqe.opcode(), "command before DH-HMAC-CHAP authentication: refused");
-                return Err(Status::AUTH_REQUIRED);
-            }
-        }
+        self.check_authenticated(sqe)?;
         if sqe.fuse() != 0 {
             return Err(Status::INVALID_FIELD);
         }
-        let mut plan = None;
-        if !self.is_admin() && !is_fabrics {
-            self.refresh_namespaces();
-            let kv_enabled = *self.kv_enabled.get_or_insert_with(|| {
-                self.binding.as_ref().is_some_and(|b| {
-                    b.ctrl().enabled_command_sets()
-                        & crate::wire::nvme::csi_bit(crate::wire::nvme::csi::KEY_VALUE)
-                        != 0
-                })
-            });
-            let ns = self.ns.get(sqe.nsid()).map(|n| &**n);
-            if !kv_enabled && ns.is_some_and(|n| n.command_set == super::CommandSet::KeyValue) {
-                // A host that enabled only the NVM command set (CC.CSS = 000b)
-                // does not see this namespace as active.
-                return Err(Status::IOCS_NOT_ENABLED);
-            }
-            let mut p = tio::plan(ns, sqe, self.target.limits.max_io_size)?;
-            if let IoPlan::Write { fua: d, .. }
-            | IoPlan::KvStore { durable: d, .. }
-            | IoPlan::KvDelete { durable: d, .. } = &mut p
-            {
-                // Without a volatile write cache (the namespace has none, or
-                // the host turned the controller's off) a write is durable
-                // before its completion.
-                *d |= ns.is_some_and(|n| n.write_through)
-                    || self
-                        .binding
-                        .as_ref()
-                        .is_some_and(|b| !b.ctrl().write_cache.load(Ordering::Relaxed));
-            }
-            plan = Some(p);
-            if let Some(r) = self.request_mut(slot) {
-                r.plan = Some(p);
-            }
+        if is_fabrics {
+            return Ok((Handler::Fabrics, None));
         }
-        let desc = desc?;
-        let lim = &self.target.limits;
-        if desc.len() > lim.max_io_size.max(ADMIN_IN_CAPSULE_DATA) {
+        if self.is_admin() {
+            return Ok((Handler::Admin, None));
+        }
+        let (handler, plan) = self.parse_io(sqe)?;
+        Ok((handler, Some(plan)))
+    }
+
+    /// The parse step of an I/O queue: the namespace's command set picks the
+    /// handler (`io::parse`).
+    fn parse_io(&mut self, sqe: &Sqe) -> Result<(Handler, IoPlan), Status> {
+        self.refresh_namespaces();
+        let kv_enabled = *self.kv_enabled.get_or_insert_with(|| {
+            self.binding.as_ref().is_some_and(|b| {
+                b.ctrl().enabled_command_sets()
+                    & crate::wire::nvme::csi_bit(crate::wire::nvme::csi::KEY_VALUE)
+                    != 0
+            })
+        });
+        let write_cache = !self
+            .binding
+            .as_ref()
+            .is_some_and(|b| !b.ctrl().write_cache.load(Ordering::Relaxed));
+        let ns = self.ns.get(sqe.nsid()).map(|n| &**n);
+        io::parse(
+            ns,
+            sqe,
+            self.target.limits.max_io_size,
+            kv_enabled,
+            write_cache,
+        )
+    }
+
+    /// Checks a command's data descriptor against its direction and plan,
+    /// and takes in-capsule data.
+    fn admit_data(
+        &mut self,
+        slot: u16,
+        sqe: &Sqe,
+        desc: DataDesc,
+        plan: Option<IoPlan>,
+        icd: &[u8],
+        ctx: &mut IoCtx,
+    ) -> Result<Option<(usize, DataDirection)>, Status> {
+        if desc.len() > self.target.limits.max_io_size.max(ADMIN_IN_CAPSULE_DATA) {
             return Err(Status::DATA_SGL_LENGTH_INVALID);
         }
-        let exact = self.cfg.exact_capsule;
         match DataDirection::of(sqe) {
-            DataDirection::None => {}
-            DataDirection::Bidirectional => return Err(Status::INVALID_FIELD),
-            DataDirection::ControllerToHost => {
-                if matches!(desc, DataDesc::InCapsule { .. }) {
-                    return Err(Status::SGL_DESCRIPTOR_TYPE_INVALID);
+            DataDirection::None => Ok(None),
+            DataDirection::Bidirectional => Err(Status::INVALID_FIELD),
+            DataDirection::ControllerToHost => self.admit_c2h(desc, plan, icd),
+            DataDirection::HostToController => self.admit_h2c(slot, desc, plan, icd, ctx),
+        }
+    }
+
+    /// Controller-to-host data: never in the capsule; a read's descriptor
+    /// covers its blocks, and a transport that places read buffers is asked
+    /// for one first.
+    fn admit_c2h(
+        &self,
+        desc: DataDesc,
+        plan: Option<IoPlan>,
+        icd: &[u8],
+    ) -> Result<Option<(usize, DataDirection)>, Status> {
+        if matches!(desc, DataDesc::InCapsule { .. }) {
+            return Err(Status::SGL_DESCRIPTOR_TYPE_INVALID);
+        }
+        if self.cfg.exact_capsule && !icd.is_empty() {
+            return Err(Status::INVALID_FIELD);
+        }
+        let places = self.cfg.places_read_buffers;
+        match plan {
+            Some(IoPlan::Read { len, .. }) => {
+                if (desc.len() as usize) < len {
+                    return Err(Status::DATA_SGL_LENGTH_INVALID);
                 }
-                if exact && !icd.is_empty() {
-                    return Err(Status::INVALID_FIELD);
-                }
-                if let Some(IoPlan::Read { len, .. }) = plan {
-                    if (desc.len() as usize) < len {
-                        return Err(Status::DATA_SGL_LENGTH_INVALID);
-                    }
-                    if self.cfg.places_read_buffers {
-                        return Ok(Some((len, DataDirection::ControllerToHost)));
-                    }
-                }
-                if let Some(IoPlan::KvRetrieve { buf, .. }) = plan {
-                    if self.cfg.places_read_buffers && buf > 0 {
-                        return Ok(Some((buf as usize, DataDirection::ControllerToHost)));
-                    }
+                if places {
+                    return Ok(Some((len, DataDirection::ControllerToHost)));
                 }
             }
-            DataDirection::HostToController if matches!(plan, Some(IoPlan::Write { len, .. }) if desc.len() as usize != len) =>
-            {
-                // The data must be the blocks written, no more, no less.
-                return Err(Status::DATA_SGL_LENGTH_INVALID);
+            Some(IoPlan::KvRetrieve { buf, .. }) if places && buf > 0 => {
+                return Ok(Some((buf as usize, DataDirection::ControllerToHost)));
             }
-            DataDirection::HostToController => match desc {
-                DataDesc::None => {}
-                DataDesc::InCapsule { offset, len } => {
-                    let limit = if self.is_admin() {
-                        ADMIN_IN_CAPSULE_DATA
-                    } else {
-                        lim.in_capsule_data
-                    };
-                    if offset != 0 {
-                        return Err(Status::SGL_OFFSET_INVALID);
-                    }
-                    let len = len as usize;
-                    let fits = if exact {
-                        icd.len() == len
-                    } else {
-                        icd.len() >= len
-                    };
-                    if len > limit as usize || !fits {
-                        return Err(Status::DATA_SGL_LENGTH_INVALID);
-                    }
-                    // The transport's receive buffer is reused at once: copy out.
-                    let mut b = ctx.bufs.get(len);
-                    b.copy_from_slice(&icd[..len]);
-                    if let Some(r) = self.request_mut(slot) {
-                        r.buf = Some(b);
-                    }
-                }
-                DataDesc::Host { len } => {
-                    if exact && !icd.is_empty() {
-                        return Err(Status::INVALID_FIELD);
-                    }
-                    return Ok(Some((len as usize, DataDirection::HostToController)));
-                }
-            },
+            _ => {}
         }
         Ok(None)
+    }
+
+    /// Host-to-controller data: a write's is exactly its blocks; in-capsule
+    /// data is copied out at once, other data is moved first.
+    fn admit_h2c(
+        &mut self,
+        slot: u16,
+        desc: DataDesc,
+        plan: Option<IoPlan>,
+        icd: &[u8],
+        ctx: &mut IoCtx,
+    ) -> Result<Option<(usize, DataDirection)>, Status> {
+        if matches!(plan, Some(IoPlan::Write { len, .. }) if desc.len() as usize != len) {
+            // The data must be the blocks written, no more, no less.
+            return Err(Status::DATA_SGL_LENGTH_INVALID);
+        }
+        match desc {
+            DataDesc::None => Ok(None),
+            DataDesc::InCapsule { offset, len } => {
+                self.take_in_capsule(slot, offset, len as usize, icd, ctx)?;
+                Ok(None)
+            }
+            DataDesc::Host { len } => {
+                if self.cfg.exact_capsule && !icd.is_empty() {
+                    return Err(Status::INVALID_FIELD);
+                }
+                Ok(Some((len as usize, DataDirection::HostToController)))
+            }
+        }
+    }
+
+    /// Copies in-capsule data out of the transport's receive buffer (reused
+    /// at once) into the request's.
+    fn take_in_capsule(
+        &mut self,
+        slot: u16,
+        offset: u64,
+        len: usize,
+        icd: &[u8],
+        ctx: &mut IoCtx,
+    ) -> Result<(), Status> {
+        let limit = if self.is_admin() {
+            ADMIN_IN_CAPSULE_DATA
+        } else {
+            self.target.limits.in_capsule_data
+        };
+        if offset != 0 {
+            return Err(Status::SGL_OFFSET_INVALID);
+        }
+        let fits = if self.cfg.exact_capsule {
+            icd.len() == len
+        } else {
+            icd.len() >= len
+        };
+        if len > limit as usize || !fits {
+            return Err(Status::DATA_SGL_LENGTH_INVALID);
+        }
+        let mut b = ctx.bufs.get(len);
+        b.copy_from_slice(&icd[..len]);
+        if let Some(r) = self.request_mut(slot) {
+            r.buf = Some(b);
+        }
+        Ok(())
     }
 
     /// The data `receive` asked for is in place (`corrupt`: it failed its
@@ -707,23 +687,35 @@ impl<X> Queue<X> {
             return Err(TRANSIENT_TRANSPORT_ERROR);
         }
         r.phase = Phase::Executing;
-        if r.sqe.opcode() == admin_opc::FABRICS {
-            let sqe = r.sqe;
+        let (sqe, handler) = (r.sqe, r.handler.ok_or(Status::INTERNAL_ERROR)?);
+        if handler == Handler::Fabrics {
             return self.execute_fabrics(slot, &sqe, link, ctx);
         }
-        let binding = self
-            .binding
-            .as_ref()
-            .ok_or(Status::COMMAND_SEQUENCE_ERROR)?;
-        if binding.qid() != 0 {
-            return self.execute_io(slot, moved, link, ctx);
+        let ctrl = match self.binding.as_ref() {
+            Some(b) => b.ctrl().clone(),
+            None => return Err(Status::COMMAND_SEQUENCE_ERROR),
+        };
+        match handler {
+            Handler::Nvm | Handler::Kv => {
+                self.execute_io(slot, handler, moved, link, ctx);
+                Ok(())
+            }
+            _ => self.execute_admin(slot, &sqe, &ctrl, link, ctx),
         }
-        let sqe = r.sqe;
-        let ctrl = binding.ctrl().clone();
+    }
+
+    fn execute_admin<L: Link<X>>(
+        &mut self,
+        slot: u16,
+        sqe: &Sqe,
+        ctrl: &Arc<super::Controller>,
+        link: &mut L,
+        ctx: &mut IoCtx,
+    ) -> Result<(), Status> {
         if !ctrl.is_ready() && sqe.opcode() != admin_opc::KEEP_ALIVE {
             return Err(Status::COMMAND_SEQUENCE_ERROR);
         }
-        match admin::execute(&self.target, &ctrl, &sqe, self.aers.len(), ctx.now) {
+        match admin::execute(&self.target, ctrl, sqe, self.aers.len(), ctx.now) {
             AdminOutcome::AsyncEventHeld => {
                 // Held without a slot: it completes only when an event fires.
                 // Its CID stays outstanding, so a host reusing it is noticed
@@ -930,6 +922,21 @@ impl<X> Queue<X> {
         }
     }
 
+    /// While the queue must still authenticate, only Authentication Send /
+    /// Receive are let through.
+    fn check_authenticated(&self, sqe: &Sqe) -> Result<(), Status> {
+        if self.authenticated {
+            return Ok(());
+        }
+        let auth_cmd = sqe.opcode() == admin_opc::FABRICS
+            && matches!(sqe.fctype(), fctype::AUTH_SEND | fctype::AUTH_RECV);
+        if !auth_cmd {
+            tracing::warn!(peer = %self.cfg.peer, qid = self.qid(), opcode = sqe.opcode(), "command before DH-HMAC-CHAP authentication: refused");
+            return Err(Status::AUTH_REQUIRED);
+        }
+        Ok(())
+    }
+
     /// A transaction times out after the controller's keep-alive timeout, or
     /// SPDK's two minutes without one.
     fn auth_timeout(&self, ctrl: &super::Controller) -> std::time::Duration {
@@ -996,78 +1003,69 @@ impl<X> Queue<X> {
         self.respond(slot, step.status, 0, step.close_after, link, ctx);
     }
 
+    /// Runs an I/O command by its command set's handler.
     fn execute_io<L: Link<X>>(
         &mut self,
         slot: u16,
+        handler: Handler,
         moved: bool,
         link: &mut L,
         ctx: &mut IoCtx,
-    ) -> Result<(), Status> {
+    ) {
         if moved {
             // A namespace removed while this command's data moved is gone for
             // it too (`admit` refreshed the table when it was checked).
             self.refresh_namespaces();
         }
-        let tag = ctx.tag(slot);
-        let places = self.cfg.places_read_buffers;
+        let mut env = IoEnv {
+            ns: &self.ns,
+            ops: &mut self.ops_scratch,
+            errors: &mut self.device_errors,
+            tag: ctx.tag(slot),
+            places_read_buffers: self.cfg.places_read_buffers,
+        };
         let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.as_mut()) else {
-            return Err(Status::INTERNAL_ERROR);
+            return;
         };
-        let plan = r.plan.ok_or(Status::INTERNAL_ERROR)?;
-        if plan.is_kv() {
-            return self.execute_kv(slot, link, ctx);
-        }
-        if places && matches!(plan, IoPlan::Read { .. }) && r.buf.is_none() {
-            // Read data must be in the transport's memory; it placed it, so
-            // this is never a host's doing.
-            return Err(Status::INTERNAL_ERROR);
-        }
-        let mut ops = std::mem::take(&mut self.ops_scratch);
-        let planned =
-            command::device_ops(plan, r.sqe.nsid(), &self.ns, &mut r.buf, ctx.bufs, &mut ops);
-        let sent = match planned {
-            Ok(()) if ops.is_empty() => None,
-            Ok(()) => Some(command::submit(
-                &mut ops,
-                tag,
-                &self.ns,
-                ctx.channels,
-                ctx.bufs,
-                &mut self.device_errors,
-                ctx.now,
-            )),
-            Err(e) => {
-                for (_, op) in ops.drain(..) {
-                    if let Some(b) = op.into_buf().filter(|b| b.is_owned()) {
-                        ctx.bufs.put(b);
-                    }
-                }
-                self.ops_scratch = ops;
-                return Err(e);
-            }
+        let out = match handler {
+            Handler::Nvm => io::nvm::execute(r, &mut env, ctx),
+            Handler::Kv => io::kv::execute(r, &mut env, ctx),
+            Handler::Fabrics | Handler::Admin => Err(Status::INTERNAL_ERROR),
         };
-        self.ops_scratch = ops;
-        let Some(sent) = sent else {
-            // Nothing for a device to do (DSM hints, a flush of no namespace).
-            self.finish(slot, Status::SUCCESS, 0, link, ctx);
-            return Ok(());
-        };
-        self.dev_ops += sent.ops as usize;
-        if let Some(r) = self.request_mut(slot) {
-            r.pending_ops = sent.ops;
-            if let Some(f) = sent.failure {
-                r.status = f;
-            }
-        }
-        if sent.ops == 0 {
-            return Err(sent.failure.unwrap_or(Status::INTERNAL_ERROR));
-        }
-        Ok(())
+        self.settle(slot, out, link, ctx);
     }
 
-    /// A device operation of `slot` finished. Reads keep the buffer to send
-    /// from; other buffers go back to the pool (views into transport memory
-    /// are dropped: their memory stays with the request).
+    /// Acts on what an I/O handler handed back: answer now, or wait for the
+    /// device operations it submitted.
+    fn settle<L: Link<X>>(
+        &mut self,
+        slot: u16,
+        out: Result<Outcome, Status>,
+        link: &mut L,
+        ctx: &mut IoCtx,
+    ) {
+        match out {
+            Ok(Outcome::Complete { status, result }) => {
+                self.finish(slot, status, result, link, ctx)
+            }
+            Ok(Outcome::Submitted(sent)) => {
+                self.dev_ops += sent.ops as usize;
+                if let Some(r) = self.request_mut(slot) {
+                    r.pending_ops = sent.ops;
+                    if let Some(f) = sent.failure {
+                        r.status = f;
+                    }
+                }
+                if sent.ops == 0 {
+                    let status = sent.failure.unwrap_or(Status::INTERNAL_ERROR);
+                    self.finish(slot, status, 0, link, ctx);
+                }
+            }
+            Err(status) => self.finish(slot, status, 0, link, ctx),
+        }
+    }
+
+    /// A device operation of `slot` finished: its handler takes it.
     pub fn io_complete<L: Link<X>>(
         &mut self,
         slot: u16,
@@ -1077,35 +1075,24 @@ impl<X> Queue<X> {
         ctx: &mut IoCtx,
     ) {
         self.dev_ops = self.dev_ops.saturating_sub(1);
+        let mut env = IoEnv {
+            ns: &self.ns,
+            ops: &mut self.ops_scratch,
+            errors: &mut self.device_errors,
+            tag: ctx.tag(slot),
+            places_read_buffers: self.cfg.places_read_buffers,
+        };
         let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.as_mut()) else {
             if let Some(b) = buf.filter(|b| b.is_owned()) {
                 ctx.bufs.put(b);
             }
             return;
         };
-        if r.plan.is_some_and(|p| p.is_kv()) {
-            self.kv_step_done(slot, result, buf, link, ctx);
-            return;
-        }
-        if let Err(errno) = result {
-            command::log_device_error(
-                &mut self.device_errors,
-                ctx.now,
-                r.sqe.cid(),
-                r.sqe.opcode(),
-                errno,
-            );
-            r.status = tio::status_for_errno(errno, r.plan);
-        }
-        if let Some(b) = buf {
-            if r.buf.is_none() && matches!(r.plan, Some(IoPlan::Read { .. })) {
-                r.buf = Some(b);
-            } else if b.is_owned() {
-                ctx.bufs.put(b);
+        if r.handler == Some(Handler::Kv) {
+            if let Some(out) = io::kv::step_done(r, &mut env, result, buf, ctx) {
+                self.settle(slot, out, link, ctx);
             }
-        }
-        r.pending_ops = r.pending_ops.saturating_sub(1);
-        if r.pending_ops == 0 {
+        } else if io::nvm::complete(r, env.errors, result, buf, ctx) {
             self.finish(slot, Status::SUCCESS, 0, link, ctx);
         }
     }
@@ -1157,23 +1144,16 @@ impl<X> Queue<X> {
             self.stats.as_deref(),
             qid,
             &r.sqe,
-            r.plan,
+            r.plan.map_or(Transfer::Other, |p| p.transfer()),
             status,
             ctx.now_ns.saturating_sub(r.arrived_ns),
         );
-        let c2h = match (status.is_success(), r.plan) {
+        let c2h = match (status.is_success(), r.plan.and_then(|p| p.c2h_len())) {
             (false, _) => {
                 r.reply = None;
                 C2h::None
             }
-            (true, Some(IoPlan::Read { len, .. })) if r.buf.is_some() => C2h::Data(len),
-            (
-                true,
-                Some(IoPlan::KvRetrieve {
-                    stage: tio::KvStage::Sent { xfer },
-                    ..
-                }),
-            ) if r.buf.is_some() => C2h::Data(xfer as usize),
+            (true, Some(n)) if r.buf.is_some() => C2h::Data(n),
             _ if r.reply.as_ref().is_some_and(|d| !d.is_empty()) => C2h::Reply,
             _ => C2h::None,
         };

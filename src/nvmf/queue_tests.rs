@@ -8,7 +8,7 @@ use crate::bdev::ram::RamDevice;
 use crate::bdev::{BlockDevice, IoChannel, IoCompletion, IoOp};
 use crate::mem::BufPool;
 use crate::nvmf::controller::{cap_register, AEC_NS_ATTR, AEN_NS_ATTR_CHANGED, MAX_AERS};
-use crate::nvmf::{Controller, Listener, Subsystem, SubsystemKind, TransportLimits};
+use crate::nvmf::{Controller, Listener, Namespace, Subsystem, SubsystemKind, TransportLimits};
 use crate::reactor::{ChannelCache, Locals};
 use crate::wire::nvme::{
     self, cns, csts, fid, io_opc, lid, nidt, prop, DsmRange, ErrorLogEntry, GetLogPage,

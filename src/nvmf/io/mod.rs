@@ -1,35 +1,19 @@
-//! NVM command set I/O commands, decoded and checked into device operations.
-//! Pure functions: the transport owns buffers and submits what this returns.
+//! I/O commands: the parse step of an I/O queue, which checks a command
+//! against its namespace and picks the handler of the namespace's command set
+//! (the NVM command set in `nvm`, Key Value in `kv`; Linux nvmet's
+//! `nvmet_parse_io_cmd`), and what both share: the checked plan, the
+//! statuses of failed device operations, and what a handler hands back.
 
+pub mod kv;
+pub mod nvm;
+
+use super::command::{DeviceErrors, DeviceOps, Submitted, Transfer};
+use super::ns_table::NsTable;
+use super::request::Handler;
 use super::{CommandSet, Namespace};
-use crate::pool::kv::KvLoc;
-use crate::wire::nvme::{
-    io_opc, DsmRange, KvCommand, KvKey, Sqe, Status, StoreOptions, DSM_ATTR_DEALLOCATE,
-    DSM_RANGE_LEN, KV_LIST_MIN_BUFFER,
-};
-
-/// Where a KV command is in its steps (each step's device operation
-/// completes into the next).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KvStage {
-    /// Not started.
-    Start,
-    /// A Store waits for the commit (a volume flush) that frees blocks other
-    /// keys gave up; `tries` so far.
-    Space { tries: u8 },
-    /// A Store's blocks are claimed; the commit (a volume flush) that makes
-    /// their release by other keys durable runs before the value is written.
-    Claimed(KvLoc),
-    /// A Store's value is being written there.
-    Write(KvLoc),
-    /// The index change is being committed (no volatile write cache).
-    Durable,
-    /// A Retrieve reads the value: `pin` holds its blocks; `xfer` bytes go to
-    /// the host; the value is `len` bytes.
-    Read { pin: u32, xfer: u32, len: u32 },
-    /// A Retrieve's data is ready: `xfer` bytes.
-    Sent { xfer: u32 },
-}
+use crate::wire::nvme::{io_opc, KvKey, Sqe, Status, StoreOptions};
+pub use kv::{kv_value_max, KvStage};
+pub use nvm::{dsm_ranges, dsm_ranges_into};
 
 /// What a checked I/O command asks the device to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +76,42 @@ pub enum IoPlan {
 }
 
 impl IoPlan {
+    /// The handler that runs it: a plan of the KV command set runs in
+    /// `kv`, the rest (Flush too, which both command sets share) in `nvm`.
+    pub fn handler(&self) -> Handler {
+        if self.is_kv() {
+            Handler::Kv
+        } else {
+            Handler::Nvm
+        }
+    }
+
+    /// What a successful command moved, for the queue pair's statistics.
+    pub fn transfer(&self) -> Transfer {
+        match *self {
+            IoPlan::Read { len, .. } => Transfer::Read(len as u64),
+            IoPlan::KvRetrieve {
+                stage: KvStage::Sent { xfer },
+                ..
+            } => Transfer::Read(xfer as u64),
+            IoPlan::Write { len, .. } => Transfer::Write(len as u64),
+            IoPlan::KvStore { len, .. } => Transfer::Write(len as u64),
+            _ => Transfer::Other,
+        }
+    }
+
+    /// Bytes of read data the response carries (from the request's buffer).
+    pub fn c2h_len(&self) -> Option<usize> {
+        match *self {
+            IoPlan::Read { len, .. } => Some(len),
+            IoPlan::KvRetrieve {
+                stage: KvStage::Sent { xfer },
+                ..
+            } => Some(xfer as usize),
+            _ => None,
+        }
+    }
+
     /// A command of the KV command set (other than Flush, which is shared).
     pub fn is_kv(&self) -> bool {
         matches!(
@@ -105,153 +125,86 @@ impl IoPlan {
     }
 }
 
-/// The largest value a KV namespace takes: one command's data (MDTS), and no
-/// more than the namespace holds.
-pub fn kv_value_max(ns: &Namespace, max_io_size: u32) -> u32 {
-    let cap = ns.num_blocks.saturating_mul(ns.block_size as u64);
-    (max_io_size as u64).min(cap) as u32
+/// The parse step of an I/O queue: checks `sqe` against its namespace (`None`
+/// when the NSID names no active one) and picks the handler of the
+/// namespace's command set. `kv_enabled`: the controller enabled the KV
+/// command set (CC.CSS); `write_cache`: the controller's volatile write cache
+/// is on.
+pub fn parse(
+    ns: Option<&Namespace>,
+    sqe: &Sqe,
+    max_io_size: u32,
+    kv_enabled: bool,
+    write_cache: bool,
+) -> Result<(Handler, IoPlan), Status> {
+    if !kv_enabled && ns.is_some_and(|n| n.command_set == CommandSet::KeyValue) {
+        // A host that enabled only the NVM command set (CC.CSS = 000b) does
+        // not see this namespace as active.
+        return Err(Status::IOCS_NOT_ENABLED);
+    }
+    let mut p = plan(ns, sqe, max_io_size)?;
+    if let IoPlan::Write { fua: d, .. }
+    | IoPlan::KvStore { durable: d, .. }
+    | IoPlan::KvDelete { durable: d, .. } = &mut p
+    {
+        // Without a volatile write cache (the namespace has none, or the host
+        // turned the controller's off) a write is durable before its
+        // completion.
+        *d |= ns.is_some_and(|n| n.write_through) || !write_cache;
+    }
+    Ok((p.handler(), p))
 }
 
-/// Decodes and checks a KV command set I/O command against its namespace.
-fn kv_plan(ns: &Namespace, sqe: &Sqe, max_io_size: u32) -> Result<IoPlan, Status> {
-    let sgl_len = sqe.sgl().length;
-    Ok(
-        match KvCommand::decode(sqe, kv_value_max(ns, max_io_size))? {
-            KvCommand::Flush => IoPlan::Flush { all: false },
-            KvCommand::Store {
-                key,
-                value_size,
-                options,
-            } => {
-                // The host's buffer may be longer than the value (a passthrough
-                // rounds it up); never shorter.
-                if sgl_len < value_size {
-                    return Err(Status::DATA_SGL_LENGTH_INVALID);
-                }
-                IoPlan::KvStore {
-                    key,
-                    len: value_size,
-                    opts: options,
-                    durable: false,
-                    stage: KvStage::Start,
-                }
-            }
-            KvCommand::Retrieve {
-                key,
-                host_buffer_size,
-                ..
-            } => IoPlan::KvRetrieve {
-                key,
-                buf: host_buffer_size.min(sgl_len),
-                stage: KvStage::Start,
-            },
-            KvCommand::Delete { key } => IoPlan::KvDelete {
-                key,
-                durable: false,
-                stage: KvStage::Start,
-            },
-            KvCommand::Exist { key } => IoPlan::KvExist { key },
-            KvCommand::List {
-                start_key,
-                host_buffer_size,
-            } => {
-                let buf = host_buffer_size.min(sgl_len);
-                if buf < KV_LIST_MIN_BUFFER {
-                    return Err(Status::DATA_SGL_LENGTH_INVALID);
-                }
-                IoPlan::KvList {
-                    start: start_key,
-                    buf,
-                }
-            }
-        },
-    )
+/// Decodes and checks an I/O command against its namespace, by the
+/// namespace's command set. `ns` is `None` when the NSID names no active
+/// namespace.
+pub fn plan(ns: Option<&Namespace>, sqe: &Sqe, max_io_size: u32) -> Result<IoPlan, Status> {
+    if sqe.fuse() != 0 {
+        return Err(Status::INVALID_FIELD);
+    }
+    if sqe.opcode() == io_opc::FLUSH && sqe.nsid() == 0xFFFF_FFFF {
+        return Ok(IoPlan::Flush { all: true });
+    }
+    match ns {
+        Some(n) if n.command_set == CommandSet::KeyValue => kv::plan(n, sqe, max_io_size),
+        _ => nvm::plan(ns, sqe, max_io_size),
+    }
+}
+
+/// What an I/O handler hands back to its queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Device operations went out: the command completes when they do (with
+    /// `failure` if some were refused). None went out: it fails at once.
+    Submitted(Submitted),
+    /// The command is done: answer it now.
+    Complete { status: Status, result: u64 },
+}
+
+impl Outcome {
+    pub const SUCCESS: Outcome = Outcome::Complete {
+        status: Status::SUCCESS,
+        result: 0,
+    };
+}
+
+/// The queue's resources an I/O handler works with.
+pub struct IoEnv<'a> {
+    /// The namespaces the queue sees.
+    pub ns: &'a NsTable,
+    /// Reused for every command's device operations (no allocation per I/O).
+    pub ops: &'a mut DeviceOps,
+    /// The queue's failed device operations (rate-limited logging).
+    pub errors: &'a mut DeviceErrors,
+    /// The command's tag for its device operations.
+    pub tag: u64,
+    /// Reads go to a buffer the transport placed (NVMe/RDMA).
+    pub places_read_buffers: bool,
 }
 
 /// Data the host sends for a command with in-capsule or R2T data.
 pub fn host_data_len(sqe: &Sqe) -> usize {
     sqe.sgl().length as usize
-}
-
-fn lba_range(ns: &Namespace, slba: u64, nlb: u64) -> Result<(u64, u64), Status> {
-    match slba.checked_add(nlb) {
-        Some(end) if end <= ns.num_blocks => {
-            Ok((slba * ns.block_size as u64, nlb * ns.block_size as u64))
-        }
-        _ => Err(Status::LBA_OUT_OF_RANGE),
-    }
-}
-
-/// Decodes and checks an I/O command against its namespace. `ns` is `None` when
-/// the NSID names no active namespace.
-pub fn plan(ns: Option<&Namespace>, sqe: &Sqe, max_io_size: u32) -> Result<IoPlan, Status> {
-    if sqe.fuse() != 0 {
-        return Err(Status::INVALID_FIELD);
-    }
-    let opc = sqe.opcode();
-    if opc == io_opc::FLUSH && sqe.nsid() == 0xFFFF_FFFF {
-        return Ok(IoPlan::Flush { all: true });
-    }
-    if let Some(n) = ns.filter(|n| n.command_set == CommandSet::KeyValue) {
-        return kv_plan(n, sqe, max_io_size);
-    }
-    if !matches!(
-        opc,
-        io_opc::FLUSH
-            | io_opc::WRITE
-            | io_opc::READ
-            | io_opc::WRITE_ZEROES
-            | io_opc::DATASET_MANAGEMENT
-    ) {
-        return Err(Status::INVALID_OPCODE);
-    }
-    let Some(ns) = ns else {
-        return Err(Status::INVALID_NAMESPACE);
-    };
-    let sgl_len = sqe.sgl().length as usize;
-    match opc {
-        io_opc::FLUSH => Ok(IoPlan::Flush { all: false }),
-        io_opc::READ | io_opc::WRITE => {
-            let nlb = sqe.nlb() as u64;
-            let (offset, len) = lba_range(ns, sqe.slba(), nlb)?;
-            if len > max_io_size as u64 {
-                return Err(Status::INVALID_FIELD);
-            }
-            if sgl_len != len as usize {
-                return Err(Status::DATA_SGL_LENGTH_INVALID);
-            }
-            Ok(if opc == io_opc::READ {
-                IoPlan::Read {
-                    offset,
-                    len: len as usize,
-                }
-            } else {
-                IoPlan::Write {
-                    offset,
-                    len: len as usize,
-                    fua: sqe.fua(),
-                }
-            })
-        }
-        io_opc::WRITE_ZEROES => {
-            let (offset, len) = lba_range(ns, sqe.slba(), sqe.nlb() as u64)?;
-            Ok(IoPlan::WriteZeroes {
-                offset,
-                len,
-                deallocate: sqe.cdw(12) & (1 << 25) != 0,
-            })
-        }
-        _ => {
-            let ranges = (sqe.cdw(10) & 0xFF) as usize + 1;
-            if sgl_len < ranges * DSM_RANGE_LEN {
-                return Err(Status::DATA_SGL_LENGTH_INVALID);
-            }
-            if sqe.cdw(11) & DSM_ATTR_DEALLOCATE == 0 {
-                return Ok(IoPlan::Nothing);
-            }
-            Ok(IoPlan::Deallocate { ranges })
-        }
-    }
 }
 
 /// The NVMe status for a failed device operation.
@@ -274,46 +227,11 @@ pub fn status_for_errno(errno: i32, plan: Option<IoPlan>) -> Status {
     }
 }
 
-/// Decodes Dataset Management ranges into byte ranges, checking each one.
-pub fn dsm_ranges(ns: &Namespace, data: &[u8], ranges: usize) -> Result<Vec<(u64, u64)>, Status> {
-    let mut out = Vec::with_capacity(ranges);
-    dsm_ranges_into(ns, data, ranges, |o, l| out.push((o, l)))?;
-    Ok(out)
-}
-
-/// `dsm_ranges` without the vector: every range is checked first, then each
-/// non-empty one goes to `each(offset, len)` (so a bad range means none is used).
-pub fn dsm_ranges_into(
-    ns: &Namespace,
-    data: &[u8],
-    ranges: usize,
-    mut each: impl FnMut(u64, u64),
-) -> Result<(), Status> {
-    let range = |i: usize| -> Result<Option<(u64, u64)>, Status> {
-        let Some(b) = data.get(i * DSM_RANGE_LEN..(i + 1) * DSM_RANGE_LEN) else {
-            return Err(Status::DATA_SGL_LENGTH_INVALID);
-        };
-        let r = DsmRange::decode(b);
-        if r.nlb == 0 {
-            return Ok(None);
-        }
-        lba_range(ns, r.slba, r.nlb as u64).map(Some)
-    };
-    for i in 0..ranges {
-        range(i)?;
-    }
-    for i in 0..ranges {
-        if let Some((o, l)) = range(i)? {
-            each(o, l);
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::bdev::ram::RamDevice;
+    use crate::wire::nvme::DsmRange;
     use crate::wire::nvme::SglDescriptor;
     use proptest::prelude::*;
 
