@@ -263,7 +263,7 @@ pub fn kv_identify_namespace(target: &Target, ns: &Namespace) -> KvIdentifyNames
         kvf: vec![KvFormat {
             kml: KV_KEY_MAX_BYTES,
             fopt: 0,
-            vml: super::io::kv_value_max(ns, target.limits.max_io_size),
+            vml: ns.kv_value_max(target.limits.max_io_size),
             mnk,
         }],
         ..Default::default()

@@ -7,12 +7,15 @@
 
 pub mod admin;
 pub mod auth;
+mod authenticate;
 pub mod command;
+pub mod connect;
 pub mod controller;
 pub mod errlog;
 pub mod fabrics;
 pub mod io;
 pub mod ns_table;
+pub mod plan;
 pub mod queue;
 pub mod request;
 
@@ -182,6 +185,12 @@ impl Namespace {
     pub fn with_write_cache(mut self, on: bool) -> Namespace {
         self.write_through = !on;
         self
+    }
+    /// The largest value a KV namespace takes: one command's data (MDTS),
+    /// and no more than the namespace holds.
+    pub fn kv_value_max(&self, max_io_size: u32) -> u32 {
+        let cap = self.num_blocks.saturating_mul(self.block_size as u64);
+        (max_io_size as u64).min(cap) as u32
     }
     pub fn lbads(&self) -> u8 {
         self.block_size.trailing_zeros() as u8

@@ -13,7 +13,7 @@
 //! registered chunks), kept in the slot next to the core's.
 
 use super::admin::{self, AdminOutcome};
-use super::auth::{QueueAuth, DEFAULT_TIMEOUT as AUTH_TIMEOUT};
+use super::auth::QueueAuth;
 use super::command::{self, DeviceOps, Transfer};
 use super::fabrics::{self, QueueBinding};
 use super::io::{self, IoEnv, IoPlan, Outcome};
@@ -22,10 +22,7 @@ pub use super::request::{Handler, Phase, Request};
 use super::{QpairStats, Target, ADMIN_IN_CAPSULE_DATA};
 use crate::mem::IoBuf;
 use crate::reactor::IoCtx;
-use crate::wire::nvme::{
-    admin_opc, fctype, AuthCommand, ConnectCommand, ConnectData, Cqe, DataDirection, Sqe, Status,
-    CATTR_DISABLE_SQ_FLOW, CONNECT_DATA_LEN, CONNECT_DATA_SUBNQN_OFF, DISCOVERY_NQN,
-};
+use crate::wire::nvme::{admin_opc, fctype, Cqe, DataDirection, Sqe, Status};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -201,54 +198,42 @@ impl CidSet {
     }
 }
 
-/// SQE byte offsets of Connect fields, for refusals' DW0 (IATTR 0).
-const CONNECT_SQE_QID_OFF: u64 = 42;
-const CONNECT_SQE_SQSIZE_OFF: u64 = 44;
-
 /// The SQ size a queue assumes before Connect sets it.
-const DEFAULT_SQSIZE: u16 = 31;
-
-/// How long a Connect for an I/O queue ID still held by another queue of the
-/// controller waits for it to be let go (re-checked each housekeeping pass).
-/// A host that closes a queue's connection and connects the same ID again at
-/// once (SPDK's initiator reconnecting a queue pair) can reach us before the
-/// reactor owning the old connection has seen it close. Well inside the
-/// 500 ms SPDK's host allows a Connect.
-pub const QID_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+pub(in crate::nvmf) const DEFAULT_SQSIZE: u16 = 31;
 
 pub struct Queue<X> {
-    target: Arc<Target>,
-    cfg: QueueConfig,
-    binding: Option<QueueBinding>,
-    ns: NsTable,
-    stats: Option<Arc<QpairStats>>,
-    sq_head: u16,
-    sqsize: u16,
-    sqflow_disabled: bool,
-    slots: Vec<Option<Request<X>>>,
-    free_slots: Vec<u16>,
+    pub(in crate::nvmf) target: Arc<Target>,
+    pub(in crate::nvmf) cfg: QueueConfig,
+    pub(in crate::nvmf) binding: Option<QueueBinding>,
+    pub(in crate::nvmf) ns: NsTable,
+    pub(in crate::nvmf) stats: Option<Arc<QpairStats>>,
+    pub(in crate::nvmf) sq_head: u16,
+    pub(in crate::nvmf) sqsize: u16,
+    pub(in crate::nvmf) sqflow_disabled: bool,
+    pub(in crate::nvmf) slots: Vec<Option<Request<X>>>,
+    pub(in crate::nvmf) free_slots: Vec<u16>,
     cids: CidSet,
     /// Held Asynchronous Event Requests, by CID, oldest first.
-    aers: Vec<u16>,
-    dev_ops: usize,
+    pub(in crate::nvmf) aers: Vec<u16>,
+    pub(in crate::nvmf) dev_ops: usize,
     /// Failed device operations (for rate-limited logging).
-    device_errors: command::DeviceErrors,
+    pub(in crate::nvmf) device_errors: command::DeviceErrors,
     /// Reused for every command's device operations (no allocation per I/O).
-    ops_scratch: DeviceOps,
+    pub(in crate::nvmf) ops_scratch: DeviceOps,
     /// The DH-HMAC-CHAP transaction of this queue, while one runs (and after it
     /// succeeded, until the host starts another).
-    auth: Option<QueueAuth>,
+    pub(in crate::nvmf) auth: Option<QueueAuth>,
     /// False from a Connect that asked for authentication until it succeeded:
     /// only Authentication Send/Receive are let through.
-    authenticated: bool,
+    pub(in crate::nvmf) authenticated: bool,
     /// The secure channel this queue runs over, if any (NVMe/TCP TLS).
-    secure: Option<crate::nvmf::fabrics::SecurePeer>,
+    pub(in crate::nvmf) secure: Option<crate::nvmf::fabrics::SecurePeer>,
     /// Whether the controller enabled the KV command set (CC.CSS), read at the
     /// first I/O command: CC.CSS changes only while the controller is
     /// disabled, and disabling it ends its I/O queues.
-    kv_enabled: Option<bool>,
+    pub(in crate::nvmf) kv_enabled: Option<bool>,
     /// A Connect waiting for its queue ID to be let go (slot, give-up time).
-    held_connect: Option<(u16, Instant)>,
+    pub(in crate::nvmf) held_connect: Option<(u16, Instant)>,
 }
 
 impl<X> Queue<X> {
@@ -747,39 +732,7 @@ impl<X> Queue<X> {
         ctx: &mut IoCtx,
     ) -> Result<(), Status> {
         match sqe.fctype() {
-            fctype::CONNECT => {
-                if self.binding.is_some() || self.held_connect.is_some() {
-                    return Err(Status::COMMAND_SEQUENCE_ERROR);
-                }
-                let cmd = ConnectCommand::parse(sqe);
-                let data = self.connect_data(slot)?;
-                // DW0 of a refusal points at the field: the byte offset in bits
-                // 15:0, in the Connect data when bit 16 (IATTR) is set, else in
-                // the SQE.
-                let refuse = if self.cfg.expected_qid.is_some_and(|q| q != cmd.qid) {
-                    tracing::warn!(peer = %self.cfg.peer, expected = ?self.cfg.expected_qid, qid = cmd.qid, "Connect QID differs from the transport's connection request");
-                    Some(CONNECT_SQE_QID_OFF)
-                } else if self
-                    .cfg
-                    .max_entries
-                    .is_some_and(|m| cmd.sqsize as usize >= m)
-                {
-                    tracing::warn!(peer = %self.cfg.peer, sqsize = cmd.sqsize, "Connect SQ size above what the transport has room for");
-                    Some(CONNECT_SQE_SQSIZE_OFF)
-                } else if self.cfg.discovery_only && data.subnqn != DISCOVERY_NQN {
-                    tracing::warn!(peer = %self.cfg.peer, subnqn = %data.subnqn, "connect to an NVM subsystem on the discovery port refused");
-                    Some(CONNECT_DATA_SUBNQN_OFF as u64 | 1 << 16)
-                } else {
-                    None
-                };
-                if let Some(dw0) = refuse {
-                    self.target.refused_other.fetch_add(1, Ordering::Relaxed);
-                    self.finish(slot, Status::CONNECT_INVALID_PARAMETERS, dw0, link, ctx);
-                    return Ok(());
-                }
-                self.try_connect(slot, &cmd, &data, link, ctx);
-                Ok(())
-            }
+            fctype::CONNECT => self.connect(slot, sqe, link, ctx),
             fctype::AUTH_SEND | fctype::AUTH_RECV => {
                 self.authenticate(slot, sqe, link, ctx);
                 Ok(())
@@ -807,200 +760,6 @@ impl<X> Queue<X> {
             }
             _ => Err(Status::INVALID_OPCODE),
         }
-    }
-
-    /// The Connect data in `slot`'s buffer.
-    fn connect_data(&self, slot: u16) -> Result<ConnectData, Status> {
-        self.request(slot)
-            .and_then(|r| r.buf.as_ref())
-            .and_then(|b| ConnectData::parse(&b[..b.len().min(CONNECT_DATA_LEN)]))
-            .ok_or(Status::DATA_SGL_LENGTH_INVALID)
-    }
-
-    /// Binds the queue to its controller and answers the Connect in `slot`, or
-    /// refuses it; a Connect whose queue ID is still held waits (see
-    /// `QID_RELEASE_WAIT`) and is tried again by `housekeeping`.
-    fn try_connect<L: Link<X>>(
-        &mut self,
-        slot: u16,
-        cmd: &ConnectCommand,
-        data: &ConnectData,
-        link: &mut L,
-        ctx: &mut IoCtx,
-    ) {
-        let accepted = fabrics::accept_connect(
-            &self.target,
-            cmd,
-            data,
-            &self.cfg.peer,
-            self.cfg.local,
-            self.cfg.kind.name(),
-            self.secure.as_ref(),
-            ctx.now,
-        );
-        let c = match accepted {
-            Ok(c) => c,
-            Err(refusal) => {
-                if refusal.qid_held {
-                    let give_up = self
-                        .held_connect
-                        .get_or_insert((slot, ctx.now + QID_RELEASE_WAIT))
-                        .1;
-                    if ctx.now < give_up {
-                        tracing::debug!(peer = %self.cfg.peer, qid = cmd.qid, "Connect waits for its queue ID to be let go");
-                        return;
-                    }
-                    fabrics::note_refusal(
-                        &self.target,
-                        &refusal,
-                        &self.cfg.peer,
-                        data,
-                        cmd.qid,
-                        self.cfg.kind.name(),
-                    );
-                }
-                self.held_connect = None;
-                self.finish(slot, refusal.status, refusal.result as u64, link, ctx);
-                return;
-            }
-        };
-        self.held_connect = None;
-        let ctrl = c.binding.ctrl().clone();
-        if c.binding.qid() == 0 && self.cfg.kind == TransportKind::Rdma {
-            // Hosts on this controller describe data with keyed
-            // SGLs (Identify), and its error log names RDMA.
-            ctrl.keyed_sgl.store(true, Ordering::Release);
-        }
-        self.sqsize = cmd.sqsize;
-        // The Connect itself took entry 0 of the new queue.
-        self.sq_head = if cmd.sqsize == 0 { 0 } else { 1 };
-        self.sqflow_disabled = cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0;
-        self.stats = Some(c.stats);
-        self.ns.load(c.ns_gen, c.namespaces);
-        let qid = c.binding.qid();
-        self.binding = Some(c.binding);
-        let mut dw0 = ctrl.cntlid as u64;
-        if let Some(keys) = ctrl.subsys.host_keys(&data.hostnqn) {
-            // AUTHREQ.ATR (DW0 bit 17): the host must run
-            // DH-HMAC-CHAP on this queue before anything else.
-            self.auth = Some(QueueAuth::new(
-                Some(keys),
-                &data.hostnqn,
-                &ctrl.subsys.nqn,
-                qid,
-                self.target.auth_policy(),
-                self.auth_timeout(&ctrl),
-                ctx.now,
-            ));
-            self.authenticated = false;
-            dw0 |= 1 << 17;
-            if let (Some(st), Some(a)) = (self.stats.as_ref(), self.auth.as_ref()) {
-                if let Ok(mut s) = st.auth.lock() {
-                    *s = Some(a.status());
-                }
-            }
-        }
-        self.finish(slot, Status::SUCCESS, dw0, link, ctx);
-    }
-
-    /// Tries a waiting Connect again.
-    fn retry_held_connect<L: Link<X>>(&mut self, link: &mut L, ctx: &mut IoCtx) {
-        let Some((slot, _)) = self.held_connect else {
-            return;
-        };
-        let Some(sqe) = self.request(slot).map(|r| r.sqe) else {
-            self.held_connect = None;
-            return;
-        };
-        let cmd = ConnectCommand::parse(&sqe);
-        match self.connect_data(slot) {
-            Ok(data) => self.try_connect(slot, &cmd, &data, link, ctx),
-            Err(status) => {
-                self.held_connect = None;
-                self.finish(slot, status, 0, link, ctx);
-            }
-        }
-    }
-
-    /// While the queue must still authenticate, only Authentication Send /
-    /// Receive are let through.
-    fn check_authenticated(&self, sqe: &Sqe) -> Result<(), Status> {
-        if self.authenticated {
-            return Ok(());
-        }
-        let auth_cmd = sqe.opcode() == admin_opc::FABRICS
-            && matches!(sqe.fctype(), fctype::AUTH_SEND | fctype::AUTH_RECV);
-        if !auth_cmd {
-            tracing::warn!(peer = %self.cfg.peer, qid = self.qid(), opcode = sqe.opcode(), "command before DH-HMAC-CHAP authentication: refused");
-            return Err(Status::AUTH_REQUIRED);
-        }
-        Ok(())
-    }
-
-    /// A transaction times out after the controller's keep-alive timeout, or
-    /// SPDK's two minutes without one.
-    fn auth_timeout(&self, ctrl: &super::Controller) -> std::time::Duration {
-        match ctrl.kato_ms.load(Ordering::Relaxed) {
-            0 => AUTH_TIMEOUT,
-            ms => std::time::Duration::from_millis(ms as u64),
-        }
-    }
-
-    /// Authentication Send / Receive: one step of this queue's DH-HMAC-CHAP
-    /// transaction. A host may also start one on an authenticated queue (to
-    /// re-authenticate); I/O carries on meanwhile.
-    fn authenticate<L: Link<X>>(&mut self, slot: u16, sqe: &Sqe, link: &mut L, ctx: &mut IoCtx) {
-        let Some(ctrl) = self.binding.as_ref().map(|b| b.ctrl().clone()) else {
-            self.finish(slot, Status::COMMAND_SEQUENCE_ERROR, 0, link, ctx);
-            return;
-        };
-        // A new transaction unless one runs or one failed (the queue closes).
-        if !self
-            .auth
-            .as_ref()
-            .is_some_and(|a| a.in_progress() || a.failed())
-        {
-            self.auth = Some(QueueAuth::new(
-                ctrl.subsys.host_keys(&ctrl.hostnqn),
-                &ctrl.hostnqn,
-                &ctrl.subsys.nqn,
-                self.qid(),
-                self.target.auth_policy(),
-                self.auth_timeout(&ctrl),
-                ctx.now,
-            ));
-        }
-        let cmd = AuthCommand::parse(sqe);
-        let Some(auth) = self.auth.as_mut() else {
-            return;
-        };
-        let step = if sqe.fctype() == fctype::AUTH_SEND {
-            let data = self
-                .slots
-                .get(slot as usize)
-                .and_then(|s| s.as_ref())
-                .and_then(|r| r.buf.as_ref())
-                .map_or(&[][..], |b| &b[..]);
-            auth.send(&cmd, data, ctx.now)
-        } else {
-            auth.receive(&cmd, ctx.now)
-        };
-        if auth.succeeded() {
-            self.authenticated = true;
-        }
-        if let Some(st) = self.stats.as_ref() {
-            if let Ok(mut a) = st.auth.lock() {
-                *a = Some(auth.status());
-            }
-        }
-        if step.close_after && step.status != Status::COMMAND_SEQUENCE_ERROR {
-            self.target.auth_failures.fetch_add(1, Ordering::Relaxed);
-        }
-        if let (Some(mut d), Some(r)) = (step.data, self.request_mut(slot)) {
-            d.truncate(sqe.sgl().length as usize);
-            r.reply = Some(d);
-        }
-        self.respond(slot, step.status, 0, step.close_after, link, ctx);
     }
 
     /// Runs an I/O command by its command set's handler.
@@ -1097,7 +856,7 @@ impl<X> Queue<X> {
         }
     }
 
-    fn finish<L: Link<X>>(
+    pub(in crate::nvmf) fn finish<L: Link<X>>(
         &mut self,
         slot: u16,
         status: Status,
@@ -1109,7 +868,7 @@ impl<X> Queue<X> {
     }
 
     /// Completes a command: accounting, then the transport sends its answer.
-    fn respond<L: Link<X>>(
+    pub(in crate::nvmf) fn respond<L: Link<X>>(
         &mut self,
         slot: u16,
         status: Status,

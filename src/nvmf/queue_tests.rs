@@ -7,13 +7,15 @@ use super::*;
 use crate::bdev::ram::RamDevice;
 use crate::bdev::{BlockDevice, IoChannel, IoCompletion, IoOp};
 use crate::mem::BufPool;
+use crate::nvmf::connect::QID_RELEASE_WAIT;
 use crate::nvmf::controller::{cap_register, AEC_NS_ATTR, AEN_NS_ATTR_CHANGED, MAX_AERS};
 use crate::nvmf::{Controller, Listener, Namespace, Subsystem, SubsystemKind, TransportLimits};
 use crate::reactor::{ChannelCache, Locals};
+use crate::wire::nvme::CATTR_DISABLE_SQ_FLOW;
 use crate::wire::nvme::{
-    self, cns, csts, fid, io_opc, lid, nidt, prop, DsmRange, ErrorLogEntry, GetLogPage,
-    IdentifyController, IdentifyNamespace, PropertyCommand, SglDescriptor, SmartLog,
-    DSM_ATTR_DEALLOCATE,
+    self, cns, csts, fid, io_opc, lid, nidt, prop, ConnectCommand, ConnectData, DsmRange,
+    ErrorLogEntry, GetLogPage, IdentifyController, IdentifyNamespace, PropertyCommand,
+    SglDescriptor, SmartLog, CONNECT_DATA_LEN, DSM_ATTR_DEALLOCATE,
 };
 use std::os::fd::RawFd;
 

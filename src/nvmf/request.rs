@@ -4,7 +4,7 @@
 //! new `Handler` and its own module under `nvmf::io`, not an edit of the
 //! queue's admission.
 
-use super::io::IoPlan;
+use super::plan::IoPlan;
 use crate::mem::IoBuf;
 use crate::wire::nvme::{Sqe, Status};
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 //! next (`step_done`). The index answers at once, so Exist, List and a Delete
 //! without a volatile write cache to honour need no device at all.
 
-use super::{status_for_errno, IoEnv, IoPlan, Outcome};
+use super::{status_for_errno, IoEnv, IoPlan, KvStage, Outcome};
 use crate::bdev::IoOp;
 use crate::mem::IoBuf;
 use crate::nvmf::command;
@@ -23,41 +23,11 @@ use std::sync::Arc;
 /// frees what other keys gave up since the last).
 const SPACE_TRIES: u8 = 4;
 
-/// Where a KV command is in its steps (each step's device operation
-/// completes into the next).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KvStage {
-    /// Not started.
-    Start,
-    /// A Store waits for the commit (a volume flush) that frees blocks other
-    /// keys gave up; `tries` so far.
-    Space { tries: u8 },
-    /// A Store's blocks are claimed; the commit (a volume flush) that makes
-    /// their release by other keys durable runs before the value is written.
-    Claimed(KvLoc),
-    /// A Store's value is being written there.
-    Write(KvLoc),
-    /// The index change is being committed (no volatile write cache).
-    Durable,
-    /// A Retrieve reads the value: `pin` holds its blocks; `xfer` bytes go to
-    /// the host; the value is `len` bytes.
-    Read { pin: u32, xfer: u32, len: u32 },
-    /// A Retrieve's data is ready: `xfer` bytes.
-    Sent { xfer: u32 },
-}
-
-/// The largest value a KV namespace takes: one command's data (MDTS), and no
-/// more than the namespace holds.
-pub fn kv_value_max(ns: &Namespace, max_io_size: u32) -> u32 {
-    let cap = ns.num_blocks.saturating_mul(ns.block_size as u64);
-    (max_io_size as u64).min(cap) as u32
-}
-
 /// Decodes and checks a KV command set I/O command against its namespace.
 pub(super) fn plan(ns: &Namespace, sqe: &Sqe, max_io_size: u32) -> Result<IoPlan, Status> {
     let sgl_len = sqe.sgl().length;
     Ok(
-        match KvCommand::decode(sqe, kv_value_max(ns, max_io_size))? {
+        match KvCommand::decode(sqe, ns.kv_value_max(max_io_size))? {
             KvCommand::Flush => IoPlan::Flush { all: false },
             KvCommand::Store {
                 key,

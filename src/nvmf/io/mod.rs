@@ -7,123 +7,13 @@
 pub mod kv;
 pub mod nvm;
 
-use super::command::{DeviceErrors, DeviceOps, Submitted, Transfer};
+use super::command::{DeviceErrors, DeviceOps, Submitted};
 use super::ns_table::NsTable;
+pub use super::plan::{IoPlan, KvStage};
 use super::request::Handler;
 use super::{CommandSet, Namespace};
-use crate::wire::nvme::{io_opc, KvKey, Sqe, Status, StoreOptions};
-pub use kv::{kv_value_max, KvStage};
+use crate::wire::nvme::{io_opc, Sqe, Status};
 pub use nvm::{dsm_ranges, dsm_ranges_into};
-
-/// What a checked I/O command asks the device to do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IoPlan {
-    Read {
-        offset: u64,
-        len: usize,
-    },
-    Write {
-        offset: u64,
-        len: usize,
-        fua: bool,
-    },
-    /// Flush this namespace, or every namespace (NSID FFFFFFFFh).
-    Flush {
-        all: bool,
-    },
-    WriteZeroes {
-        offset: u64,
-        len: u64,
-        deallocate: bool,
-    },
-    /// Dataset Management with the deallocate attribute: `ranges` descriptors in the
-    /// command's data.
-    Deallocate {
-        ranges: usize,
-    },
-    /// A command that succeeds without device work (DSM hints without deallocate).
-    Nothing,
-    /// KV Store of `len` bytes (the first `len` of the host's data).
-    /// `durable`: no volatile write cache, so the key is committed before the
-    /// completion.
-    KvStore {
-        key: KvKey,
-        len: u32,
-        opts: StoreOptions,
-        durable: bool,
-        stage: KvStage,
-    },
-    /// KV Retrieve into a host buffer of `buf` bytes (the smaller of HBS and
-    /// the data descriptor).
-    KvRetrieve {
-        key: KvKey,
-        buf: u32,
-        stage: KvStage,
-    },
-    KvDelete {
-        key: KvKey,
-        durable: bool,
-        stage: KvStage,
-    },
-    KvExist {
-        key: KvKey,
-    },
-    /// KV List from `start` into a buffer of `buf` bytes.
-    KvList {
-        start: KvKey,
-        buf: u32,
-    },
-}
-
-impl IoPlan {
-    /// The handler that runs it: a plan of the KV command set runs in
-    /// `kv`, the rest (Flush too, which both command sets share) in `nvm`.
-    pub fn handler(&self) -> Handler {
-        if self.is_kv() {
-            Handler::Kv
-        } else {
-            Handler::Nvm
-        }
-    }
-
-    /// What a successful command moved, for the queue pair's statistics.
-    pub fn transfer(&self) -> Transfer {
-        match *self {
-            IoPlan::Read { len, .. } => Transfer::Read(len as u64),
-            IoPlan::KvRetrieve {
-                stage: KvStage::Sent { xfer },
-                ..
-            } => Transfer::Read(xfer as u64),
-            IoPlan::Write { len, .. } => Transfer::Write(len as u64),
-            IoPlan::KvStore { len, .. } => Transfer::Write(len as u64),
-            _ => Transfer::Other,
-        }
-    }
-
-    /// Bytes of read data the response carries (from the request's buffer).
-    pub fn c2h_len(&self) -> Option<usize> {
-        match *self {
-            IoPlan::Read { len, .. } => Some(len),
-            IoPlan::KvRetrieve {
-                stage: KvStage::Sent { xfer },
-                ..
-            } => Some(xfer as usize),
-            _ => None,
-        }
-    }
-
-    /// A command of the KV command set (other than Flush, which is shared).
-    pub fn is_kv(&self) -> bool {
-        matches!(
-            self,
-            IoPlan::KvStore { .. }
-                | IoPlan::KvRetrieve { .. }
-                | IoPlan::KvDelete { .. }
-                | IoPlan::KvExist { .. }
-                | IoPlan::KvList { .. }
-        )
-    }
-}
 
 /// The parse step of an I/O queue: checks `sqe` against its namespace (`None`
 /// when the NSID names no active one) and picks the handler of the
@@ -152,7 +42,10 @@ pub fn parse(
         // completion.
         *d |= ns.is_some_and(|n| n.write_through) || !write_cache;
     }
-    Ok((p.handler(), p))
+    // A plan of the KV command set runs in `kv`, the rest (Flush too, which
+    // both command sets share) in `nvm`.
+    let handler = if p.is_kv() { Handler::Kv } else { Handler::Nvm };
+    Ok((handler, p))
 }
 
 /// Decodes and checks an I/O command against its namespace, by the
