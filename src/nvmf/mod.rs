@@ -14,6 +14,7 @@ pub mod controller;
 pub mod errlog;
 pub mod fabrics;
 pub mod io;
+pub mod kv_index;
 pub mod ns_table;
 pub mod plan;
 pub mod queue;
@@ -138,7 +139,7 @@ pub struct Namespace {
     /// namespaces are like this.
     pub write_through: bool,
     /// The key index of a KV namespace (a KV volume's).
-    pub kv: Option<Arc<crate::pool::kv::KvIndex>>,
+    pub kv: Option<Arc<dyn kv_index::KeyIndex>>,
 }
 
 static NEXT_NS_KEY: AtomicU64 = AtomicU64::new(1);
@@ -176,7 +177,7 @@ impl Namespace {
     }
     /// The namespace as a KV namespace (Key Value command set) over `index`,
     /// which lives with the volume `dev` is.
-    pub fn with_kv(mut self, index: Arc<crate::pool::kv::KvIndex>) -> Namespace {
+    pub fn with_kv(mut self, index: Arc<dyn kv_index::KeyIndex>) -> Namespace {
         self.command_set = CommandSet::KeyValue;
         self.kv = Some(index);
         self

@@ -9,10 +9,10 @@ use super::{status_for_errno, IoEnv, IoPlan, KvStage, Outcome};
 use crate::bdev::IoOp;
 use crate::mem::IoBuf;
 use crate::nvmf::command;
+use crate::nvmf::kv_index::{KeyIndex, KvLoc, Reserve};
 use crate::nvmf::ns_table::NsTable;
 use crate::nvmf::request::Request;
 use crate::nvmf::Namespace;
-use crate::pool::kv::{KvIndex, KvLoc, Reserve};
 use crate::reactor::IoCtx;
 use crate::wire::nvme::{
     encode_list_response, list_entry_len, KvCommand, Sqe, Status, KV_LIST_MIN_BUFFER,
@@ -80,7 +80,7 @@ pub(super) fn plan(ns: &Namespace, sqe: &Sqe, max_io_size: u32) -> Result<IoPlan
 }
 
 /// The key index of `nsid`'s namespace and its block size.
-fn index(ns: &NsTable, nsid: u32) -> Result<(Arc<KvIndex>, u32), Status> {
+fn index(ns: &NsTable, nsid: u32) -> Result<(Arc<dyn KeyIndex>, u32), Status> {
     let ns = ns.get(nsid).ok_or(Status::INVALID_NAMESPACE)?;
     // One Arc clone per step: the index outlives a namespace removed while
     // the command runs.
@@ -123,7 +123,7 @@ pub fn execute<X>(
         r.kv = Some(kv.clone());
     }
     match plan {
-        IoPlan::KvStore { .. } => store(r, env, plan, &kv, ctx),
+        IoPlan::KvStore { .. } => store(r, env, plan, &*kv, ctx),
         IoPlan::KvRetrieve { key, buf, .. } => {
             let (pin, loc) = kv.begin_read(&key, ctx.now)?;
             let xfer = buf.min(loc.len);
@@ -194,7 +194,7 @@ fn store<X>(
     r: &mut Request<X>,
     env: &mut IoEnv<'_>,
     plan: IoPlan,
-    kv: &KvIndex,
+    kv: &dyn KeyIndex,
     ctx: &mut IoCtx,
 ) -> Result<Outcome, Status> {
     let IoPlan::KvStore {
@@ -238,7 +238,7 @@ fn write_value<X>(
     r: &mut Request<X>,
     env: &mut IoEnv<'_>,
     plan: IoPlan,
-    kv: &KvIndex,
+    kv: &dyn KeyIndex,
     loc: KvLoc,
     ctx: &mut IoCtx,
 ) -> Result<Outcome, Status> {
@@ -341,7 +341,7 @@ pub fn step_done<X>(
     }
     let failed = result.err().map(|e| status_for_errno(e, Some(plan)));
     Some(match held {
-        Some(kv) => next_step(r, env, plan, &kv, failed, buf, ctx),
+        Some(kv) => next_step(r, env, plan, &*kv, failed, buf, ctx),
         None => {
             put_back(buf, ctx);
             Err(Status::INVALID_NAMESPACE)
@@ -354,7 +354,7 @@ fn next_step<X>(
     r: &mut Request<X>,
     env: &mut IoEnv<'_>,
     plan: IoPlan,
-    kv: &KvIndex,
+    kv: &dyn KeyIndex,
     failed: Option<Status>,
     buf: Option<IoBuf>,
     ctx: &mut IoCtx,

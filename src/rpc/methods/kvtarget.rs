@@ -86,6 +86,13 @@ impl Control {
             let mut namespaces = Vec::new();
             for n in s.namespace_snapshot() {
                 let vol = self.volume_alias(&n.uuid);
+                // The KV settings are the pool index's (the namespace holds it
+                // only as what its command set needs).
+                let kv = self
+                    .pools()
+                    .iter()
+                    .find_map(|p| p.volumes().into_iter().find(|v| v.desc.uuid == n.uuid))
+                    .and_then(|v| v.kv.clone());
                 match vol {
                     Some(v) => namespaces.push(NamespaceConfig {
                         nsid: n.nsid,
@@ -99,17 +106,15 @@ impl Control {
                         block_size: None,
                         write_cache: n.write_through.then_some(false),
                         kind: None,
-                        on_full: n.kv.as_ref().map(|k| match k.settings().on_full {
+                        on_full: kv.as_ref().map(|k| match k.settings().on_full {
                             crate::pool::kv::OnFull::Evict => crate::config::OnFullConfig::Evict,
                             crate::pool::kv::OnFull::Fail => crate::config::OnFullConfig::Fail,
                         }),
-                        ttl_secs: n
-                            .kv
+                        ttl_secs: kv
                             .as_ref()
                             .and_then(|k| k.settings().ttl)
                             .map(|t| t.as_secs()),
-                        trim: n
-                            .kv
+                        trim: kv
                             .as_ref()
                             .and_then(|k| k.settings().keep_footprint.then_some(false)),
                     }),
