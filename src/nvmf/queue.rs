@@ -1057,7 +1057,3 @@ impl<X> Drop for Queue<X> {
         }
     }
 }
-
-#[cfg(test)]
-#[path = "queue_tests.rs"]
-mod tests;
