@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod support;
-use support::{connect_retry, free_port, loopback, spawn_daemon, wait_for_path, BIN};
+use support::{connect_retry, free_port, loopback, spawn_daemon, wait_for_path, write_config, BIN};
 
 #[test]
 fn bad_config_gives_one_line_naming_the_field() {
@@ -27,10 +27,10 @@ fn bad_config_gives_one_line_naming_the_field() {
 fn sigterm_stops_cleanly_and_data_persists() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let cfg = dir.path().join("kv.toml");
-    std::fs::write(
-        &cfg,
-        format!(
+    let cfg = write_config(
+        dir.path(),
+        "kv.toml",
+        &format!(
             r#"
 [[listeners]]
 address = "127.0.0.1"
@@ -48,8 +48,7 @@ size = "32MiB"
 "#,
             dir.path().display()
         ),
-    )
-    .unwrap();
+    );
     let run = |write: Option<&[u8]>| -> Vec<u8> {
         let mut child = Command::new(BIN)
             .arg("--config")
@@ -107,12 +106,12 @@ fn sigkill_mid_load_keeps_everything_flushed() {
     use std::sync::{Arc, Mutex};
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let cfg = dir.path().join("kv.toml");
     let pool = dir.path().join("pool.img");
     let nqn = "nqn.2026-11.io.kvtarget:crash";
-    std::fs::write(
-        &cfg,
-        format!(
+    let cfg = write_config(
+        dir.path(),
+        "kv.toml",
+        &format!(
             r#"
 [reactors]
 count = 2
@@ -142,8 +141,7 @@ volume = "p/v"
 "#,
             pool.display()
         ),
-    )
-    .unwrap();
+    );
     let addr = loopback(port);
     let mut child = spawn_daemon(&cfg, &dir.path().join("rpc.sock"));
     let mut c = connect_retry(addr, nqn);
@@ -333,15 +331,14 @@ fn check_reports_damage_and_exits_nonzero() {
 fn rpc_cli_talks_to_the_daemon() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let cfg = dir.path().join("kv.toml");
     let sock = dir.path().join("rpc.sock");
-    std::fs::write(
-        &cfg,
-        format!(
+    let cfg = write_config(
+        dir.path(),
+        "kv.toml",
+        &format!(
             "[[listeners]]\naddress = \"127.0.0.1\"\nport = {port}\n\n[[pools]]\nname = \"kv\"\nbackend = \"ram\"\nsize = \"64MiB\"\n"
         ),
-    )
-    .unwrap();
+    );
     let mut child = spawn_daemon(&cfg, &sock);
     wait_for_path(&sock);
     let rpc = |args: &[&str]| {

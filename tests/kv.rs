@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 const NQN: &str = "nqn.2026-12.io.kvtarget:kv";
 
 mod support;
-use support::{free_port, loopback, spawn_daemon, status_of, BIN};
+use support::{free_port, loopback, spawn_daemon, status_of, write_config, BIN};
 
 fn config(dir: &std::path::Path, port: u16, kv_size: &str, ns_extra: &str) -> String {
     format!(
@@ -348,10 +348,13 @@ fn versioned(k: u64, version: u64) -> Vec<u8> {
 fn sigkill_mid_kv_load_keeps_every_flushed_key() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let cfg = dir.path().join("kv.toml");
     let pool = dir.path().join("pool.img");
     // Large enough that nothing is evicted: every flushed key must be back.
-    std::fs::write(&cfg, config(dir.path(), port, "128MiB", "")).unwrap();
+    let cfg = write_config(
+        dir.path(),
+        "kv.toml",
+        &config(dir.path(), port, "128MiB", ""),
+    );
     let addr = loopback(port);
     let spawn = || spawn_daemon(&cfg, &dir.path().join("rpc.sock"));
     let mut child = spawn();
