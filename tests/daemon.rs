@@ -1,19 +1,11 @@
 //! The daemon as users run it: a subprocess with a config file, stopped by signal.
 
-use kvtarget::initiator::{HostController, HostOptions};
 use std::io::Read;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_kvtarget");
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+mod support;
+use support::{connect_retry, free_port, loopback, spawn_daemon, wait_for_path, write_config, BIN};
 
 #[test]
 fn bad_config_gives_one_line_naming_the_field() {
@@ -35,10 +27,10 @@ fn bad_config_gives_one_line_naming_the_field() {
 fn sigterm_stops_cleanly_and_data_persists() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let cfg = dir.path().join("kv.toml");
-    std::fs::write(
-        &cfg,
-        format!(
+    let cfg = write_config(
+        dir.path(),
+        "kv.toml",
+        &format!(
             r#"
 [[listeners]]
 address = "127.0.0.1"
@@ -56,8 +48,7 @@ size = "32MiB"
 "#,
             dir.path().display()
         ),
-    )
-    .unwrap();
+    );
     let run = |write: Option<&[u8]>| -> Vec<u8> {
         let mut child = Command::new(BIN)
             .arg("--config")
@@ -67,19 +58,7 @@ size = "32MiB"
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let addr = format!("127.0.0.1:{port}").parse().unwrap();
-        let opts = HostOptions::new(addr, "nqn.2026-11.io.kvtarget:daemon");
-        let t0 = Instant::now();
-        let mut c = loop {
-            match HostController::connect(&opts) {
-                Ok(c) => break c,
-                Err(e) if t0.elapsed() < Duration::from_secs(20) => {
-                    let _ = e;
-                    std::thread::sleep(Duration::from_millis(50))
-                }
-                Err(e) => panic!("daemon never answered: {e}"),
-            }
-        };
+        let mut c = connect_retry(loopback(port), "nqn.2026-11.io.kvtarget:daemon");
         c.set_queue_count(1).unwrap();
         let mut q = c.io_queue(1).unwrap();
         if let Some(w) = write {
@@ -111,21 +90,6 @@ size = "32MiB"
     assert_eq!(run(None), data);
 }
 
-fn connect_retry(addr: std::net::SocketAddr, nqn: &str) -> HostController {
-    let opts = HostOptions::new(addr, nqn);
-    let t0 = Instant::now();
-    loop {
-        match HostController::connect(&opts) {
-            Ok(c) => return c,
-            Err(e) if t0.elapsed() < Duration::from_secs(20) => {
-                let _ = e;
-                std::thread::sleep(Duration::from_millis(50))
-            }
-            Err(e) => panic!("daemon never answered: {e}"),
-        }
-    }
-}
-
 fn block(lba: u64, version: u64) -> Vec<u8> {
     let mut b = vec![(version as u8) | 1; 4096];
     b[..8].copy_from_slice(&lba.to_le_bytes());
@@ -142,12 +106,12 @@ fn sigkill_mid_load_keeps_everything_flushed() {
     use std::sync::{Arc, Mutex};
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let cfg = dir.path().join("kv.toml");
     let pool = dir.path().join("pool.img");
     let nqn = "nqn.2026-11.io.kvtarget:crash";
-    std::fs::write(
-        &cfg,
-        format!(
+    let cfg = write_config(
+        dir.path(),
+        "kv.toml",
+        &format!(
             r#"
 [reactors]
 count = 2
@@ -177,17 +141,9 @@ volume = "p/v"
 "#,
             pool.display()
         ),
-    )
-    .unwrap();
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let mut child = Command::new(BIN)
-        .arg("--config")
-        .arg(&cfg)
-        .arg("-r")
-        .arg(dir.path().join("rpc.sock"))
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    );
+    let addr = loopback(port);
+    let mut child = spawn_daemon(&cfg, &dir.path().join("rpc.sock"));
     let mut c = connect_retry(addr, nqn);
     c.set_queue_count(2).unwrap();
     // Per LBA: the values a read may return after the crash (the value at the
@@ -277,14 +233,7 @@ volume = "p/v"
     assert!(report.contains("pool is consistent"), "{report}");
 
     // Restart and read every block the load touched.
-    let mut child = Command::new(BIN)
-        .arg("--config")
-        .arg(&cfg)
-        .arg("-r")
-        .arg(dir.path().join("rpc.sock"))
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_daemon(&cfg, &dir.path().join("rpc.sock"));
     let mut c = connect_retry(addr, nqn);
     c.set_queue_count(1).unwrap();
     let mut q = c.io_queue(1).unwrap();
@@ -382,27 +331,16 @@ fn check_reports_damage_and_exits_nonzero() {
 fn rpc_cli_talks_to_the_daemon() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let cfg = dir.path().join("kv.toml");
     let sock = dir.path().join("rpc.sock");
-    std::fs::write(
-        &cfg,
-        format!(
+    let cfg = write_config(
+        dir.path(),
+        "kv.toml",
+        &format!(
             "[[listeners]]\naddress = \"127.0.0.1\"\nport = {port}\n\n[[pools]]\nname = \"kv\"\nbackend = \"ram\"\nsize = \"64MiB\"\n"
         ),
-    )
-    .unwrap();
-    let mut child = Command::new(BIN)
-        .arg("--config")
-        .arg(&cfg)
-        .arg("-r")
-        .arg(&sock)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while !sock.exists() && t0.elapsed() < Duration::from_secs(20) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    );
+    let mut child = spawn_daemon(&cfg, &sock);
+    wait_for_path(&sock);
     let rpc = |args: &[&str]| {
         let out = Command::new(BIN)
             .arg("rpc")

@@ -3,18 +3,20 @@
 //! sockets; and the daemon killed with SIGKILL under a KV load.
 
 use kvtarget::config::Config;
-use kvtarget::initiator::{Error, HostController, HostOptions, IoQueue};
+use kvtarget::initiator::{Error, HostController, IoQueue};
 use kvtarget::server::Server;
 use kvtarget::wire::nvme::{KvCommand, KvKey, Status, StoreOptions};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const NQN: &str = "nqn.2026-12.io.kvtarget:kv";
-const BIN: &str = env!("CARGO_BIN_EXE_kvtarget");
+
+mod support;
+use support::{free_port, loopback, spawn_daemon, status_of, write_config, BIN};
 
 fn config(dir: &std::path::Path, port: u16, kv_size: &str, ns_extra: &str) -> String {
     format!(
@@ -60,19 +62,11 @@ volume = "p/blocks"
 }
 
 fn start(dir: &std::path::Path, kv_size: &str, ns_extra: &str) -> (Server, SocketAddr) {
-    let cfg = Config::parse(&config(dir, 0, kv_size, ns_extra)).expect("config");
-    let server = Server::start(&cfg).expect("start");
-    let addr = server.listen_addrs()[0].0;
-    (server, addr)
+    support::start_server(&config(dir, 0, kv_size, ns_extra))
 }
 
 fn connect(addr: SocketAddr, queues: u16) -> (HostController, Vec<IoQueue>) {
-    let mut c = HostController::connect(&HostOptions::new(addr, NQN)).expect("connect");
-    c.set_queue_count(queues).expect("queues");
-    let qs = (1..=queues)
-        .map(|q| c.io_queue(q).expect("io queue"))
-        .collect();
-    (c, qs)
+    support::connect(addr, NQN, queues)
 }
 
 fn key(s: &str) -> KvKey {
@@ -83,13 +77,6 @@ fn value(seed: u64, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| ((i as u64).wrapping_mul(131) ^ seed.wrapping_mul(0x9E37_79B9)) as u8)
         .collect()
-}
-
-fn status_of(e: Error) -> Status {
-    match e {
-        Error::Status(s, _) => s,
-        other => panic!("expected an NVMe status, got {other:?}"),
-    }
 }
 
 const PLAIN: StoreOptions = StoreOptions {
@@ -340,26 +327,8 @@ fn a_full_kv_namespace_evicts_or_fails_as_configured() {
     server.shutdown();
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn connect_retry(addr: SocketAddr) -> HostController {
-    let opts = HostOptions::new(addr, NQN);
-    let t0 = Instant::now();
-    loop {
-        match HostController::connect(&opts) {
-            Ok(c) => return c,
-            Err(_) if t0.elapsed() < Duration::from_secs(20) => {
-                std::thread::sleep(Duration::from_millis(50))
-            }
-            Err(e) => panic!("daemon never answered: {e}"),
-        }
-    }
+    support::connect_retry(addr, NQN)
 }
 
 /// A value that names its key and version, so a recovered value can be
@@ -379,21 +348,15 @@ fn versioned(k: u64, version: u64) -> Vec<u8> {
 fn sigkill_mid_kv_load_keeps_every_flushed_key() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let cfg = dir.path().join("kv.toml");
     let pool = dir.path().join("pool.img");
     // Large enough that nothing is evicted: every flushed key must be back.
-    std::fs::write(&cfg, config(dir.path(), port, "128MiB", "")).unwrap();
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let spawn = || {
-        Command::new(BIN)
-            .arg("--config")
-            .arg(&cfg)
-            .arg("-r")
-            .arg(dir.path().join("rpc.sock"))
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
-    };
+    let cfg = write_config(
+        dir.path(),
+        "kv.toml",
+        &config(dir.path(), port, "128MiB", ""),
+    );
+    let addr = loopback(port);
+    let spawn = || spawn_daemon(&cfg, &dir.path().join("rpc.sock"));
     let mut child = spawn();
     let mut c = connect_retry(addr);
     c.set_queue_count(2).unwrap();
@@ -530,7 +493,6 @@ fn sigkill_mid_kv_load_keeps_every_flushed_key() {
 /// `kvtarget_get_kv_namespaces`; bad parameters are refused naming the field.
 #[test]
 fn kv_namespaces_over_rpc_with_their_counters() {
-    use kvtarget::rpc::RpcClient;
     use serde_json::json;
     let dir = tempfile::tempdir().unwrap();
     let text = format!(
@@ -556,8 +518,8 @@ extent_size = "1MiB"
 "#,
         d = dir.path().display()
     );
-    let server = Server::start(&Config::parse(&text).unwrap()).unwrap();
-    let mut c = RpcClient::connect(server.rpc_path().unwrap()).unwrap();
+    let server = support::server(&text);
+    let mut c = support::rpc_client(&server);
     let e = c
         .call(
             "bdev_lvol_create",
@@ -808,7 +770,6 @@ fn perf_names_the_commands_that_failed() {
 /// namespace stores and retrieves values in that space again.
 #[test]
 fn freed_kv_space_goes_back_to_the_pool() {
-    use kvtarget::rpc::RpcClient;
     use serde_json::{json, Value};
     use std::os::unix::fs::MetadataExt;
     let dir = tempfile::tempdir().expect("tempdir");
@@ -817,9 +778,8 @@ fn freed_kv_space_goes_back_to_the_pool() {
         d = dir.path().display(),
         rest = config(dir.path(), 0, "64MiB", "")
     );
-    let server = Server::start(&Config::parse(&text).expect("config")).expect("start");
-    let addr = server.listen_addrs()[0].0;
-    let mut c = RpcClient::connect(server.rpc_path().expect("rpc socket")).expect("rpc");
+    let (server, addr) = support::start_server(&text);
+    let mut c = support::rpc_client(&server);
     let mut ns = || -> Value {
         let v = c
             .call("kvtarget_get_kv_namespaces", json!({"name": "p/cache"}))

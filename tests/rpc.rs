@@ -11,6 +11,8 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
+mod support;
+
 const NQN: &str = "nqn.2026-11.io.kvtarget:rpc";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6b767461-7267-6574-0000-000000000001";
 const OTHER: &str = "nqn.2014-08.org.nvmexpress:uuid:6b767461-7267-6574-0000-0000000000cc";
@@ -40,11 +42,11 @@ size = "16MiB"
 "#,
         d = dir.display()
     );
-    Server::start(&Config::parse(&text).expect("config")).expect("start")
+    support::server(&text)
 }
 
 fn client(s: &Server) -> RpcClient {
-    RpcClient::connect(s.rpc_path().expect("rpc socket")).expect("connect")
+    support::rpc_client(s)
 }
 
 fn err_code(r: Result<Value, kvtarget::rpc::RpcError>) -> i64 {
@@ -598,7 +600,7 @@ volume = "kv/m"
 "#
     );
     let _ = &dir;
-    let server = Server::start(&Config::parse(&text).unwrap()).unwrap();
+    let server = support::server(&text);
     let maddr = server.metrics_addr().unwrap();
     let before = samples(&scrape(maddr));
     let get = |s: &[(String, f64)], k: &str| {
@@ -740,7 +742,7 @@ size = "256MiB"
 "#,
         d = dir.path().display()
     );
-    let server = Server::start(&Config::parse(&text).unwrap()).unwrap();
+    let server = support::server(&text);
     let mut c = client(&server);
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -868,12 +870,7 @@ fn unknown_keys_are_refused_over_the_socket_and_change_nothing() {
     let server = start(dir.path());
     let mut c = client(&server);
     let la = |a: std::net::SocketAddr| json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": a.ip().to_string(), "trsvcid": a.port().to_string()});
-    let free_port = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-    };
+    let free_port = || support::loopback(support::free_port());
     // Something for each method to change: a subsystem with a host, a
     // namespace and a listener of its own, and an idle volume.
     for v in ["served", "spare"] {

@@ -2,10 +2,13 @@
 //! pools on real files and RAM, driven by the in-repo initiator over sockets.
 
 use kvtarget::config::Config;
-use kvtarget::initiator::{Error, HostController, HostOptions, IoQueue};
+use kvtarget::initiator::{Error, HostController, IoQueue};
 use kvtarget::server::Server;
 use kvtarget::wire::nvme::Status;
 use std::net::SocketAddr;
+
+mod support;
+use support::status_of;
 
 const NQN: &str = "nqn.2026-11.io.kvtarget:vols";
 const MIB: u64 = 1 << 20;
@@ -61,32 +64,17 @@ volume = "p/big"
 "#,
         dir = dir.display()
     );
-    let cfg = Config::parse(&text).expect("config");
-    let server = Server::start(&cfg).expect("start");
-    let addr = server.listen_addrs()[0].0;
-    (server, addr)
+    support::start_server(&text)
 }
 
 fn connect(addr: SocketAddr, queues: u16) -> (HostController, Vec<IoQueue>) {
-    let mut c = HostController::connect(&HostOptions::new(addr, NQN)).expect("connect");
-    c.set_queue_count(queues).expect("queues");
-    let qs = (1..=queues)
-        .map(|q| c.io_queue(q).expect("io queue"))
-        .collect();
-    (c, qs)
+    support::connect(addr, NQN, queues)
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| ((i as u64).wrapping_mul(31) ^ seed.wrapping_mul(0x9E37)) as u8 | 1)
         .collect()
-}
-
-fn status_of(e: Error) -> Status {
-    match e {
-        Error::Status(s, _) => s,
-        other => panic!("expected an NVMe status, got {other:?}"),
-    }
 }
 
 #[test]

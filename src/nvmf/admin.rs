@@ -248,8 +248,7 @@ pub fn kv_identify_namespace(target: &Target, ns: &Namespace) -> KvIdentifyNames
     // bounded by the pool's checkpoint room.
     let mut mnk = 0;
     if let Some(kv) = &ns.kv {
-        let s = kv.snapshot();
-        nuse = (s.used_blocks * kv.block_size() as u64).min(size);
+        nuse = (kv.used_blocks() * kv.block_size() as u64).min(size);
         mnk = kv.max_keys().min(u32::MAX as u64) as u32;
     }
     KvIdentifyNamespace {
@@ -263,7 +262,7 @@ pub fn kv_identify_namespace(target: &Target, ns: &Namespace) -> KvIdentifyNames
         kvf: vec![KvFormat {
             kml: KV_KEY_MAX_BYTES,
             fopt: 0,
-            vml: super::io::kv_value_max(ns, target.limits.max_io_size),
+            vml: ns.kv_value_max(target.limits.max_io_size),
             mnk,
         }],
         ..Default::default()

@@ -4,11 +4,10 @@
 //! differ only in how the data moves, so both call these.
 
 use super::fabrics::QueueBinding;
-use super::io::{self as tio, IoPlan};
-use super::queue::NsTable;
+use super::ns_table::NsTable;
 use super::{error_kind, QpairStats};
 use crate::bdev::IoOp;
-use crate::mem::{BufPool, IoBuf};
+use crate::mem::BufPool;
 use crate::reactor::ChannelCache;
 use crate::wire::nvme::{Sqe, Status};
 use std::sync::atomic::Ordering;
@@ -72,83 +71,6 @@ pub fn log_device_error(errors: &mut DeviceErrors, now: Instant, cid: u16, opcod
     } else {
         tracing::debug!(cid, op = opcode, "device error: errno {errno}");
     }
-}
-
-/// Turns `plan` into device operations appended to `ops`.
-///
-/// `data` is the command's buffer: the host's data for writes and Dataset
-/// Management, or for reads a buffer the transport has already placed (NVMe/RDMA
-/// reads into registered memory); a read without one takes a buffer from `bufs`.
-/// Writes take the buffer; a DSM buffer stays with the command. `table` is the
-/// queue's namespaces (all of them for a flush of NSID FFFFFFFFh).
-pub fn device_ops(
-    plan: IoPlan,
-    nsid: u32,
-    table: &NsTable,
-    data: &mut Option<IoBuf>,
-    bufs: &mut BufPool,
-    ops: &mut DeviceOps,
-) -> Result<(), Status> {
-    let the_ns = || table.get(nsid).ok_or(Status::INVALID_NAMESPACE);
-    match plan {
-        // KV commands run step by step in the queue (`Queue::execute_kv`).
-        IoPlan::KvStore { .. }
-        | IoPlan::KvRetrieve { .. }
-        | IoPlan::KvDelete { .. }
-        | IoPlan::KvExist { .. }
-        | IoPlan::KvList { .. } => return Err(Status::INTERNAL_ERROR),
-        IoPlan::Nothing => {}
-        IoPlan::Read { offset, len } => {
-            the_ns()?;
-            let mut buf = data.take().unwrap_or_else(|| bufs.get(len));
-            buf.set_len(len);
-            if buf.len() < len {
-                *data = Some(buf);
-                return Err(Status::INTERNAL_ERROR);
-            }
-            ops.push((nsid, IoOp::Read { offset, buf }));
-        }
-        IoPlan::Write { offset, len, fua } => {
-            the_ns()?;
-            let mut buf = data.take().ok_or(Status::DATA_TRANSFER_ERROR)?;
-            buf.set_len(len);
-            if buf.len() < len {
-                // The transport's buffer is shorter than the command: never
-                // write a short run of the host's blocks.
-                *data = Some(buf);
-                return Err(Status::DATA_SGL_LENGTH_INVALID);
-            }
-            ops.push((nsid, IoOp::Write { offset, buf, fua }));
-        }
-        IoPlan::Flush { all: true } => {
-            ops.extend(table.all().iter().map(|n| (n.nsid, IoOp::Flush)))
-        }
-        IoPlan::Flush { all: false } => {
-            the_ns()?;
-            ops.push((nsid, IoOp::Flush));
-        }
-        IoPlan::WriteZeroes {
-            offset,
-            len,
-            deallocate,
-        } => {
-            the_ns()?;
-            let op = if deallocate {
-                IoOp::Deallocate { offset, len }
-            } else {
-                IoOp::WriteZeroes { offset, len }
-            };
-            ops.push((nsid, op));
-        }
-        IoPlan::Deallocate { ranges } => {
-            let ns = the_ns()?;
-            let d = data.as_deref().ok_or(Status::DATA_TRANSFER_ERROR)?;
-            tio::dsm_ranges_into(ns, d, ranges, |offset, len| {
-                ops.push((nsid, IoOp::Deallocate { offset, len }))
-            })?;
-        }
-    }
-    Ok(())
 }
 
 /// How a command's device operations went to the devices.
@@ -217,6 +139,17 @@ pub fn submit(
     s
 }
 
+/// What a successful command moved, as the statistics count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transfer {
+    /// Bytes read (Read, KV Retrieve).
+    Read(u64),
+    /// Bytes written (Write, KV Store).
+    Write(u64),
+    /// Anything else (admin, Flush, Write Zeroes, DSM, other KV commands).
+    Other,
+}
+
 /// Records a finished command in the queue pair's statistics and error log
 /// (its controller sums them when SMART or the error log is read).
 /// `latency_ns` runs from the capsule's arrival to now.
@@ -225,7 +158,7 @@ pub fn account(
     stats: Option<&QpairStats>,
     qid: u16,
     sqe: &Sqe,
-    plan: Option<IoPlan>,
+    transfer: Transfer,
     status: Status,
     latency_ns: u64,
 ) {
@@ -250,35 +183,20 @@ pub fn account(
         st.errors_by[error_kind(status)].fetch_add(1, Ordering::Relaxed);
         return;
     }
-    match plan {
-        Some(IoPlan::Read { len, .. }) => {
+    match transfer {
+        Transfer::Read(bytes) => {
             st.reads.fetch_add(1, Ordering::Relaxed);
-            st.read_bytes.fetch_add(len as u64, Ordering::Relaxed);
+            st.read_bytes.fetch_add(bytes, Ordering::Relaxed);
             st.read_hist[b].fetch_add(1, Ordering::Relaxed);
             st.read_ns.fetch_add(latency_ns, Ordering::Relaxed);
         }
-        Some(IoPlan::KvRetrieve {
-            stage: super::io::KvStage::Sent { xfer },
-            ..
-        }) => {
-            st.reads.fetch_add(1, Ordering::Relaxed);
-            st.read_bytes.fetch_add(xfer as u64, Ordering::Relaxed);
-            st.read_hist[b].fetch_add(1, Ordering::Relaxed);
-            st.read_ns.fetch_add(latency_ns, Ordering::Relaxed);
-        }
-        Some(IoPlan::KvStore { len, .. }) => {
+        Transfer::Write(bytes) => {
             st.writes.fetch_add(1, Ordering::Relaxed);
-            st.write_bytes.fetch_add(len as u64, Ordering::Relaxed);
+            st.write_bytes.fetch_add(bytes, Ordering::Relaxed);
             st.write_hist[b].fetch_add(1, Ordering::Relaxed);
             st.write_ns.fetch_add(latency_ns, Ordering::Relaxed);
         }
-        Some(IoPlan::Write { len, .. }) => {
-            st.writes.fetch_add(1, Ordering::Relaxed);
-            st.write_bytes.fetch_add(len as u64, Ordering::Relaxed);
-            st.write_hist[b].fetch_add(1, Ordering::Relaxed);
-            st.write_ns.fetch_add(latency_ns, Ordering::Relaxed);
-        }
-        _ => {
+        Transfer::Other => {
             st.other.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -289,8 +207,9 @@ mod tests {
     use super::*;
     use crate::bdev::ram::RamDevice;
     use crate::bdev::{BlockDevice, IoChannel, IoCompletion};
+    use crate::mem::IoBuf;
+    use crate::nvmf::io::IoPlan;
     use crate::nvmf::Namespace;
-    use crate::wire::nvme::DSM_RANGE_LEN;
     use std::os::fd::RawFd;
     use std::sync::Arc;
 
@@ -301,10 +220,6 @@ mod tests {
             RamDevice::new("r", 1 << 20).unwrap(),
             512,
         ))
-    }
-
-    fn table(nsids: &[u32]) -> NsTable {
-        NsTable::new(1, nsids.iter().map(|&n| ns(n)).collect())
     }
 
     /// A device whose every submission is refused (a full or failed queue).
@@ -341,112 +256,6 @@ mod tests {
         fn completion_fd(&self) -> Option<RawFd> {
             None
         }
-    }
-
-    #[test]
-    fn a_write_takes_the_hosts_buffer_and_a_short_one_is_refused() {
-        let (n, mut bufs, mut ops) = (table(&[1]), BufPool::new(4), DeviceOps::new());
-        let plan = IoPlan::Write {
-            offset: 4096,
-            len: 8192,
-            fua: true,
-        };
-        let mut data = Some(IoBuf::new(8192));
-        device_ops(plan, 1, &n, &mut data, &mut bufs, &mut ops).unwrap();
-        assert!(data.is_none());
-        assert!(
-            matches!(&ops[..], [(_, IoOp::Write { offset: 4096, buf, fua: true })] if buf.len() == 8192)
-        );
-
-        ops.clear();
-        let mut short = Some(IoBuf::new(4096));
-        assert_eq!(
-            device_ops(plan, 1, &n, &mut short, &mut bufs, &mut ops),
-            Err(Status::DATA_SGL_LENGTH_INVALID)
-        );
-        assert!(
-            ops.is_empty() && short.is_some(),
-            "the buffer stays with the command"
-        );
-        assert_eq!(
-            device_ops(plan, 1, &n, &mut None, &mut bufs, &mut ops),
-            Err(Status::DATA_TRANSFER_ERROR)
-        );
-        assert_eq!(
-            device_ops(
-                plan,
-                2,
-                &n,
-                &mut Some(IoBuf::new(8192)),
-                &mut bufs,
-                &mut ops
-            ),
-            Err(Status::INVALID_NAMESPACE)
-        );
-    }
-
-    #[test]
-    fn a_read_uses_the_placed_buffer_or_one_from_the_pool() {
-        let (n, mut bufs, mut ops) = (table(&[1]), BufPool::new(4), DeviceOps::new());
-        let plan = IoPlan::Read {
-            offset: 0,
-            len: 512,
-        };
-        let mut placed = IoBuf::new(4096);
-        let at = placed.as_mut_ptr();
-        device_ops(plan, 1, &n, &mut Some(placed), &mut bufs, &mut ops).unwrap();
-        device_ops(plan, 1, &n, &mut None, &mut bufs, &mut ops).unwrap();
-        match &mut ops[..] {
-            [(_, IoOp::Read { buf: a, .. }), (_, IoOp::Read { buf: b, .. })] => {
-                assert_eq!((a.as_mut_ptr(), a.len(), b.len()), (at, 512, 512));
-            }
-            _ => panic!("expected two reads, got {} operations", ops.len()),
-        }
-    }
-
-    #[test]
-    fn flush_all_is_one_flush_per_namespace_and_hints_need_nothing() {
-        let (mut bufs, mut ops) = (BufPool::new(4), DeviceOps::new());
-        let all = table(&[1, 2, 3]);
-        device_ops(
-            IoPlan::Flush { all: true },
-            0xFFFF_FFFF,
-            &all,
-            &mut None,
-            &mut bufs,
-            &mut ops,
-        )
-        .unwrap();
-        let nsids: Vec<u32> = ops.iter().map(|(n, _)| *n).collect();
-        assert_eq!(nsids, [1, 2, 3]);
-        ops.clear();
-        device_ops(IoPlan::Nothing, 7, &all, &mut None, &mut bufs, &mut ops).unwrap();
-        assert!(ops.is_empty());
-    }
-
-    #[test]
-    fn dsm_ranges_become_deallocates_and_the_range_list_stays() {
-        let (n, mut bufs, mut ops) = (table(&[1]), BufPool::new(4), DeviceOps::new());
-        let mut list = IoBuf::new(4096);
-        list.set_len(2 * DSM_RANGE_LEN);
-        list.fill(0);
-        // Range 0: 8 blocks at LBA 16; range 1: 1 block at LBA 100.
-        list[4..8].copy_from_slice(&8u32.to_le_bytes());
-        list[8..16].copy_from_slice(&16u64.to_le_bytes());
-        list[20..24].copy_from_slice(&1u32.to_le_bytes());
-        list[24..32].copy_from_slice(&100u64.to_le_bytes());
-        let mut data = Some(list);
-        let plan = IoPlan::Deallocate { ranges: 2 };
-        device_ops(plan, 1, &n, &mut data, &mut bufs, &mut ops).unwrap();
-        assert!(data.is_some());
-        let got: Vec<(u64, u64)> = ops
-            .iter()
-            .map(|(_, op)| match op {
-                IoOp::Deallocate { offset, len } => (*offset, *len),
-                other => panic!("{other:?}"),
-            })
-            .collect();
-        assert_eq!(got, [(16 * 512, 8 * 512), (100 * 512, 512)]);
     }
 
     #[test]
@@ -493,6 +302,11 @@ mod tests {
         );
     }
 
+    /// What the queue passes for a command's plan.
+    fn tr(plan: Option<IoPlan>) -> Transfer {
+        plan.map_or(Transfer::Other, |p| p.transfer())
+    }
+
     #[test]
     fn accounting_counts_reads_writes_and_errors() {
         let st = QpairStats::default();
@@ -501,16 +315,24 @@ mod tests {
             offset: 0,
             len: 4096,
         });
-        account(None, Some(&st), 1, &sqe, read, Status::SUCCESS, 1_000);
-        account(None, Some(&st), 1, &sqe, read, Status::SUCCESS, 3_000);
-        account(None, Some(&st), 1, &sqe, read, Status::LBA_OUT_OF_RANGE, 10);
+        account(None, Some(&st), 1, &sqe, tr(read), Status::SUCCESS, 1_000);
+        account(None, Some(&st), 1, &sqe, tr(read), Status::SUCCESS, 3_000);
+        account(
+            None,
+            Some(&st),
+            1,
+            &sqe,
+            tr(read),
+            Status::LBA_OUT_OF_RANGE,
+            10,
+        );
         let write = Some(IoPlan::Write {
             offset: 0,
             len: 512,
             fua: false,
         });
-        account(None, Some(&st), 1, &sqe, write, Status::SUCCESS, 500);
-        account(None, Some(&st), 1, &sqe, None, Status::SUCCESS, 5);
+        account(None, Some(&st), 1, &sqe, tr(write), Status::SUCCESS, 500);
+        account(None, Some(&st), 1, &sqe, tr(None), Status::SUCCESS, 5);
         let v = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         assert_eq!(
             (v(&st.reads), v(&st.read_bytes), v(&st.read_ns)),
@@ -570,7 +392,7 @@ mod tests {
             Some(&st),
             1,
             &sqe,
-            read,
+            tr(read),
             Status::DEALLOCATED_OR_UNWRITTEN,
             5,
         );
@@ -585,11 +407,19 @@ mod tests {
             Some(&st),
             1,
             &sqe,
-            read,
+            tr(read),
             Status::UNRECOVERED_READ_ERROR,
             5,
         );
-        account(Some(&binding), Some(&st), 1, &sqe, read, Status::SUCCESS, 5);
+        account(
+            Some(&binding),
+            Some(&st),
+            1,
+            &sqe,
+            tr(read),
+            Status::SUCCESS,
+            5,
+        );
         let e = ctrl.error_entries();
         assert_eq!(e.len(), 1);
         assert_eq!(e[0].status, Status::UNRECOVERED_READ_ERROR.to_field());

@@ -2,7 +2,7 @@
 //! queue), with the access checks and the error details the host prints.
 
 use super::controller::{AttachError, QidHold};
-use super::{Controller, Namespace, QpairStats, SubsystemKind, Target};
+use super::{Controller, Namespace, QpairStats, Subsystem, SubsystemKind, Target};
 use crate::wire::nvme::{
     fctype, ConnectCommand, ConnectData, PropertyCommand, Sqe, Status, CONNECT_DATA_CNTLID_OFF,
     CONNECT_DATA_HOSTNQN_OFF, CONNECT_DATA_SUBNQN_OFF, NQN_MAX_LEN,
@@ -215,6 +215,23 @@ pub fn connect(
     local: Option<std::net::SocketAddr>,
     now: Instant,
 ) -> Result<QueueBinding, ConnectRefusal> {
+    let subsys = check_connect(target, cmd, data, local)?;
+    if cmd.qid == 0 {
+        connect_admin(&subsys, cmd, data, peer, now)
+    } else {
+        connect_io(target, &subsys, cmd, data)
+    }
+}
+
+/// What every Connect must pass: its format, the host NQN, the subsystem
+/// (allowing the host, listening where the Connect arrived) and the queue
+/// size. Returns the subsystem.
+fn check_connect(
+    target: &Target,
+    cmd: &ConnectCommand,
+    data: &ConnectData,
+    local: Option<std::net::SocketAddr>,
+) -> Result<Arc<Subsystem>, ConnectRefusal> {
     if cmd.recfmt != 0 {
         return Err(ConnectRefusal {
             qid_held: false,
@@ -283,49 +300,66 @@ pub fn connect(
             ),
         ));
     }
+    Ok(subsys)
+}
 
-    if cmd.qid == 0 {
-        // Dynamic controller model: the host asks for "any" controller.
-        if data.cntlid != 0xFFFF {
-            return Err(invalid(
-                true,
-                CONNECT_DATA_CNTLID_OFF,
-                format!(
-                    "static controller ID {:#x} requested; only dynamic (0xffff) is supported",
-                    data.cntlid
-                ),
-            ));
-        }
-        let Ok(mut ctrls) = subsys.controllers.lock() else {
-            return Err(ConnectRefusal {
-                qid_held: false,
-                status: Status::INTERNAL_ERROR,
-                result: 0,
-                reason: "controller table poisoned".into(),
-            });
-        };
-        let Some(cntlid) = subsys.alloc_cntlid(&ctrls) else {
-            return Err(ConnectRefusal {
-                qid_held: false,
-                status: Status::CONNECT_CONTROLLER_BUSY,
-                result: 0,
-                reason: "no controller IDs left".into(),
-            });
-        };
-        let ctrl = Arc::new(Controller::new(
-            cntlid,
-            subsys.clone(),
-            &data.hostnqn,
-            data.hostid,
-            cmd.kato,
-            peer.to_string(),
-            now,
+/// A Connect of an admin queue creates its controller (the dynamic
+/// controller model: the host asks for "any" controller).
+fn connect_admin(
+    subsys: &Arc<Subsystem>,
+    cmd: &ConnectCommand,
+    data: &ConnectData,
+    peer: &str,
+    now: Instant,
+) -> Result<QueueBinding, ConnectRefusal> {
+    if data.cntlid != 0xFFFF {
+        return Err(invalid(
+            true,
+            CONNECT_DATA_CNTLID_OFF,
+            format!(
+                "static controller ID {:#x} requested; only dynamic (0xffff) is supported",
+                data.cntlid
+            ),
         ));
-        ctrl.keep_alive(now);
-        ctrls.insert(cntlid, ctrl.clone());
-        return Ok(QueueBinding::Admin(ctrl));
     }
+    let Ok(mut ctrls) = subsys.controllers.lock() else {
+        return Err(ConnectRefusal {
+            qid_held: false,
+            status: Status::INTERNAL_ERROR,
+            result: 0,
+            reason: "controller table poisoned".into(),
+        });
+    };
+    let Some(cntlid) = subsys.alloc_cntlid(&ctrls) else {
+        return Err(ConnectRefusal {
+            qid_held: false,
+            status: Status::CONNECT_CONTROLLER_BUSY,
+            result: 0,
+            reason: "no controller IDs left".into(),
+        });
+    };
+    let ctrl = Arc::new(Controller::new(
+        cntlid,
+        subsys.clone(),
+        &data.hostnqn,
+        data.hostid,
+        cmd.kato,
+        peer.to_string(),
+        now,
+    ));
+    ctrl.keep_alive(now);
+    ctrls.insert(cntlid, ctrl.clone());
+    Ok(QueueBinding::Admin(ctrl))
+}
 
+/// A Connect of an I/O queue joins the controller it names, which must be
+/// the same host's and enabled; the queue ID must be free.
+fn connect_io(
+    target: &Target,
+    subsys: &Arc<Subsystem>,
+    cmd: &ConnectCommand,
+    data: &ConnectData,
+) -> Result<QueueBinding, ConnectRefusal> {
     if subsys.kind == SubsystemKind::Discovery {
         return Err(invalid(
             false,

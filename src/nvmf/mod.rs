@@ -7,12 +7,18 @@
 
 pub mod admin;
 pub mod auth;
+mod authenticate;
 pub mod command;
+pub mod connect;
 pub mod controller;
 pub mod errlog;
 pub mod fabrics;
 pub mod io;
+pub mod kv_index;
+pub mod ns_table;
+pub mod plan;
 pub mod queue;
+pub mod request;
 
 use crate::bdev::SharedDevice;
 use crate::wire::nvme::{self, DiscoveryEntry};
@@ -133,7 +139,7 @@ pub struct Namespace {
     /// namespaces are like this.
     pub write_through: bool,
     /// The key index of a KV namespace (a KV volume's).
-    pub kv: Option<Arc<crate::pool::kv::KvIndex>>,
+    pub kv: Option<Arc<dyn kv_index::KeyIndex>>,
 }
 
 static NEXT_NS_KEY: AtomicU64 = AtomicU64::new(1);
@@ -171,7 +177,7 @@ impl Namespace {
     }
     /// The namespace as a KV namespace (Key Value command set) over `index`,
     /// which lives with the volume `dev` is.
-    pub fn with_kv(mut self, index: Arc<crate::pool::kv::KvIndex>) -> Namespace {
+    pub fn with_kv(mut self, index: Arc<dyn kv_index::KeyIndex>) -> Namespace {
         self.command_set = CommandSet::KeyValue;
         self.kv = Some(index);
         self
@@ -180,6 +186,12 @@ impl Namespace {
     pub fn with_write_cache(mut self, on: bool) -> Namespace {
         self.write_through = !on;
         self
+    }
+    /// The largest value a KV namespace takes: one command's data (MDTS),
+    /// and no more than the namespace holds.
+    pub fn kv_value_max(&self, max_io_size: u32) -> u32 {
+        let cap = self.num_blocks.saturating_mul(self.block_size as u64);
+        (max_io_size as u64).min(cap) as u32
     }
     pub fn lbads(&self) -> u8 {
         self.block_size.trailing_zeros() as u8
@@ -648,91 +660,4 @@ impl Target {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::bdev::ram::RamDevice;
-
-    fn target() -> Target {
-        let t = Target::new(TransportLimits::default());
-        t.listeners.write().unwrap().push(Listener {
-            addr: "127.0.0.1:4420".parse().unwrap(),
-            discovery_only: false,
-            portid: 1,
-            rdma: false,
-            secure: false,
-        });
-        t.listeners.write().unwrap().push(Listener {
-            addr: "127.0.0.1:8009".parse().unwrap(),
-            discovery_only: true,
-            portid: 2,
-            rdma: false,
-            secure: false,
-        });
-        t.listeners.write().unwrap().push(Listener {
-            addr: "10.0.0.1:4420".parse().unwrap(),
-            discovery_only: false,
-            portid: 3,
-            rdma: true,
-            secure: false,
-        });
-        t.add_subsystem(Arc::new(Subsystem::new(
-            "nqn.a",
-            SubsystemKind::Nvm,
-            "S",
-            "M",
-            false,
-            vec!["nqn.host1".into()],
-        )));
-        t.add_subsystem(Arc::new(Subsystem::new(
-            "nqn.open",
-            SubsystemKind::Nvm,
-            "S",
-            "M",
-            true,
-            vec![],
-        )));
-        t
-    }
-
-    #[test]
-    fn discovery_lists_only_allowed_subsystems() {
-        let t = target();
-        let host1: Vec<_> = t
-            .discovery_entries("nqn.host1")
-            .into_iter()
-            .map(|e| (e.subnqn, e.trsvcid, e.subtype))
-            .collect();
-        assert!(host1.contains(&("nqn.a".into(), "4420".into(), 2)));
-        assert!(host1.contains(&("nqn.open".into(), "4420".into(), 2)));
-        // The discovery-only port is listed for discovery, not as an NVM port.
-        assert!(!host1.iter().any(|(n, p, _)| n == "nqn.a" && p == "8009"));
-        assert!(host1.contains(&(nvme::DISCOVERY_NQN.into(), "8009".into(), 3)));
-        // The RDMA listener is listed with its transport type.
-        let rdma: Vec<_> = t
-            .discovery_entries("nqn.host1")
-            .into_iter()
-            .filter(|e| e.traddr == "10.0.0.1")
-            .collect();
-        assert!(rdma.iter().all(|e| e.trtype == nvme::trtype::RDMA));
-        assert!(rdma.iter().any(|e| e.subnqn == "nqn.a"));
-        let mut raw = [0u8; 1024];
-        rdma[0].encode(&mut raw);
-        assert_eq!(&raw[768..771], &[1, 1, 1]);
-        let other = t.discovery_entries("nqn.stranger");
-        assert!(!other.iter().any(|e| e.subnqn == "nqn.a"));
-        assert!(other.iter().any(|e| e.subnqn == "nqn.open"));
-    }
-
-    #[test]
-    fn identifiers_are_stable_and_distinct() {
-        let dev = RamDevice::new("x", 1 << 20).unwrap();
-        let a = Namespace::new("nqn.a", 1, dev.clone(), 512);
-        let b = Namespace::new("nqn.a", 1, dev.clone(), 512);
-        let c = Namespace::new("nqn.a", 2, dev, 512);
-        assert_eq!(a.uuid, b.uuid);
-        assert_ne!(a.uuid, c.uuid);
-        assert_ne!(a.key, b.key);
-        assert_eq!(a.num_blocks, 2048);
-        assert_eq!(a.lbads(), 9);
-    }
-}
+mod tests;

@@ -12,21 +12,17 @@
 //! `X` is the transport's own per-request state (R2T windows, RDMA keys and
 //! registered chunks), kept in the slot next to the core's.
 
-#[path = "queue_kv.rs"]
-mod kv_exec;
-
 use super::admin::{self, AdminOutcome};
-use super::auth::{QueueAuth, DEFAULT_TIMEOUT as AUTH_TIMEOUT};
-use super::command::{self, DeviceOps};
+use super::auth::QueueAuth;
+use super::command::{self, DeviceOps, Transfer};
 use super::fabrics::{self, QueueBinding};
-use super::io::{self as tio, IoPlan};
-use super::{Namespace, QpairStats, Target, ADMIN_IN_CAPSULE_DATA};
+use super::io::{self, IoEnv, IoPlan, Outcome};
+use super::ns_table::NsTable;
+pub use super::request::{Handler, Phase, Request};
+use super::{QpairStats, Target, ADMIN_IN_CAPSULE_DATA};
 use crate::mem::IoBuf;
 use crate::reactor::IoCtx;
-use crate::wire::nvme::{
-    admin_opc, fctype, AuthCommand, ConnectCommand, ConnectData, Cqe, DataDirection, Sqe, Status,
-    CATTR_DISABLE_SQ_FLOW, CONNECT_DATA_LEN, CONNECT_DATA_SUBNQN_OFF, DISCOVERY_NQN,
-};
+use crate::wire::nvme::{admin_opc, fctype, Cqe, DataDirection, Sqe, Status};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -102,41 +98,6 @@ impl DataDesc {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
-
-/// Where a request is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    /// The transport is moving its data (or waiting for memory to move it into).
-    Moving,
-    /// Running: admin work, or device operations outstanding.
-    Executing,
-    /// Answered; the transport still holds its resources until `Queue::release`.
-    Responding,
-}
-
-/// One command in a slot.
-pub struct Request<X> {
-    pub sqe: Sqe,
-    pub phase: Phase,
-    /// Host data for writes and DSM, device data for reads.
-    pub buf: Option<IoBuf>,
-    /// Controller-to-host data an admin command produced.
-    pub reply: Option<Vec<u8>>,
-    pub plan: Option<IoPlan>,
-    pending_ops: u32,
-    /// A failure met on the way (device error, refused submission); the
-    /// command completes with it.
-    status: Status,
-    /// The data arrived corrupt; the command fails once it is all here.
-    data_error: bool,
-    /// `IoCtx::now_ns` when the capsule arrived.
-    arrived_ns: u64,
-    /// The key index a KV command holds reserved blocks or a read pin in:
-    /// its steps finish there even if the namespace is removed meanwhile.
-    pub(super) kv: Option<Arc<crate::pool::kv::KvIndex>>,
-    /// The transport's state for this request.
-    pub x: X,
 }
 
 /// The data a response carries.
@@ -218,41 +179,6 @@ pub enum Received {
     Overrun,
 }
 
-/// The namespaces a queue sees, indexed by NSID (no search per command),
-/// refreshed when the subsystem's namespace generation moves.
-#[derive(Default)]
-pub struct NsTable {
-    by_nsid: Vec<Option<Arc<Namespace>>>,
-    all: Vec<Arc<Namespace>>,
-    gen: u64,
-}
-
-impl NsTable {
-    pub fn new(gen: u64, all: Vec<Arc<Namespace>>) -> NsTable {
-        let mut t = NsTable::default();
-        t.load(gen, all);
-        t
-    }
-    fn load(&mut self, gen: u64, all: Vec<Arc<Namespace>>) {
-        self.gen = gen;
-        self.by_nsid.clear();
-        let top = all.iter().map(|n| n.nsid as usize).max().unwrap_or(0);
-        self.by_nsid.resize(top + 1, None);
-        for n in &all {
-            if let Some(e) = self.by_nsid.get_mut(n.nsid as usize) {
-                *e = Some(n.clone());
-            }
-        }
-        self.all = all;
-    }
-    pub fn get(&self, nsid: u32) -> Option<&Arc<Namespace>> {
-        self.by_nsid.get(nsid as usize).and_then(|n| n.as_ref())
-    }
-    pub fn all(&self) -> &[Arc<Namespace>] {
-        &self.all
-    }
-}
-
 /// Which command IDs are outstanding, to refuse duplicates.
 struct CidSet(Vec<u64>);
 
@@ -274,54 +200,42 @@ impl CidSet {
     }
 }
 
-/// SQE byte offsets of Connect fields, for refusals' DW0 (IATTR 0).
-const CONNECT_SQE_QID_OFF: u64 = 42;
-const CONNECT_SQE_SQSIZE_OFF: u64 = 44;
-
 /// The SQ size a queue assumes before Connect sets it.
-const DEFAULT_SQSIZE: u16 = 31;
-
-/// How long a Connect for an I/O queue ID still held by another queue of the
-/// controller waits for it to be let go (re-checked each housekeeping pass).
-/// A host that closes a queue's connection and connects the same ID again at
-/// once (SPDK's initiator reconnecting a queue pair) can reach us before the
-/// reactor owning the old connection has seen it close. Well inside the
-/// 500 ms SPDK's host allows a Connect.
-pub const QID_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+pub(in crate::nvmf) const DEFAULT_SQSIZE: u16 = 31;
 
 pub struct Queue<X> {
-    target: Arc<Target>,
-    cfg: QueueConfig,
-    binding: Option<QueueBinding>,
-    ns: NsTable,
-    stats: Option<Arc<QpairStats>>,
-    sq_head: u16,
-    sqsize: u16,
-    sqflow_disabled: bool,
-    slots: Vec<Option<Request<X>>>,
-    free_slots: Vec<u16>,
+    pub(in crate::nvmf) target: Arc<Target>,
+    pub(in crate::nvmf) cfg: QueueConfig,
+    pub(in crate::nvmf) binding: Option<QueueBinding>,
+    pub(in crate::nvmf) ns: NsTable,
+    pub(in crate::nvmf) stats: Option<Arc<QpairStats>>,
+    pub(in crate::nvmf) sq_head: u16,
+    pub(in crate::nvmf) sqsize: u16,
+    pub(in crate::nvmf) sqflow_disabled: bool,
+    pub(in crate::nvmf) slots: Vec<Option<Request<X>>>,
+    pub(in crate::nvmf) free_slots: Vec<u16>,
     cids: CidSet,
     /// Held Asynchronous Event Requests, by CID, oldest first.
-    aers: Vec<u16>,
-    dev_ops: usize,
+    pub(in crate::nvmf) aers: Vec<u16>,
+    pub(in crate::nvmf) dev_ops: usize,
     /// Failed device operations (for rate-limited logging).
-    device_errors: command::DeviceErrors,
+    pub(in crate::nvmf) device_errors: command::DeviceErrors,
     /// Reused for every command's device operations (no allocation per I/O).
-    ops_scratch: DeviceOps,
+    pub(in crate::nvmf) ops_scratch: DeviceOps,
     /// The DH-HMAC-CHAP transaction of this queue, while one runs (and after it
     /// succeeded, until the host starts another).
-    auth: Option<QueueAuth>,
+    pub(in crate::nvmf) auth: Option<QueueAuth>,
     /// False from a Connect that asked for authentication until it succeeded:
     /// only Authentication Send/Receive are let through.
-    authenticated: bool,
+    pub(in crate::nvmf) authenticated: bool,
     /// The secure channel this queue runs over, if any (NVMe/TCP TLS).
-    secure: Option<crate::nvmf::fabrics::SecurePeer>,
+    pub(in crate::nvmf) secure: Option<crate::nvmf::fabrics::SecurePeer>,
     /// Whether the controller enabled the KV command set (CC.CSS), read at the
     /// first I/O command: CC.CSS changes only while the controller is
     /// disabled, and disabling it ends its I/O queues.
-    kv_enabled: Option<bool>,
+    pub(in crate::nvmf) kv_enabled: Option<bool>,
     /// A Connect waiting for its queue ID to be let go (slot, give-up time).
-    held_connect: Option<(u16, Instant)>,
+    pub(in crate::nvmf) held_connect: Option<(u16, Instant)>,
 }
 
 impl<X> Queue<X> {
@@ -504,6 +418,7 @@ impl<X> Queue<X> {
             buf: None,
             reply: None,
             plan: None,
+            handler: None,
             pending_ops: 0,
             status: Status::SUCCESS,
             data_error: icd_corrupt,
@@ -540,128 +455,178 @@ impl<X> Queue<X> {
         icd: &[u8],
         ctx: &mut IoCtx,
     ) -> Result<Option<(usize, DataDirection)>, Status> {
+        let (handler, plan) = self.parse(sqe)?;
+        if let Some(r) = self.request_mut(slot) {
+            r.handler = Some(handler);
+            r.plan = plan;
+        }
+        self.admit_data(slot, sqe, desc?, plan, icd, ctx)
+    }
+
+    /// The parse step of this queue's kind (Linux nvmet's
+    /// `nvmet_req_init`): which handler runs `sqe`, and for an I/O command
+    /// its checked plan. Before Connect only Connect is let in, and before
+    /// DH-HMAC-CHAP succeeded only Authentication Send/Receive.
+    fn parse(&mut self, sqe: &Sqe) -> Result<(Handler, Option<IoPlan>), Status> {
         let is_fabrics = sqe.opcode() == admin_opc::FABRICS;
         if self.binding.is_none() && !(is_fabrics && sqe.fctype() == fctype::CONNECT) {
             return Err(Status::COMMAND_SEQUENCE_ERROR);
         }
-        // Looked at only while the queue must still authenticate.
-        if !self.authenticated {
-            let auth_cmd =
-                is_fabrics && matches!(sqe.fctype(), fctype::AUTH_SEND | fctype::AUTH_RECV);
-            if !auth_cmd {
-                tracing::warn!(peer = %self.cfg.peer, qid = self.qid(), opcode = sqe.opcode(), "command before DH-HMAC-CHAP authentication: refused");
-                return Err(Status::AUTH_REQUIRED);
-            }
-        }
+        self.check_authenticated(sqe)?;
         if sqe.fuse() != 0 {
             return Err(Status::INVALID_FIELD);
         }
-        let mut plan = None;
-        if !self.is_admin() && !is_fabrics {
-            self.refresh_namespaces();
-            let kv_enabled = *self.kv_enabled.get_or_insert_with(|| {
-                self.binding.as_ref().is_some_and(|b| {
-                    b.ctrl().enabled_command_sets()
-                        & crate::wire::nvme::csi_bit(crate::wire::nvme::csi::KEY_VALUE)
-                        != 0
-                })
-            });
-            let ns = self.ns.get(sqe.nsid()).map(|n| &**n);
-            if !kv_enabled && ns.is_some_and(|n| n.command_set == super::CommandSet::KeyValue) {
-                // A host that enabled only the NVM command set (CC.CSS = 000b)
-                // does not see this namespace as active.
-                return Err(Status::IOCS_NOT_ENABLED);
-            }
-            let mut p = tio::plan(ns, sqe, self.target.limits.max_io_size)?;
-            if let IoPlan::Write { fua: d, .. }
-            | IoPlan::KvStore { durable: d, .. }
-            | IoPlan::KvDelete { durable: d, .. } = &mut p
-            {
-                // Without a volatile write cache (the namespace has none, or
-                // the host turned the controller's off) a write is durable
-                // before its completion.
-                *d |= ns.is_some_and(|n| n.write_through)
-                    || self
-                        .binding
-                        .as_ref()
-                        .is_some_and(|b| !b.ctrl().write_cache.load(Ordering::Relaxed));
-            }
-            plan = Some(p);
-            if let Some(r) = self.request_mut(slot) {
-                r.plan = Some(p);
-            }
+        if is_fabrics {
+            return Ok((Handler::Fabrics, None));
         }
-        let desc = desc?;
-        let lim = &self.target.limits;
-        if desc.len() > lim.max_io_size.max(ADMIN_IN_CAPSULE_DATA) {
+        if self.is_admin() {
+            return Ok((Handler::Admin, None));
+        }
+        let (handler, plan) = self.parse_io(sqe)?;
+        Ok((handler, Some(plan)))
+    }
+
+    /// The parse step of an I/O queue: the namespace's command set picks the
+    /// handler (`io::parse`).
+    fn parse_io(&mut self, sqe: &Sqe) -> Result<(Handler, IoPlan), Status> {
+        self.refresh_namespaces();
+        let kv_enabled = *self.kv_enabled.get_or_insert_with(|| {
+            self.binding.as_ref().is_some_and(|b| {
+                b.ctrl().enabled_command_sets()
+                    & crate::wire::nvme::csi_bit(crate::wire::nvme::csi::KEY_VALUE)
+                    != 0
+            })
+        });
+        let write_cache = !self
+            .binding
+            .as_ref()
+            .is_some_and(|b| !b.ctrl().write_cache.load(Ordering::Relaxed));
+        let ns = self.ns.get(sqe.nsid()).map(|n| &**n);
+        io::parse(
+            ns,
+            sqe,
+            self.target.limits.max_io_size,
+            kv_enabled,
+            write_cache,
+        )
+    }
+
+    /// Checks a command's data descriptor against its direction and plan,
+    /// and takes in-capsule data.
+    fn admit_data(
+        &mut self,
+        slot: u16,
+        sqe: &Sqe,
+        desc: DataDesc,
+        plan: Option<IoPlan>,
+        icd: &[u8],
+        ctx: &mut IoCtx,
+    ) -> Result<Option<(usize, DataDirection)>, Status> {
+        if desc.len() > self.target.limits.max_io_size.max(ADMIN_IN_CAPSULE_DATA) {
             return Err(Status::DATA_SGL_LENGTH_INVALID);
         }
-        let exact = self.cfg.exact_capsule;
         match DataDirection::of(sqe) {
-            DataDirection::None => {}
-            DataDirection::Bidirectional => return Err(Status::INVALID_FIELD),
-            DataDirection::ControllerToHost => {
-                if matches!(desc, DataDesc::InCapsule { .. }) {
-                    return Err(Status::SGL_DESCRIPTOR_TYPE_INVALID);
+            DataDirection::None => Ok(None),
+            DataDirection::Bidirectional => Err(Status::INVALID_FIELD),
+            DataDirection::ControllerToHost => self.admit_c2h(desc, plan, icd),
+            DataDirection::HostToController => self.admit_h2c(slot, desc, plan, icd, ctx),
+        }
+    }
+
+    /// Controller-to-host data: never in the capsule; a read's descriptor
+    /// covers its blocks, and a transport that places read buffers is asked
+    /// for one first.
+    fn admit_c2h(
+        &self,
+        desc: DataDesc,
+        plan: Option<IoPlan>,
+        icd: &[u8],
+    ) -> Result<Option<(usize, DataDirection)>, Status> {
+        if matches!(desc, DataDesc::InCapsule { .. }) {
+            return Err(Status::SGL_DESCRIPTOR_TYPE_INVALID);
+        }
+        if self.cfg.exact_capsule && !icd.is_empty() {
+            return Err(Status::INVALID_FIELD);
+        }
+        let places = self.cfg.places_read_buffers;
+        match plan {
+            Some(IoPlan::Read { len, .. }) => {
+                if (desc.len() as usize) < len {
+                    return Err(Status::DATA_SGL_LENGTH_INVALID);
                 }
-                if exact && !icd.is_empty() {
-                    return Err(Status::INVALID_FIELD);
-                }
-                if let Some(IoPlan::Read { len, .. }) = plan {
-                    if (desc.len() as usize) < len {
-                        return Err(Status::DATA_SGL_LENGTH_INVALID);
-                    }
-                    if self.cfg.places_read_buffers {
-                        return Ok(Some((len, DataDirection::ControllerToHost)));
-                    }
-                }
-                if let Some(IoPlan::KvRetrieve { buf, .. }) = plan {
-                    if self.cfg.places_read_buffers && buf > 0 {
-                        return Ok(Some((buf as usize, DataDirection::ControllerToHost)));
-                    }
+                if places {
+                    return Ok(Some((len, DataDirection::ControllerToHost)));
                 }
             }
-            DataDirection::HostToController if matches!(plan, Some(IoPlan::Write { len, .. }) if desc.len() as usize != len) =>
-            {
-                // The data must be the blocks written, no more, no less.
-                return Err(Status::DATA_SGL_LENGTH_INVALID);
+            Some(IoPlan::KvRetrieve { buf, .. }) if places && buf > 0 => {
+                return Ok(Some((buf as usize, DataDirection::ControllerToHost)));
             }
-            DataDirection::HostToController => match desc {
-                DataDesc::None => {}
-                DataDesc::InCapsule { offset, len } => {
-                    let limit = if self.is_admin() {
-                        ADMIN_IN_CAPSULE_DATA
-                    } else {
-                        lim.in_capsule_data
-                    };
-                    if offset != 0 {
-                        return Err(Status::SGL_OFFSET_INVALID);
-                    }
-                    let len = len as usize;
-                    let fits = if exact {
-                        icd.len() == len
-                    } else {
-                        icd.len() >= len
-                    };
-                    if len > limit as usize || !fits {
-                        return Err(Status::DATA_SGL_LENGTH_INVALID);
-                    }
-                    // The transport's receive buffer is reused at once: copy out.
-                    let mut b = ctx.bufs.get(len);
-                    b.copy_from_slice(&icd[..len]);
-                    if let Some(r) = self.request_mut(slot) {
-                        r.buf = Some(b);
-                    }
-                }
-                DataDesc::Host { len } => {
-                    if exact && !icd.is_empty() {
-                        return Err(Status::INVALID_FIELD);
-                    }
-                    return Ok(Some((len as usize, DataDirection::HostToController)));
-                }
-            },
+            _ => {}
         }
         Ok(None)
+    }
+
+    /// Host-to-controller data: a write's is exactly its blocks; in-capsule
+    /// data is copied out at once, other data is moved first.
+    fn admit_h2c(
+        &mut self,
+        slot: u16,
+        desc: DataDesc,
+        plan: Option<IoPlan>,
+        icd: &[u8],
+        ctx: &mut IoCtx,
+    ) -> Result<Option<(usize, DataDirection)>, Status> {
+        if matches!(plan, Some(IoPlan::Write { len, .. }) if desc.len() as usize != len) {
+            // The data must be the blocks written, no more, no less.
+            return Err(Status::DATA_SGL_LENGTH_INVALID);
+        }
+        match desc {
+            DataDesc::None => Ok(None),
+            DataDesc::InCapsule { offset, len } => {
+                self.take_in_capsule(slot, offset, len as usize, icd, ctx)?;
+                Ok(None)
+            }
+            DataDesc::Host { len } => {
+                if self.cfg.exact_capsule && !icd.is_empty() {
+                    return Err(Status::INVALID_FIELD);
+                }
+                Ok(Some((len as usize, DataDirection::HostToController)))
+            }
+        }
+    }
+
+    /// Copies in-capsule data out of the transport's receive buffer (reused
+    /// at once) into the request's.
+    fn take_in_capsule(
+        &mut self,
+        slot: u16,
+        offset: u64,
+        len: usize,
+        icd: &[u8],
+        ctx: &mut IoCtx,
+    ) -> Result<(), Status> {
+        let limit = if self.is_admin() {
+            ADMIN_IN_CAPSULE_DATA
+        } else {
+            self.target.limits.in_capsule_data
+        };
+        if offset != 0 {
+            return Err(Status::SGL_OFFSET_INVALID);
+        }
+        let fits = if self.cfg.exact_capsule {
+            icd.len() == len
+        } else {
+            icd.len() >= len
+        };
+        if len > limit as usize || !fits {
+            return Err(Status::DATA_SGL_LENGTH_INVALID);
+        }
+        let mut b = ctx.bufs.get(len);
+        b.copy_from_slice(&icd[..len]);
+        if let Some(r) = self.request_mut(slot) {
+            r.buf = Some(b);
+        }
+        Ok(())
     }
 
     /// The data `receive` asked for is in place (`corrupt`: it failed its
@@ -709,23 +674,35 @@ impl<X> Queue<X> {
             return Err(TRANSIENT_TRANSPORT_ERROR);
         }
         r.phase = Phase::Executing;
-        if r.sqe.opcode() == admin_opc::FABRICS {
-            let sqe = r.sqe;
+        let (sqe, handler) = (r.sqe, r.handler.ok_or(Status::INTERNAL_ERROR)?);
+        if handler == Handler::Fabrics {
             return self.execute_fabrics(slot, &sqe, link, ctx);
         }
-        let binding = self
-            .binding
-            .as_ref()
-            .ok_or(Status::COMMAND_SEQUENCE_ERROR)?;
-        if binding.qid() != 0 {
-            return self.execute_io(slot, moved, link, ctx);
+        let ctrl = match self.binding.as_ref() {
+            Some(b) => b.ctrl().clone(),
+            None => return Err(Status::COMMAND_SEQUENCE_ERROR),
+        };
+        match handler {
+            Handler::Nvm | Handler::Kv => {
+                self.execute_io(slot, handler, moved, link, ctx);
+                Ok(())
+            }
+            _ => self.execute_admin(slot, &sqe, &ctrl, link, ctx),
         }
-        let sqe = r.sqe;
-        let ctrl = binding.ctrl().clone();
+    }
+
+    fn execute_admin<L: Link<X>>(
+        &mut self,
+        slot: u16,
+        sqe: &Sqe,
+        ctrl: &Arc<super::Controller>,
+        link: &mut L,
+        ctx: &mut IoCtx,
+    ) -> Result<(), Status> {
         if !ctrl.is_ready() && sqe.opcode() != admin_opc::KEEP_ALIVE {
             return Err(Status::COMMAND_SEQUENCE_ERROR);
         }
-        match admin::execute(&self.target, &ctrl, &sqe, self.aers.len(), ctx.now) {
+        match admin::execute(&self.target, ctrl, sqe, self.aers.len(), ctx.now) {
             AdminOutcome::AsyncEventHeld => {
                 // Held without a slot: it completes only when an event fires.
                 // Its CID stays outstanding, so a host reusing it is noticed
@@ -757,39 +734,7 @@ impl<X> Queue<X> {
         ctx: &mut IoCtx,
     ) -> Result<(), Status> {
         match sqe.fctype() {
-            fctype::CONNECT => {
-                if self.binding.is_some() || self.held_connect.is_some() {
-                    return Err(Status::COMMAND_SEQUENCE_ERROR);
-                }
-                let cmd = ConnectCommand::parse(sqe);
-                let data = self.connect_data(slot)?;
-                // DW0 of a refusal points at the field: the byte offset in bits
-                // 15:0, in the Connect data when bit 16 (IATTR) is set, else in
-                // the SQE.
-                let refuse = if self.cfg.expected_qid.is_some_and(|q| q != cmd.qid) {
-                    tracing::warn!(peer = %self.cfg.peer, expected = ?self.cfg.expected_qid, qid = cmd.qid, "Connect QID differs from the transport's connection request");
-                    Some(CONNECT_SQE_QID_OFF)
-                } else if self
-                    .cfg
-                    .max_entries
-                    .is_some_and(|m| cmd.sqsize as usize >= m)
-                {
-                    tracing::warn!(peer = %self.cfg.peer, sqsize = cmd.sqsize, "Connect SQ size above what the transport has room for");
-                    Some(CONNECT_SQE_SQSIZE_OFF)
-                } else if self.cfg.discovery_only && data.subnqn != DISCOVERY_NQN {
-                    tracing::warn!(peer = %self.cfg.peer, subnqn = %data.subnqn, "connect to an NVM subsystem on the discovery port refused");
-                    Some(CONNECT_DATA_SUBNQN_OFF as u64 | 1 << 16)
-                } else {
-                    None
-                };
-                if let Some(dw0) = refuse {
-                    self.target.refused_other.fetch_add(1, Ordering::Relaxed);
-                    self.finish(slot, Status::CONNECT_INVALID_PARAMETERS, dw0, link, ctx);
-                    return Ok(());
-                }
-                self.try_connect(slot, &cmd, &data, link, ctx);
-                Ok(())
-            }
+            fctype::CONNECT => self.connect(slot, sqe, link, ctx),
             fctype::AUTH_SEND | fctype::AUTH_RECV => {
                 self.authenticate(slot, sqe, link, ctx);
                 Ok(())
@@ -819,257 +764,69 @@ impl<X> Queue<X> {
         }
     }
 
-    /// The Connect data in `slot`'s buffer.
-    fn connect_data(&self, slot: u16) -> Result<ConnectData, Status> {
-        self.request(slot)
-            .and_then(|r| r.buf.as_ref())
-            .and_then(|b| ConnectData::parse(&b[..b.len().min(CONNECT_DATA_LEN)]))
-            .ok_or(Status::DATA_SGL_LENGTH_INVALID)
-    }
-
-    /// Binds the queue to its controller and answers the Connect in `slot`, or
-    /// refuses it; a Connect whose queue ID is still held waits (see
-    /// `QID_RELEASE_WAIT`) and is tried again by `housekeeping`.
-    fn try_connect<L: Link<X>>(
-        &mut self,
-        slot: u16,
-        cmd: &ConnectCommand,
-        data: &ConnectData,
-        link: &mut L,
-        ctx: &mut IoCtx,
-    ) {
-        let accepted = fabrics::accept_connect(
-            &self.target,
-            cmd,
-            data,
-            &self.cfg.peer,
-            self.cfg.local,
-            self.cfg.kind.name(),
-            self.secure.as_ref(),
-            ctx.now,
-        );
-        let c = match accepted {
-            Ok(c) => c,
-            Err(refusal) => {
-                if refusal.qid_held {
-                    let give_up = self
-                        .held_connect
-                        .get_or_insert((slot, ctx.now + QID_RELEASE_WAIT))
-                        .1;
-                    if ctx.now < give_up {
-                        tracing::debug!(peer = %self.cfg.peer, qid = cmd.qid, "Connect waits for its queue ID to be let go");
-                        return;
-                    }
-                    fabrics::note_refusal(
-                        &self.target,
-                        &refusal,
-                        &self.cfg.peer,
-                        data,
-                        cmd.qid,
-                        self.cfg.kind.name(),
-                    );
-                }
-                self.held_connect = None;
-                self.finish(slot, refusal.status, refusal.result as u64, link, ctx);
-                return;
-            }
-        };
-        self.held_connect = None;
-        let ctrl = c.binding.ctrl().clone();
-        if c.binding.qid() == 0 && self.cfg.kind == TransportKind::Rdma {
-            // Hosts on this controller describe data with keyed
-            // SGLs (Identify), and its error log names RDMA.
-            ctrl.keyed_sgl.store(true, Ordering::Release);
-        }
-        self.sqsize = cmd.sqsize;
-        // The Connect itself took entry 0 of the new queue.
-        self.sq_head = if cmd.sqsize == 0 { 0 } else { 1 };
-        self.sqflow_disabled = cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0;
-        self.stats = Some(c.stats);
-        self.ns.load(c.ns_gen, c.namespaces);
-        let qid = c.binding.qid();
-        self.binding = Some(c.binding);
-        let mut dw0 = ctrl.cntlid as u64;
-        if let Some(keys) = ctrl.subsys.host_keys(&data.hostnqn) {
-            // AUTHREQ.ATR (DW0 bit 17): the host must run
-            // DH-HMAC-CHAP on this queue before anything else.
-            self.auth = Some(QueueAuth::new(
-                Some(keys),
-                &data.hostnqn,
-                &ctrl.subsys.nqn,
-                qid,
-                self.target.auth_policy(),
-                self.auth_timeout(&ctrl),
-                ctx.now,
-            ));
-            self.authenticated = false;
-            dw0 |= 1 << 17;
-            if let (Some(st), Some(a)) = (self.stats.as_ref(), self.auth.as_ref()) {
-                if let Ok(mut s) = st.auth.lock() {
-                    *s = Some(a.status());
-                }
-            }
-        }
-        self.finish(slot, Status::SUCCESS, dw0, link, ctx);
-    }
-
-    /// Tries a waiting Connect again.
-    fn retry_held_connect<L: Link<X>>(&mut self, link: &mut L, ctx: &mut IoCtx) {
-        let Some((slot, _)) = self.held_connect else {
-            return;
-        };
-        let Some(sqe) = self.request(slot).map(|r| r.sqe) else {
-            self.held_connect = None;
-            return;
-        };
-        let cmd = ConnectCommand::parse(&sqe);
-        match self.connect_data(slot) {
-            Ok(data) => self.try_connect(slot, &cmd, &data, link, ctx),
-            Err(status) => {
-                self.held_connect = None;
-                self.finish(slot, status, 0, link, ctx);
-            }
-        }
-    }
-
-    /// A transaction times out after the controller's keep-alive timeout, or
-    /// SPDK's two minutes without one.
-    fn auth_timeout(&self, ctrl: &super::Controller) -> std::time::Duration {
-        match ctrl.kato_ms.load(Ordering::Relaxed) {
-            0 => AUTH_TIMEOUT,
-            ms => std::time::Duration::from_millis(ms as u64),
-        }
-    }
-
-    /// Authentication Send / Receive: one step of this queue's DH-HMAC-CHAP
-    /// transaction. A host may also start one on an authenticated queue (to
-    /// re-authenticate); I/O carries on meanwhile.
-    fn authenticate<L: Link<X>>(&mut self, slot: u16, sqe: &Sqe, link: &mut L, ctx: &mut IoCtx) {
-        let Some(ctrl) = self.binding.as_ref().map(|b| b.ctrl().clone()) else {
-            self.finish(slot, Status::COMMAND_SEQUENCE_ERROR, 0, link, ctx);
-            return;
-        };
-        // A new transaction unless one runs or one failed (the queue closes).
-        if !self
-            .auth
-            .as_ref()
-            .is_some_and(|a| a.in_progress() || a.failed())
-        {
-            self.auth = Some(QueueAuth::new(
-                ctrl.subsys.host_keys(&ctrl.hostnqn),
-                &ctrl.hostnqn,
-                &ctrl.subsys.nqn,
-                self.qid(),
-                self.target.auth_policy(),
-                self.auth_timeout(&ctrl),
-                ctx.now,
-            ));
-        }
-        let cmd = AuthCommand::parse(sqe);
-        let Some(auth) = self.auth.as_mut() else {
-            return;
-        };
-        let step = if sqe.fctype() == fctype::AUTH_SEND {
-            let data = self
-                .slots
-                .get(slot as usize)
-                .and_then(|s| s.as_ref())
-                .and_then(|r| r.buf.as_ref())
-                .map_or(&[][..], |b| &b[..]);
-            auth.send(&cmd, data, ctx.now)
-        } else {
-            auth.receive(&cmd, ctx.now)
-        };
-        if auth.succeeded() {
-            self.authenticated = true;
-        }
-        if let Some(st) = self.stats.as_ref() {
-            if let Ok(mut a) = st.auth.lock() {
-                *a = Some(auth.status());
-            }
-        }
-        if step.close_after && step.status != Status::COMMAND_SEQUENCE_ERROR {
-            self.target.auth_failures.fetch_add(1, Ordering::Relaxed);
-        }
-        if let (Some(mut d), Some(r)) = (step.data, self.request_mut(slot)) {
-            d.truncate(sqe.sgl().length as usize);
-            r.reply = Some(d);
-        }
-        self.respond(slot, step.status, 0, step.close_after, link, ctx);
-    }
-
+    /// Runs an I/O command by its command set's handler.
     fn execute_io<L: Link<X>>(
         &mut self,
         slot: u16,
+        handler: Handler,
         moved: bool,
         link: &mut L,
         ctx: &mut IoCtx,
-    ) -> Result<(), Status> {
+    ) {
         if moved {
             // A namespace removed while this command's data moved is gone for
             // it too (`admit` refreshed the table when it was checked).
             self.refresh_namespaces();
         }
-        let tag = ctx.tag(slot);
-        let places = self.cfg.places_read_buffers;
+        let mut env = IoEnv {
+            ns: &self.ns,
+            ops: &mut self.ops_scratch,
+            errors: &mut self.device_errors,
+            tag: ctx.tag(slot),
+            places_read_buffers: self.cfg.places_read_buffers,
+        };
         let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.as_mut()) else {
-            return Err(Status::INTERNAL_ERROR);
+            return;
         };
-        let plan = r.plan.ok_or(Status::INTERNAL_ERROR)?;
-        if plan.is_kv() {
-            return self.execute_kv(slot, link, ctx);
-        }
-        if places && matches!(plan, IoPlan::Read { .. }) && r.buf.is_none() {
-            // Read data must be in the transport's memory; it placed it, so
-            // this is never a host's doing.
-            return Err(Status::INTERNAL_ERROR);
-        }
-        let mut ops = std::mem::take(&mut self.ops_scratch);
-        let planned =
-            command::device_ops(plan, r.sqe.nsid(), &self.ns, &mut r.buf, ctx.bufs, &mut ops);
-        let sent = match planned {
-            Ok(()) if ops.is_empty() => None,
-            Ok(()) => Some(command::submit(
-                &mut ops,
-                tag,
-                &self.ns,
-                ctx.channels,
-                ctx.bufs,
-                &mut self.device_errors,
-                ctx.now,
-            )),
-            Err(e) => {
-                for (_, op) in ops.drain(..) {
-                    if let Some(b) = op.into_buf().filter(|b| b.is_owned()) {
-                        ctx.bufs.put(b);
-                    }
-                }
-                self.ops_scratch = ops;
-                return Err(e);
-            }
+        let out = match handler {
+            Handler::Nvm => io::nvm::execute(r, &mut env, ctx),
+            Handler::Kv => io::kv::execute(r, &mut env, ctx),
+            Handler::Fabrics | Handler::Admin => Err(Status::INTERNAL_ERROR),
         };
-        self.ops_scratch = ops;
-        let Some(sent) = sent else {
-            // Nothing for a device to do (DSM hints, a flush of no namespace).
-            self.finish(slot, Status::SUCCESS, 0, link, ctx);
-            return Ok(());
-        };
-        self.dev_ops += sent.ops as usize;
-        if let Some(r) = self.request_mut(slot) {
-            r.pending_ops = sent.ops;
-            if let Some(f) = sent.failure {
-                r.status = f;
-            }
-        }
-        if sent.ops == 0 {
-            return Err(sent.failure.unwrap_or(Status::INTERNAL_ERROR));
-        }
-        Ok(())
+        self.settle(slot, out, link, ctx);
     }
 
-    /// A device operation of `slot` finished. Reads keep the buffer to send
-    /// from; other buffers go back to the pool (views into transport memory
-    /// are dropped: their memory stays with the request).
+    /// Acts on what an I/O handler handed back: answer now, or wait for the
+    /// device operations it submitted.
+    fn settle<L: Link<X>>(
+        &mut self,
+        slot: u16,
+        out: Result<Outcome, Status>,
+        link: &mut L,
+        ctx: &mut IoCtx,
+    ) {
+        match out {
+            Ok(Outcome::Complete { status, result }) => {
+                self.finish(slot, status, result, link, ctx)
+            }
+            Ok(Outcome::Submitted(sent)) => {
+                self.dev_ops += sent.ops as usize;
+                if let Some(r) = self.request_mut(slot) {
+                    r.pending_ops = sent.ops;
+                    if let Some(f) = sent.failure {
+                        r.status = f;
+                    }
+                }
+                if sent.ops == 0 {
+                    let status = sent.failure.unwrap_or(Status::INTERNAL_ERROR);
+                    self.finish(slot, status, 0, link, ctx);
+                }
+            }
+            Err(status) => self.finish(slot, status, 0, link, ctx),
+        }
+    }
+
+    /// A device operation of `slot` finished: its handler takes it.
     pub fn io_complete<L: Link<X>>(
         &mut self,
         slot: u16,
@@ -1079,40 +836,29 @@ impl<X> Queue<X> {
         ctx: &mut IoCtx,
     ) {
         self.dev_ops = self.dev_ops.saturating_sub(1);
+        let mut env = IoEnv {
+            ns: &self.ns,
+            ops: &mut self.ops_scratch,
+            errors: &mut self.device_errors,
+            tag: ctx.tag(slot),
+            places_read_buffers: self.cfg.places_read_buffers,
+        };
         let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.as_mut()) else {
             if let Some(b) = buf.filter(|b| b.is_owned()) {
                 ctx.bufs.put(b);
             }
             return;
         };
-        if r.plan.is_some_and(|p| p.is_kv()) {
-            self.kv_step_done(slot, result, buf, link, ctx);
-            return;
-        }
-        if let Err(errno) = result {
-            command::log_device_error(
-                &mut self.device_errors,
-                ctx.now,
-                r.sqe.cid(),
-                r.sqe.opcode(),
-                errno,
-            );
-            r.status = tio::status_for_errno(errno, r.plan);
-        }
-        if let Some(b) = buf {
-            if r.buf.is_none() && matches!(r.plan, Some(IoPlan::Read { .. })) {
-                r.buf = Some(b);
-            } else if b.is_owned() {
-                ctx.bufs.put(b);
+        if r.handler == Some(Handler::Kv) {
+            if let Some(out) = io::kv::step_done(r, &mut env, result, buf, ctx) {
+                self.settle(slot, out, link, ctx);
             }
-        }
-        r.pending_ops = r.pending_ops.saturating_sub(1);
-        if r.pending_ops == 0 {
+        } else if io::nvm::complete(r, env.errors, result, buf, ctx) {
             self.finish(slot, Status::SUCCESS, 0, link, ctx);
         }
     }
 
-    fn finish<L: Link<X>>(
+    pub(in crate::nvmf) fn finish<L: Link<X>>(
         &mut self,
         slot: u16,
         status: Status,
@@ -1124,7 +870,7 @@ impl<X> Queue<X> {
     }
 
     /// Completes a command: accounting, then the transport sends its answer.
-    fn respond<L: Link<X>>(
+    pub(in crate::nvmf) fn respond<L: Link<X>>(
         &mut self,
         slot: u16,
         status: Status,
@@ -1159,23 +905,16 @@ impl<X> Queue<X> {
             self.stats.as_deref(),
             qid,
             &r.sqe,
-            r.plan,
+            r.plan.map_or(Transfer::Other, |p| p.transfer()),
             status,
             ctx.now_ns.saturating_sub(r.arrived_ns),
         );
-        let c2h = match (status.is_success(), r.plan) {
+        let c2h = match (status.is_success(), r.plan.and_then(|p| p.c2h_len())) {
             (false, _) => {
                 r.reply = None;
                 C2h::None
             }
-            (true, Some(IoPlan::Read { len, .. })) if r.buf.is_some() => C2h::Data(len),
-            (
-                true,
-                Some(IoPlan::KvRetrieve {
-                    stage: tio::KvStage::Sent { xfer },
-                    ..
-                }),
-            ) if r.buf.is_some() => C2h::Data(xfer as usize),
+            (true, Some(n)) if r.buf.is_some() => C2h::Data(n),
             _ if r.reply.as_ref().is_some_and(|d| !d.is_empty()) => C2h::Reply,
             _ => C2h::None,
         };
@@ -1320,7 +1059,3 @@ impl<X> Drop for Queue<X> {
         }
     }
 }
-
-#[cfg(test)]
-#[path = "queue_tests.rs"]
-mod tests;

@@ -27,6 +27,7 @@
 //! and a fresh mapping for space it takes back at once.
 
 use super::format::NO_EXTENT;
+pub use crate::nvmf::kv_index::{KvLoc, Reserve};
 use crate::wire::nvme::{KvKey, Status, StoreOptions};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -44,15 +45,6 @@ pub const TRIM_AFTER: Duration = Duration::from_secs(5);
 /// Extents one `trim_step` hands over at most (the rest wait a tick), so the
 /// index lock is never held for a scan of a whole large volume.
 const TRIM_BATCH: usize = 256;
-
-/// Where a value lives: `nblocks` blocks of the volume from `block`, the
-/// first `len` bytes of which are the value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct KvLoc {
-    pub block: u64,
-    pub nblocks: u32,
-    pub len: u32,
-}
 
 /// What a full KV namespace does with a Store of a new value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
@@ -84,20 +76,6 @@ pub struct KvSettings {
     /// high-water footprint, and a cache that refills at once never pays for
     /// fresh mappings.
     pub keep_footprint: bool,
-}
-
-/// The answer to a Store's request for space.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reserve {
-    /// Write the value here, then `commit_store`.
-    Ready(KvLoc),
-    /// These blocks are the Store's, but keys gave some of them up in changes
-    /// not yet durable: flush the volume (its commit makes them durable), then
-    /// write here and `commit_store`. If the flush fails, `abort_claim`.
-    Claimed(KvLoc),
-    /// No run fits even once given-up blocks are free, but some wait for a
-    /// commit (or readers hold them): flush the volume and ask again.
-    AfterCommit,
 }
 
 /// Counters of one KV namespace (monotonic, except the gauges).
@@ -1169,6 +1147,58 @@ pub fn max_keys_of(size_bytes: u64) -> u64 {
 
 // Keys are recorded with their blocks; NO_EXTENT is never a block count.
 const _: () = assert!(NO_EXTENT == u32::MAX);
+
+/// The KV command set reaches the index through `nvmf::kv_index::KeyIndex`.
+impl crate::nvmf::kv_index::KeyIndex for KvIndex {
+    fn block_size(&self) -> u32 {
+        KvIndex::block_size(self)
+    }
+    fn max_keys(&self) -> u64 {
+        KvIndex::max_keys(self)
+    }
+    fn used_blocks(&self) -> u64 {
+        self.snapshot().used_blocks
+    }
+    fn reserve(
+        &self,
+        key: &KvKey,
+        len: u32,
+        opts: StoreOptions,
+        now: Instant,
+    ) -> Result<Reserve, Status> {
+        KvIndex::reserve(self, key, len, opts, now)
+    }
+    fn commit_store(
+        &self,
+        key: &KvKey,
+        loc: KvLoc,
+        opts: StoreOptions,
+        now: Instant,
+    ) -> Result<(), Status> {
+        KvIndex::commit_store(self, key, loc, opts, now)
+    }
+    fn abort_store(&self, key: &KvKey, loc: KvLoc) {
+        KvIndex::abort_store(self, key, loc)
+    }
+    fn abort_claim(&self, key: &KvKey, loc: KvLoc) {
+        KvIndex::abort_claim(self, key, loc)
+    }
+    fn begin_read(&self, key: &KvKey, now: Instant) -> Result<(u32, KvLoc), Status> {
+        KvIndex::begin_read(self, key, now)
+    }
+    fn end_read(&self, pin: u32) {
+        KvIndex::end_read(self, pin)
+    }
+    fn exists(&self, key: &KvKey, now: Instant) -> bool {
+        KvIndex::exists(self, key, now)
+    }
+    fn delete(&self, key: &KvKey, now: Instant) -> Result<(), Status> {
+        KvIndex::delete(self, key, now)
+    }
+    fn list(&self, start: &KvKey, max: usize, now: Instant) -> Vec<KvKey> {
+        KvIndex::list(self, start, max, now)
+    }
+}
 
 #[cfg(test)]
 mod tests {

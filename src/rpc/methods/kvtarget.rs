@@ -198,7 +198,14 @@ impl Control {
                     nsid: n.nsid,
                 });
         };
-        let kv = n.kv.as_ref().map(|k| k.settings());
+        // The KV settings are the pool index's (the namespace holds it only
+        // as what its command set needs).
+        let kv = self
+            .pools()
+            .iter()
+            .find_map(|p| p.volumes().into_iter().find(|v| v.desc.uuid == n.uuid))
+            .and_then(|v| v.kv.clone())
+            .map(|k| k.settings());
         Ok(NamespaceConfig {
             nsid: n.nsid,
             volume: Some(volume),
