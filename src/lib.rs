@@ -1,7 +1,8 @@
 //! kvtarget: a user-space NVMe-over-Fabrics target for KV-cache volumes.
 //!
 //! Layers, bottom up: `wire` (NVMe and NVMe/TCP formats), `mem` (I/O buffers),
-//! `bdev` (block device backends), `reactor` (polling threads), `target`
+//! `bdev` (block device backends), `meta` (a pool's on-disk metadata), `pool`
+//! (extents and volumes on it), `reactor` (polling threads), `target`
 //! (subsystems, controllers, namespaces, discovery), `transport` (NVMe/TCP queue
 //! pairs), `config` and `server` (assembly), and `initiator` (our own NVMe/TCP host,
 //! for tests and `kvtarget perf`).
@@ -12,6 +13,7 @@ pub mod config;
 pub mod ident;
 pub mod initiator;
 pub mod mem;
+pub mod meta;
 pub mod metrics;
 pub mod nvmf;
 pub mod perf;

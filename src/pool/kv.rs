@@ -26,33 +26,20 @@
 //! reuses freed blocks as soon as next fit comes round, from paying a scrub
 //! and a fresh mapping for space it takes back at once.
 
-use super::format::NO_EXTENT;
+pub use crate::meta::journal::KvLoc;
+use crate::meta::superblock::NO_EXTENT;
+pub use crate::meta::superblock::{KV_BYTES_PER_KEY, KV_CKPT_ENTRY_BYTES};
 use crate::wire::nvme::{KvKey, Status, StoreOptions};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Checkpoint room a pool's layout reserves per this many bytes of device,
-/// one key each: a KV namespace holds at most its size over this many keys
-/// (its Identify MNK).
-pub const KV_BYTES_PER_KEY: u64 = 16 << 10;
-/// The most bytes one key takes in a checkpoint (volume, key, location).
-pub const KV_CKPT_ENTRY_BYTES: u64 = 4 + 1 + 16 + 8 + 4 + 4;
 /// How long an extent's blocks stay all free before it goes back to the pool.
 pub const TRIM_AFTER: Duration = Duration::from_secs(5);
 /// Extents one `trim_step` hands over at most (the rest wait a tick), so the
 /// index lock is never held for a scan of a whole large volume.
 const TRIM_BATCH: usize = 256;
-
-/// Where a value lives: `nblocks` blocks of the volume from `block`, the
-/// first `len` bytes of which are the value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct KvLoc {
-    pub block: u64,
-    pub nblocks: u32,
-    pub len: u32,
-}
 
 /// What a full KV namespace does with a Store of a new value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -2,8 +2,9 @@
 //! records applied on top. Recovery builds the live state from it; `check` judges
 //! it. Nothing here touches a device.
 
-use super::format::{bitmap_bytes_max, CheckpointData, Record, VolumeDesc, NO_EXTENT, VOL_KV};
-use super::kv::KvLoc;
+use super::checkpoint::CheckpointData;
+use super::journal::{KvLoc, Record, VolumeDesc, VOL_KV};
+use super::superblock::{bitmap_bytes_max, NO_EXTENT};
 use crate::wire::nvme::KvKey;
 use std::collections::{BTreeMap, BTreeSet};
 
