@@ -29,7 +29,7 @@ impl Pool {
         self.kv_trim(&mut m, now);
         if m.failed.is_some() {
             // Metadata can no longer be written: fail every waiter.
-            while let Some(r) = self.commits.pop() {
+            while let Some(r) = self.pop_commit() {
                 r.to.committed.push((r.tag, Err(libc::EIO)));
                 r.to.signal();
             }
@@ -42,7 +42,7 @@ impl Pool {
             return false;
         }
         let mut reqs = Vec::new();
-        while let Some(r) = self.commits.pop() {
+        while let Some(r) = self.pop_commit() {
             reqs.push(r);
         }
         let inputs = self.md_inputs(&mut m, now, reqs.len());

@@ -133,6 +133,11 @@ pub struct PoolSnapshot {
 /// How many extents a reactor takes from the ready queue at once.
 const CACHE_BATCH: usize = 8;
 const CACHE_CAP: usize = 32;
+/// Flush/FUA commit requests queued for the metadata thread without
+/// allocating: one per Flush or FUA write in flight, so 4096 covers four
+/// reactors' queues of depth 1024 with every command a Flush (a group commit
+/// answers them all at once).
+const COMMITS_QUEUED: usize = 4096;
 /// Extents kept reserved and ready for first writes.
 const READY_TARGET: usize = 64;
 
@@ -149,7 +154,10 @@ pub struct Pool {
     caches: Vec<ArrayQueue<u32>>,
     freed: SegQueue<u32>,
     retry_free: SegQueue<(u32, u32)>,
-    commits: SegQueue<CommitReq>,
+    /// Flush/FUA commit requests for the metadata thread; past its
+    /// `COMMITS_QUEUED` slots they go to `commits_overflow` (which allocates).
+    commits: ArrayQueue<CommitReq>,
+    commits_overflow: SegQueue<CommitReq>,
     waiters: Mutex<Vec<Weak<Notifier>>>,
     md_wake: (Mutex<bool>, Condvar),
     stop: AtomicBool,
@@ -251,7 +259,8 @@ impl Pool {
             caches: (0..reactors).map(|_| ArrayQueue::new(CACHE_CAP)).collect(),
             freed: SegQueue::new(),
             retry_free: SegQueue::new(),
-            commits: SegQueue::new(),
+            commits: ArrayQueue::new(COMMITS_QUEUED),
+            commits_overflow: SegQueue::new(),
             waiters: Mutex::new(Vec::new()),
             md_wake: (Mutex::new(false), Condvar::new()),
             stop: AtomicBool::new(false),
@@ -288,8 +297,15 @@ impl Pool {
     }
 
     pub fn request_commit(&self, tag: u64, to: Arc<Notifier>) {
-        self.commits.push(CommitReq { tag, to });
+        if let Err(r) = self.commits.push(CommitReq { tag, to }) {
+            self.commits_overflow.push(r);
+        }
         self.wake_md();
+    }
+
+    /// The next commit request the metadata thread answers.
+    fn pop_commit(&self) -> Option<CommitReq> {
+        self.commits.pop().or_else(|| self.commits_overflow.pop())
     }
 
     pub fn register_waiter(&self, n: &Arc<Notifier>) {

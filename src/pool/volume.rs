@@ -9,7 +9,7 @@
 //! one physical extent wins.
 
 use super::format::{VolumeDesc, NO_EXTENT, VOL_UNWRITTEN_ERROR};
-use crossbeam_queue::SegQueue;
+use crossbeam_queue::ArrayQueue;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 const PHYS_BITS: u32 = 28;
@@ -108,7 +108,10 @@ pub struct Volume {
     slots: Box<[AtomicU64]>,
     bitmaps: Box<[AtomicU64]>,
     dirty: Box<[AtomicBool]>,
-    dirty_queue: SegQueue<u32>,
+    /// Logical extents whose `dirty` flag is set, each at most once (a flag
+    /// is cleared only after its entry is popped), so `dirty.len()` slots
+    /// always suffice and marking an extent dirty never allocates.
+    dirty_queue: ArrayQueue<u32>,
     used_blocks: AtomicU64,
     /// Set when the volume is deleted: open channels fail new I/O.
     pub deleted: AtomicBool,
@@ -140,7 +143,7 @@ impl Volume {
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             dirty: (0..n).map(|_| AtomicBool::new(false)).collect(),
-            dirty_queue: SegQueue::new(),
+            dirty_queue: ArrayQueue::new(n.max(1)),
             used_blocks: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
             stats: std::sync::Mutex::new(Vec::new()),
@@ -474,7 +477,8 @@ impl Volume {
     fn mark_dirty(&self, lext: u32) {
         if let Some(d) = self.dirty.get(lext as usize) {
             if !d.swap(true, Ordering::AcqRel) {
-                self.dirty_queue.push(lext);
+                let queued = self.dirty_queue.push(lext);
+                assert!(queued.is_ok(), "extent {lext} dirty twice in the queue");
             }
         }
     }
@@ -636,7 +640,7 @@ mod tests {
         for _ in 0..200 {
             let v = Arc::new(vol(1 << 20));
             let next = Arc::new(AtomicU64::new(100));
-            let unused = Arc::new(SegQueue::new());
+            let unused = Arc::new(crossbeam_queue::SegQueue::new());
             let hs: Vec<_> = (0..2)
                 .map(|i| {
                     let (v, next, unused) = (v.clone(), next.clone(), unused.clone());
