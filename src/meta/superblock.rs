@@ -88,6 +88,8 @@ impl Superblock {
         let journal_offset = ckpt_offset + 2 * ckpt_slot_len;
         let align = extent_size.min(1 << 20);
         let data_offset = round_up(journal_offset + journal_len, align);
+        // Saturating: a device too small for its metadata is the caller's
+        // input, refused just below.
         let extent_count = device_size.saturating_sub(data_offset) / extent_size;
         if extent_count == 0 {
             return Err(bad(format!(

@@ -330,8 +330,9 @@ impl Engine {
             start: now,
         };
         self.active += 1;
-        if kind != Kind::Flush {
-            if let Some(l) = lane_at(lanes, lane) {
+        if let Some(l) = lane_at(lanes, lane) {
+            l.active.set(l.active.get() + 1);
+            if kind != Kind::Flush {
                 l.stats.inflight.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -365,6 +366,8 @@ impl Engine {
             return;
         };
         let Some(lane) = lane_at(lanes, r.lane) else {
+            // `release_lane` keeps a lane while it has requests.
+            debug_assert!(false, "request {ri} of released lane {}", r.lane);
             return;
         };
         let vol = &lane.vol;
@@ -411,8 +414,13 @@ impl Engine {
 
     fn release(&mut self, lanes: &[Option<Lane>], ri: u32, now: Instant) {
         let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.take()) else {
+            debug_assert!(false, "request {ri} released twice");
             return;
         };
+        if let Some(l) = lane_at(lanes, r.lane) {
+            debug_assert!(l.active.get() > 0, "lane {} count", r.lane);
+            l.active.set(l.active.get() - 1);
+        }
         self.free.push(ri);
         self.active -= 1;
         let mut lists = r.lists;
@@ -955,14 +963,22 @@ impl Engine {
         for c in scratch.drain(..) {
             let ri = (c.tag >> 1) as u32;
             if c.tag & 1 != 0 {
-                self.large_inflight = self.large_inflight.saturating_sub(1);
+                // Counted at submission; a refused submission completes nothing.
+                assert!(self.large_inflight > 0, "a large piece completed twice");
+                self.large_inflight -= 1;
             }
             drop(c.buf); // a view: the parent stays with the request
-            if let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.as_mut()) {
-                r.pending = r.pending.saturating_sub(1);
-                if let Err(e) = c.result {
-                    r.err.get_or_insert(e);
-                }
+                         // A request stays in its slot until its last operation completes.
+            let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.as_mut()) else {
+                panic!("device completion for request {ri}, which is not in flight");
+            };
+            assert!(
+                r.pending > 0,
+                "request {ri}: more completions than operations"
+            );
+            r.pending -= 1;
+            if let Err(e) = c.result {
+                r.err.get_or_insert(e);
             }
             self.settle(lanes, ri, now);
         }

@@ -124,8 +124,9 @@ impl Pool {
         // An entry that does not fit before the end of the ring (even
         // when the head sits exactly at the end) starts at 0.
         let wrap = m.head + len > self.sb.journal_len;
+        assert!(m.head <= self.sb.journal_len, "journal head past the ring");
         let gap = if wrap {
-            self.sb.journal_len.saturating_sub(m.head)
+            self.sb.journal_len - m.head
         } else {
             0
         };

@@ -268,6 +268,8 @@ struct State {
     /// Keys whose index state changed since the last commit drained them.
     dirty: HashSet<KvKey>,
     /// Stores of new keys between `reserve` and `commit_store`.
+    /// (Decremented saturating: a Store reserved while its key existed is
+    /// not counted, yet finds no key at its end when a Delete came between.)
     inflight_new: u64,
     hand: usize,
     value_bytes: u64,
@@ -590,7 +592,8 @@ impl KvIndex {
         let mut st = self.lock();
         let done = match st.entries.get_mut(pin as usize).and_then(|e| e.as_mut()) {
             Some(e) => {
-                e.readers = e.readers.saturating_sub(1);
+                assert!(e.readers > 0, "end_read without begin_read");
+                e.readers -= 1;
                 (!e.live && e.readers == 0).then_some(e.loc)
             }
             None => None,
@@ -956,7 +959,12 @@ impl KvIndex {
         e.live = false;
         let (key, loc, readers) = (e.key, e.loc, e.readers);
         st.map.remove(&key);
-        st.value_bytes = st.value_bytes.saturating_sub(loc.len as u64);
+        // value_bytes sums the live keys' lengths, this one's included.
+        assert!(
+            st.value_bytes >= loc.len as u64,
+            "value bytes below a live key's"
+        );
+        st.value_bytes -= loc.len as u64;
         st.dirty.insert(key);
         if readers == 0 {
             Self::pend(st, loc);
@@ -1014,6 +1022,8 @@ impl KvIndex {
         if expired(e, now_ms, ttl) {
             self.counters.expirations.fetch_add(1, Ordering::Relaxed);
         } else {
+            // Saturating: reactors pass their own clocks, so a key may be stored
+            // at a `now` later than this caller's.
             let age = now_ms.saturating_sub(e.stored_ms);
             self.counters.evictions.fetch_add(1, Ordering::Relaxed);
             self.counters

@@ -81,6 +81,8 @@ impl Pool {
         let (prev_ops, prev_ns) = m.fg_seen;
         m.fg_seen = (ops, ns);
         let fg_latency_ns = match ops.checked_sub(prev_ops) {
+            // Saturating: the sums are over live volumes, and a deleted
+            // volume takes its latency with it.
             Some(d) if d > 0 => ns.saturating_sub(prev_ns) / d,
             _ => 0,
         };

@@ -68,6 +68,8 @@ impl Pool {
                 .filter(|v| v.kv.is_some())
                 .map(|v| kv::max_keys_of(v.desc.size_bytes))
                 .sum();
+            // Saturating: the volume table comes from the device, whose KV
+            // volumes may claim more than its room (`check` reports it).
             let room = kv_key_room(self.sb.device_size).saturating_sub(taken);
             let keys = kv::max_keys_of(size_bytes);
             if keys > room {

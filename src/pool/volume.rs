@@ -536,7 +536,8 @@ impl Volume {
             }
             let mut v = u64::from_le_bytes(b);
             // Only blocks that exist in the extent count.
-            let valid_bits = (self.blocks_per_extent as u64).saturating_sub(i as u64 * 64);
+            // i < words_per_extent = ceil(blocks_per_extent / 64).
+            let valid_bits = self.blocks_per_extent as u64 - i as u64 * 64;
             if valid_bits < 64 {
                 v &= (1u64 << valid_bits) - 1;
             }
