@@ -10,13 +10,27 @@ use super::journal::{
 use super::superblock::{bitmap_bytes_max, MAX_EXTENTS, MAX_EXTENT_SIZE, MAX_VOLUMES};
 use crate::wire::nvme::KvKey;
 
+/// One mapped logical extent: the state an `Extent` journal record carries,
+/// and what a checkpoint holds for each mapped extent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtentMapping {
+    /// Volume ID.
+    pub vol: u32,
+    /// Logical extent of the volume.
+    pub lext: u32,
+    /// Physical extent of the pool (`NO_EXTENT`: unmapped, in a journal record).
+    pub phys: u32,
+    /// Valid-block bitmap, little-endian bytes.
+    pub bitmap: Vec<u8>,
+}
+
 /// A checkpoint's payload: the whole metadata state at one point.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CheckpointData {
     pub next_volume_id: u32,
     pub volumes: Vec<VolumeDesc>,
     /// (volume, logical extent, physical extent, bitmap)
-    pub mappings: Vec<(u32, u32, u32, Vec<u8>)>,
+    pub mappings: Vec<ExtentMapping>,
     pub clean: Vec<u32>,
     /// Every key of every KV volume: (volume, key, location). Written after
     /// the clean list, so a checkpoint without KV volumes reads as before.
@@ -32,12 +46,12 @@ impl CheckpointData {
             v.encode(&mut w);
         }
         w.u32(self.mappings.len() as u32);
-        for (vol, lext, phys, bm) in &self.mappings {
-            w.u32(*vol);
-            w.u32(*lext);
-            w.u32(*phys);
-            w.u32(bm.len() as u32);
-            w.bytes(bm);
+        for m in &self.mappings {
+            w.u32(m.vol);
+            w.u32(m.lext);
+            w.u32(m.phys);
+            w.u32(m.bitmap.len() as u32);
+            w.bytes(&m.bitmap);
         }
         encode_list(&mut w, &self.clean);
         if !self.kv.is_empty() {
@@ -75,7 +89,12 @@ impl CheckpointData {
             if n > bitmap_bytes_max(MAX_EXTENT_SIZE) {
                 return Err(r.invalid(format!("bitmap of {n} bytes")));
             }
-            mappings.push((vol, lext, phys, r.bytes(n)?.to_vec()));
+            mappings.push(ExtentMapping {
+                vol,
+                lext,
+                phys,
+                bitmap: r.bytes(n)?.to_vec(),
+            });
         }
         let clean = decode_list(&mut r)?;
         let mut kv = Vec::new();
@@ -116,7 +135,7 @@ mod tests {
                 let c = CheckpointData {
                     next_volume_id: vols as u32,
                     volumes: (0..vols).map(|i| VolumeDesc { id: i as u32, name: format!("v{i}"), uuid: [i as u8; 16], size_bytes: 4096 * i as u64, block_size: 4096, flags: 0 }).collect(),
-                    mappings: maps,
+                    mappings: maps.into_iter().map(|(vol, lext, phys, bitmap)| ExtentMapping { vol, lext, phys, bitmap }).collect(),
                     clean,
                     kv: kv.into_iter().filter_map(|(v, k, block, nblocks, len)| Some((v, KvKey::new(&k)?, KvLoc { block, nblocks, len }))).collect(),
                 };

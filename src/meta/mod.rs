@@ -27,7 +27,7 @@ pub mod superblock;
 
 pub use block::*;
 pub use check::{check, CheckReport};
-pub use checkpoint::CheckpointData;
+pub use checkpoint::{CheckpointData, ExtentMapping};
 pub use error::PoolError;
 pub use format::{format, FormatOptions};
 pub use journal::*;

@@ -3,6 +3,7 @@
 //! records that name it, a checkpoint before journal space is reused).
 
 use super::*;
+use crate::meta::checkpoint::ExtentMapping;
 
 /// Largest journal entry.
 const MAX_ENTRY: usize = 256 << 10;
@@ -79,14 +80,12 @@ impl Pool {
         let mut kv_changed = Vec::new();
         for v in self.volumes() {
             v.drain_dirty(&mut changed);
-            for (lext, phys, bitmap) in changed.drain(..) {
-                records.push(Record::Extent {
-                    vol: v.desc.id,
-                    lext,
-                    phys,
-                    bitmap,
-                });
-            }
+            records.extend(changed.drain(..).map(|m| Record::Extent {
+                vol: m.vol,
+                lext: m.lext,
+                phys: m.phys,
+                bitmap: m.bitmap,
+            }));
             if let Some(kv) = &v.kv {
                 kv_changed.clear();
                 kv.drain_changes(&mut kv_changed);
@@ -215,7 +214,12 @@ impl Pool {
                 .flat_map(|v| {
                     v.mapped()
                         .into_iter()
-                        .map(|(l, p)| (v.desc.id, l, p, v.bitmap(l)))
+                        .map(|(lext, phys)| ExtentMapping {
+                            vol: v.desc.id,
+                            lext,
+                            phys,
+                            bitmap: v.bitmap(lext),
+                        })
                         .collect::<Vec<_>>()
                 })
                 .collect(),

@@ -3,6 +3,6 @@
 //! the target, tools and fuzz targets name (`pool::format::VOL_KV`, ...).
 
 pub use crate::meta::block::*;
-pub use crate::meta::checkpoint::CheckpointData;
+pub use crate::meta::checkpoint::{CheckpointData, ExtentMapping};
 pub use crate::meta::journal::*;
 pub use crate::meta::superblock::*;

@@ -9,6 +9,7 @@
 //! one physical extent wins.
 
 use super::format::{VolumeDesc, NO_EXTENT, VOL_UNWRITTEN_ERROR};
+use crate::meta::checkpoint::ExtentMapping;
 use crossbeam_queue::ArrayQueue;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -485,16 +486,17 @@ impl Volume {
 
     /// Takes the logical extents changed since the last call, clearing their
     /// flags before reading their state so a concurrent change re-queues them.
-    pub fn drain_dirty(&self, out: &mut Vec<(u32, u32, Vec<u8>)>) {
+    pub fn drain_dirty(&self, out: &mut Vec<ExtentMapping>) {
         while let Some(lext) = self.dirty_queue.pop() {
             if let Some(d) = self.dirty.get(lext as usize) {
                 d.store(false, Ordering::Release);
             }
-            out.push((
+            out.push(ExtentMapping {
+                vol: self.desc.id,
                 lext,
-                self.mapping(lext).unwrap_or(NO_EXTENT),
-                self.bitmap(lext),
-            ));
+                phys: self.mapping(lext).unwrap_or(NO_EXTENT),
+                bitmap: self.bitmap(lext),
+            });
         }
     }
 
@@ -611,7 +613,13 @@ mod tests {
         assert_eq!(v.used_bytes(), 0);
         let mut d = Vec::new();
         v.drain_dirty(&mut d);
-        assert_eq!(d, vec![(1, NO_EXTENT, vec![0u8; 32])]);
+        let unmapped = ExtentMapping {
+            vol: v.desc.id,
+            lext: 1,
+            phys: NO_EXTENT,
+            bitmap: vec![0u8; 32],
+        };
+        assert_eq!(d, vec![unmapped]);
     }
 
     #[test]
