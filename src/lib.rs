@@ -2,21 +2,26 @@
 //! NVMe-KV namespaces, over NVMe/TCP and NVMe/RDMA.
 //!
 //! Modules in dependency order, each using only those before it:
-//! - leaves: `wire` (NVMe, NVMe/TCP and NVMe/RDMA formats), `mem` (I/O buffers in
-//!   the DMA arena), `stats` (latency histograms), `ident` (name-based UUIDs),
-//!   `auth` (DH-HMAC-CHAP and TLS PSK keys);
+//! - leaves: `wire` (NVMe, NVMe/TCP and NVMe/RDMA formats, NQN rules), `mem` (I/O
+//!   buffers in the DMA arena), `stats` (latency histograms), `ident` (name-based
+//!   UUIDs), `auth` (DH-HMAC-CHAP and TLS PSK keys);
 //! - `bdev` (block device backends: ram, uring, nvme over VFIO, spdk, fault);
 //! - `reactor` (polling threads, per-reactor device channels, worker loops);
-//! - `pool` (pools, thin volumes, KV indexes, metadata, GC, the simulation);
-//! - `nvmf` (the NVMe-oF core: queues, controllers, subsystems, namespaces,
-//!   discovery);
+//! - `meta` (a pool's on-disk metadata: superblock, journal, checkpoint,
+//!   recovery, offline check);
+//! - `pool` (pools, thin volumes, the extent allocator, channels, GC, KV
+//!   indexes, the simulation);
+//! - `nvmf` (the NVMe-oF core: queues, dispatch by command set, controllers,
+//!   subsystems, namespaces, discovery);
 //! - `transport` (NVMe/TCP, TLS and NVMe/RDMA queue pairs, the acceptor);
 //! - `initiator` (our own NVMe/TCP host) and `perf` (the load generator on it);
-//! - the control plane: `config` (the TOML file), `rpc` (JSON-RPC server, client
-//!   and methods), `metrics` (Prometheus endpoint) and `server` (assembly).
+//! - the control plane: `config` (the TOML file and its typed operations), `rpc`
+//!   (JSON-RPC server, client and methods, one `apply` with the loader),
+//!   `metrics` (Prometheus endpoint) and `server` (assembly).
 //!
-//! Two references still point backwards: `bdev::spdk` uses `config::validate_nqn`,
-//! and `config` uses `rpc::DEFAULT_SOCKET`.
+//! One reference points upwards on purpose: the KV command set's view of a key
+//! index is a trait owned by its user, `nvmf::kv_index::KeyIndex`, which
+//! `pool::kv` implements, so `nvmf` needs nothing from `pool`.
 
 pub mod auth;
 pub mod bdev;
@@ -24,6 +29,7 @@ pub mod config;
 pub mod ident;
 pub mod initiator;
 pub mod mem;
+pub mod meta;
 pub mod metrics;
 pub mod nvmf;
 pub mod perf;

@@ -2,17 +2,11 @@
 //! a Store, the value's blocks for a Retrieve, Delete, Exist and List. The
 //! pool's index implements it (`pool::kv`); `nvmf` knows only this.
 
+/// Where a value lives (blocks of the volume, and the value's length): the
+/// journal's record of it, so one type runs from the command to the disk.
+pub use crate::meta::journal::KvLoc;
 use crate::wire::nvme::{KvKey, Status, StoreOptions};
 use std::time::Instant;
-
-/// Where a value lives: `nblocks` blocks of the volume from `block`, the
-/// first `len` bytes of which are the value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct KvLoc {
-    pub block: u64,
-    pub nblocks: u32,
-    pub len: u32,
-}
 
 /// The answer to a Store's request for space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

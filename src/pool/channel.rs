@@ -85,6 +85,27 @@ struct Req {
     buf: Option<IoBuf>,
     pending: u32,
     err: Option<i32>,
+    lists: ReqLists,
+    start: Instant,
+}
+
+/// One extent's part of a command, as `map_range` gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MappedPiece {
+    /// Logical extent of the volume.
+    lext: u32,
+    /// Physical extent of the pool it maps to.
+    phys: u32,
+    /// Byte offset of the piece inside the extent.
+    offset_bytes: u64,
+    len_bytes: u64,
+}
+
+/// A request's lists, recycled through `Engine::spare` with their capacity,
+/// so a command on mapped extents allocates nothing once the channel is warm.
+#[derive(Default)]
+struct ReqLists {
+    /// Logical extents pinned by the command.
     pinned: Vec<u32>,
     /// Extents whose last valid block went: unmapped once unpinned.
     emptied: Vec<u32>,
@@ -93,14 +114,44 @@ struct Req {
     /// device, says what a block holds (after a crash, data of an unflushed
     /// write may sit in blocks the bitmap does not count).
     zero_after: Vec<(usize, usize)>,
-    /// Pieces (extent, physical extent, byte offset, bytes; as `map_range`
-    /// gives them, so a write keeps that vector) the command makes valid once its data is
-    /// on the device: marked at completion, never before, so no metadata
-    /// commit can journal a block as written while its data is in flight
-    /// (after a crash it would read back whatever the block held before).
-    valid_after: Vec<(u32, u32, u64, u64)>,
-    start: Instant,
+    /// Pieces the command makes valid once its data is on the device:
+    /// marked at completion, never before, so no metadata commit can journal
+    /// a block as written while its data is in flight (after a crash it
+    /// would read back whatever the block held before).
+    valid_after: Vec<MappedPiece>,
 }
+
+impl ReqLists {
+    fn with_capacity(pieces: usize) -> ReqLists {
+        ReqLists {
+            pinned: Vec::with_capacity(pieces),
+            emptied: Vec::with_capacity(pieces),
+            zero_after: Vec::with_capacity(pieces),
+            valid_after: Vec::with_capacity(pieces),
+        }
+    }
+    fn clear(&mut self) {
+        self.pinned.clear();
+        self.emptied.clear();
+        self.zero_after.clear();
+        self.valid_after.clear();
+    }
+}
+
+/// Requests a channel holds room for from its creation (slots, recycled
+/// lists, completions): a reactor's queues rarely keep more in flight on one
+/// pool. More is served too, growing the channel's vectors once (the
+/// capacity is kept).
+const REQS_AT_START: usize = 128;
+/// Extents one command's lists hold room for from creation: 8 covers a 512
+/// KiB command on the smallest (64 KiB) extents, or two pieces of a command
+/// that crosses one extent boundary with room to spare. Longer commands grow
+/// a list once.
+const PIECES_PER_REQ: usize = 8;
+/// Device operations a command's pieces may make at once without growing
+/// the plan: one per extent piece (`PIECES_PER_REQ`), for several commands'
+/// worth of large pieces waiting in `Engine::large`.
+const PLAN_PIECES: usize = 64;
 
 /// How long a write waiting for clean extents waits before retrying anyway.
 const STALL_RETRY: Duration = Duration::from_millis(20);
@@ -153,6 +204,13 @@ struct Engine {
     large_inflight: usize,
     scratch: Vec<IoCompletion>,
     reactor: usize,
+    /// Request lists of released requests, cleared, for the next ones.
+    spare: Vec<ReqLists>,
+    /// One command's device operations (physical offset, buffer offset,
+    /// bytes), built before they are issued; emptied after each command.
+    plan: Vec<(u64, usize, u64)>,
+    /// Invalid block runs of one extent, for a read.
+    runs: Vec<(u32, u32)>,
 }
 
 impl PoolChannel {
@@ -169,15 +227,20 @@ impl PoolChannel {
                 pool,
                 base,
                 notify,
-                reqs: Vec::new(),
-                free: Vec::new(),
+                reqs: Vec::with_capacity(REQS_AT_START),
+                free: Vec::with_capacity(REQS_AT_START),
                 active: 0,
-                done: Vec::new(),
+                done: Vec::with_capacity(REQS_AT_START),
                 stalled: VecDeque::new(),
                 stalled_at: None,
-                large: VecDeque::new(),
+                large: VecDeque::with_capacity(PLAN_PIECES),
                 large_inflight: 0,
-                scratch: Vec::new(),
+                scratch: Vec::with_capacity(REQS_AT_START),
+                spare: (0..REQS_AT_START)
+                    .map(|_| ReqLists::with_capacity(PIECES_PER_REQ))
+                    .collect(),
+                plan: Vec::with_capacity(PLAN_PIECES),
+                runs: Vec::with_capacity(PLAN_PIECES),
             },
         })
     }
@@ -242,6 +305,8 @@ impl PoolChannel {
 }
 
 impl Engine {
+    // One command's pieces, passed as scalars on the I/O path.
+    #[allow(clippy::too_many_arguments)]
     fn new_req(
         &mut self,
         lanes: &[Option<Lane>],
@@ -249,6 +314,7 @@ impl Engine {
         tag: u64,
         kind: Kind,
         buf: Option<IoBuf>,
+        lists: ReqLists,
         now: Instant,
     ) -> u32 {
         let r = Req {
@@ -260,15 +326,13 @@ impl Engine {
             buf,
             pending: 0,
             err: None,
-            pinned: Vec::new(),
-            emptied: Vec::new(),
-            zero_after: Vec::new(),
-            valid_after: Vec::new(),
+            lists,
             start: now,
         };
         self.active += 1;
-        if kind != Kind::Flush {
-            if let Some(l) = lane_at(lanes, lane) {
+        if let Some(l) = lane_at(lanes, lane) {
+            l.active.set(l.active.get() + 1);
+            if kind != Kind::Flush {
                 l.stats.inflight.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -284,6 +348,14 @@ impl Engine {
         }
     }
 
+    /// Cleared lists for a new request: recycled, or new when more requests
+    /// are in flight than ever before on this channel.
+    fn take_lists(&mut self) -> ReqLists {
+        self.spare
+            .pop()
+            .unwrap_or_else(|| ReqLists::with_capacity(PIECES_PER_REQ))
+    }
+
     fn complete_now(&mut self, tag: u64, result: Result<(), i32>, buf: Option<IoBuf>) {
         self.done.push(IoCompletion { tag, result, buf });
     }
@@ -294,31 +366,37 @@ impl Engine {
             return;
         };
         let Some(lane) = lane_at(lanes, r.lane) else {
+            // `release_lane` keeps a lane while it has requests.
+            debug_assert!(false, "request {ri} of released lane {}", r.lane);
             return;
         };
         let vol = &lane.vol;
         // Valid before unpinning, so the extent cannot be unmapped as empty.
         if r.err.is_none() {
             let bs = vol.desc.block_size as u64;
-            for &(lext, _, off, n) in &r.valid_after {
-                vol.set_valid(lext, (off / bs) as u32, (n / bs) as u32);
+            for m in &r.lists.valid_after {
+                vol.set_valid(
+                    m.lext,
+                    (m.offset_bytes / bs) as u32,
+                    (m.len_bytes / bs) as u32,
+                );
             }
         }
-        r.valid_after.clear();
-        for &lext in &r.pinned {
+        r.lists.valid_after.clear();
+        for &lext in &r.lists.pinned {
             vol.unpin(lext);
         }
-        r.pinned.clear();
-        for &lext in &r.emptied {
+        r.lists.pinned.clear();
+        for &lext in &r.lists.emptied {
             match vol.try_unmap_empty(lext) {
                 Ok(Some(p)) => self.pool.extent_freed(p),
                 Ok(None) => {}
                 Err(()) => self.pool.retry_unmap(vol.desc.id, lext),
             }
         }
-        r.emptied.clear();
+        r.lists.emptied.clear();
         if let Some(buf) = r.buf.as_mut() {
-            for &(at, n) in &r.zero_after {
+            for &(at, n) in &r.lists.zero_after {
                 if let Some(s) = buf.get_mut(at..at + n) {
                     s.fill(0);
                 }
@@ -336,10 +414,18 @@ impl Engine {
 
     fn release(&mut self, lanes: &[Option<Lane>], ri: u32, now: Instant) {
         let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.take()) else {
+            debug_assert!(false, "request {ri} released twice");
             return;
         };
+        if let Some(l) = lane_at(lanes, r.lane) {
+            debug_assert!(l.active.get() > 0, "lane {} count", r.lane);
+            l.active.set(l.active.get() - 1);
+        }
         self.free.push(ri);
         self.active -= 1;
+        let mut lists = r.lists;
+        lists.clear();
+        self.spare.push(lists);
         if let Some(st) = lane_at(lanes, r.lane).map(|l| &l.stats) {
             let ns = now.saturating_duration_since(r.start).as_nanos() as u64;
             if r.kind != Kind::Flush {
@@ -506,13 +592,48 @@ impl Engine {
         if !Self::check_range(vol, offset, len) {
             return self.complete_now(tag, Err(libc::EINVAL), Some(buf));
         }
+        let mut lists = self.take_lists();
+        let mut plan = std::mem::take(&mut self.plan);
+        let err = self.plan_read(vol, offset, &mut buf, &mut lists, &mut plan);
+        let ri = self.new_req(lanes, lane, tag, Kind::Read, Some(buf), lists, now);
+        if let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.as_mut()) {
+            r.err = err;
+        }
+        if err.is_none() {
+            for &(phys_off, at, n) in &plan {
+                self.issue(
+                    ri,
+                    phys_off,
+                    at,
+                    n,
+                    |offset, buf, _| IoOp::Read {
+                        offset,
+                        buf: buf.unwrap_or_else(|| IoBuf::new(0)),
+                    },
+                    now,
+                );
+            }
+        }
+        plan.clear();
+        self.plan = plan;
+        self.settle(lanes, ri, now);
+    }
+
+    /// Pins a read's mapped extents and plans their device reads; fills the
+    /// unmapped and never-written parts of `buf` with zeros, or returns the
+    /// unwritten-block error for a volume that reports them.
+    fn plan_read(
+        &mut self,
+        vol: &Volume,
+        offset: u64,
+        buf: &mut IoBuf,
+        lists: &mut ReqLists,
+        plan: &mut Vec<(u64, usize, u64)>,
+    ) -> Option<i32> {
         let bs = vol.desc.block_size as u64;
-        let mut plan = Vec::new();
-        let mut pinned = Vec::new();
-        let mut zero_after = Vec::new();
-        let mut runs = Vec::new();
+        let mut runs = std::mem::take(&mut self.runs);
         let mut err = None;
-        for (lext, off, n) in vol.pieces(offset, len) {
+        for (lext, off, n) in vol.pieces(offset, buf.len() as u64) {
             let at = ((lext as u64) * vol.extent_size() + off - offset) as usize;
             let Some(phys) = vol.pin(lext) else {
                 if vol.unwritten_error() {
@@ -536,49 +657,32 @@ impl Engine {
                 buf[at..at + n as usize].fill(0);
                 continue;
             }
-            pinned.push(lext);
+            lists.pinned.push(lext);
             for &(b, c) in &runs {
-                zero_after.push((
+                lists.zero_after.push((
                     at + ((b - first) as u64 * bs) as usize,
                     (c as u64 * bs) as usize,
                 ));
             }
             plan.push((self.pool.sb.extent_offset(phys) + off, at, n));
         }
-        let ri = self.new_req(lanes, lane, tag, Kind::Read, Some(buf), now);
-        if let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.as_mut()) {
-            r.pinned = pinned;
-            r.err = err;
-            r.zero_after = zero_after;
-        }
-        if err.is_none() {
-            for (phys_off, at, n) in plan {
-                self.issue(
-                    ri,
-                    phys_off,
-                    at,
-                    n,
-                    |offset, buf, _| IoOp::Read {
-                        offset,
-                        buf: buf.unwrap_or_else(|| IoBuf::new(0)),
-                    },
-                    now,
-                );
-            }
-        }
-        self.settle(lanes, ri, now);
+        runs.clear();
+        self.runs = runs;
+        err
     }
 
-    /// Maps and pins every extent of a write. On `Wait` the extents mapped so
-    /// far stay mapped (the retry finds them, so progress is monotonic); on
-    /// failure the range's extents with nothing valid in them are given back.
+    /// Maps and pins every extent of a write into `got`. On `Wait` the
+    /// extents mapped so far stay mapped (the retry finds them, so progress
+    /// is monotonic); on failure the range's extents with nothing valid in
+    /// them are given back.
     fn map_range(
         &mut self,
         vol: &Volume,
         offset: u64,
         len: u64,
-    ) -> Result<Vec<(u32, u32, u64, u64)>, AllocError> {
-        let mut got: Vec<(u32, u32, u64, u64)> = Vec::new();
+        got: &mut Vec<MappedPiece>,
+    ) -> Result<(), AllocError> {
+        got.clear();
         for (lext, off, n) in vol.pieces(offset, len) {
             let (pool, reactor) = (&self.pool, self.reactor);
             match vol.pin_or_map(
@@ -586,10 +690,15 @@ impl Engine {
                 || pool.take_extent(reactor),
                 |c| pool.return_extent(reactor, c),
             ) {
-                Ok((phys, _)) => got.push((lext, phys, off, n)),
+                Ok((phys, _)) => got.push(MappedPiece {
+                    lext,
+                    phys,
+                    offset_bytes: off,
+                    len_bytes: n,
+                }),
                 Err(e) => {
-                    for (l, ..) in &got {
-                        vol.unpin(*l);
+                    for m in got.drain(..) {
+                        vol.unpin(m.lext);
                     }
                     if e != AllocError::Wait {
                         for (l, ..) in vol.pieces(offset, len) {
@@ -604,7 +713,7 @@ impl Engine {
                 }
             }
         }
-        Ok(got)
+        Ok(())
     }
 
     fn stall(&mut self, lane: u32, tag: u64, op: IoOp, now: Instant) {
@@ -612,6 +721,24 @@ impl Engine {
             self.stalled_at = Some(now);
         }
         self.stalled.push_back((lane, tag, op));
+    }
+
+    /// Maps (or pins) a write's extents into `lists`; on failure the lists
+    /// go back to the spares and the command's answer is returned.
+    fn map_write(
+        &mut self,
+        vol: &Volume,
+        offset: u64,
+        len: u64,
+        lists: &mut ReqLists,
+    ) -> Result<(), AllocError> {
+        let r = self.map_range(vol, offset, len, &mut lists.valid_after);
+        if r.is_ok() {
+            lists
+                .pinned
+                .extend(lists.valid_after.iter().map(|m| m.lext));
+        }
+        r
     }
 
     // One command's pieces, passed as scalars on the I/O path.
@@ -633,27 +760,27 @@ impl Engine {
         if !Self::check_range(vol, offset, len) {
             return self.complete_now(tag, Err(libc::EINVAL), Some(buf));
         }
-        let mapped = match self.map_range(vol, offset, len) {
-            Ok(m) => m,
-            Err(AllocError::Wait) => {
-                return self.stall(lane, tag, IoOp::Write { offset, buf, fua }, now)
-            }
-            Err(AllocError::NoSpace) => {
-                return self.complete_now(tag, Err(ERRNO_NO_SPACE), Some(buf))
-            }
-            Err(AllocError::Failed) => return self.complete_now(tag, Err(libc::EIO), Some(buf)),
-        };
-        let ri = self.new_req(lanes, lane, tag, Kind::Write { fua }, Some(buf), now);
-        let mut plan = Vec::new();
-        for &(lext, phys, off, n) in &mapped {
-            let at = ((lext as u64) * vol.extent_size() + off - offset) as usize;
-            plan.push((self.pool.sb.extent_offset(phys) + off, at, n));
+        let mut lists = self.take_lists();
+        if let Err(e) = self.map_write(vol, offset, len, &mut lists) {
+            lists.clear();
+            self.spare.push(lists);
+            return match e {
+                AllocError::Wait => self.stall(lane, tag, IoOp::Write { offset, buf, fua }, now),
+                AllocError::NoSpace => self.complete_now(tag, Err(ERRNO_NO_SPACE), Some(buf)),
+                AllocError::Failed => self.complete_now(tag, Err(libc::EIO), Some(buf)),
+            };
         }
-        if let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.as_mut()) {
-            r.pinned = mapped.iter().map(|m| m.0).collect();
-            r.valid_after = mapped;
+        let mut plan = std::mem::take(&mut self.plan);
+        for m in &lists.valid_after {
+            let at = ((m.lext as u64) * vol.extent_size() + m.offset_bytes - offset) as usize;
+            plan.push((
+                self.pool.sb.extent_offset(m.phys) + m.offset_bytes,
+                at,
+                m.len_bytes,
+            ));
         }
-        for (phys_off, at, n) in plan {
+        let ri = self.new_req(lanes, lane, tag, Kind::Write { fua }, Some(buf), lists, now);
+        for &(phys_off, at, n) in &plan {
             self.issue(
                 ri,
                 phys_off,
@@ -667,7 +794,44 @@ impl Engine {
                 now,
             );
         }
+        plan.clear();
+        self.plan = plan;
         self.settle(lanes, ri, now);
+    }
+
+    /// Pins the mapped extents of a Deallocate, or of a Write Zeroes where
+    /// unwritten blocks already read as zeros (only they need device work),
+    /// and plans their device operations.
+    fn plan_zeroes_mapped(
+        &self,
+        vol: &Volume,
+        offset: u64,
+        len: u64,
+        deallocate: bool,
+        lists: &mut ReqLists,
+        plan: &mut Vec<(u64, usize, u64)>,
+    ) {
+        let bs = vol.desc.block_size as u64;
+        for (lext, off, n) in vol.pieces(offset, len) {
+            let Some(phys) = vol.pin(lext) else {
+                continue;
+            };
+            lists.pinned.push(lext);
+            let (first, nb) = ((off / bs) as u32, (n / bs) as u32);
+            if deallocate {
+                if vol.clear_valid(lext, first, nb) {
+                    lists.emptied.push(lext);
+                }
+            } else {
+                lists.valid_after.push(MappedPiece {
+                    lext,
+                    phys,
+                    offset_bytes: off,
+                    len_bytes: n,
+                });
+            }
+            plan.push((self.pool.sb.extent_offset(phys) + off, 0, n));
+        }
     }
 
     // One command's pieces, passed as scalars on the I/O path.
@@ -688,58 +852,39 @@ impl Engine {
         if !Self::check_range(vol, offset, len) {
             return self.complete_now(tag, Err(libc::EINVAL), None);
         }
-        let bs = vol.desc.block_size as u64;
-        let mut plan = Vec::new();
-        let mut pinned = Vec::new();
-        let mut emptied = Vec::new();
-        let mut valid = Vec::new();
+        let mut lists = self.take_lists();
+        let mut plan = std::mem::take(&mut self.plan);
         if deallocate || !vol.unwritten_error() {
-            // Deallocate, or Write Zeroes where unwritten blocks already read as
-            // zeros: only mapped extents need device work.
-            for (lext, off, n) in vol.pieces(offset, len) {
-                let Some(phys) = vol.pin(lext) else {
-                    continue;
-                };
-                pinned.push(lext);
-                let (first, nb) = ((off / bs) as u32, (n / bs) as u32);
-                if deallocate {
-                    if vol.clear_valid(lext, first, nb) {
-                        emptied.push(lext);
-                    }
-                } else {
-                    valid.push((lext, phys, off, n));
-                }
-                plan.push((self.pool.sb.extent_offset(phys) + off, n));
-            }
+            self.plan_zeroes_mapped(vol, offset, len, deallocate, &mut lists, &mut plan);
         } else {
             // Write Zeroes on a volume that reports unwritten blocks: the zeros
             // are data, so the blocks become valid (mapping if needed).
-            match self.map_range(vol, offset, len) {
-                Ok(mapped) => {
-                    for (lext, phys, off, n) in mapped {
-                        pinned.push(lext);
-                        valid.push((lext, phys, off, n));
-                        plan.push((self.pool.sb.extent_offset(phys) + off, n));
+            if let Err(e) = self.map_write(vol, offset, len, &mut lists) {
+                lists.clear();
+                self.spare.push(lists);
+                self.plan = plan;
+                return match e {
+                    AllocError::Wait => {
+                        self.stall(lane, tag, IoOp::WriteZeroes { offset, len }, now)
                     }
-                }
-                Err(AllocError::Wait) => {
-                    return self.stall(lane, tag, IoOp::WriteZeroes { offset, len }, now)
-                }
-                Err(AllocError::NoSpace) => {
-                    return self.complete_now(tag, Err(ERRNO_NO_SPACE), None)
-                }
-                Err(AllocError::Failed) => return self.complete_now(tag, Err(libc::EIO), None),
+                    AllocError::NoSpace => self.complete_now(tag, Err(ERRNO_NO_SPACE), None),
+                    AllocError::Failed => self.complete_now(tag, Err(libc::EIO), None),
+                };
+            }
+            for m in &lists.valid_after {
+                plan.push((
+                    self.pool.sb.extent_offset(m.phys) + m.offset_bytes,
+                    0,
+                    m.len_bytes,
+                ));
             }
         }
-        let ri = self.new_req(lanes, lane, tag, Kind::Zeroes, None, now);
+        let ri = self.new_req(lanes, lane, tag, Kind::Zeroes, None, lists, now);
         if let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.as_mut()) {
-            r.pinned = pinned;
-            r.emptied = emptied;
-            r.valid_after = valid;
             r.bytes = len;
             r.deallocate = deallocate;
         }
-        for (phys_off, n) in plan {
+        for &(phys_off, _, n) in &plan {
             // Deallocated blocks must read back as zeros (DLFEAT) even while the
             // extent stays mapped, so both cases zero the physical range.
             if deallocate {
@@ -762,6 +907,8 @@ impl Engine {
                 );
             }
         }
+        plan.clear();
+        self.plan = plan;
         self.settle(lanes, ri, now);
     }
 
@@ -800,7 +947,8 @@ impl Engine {
                 self.start_zeroes(lanes, lane, tag, offset, len, true, now)
             }
             IoOp::Flush => {
-                let ri = self.new_req(lanes, lane, tag, Kind::Flush, None, now);
+                let lists = self.take_lists();
+                let ri = self.new_req(lanes, lane, tag, Kind::Flush, None, lists, now);
                 self.pool.request_commit(ri as u64, self.notify.clone());
             }
         }
@@ -815,14 +963,22 @@ impl Engine {
         for c in scratch.drain(..) {
             let ri = (c.tag >> 1) as u32;
             if c.tag & 1 != 0 {
-                self.large_inflight = self.large_inflight.saturating_sub(1);
+                // Counted at submission; a refused submission completes nothing.
+                assert!(self.large_inflight > 0, "a large piece completed twice");
+                self.large_inflight -= 1;
             }
             drop(c.buf); // a view: the parent stays with the request
-            if let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.as_mut()) {
-                r.pending = r.pending.saturating_sub(1);
-                if let Err(e) = c.result {
-                    r.err.get_or_insert(e);
-                }
+                         // A request stays in its slot until its last operation completes.
+            let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.as_mut()) else {
+                panic!("device completion for request {ri}, which is not in flight");
+            };
+            assert!(
+                r.pending > 0,
+                "request {ri}: more completions than operations"
+            );
+            r.pending -= 1;
+            if let Err(e) = c.result {
+                r.err.get_or_insert(e);
             }
             self.settle(lanes, ri, now);
         }

@@ -26,20 +26,16 @@
 //! reuses freed blocks as soon as next fit comes round, from paying a scrub
 //! and a fresh mapping for space it takes back at once.
 
-use super::format::NO_EXTENT;
-pub use crate::nvmf::kv_index::{KvLoc, Reserve};
+pub use crate::meta::journal::KvLoc;
+use crate::meta::superblock::NO_EXTENT;
+pub use crate::meta::superblock::{KV_BYTES_PER_KEY, KV_CKPT_ENTRY_BYTES};
+pub use crate::nvmf::kv_index::Reserve;
 use crate::wire::nvme::{KvKey, Status, StoreOptions};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Checkpoint room a pool's layout reserves per this many bytes of device,
-/// one key each: a KV namespace holds at most its size over this many keys
-/// (its Identify MNK).
-pub const KV_BYTES_PER_KEY: u64 = 16 << 10;
-/// The most bytes one key takes in a checkpoint (volume, key, location).
-pub const KV_CKPT_ENTRY_BYTES: u64 = 4 + 1 + 16 + 8 + 4 + 4;
 /// How long an extent's blocks stay all free before it goes back to the pool.
 pub const TRIM_AFTER: Duration = Duration::from_secs(5);
 /// Extents one `trim_step` hands over at most (the rest wait a tick), so the
@@ -260,6 +256,8 @@ struct State {
     /// Keys whose index state changed since the last commit drained them.
     dirty: HashSet<KvKey>,
     /// Stores of new keys between `reserve` and `commit_store`.
+    /// (Decremented saturating: a Store reserved while its key existed is
+    /// not counted, yet finds no key at its end when a Delete came between.)
     inflight_new: u64,
     hand: usize,
     value_bytes: u64,
@@ -582,7 +580,8 @@ impl KvIndex {
         let mut st = self.lock();
         let done = match st.entries.get_mut(pin as usize).and_then(|e| e.as_mut()) {
             Some(e) => {
-                e.readers = e.readers.saturating_sub(1);
+                assert!(e.readers > 0, "end_read without begin_read");
+                e.readers -= 1;
                 (!e.live && e.readers == 0).then_some(e.loc)
             }
             None => None,
@@ -948,7 +947,12 @@ impl KvIndex {
         e.live = false;
         let (key, loc, readers) = (e.key, e.loc, e.readers);
         st.map.remove(&key);
-        st.value_bytes = st.value_bytes.saturating_sub(loc.len as u64);
+        // value_bytes sums the live keys' lengths, this one's included.
+        assert!(
+            st.value_bytes >= loc.len as u64,
+            "value bytes below a live key's"
+        );
+        st.value_bytes -= loc.len as u64;
         st.dirty.insert(key);
         if readers == 0 {
             Self::pend(st, loc);
@@ -1006,6 +1010,8 @@ impl KvIndex {
         if expired(e, now_ms, ttl) {
             self.counters.expirations.fetch_add(1, Ordering::Relaxed);
         } else {
+            // Saturating: reactors pass their own clocks, so a key may be stored
+            // at a `now` later than this caller's.
             let age = now_ms.saturating_sub(e.stored_ms);
             self.counters.evictions.fetch_add(1, Ordering::Relaxed);
             self.counters

@@ -9,7 +9,8 @@
 //! one physical extent wins.
 
 use super::format::{VolumeDesc, NO_EXTENT, VOL_UNWRITTEN_ERROR};
-use crossbeam_queue::SegQueue;
+use crate::meta::checkpoint::ExtentMapping;
+use crossbeam_queue::ArrayQueue;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 const PHYS_BITS: u32 = 28;
@@ -108,7 +109,10 @@ pub struct Volume {
     slots: Box<[AtomicU64]>,
     bitmaps: Box<[AtomicU64]>,
     dirty: Box<[AtomicBool]>,
-    dirty_queue: SegQueue<u32>,
+    /// Logical extents whose `dirty` flag is set, each at most once (a flag
+    /// is cleared only after its entry is popped), so `dirty.len()` slots
+    /// always suffice and marking an extent dirty never allocates.
+    dirty_queue: ArrayQueue<u32>,
     used_blocks: AtomicU64,
     /// Set when the volume is deleted: open channels fail new I/O.
     pub deleted: AtomicBool,
@@ -140,7 +144,7 @@ impl Volume {
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             dirty: (0..n).map(|_| AtomicBool::new(false)).collect(),
-            dirty_queue: SegQueue::new(),
+            dirty_queue: ArrayQueue::new(n.max(1)),
             used_blocks: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
             stats: std::sync::Mutex::new(Vec::new()),
@@ -474,23 +478,25 @@ impl Volume {
     fn mark_dirty(&self, lext: u32) {
         if let Some(d) = self.dirty.get(lext as usize) {
             if !d.swap(true, Ordering::AcqRel) {
-                self.dirty_queue.push(lext);
+                let queued = self.dirty_queue.push(lext);
+                assert!(queued.is_ok(), "extent {lext} dirty twice in the queue");
             }
         }
     }
 
     /// Takes the logical extents changed since the last call, clearing their
     /// flags before reading their state so a concurrent change re-queues them.
-    pub fn drain_dirty(&self, out: &mut Vec<(u32, u32, Vec<u8>)>) {
+    pub fn drain_dirty(&self, out: &mut Vec<ExtentMapping>) {
         while let Some(lext) = self.dirty_queue.pop() {
             if let Some(d) = self.dirty.get(lext as usize) {
                 d.store(false, Ordering::Release);
             }
-            out.push((
+            out.push(ExtentMapping {
+                vol: self.desc.id,
                 lext,
-                self.mapping(lext).unwrap_or(NO_EXTENT),
-                self.bitmap(lext),
-            ));
+                phys: self.mapping(lext).unwrap_or(NO_EXTENT),
+                bitmap: self.bitmap(lext),
+            });
         }
     }
 
@@ -532,7 +538,8 @@ impl Volume {
             }
             let mut v = u64::from_le_bytes(b);
             // Only blocks that exist in the extent count.
-            let valid_bits = (self.blocks_per_extent as u64).saturating_sub(i as u64 * 64);
+            // i < words_per_extent = ceil(blocks_per_extent / 64).
+            let valid_bits = self.blocks_per_extent as u64 - i as u64 * 64;
             if valid_bits < 64 {
                 v &= (1u64 << valid_bits) - 1;
             }
@@ -606,7 +613,13 @@ mod tests {
         assert_eq!(v.used_bytes(), 0);
         let mut d = Vec::new();
         v.drain_dirty(&mut d);
-        assert_eq!(d, vec![(1, NO_EXTENT, vec![0u8; 32])]);
+        let unmapped = ExtentMapping {
+            vol: v.desc.id,
+            lext: 1,
+            phys: NO_EXTENT,
+            bitmap: vec![0u8; 32],
+        };
+        assert_eq!(d, vec![unmapped]);
     }
 
     #[test]
@@ -636,7 +649,7 @@ mod tests {
         for _ in 0..200 {
             let v = Arc::new(vol(1 << 20));
             let next = Arc::new(AtomicU64::new(100));
-            let unused = Arc::new(SegQueue::new());
+            let unused = Arc::new(crossbeam_queue::SegQueue::new());
             let hs: Vec<_> = (0..2)
                 .map(|i| {
                     let (v, next, unused) = (v.clone(), next.clone(), unused.clone());

@@ -1,7 +1,10 @@
 //! What can go wrong with a pool, as values: the control path (RPC, config,
-//! tools) turns them into one-line messages or JSON-RPC errors.
+//! tools) turns them into one-line messages or JSON-RPC errors. It lives here,
+//! below the volume layer, because recovery, format and check return it too;
+//! `crate::pool::PoolError` names the same type.
 
-use super::format::{FormatError, MAX_NAME_LEN};
+use super::block::FormatError;
+use super::superblock::MAX_NAME_LEN;
 use crate::bdev::sync_io::{errno_text, SyncIoError};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -2,8 +2,9 @@
 //! records applied on top. Recovery builds the live state from it; `check` judges
 //! it. Nothing here touches a device.
 
-use super::format::{bitmap_bytes_max, CheckpointData, Record, VolumeDesc, NO_EXTENT, VOL_KV};
-use super::kv::KvLoc;
+use super::checkpoint::{CheckpointData, ExtentMapping};
+use super::journal::{KvLoc, Record, VolumeDesc, VOL_KV};
+use super::superblock::{bitmap_bytes_max, NO_EXTENT};
 use crate::wire::nvme::KvKey;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -79,8 +80,8 @@ impl Image {
                 },
             );
         }
-        for (vol, lext, phys, bm) in c.mappings {
-            img.set_extent(vol, lext, phys, bm, "checkpoint");
+        for m in c.mappings {
+            img.set_extent(m.vol, m.lext, m.phys, m.bitmap, "checkpoint");
         }
         for (vol, key, loc) in c.kv {
             img.set_kv(vol, key, Some(loc), "checkpoint");
@@ -276,9 +277,12 @@ impl Image {
                 .volumes
                 .iter()
                 .flat_map(|(id, v)| {
-                    v.map
-                        .iter()
-                        .map(move |(&l, (p, bm))| (*id, l, *p, bm.clone()))
+                    v.map.iter().map(move |(&lext, (phys, bm))| ExtentMapping {
+                        vol: *id,
+                        lext,
+                        phys: *phys,
+                        bitmap: bm.clone(),
+                    })
                 })
                 .collect(),
             clean: self.clean.iter().copied().collect(),
