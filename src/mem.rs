@@ -324,26 +324,13 @@ pub mod dma {
                 return None;
             }
             let addr = (self.base + off) as *mut libc::c_void;
-            let prot = libc::PROT_READ | libc::PROT_WRITE;
-            let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED;
-            let mut ok = false;
-            if self.hugepages {
-                // SAFETY: [addr, addr+len) lies inside our own reservation, unused.
-                let p = unsafe { libc::mmap(addr, len, prot, flags | libc::MAP_HUGETLB, -1, 0) };
-                ok = p != libc::MAP_FAILED;
-                if !ok {
-                    tracing::debug!("no 2 MiB hugepages for the DMA arena; using 4 KiB pages");
-                    self.hugepages = false;
-                }
-            }
-            if !ok {
-                // SAFETY: as above.
-                let p = unsafe { libc::mmap(addr, len, prot, flags, -1, 0) };
-                if p == libc::MAP_FAILED {
-                    return None;
-                }
-                // SAFETY: advisory only, on memory we own.
-                unsafe { libc::madvise(addr, len, libc::MADV_HUGEPAGE) };
+            if !self.map_chunks(addr, len)? {
+                // Someone else's memory may sit in the range now: skip it for
+                // good (never handed out, never translated) and grow past it.
+                self.chunks += n;
+                MAPPED_LEN.store(self.chunks * CHUNK_BYTES, Ordering::Release);
+                mark_unmapped(off, len);
+                return self.grow(n);
             }
             // Resident now, on the thread that grows the arena (at start, see
             // `commit_at_least`), not at some reactor's first write into it.
@@ -367,6 +354,30 @@ pub mod dma {
                 mark_unmapped(off, len);
             }
             Some(off)
+        }
+
+        /// Backs `[addr, addr + len)` of the reservation with memory: hugepages
+        /// while the system has them, ordinary pages otherwise. `Some(false)`:
+        /// the range left the reservation and must never be used; `None`: out
+        /// of memory.
+        fn map_chunks(&mut self, addr: *mut libc::c_void, len: usize) -> Option<bool> {
+            let mut reserved = true;
+            if self.hugepages {
+                match map_hugetlb(addr, len) {
+                    Hugetlb::Mapped => return Some(true),
+                    Hugetlb::Unavailable => {}
+                    Hugetlb::Lost => reserved = false,
+                }
+                tracing::debug!("no 2 MiB hugepages for the DMA arena; using 4 KiB pages");
+                self.hugepages = false;
+            }
+            if !map_plain(addr, len, reserved) {
+                tracing::error!("cannot map {len} bytes of DMA memory at {addr:?}");
+                return if reserved { None } else { Some(false) };
+            }
+            // SAFETY: advisory only, on memory we own.
+            unsafe { libc::madvise(addr, len, libc::MADV_HUGEPAGE) };
+            Some(true)
         }
 
         fn alloc(&mut self, cap: usize) -> Option<(usize, bool)> {
@@ -405,6 +416,69 @@ pub mod dma {
                 self.free[class_of(cap)].push((off, false));
             }
         }
+    }
+
+    /// What became of a range of the reservation offered to hugetlb memory.
+    #[derive(Debug, PartialEq, Eq)]
+    enum Hugetlb {
+        /// Hugepages back the range now.
+        Mapped,
+        /// Too few free hugepages; the range is still reserved, untouched.
+        Unavailable,
+        /// The pool ran dry between the probe and the mapping: the range is
+        /// unmapped now, and another thread's mapping may already sit in it.
+        Lost,
+    }
+
+    /// Maps hugepages over `[addr, addr + len)` of the reservation.
+    ///
+    /// A `MAP_FIXED` mmap that fails (no free hugepages) has already unmapped
+    /// its target on Linux, leaving a hole in the reservation. Another thread's
+    /// mmap (a RAM namespace, a large `Vec`, a thread stack) can land in that
+    /// hole before the fallback maps over it; the fallback then silently takes
+    /// that memory, and the other owner's later munmap unmaps arena memory under
+    /// live buffers. So hugepages are first probed at an address of the
+    /// kernel's choosing, which costs nothing when it fails.
+    fn map_hugetlb(addr: *mut libc::c_void, len: usize) -> Hugetlb {
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB;
+        // SAFETY: a fresh mapping at an address of the kernel's choosing.
+        let probe = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, -1, 0) };
+        if probe == libc::MAP_FAILED {
+            return Hugetlb::Unavailable;
+        }
+        // SAFETY: the probe mapped just above, used by nobody.
+        unsafe { libc::munmap(probe, len) };
+        // SAFETY: [addr, addr+len) lies inside our own reservation, unused.
+        let p = unsafe { libc::mmap(addr, len, prot, flags | libc::MAP_FIXED, -1, 0) };
+        if p == libc::MAP_FAILED {
+            Hugetlb::Lost
+        } else {
+            Hugetlb::Mapped
+        }
+    }
+
+    /// Maps ordinary anonymous memory over `[addr, addr + len)`: over the
+    /// reservation when the range is still `reserved`, else only into the hole
+    /// a failed hugepage mapping left, never over a mapping someone else made
+    /// there meanwhile (false then, and the range stays unused).
+    fn map_plain(addr: *mut libc::c_void, len: usize, reserved: bool) -> bool {
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        let fixed = if reserved {
+            libc::MAP_FIXED
+        } else {
+            libc::MAP_FIXED_NOREPLACE
+        };
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | fixed;
+        // SAFETY: inside our reservation; MAP_FIXED only while we still own all
+        // of it, MAP_FIXED_NOREPLACE otherwise.
+        let p = unsafe { libc::mmap(addr, len, prot, flags, -1, 0) };
+        if p != libc::MAP_FAILED && p != addr {
+            // A kernel older than 4.17 took MAP_FIXED_NOREPLACE as a hint.
+            // SAFETY: the mapping just made elsewhere, used by nobody.
+            unsafe { libc::munmap(p, len) };
+        }
+        p == addr
     }
 
     fn mark_unmapped(off: usize, len: usize) {
@@ -559,6 +633,92 @@ pub mod dma {
     /// Whether the arena got hugepages (for logs).
     pub fn uses_hugepages() -> bool {
         lock().as_ref().is_some_and(|a| a.hugepages && a.chunks > 0)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        /// A chunk-aligned PROT_NONE range of `len` bytes, like the arena's.
+        fn reserve_aligned(len: usize) -> *mut libc::c_void {
+            // SAFETY: a fresh reservation at an address of the kernel's choosing.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len + CHUNK_BYTES,
+                    libc::PROT_NONE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED);
+            ((p as usize).div_ceil(CHUNK_BYTES) * CHUNK_BYTES) as *mut libc::c_void
+        }
+
+        /// Whether every page of the range is mapped (reserved counts).
+        fn all_mapped(addr: *mut libc::c_void, len: usize) -> bool {
+            let mut pages = vec![0u8; len / PAGE];
+            // SAFETY: `pages` has one byte per page of the range.
+            unsafe { libc::mincore(addr, len, pages.as_mut_ptr()) == 0 }
+        }
+
+        fn free_hugepages() -> usize {
+            let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+            meminfo
+                .lines()
+                .find_map(|l| l.strip_prefix("HugePages_Free:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        }
+
+        #[test]
+        fn too_few_hugepages_leave_the_reservation_whole() {
+            // One chunk more than the system has free, so the attempt fails.
+            let len = (free_hugepages() + 1) * CHUNK_BYTES;
+            let addr = reserve_aligned(len);
+            assert!(all_mapped(addr, len));
+            let outcome = map_hugetlb(addr, len);
+            // A hole here is where another thread's mmap lands and is then
+            // mapped over by the fallback (the arena use-after-munmap segfault).
+            assert!(
+                all_mapped(addr, len),
+                "failed hugepage attempt unmapped the reservation"
+            );
+            assert_eq!(outcome, Hugetlb::Unavailable);
+            assert!(map_plain(addr, len, true));
+            // SAFETY: the test's own mapping.
+            unsafe { libc::munmap(addr, len) };
+        }
+
+        #[test]
+        fn the_fallback_never_maps_over_a_mapping_in_the_hole() {
+            let len = 2 * CHUNK_BYTES;
+            let addr = reserve_aligned(len);
+            // SAFETY: the test's own reservation becomes a hole...
+            unsafe { libc::munmap(addr, len) };
+            let other = (addr as usize + CHUNK_BYTES) as *mut libc::c_void;
+            // ...and another owner's page lands in it.
+            // SAFETY: inside the hole just made; NOREPLACE maps over nothing.
+            let p = unsafe {
+                libc::mmap(
+                    other,
+                    PAGE,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                    -1,
+                    0,
+                )
+            };
+            assert_eq!(p, other);
+            // SAFETY: the page just mapped.
+            unsafe { *(other as *mut u8) = 0x5a };
+            assert!(!map_plain(addr, len, false));
+            // SAFETY: still the other owner's page, mapped and intact.
+            assert_eq!(unsafe { *(other as *const u8) }, 0x5a);
+            // SAFETY: the test's own page.
+            unsafe { libc::munmap(other, PAGE) };
+        }
     }
 }
 
