@@ -5,6 +5,7 @@ use super::{act, not_found, uuid_str, Control, Params, Parsed};
 use crate::pool::format::VOL_UNWRITTEN_ERROR;
 use crate::pool::Pool;
 use crate::rpc::{code, RpcError};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -160,23 +161,66 @@ pub(super) fn get_iostat(p: &mut Params) -> Parsed {
     })
 }
 
+/// `bdev_lvol_create_lvstore`'s parameters.
+#[derive(Deserialize)]
+struct CreateLvstore {
+    bdev_name: String,
+    lvs_name: String,
+    cluster_sz: Option<u64>,
+    clear_method: Option<String>,
+    #[allow(dead_code)]
+    num_md_pages_per_cluster_ratio: Option<u64>,
+    #[allow(dead_code)]
+    md_page_size: Option<u64>,
+}
+
+/// `bdev_lvol_create`'s parameters (`kind` and `unwritten` are kvtarget's).
+#[derive(Deserialize)]
+struct LvolCreate {
+    lvol_name: String,
+    size_in_mib: u64,
+    lvs_name: Option<String>,
+    uuid: Option<String>,
+    thin_provision: Option<bool>,
+    clear_method: Option<String>,
+    block_size: Option<u64>,
+    unwritten: Option<String>,
+    kind: Option<String>,
+}
+
+/// `bdev_lvol_delete`'s parameters.
+#[derive(Deserialize)]
+struct LvolName {
+    name: String,
+}
+
+/// `bdev_lvol_resize`'s parameters.
+#[derive(Deserialize)]
+struct LvolResize {
+    name: String,
+    size_in_mib: u64,
+}
+
 /// Formats a file or block device as a new pool (lvol store) and opens it.
 /// `bdev_name` is the path of an existing file or block device: kvtarget
 /// has no separate base-bdev layer.
 pub(super) fn create_lvstore(p: &mut Params) -> Parsed {
     use crate::config::{Backend, DualPathConfig, GcConfig, PoolConfig};
-    let path = p.str("bdev_name")?;
-    let name = p.str("lvs_name")?;
-    let cluster = p.opt_u64("cluster_sz")?.unwrap_or(1 << 20);
-    if let Some(c) = p.opt_str("clear_method")? {
+    let CreateLvstore {
+        bdev_name: path,
+        lvs_name: name,
+        cluster_sz,
+        clear_method,
+        ..
+    } = p.parse()?;
+    let cluster = cluster_sz.unwrap_or(1 << 20);
+    if let Some(c) = clear_method {
         if !matches!(c.as_str(), "none" | "unmap" | "write_zeroes") {
             return Err(RpcError::params(format!(
                 "clear_method: `{c}` is not none, unmap or write_zeroes"
             )));
         }
     }
-    p.opt_u64("num_md_pages_per_cluster_ratio")?;
-    p.opt_u64("md_page_size")?;
     if name.is_empty() || name.contains('/') || name.len() > 64 {
         return Err(RpcError::params("lvs_name: 1 to 64 characters without `/`"));
     }
@@ -278,25 +322,23 @@ pub(super) fn get_lvstores(p: &mut Params) -> Parsed {
 }
 
 pub(super) fn lvol_create(p: &mut Params) -> Parsed {
-    let name = p.str("lvol_name")?;
-    let mib = p.u64("size_in_mib")?;
-    let lvs_name = p.opt_str("lvs_name")?;
-    let lvs_uuid = p.opt_str("uuid")?;
+    let c: LvolCreate = p.parse()?;
+    let (name, mib, lvs_name, lvs_uuid) = (c.lvol_name, c.size_in_mib, c.lvs_name, c.uuid);
     // Volumes are always thin; a thick request is refused rather than faked.
-    if p.opt_bool("thin_provision")? == Some(false) {
+    if c.thin_provision == Some(false) {
         return Err(RpcError::params(
             "thin_provision: kvtarget volumes are always thin-provisioned; pass thin_provision: true",
         ));
     }
-    if let Some(c) = p.opt_str("clear_method")? {
-        if !matches!(c.as_str(), "default" | "unmap" | "none" | "write_zeroes") {
+    if let Some(m) = &c.clear_method {
+        if !matches!(m.as_str(), "default" | "unmap" | "none" | "write_zeroes") {
             return Err(RpcError::params(format!(
-                "clear_method: `{c}` is not default, none, unmap or write_zeroes"
+                "clear_method: `{m}` is not default, none, unmap or write_zeroes"
             )));
         }
     }
     // Checked here, not truncated to u32 on the way to the pool.
-    let block_size = match p.opt_u64("block_size")?.unwrap_or(4096) {
+    let block_size = match c.block_size.unwrap_or(4096) {
         b @ (512 | 4096) => b as u32,
         b => {
             return Err(RpcError::params(format!(
@@ -304,7 +346,7 @@ pub(super) fn lvol_create(p: &mut Params) -> Parsed {
             )))
         }
     };
-    let flags = match p.opt_str("unwritten")?.as_deref() {
+    let flags = match c.unwritten.as_deref() {
         None | Some("zeroes") => 0,
         Some("error") => VOL_UNWRITTEN_ERROR,
         Some(o) => {
@@ -315,7 +357,7 @@ pub(super) fn lvol_create(p: &mut Params) -> Parsed {
     };
     // kvtarget's own: "kv" makes a KV volume (a KV namespace's store).
     let flags = flags
-        | match p.opt_str("kind")?.as_deref() {
+        | match c.kind.as_deref() {
             None | Some("block") => 0,
             Some("kv") => crate::pool::format::VOL_KV,
             Some(o) => return Err(RpcError::params(format!("kind: `{o}` is not block or kv"))),
@@ -339,7 +381,7 @@ pub(super) fn lvol_create(p: &mut Params) -> Parsed {
 }
 
 pub(super) fn lvol_delete(p: &mut Params) -> Parsed {
-    let name = p.str("name")?;
+    let LvolName { name } = p.parse()?;
     act(move |ctl| {
         let (pool, vname) = ctl.idle_volume(&name, "delete it")?;
         pool.delete_volume(&vname)
@@ -349,8 +391,10 @@ pub(super) fn lvol_delete(p: &mut Params) -> Parsed {
 }
 
 pub(super) fn lvol_resize(p: &mut Params) -> Parsed {
-    let name = p.str("name")?;
-    let mib = p.u64("size_in_mib")?;
+    let LvolResize {
+        name,
+        size_in_mib: mib,
+    } = p.parse()?;
     let size = mib
         .checked_mul(1 << 20)
         .ok_or_else(|| RpcError::params("size_in_mib: too large"))?;

@@ -1,12 +1,13 @@
 //! `nvmf_subsystem_*` methods: a subsystem's listeners, namespaces, hosts,
 //! controllers and queue pairs.
 
-use super::{act, not_found, uuid_str, Control, Params, Parsed};
+use super::{act, not_found, unsupported, uuid_str, Control, Params, Parsed, TgtName};
 use crate::config::ops::AddHost;
 use crate::config::KvOptions;
 use crate::nvmf::{Namespace, SubsystemKind};
 use crate::pool::channel::VolumeDevice;
 use crate::rpc::{code, RpcError};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -36,13 +37,44 @@ impl Control {
     }
 }
 
+/// `nvmf_subsystem_add_ns`'s parameters.
+#[derive(Deserialize)]
+struct AddNs {
+    nqn: String,
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
+    namespace: NsParams,
+}
+
+/// SPDK's `namespace` object, with kvtarget's own `write_cache` and KV
+/// options (`on_full`, `ttl_secs`, `trim`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NsParams {
+    bdev_name: String,
+    nsid: Option<u64>,
+    nguid: Option<String>,
+    eui64: Option<String>,
+    uuid: Option<String>,
+    write_cache: Option<bool>,
+    on_full: Option<crate::config::OnFull>,
+    ttl_secs: Option<u64>,
+    trim: Option<bool>,
+    #[allow(dead_code)]
+    ptpl_file: Option<String>,
+    #[allow(dead_code)]
+    anagrpid: Option<u64>,
+    no_auto_visible: Option<Value>,
+    hide_metadata: Option<Value>,
+}
+
 pub(super) fn add_ns(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    p.opt_str("tgt_name")?;
-    let mut ns = p.object("namespace")?;
-    let bdev = ns.str("bdev_name")?;
+    let AddNs {
+        nqn, namespace: ns, ..
+    } = p.parse()?;
+    let bdev = ns.bdev_name;
     // None: the lowest free NSID (SPDK: absent or 0).
-    let nsid = match ns.opt_u64("nsid")? {
+    let nsid = match ns.nsid {
         Some(0) | None => None,
         Some(n) if n > crate::nvmf::admin::MAX_NAMESPACES as u64 => {
             return Err(RpcError::params(format!(
@@ -52,21 +84,27 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
         }
         Some(n) => Some(n as u32),
     };
-    for k in ["nguid", "eui64", "uuid"] {
-        if ns.opt_str(k)?.is_some() {
+    for (k, v) in [
+        ("nguid", &ns.nguid),
+        ("eui64", &ns.eui64),
+        ("uuid", &ns.uuid),
+    ] {
+        if v.is_some() {
             return Err(RpcError::params(format!(
                 "namespace.{k}: kvtarget uses the volume's persistent identifier"
             )));
         }
     }
     // kvtarget's own: false serves the volume without a volatile write cache.
-    let write_cache = ns.opt_bool("write_cache")?.unwrap_or(true);
+    let write_cache = ns.write_cache.unwrap_or(true);
     // kvtarget's own, for KV volumes: the cache policy when full, and a TTL.
-    let kv_options: KvOptions = ns.typed(&["on_full", "ttl_secs", "trim"])?;
-    ns.opt_str("ptpl_file")?;
-    ns.opt_u64("anagrpid")?;
-    ns.unsupported_flags(&["no_auto_visible", "hide_metadata"])?;
-    ns.finish()?;
+    let kv_options = KvOptions {
+        on_full: ns.on_full,
+        ttl_secs: ns.ttl_secs,
+        trim: ns.trim,
+    };
+    unsupported("namespace.no_auto_visible", &ns.no_auto_visible)?;
+    unsupported("namespace.hide_metadata", &ns.hide_metadata)?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
         let (pool, vol) = ctl.volume(&bdev)?;
@@ -111,11 +149,18 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
     })
 }
 
+/// `nvmf_subsystem_remove_ns`'s parameters.
+#[derive(Deserialize)]
+struct RemoveNs {
+    nqn: String,
+    nsid: u64,
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
+}
+
 pub(super) fn remove_ns(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    p.opt_str("tgt_name")?;
+    let RemoveNs { nqn, nsid, .. } = p.parse()?;
     // Checked, not truncated: 2^32 + 1 must not name namespace 1.
-    let nsid = p.u64("nsid")?;
     let nsid = u32::try_from(nsid)
         .map_err(|_| RpcError::params(format!("nsid: {nsid} is not a namespace ID")))?;
     act(move |ctl| {
@@ -135,24 +180,41 @@ pub(super) fn remove_ns(p: &mut Params) -> Parsed {
     })
 }
 
-/// The listen_address object: the address and whether it is NVMe/RDMA.
-fn listen_address(p: &mut Params) -> Result<(std::net::SocketAddr, bool), RpcError> {
-    let mut la = p.object("listen_address")?;
-    let trtype = la.str("trtype")?;
-    let traddr = la.str("traddr")?;
-    // SPDK sends the port as a string; accept a number too.
-    let trsvcid = match la.get("trsvcid") {
-        None => None,
-        Some(Value::String(p)) => Some(p.clone()),
-        Some(Value::Number(n)) => Some(n.to_string()),
-        Some(_) => {
-            return Err(RpcError::params(
-                "listen_address.trsvcid: must be a port number",
-            ))
-        }
-    };
-    let adrfam = la.opt_str("adrfam")?;
-    la.finish()?;
+/// SPDK's `listen_address` object as its client sends it: the port as a
+/// string or a number, `adrfam` optional.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListenAddressParams {
+    trtype: String,
+    traddr: String,
+    trsvcid: Option<Value>,
+    adrfam: Option<String>,
+}
+
+/// `nvmf_subsystem_add_listener`'s and `_remove_listener`'s parameters.
+#[derive(Deserialize)]
+struct ListenerParams {
+    nqn: String,
+    listen_address: ListenAddressParams,
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
+    #[allow(dead_code)]
+    ana_state: Option<String>,
+    #[allow(dead_code)]
+    sock_impl: Option<String>,
+    #[allow(dead_code)]
+    numa_id: Option<Value>,
+    secure_channel: Option<bool>,
+}
+
+/// A listen address checked: the address and whether it is NVMe/RDMA.
+fn listen_address(la: ListenAddressParams) -> Result<(std::net::SocketAddr, bool), RpcError> {
+    let ListenAddressParams {
+        trtype,
+        traddr,
+        trsvcid,
+        adrfam,
+    } = la;
     let rdma = if trtype.eq_ignore_ascii_case("rdma") {
         true
     } else if trtype.eq_ignore_ascii_case("tcp") {
@@ -179,22 +241,23 @@ fn listen_address(p: &mut Params) -> Result<(std::net::SocketAddr, bool), RpcErr
             )));
         }
     }
-    let port: u16 = trsvcid
-        .as_deref()
-        .unwrap_or("4420")
-        .parse()
-        .map_err(|_| RpcError::params("listen_address.trsvcid: must be a port number"))?;
+    // SPDK sends the port as a string; accept a number too.
+    let port = match trsvcid {
+        None | Some(Value::Null) => Some(4420),
+        Some(Value::String(p)) => p.parse().ok(),
+        Some(Value::Number(n)) => n.as_u64().and_then(|n| u16::try_from(n).ok()),
+        Some(_) => None,
+    };
+    let port =
+        port.ok_or_else(|| RpcError::params("listen_address.trsvcid: must be a port number"))?;
     Ok((std::net::SocketAddr::new(ip, port), rdma))
 }
 
 pub(super) fn add_listener(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    let (addr, rdma) = listen_address(p)?;
-    p.opt_str("tgt_name")?;
-    p.opt_str("ana_state")?;
-    p.opt_str("sock_impl")?;
-    p.get("numa_id");
-    let secure = p.opt_bool("secure_channel")?.unwrap_or(false);
+    let l: ListenerParams = p.parse()?;
+    let nqn = l.nqn;
+    let (addr, rdma) = listen_address(l.listen_address)?;
+    let secure = l.secure_channel.unwrap_or(false);
     if secure && rdma {
         return Err(RpcError::params(
             "secure_channel: TLS is NVMe/TCP's; an RDMA listener cannot require it",
@@ -258,10 +321,19 @@ pub(super) fn add_listener(p: &mut Params) -> Parsed {
     })
 }
 
+/// `nvmf_subsystem_remove_listener`'s parameters.
+#[derive(Deserialize)]
+struct RemoveListener {
+    nqn: String,
+    listen_address: ListenAddressParams,
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
+}
+
 pub(super) fn remove_listener(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    let (addr, rdma) = listen_address(p)?;
-    p.opt_str("tgt_name")?;
+    let l: RemoveListener = p.parse()?;
+    let nqn = l.nqn;
+    let (addr, rdma) = listen_address(l.listen_address)?;
     act(move |ctl| {
         let s = ctl.subsystem(&nqn)?;
         if s.kind == SubsystemKind::Nvm {
@@ -339,8 +411,8 @@ pub(super) fn add_host(p: &mut Params) -> Parsed {
         dhchap_key,
         dhchap_ctrlr_key,
         psk,
-    } = p.typed(&["nqn", "host", "psk", "dhchap_key", "dhchap_ctrlr_key"])?;
-    p.opt_str("tgt_name")?;
+    } = p.parse()?;
+    let _: TgtName = p.parse()?;
     if dhchap_ctrlr_key.is_some() && dhchap_key.is_none() {
         return Err(RpcError::params(
             "dhchap_ctrlr_key: needs dhchap_key (the host authenticates first)",
@@ -402,16 +474,49 @@ fn host_keys(
     })
 }
 
+/// `nvmf_subsystem_set_keys`'s parameters.
+#[derive(Deserialize)]
+struct SetKeys {
+    nqn: String,
+    host: String,
+    dhchap_key: Option<String>,
+    dhchap_ctrlr_key: Option<String>,
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
+}
+
+/// `nvmf_subsystem_remove_host`'s parameters.
+#[derive(Deserialize)]
+struct RemoveHost {
+    nqn: String,
+    host: String,
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
+    #[allow(dead_code)]
+    timeout_ms: Option<u64>,
+}
+
+/// `nvmf_subsystem_allow_any_host`'s parameters.
+#[derive(Deserialize)]
+struct AllowAnyHost {
+    nqn: String,
+    allow_any_host: bool,
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
+}
+
 /// A listed host's DH-HMAC-CHAP keys replaced (key rotation), as SPDK's
 /// `nvmf_subsystem_set_keys`: the keys given become the host's, one left out is
 /// cleared (neither: the host no longer authenticates). Queues already
 /// authenticated carry on; the next Connect or re-authentication uses the new keys.
 pub(super) fn set_keys(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    let host = p.str("host")?;
-    p.opt_str("tgt_name")?;
-    let dhchap_key = p.opt_str("dhchap_key")?;
-    let dhchap_ctrlr_key = p.opt_str("dhchap_ctrlr_key")?;
+    let SetKeys {
+        nqn,
+        host,
+        dhchap_key,
+        dhchap_ctrlr_key,
+        ..
+    } = p.parse()?;
     if dhchap_ctrlr_key.is_some() && dhchap_key.is_none() {
         return Err(RpcError::params(
             "dhchap_ctrlr_key: needs dhchap_key (the host authenticates first)",
@@ -440,10 +545,7 @@ pub(super) fn set_keys(p: &mut Params) -> Parsed {
 }
 
 pub(super) fn remove_host(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    let host = p.str("host")?;
-    p.opt_str("tgt_name")?;
-    p.opt_u64("timeout_ms")?;
+    let RemoveHost { nqn, host, .. } = p.parse()?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
         {
@@ -476,11 +578,11 @@ pub(super) fn remove_host(p: &mut Params) -> Parsed {
 }
 
 pub(super) fn allow_any_host(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    let any = p
-        .opt_bool("allow_any_host")?
-        .ok_or_else(|| p.required("allow_any_host"))?;
-    p.opt_str("tgt_name")?;
+    let AllowAnyHost {
+        nqn,
+        allow_any_host: any,
+        ..
+    } = p.parse()?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
         s.allow_any_host.store(any, Ordering::Release);
