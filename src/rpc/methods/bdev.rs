@@ -45,8 +45,7 @@ impl Control {
 }
 
 pub(super) fn get_bdevs(p: &mut Params) -> Parsed {
-    let name = p.opt_str("name")?;
-    p.opt_u64("timeout")?;
+    let GetBdevs { name, .. } = p.parse()?;
     act(move |ctl| {
         let mut out = Vec::new();
         for pool in &ctl.pools() {
@@ -95,23 +94,20 @@ pub(super) fn get_bdevs(p: &mut Params) -> Parsed {
 }
 
 pub(super) fn get_iostat(p: &mut Params) -> Parsed {
-    let mut names: Vec<String> = p.opt_str("name")?.into_iter().collect();
-    match p.get("names") {
-        None => {}
-        Some(Value::Array(a)) => {
-            for n in a {
-                match n.as_str() {
-                    Some(n) => names.push(n.to_string()),
-                    None => return Err(RpcError::params("names: must be an array of strings")),
-                }
-            }
-        }
-        Some(_) => return Err(RpcError::params("names: must be an array of strings")),
-    }
-    if p.opt_bool("per_channel")? == Some(true) {
+    let GetIostat {
+        name,
+        names,
+        per_channel,
+        reset_mode,
+    } = p.parse()?;
+    let names: Vec<String> = name
+        .into_iter()
+        .chain(names.into_iter().flatten())
+        .collect();
+    if per_channel == Some(true) {
         return Err(RpcError::params("per_channel: not supported by kvtarget"));
     }
-    match p.opt_str("reset_mode")?.as_deref() {
+    match reset_mode.as_deref() {
         None | Some("none") => {}
         Some(m) => {
             return Err(RpcError::params(format!(
@@ -161,6 +157,30 @@ pub(super) fn get_iostat(p: &mut Params) -> Parsed {
     })
 }
 
+/// `bdev_get_bdevs`'s parameters (`timeout`: nothing to wait for here).
+#[derive(Deserialize)]
+struct GetBdevs {
+    name: Option<String>,
+    #[allow(dead_code)]
+    timeout: Option<u64>,
+}
+
+/// `bdev_get_iostat`'s parameters.
+#[derive(Deserialize)]
+struct GetIostat {
+    name: Option<String>,
+    names: Option<Vec<String>>,
+    per_channel: Option<bool>,
+    reset_mode: Option<String>,
+}
+
+/// `bdev_lvol_get_lvstores`'s parameters.
+#[derive(Deserialize)]
+struct GetLvstores {
+    lvs_name: Option<String>,
+    uuid: Option<String>,
+}
+
 /// `bdev_lvol_create_lvstore`'s parameters.
 #[derive(Deserialize)]
 struct CreateLvstore {
@@ -186,12 +206,6 @@ struct LvolCreate {
     block_size: Option<u64>,
     unwritten: Option<String>,
     kind: Option<String>,
-}
-
-/// `bdev_lvol_delete`'s parameters.
-#[derive(Deserialize)]
-struct LvolName {
-    name: String,
 }
 
 /// `bdev_lvol_resize`'s parameters.
@@ -293,8 +307,10 @@ pub(super) fn create_lvstore(p: &mut Params) -> Parsed {
 }
 
 pub(super) fn get_lvstores(p: &mut Params) -> Parsed {
-    let name = p.opt_str("lvs_name")?;
-    let uuid = p.opt_str("uuid")?;
+    let GetLvstores {
+        lvs_name: name,
+        uuid,
+    } = p.parse()?;
     act(move |ctl| {
         let pools: Vec<Arc<Pool>> = if name.is_some() || uuid.is_some() {
             vec![ctl.pool(name, uuid)?]
@@ -381,7 +397,7 @@ pub(super) fn lvol_create(p: &mut Params) -> Parsed {
 }
 
 pub(super) fn lvol_delete(p: &mut Params) -> Parsed {
-    let LvolName { name } = p.parse()?;
+    let super::Name { name } = p.parse()?;
     act(move |ctl| {
         let (pool, vname) = ctl.idle_volume(&name, "delete it")?;
         pool.delete_volume(&vname)

@@ -16,14 +16,8 @@ pub(super) fn file_add_key(p: &mut Params) -> Parsed {
     })
 }
 
-/// `keyring_file_remove_key`'s parameters.
-#[derive(serde::Deserialize)]
-struct KeyName {
-    name: String,
-}
-
 pub(super) fn file_remove_key(p: &mut Params) -> Parsed {
-    let KeyName { name } = p.parse()?;
+    let super::Name { name } = p.parse()?;
     act(move |ctl| {
         ctl.target
             .keyring

@@ -8,8 +8,10 @@
 //! refused with a clear message when on; unknown parameters are refused.
 //!
 //! A bad call changes nothing: every handler is split in two by its type. The
-//! handler proper reads and checks all parameters without access to the
-//! target, and returns the action; `call` refuses unknown parameters, and only
+//! handler proper reads its parameters with serde into one typed struct
+//! (`Params::parse`; the configuration's operations, `crate::config::ops`,
+//! where one exists) and checks them without access to the target, and
+//! returns the action; `call` refuses unknown parameters, and only
 //! then runs the action, which cannot read parameters any more.
 //!
 //! One file per method family (`framework`, `nvmf`, `nvmf_subsystem`, `bdev`,
@@ -58,7 +60,8 @@ type Action = Box<dyn FnOnce(&Control) -> RpcResult>;
 /// parameters.
 type Parsed = Result<Action, RpcError>;
 
-/// A method's handler: reads every parameter it knows through `Params` and
+/// A method's handler: reads every parameter it knows through
+/// `Params::parse` (a serde struct per method) and
 /// checks what can be checked without the target (types, ranges, names). It
 /// has no `Control`, so it cannot change anything; `call` refuses the keys it
 /// did not read before running the action it returns.
@@ -129,8 +132,8 @@ pub const METHODS: &[&str] = &{
     names
 };
 
-/// Typed access to a params object; remembers which keys were read so unknown
-/// ones can be refused. Errors name keys by their full path (`namespace.nsid`).
+/// A params object read with serde into typed structs; remembers which keys
+/// were read so unknown ones can be refused. Errors name keys by their full path (`namespace.nsid`).
 struct Params {
     map: Map<String, Value>,
     seen: BTreeSet<String>,
@@ -150,37 +153,8 @@ impl Params {
         self.seen.insert(k.to_string());
         self.map.get(k).filter(|v| !v.is_null())
     }
-    fn opt_str(&mut self, k: &str) -> Result<Option<String>, RpcError> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(RpcError::params(format!("{}: must be a string", k))),
-        }
-    }
-    fn str(&mut self, k: &str) -> Result<String, RpcError> {
-        self.opt_str(k)?.ok_or_else(|| self.required(k))
-    }
     fn required(&self, k: &str) -> RpcError {
         RpcError::params(format!("{}: required", k))
-    }
-    fn opt_u64(&mut self, k: &str) -> Result<Option<u64>, RpcError> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(v) => match v.as_u64() {
-                Some(n) => Ok(Some(n)),
-                None => Err(RpcError::params(format!(
-                    "{}: must be a non-negative integer",
-                    k
-                ))),
-            },
-        }
-    }
-    fn opt_bool(&mut self, k: &str) -> Result<Option<bool>, RpcError> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(_) => Err(RpcError::params(format!("{}: must be true or false", k))),
-        }
     }
     /// The keys `fields` deserialised with serde into `T`, one of the
     /// parameter structs the configuration's operations use
@@ -313,6 +287,27 @@ fn fields_of<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
     let _ = T::deserialize(&mut f);
     assert!(!f.0.is_empty(), "parameters must be a struct with fields");
     f.0
+}
+
+/// Parameters naming one subsystem (`nvmf_delete_subsystem`,
+/// `nvmf_subsystem_get_controllers`, ...).
+#[derive(serde::Deserialize)]
+struct Nqn {
+    nqn: String,
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
+}
+
+/// Parameters naming one object (a pool, a volume, a key).
+#[derive(serde::Deserialize)]
+struct Name {
+    name: String,
+}
+
+/// Parameters that may name one object (listings: all when absent).
+#[derive(serde::Deserialize)]
+struct OptName {
+    name: Option<String>,
 }
 
 /// SPDK's `tgt_name` (one target here): accepted, for methods whose

@@ -1,7 +1,7 @@
 //! `nvmf_*` methods on transports, whole subsystems and statistics; the
 //! per-subsystem ones (listeners, namespaces, hosts) are in `nvmf_subsystem`.
 
-use super::{act, hex_id, not_found, unsupported, uuid_str, Control, Params, Parsed};
+use super::{act, hex_id, not_found, unsupported, uuid_str, Control, Nqn, Params, Parsed, TgtName};
 use crate::config::ops::CreateSubsystem;
 use crate::nvmf::{Subsystem, SubsystemKind};
 use crate::rpc::{code, RpcError};
@@ -129,14 +129,6 @@ impl Control {
     }
 }
 
-/// Parameters naming one subsystem (`nvmf_delete_subsystem`).
-#[derive(Deserialize)]
-struct Nqn {
-    nqn: String,
-    #[allow(dead_code)]
-    tgt_name: Option<String>,
-}
-
 /// `nvmf_create_transport`'s parameters kvtarget reads; its tuning options
 /// are [`TRANSPORT_TUNING`].
 #[derive(Deserialize)]
@@ -216,9 +208,16 @@ pub(super) fn create_transport(p: &mut Params) -> Parsed {
     })
 }
 
+/// `nvmf_get_transports`'s parameters.
+#[derive(Deserialize)]
+struct GetTransports {
+    trtype: Option<String>,
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
+}
+
 pub(super) fn get_transports(p: &mut Params) -> Parsed {
-    p.opt_str("tgt_name")?;
-    let trtype = p.opt_str("trtype")?;
+    let GetTransports { trtype, .. } = p.parse()?;
     act(move |ctl| {
         let mut all = vec![ctl.transport_json()];
         if ctl.rdma.is_started() {
@@ -332,9 +331,16 @@ pub(super) fn delete_subsystem(p: &mut Params) -> Parsed {
     })
 }
 
+/// `nvmf_get_subsystems`'s parameters.
+#[derive(Deserialize)]
+struct GetSubsystems {
+    nqn: Option<String>,
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
+}
+
 pub(super) fn get_subsystems(p: &mut Params) -> Parsed {
-    let want = p.opt_str("nqn")?;
-    p.opt_str("tgt_name")?;
+    let GetSubsystems { nqn: want, .. } = p.parse()?;
     act(move |ctl| {
         let mut all = vec![ctl.target.discovery.clone()];
         all.extend(
@@ -360,7 +366,7 @@ pub(super) fn get_subsystems(p: &mut Params) -> Parsed {
 /// device entry per completion queue (SPDK's field names, plus kvtarget's
 /// `qpairs`, `cq_entries`, `cq_entries_reserved`, `dropped_completions`).
 pub(super) fn get_stats(p: &mut Params) -> Parsed {
-    p.opt_str("tgt_name")?;
+    let _: TgtName = p.parse()?;
     act(|ctl| {
         let groups = crate::transport::rdma::poll_group_stats();
         let rdma_started = ctl.rdma.is_started();

@@ -601,8 +601,7 @@ pub(super) fn allow_any_host(p: &mut Params) -> Parsed {
 }
 
 pub(super) fn get_controllers(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    p.opt_str("tgt_name")?;
+    let super::Nqn { nqn, .. } = p.parse()?;
     act(move |ctl| {
         let s = ctl.subsystem(&nqn)?;
         let ctrls: Vec<Value> = s
@@ -629,8 +628,7 @@ pub(super) fn get_controllers(p: &mut Params) -> Parsed {
 }
 
 pub(super) fn get_qpairs(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    p.opt_str("tgt_name")?;
+    let super::Nqn { nqn, .. } = p.parse()?;
     act(move |ctl| {
         let s = ctl.subsystem(&nqn)?;
         let mut ctrls: Vec<_> = s
