@@ -5,7 +5,7 @@
 
 use crate::auth::{Key, KeyError};
 use crate::config::ops::{AddHost, CreateSubsystem};
-use crate::config::KeyConfig;
+use crate::config::{KeyConfig, Unwritten, VolumeConfig, VolumeKind};
 use crate::nvmf::auth::{resolve_psk, HostKeyError, HostKeys};
 use crate::nvmf::{Subsystem, SubsystemKind, Target};
 use std::sync::atomic::Ordering;
@@ -95,4 +95,27 @@ pub fn add_host(target: &Target, subsys: &Subsystem, h: &AddHost) -> Result<(), 
     }
     target.genctr.fetch_add(1, Ordering::Relaxed);
     Ok(())
+}
+
+/// A volume's format flags (`VOL_KV`, `VOL_UNWRITTEN_ERROR`) as its
+/// configuration gives them.
+pub fn volume_flags(v: &VolumeConfig) -> u32 {
+    use crate::pool::format::{VOL_KV, VOL_UNWRITTEN_ERROR};
+    let kind = match v.kind {
+        VolumeKind::Block => 0,
+        VolumeKind::Kv => VOL_KV,
+    };
+    let unwritten = match v.unwritten {
+        Unwritten::Zeroes => 0,
+        Unwritten::Error => VOL_UNWRITTEN_ERROR,
+    };
+    kind | unwritten
+}
+
+/// `kvtarget_create_volume` (`bdev_lvol_create`): a new volume in `pool`.
+pub fn create_volume(
+    pool: &crate::pool::Pool,
+    v: &VolumeConfig,
+) -> Result<Arc<crate::pool::volume::Volume>, crate::pool::PoolError> {
+    pool.create_volume(&v.name, v.size, v.block_size, volume_flags(v))
 }

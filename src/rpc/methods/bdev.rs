@@ -2,6 +2,7 @@
 //! stores.
 
 use super::{act, not_found, uuid_str, Control, Params, Parsed};
+use crate::config::{Unwritten, VolumeConfig, VolumeKind};
 use crate::pool::format::VOL_UNWRITTEN_ERROR;
 use crate::pool::Pool;
 use crate::rpc::{code, RpcError};
@@ -337,9 +338,9 @@ pub(super) fn get_lvstores(p: &mut Params) -> Parsed {
     })
 }
 
-pub(super) fn lvol_create(p: &mut Params) -> Parsed {
-    let c: LvolCreate = p.parse()?;
-    let (name, mib, lvs_name, lvs_uuid) = (c.lvol_name, c.size_in_mib, c.lvs_name, c.uuid);
+/// `bdev_lvol_create`'s parameters as the volume of a `CreateVolume`
+/// operation (the configuration's `[[pools.volumes]]` entry).
+fn volume_config(c: LvolCreate) -> Result<VolumeConfig, RpcError> {
     // Volumes are always thin; a thick request is refused rather than faked.
     if c.thin_provision == Some(false) {
         return Err(RpcError::params(
@@ -362,9 +363,9 @@ pub(super) fn lvol_create(p: &mut Params) -> Parsed {
             )))
         }
     };
-    let flags = match c.unwritten.as_deref() {
-        None | Some("zeroes") => 0,
-        Some("error") => VOL_UNWRITTEN_ERROR,
+    let unwritten = match c.unwritten.as_deref() {
+        None | Some("zeroes") => Unwritten::Zeroes,
+        Some("error") => Unwritten::Error,
         Some(o) => {
             return Err(RpcError::params(format!(
                 "unwritten: `{o}` is not zeroes or error"
@@ -372,26 +373,37 @@ pub(super) fn lvol_create(p: &mut Params) -> Parsed {
         }
     };
     // kvtarget's own: "kv" makes a KV volume (a KV namespace's store).
-    let flags = flags
-        | match c.kind.as_deref() {
-            None | Some("block") => 0,
-            Some("kv") => crate::pool::format::VOL_KV,
-            Some(o) => return Err(RpcError::params(format!("kind: `{o}` is not block or kv"))),
-        };
-    let size = mib
+    let kind = match c.kind.as_deref() {
+        None | Some("block") => VolumeKind::Block,
+        Some("kv") => VolumeKind::Kv,
+        Some(o) => return Err(RpcError::params(format!("kind: `{o}` is not block or kv"))),
+    };
+    let size = (c.size_in_mib)
         .checked_mul(1 << 20)
         .ok_or_else(|| RpcError::params("size_in_mib: too large"))?;
+    Ok(VolumeConfig {
+        name: c.lvol_name,
+        size,
+        block_size,
+        unwritten,
+        kind,
+    })
+}
+
+pub(super) fn lvol_create(p: &mut Params) -> Parsed {
+    let mut c: LvolCreate = p.parse()?;
+    // The pool by name (`lvs_name`) or by UUID.
+    let (lvs_name, lvs_uuid) = (c.lvs_name.take(), c.uuid.take());
+    let volume = volume_config(c)?;
     act(move |ctl| {
         let pool = ctl.pool(lvs_name, lvs_uuid)?;
-        let v = pool
-            .create_volume(&name, size, block_size, flags)
-            .map_err(|e| {
-                if matches!(e, crate::pool::PoolError::VolumeExists { .. }) {
-                    RpcError::new(code::EEXIST, e.to_string())
-                } else {
-                    RpcError::params(e.to_string())
-                }
-            })?;
+        let v = crate::rpc::apply::create_volume(&pool, &volume).map_err(|e| {
+            if matches!(e, crate::pool::PoolError::VolumeExists { .. }) {
+                RpcError::new(code::EEXIST, e.to_string())
+            } else {
+                RpcError::params(e.to_string())
+            }
+        })?;
         Ok(json!(uuid_str(&v.desc.uuid)))
     })
 }
