@@ -2,7 +2,7 @@
 //! stores.
 
 use super::{act, not_found, uuid_str, Control, Params, Parsed};
-use crate::config::{Unwritten, VolumeConfig, VolumeKind};
+use crate::config::{PoolConfig, Unwritten, VolumeConfig, VolumeKind};
 use crate::pool::format::VOL_UNWRITTEN_ERROR;
 use crate::pool::Pool;
 use crate::rpc::{code, RpcError};
@@ -216,37 +216,55 @@ struct LvolResize {
     size_in_mib: u64,
 }
 
+/// `bdev_lvol_create_lvstore`'s parameters as a `CreatePool` operation's
+/// pool (the configuration's `[[pools]]` entry): a file or block device
+/// with `io_uring`, formatted here, run with the default settings.
+fn pool_config(c: CreateLvstore) -> Result<PoolConfig, RpcError> {
+    use crate::config::{Backend, DualPathConfig, GcConfig};
+    if let Some(m) = c.clear_method {
+        if !matches!(m.as_str(), "none" | "unmap" | "write_zeroes") {
+            return Err(RpcError::params(format!(
+                "clear_method: `{m}` is not none, unmap or write_zeroes"
+            )));
+        }
+    }
+    let name = c.lvs_name;
+    if name.is_empty() || name.contains('/') || name.len() > 64 {
+        return Err(RpcError::params("lvs_name: 1 to 64 characters without `/`"));
+    }
+    Ok(PoolConfig {
+        name,
+        backend: Backend::Uring,
+        path: Some(c.bdev_name.into()),
+        pci: None,
+        nvme_nsid: None,
+        trid: None,
+        size: None,
+        extent_size: c.cluster_sz.unwrap_or(1 << 20),
+        create: false,
+        // What PoolOptions::default() runs with.
+        commit_interval_ms: crate::config::d_commit_interval_ms(),
+        gc: GcConfig::default(),
+        dual_path: DualPathConfig::default(),
+        volumes: Vec::new(),
+    })
+}
+
 /// Formats a file or block device as a new pool (lvol store) and opens it.
 /// `bdev_name` is the path of an existing file or block device: kvtarget
 /// has no separate base-bdev layer.
 pub(super) fn create_lvstore(p: &mut Params) -> Parsed {
-    use crate::config::{Backend, DualPathConfig, GcConfig, PoolConfig};
-    let CreateLvstore {
-        bdev_name: path,
-        lvs_name: name,
-        cluster_sz,
-        clear_method,
-        ..
-    } = p.parse()?;
-    let cluster = cluster_sz.unwrap_or(1 << 20);
-    if let Some(c) = clear_method {
-        if !matches!(c.as_str(), "none" | "unmap" | "write_zeroes") {
-            return Err(RpcError::params(format!(
-                "clear_method: `{c}` is not none, unmap or write_zeroes"
-            )));
-        }
-    }
-    if name.is_empty() || name.contains('/') || name.len() > 64 {
-        return Err(RpcError::params("lvs_name: 1 to 64 characters without `/`"));
-    }
+    let pool = pool_config(p.parse()?)?;
     act(move |ctl| {
+        let name = pool.name.clone();
         if ctl.pools().iter().any(|x| x.name == name) {
             return Err(RpcError::new(
                 code::EEXIST,
                 format!("lvol store {name} already exists"),
             ));
         }
-        let pb = std::path::PathBuf::from(&path);
+        let pb = pool.path.clone().unwrap_or_default();
+        let path = pb.display().to_string();
         if !pb.exists() {
             return Err(not_found(format!(
                 "bdev_name: {path} does not exist (give the path of a file or block device; create a file with `truncate -s SIZE {path}`)"
@@ -254,57 +272,48 @@ pub(super) fn create_lvstore(p: &mut Params) -> Parsed {
         }
         let lock = crate::pool::lock_pool(&pb, true)
             .map_err(|e| RpcError::new(code::EBUSY, e.to_string()))?;
-        let dev: crate::bdev::SharedDevice = crate::bdev::uring::UringDevice::open(&pb, None, 512)
-            .map_err(|e| RpcError::params(format!("bdev_name: {path}: {e}")))?;
-        crate::pool::format(
-            &dev,
-            &crate::pool::FormatOptions {
-                extent_size: cluster,
-                force: false,
-                journal_len: None,
-            },
-        )
-        .map_err(|e| {
-            if matches!(e, crate::pool::PoolError::Occupied { .. }) {
-                RpcError::new(code::EEXIST, e.to_string())
-            } else {
-                RpcError::params(e.to_string())
-            }
-        })?;
-        let opts = crate::pool::PoolOptions {
-            reactors: ctl.reactors.len().max(1),
-            ..Default::default()
-        };
-        let pool = Pool::open(&name, dev, opts)
-            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))?;
-        let uuid = uuid_str(&pool.sb.uuid);
+        let opened = format_and_open(ctl, &pool, &pb)?;
+        let uuid = uuid_str(&opened.sb.uuid);
         if let Ok(mut v) = ctl.pools.write() {
-            v.push(pool);
+            v.push(opened);
         }
         if let Ok(mut r) = ctl.runtime_pools.lock() {
-            r.push((
-                PoolConfig {
-                    name: name.clone(),
-                    backend: Backend::Uring,
-                    path: Some(pb),
-                    pci: None,
-                    nvme_nsid: None,
-                    trid: None,
-                    size: None,
-                    extent_size: cluster,
-                    create: false,
-                    // What PoolOptions::default() above runs with.
-                    commit_interval_ms: crate::config::d_commit_interval_ms(),
-                    gc: GcConfig::default(),
-                    dual_path: DualPathConfig::default(),
-                    volumes: Vec::new(),
-                },
-                lock,
-            ));
+            r.push((pool, lock));
         }
         tracing::info!(pool = %name, path = %path, "rpc: pool created");
         Ok(json!(uuid))
     })
+}
+
+/// A new pool on the file or device at `path`, formatted and opened.
+fn format_and_open(
+    ctl: &Control,
+    pool: &PoolConfig,
+    path: &std::path::Path,
+) -> Result<Arc<Pool>, RpcError> {
+    let dev: crate::bdev::SharedDevice = crate::bdev::uring::UringDevice::open(path, None, 512)
+        .map_err(|e| RpcError::params(format!("bdev_name: {}: {e}", path.display())))?;
+    crate::pool::format(
+        &dev,
+        &crate::pool::FormatOptions {
+            extent_size: pool.extent_size,
+            force: false,
+            journal_len: None,
+        },
+    )
+    .map_err(|e| {
+        if matches!(e, crate::pool::PoolError::Occupied { .. }) {
+            RpcError::new(code::EEXIST, e.to_string())
+        } else {
+            RpcError::params(e.to_string())
+        }
+    })?;
+    let opts = crate::pool::PoolOptions {
+        reactors: ctl.reactors.len().max(1),
+        ..Default::default()
+    };
+    Pool::open(&pool.name, dev, opts)
+        .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))
 }
 
 pub(super) fn get_lvstores(p: &mut Params) -> Parsed {
