@@ -316,16 +316,7 @@ pub(super) fn delete_subsystem(p: &mut Params) -> Parsed {
     let Nqn { nqn, .. } = p.parse()?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
-        if let Ok(mut subs) = ctl.target.subsystems.write() {
-            subs.retain(|x| !Arc::ptr_eq(x, &s));
-        }
-        ctl.target.genctr.fetch_add(1, Ordering::Relaxed);
-        // Connected hosts lose their controllers (their queues close).
-        if let Ok(c) = s.controllers.lock() {
-            for ctrl in c.values() {
-                ctrl.fail();
-            }
-        }
+        crate::rpc::apply::delete_subsystem(&ctl.target, &s);
         tracing::info!(nqn = %nqn, "rpc: subsystem deleted");
         Ok(Value::Bool(true))
     })

@@ -445,6 +445,7 @@ pub(super) fn apply_error(e: crate::rpc::apply::ApplyError) -> RpcError {
         ApplyError::SubsystemExists(_) | ApplyError::HostExists { .. } => {
             RpcError::new(code::EEXIST, e.to_string())
         }
+        ApplyError::NoHost { .. } => not_found(e.to_string()),
         ApplyError::HostKey(k) | ApplyError::Psk(k) => match k {
             HostKeyError::Missing { .. } => not_found(k.to_string()),
             _ => RpcError::params(k.to_string()),
@@ -456,22 +457,6 @@ pub(super) fn apply_error(e: crate::rpc::apply::ApplyError) -> RpcError {
             RpcError::new(code::INTERNAL_ERROR, e.to_string())
         }
     }
-}
-
-/// A host entry's keys by keyring name: an unknown name is not found, a key
-/// that is no DH-HMAC-CHAP secret a bad parameter; both name the parameter.
-fn host_keys(
-    ctl: &Control,
-    key: &str,
-    ctrlr_key: Option<&str>,
-) -> Result<crate::nvmf::auth::HostKeys, RpcError> {
-    use crate::nvmf::auth::{HostKeyError, HostKeys};
-    HostKeys::resolve(&ctl.target.keyring, key, ctrlr_key).map_err(|e| match e {
-        HostKeyError::Missing { .. } => not_found(e.to_string()),
-        HostKeyError::NotDhchap { .. } | HostKeyError::NotPsk { .. } => {
-            RpcError::params(e.to_string())
-        }
-    })
 }
 
 /// `nvmf_subsystem_set_keys`'s parameters.
@@ -524,21 +509,8 @@ pub(super) fn set_keys(p: &mut Params) -> Parsed {
     }
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
-        if !s.hosts.read().is_ok_and(|h| h.contains(&host)) {
-            return Err(not_found(format!("{host} is not on {nqn}'s host list")));
-        }
-        let keys = match &dhchap_key {
-            Some(k) => Some(host_keys(ctl, k, dhchap_ctrlr_key.as_deref())?),
-            None => None,
-        };
-        let mut m = s
-            .host_keys
-            .write()
-            .map_err(|_| RpcError::new(code::INTERNAL_ERROR, "host keys poisoned"))?;
-        match keys {
-            Some(k) => m.insert(host.clone(), k),
-            None => m.remove(&host),
-        };
+        let (key, ctrlr_key) = (dhchap_key.as_deref(), dhchap_ctrlr_key.as_deref());
+        crate::rpc::apply::set_keys(&ctl.target, &s, &host, key, ctrlr_key).map_err(apply_error)?;
         tracing::info!(nqn = %nqn, host = %host, dhchap_key = dhchap_key.as_deref().unwrap_or(""), dhchap_ctrlr_key = dhchap_ctrlr_key.as_deref().unwrap_or(""), "rpc: host keys set");
         Ok(Value::Bool(true))
     })
@@ -548,30 +520,7 @@ pub(super) fn remove_host(p: &mut Params) -> Parsed {
     let RemoveHost { nqn, host, .. } = p.parse()?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
-        {
-            let mut h = s
-                .hosts
-                .write()
-                .map_err(|_| RpcError::new(code::INTERNAL_ERROR, "host list poisoned"))?;
-            let before = h.len();
-            h.retain(|x| x != &host);
-            if h.len() == before {
-                return Err(not_found(format!("{host} is not on {nqn}'s host list")));
-            }
-            if let Ok(mut m) = s.host_keys.write() {
-                m.remove(&host);
-            }
-            if let Ok(mut m) = s.host_psks.write() {
-                m.remove(&host);
-            }
-        }
-        ctl.target.genctr.fetch_add(1, Ordering::Relaxed);
-        // Unless any host may connect, its controllers go now.
-        let n = if s.allow_any_host.load(Ordering::Acquire) {
-            0
-        } else {
-            s.disconnect_host(&host)
-        };
+        let n = crate::rpc::apply::remove_host(&ctl.target, &s, &host).map_err(apply_error)?;
         tracing::info!(nqn = %nqn, host = %host, disconnected = n, "rpc: host removed");
         Ok(Value::Bool(true))
     })
@@ -585,17 +534,7 @@ pub(super) fn allow_any_host(p: &mut Params) -> Parsed {
     } = p.parse()?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
-        s.allow_any_host.store(any, Ordering::Release);
-        ctl.target.genctr.fetch_add(1, Ordering::Relaxed);
-        if !any {
-            // Hosts not on the list lose their controllers.
-            let hosts = s.hosts.read().map(|h| h.clone()).unwrap_or_default();
-            if let Ok(c) = s.controllers.lock() {
-                for ctrl in c.values().filter(|c| !hosts.contains(&c.hostnqn)) {
-                    ctrl.fail();
-                }
-            }
-        }
+        crate::rpc::apply::allow_any_host(&ctl.target, &s, any);
         Ok(Value::Bool(true))
     })
 }
