@@ -26,6 +26,11 @@ pub enum ApplyError {
     Psk(HostKeyError),
     #[error("{host} is not on {nqn}'s host list")]
     NoHost { host: String, nqn: String },
+    #[error("{nqn} has no namespace {nsid}")]
+    NoNamespace { nqn: String, nsid: u32 },
+    /// The keyring has no key of that name.
+    #[error(transparent)]
+    RemoveKey(KeyError),
     #[error("host list poisoned")]
     Poisoned,
     /// The key file cannot be used.
@@ -211,4 +216,28 @@ fn no_host(subsys: &Subsystem, host: &str) -> ApplyError {
         host: host.into(),
         nqn: subsys.nqn.clone(),
     }
+}
+
+/// `keyring_file_remove_key`: the key out of the keyring (host entries using
+/// it keep it until they are removed).
+pub fn remove_key(target: &Target, name: &str) -> Result<(), ApplyError> {
+    target.keyring.remove(name).map_err(ApplyError::RemoveKey)
+}
+
+/// `nvmf_subsystem_remove_ns` on `subsys`. Queues and reactors let go of the
+/// namespace on their next housekeeping pass (its in-flight commands finish
+/// first); this waits for that (up to 5 s) so the volume can be deleted or
+/// resized right after, as with SPDK.
+pub fn remove_namespace(subsys: &Subsystem, nsid: u32) -> Result<(), ApplyError> {
+    let ns = subsys
+        .remove_namespace(nsid)
+        .ok_or_else(|| ApplyError::NoNamespace {
+            nqn: subsys.nqn.clone(),
+            nsid,
+        })?;
+    let t0 = std::time::Instant::now();
+    while Arc::strong_count(&ns) > 1 && t0.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    Ok(())
 }

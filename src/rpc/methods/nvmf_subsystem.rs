@@ -165,16 +165,7 @@ pub(super) fn remove_ns(p: &mut Params) -> Parsed {
         .map_err(|_| RpcError::params(format!("nsid: {nsid} is not a namespace ID")))?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
-        let ns = s
-            .remove_namespace(nsid)
-            .ok_or_else(|| not_found(format!("{nqn} has no namespace {nsid}")))?;
-        // Queues and reactors let go of it on their next housekeeping pass (its
-        // in-flight commands finish first); wait for that so the volume can be
-        // deleted or resized right after, as with SPDK.
-        let t0 = std::time::Instant::now();
-        while Arc::strong_count(&ns) > 1 && t0.elapsed() < std::time::Duration::from_secs(5) {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
+        crate::rpc::apply::remove_namespace(&s, nsid).map_err(apply_error)?;
         tracing::info!(nqn = %nqn, nsid, "rpc: namespace removed");
         Ok(Value::Bool(true))
     })
@@ -445,7 +436,9 @@ pub(super) fn apply_error(e: crate::rpc::apply::ApplyError) -> RpcError {
         ApplyError::SubsystemExists(_) | ApplyError::HostExists { .. } => {
             RpcError::new(code::EEXIST, e.to_string())
         }
-        ApplyError::NoHost { .. } => not_found(e.to_string()),
+        ApplyError::NoHost { .. } | ApplyError::NoNamespace { .. } | ApplyError::RemoveKey(_) => {
+            not_found(e.to_string())
+        }
         ApplyError::HostKey(k) | ApplyError::Psk(k) => match k {
             HostKeyError::Missing { .. } => not_found(k.to_string()),
             _ => RpcError::params(k.to_string()),
