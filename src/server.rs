@@ -7,7 +7,7 @@ use crate::bdev::uring::UringDevice;
 use crate::bdev::SharedDevice;
 use crate::config::ops::{AddHost, AddNamespace};
 use crate::config::{Backend, Config, DeviceSpec, NamespaceConfig, Op, OpError, PoolConfig};
-use crate::config::{TcpConfig, Unwritten, VolumeConfig, VolumeKind};
+use crate::config::{TcpConfig, VolumeConfig, VolumeKind};
 use crate::nvmf::{Listener, Namespace, Subsystem, Target, TransportLimits};
 use crate::pool::channel::VolumeDevice;
 use crate::pool::format::{VOL_KV, VOL_UNWRITTEN_ERROR};
@@ -324,17 +324,10 @@ fn ensure_volume(pool: &Pool, v: &VolumeConfig, f: &str) -> Result<(), SetupErro
         field: f.into(),
         source,
     };
-    let kv_flag = match v.kind {
-        VolumeKind::Block => 0,
-        VolumeKind::Kv => VOL_KV,
-    };
-    let flags = match v.unwritten {
-        Unwritten::Zeroes => 0,
-        Unwritten::Error => VOL_UNWRITTEN_ERROR,
-    };
+    let kv_flag = crate::rpc::apply::volume_flags(v) & VOL_KV;
+    let flags = crate::rpc::apply::volume_flags(v) & VOL_UNWRITTEN_ERROR;
     let Some(existing) = pool.volume(&v.name) else {
-        pool.create_volume(&v.name, v.size, v.block_size, flags | kv_flag)
-            .map_err(pool_err)?;
+        crate::rpc::apply::create_volume(pool, v).map_err(pool_err)?;
         tracing::info!(pool = %pool.name, volume = %v.name, size = v.size, "volume created");
         return Ok(());
     };

@@ -5,7 +5,7 @@
 
 use crate::auth::{Key, KeyError};
 use crate::config::ops::{AddHost, CreateSubsystem};
-use crate::config::KeyConfig;
+use crate::config::{KeyConfig, Unwritten, VolumeConfig, VolumeKind};
 use crate::nvmf::auth::{resolve_psk, HostKeyError, HostKeys};
 use crate::nvmf::{Subsystem, SubsystemKind, Target};
 use std::sync::atomic::Ordering;
@@ -24,6 +24,13 @@ pub enum ApplyError {
     /// `psk` does not resolve.
     #[error(transparent)]
     Psk(HostKeyError),
+    #[error("{host} is not on {nqn}'s host list")]
+    NoHost { host: String, nqn: String },
+    #[error("{nqn} has no namespace {nsid}")]
+    NoNamespace { nqn: String, nsid: u32 },
+    /// The keyring has no key of that name.
+    #[error(transparent)]
+    RemoveKey(KeyError),
     #[error("host list poisoned")]
     Poisoned,
     /// The key file cannot be used.
@@ -94,5 +101,143 @@ pub fn add_host(target: &Target, subsys: &Subsystem, h: &AddHost) -> Result<(), 
         m.insert(h.host.clone(), k);
     }
     target.genctr.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// A volume's format flags (`VOL_KV`, `VOL_UNWRITTEN_ERROR`) as its
+/// configuration gives them.
+pub fn volume_flags(v: &VolumeConfig) -> u32 {
+    use crate::pool::format::{VOL_KV, VOL_UNWRITTEN_ERROR};
+    let kind = match v.kind {
+        VolumeKind::Block => 0,
+        VolumeKind::Kv => VOL_KV,
+    };
+    let unwritten = match v.unwritten {
+        Unwritten::Zeroes => 0,
+        Unwritten::Error => VOL_UNWRITTEN_ERROR,
+    };
+    kind | unwritten
+}
+
+/// `kvtarget_create_volume` (`bdev_lvol_create`): a new volume in `pool`.
+pub fn create_volume(
+    pool: &crate::pool::Pool,
+    v: &VolumeConfig,
+) -> Result<Arc<crate::pool::volume::Volume>, crate::pool::PoolError> {
+    pool.create_volume(&v.name, v.size, v.block_size, volume_flags(v))
+}
+
+/// `nvmf_subsystem_set_keys` on `subsys`: listed `host`'s DH-HMAC-CHAP keys
+/// replaced by those named (none: the host no longer authenticates).
+pub fn set_keys(
+    target: &Target,
+    subsys: &Subsystem,
+    host: &str,
+    dhchap_key: Option<&str>,
+    dhchap_ctrlr_key: Option<&str>,
+) -> Result<(), ApplyError> {
+    if !subsys
+        .hosts
+        .read()
+        .is_ok_and(|h| h.iter().any(|x| x == host))
+    {
+        return Err(no_host(subsys, host));
+    }
+    let keys = match dhchap_key {
+        Some(k) => Some(
+            HostKeys::resolve(&target.keyring, k, dhchap_ctrlr_key).map_err(ApplyError::HostKey)?,
+        ),
+        None => None,
+    };
+    let mut m = subsys.host_keys.write().map_err(|_| ApplyError::Poisoned)?;
+    match keys {
+        Some(k) => m.insert(host.to_string(), k),
+        None => m.remove(host),
+    };
+    Ok(())
+}
+
+/// `nvmf_subsystem_remove_host` on `subsys`: `host` and its keys gone; unless
+/// any host may connect, its controllers too. Returns how many.
+pub fn remove_host(target: &Target, subsys: &Subsystem, host: &str) -> Result<usize, ApplyError> {
+    {
+        let mut h = subsys.hosts.write().map_err(|_| ApplyError::Poisoned)?;
+        let before = h.len();
+        h.retain(|x| x != host);
+        if h.len() == before {
+            return Err(no_host(subsys, host));
+        }
+        if let Ok(mut m) = subsys.host_keys.write() {
+            m.remove(host);
+        }
+        if let Ok(mut m) = subsys.host_psks.write() {
+            m.remove(host);
+        }
+    }
+    target.genctr.fetch_add(1, Ordering::Relaxed);
+    if subsys.allow_any_host.load(Ordering::Acquire) {
+        return Ok(0);
+    }
+    Ok(subsys.disconnect_host(host))
+}
+
+/// `nvmf_subsystem_allow_any_host` on `subsys`; when turned off, hosts not on
+/// the list lose their controllers.
+pub fn allow_any_host(target: &Target, subsys: &Subsystem, any: bool) {
+    subsys.allow_any_host.store(any, Ordering::Release);
+    target.genctr.fetch_add(1, Ordering::Relaxed);
+    if any {
+        return;
+    }
+    let hosts = subsys.hosts.read().map(|h| h.clone()).unwrap_or_default();
+    if let Ok(c) = subsys.controllers.lock() {
+        for ctrl in c.values().filter(|c| !hosts.contains(&c.hostnqn)) {
+            ctrl.fail();
+        }
+    }
+}
+
+/// `nvmf_delete_subsystem`: `subsys` gone, its hosts' controllers failed
+/// (their queues close).
+pub fn delete_subsystem(target: &Target, subsys: &Arc<Subsystem>) {
+    if let Ok(mut subs) = target.subsystems.write() {
+        subs.retain(|x| !Arc::ptr_eq(x, subsys));
+    }
+    target.genctr.fetch_add(1, Ordering::Relaxed);
+    if let Ok(c) = subsys.controllers.lock() {
+        for ctrl in c.values() {
+            ctrl.fail();
+        }
+    }
+}
+
+fn no_host(subsys: &Subsystem, host: &str) -> ApplyError {
+    ApplyError::NoHost {
+        host: host.into(),
+        nqn: subsys.nqn.clone(),
+    }
+}
+
+/// `keyring_file_remove_key`: the key out of the keyring (host entries using
+/// it keep it until they are removed).
+pub fn remove_key(target: &Target, name: &str) -> Result<(), ApplyError> {
+    target.keyring.remove(name).map_err(ApplyError::RemoveKey)
+}
+
+/// `nvmf_subsystem_remove_ns` on `subsys`. Queues and reactors let go of the
+/// namespace on their next housekeeping pass (its in-flight commands finish
+/// first); this waits for that (up to 5 s) so the volume can be deleted or
+/// resized right after, as with SPDK.
+pub fn remove_namespace(subsys: &Subsystem, nsid: u32) -> Result<(), ApplyError> {
+    let ns = subsys
+        .remove_namespace(nsid)
+        .ok_or_else(|| ApplyError::NoNamespace {
+            nqn: subsys.nqn.clone(),
+            nsid,
+        })?;
+    let t0 = std::time::Instant::now();
+    while Arc::strong_count(&ns) > 1 && t0.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     Ok(())
 }

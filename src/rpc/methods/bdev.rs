@@ -2,9 +2,11 @@
 //! stores.
 
 use super::{act, not_found, uuid_str, Control, Params, Parsed};
+use crate::config::{PoolConfig, Unwritten, VolumeConfig, VolumeKind};
 use crate::pool::format::VOL_UNWRITTEN_ERROR;
 use crate::pool::Pool;
 use crate::rpc::{code, RpcError};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -44,8 +46,7 @@ impl Control {
 }
 
 pub(super) fn get_bdevs(p: &mut Params) -> Parsed {
-    let name = p.opt_str("name")?;
-    p.opt_u64("timeout")?;
+    let GetBdevs { name, .. } = p.parse()?;
     act(move |ctl| {
         let mut out = Vec::new();
         for pool in &ctl.pools() {
@@ -94,23 +95,20 @@ pub(super) fn get_bdevs(p: &mut Params) -> Parsed {
 }
 
 pub(super) fn get_iostat(p: &mut Params) -> Parsed {
-    let mut names: Vec<String> = p.opt_str("name")?.into_iter().collect();
-    match p.get("names") {
-        None => {}
-        Some(Value::Array(a)) => {
-            for n in a {
-                match n.as_str() {
-                    Some(n) => names.push(n.to_string()),
-                    None => return Err(RpcError::params("names: must be an array of strings")),
-                }
-            }
-        }
-        Some(_) => return Err(RpcError::params("names: must be an array of strings")),
-    }
-    if p.opt_bool("per_channel")? == Some(true) {
+    let GetIostat {
+        name,
+        names,
+        per_channel,
+        reset_mode,
+    } = p.parse()?;
+    let names: Vec<String> = name
+        .into_iter()
+        .chain(names.into_iter().flatten())
+        .collect();
+    if per_channel == Some(true) {
         return Err(RpcError::params("per_channel: not supported by kvtarget"));
     }
-    match p.opt_str("reset_mode")?.as_deref() {
+    match reset_mode.as_deref() {
         None | Some("none") => {}
         Some(m) => {
             return Err(RpcError::params(format!(
@@ -160,34 +158,113 @@ pub(super) fn get_iostat(p: &mut Params) -> Parsed {
     })
 }
 
+/// `bdev_get_bdevs`'s parameters (`timeout`: nothing to wait for here).
+#[derive(Deserialize)]
+struct GetBdevs {
+    name: Option<String>,
+    #[allow(dead_code)]
+    timeout: Option<u64>,
+}
+
+/// `bdev_get_iostat`'s parameters.
+#[derive(Deserialize)]
+struct GetIostat {
+    name: Option<String>,
+    names: Option<Vec<String>>,
+    per_channel: Option<bool>,
+    reset_mode: Option<String>,
+}
+
+/// `bdev_lvol_get_lvstores`'s parameters.
+#[derive(Deserialize)]
+struct GetLvstores {
+    lvs_name: Option<String>,
+    uuid: Option<String>,
+}
+
+/// `bdev_lvol_create_lvstore`'s parameters.
+#[derive(Deserialize)]
+struct CreateLvstore {
+    bdev_name: String,
+    lvs_name: String,
+    cluster_sz: Option<u64>,
+    clear_method: Option<String>,
+    #[allow(dead_code)]
+    num_md_pages_per_cluster_ratio: Option<u64>,
+    #[allow(dead_code)]
+    md_page_size: Option<u64>,
+}
+
+/// `bdev_lvol_create`'s parameters (`kind` and `unwritten` are kvtarget's).
+#[derive(Deserialize)]
+struct LvolCreate {
+    lvol_name: String,
+    size_in_mib: u64,
+    lvs_name: Option<String>,
+    uuid: Option<String>,
+    thin_provision: Option<bool>,
+    clear_method: Option<String>,
+    block_size: Option<u64>,
+    unwritten: Option<String>,
+    kind: Option<String>,
+}
+
+/// `bdev_lvol_resize`'s parameters.
+#[derive(Deserialize)]
+struct LvolResize {
+    name: String,
+    size_in_mib: u64,
+}
+
+/// `bdev_lvol_create_lvstore`'s parameters as a `CreatePool` operation's
+/// pool (the configuration's `[[pools]]` entry): a file or block device
+/// with `io_uring`, formatted here, run with the default settings.
+fn pool_config(c: CreateLvstore) -> Result<PoolConfig, RpcError> {
+    use crate::config::{Backend, DualPathConfig, GcConfig};
+    if let Some(m) = c.clear_method {
+        if !matches!(m.as_str(), "none" | "unmap" | "write_zeroes") {
+            return Err(RpcError::params(format!(
+                "clear_method: `{m}` is not none, unmap or write_zeroes"
+            )));
+        }
+    }
+    let name = c.lvs_name;
+    if name.is_empty() || name.contains('/') || name.len() > 64 {
+        return Err(RpcError::params("lvs_name: 1 to 64 characters without `/`"));
+    }
+    Ok(PoolConfig {
+        name,
+        backend: Backend::Uring,
+        path: Some(c.bdev_name.into()),
+        pci: None,
+        nvme_nsid: None,
+        trid: None,
+        size: None,
+        extent_size: c.cluster_sz.unwrap_or(1 << 20),
+        create: false,
+        // What PoolOptions::default() runs with.
+        commit_interval_ms: crate::config::d_commit_interval_ms(),
+        gc: GcConfig::default(),
+        dual_path: DualPathConfig::default(),
+        volumes: Vec::new(),
+    })
+}
+
 /// Formats a file or block device as a new pool (lvol store) and opens it.
 /// `bdev_name` is the path of an existing file or block device: kvtarget
 /// has no separate base-bdev layer.
 pub(super) fn create_lvstore(p: &mut Params) -> Parsed {
-    use crate::config::{Backend, DualPathConfig, GcConfig, PoolConfig};
-    let path = p.str("bdev_name")?;
-    let name = p.str("lvs_name")?;
-    let cluster = p.opt_u64("cluster_sz")?.unwrap_or(1 << 20);
-    if let Some(c) = p.opt_str("clear_method")? {
-        if !matches!(c.as_str(), "none" | "unmap" | "write_zeroes") {
-            return Err(RpcError::params(format!(
-                "clear_method: `{c}` is not none, unmap or write_zeroes"
-            )));
-        }
-    }
-    p.opt_u64("num_md_pages_per_cluster_ratio")?;
-    p.opt_u64("md_page_size")?;
-    if name.is_empty() || name.contains('/') || name.len() > 64 {
-        return Err(RpcError::params("lvs_name: 1 to 64 characters without `/`"));
-    }
+    let pool = pool_config(p.parse()?)?;
     act(move |ctl| {
+        let name = pool.name.clone();
         if ctl.pools().iter().any(|x| x.name == name) {
             return Err(RpcError::new(
                 code::EEXIST,
                 format!("lvol store {name} already exists"),
             ));
         }
-        let pb = std::path::PathBuf::from(&path);
+        let pb = pool.path.clone().unwrap_or_default();
+        let path = pb.display().to_string();
         if !pb.exists() {
             return Err(not_found(format!(
                 "bdev_name: {path} does not exist (give the path of a file or block device; create a file with `truncate -s SIZE {path}`)"
@@ -195,62 +272,55 @@ pub(super) fn create_lvstore(p: &mut Params) -> Parsed {
         }
         let lock = crate::pool::lock_pool(&pb, true)
             .map_err(|e| RpcError::new(code::EBUSY, e.to_string()))?;
-        let dev: crate::bdev::SharedDevice = crate::bdev::uring::UringDevice::open(&pb, None, 512)
-            .map_err(|e| RpcError::params(format!("bdev_name: {path}: {e}")))?;
-        crate::pool::format(
-            &dev,
-            &crate::pool::FormatOptions {
-                extent_size: cluster,
-                force: false,
-                journal_len: None,
-            },
-        )
-        .map_err(|e| {
-            if matches!(e, crate::pool::PoolError::Occupied { .. }) {
-                RpcError::new(code::EEXIST, e.to_string())
-            } else {
-                RpcError::params(e.to_string())
-            }
-        })?;
-        let opts = crate::pool::PoolOptions {
-            reactors: ctl.reactors.len().max(1),
-            ..Default::default()
-        };
-        let pool = Pool::open(&name, dev, opts)
-            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))?;
-        let uuid = uuid_str(&pool.sb.uuid);
+        let opened = format_and_open(ctl, &pool, &pb)?;
+        let uuid = uuid_str(&opened.sb.uuid);
         if let Ok(mut v) = ctl.pools.write() {
-            v.push(pool);
+            v.push(opened);
         }
         if let Ok(mut r) = ctl.runtime_pools.lock() {
-            r.push((
-                PoolConfig {
-                    name: name.clone(),
-                    backend: Backend::Uring,
-                    path: Some(pb),
-                    pci: None,
-                    nvme_nsid: None,
-                    trid: None,
-                    size: None,
-                    extent_size: cluster,
-                    create: false,
-                    // What PoolOptions::default() above runs with.
-                    commit_interval_ms: crate::config::d_commit_interval_ms(),
-                    gc: GcConfig::default(),
-                    dual_path: DualPathConfig::default(),
-                    volumes: Vec::new(),
-                },
-                lock,
-            ));
+            r.push((pool, lock));
         }
         tracing::info!(pool = %name, path = %path, "rpc: pool created");
         Ok(json!(uuid))
     })
 }
 
+/// A new pool on the file or device at `path`, formatted and opened.
+fn format_and_open(
+    ctl: &Control,
+    pool: &PoolConfig,
+    path: &std::path::Path,
+) -> Result<Arc<Pool>, RpcError> {
+    let dev: crate::bdev::SharedDevice = crate::bdev::uring::UringDevice::open(path, None, 512)
+        .map_err(|e| RpcError::params(format!("bdev_name: {}: {e}", path.display())))?;
+    crate::pool::format(
+        &dev,
+        &crate::pool::FormatOptions {
+            extent_size: pool.extent_size,
+            force: false,
+            journal_len: None,
+        },
+    )
+    .map_err(|e| {
+        if matches!(e, crate::pool::PoolError::Occupied { .. }) {
+            RpcError::new(code::EEXIST, e.to_string())
+        } else {
+            RpcError::params(e.to_string())
+        }
+    })?;
+    let opts = crate::pool::PoolOptions {
+        reactors: ctl.reactors.len().max(1),
+        ..Default::default()
+    };
+    Pool::open(&pool.name, dev, opts)
+        .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))
+}
+
 pub(super) fn get_lvstores(p: &mut Params) -> Parsed {
-    let name = p.opt_str("lvs_name")?;
-    let uuid = p.opt_str("uuid")?;
+    let GetLvstores {
+        lvs_name: name,
+        uuid,
+    } = p.parse()?;
     act(move |ctl| {
         let pools: Vec<Arc<Pool>> = if name.is_some() || uuid.is_some() {
             vec![ctl.pool(name, uuid)?]
@@ -277,26 +347,24 @@ pub(super) fn get_lvstores(p: &mut Params) -> Parsed {
     })
 }
 
-pub(super) fn lvol_create(p: &mut Params) -> Parsed {
-    let name = p.str("lvol_name")?;
-    let mib = p.u64("size_in_mib")?;
-    let lvs_name = p.opt_str("lvs_name")?;
-    let lvs_uuid = p.opt_str("uuid")?;
+/// `bdev_lvol_create`'s parameters as the volume of a `CreateVolume`
+/// operation (the configuration's `[[pools.volumes]]` entry).
+fn volume_config(c: LvolCreate) -> Result<VolumeConfig, RpcError> {
     // Volumes are always thin; a thick request is refused rather than faked.
-    if p.opt_bool("thin_provision")? == Some(false) {
+    if c.thin_provision == Some(false) {
         return Err(RpcError::params(
             "thin_provision: kvtarget volumes are always thin-provisioned; pass thin_provision: true",
         ));
     }
-    if let Some(c) = p.opt_str("clear_method")? {
-        if !matches!(c.as_str(), "default" | "unmap" | "none" | "write_zeroes") {
+    if let Some(m) = &c.clear_method {
+        if !matches!(m.as_str(), "default" | "unmap" | "none" | "write_zeroes") {
             return Err(RpcError::params(format!(
-                "clear_method: `{c}` is not default, none, unmap or write_zeroes"
+                "clear_method: `{m}` is not default, none, unmap or write_zeroes"
             )));
         }
     }
     // Checked here, not truncated to u32 on the way to the pool.
-    let block_size = match p.opt_u64("block_size")?.unwrap_or(4096) {
+    let block_size = match c.block_size.unwrap_or(4096) {
         b @ (512 | 4096) => b as u32,
         b => {
             return Err(RpcError::params(format!(
@@ -304,9 +372,9 @@ pub(super) fn lvol_create(p: &mut Params) -> Parsed {
             )))
         }
     };
-    let flags = match p.opt_str("unwritten")?.as_deref() {
-        None | Some("zeroes") => 0,
-        Some("error") => VOL_UNWRITTEN_ERROR,
+    let unwritten = match c.unwritten.as_deref() {
+        None | Some("zeroes") => Unwritten::Zeroes,
+        Some("error") => Unwritten::Error,
         Some(o) => {
             return Err(RpcError::params(format!(
                 "unwritten: `{o}` is not zeroes or error"
@@ -314,32 +382,43 @@ pub(super) fn lvol_create(p: &mut Params) -> Parsed {
         }
     };
     // kvtarget's own: "kv" makes a KV volume (a KV namespace's store).
-    let flags = flags
-        | match p.opt_str("kind")?.as_deref() {
-            None | Some("block") => 0,
-            Some("kv") => crate::pool::format::VOL_KV,
-            Some(o) => return Err(RpcError::params(format!("kind: `{o}` is not block or kv"))),
-        };
-    let size = mib
+    let kind = match c.kind.as_deref() {
+        None | Some("block") => VolumeKind::Block,
+        Some("kv") => VolumeKind::Kv,
+        Some(o) => return Err(RpcError::params(format!("kind: `{o}` is not block or kv"))),
+    };
+    let size = (c.size_in_mib)
         .checked_mul(1 << 20)
         .ok_or_else(|| RpcError::params("size_in_mib: too large"))?;
+    Ok(VolumeConfig {
+        name: c.lvol_name,
+        size,
+        block_size,
+        unwritten,
+        kind,
+    })
+}
+
+pub(super) fn lvol_create(p: &mut Params) -> Parsed {
+    let mut c: LvolCreate = p.parse()?;
+    // The pool by name (`lvs_name`) or by UUID.
+    let (lvs_name, lvs_uuid) = (c.lvs_name.take(), c.uuid.take());
+    let volume = volume_config(c)?;
     act(move |ctl| {
         let pool = ctl.pool(lvs_name, lvs_uuid)?;
-        let v = pool
-            .create_volume(&name, size, block_size, flags)
-            .map_err(|e| {
-                if matches!(e, crate::pool::PoolError::VolumeExists { .. }) {
-                    RpcError::new(code::EEXIST, e.to_string())
-                } else {
-                    RpcError::params(e.to_string())
-                }
-            })?;
+        let v = crate::rpc::apply::create_volume(&pool, &volume).map_err(|e| {
+            if matches!(e, crate::pool::PoolError::VolumeExists { .. }) {
+                RpcError::new(code::EEXIST, e.to_string())
+            } else {
+                RpcError::params(e.to_string())
+            }
+        })?;
         Ok(json!(uuid_str(&v.desc.uuid)))
     })
 }
 
 pub(super) fn lvol_delete(p: &mut Params) -> Parsed {
-    let name = p.str("name")?;
+    let super::Name { name } = p.parse()?;
     act(move |ctl| {
         let (pool, vname) = ctl.idle_volume(&name, "delete it")?;
         pool.delete_volume(&vname)
@@ -349,8 +428,10 @@ pub(super) fn lvol_delete(p: &mut Params) -> Parsed {
 }
 
 pub(super) fn lvol_resize(p: &mut Params) -> Parsed {
-    let name = p.str("name")?;
-    let mib = p.u64("size_in_mib")?;
+    let LvolResize {
+        name,
+        size_in_mib: mib,
+    } = p.parse()?;
     let size = mib
         .checked_mul(1 << 20)
         .ok_or_else(|| RpcError::params("size_in_mib: too large"))?;

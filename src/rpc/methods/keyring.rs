@@ -2,7 +2,7 @@
 //! host entries (`nvmf_subsystem_add_host` `dhchap_key`). Listings show names
 //! and paths only.
 
-use super::{act, not_found, Params, Parsed};
+use super::{act, Params, Parsed};
 use crate::config::KeyConfig;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -17,12 +17,10 @@ pub(super) fn file_add_key(p: &mut Params) -> Parsed {
 }
 
 pub(super) fn file_remove_key(p: &mut Params) -> Parsed {
-    let name = p.str("name")?;
+    let super::Name { name } = p.parse()?;
     act(move |ctl| {
-        ctl.target
-            .keyring
-            .remove(&name)
-            .map_err(|e| not_found(e.to_string()))?;
+        crate::rpc::apply::remove_key(&ctl.target, &name)
+            .map_err(super::nvmf_subsystem::apply_error)?;
         tracing::info!(name = %name, "rpc: key removed (hosts using it keep it until removed)");
         Ok(Value::Bool(true))
     })

@@ -234,7 +234,7 @@ impl Control {
 }
 
 pub(super) fn get_pools(p: &mut Params) -> Parsed {
-    let name = p.opt_str("name")?;
+    let super::OptName { name } = p.parse()?;
     act(move |ctl| {
         let mut out = Vec::new();
         for pool in &ctl.pools() {
@@ -274,8 +274,14 @@ pub(super) fn get_pools(p: &mut Params) -> Parsed {
     })
 }
 
+/// `kvtarget_save_config`'s parameters: where to write (else only returned).
+#[derive(serde::Deserialize)]
+struct SaveConfig {
+    path: Option<String>,
+}
+
 pub(super) fn save_config(p: &mut Params) -> Parsed {
-    let path = p.opt_str("path")?;
+    let SaveConfig { path } = p.parse()?;
     act(move |ctl| {
         let cfg = ctl
             .current_config()
@@ -305,7 +311,7 @@ pub(super) fn save_config(p: &mut Params) -> Parsed {
 /// KV namespaces (KV volumes) with their cache counters; `name`: one
 /// "pool/volume".
 pub(super) fn get_kv_namespaces(p: &mut Params) -> Parsed {
-    let name = p.opt_str("name")?;
+    let super::OptName { name } = p.parse()?;
     act(move |ctl| {
         let mut out = Vec::new();
         for pool in &ctl.pools() {
@@ -359,7 +365,7 @@ pub(super) fn get_kv_namespaces(p: &mut Params) -> Parsed {
 }
 
 pub(super) fn pool_check(p: &mut Params) -> Parsed {
-    let name = p.str("name")?;
+    let super::Name { name } = p.parse()?;
     act(move |ctl| {
         let pool = ctl.named_pool(&name)?;
         let (problems, summary) = pool.verify_live();
@@ -367,19 +373,26 @@ pub(super) fn pool_check(p: &mut Params) -> Parsed {
     })
 }
 
+/// `kvtarget_pool_set_gc`'s parameters: the settings to change.
+#[derive(serde::Deserialize)]
+struct PoolSetGc {
+    name: String,
+    paused: Option<bool>,
+    max_rate: Option<f64>,
+    max_foreground_qd: Option<u64>,
+    low_watermark_pct: Option<u64>,
+    high_watermark_pct: Option<u64>,
+}
+
 pub(super) fn pool_set_gc(p: &mut Params) -> Parsed {
-    let name = p.str("name")?;
-    let paused = p.opt_bool("paused")?;
-    let max_rate = match p.get("max_rate") {
-        None => None,
-        Some(v) => Some(
-            v.as_f64()
-                .ok_or_else(|| RpcError::params("max_rate: must be a number"))?,
-        ),
-    };
-    let qd = p.opt_u64("max_foreground_qd")?;
-    let low = p.opt_u64("low_watermark_pct")?;
-    let high = p.opt_u64("high_watermark_pct")?;
+    let PoolSetGc {
+        name,
+        paused,
+        max_rate,
+        max_foreground_qd: qd,
+        low_watermark_pct: low,
+        high_watermark_pct: high,
+    } = p.parse()?;
     act(move |ctl| {
         let pool = ctl.named_pool(&name)?;
         // Checks every setting before changing any; pausing comes after, so a

@@ -8,8 +8,10 @@
 //! refused with a clear message when on; unknown parameters are refused.
 //!
 //! A bad call changes nothing: every handler is split in two by its type. The
-//! handler proper reads and checks all parameters without access to the
-//! target, and returns the action; `call` refuses unknown parameters, and only
+//! handler proper reads its parameters with serde into one typed struct
+//! (`Params::parse`; the configuration's operations, `crate::config::ops`,
+//! where one exists) and checks them without access to the target, and
+//! returns the action; `call` refuses unknown parameters, and only
 //! then runs the action, which cannot read parameters any more.
 //!
 //! One file per method family (`framework`, `nvmf`, `nvmf_subsystem`, `bdev`,
@@ -58,7 +60,8 @@ type Action = Box<dyn FnOnce(&Control) -> RpcResult>;
 /// parameters.
 type Parsed = Result<Action, RpcError>;
 
-/// A method's handler: reads every parameter it knows through `Params` and
+/// A method's handler: reads every parameter it knows through
+/// `Params::parse` (a serde struct per method) and
 /// checks what can be checked without the target (types, ranges, names). It
 /// has no `Control`, so it cannot change anything; `call` refuses the keys it
 /// did not read before running the action it returns.
@@ -129,88 +132,29 @@ pub const METHODS: &[&str] = &{
     names
 };
 
-/// Typed access to a params object; remembers which keys were read so unknown
-/// ones can be refused. Errors name keys by their full path (`namespace.nsid`).
+/// A params object read with serde into typed structs; remembers which keys
+/// were read so unknown ones can be refused. Errors name keys by their full path (`namespace.nsid`).
 struct Params {
     map: Map<String, Value>,
     seen: BTreeSet<String>,
-    /// "" at the top; "namespace." etc. for a nested object.
-    path: String,
 }
 
 impl Params {
     fn new(v: Value) -> Result<Params, RpcError> {
-        Params::nested(v, String::new())
-    }
-    fn nested(v: Value, path: String) -> Result<Params, RpcError> {
         match v {
             Value::Object(map) => Ok(Params {
                 map,
                 seen: BTreeSet::new(),
-                path,
             }),
-            _ if path.is_empty() => Err(RpcError::params("params must be an object")),
-            _ => Err(RpcError::params(format!(
-                "{}: must be an object",
-                path.trim_end_matches('.')
-            ))),
+            _ => Err(RpcError::params("params must be an object")),
         }
-    }
-    /// `k` as the client sees it, for error messages.
-    fn name(&self, k: &str) -> String {
-        format!("{}{k}", self.path)
     }
     fn get(&mut self, k: &str) -> Option<&Value> {
         self.seen.insert(k.to_string());
         self.map.get(k).filter(|v| !v.is_null())
     }
-    fn opt_str(&mut self, k: &str) -> Result<Option<String>, RpcError> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(RpcError::params(format!(
-                "{}: must be a string",
-                self.name(k)
-            ))),
-        }
-    }
-    fn str(&mut self, k: &str) -> Result<String, RpcError> {
-        self.opt_str(k)?.ok_or_else(|| self.required(k))
-    }
     fn required(&self, k: &str) -> RpcError {
-        RpcError::params(format!("{}: required", self.name(k)))
-    }
-    fn opt_u64(&mut self, k: &str) -> Result<Option<u64>, RpcError> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(v) => match v.as_u64() {
-                Some(n) => Ok(Some(n)),
-                None => Err(RpcError::params(format!(
-                    "{}: must be a non-negative integer",
-                    self.name(k)
-                ))),
-            },
-        }
-    }
-    fn u64(&mut self, k: &str) -> Result<u64, RpcError> {
-        self.opt_u64(k)?.ok_or_else(|| self.required(k))
-    }
-    fn opt_bool(&mut self, k: &str) -> Result<Option<bool>, RpcError> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(_) => Err(RpcError::params(format!(
-                "{}: must be true or false",
-                self.name(k)
-            ))),
-        }
-    }
-    fn object(&mut self, k: &str) -> Result<Params, RpcError> {
-        let path = format!("{}.", self.name(k));
-        match self.get(k).cloned() {
-            Some(v) => Params::nested(v, path),
-            None => Err(self.required(k)),
-        }
+        RpcError::params(format!("{}: required", k))
     }
     /// The keys `fields` deserialised with serde into `T`, one of the
     /// parameter structs the configuration's operations use
@@ -226,6 +170,12 @@ impl Params {
         serde_path_to_error::deserialize(Value::Object(obj)).map_err(|e| self.serde_error(&e))
     }
 
+    /// Every parameter `T` declares (its serde field names), read with
+    /// [`Params::typed`]: a method's parameters as one struct.
+    fn parse<T: serde::de::DeserializeOwned>(&mut self) -> Result<T, RpcError> {
+        self.typed(fields_of::<T>())
+    }
+
     /// A serde error as this reader words it, naming the key by its path.
     fn serde_error(&self, e: &serde_path_to_error::Error<serde_json::Error>) -> RpcError {
         let message = e.inner().to_string();
@@ -239,32 +189,33 @@ impl Params {
         {
             return self.required(&format!("{at}{k}"));
         }
+        if let Some(k) = message
+            .strip_prefix("unknown field `")
+            .and_then(|r| r.split('`').next())
+        {
+            // serde_path_to_error's path ends with the unknown key already.
+            let path = e.path().to_string();
+            let key = if path.ends_with(k) {
+                path
+            } else {
+                format!("{at}{k}")
+            };
+            return RpcError::params(format!("unknown parameter `{}`", key));
+        }
         let reason = if message.ends_with("expected a string") {
             "must be a string"
         } else if message.ends_with("expected a boolean") {
             "must be true or false"
         } else if message.ends_with("expected u64") {
             "must be a non-negative integer"
+        } else if message.ends_with("expected f64") {
+            "must be a number"
+        } else if message.contains("expected struct ") {
+            "must be an object"
         } else {
             message.as_str()
         };
-        RpcError::params(format!("{}: {reason}", self.name(&e.path().to_string())))
-    }
-    /// SPDK options kvtarget does not implement: fine when off or absent.
-    fn unsupported_flags(&mut self, keys: &[&str]) -> Result<(), RpcError> {
-        for k in keys {
-            match self.get(k) {
-                None | Some(Value::Bool(false)) => {}
-                Some(Value::String(s)) if s.is_empty() => {}
-                Some(_) => {
-                    return Err(RpcError::params(format!(
-                        "{}: not supported by kvtarget",
-                        self.name(k)
-                    )))
-                }
-            }
-        }
-        Ok(())
+        RpcError::params(format!("{}: {reason}", e.path()))
     }
     /// SPDK tuning options that have no effect here; accepted and ignored.
     fn ignore(&mut self, keys: &[&str]) {
@@ -278,7 +229,7 @@ impl Params {
             .map
             .keys()
             .filter(|k| !self.seen.contains(*k))
-            .map(|k| format!("`{}`", self.name(k)))
+            .map(|k| format!("`{}`", k))
             .collect();
         match unknown.len() {
             0 => Ok(()),
@@ -291,6 +242,91 @@ impl Params {
                 unknown.join(", ")
             ))),
         }
+    }
+}
+
+/// The field names of struct `T` as serde sees them (what
+/// `deserialize_struct` is given): a deserializer that records them and
+/// deserialises nothing.
+fn fields_of<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
+    struct Fields(&'static [&'static str]);
+    #[derive(Debug)]
+    struct Stop;
+    impl std::fmt::Display for Stop {
+        fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("field names recorded")
+        }
+    }
+    impl std::error::Error for Stop {}
+    impl serde::de::Error for Stop {
+        fn custom<M: std::fmt::Display>(_: M) -> Stop {
+            Stop
+        }
+    }
+    impl<'de> serde::Deserializer<'de> for &mut Fields {
+        type Error = Stop;
+        fn deserialize_any<V: serde::de::Visitor<'de>>(self, _: V) -> Result<V::Value, Stop> {
+            Err(Stop)
+        }
+        fn deserialize_struct<V: serde::de::Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Stop> {
+            self.0 = fields;
+            Err(Stop)
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+            bytes byte_buf option unit unit_struct newtype_struct seq tuple
+            tuple_struct map enum identifier ignored_any
+        }
+    }
+    let mut f = Fields(&[]);
+    let _ = T::deserialize(&mut f);
+    assert!(!f.0.is_empty(), "parameters must be a struct with fields");
+    f.0
+}
+
+/// Parameters naming one subsystem (`nvmf_delete_subsystem`,
+/// `nvmf_subsystem_get_controllers`, ...).
+#[derive(serde::Deserialize)]
+struct Nqn {
+    nqn: String,
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
+}
+
+/// Parameters naming one object (a pool, a volume, a key).
+#[derive(serde::Deserialize)]
+struct Name {
+    name: String,
+}
+
+/// Parameters that may name one object (listings: all when absent).
+#[derive(serde::Deserialize)]
+struct OptName {
+    name: Option<String>,
+}
+
+/// SPDK's `tgt_name` (one target here): accepted, for methods whose
+/// parameters are otherwise one of the configuration's operations.
+#[derive(serde::Deserialize)]
+struct TgtName {
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
+}
+
+/// An SPDK option kvtarget does not implement, given as `v`: fine when off,
+/// empty or absent.
+fn unsupported(key: &str, v: &Option<Value>) -> Result<(), RpcError> {
+    match v {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(()),
+        Some(Value::String(s)) if s.is_empty() => Ok(()),
+        Some(_) => Err(RpcError::params(format!(
+            "{key}: not supported by kvtarget"
+        ))),
     }
 }
 
@@ -1172,6 +1208,36 @@ mod tests {
                 "keyring_file_add_key",
                 json!({"name": "k", "path": ["x"]}),
                 "path: must be a string",
+            ),
+            (
+                "nvmf_subsystem_remove_ns",
+                json!({"nqn": NQN, "nsid": -1}),
+                "nsid: must be a non-negative integer",
+            ),
+            (
+                "nvmf_subsystem_add_listener",
+                json!({"nqn": NQN, "listen_address": {"trtype": 5, "traddr": "127.0.0.1"}}),
+                "listen_address.trtype: must be a string",
+            ),
+            (
+                "nvmf_subsystem_add_listener",
+                json!({"nqn": NQN, "listen_address": {"trtype": "TCP"}}),
+                "listen_address.traddr: required",
+            ),
+            (
+                "nvmf_subsystem_allow_any_host",
+                json!({"nqn": NQN}),
+                "allow_any_host: required",
+            ),
+            (
+                "kvtarget_pool_set_gc",
+                json!({"name": "kv", "max_rate": "fast"}),
+                "max_rate: must be a number",
+            ),
+            (
+                "bdev_lvol_create",
+                json!({"lvol_name": "t", "lvs_name": "kv"}),
+                "size_in_mib: required",
             ),
         ] {
             let e = ctl.call(method, params).expect_err(msg);

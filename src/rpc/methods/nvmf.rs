@@ -1,10 +1,11 @@
 //! `nvmf_*` methods on transports, whole subsystems and statistics; the
 //! per-subsystem ones (listeners, namespaces, hosts) are in `nvmf_subsystem`.
 
-use super::{act, hex_id, not_found, uuid_str, Control, Params, Parsed};
+use super::{act, hex_id, not_found, unsupported, uuid_str, Control, Nqn, Params, Parsed, TgtName};
 use crate::config::ops::CreateSubsystem;
 use crate::nvmf::{Subsystem, SubsystemKind};
 use crate::rpc::{code, RpcError};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -128,6 +129,53 @@ impl Control {
     }
 }
 
+/// `nvmf_create_transport`'s parameters kvtarget reads; its tuning options
+/// are [`TRANSPORT_TUNING`].
+#[derive(Deserialize)]
+struct CreateTransport {
+    trtype: String,
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
+}
+
+/// SPDK's transport tuning options: accepted and ignored (the TCP
+/// transport's limits are set in the configuration, `[tcp]`).
+const TRANSPORT_TUNING: &[&str] = &[
+    "max_queue_depth",
+    "max_qpairs_per_ctrlr",
+    "max_io_qpairs_per_ctrlr",
+    "in_capsule_data_size",
+    "max_io_size",
+    "io_unit_size",
+    "max_aq_depth",
+    "num_shared_buffers",
+    "buf_cache_size",
+    "iobuf_small_cache_size",
+    "iobuf_large_cache_size",
+    "num_cqe",
+    "max_srq_depth",
+    "no_srq",
+    "c2h_success",
+    "dif_insert_or_strip",
+    "sock_priority",
+    "acceptor_backlog",
+    "abort_timeout_sec",
+    "no_wr_batching",
+    "control_msg_num",
+    "disable_command_passthru",
+    "kas",
+    "min_kato",
+    "zcopy",
+    "ack_timeout",
+    "data_wr_pool_size",
+    "disable_adaptive_irq",
+    "disable_mappable_bar0",
+    "disable_shadow_doorbells",
+    "transport_specific",
+    "masked_oncs",
+    "masked_fuses",
+];
+
 /// The transports `nvmf_create_transport` knows.
 enum Trtype {
     Tcp,
@@ -135,46 +183,10 @@ enum Trtype {
 }
 
 pub(super) fn create_transport(p: &mut Params) -> Parsed {
-    let trtype = p.str("trtype")?;
-    p.opt_str("tgt_name")?;
+    let CreateTransport { trtype, .. } = p.parse()?;
     // The TCP transport exists from the configuration ([tcp]); scripts
-    // written for SPDK create it first, so that succeeds. Its limits are
-    // set in the configuration, not here.
-    p.ignore(&[
-        "max_queue_depth",
-        "max_qpairs_per_ctrlr",
-        "max_io_qpairs_per_ctrlr",
-        "in_capsule_data_size",
-        "max_io_size",
-        "io_unit_size",
-        "max_aq_depth",
-        "num_shared_buffers",
-        "buf_cache_size",
-        "iobuf_small_cache_size",
-        "iobuf_large_cache_size",
-        "num_cqe",
-        "max_srq_depth",
-        "no_srq",
-        "c2h_success",
-        "dif_insert_or_strip",
-        "sock_priority",
-        "acceptor_backlog",
-        "abort_timeout_sec",
-        "no_wr_batching",
-        "control_msg_num",
-        "disable_command_passthru",
-        "kas",
-        "min_kato",
-        "zcopy",
-        "ack_timeout",
-        "data_wr_pool_size",
-        "disable_adaptive_irq",
-        "disable_mappable_bar0",
-        "disable_shadow_doorbells",
-        "transport_specific",
-        "masked_oncs",
-        "masked_fuses",
-    ]);
+    // written for SPDK create it first, so that succeeds.
+    p.ignore(TRANSPORT_TUNING);
     let t = match trtype.to_ascii_uppercase().as_str() {
         "TCP" => Trtype::Tcp,
         "RDMA" => Trtype::Rdma,
@@ -196,9 +208,16 @@ pub(super) fn create_transport(p: &mut Params) -> Parsed {
     })
 }
 
+/// `nvmf_get_transports`'s parameters.
+#[derive(Deserialize)]
+struct GetTransports {
+    trtype: Option<String>,
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
+}
+
 pub(super) fn get_transports(p: &mut Params) -> Parsed {
-    p.opt_str("tgt_name")?;
-    let trtype = p.opt_str("trtype")?;
+    let GetTransports { trtype, .. } = p.parse()?;
     act(move |ctl| {
         let mut all = vec![ctl.transport_json()];
         if ctl.rdma.is_started() {
@@ -228,6 +247,23 @@ pub(super) fn get_transports(p: &mut Params) -> Parsed {
     })
 }
 
+/// `nvmf_create_subsystem`'s SPDK parameters besides the operation's
+/// ([`CreateSubsystem`]): checked or refused when on, else ignored.
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct SubsystemOptions {
+    tgt_name: Option<String>,
+    max_namespaces: Option<u64>,
+    min_cntlid: Option<u64>,
+    max_cntlid: Option<u64>,
+    dmrsl: Option<u64>,
+    wzsl: Option<u64>,
+    ana_reporting: Option<Value>,
+    passthrough: Option<Value>,
+    enable_nssr: Option<Value>,
+    admin_label: Option<Value>,
+}
+
 pub(super) fn create_subsystem(p: &mut Params) -> Parsed {
     let fields = ["nqn", "serial_number", "model_number", "allow_any_host"];
     let CreateSubsystem {
@@ -237,8 +273,8 @@ pub(super) fn create_subsystem(p: &mut Params) -> Parsed {
         allow_any_host: any,
         ..
     } = p.typed(&fields)?;
-    p.opt_str("tgt_name")?;
-    if let Some(m) = p.opt_u64("max_namespaces")? {
+    let spdk: SubsystemOptions = p.parse()?;
+    if let Some(m) = spdk.max_namespaces {
         if m > crate::nvmf::admin::MAX_NAMESPACES as u64 {
             return Err(RpcError::params(format!(
                 "max_namespaces: at most {}",
@@ -246,11 +282,10 @@ pub(super) fn create_subsystem(p: &mut Params) -> Parsed {
             )));
         }
     }
-    p.opt_u64("min_cntlid")?;
-    p.opt_u64("max_cntlid")?;
-    p.opt_u64("dmrsl")?;
-    p.opt_u64("wzsl")?;
-    p.unsupported_flags(&["ana_reporting", "passthrough", "enable_nssr", "admin_label"])?;
+    unsupported("ana_reporting", &spdk.ana_reporting)?;
+    unsupported("passthrough", &spdk.passthrough)?;
+    unsupported("enable_nssr", &spdk.enable_nssr)?;
+    unsupported("admin_label", &spdk.admin_label)?;
     crate::wire::nqn::validate_nqn(&nqn).map_err(|e| RpcError::params(format!("nqn: {e}")))?;
     if nqn == crate::wire::nvme::DISCOVERY_NQN {
         return Err(RpcError::params("nqn: the discovery NQN is reserved"));
@@ -278,28 +313,25 @@ pub(super) fn create_subsystem(p: &mut Params) -> Parsed {
 }
 
 pub(super) fn delete_subsystem(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    p.opt_str("tgt_name")?;
+    let Nqn { nqn, .. } = p.parse()?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
-        if let Ok(mut subs) = ctl.target.subsystems.write() {
-            subs.retain(|x| !Arc::ptr_eq(x, &s));
-        }
-        ctl.target.genctr.fetch_add(1, Ordering::Relaxed);
-        // Connected hosts lose their controllers (their queues close).
-        if let Ok(c) = s.controllers.lock() {
-            for ctrl in c.values() {
-                ctrl.fail();
-            }
-        }
+        crate::rpc::apply::delete_subsystem(&ctl.target, &s);
         tracing::info!(nqn = %nqn, "rpc: subsystem deleted");
         Ok(Value::Bool(true))
     })
 }
 
+/// `nvmf_get_subsystems`'s parameters.
+#[derive(Deserialize)]
+struct GetSubsystems {
+    nqn: Option<String>,
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
+}
+
 pub(super) fn get_subsystems(p: &mut Params) -> Parsed {
-    let want = p.opt_str("nqn")?;
-    p.opt_str("tgt_name")?;
+    let GetSubsystems { nqn: want, .. } = p.parse()?;
     act(move |ctl| {
         let mut all = vec![ctl.target.discovery.clone()];
         all.extend(
@@ -325,7 +357,7 @@ pub(super) fn get_subsystems(p: &mut Params) -> Parsed {
 /// device entry per completion queue (SPDK's field names, plus kvtarget's
 /// `qpairs`, `cq_entries`, `cq_entries_reserved`, `dropped_completions`).
 pub(super) fn get_stats(p: &mut Params) -> Parsed {
-    p.opt_str("tgt_name")?;
+    let _: TgtName = p.parse()?;
     act(|ctl| {
         let groups = crate::transport::rdma::poll_group_stats();
         let rdma_started = ctl.rdma.is_started();

@@ -1,12 +1,13 @@
 //! `nvmf_subsystem_*` methods: a subsystem's listeners, namespaces, hosts,
 //! controllers and queue pairs.
 
-use super::{act, not_found, uuid_str, Control, Params, Parsed};
+use super::{act, not_found, unsupported, uuid_str, Control, Params, Parsed, TgtName};
 use crate::config::ops::AddHost;
 use crate::config::KvOptions;
 use crate::nvmf::{Namespace, SubsystemKind};
 use crate::pool::channel::VolumeDevice;
 use crate::rpc::{code, RpcError};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -36,13 +37,44 @@ impl Control {
     }
 }
 
+/// `nvmf_subsystem_add_ns`'s parameters.
+#[derive(Deserialize)]
+struct AddNs {
+    nqn: String,
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
+    namespace: NsParams,
+}
+
+/// SPDK's `namespace` object, with kvtarget's own `write_cache` and KV
+/// options (`on_full`, `ttl_secs`, `trim`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NsParams {
+    bdev_name: String,
+    nsid: Option<u64>,
+    nguid: Option<String>,
+    eui64: Option<String>,
+    uuid: Option<String>,
+    write_cache: Option<bool>,
+    on_full: Option<crate::config::OnFull>,
+    ttl_secs: Option<u64>,
+    trim: Option<bool>,
+    #[allow(dead_code)]
+    ptpl_file: Option<String>,
+    #[allow(dead_code)]
+    anagrpid: Option<u64>,
+    no_auto_visible: Option<Value>,
+    hide_metadata: Option<Value>,
+}
+
 pub(super) fn add_ns(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    p.opt_str("tgt_name")?;
-    let mut ns = p.object("namespace")?;
-    let bdev = ns.str("bdev_name")?;
+    let AddNs {
+        nqn, namespace: ns, ..
+    } = p.parse()?;
+    let bdev = ns.bdev_name;
     // None: the lowest free NSID (SPDK: absent or 0).
-    let nsid = match ns.opt_u64("nsid")? {
+    let nsid = match ns.nsid {
         Some(0) | None => None,
         Some(n) if n > crate::nvmf::admin::MAX_NAMESPACES as u64 => {
             return Err(RpcError::params(format!(
@@ -52,21 +84,27 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
         }
         Some(n) => Some(n as u32),
     };
-    for k in ["nguid", "eui64", "uuid"] {
-        if ns.opt_str(k)?.is_some() {
+    for (k, v) in [
+        ("nguid", &ns.nguid),
+        ("eui64", &ns.eui64),
+        ("uuid", &ns.uuid),
+    ] {
+        if v.is_some() {
             return Err(RpcError::params(format!(
                 "namespace.{k}: kvtarget uses the volume's persistent identifier"
             )));
         }
     }
     // kvtarget's own: false serves the volume without a volatile write cache.
-    let write_cache = ns.opt_bool("write_cache")?.unwrap_or(true);
+    let write_cache = ns.write_cache.unwrap_or(true);
     // kvtarget's own, for KV volumes: the cache policy when full, and a TTL.
-    let kv_options: KvOptions = ns.typed(&["on_full", "ttl_secs", "trim"])?;
-    ns.opt_str("ptpl_file")?;
-    ns.opt_u64("anagrpid")?;
-    ns.unsupported_flags(&["no_auto_visible", "hide_metadata"])?;
-    ns.finish()?;
+    let kv_options = KvOptions {
+        on_full: ns.on_full,
+        ttl_secs: ns.ttl_secs,
+        trim: ns.trim,
+    };
+    unsupported("namespace.no_auto_visible", &ns.no_auto_visible)?;
+    unsupported("namespace.hide_metadata", &ns.hide_metadata)?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
         let (pool, vol) = ctl.volume(&bdev)?;
@@ -111,48 +149,63 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
     })
 }
 
+/// `nvmf_subsystem_remove_ns`'s parameters.
+#[derive(Deserialize)]
+struct RemoveNs {
+    nqn: String,
+    nsid: u64,
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
+}
+
 pub(super) fn remove_ns(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    p.opt_str("tgt_name")?;
+    let RemoveNs { nqn, nsid, .. } = p.parse()?;
     // Checked, not truncated: 2^32 + 1 must not name namespace 1.
-    let nsid = p.u64("nsid")?;
     let nsid = u32::try_from(nsid)
         .map_err(|_| RpcError::params(format!("nsid: {nsid} is not a namespace ID")))?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
-        let ns = s
-            .remove_namespace(nsid)
-            .ok_or_else(|| not_found(format!("{nqn} has no namespace {nsid}")))?;
-        // Queues and reactors let go of it on their next housekeeping pass (its
-        // in-flight commands finish first); wait for that so the volume can be
-        // deleted or resized right after, as with SPDK.
-        let t0 = std::time::Instant::now();
-        while Arc::strong_count(&ns) > 1 && t0.elapsed() < std::time::Duration::from_secs(5) {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
+        crate::rpc::apply::remove_namespace(&s, nsid).map_err(apply_error)?;
         tracing::info!(nqn = %nqn, nsid, "rpc: namespace removed");
         Ok(Value::Bool(true))
     })
 }
 
-/// The listen_address object: the address and whether it is NVMe/RDMA.
-fn listen_address(p: &mut Params) -> Result<(std::net::SocketAddr, bool), RpcError> {
-    let mut la = p.object("listen_address")?;
-    let trtype = la.str("trtype")?;
-    let traddr = la.str("traddr")?;
-    // SPDK sends the port as a string; accept a number too.
-    let trsvcid = match la.get("trsvcid") {
-        None => None,
-        Some(Value::String(p)) => Some(p.clone()),
-        Some(Value::Number(n)) => Some(n.to_string()),
-        Some(_) => {
-            return Err(RpcError::params(
-                "listen_address.trsvcid: must be a port number",
-            ))
-        }
-    };
-    let adrfam = la.opt_str("adrfam")?;
-    la.finish()?;
+/// SPDK's `listen_address` object as its client sends it: the port as a
+/// string or a number, `adrfam` optional.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListenAddressParams {
+    trtype: String,
+    traddr: String,
+    trsvcid: Option<Value>,
+    adrfam: Option<String>,
+}
+
+/// `nvmf_subsystem_add_listener`'s and `_remove_listener`'s parameters.
+#[derive(Deserialize)]
+struct ListenerParams {
+    nqn: String,
+    listen_address: ListenAddressParams,
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
+    #[allow(dead_code)]
+    ana_state: Option<String>,
+    #[allow(dead_code)]
+    sock_impl: Option<String>,
+    #[allow(dead_code)]
+    numa_id: Option<Value>,
+    secure_channel: Option<bool>,
+}
+
+/// A listen address checked: the address and whether it is NVMe/RDMA.
+fn listen_address(la: ListenAddressParams) -> Result<(std::net::SocketAddr, bool), RpcError> {
+    let ListenAddressParams {
+        trtype,
+        traddr,
+        trsvcid,
+        adrfam,
+    } = la;
     let rdma = if trtype.eq_ignore_ascii_case("rdma") {
         true
     } else if trtype.eq_ignore_ascii_case("tcp") {
@@ -179,22 +232,23 @@ fn listen_address(p: &mut Params) -> Result<(std::net::SocketAddr, bool), RpcErr
             )));
         }
     }
-    let port: u16 = trsvcid
-        .as_deref()
-        .unwrap_or("4420")
-        .parse()
-        .map_err(|_| RpcError::params("listen_address.trsvcid: must be a port number"))?;
+    // SPDK sends the port as a string; accept a number too.
+    let port = match trsvcid {
+        None | Some(Value::Null) => Some(4420),
+        Some(Value::String(p)) => p.parse().ok(),
+        Some(Value::Number(n)) => n.as_u64().and_then(|n| u16::try_from(n).ok()),
+        Some(_) => None,
+    };
+    let port =
+        port.ok_or_else(|| RpcError::params("listen_address.trsvcid: must be a port number"))?;
     Ok((std::net::SocketAddr::new(ip, port), rdma))
 }
 
 pub(super) fn add_listener(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    let (addr, rdma) = listen_address(p)?;
-    p.opt_str("tgt_name")?;
-    p.opt_str("ana_state")?;
-    p.opt_str("sock_impl")?;
-    p.get("numa_id");
-    let secure = p.opt_bool("secure_channel")?.unwrap_or(false);
+    let l: ListenerParams = p.parse()?;
+    let nqn = l.nqn;
+    let (addr, rdma) = listen_address(l.listen_address)?;
+    let secure = l.secure_channel.unwrap_or(false);
     if secure && rdma {
         return Err(RpcError::params(
             "secure_channel: TLS is NVMe/TCP's; an RDMA listener cannot require it",
@@ -258,10 +312,19 @@ pub(super) fn add_listener(p: &mut Params) -> Parsed {
     })
 }
 
+/// `nvmf_subsystem_remove_listener`'s parameters.
+#[derive(Deserialize)]
+struct RemoveListener {
+    nqn: String,
+    listen_address: ListenAddressParams,
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
+}
+
 pub(super) fn remove_listener(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    let (addr, rdma) = listen_address(p)?;
-    p.opt_str("tgt_name")?;
+    let l: RemoveListener = p.parse()?;
+    let nqn = l.nqn;
+    let (addr, rdma) = listen_address(l.listen_address)?;
     act(move |ctl| {
         let s = ctl.subsystem(&nqn)?;
         if s.kind == SubsystemKind::Nvm {
@@ -339,8 +402,8 @@ pub(super) fn add_host(p: &mut Params) -> Parsed {
         dhchap_key,
         dhchap_ctrlr_key,
         psk,
-    } = p.typed(&["nqn", "host", "psk", "dhchap_key", "dhchap_ctrlr_key"])?;
-    p.opt_str("tgt_name")?;
+    } = p.parse()?;
+    let _: TgtName = p.parse()?;
     if dhchap_ctrlr_key.is_some() && dhchap_key.is_none() {
         return Err(RpcError::params(
             "dhchap_ctrlr_key: needs dhchap_key (the host authenticates first)",
@@ -373,6 +436,9 @@ pub(super) fn apply_error(e: crate::rpc::apply::ApplyError) -> RpcError {
         ApplyError::SubsystemExists(_) | ApplyError::HostExists { .. } => {
             RpcError::new(code::EEXIST, e.to_string())
         }
+        ApplyError::NoHost { .. } | ApplyError::NoNamespace { .. } | ApplyError::RemoveKey(_) => {
+            not_found(e.to_string())
+        }
         ApplyError::HostKey(k) | ApplyError::Psk(k) => match k {
             HostKeyError::Missing { .. } => not_found(k.to_string()),
             _ => RpcError::params(k.to_string()),
@@ -386,20 +452,35 @@ pub(super) fn apply_error(e: crate::rpc::apply::ApplyError) -> RpcError {
     }
 }
 
-/// A host entry's keys by keyring name: an unknown name is not found, a key
-/// that is no DH-HMAC-CHAP secret a bad parameter; both name the parameter.
-fn host_keys(
-    ctl: &Control,
-    key: &str,
-    ctrlr_key: Option<&str>,
-) -> Result<crate::nvmf::auth::HostKeys, RpcError> {
-    use crate::nvmf::auth::{HostKeyError, HostKeys};
-    HostKeys::resolve(&ctl.target.keyring, key, ctrlr_key).map_err(|e| match e {
-        HostKeyError::Missing { .. } => not_found(e.to_string()),
-        HostKeyError::NotDhchap { .. } | HostKeyError::NotPsk { .. } => {
-            RpcError::params(e.to_string())
-        }
-    })
+/// `nvmf_subsystem_set_keys`'s parameters.
+#[derive(Deserialize)]
+struct SetKeys {
+    nqn: String,
+    host: String,
+    dhchap_key: Option<String>,
+    dhchap_ctrlr_key: Option<String>,
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
+}
+
+/// `nvmf_subsystem_remove_host`'s parameters.
+#[derive(Deserialize)]
+struct RemoveHost {
+    nqn: String,
+    host: String,
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
+    #[allow(dead_code)]
+    timeout_ms: Option<u64>,
+}
+
+/// `nvmf_subsystem_allow_any_host`'s parameters.
+#[derive(Deserialize)]
+struct AllowAnyHost {
+    nqn: String,
+    allow_any_host: bool,
+    #[allow(dead_code)]
+    tgt_name: Option<String>,
 }
 
 /// A listed host's DH-HMAC-CHAP keys replaced (key rotation), as SPDK's
@@ -407,11 +488,13 @@ fn host_keys(
 /// cleared (neither: the host no longer authenticates). Queues already
 /// authenticated carry on; the next Connect or re-authentication uses the new keys.
 pub(super) fn set_keys(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    let host = p.str("host")?;
-    p.opt_str("tgt_name")?;
-    let dhchap_key = p.opt_str("dhchap_key")?;
-    let dhchap_ctrlr_key = p.opt_str("dhchap_ctrlr_key")?;
+    let SetKeys {
+        nqn,
+        host,
+        dhchap_key,
+        dhchap_ctrlr_key,
+        ..
+    } = p.parse()?;
     if dhchap_ctrlr_key.is_some() && dhchap_key.is_none() {
         return Err(RpcError::params(
             "dhchap_ctrlr_key: needs dhchap_key (the host authenticates first)",
@@ -419,88 +502,38 @@ pub(super) fn set_keys(p: &mut Params) -> Parsed {
     }
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
-        if !s.hosts.read().is_ok_and(|h| h.contains(&host)) {
-            return Err(not_found(format!("{host} is not on {nqn}'s host list")));
-        }
-        let keys = match &dhchap_key {
-            Some(k) => Some(host_keys(ctl, k, dhchap_ctrlr_key.as_deref())?),
-            None => None,
-        };
-        let mut m = s
-            .host_keys
-            .write()
-            .map_err(|_| RpcError::new(code::INTERNAL_ERROR, "host keys poisoned"))?;
-        match keys {
-            Some(k) => m.insert(host.clone(), k),
-            None => m.remove(&host),
-        };
+        let (key, ctrlr_key) = (dhchap_key.as_deref(), dhchap_ctrlr_key.as_deref());
+        crate::rpc::apply::set_keys(&ctl.target, &s, &host, key, ctrlr_key).map_err(apply_error)?;
         tracing::info!(nqn = %nqn, host = %host, dhchap_key = dhchap_key.as_deref().unwrap_or(""), dhchap_ctrlr_key = dhchap_ctrlr_key.as_deref().unwrap_or(""), "rpc: host keys set");
         Ok(Value::Bool(true))
     })
 }
 
 pub(super) fn remove_host(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    let host = p.str("host")?;
-    p.opt_str("tgt_name")?;
-    p.opt_u64("timeout_ms")?;
+    let RemoveHost { nqn, host, .. } = p.parse()?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
-        {
-            let mut h = s
-                .hosts
-                .write()
-                .map_err(|_| RpcError::new(code::INTERNAL_ERROR, "host list poisoned"))?;
-            let before = h.len();
-            h.retain(|x| x != &host);
-            if h.len() == before {
-                return Err(not_found(format!("{host} is not on {nqn}'s host list")));
-            }
-            if let Ok(mut m) = s.host_keys.write() {
-                m.remove(&host);
-            }
-            if let Ok(mut m) = s.host_psks.write() {
-                m.remove(&host);
-            }
-        }
-        ctl.target.genctr.fetch_add(1, Ordering::Relaxed);
-        // Unless any host may connect, its controllers go now.
-        let n = if s.allow_any_host.load(Ordering::Acquire) {
-            0
-        } else {
-            s.disconnect_host(&host)
-        };
+        let n = crate::rpc::apply::remove_host(&ctl.target, &s, &host).map_err(apply_error)?;
         tracing::info!(nqn = %nqn, host = %host, disconnected = n, "rpc: host removed");
         Ok(Value::Bool(true))
     })
 }
 
 pub(super) fn allow_any_host(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    let any = p
-        .opt_bool("allow_any_host")?
-        .ok_or_else(|| p.required("allow_any_host"))?;
-    p.opt_str("tgt_name")?;
+    let AllowAnyHost {
+        nqn,
+        allow_any_host: any,
+        ..
+    } = p.parse()?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
-        s.allow_any_host.store(any, Ordering::Release);
-        ctl.target.genctr.fetch_add(1, Ordering::Relaxed);
-        if !any {
-            // Hosts not on the list lose their controllers.
-            let hosts = s.hosts.read().map(|h| h.clone()).unwrap_or_default();
-            if let Ok(c) = s.controllers.lock() {
-                for ctrl in c.values().filter(|c| !hosts.contains(&c.hostnqn)) {
-                    ctrl.fail();
-                }
-            }
-        }
+        crate::rpc::apply::allow_any_host(&ctl.target, &s, any);
         Ok(Value::Bool(true))
     })
 }
 
 pub(super) fn get_controllers(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    p.opt_str("tgt_name")?;
+    let super::Nqn { nqn, .. } = p.parse()?;
     act(move |ctl| {
         let s = ctl.subsystem(&nqn)?;
         let ctrls: Vec<Value> = s
@@ -527,8 +560,7 @@ pub(super) fn get_controllers(p: &mut Params) -> Parsed {
 }
 
 pub(super) fn get_qpairs(p: &mut Params) -> Parsed {
-    let nqn = p.str("nqn")?;
-    p.opt_str("tgt_name")?;
+    let super::Nqn { nqn, .. } = p.parse()?;
     act(move |ctl| {
         let s = ctl.subsystem(&nqn)?;
         let mut ctrls: Vec<_> = s
