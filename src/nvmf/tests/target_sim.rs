@@ -171,6 +171,8 @@ fn take_values(s: &mut Slot<u64>, vals: &[Written]) {
 #[derive(Debug, Default, Clone, Copy)]
 struct Cover {
     crashes: u64,
+    /// Controllers connected over NVMe/RDMA (the others over NVMe/TCP).
+    rdma_controllers: u64,
     fuses: u64,
     commands: u64,
     errors: u64,
@@ -193,6 +195,7 @@ struct Cover {
 impl Cover {
     fn add(&mut self, o: &Cover) {
         self.crashes += o.crashes;
+        self.rdma_controllers += o.rdma_controllers;
         self.fuses += o.fuses;
         self.commands += o.commands;
         self.errors += o.errors;
@@ -389,7 +392,8 @@ impl Sim {
     }
 
     /// The target starts over `pool`: a subsystem with the three namespaces,
-    /// two controllers (admin queue, then one or two I/O queues each).
+    /// two controllers (admin queue, then one or two I/O queues each), each
+    /// over NVMe/TCP or NVMe/RDMA.
     fn start(&mut self, pool: Arc<Pool>) {
         let target = Arc::new(Target::new(TransportLimits::default()));
         let subsys = Arc::new(Subsystem::new(
@@ -446,7 +450,11 @@ impl Sim {
         });
         for _ in 0..2 {
             let (sqe, data) = connect_cmd(0, 0, 31, 0, 0xFFFF, SUBNQN, HOSTNQN);
-            let mut a = self.new_queue();
+            // NVMe/TCP, or NVMe/RDMA (which places read buffers first).
+            let rdma = self.rng.chance(50);
+            self.cover.rdma_controllers += rdma as u64;
+            let cfg = |qid| if rdma { rdma_cfg(qid) } else { tcp_cfg() };
+            let mut a = self.new_queue(cfg(0));
             let r = self.exec_now(&mut a, sqe, &data);
             let cntlid = r.cqe.result as u16;
             let r2 = self.exec_now(&mut a, prop_set(1, prop::CC, CC_ENABLE_ALL_IOCS), &[]);
@@ -455,7 +463,7 @@ impl Sim {
             }
             for qid in 1..=1 + self.rng.below(2) as u16 {
                 let (sqe, data) = connect_cmd(0, qid, 31, 0, cntlid, SUBNQN, HOSTNQN);
-                let mut io = self.new_queue();
+                let mut io = self.new_queue(cfg(qid));
                 let r = self.exec_now(&mut io, sqe, &data);
                 if r.status() != Status::SUCCESS {
                     self.fail(format!("I/O queue {qid} connect: {r:?}"));
@@ -466,12 +474,12 @@ impl Sim {
         }
     }
 
-    fn new_queue(&mut self) -> SimQueue {
+    fn new_queue(&mut self, cfg: QueueConfig) -> SimQueue {
         let conn_id = self.next_conn;
         self.next_conn += 1;
         let target = self.world()._target.clone();
         SimQueue {
-            q: Queue::new(target, tcp_cfg()),
+            q: Queue::new(target, cfg),
             link: FakeLink::default(),
             conn_id,
             next_cid: 1,
@@ -1107,7 +1115,8 @@ fn target_simulation_over_many_seeds() {
                 && total.kv_evictions > 0
                 && total.kv_claims > 0
                 && total.reordered > 0
-                && total.fuses > 0,
+                && total.fuses > 0
+                && total.rdma_controllers > 0,
             "not exercised: {total:?}"
         );
     }
