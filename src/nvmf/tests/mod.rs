@@ -13,6 +13,7 @@ mod io_nvm;
 mod sgl;
 mod slots;
 mod target;
+mod target_sim;
 
 use super::fabrics::QueueBinding;
 use super::queue::*;
