@@ -570,6 +570,14 @@ extent_size = "1MiB"
         )
         .unwrap_err();
     assert!(e.message.contains("trim"), "{}", e.message);
+    // A TTL beyond ten years is refused by name: it could not be saved again.
+    let e = c
+        .call(
+            "nvmf_subsystem_add_ns",
+            json!({"nqn": NQN, "namespace": {"bdev_name": "p/c", "ttl_secs": u64::MAX}}),
+        )
+        .unwrap_err();
+    assert!(e.message.contains("namespace.ttl_secs"), "{}", e.message);
     c.call(
         "nvmf_subsystem_add_ns",
         json!({"nqn": NQN, "namespace": {"bdev_name": "p/c", "on_full": "fail", "ttl_secs": 3600, "trim": false}}),

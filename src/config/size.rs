@@ -29,8 +29,14 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
         _ => return Err(SizeError::UnknownUnit(s.into())),
     };
     n.checked_mul(mult)
+        .filter(|&b| b <= MAX_SIZE)
         .ok_or_else(|| SizeError::TooLarge(s.into()))
 }
+
+/// The largest size a configuration holds: a saved configuration writes sizes
+/// as TOML integers, which are signed 64-bit, so anything larger would load
+/// and then fail to save (found by the `config` fuzz target).
+pub const MAX_SIZE: u64 = i64::MAX as u64;
 
 #[derive(Deserialize)]
 #[serde(untagged)]
@@ -42,7 +48,8 @@ enum SizeRepr {
 /// `deserialize_with` for a size field.
 pub(super) fn size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     match SizeRepr::deserialize(d)? {
-        SizeRepr::Int(n) => Ok(n),
+        SizeRepr::Int(n) if n <= MAX_SIZE => Ok(n),
+        SizeRepr::Int(n) => Err(serde::de::Error::custom(SizeError::TooLarge(n.to_string()))),
         SizeRepr::Str(s) => parse_size(&s).map_err(serde::de::Error::custom),
     }
 }

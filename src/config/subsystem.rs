@@ -196,7 +196,22 @@ pub struct KvOptions {
     pub trim: Option<bool>,
 }
 
+/// The longest KV time-to-live: ten years, longer than any KV-cache entry is
+/// kept, and far inside what a saved configuration (TOML's signed 64-bit
+/// integers) and `Duration` hold.
+pub const MAX_TTL_SECS: u64 = 10 * 365 * 24 * 3600;
+
 impl KvOptions {
+    /// The options' own limits; the reason names the field under `f`.
+    pub fn validate(&self, f: &str) -> Result<(), ConfigError> {
+        match self.ttl_secs {
+            Some(t) if t > MAX_TTL_SECS => Err(invalid!(
+                "{f}.ttl_secs",
+                "must be at most {MAX_TTL_SECS} (ten years; got {t})"
+            )),
+            _ => Ok(()),
+        }
+    }
     /// The policy: evict when full, no TTL and trimming unless told otherwise.
     pub fn settings(&self) -> crate::pool::kv::KvSettings {
         crate::pool::kv::KvSettings {
@@ -374,6 +389,7 @@ impl SubsystemConfig {
                 self.nqn
             ));
         }
+        n.kv_options().validate(f)?;
         let Some(v) = &n.volume else {
             return n.validate_device(f);
         };

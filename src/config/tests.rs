@@ -112,6 +112,10 @@ fn errors_name_the_field() {
     let e = err(&GOOD.replace("count = 1", "count = 1\nstall_warn_us = 0"));
     assert!(e.contains("reactors.stall_warn_us"), "{e}");
     assert!(Config::parse(&GOOD.replace("count = 1", "count = 1\nstall_warn_us = 2000")).is_ok());
+    let e = err(&GOOD.replace("nsid = 1", "nsid = 1\nttl_secs = 999999999999"));
+    assert!(e.contains("namespaces[0].ttl_secs"), "{e}");
+    let e = err(&GOOD.replace("\"1GiB\"", "\"12222222222222228KiB\""));
+    assert!(e.contains("too large"), "{e}");
 }
 
 #[test]
@@ -373,6 +377,12 @@ fn sizes() {
     assert_eq!(parse_size("2G"), Ok(2 << 30));
     assert!(parse_size("").is_err());
     assert!(parse_size("99999999999TiB").is_err());
+    // Fits a u64 but not a TOML integer: it could never be saved again.
+    assert_eq!(
+        parse_size("12222222222222228KiB"),
+        Err(SizeError::TooLarge("12222222222222228KiB".into()))
+    );
+    assert_eq!(parse_size("8388607TiB"), Ok(8388607 << 40));
 }
 
 mod ops {

@@ -103,6 +103,9 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
         ttl_secs: ns.ttl_secs,
         trim: ns.trim,
     };
+    kv_options
+        .validate("namespace")
+        .map_err(|e| RpcError::params(e.to_string()))?;
     unsupported("namespace.no_auto_visible", &ns.no_auto_visible)?;
     unsupported("namespace.hide_metadata", &ns.hide_metadata)?;
     act(move |ctl| {
