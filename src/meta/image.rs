@@ -41,8 +41,13 @@ pub struct Image {
     pub problems: Vec<String>,
 }
 
+/// Extents a volume of `size` bytes spans. A size from a damaged record can
+/// claim more extents than an extent number holds: that saturates at
+/// `u32::MAX` (no extent number is past it) instead of wrapping to a small
+/// count, which made `n - 1` underflow in a resize (found by the pool_format
+/// fuzz target).
 fn extents_of(size: u64, extent_size: u64) -> u32 {
-    size.div_ceil(extent_size) as u32
+    u32::try_from(size.div_ceil(extent_size)).unwrap_or(u32::MAX)
 }
 
 /// Keeps only bits for blocks below `blocks` (the rest of the extent is past the
@@ -298,6 +303,15 @@ impl Image {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A damaged size saturates instead of wrapping to a small count.
+    #[test]
+    fn extent_counts_saturate() {
+        assert_eq!(extents_of(0, 1 << 20), 0);
+        assert_eq!(extents_of((1 << 20) + 1, 1 << 20), 2);
+        assert_eq!(extents_of(u64::MAX, 1 << 20), u32::MAX);
+        assert_eq!(extents_of(1 << 52, 1 << 20), u32::MAX);
+    }
 
     fn desc(id: u32, size: u64) -> VolumeDesc {
         VolumeDesc {
