@@ -62,6 +62,9 @@ pub struct CreateSubsystem {
     pub allow_any_host: bool,
     #[serde(default)]
     pub any_listener: bool,
+    /// kvtarget's own: see `SubsystemConfig::nvm_identify_for_kv`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub nvm_identify_for_kv: bool,
 }
 
 /// `nvmf_subsystem_add_host`'s parameters.
@@ -190,6 +193,7 @@ impl Config {
                 serial: s.serial_number.clone(),
                 model: s.model_number.clone(),
                 allow_any_host: s.allow_any_host,
+                nvm_identify_for_kv: s.nvm_identify_for_kv,
                 hosts: Vec::new(),
                 listen: (!s.any_listener).then(Vec::new),
                 namespaces: Vec::new(),
@@ -245,6 +249,7 @@ fn subsystem_ops(f: &str, s: &SubsystemConfig) -> Vec<(String, Op)> {
         model_number: s.model.clone(),
         allow_any_host: s.allow_any_host,
         any_listener: s.listen.is_none(),
+        nvm_identify_for_kv: s.nvm_identify_for_kv,
     });
     let mut ops = vec![(f.to_string(), create)];
     ops.extend(s.hosts.iter().enumerate().map(|(j, h)| {

@@ -28,6 +28,12 @@ pub struct SubsystemConfig {
     pub model: String,
     #[serde(default)]
     pub allow_any_host: bool,
+    /// Compatibility for hosts that read Identify Namespace (CNS 00h) of every
+    /// namespace before its command set (SPDK v26.05's NVMe driver): a KV
+    /// namespace answers CNS 00h with an NVM-shaped structure (its capacity in
+    /// blocks) instead of Invalid I/O Command Set. See docs/kv-namespaces.md.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub nvm_identify_for_kv: bool,
     #[serde(default)]
     pub hosts: Vec<HostConfig>,
     /// "address:port" entries this subsystem is reachable on; absent: every

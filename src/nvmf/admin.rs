@@ -117,9 +117,13 @@ fn identify(target: &Target, ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
         )),
         // NVM Identify Namespace; an inactive NSID in range returns a zeroed
         // structure. A namespace of another command set has no such
-        // structure: Invalid I/O Command Set.
+        // structure: Invalid I/O Command Set, unless the subsystem answers
+        // hosts that ask every namespace for it (`nvm_identify_for_kv`).
         cns::NAMESPACE => active().and_then(|ns| match ns {
             Some(ns) if ns.command_set == CommandSet::Nvm => {
+                Ok(AdminOutcome::data(identify_namespace(&ns).encode()))
+            }
+            Some(ns) if ctrl.subsys.nvm_identify_for_kv.load(Ordering::Acquire) => {
                 Ok(AdminOutcome::data(identify_namespace(&ns).encode()))
             }
             Some(_) => Err(Status::INVALID_IOCS),

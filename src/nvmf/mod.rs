@@ -240,6 +240,9 @@ pub struct Subsystem {
     pub serial: String,
     pub model: String,
     pub allow_any_host: AtomicBool,
+    /// Identify Namespace (CNS 00h) of a KV namespace answers an NVM-shaped
+    /// structure (config `nvm_identify_for_kv`; hosts that need it: SPDK v26.05).
+    pub nvm_identify_for_kv: AtomicBool,
     pub hosts: RwLock<Vec<String>>,
     /// DH-HMAC-CHAP keys of listed hosts, by host NQN: a host with keys must
     /// authenticate every queue. Entries leave with their host.
@@ -273,6 +276,7 @@ impl Subsystem {
             serial: serial.to_string(),
             model: model.to_string(),
             allow_any_host: AtomicBool::new(allow_any_host),
+            nvm_identify_for_kv: AtomicBool::new(false),
             hosts: RwLock::new(hosts),
             host_keys: RwLock::new(HashMap::new()),
             host_psks: RwLock::new(HashMap::new()),

@@ -63,6 +63,8 @@ pub fn create_subsystem(target: &Target, s: &CreateSubsystem) -> Result<(), Appl
         s.allow_any_host,
         Vec::new(),
     );
+    sub.nvm_identify_for_kv
+        .store(s.nvm_identify_for_kv, Ordering::Release);
     if !s.any_listener {
         if let Ok(mut l) = sub.listen.write() {
             *l = Some(Vec::new());

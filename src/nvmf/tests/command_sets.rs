@@ -151,6 +151,37 @@ fn kv_namespaces_are_active_only_with_the_kv_command_set_enabled() {
     );
 }
 
+/// SPDK v26.05's host reads CNS 00h of every active namespace before its
+/// descriptors and gives up on the controller at Invalid I/O Command Set; a
+/// zeroed answer (NCAP 0) would make it drop the namespace. With the
+/// subsystem's `nvm_identify_for_kv` the KV namespace answers an NVM-shaped
+/// structure; every other answer stays as the spec has it.
+#[test]
+fn nvm_identify_for_kv_answers_cns_0_with_the_namespace_capacity() {
+    let e = env();
+    let kv = e.add_kv_ns(2);
+    e.subsys
+        .nvm_identify_for_kv
+        .store(true, std::sync::atomic::Ordering::Release);
+    let (mut a, _) = e.admin_cc(CC_ENABLE_ALL_IOCS);
+    let id = nvme::IdentifyNamespace::decode(&ok_data(a.exec(identify(2, cns::NAMESPACE, 2))));
+    assert!(id.ncap != 0 && id.ncap == id.nsze, "{id:?}");
+    assert_eq!(
+        id.nsze * (1u64 << id.lbads),
+        kv.num_blocks * kv.block_size as u64
+    );
+    assert_eq!((id.nguid, id.eui64), (kv.nguid, kv.eui64));
+    // The descriptors still name the KV command set, so the host knows.
+    let d = nvme::decode_ns_descriptors(&ok_data(a.exec(identify(3, cns::NS_DESCRIPTOR_LIST, 2))));
+    assert!(d.contains(&(nidt::CSI, vec![nvme::csi::KEY_VALUE])));
+    // A controller with only the NVM command set enabled still sees NSID 2 as
+    // inactive: a zeroed structure, as without the option.
+    let (mut a, _) = e.admin_cc(CC_ENABLE);
+    assert!(ok_data(a.exec(identify(4, cns::NAMESPACE, 2)))
+        .iter()
+        .all(|&b| b == 0));
+}
+
 #[test]
 fn identify_describes_a_kv_namespace_per_command_set() {
     let e = env();

@@ -149,6 +149,7 @@ impl Control {
             model_number: s.model.clone(),
             allow_any_host: s.allow_any_host.load(Ordering::Acquire),
             any_listener: listen.is_none(),
+            nvm_identify_for_kv: s.nvm_identify_for_kv.load(Ordering::Acquire),
         })];
         let keys = s.host_keys.read().map(|k| k.clone()).unwrap_or_default();
         let psks = s.host_psks.read().map(|k| k.clone()).unwrap_or_default();

@@ -101,6 +101,7 @@ impl Control {
             "subtype": if s.kind == SubsystemKind::Discovery { "Discovery" } else { "NVMe" },
             "listen_addresses": listen,
             "allow_any_host": s.allow_any_host.load(Ordering::Acquire),
+            "nvm_identify_for_kv": s.nvm_identify_for_kv.load(Ordering::Acquire),
             "hosts": hosts,
         });
         if s.kind == SubsystemKind::Nvm {
@@ -265,12 +266,19 @@ struct SubsystemOptions {
 }
 
 pub(super) fn create_subsystem(p: &mut Params) -> Parsed {
-    let fields = ["nqn", "serial_number", "model_number", "allow_any_host"];
+    let fields = [
+        "nqn",
+        "serial_number",
+        "model_number",
+        "allow_any_host",
+        "nvm_identify_for_kv",
+    ];
     let CreateSubsystem {
         nqn,
         serial_number: serial,
         model_number: model,
         allow_any_host: any,
+        nvm_identify_for_kv,
         ..
     } = p.typed(&fields)?;
     let spdk: SubsystemOptions = p.parse()?;
@@ -303,6 +311,7 @@ pub(super) fn create_subsystem(p: &mut Params) -> Parsed {
         model_number: model,
         allow_any_host: any,
         any_listener: false,
+        nvm_identify_for_kv,
     };
     act(move |ctl| {
         crate::rpc::apply::create_subsystem(&ctl.target, &op)
