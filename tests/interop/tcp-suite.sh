@@ -1199,6 +1199,12 @@ t_kv_namespace() {
     out=$(timeout 300 "$SHARE/kv-uring" --dev "$dev" --nsid 2 --count 48 --qd 8 --sizes 4096,65536,300001,1048576 2>&1) \
         || { fail "kv-uring: $(echo $out)"; disconnect_ctrl "$ctrl"; return 1; }
     echo "#   $out"
+    # Mooncake Store's NVMe-KV encoding (byte 11 of the key carries the CSI, insert-only
+    # Stores, CDW12 = 512-byte blocks - 1, 4 KiB-rounded values up to 264 KiB, statuses
+    # read as res & 0xFF), with the results its backend expects.
+    out=$(timeout 300 "$SHARE/kv-uring" --dev "$dev" --nsid 2 --mooncake 1 --count 10 --seed 11 2>&1) \
+        || { fail "kv-uring --mooncake: $(echo $out)"; disconnect_ctrl "$ctrl"; return 1; }
+    echo "#   $out"
     # Values as large as one command may carry (VML: MDTS, 32 MiB on kvtarget over TCP;
     # over RDMA the guest's registered buffer pool of 32 MiB keeps MDTS at 1 MiB).
     if [ "$TRANSPORT" = tcp ]; then
