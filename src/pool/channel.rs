@@ -9,7 +9,7 @@
 //! the shared queue, so the bound on large pieces holds across volumes), and
 //! Flush/FUA through the metadata thread's group commit.
 
-use super::volume::{AllocError, Volume};
+use super::volume::{AllocError, BlockRun, Piece, Volume};
 use super::{Notifier, Pool};
 use crate::bdev::{
     BlockDevice, IoChannel, IoCompletion, IoOp, ThinInfo, ERRNO_NO_SPACE, ERRNO_UNWRITTEN,
@@ -101,6 +101,37 @@ struct MappedPiece {
     len_bytes: u64,
 }
 
+/// A range of a request's buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct BufRange {
+    at: usize,
+    len: usize,
+}
+
+/// One device operation of a command, as planned before it is issued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DeviceOp {
+    /// Byte offset on the pool device.
+    phys_offset: u64,
+    /// Where its data sits in the command's buffer (0 without a buffer).
+    buf_offset: usize,
+    len: u64,
+}
+
+/// A write waiting for clean extents: it holds no request yet.
+struct StalledWrite {
+    lane: u32,
+    tag: u64,
+    op: IoOp,
+}
+
+/// A piece of a large transfer of request `req`, waiting for its turn on
+/// the device (dual path).
+struct LargePiece {
+    req: u32,
+    op: IoOp,
+}
+
 /// A request's lists, recycled through `Engine::spare` with their capacity,
 /// so a command on mapped extents allocates nothing once the channel is warm.
 #[derive(Default)]
@@ -109,11 +140,11 @@ struct ReqLists {
     pinned: Vec<u32>,
     /// Extents whose last valid block went: unmapped once unpinned.
     emptied: Vec<u32>,
-    /// Buffer ranges (offset, length) of blocks not valid in a mapped extent:
+    /// Buffer ranges of blocks not valid in a mapped extent:
     /// zeroed once the device read is done, because the bitmap, not the
     /// device, says what a block holds (after a crash, data of an unflushed
     /// write may sit in blocks the bitmap does not count).
-    zero_after: Vec<(usize, usize)>,
+    zero_after: Vec<BufRange>,
     /// Pieces the command makes valid once its data is on the device:
     /// marked at completion, never before, so no metadata commit can journal
     /// a block as written while its data is in flight (after a crash it
@@ -198,19 +229,19 @@ struct Engine {
     free: Vec<u32>,
     active: usize,
     done: Vec<IoCompletion>,
-    stalled: VecDeque<(u32, u64, IoOp)>,
+    stalled: VecDeque<StalledWrite>,
     stalled_at: Option<Instant>,
-    large: VecDeque<(u32, IoOp)>,
+    large: VecDeque<LargePiece>,
     large_inflight: usize,
     scratch: Vec<IoCompletion>,
     reactor: usize,
     /// Request lists of released requests, cleared, for the next ones.
     spare: Vec<ReqLists>,
-    /// One command's device operations (physical offset, buffer offset,
-    /// bytes), built before they are issued; emptied after each command.
-    plan: Vec<(u64, usize, u64)>,
+    /// One command's device operations, built before they are issued;
+    /// emptied after each command.
+    plan: Vec<DeviceOp>,
     /// Invalid block runs of one extent, for a read.
-    runs: Vec<(u32, u32)>,
+    runs: Vec<BlockRun>,
 }
 
 impl PoolChannel {
@@ -396,8 +427,8 @@ impl Engine {
         }
         r.lists.emptied.clear();
         if let Some(buf) = r.buf.as_mut() {
-            for &(at, n) in &r.lists.zero_after {
-                if let Some(s) = buf.get_mut(at..at + n) {
+            for z in &r.lists.zero_after {
+                if let Some(s) = buf.get_mut(z.at..z.at + z.len) {
                     s.fill(0);
                 }
             }
@@ -470,17 +501,20 @@ impl Engine {
         }
     }
 
-    /// Queues one physical operation of request `ri` over `at..at+len` of its
-    /// buffer (or with no buffer), splitting large transfers into pieces.
+    /// Queues device operation `d` of request `ri` (its buffer range, or no
+    /// buffer), splitting large transfers into pieces.
     fn issue(
         &mut self,
         ri: u32,
-        phys_off: u64,
-        at: usize,
-        len: u64,
+        d: DeviceOp,
         make: fn(u64, Option<IoBuf>, u64) -> IoOp,
         now: Instant,
     ) {
+        let DeviceOp {
+            phys_offset: phys_off,
+            buf_offset: at,
+            len,
+        } = d;
         let dp = self.pool.opts.dual_path;
         let large = dp.enabled && len >= dp.large_threshold;
         let piece = if large {
@@ -526,7 +560,7 @@ impl Engine {
                 r.pending += 1;
             }
             if large {
-                self.large.push_back((ri, op));
+                self.large.push_back(LargePiece { req: ri, op });
             } else {
                 self.submit_base(ri, op, false, now);
             }
@@ -549,10 +583,10 @@ impl Engine {
     fn pump_large(&mut self, now: Instant) {
         let max = self.pool.opts.dual_path.max_inflight.max(1);
         while self.large_inflight < max {
-            let Some((ri, op)) = self.large.pop_front() else {
+            let Some(p) = self.large.pop_front() else {
                 break;
             };
-            self.submit_base(ri, op, true, now);
+            self.submit_base(p.req, p.op, true, now);
         }
     }
 
@@ -600,12 +634,10 @@ impl Engine {
             r.err = err;
         }
         if err.is_none() {
-            for &(phys_off, at, n) in &plan {
+            for &d in &plan {
                 self.issue(
                     ri,
-                    phys_off,
-                    at,
-                    n,
+                    d,
                     |offset, buf, _| IoOp::Read {
                         offset,
                         buf: buf.unwrap_or_else(|| IoBuf::new(0)),
@@ -628,12 +660,17 @@ impl Engine {
         offset: u64,
         buf: &mut IoBuf,
         lists: &mut ReqLists,
-        plan: &mut Vec<(u64, usize, u64)>,
+        plan: &mut Vec<DeviceOp>,
     ) -> Option<i32> {
         let bs = vol.desc.block_size as u64;
         let mut runs = std::mem::take(&mut self.runs);
         let mut err = None;
-        for (lext, off, n) in vol.pieces(offset, buf.len() as u64) {
+        for Piece {
+            lext,
+            offset: off,
+            len: n,
+        } in vol.pieces(offset, buf.len() as u64)
+        {
             let at = ((lext as u64) * vol.extent_size() + off - offset) as usize;
             let Some(phys) = vol.pin(lext) else {
                 if vol.unwritten_error() {
@@ -651,20 +688,24 @@ impl Engine {
                 err = Some(ERRNO_UNWRITTEN);
                 break;
             }
-            if runs.len() == 1 && runs[0] == (first, nb) {
+            if runs.len() == 1 && runs[0] == (BlockRun { first, count: nb }) {
                 // Nothing valid here: zeros without device I/O.
                 vol.unpin(lext);
                 buf[at..at + n as usize].fill(0);
                 continue;
             }
             lists.pinned.push(lext);
-            for &(b, c) in &runs {
-                lists.zero_after.push((
-                    at + ((b - first) as u64 * bs) as usize,
-                    (c as u64 * bs) as usize,
-                ));
+            for r in &runs {
+                lists.zero_after.push(BufRange {
+                    at: at + ((r.first - first) as u64 * bs) as usize,
+                    len: (r.count as u64 * bs) as usize,
+                });
             }
-            plan.push((self.pool.sb.extent_offset(phys) + off, at, n));
+            plan.push(DeviceOp {
+                phys_offset: self.pool.sb.extent_offset(phys) + off,
+                buf_offset: at,
+                len: n,
+            });
         }
         runs.clear();
         self.runs = runs;
@@ -683,7 +724,12 @@ impl Engine {
         got: &mut Vec<MappedPiece>,
     ) -> Result<(), AllocError> {
         got.clear();
-        for (lext, off, n) in vol.pieces(offset, len) {
+        for Piece {
+            lext,
+            offset: off,
+            len: n,
+        } in vol.pieces(offset, len)
+        {
             let (pool, reactor) = (&self.pool, self.reactor);
             match vol.pin_or_map(
                 lext,
@@ -701,11 +747,11 @@ impl Engine {
                         vol.unpin(m.lext);
                     }
                     if e != AllocError::Wait {
-                        for (l, ..) in vol.pieces(offset, len) {
-                            match vol.try_unmap_empty(l) {
+                        for p in vol.pieces(offset, len) {
+                            match vol.try_unmap_empty(p.lext) {
                                 Ok(Some(p)) => self.pool.extent_freed(p),
                                 Ok(None) => {}
-                                Err(()) => self.pool.retry_unmap(vol.desc.id, l),
+                                Err(()) => self.pool.retry_unmap(vol.desc.id, p.lext),
                             }
                         }
                     }
@@ -720,7 +766,7 @@ impl Engine {
         if self.stalled.is_empty() {
             self.stalled_at = Some(now);
         }
-        self.stalled.push_back((lane, tag, op));
+        self.stalled.push_back(StalledWrite { lane, tag, op });
     }
 
     /// Maps (or pins) a write's extents into `lists`; on failure the lists
@@ -773,19 +819,17 @@ impl Engine {
         let mut plan = std::mem::take(&mut self.plan);
         for m in &lists.valid_after {
             let at = ((m.lext as u64) * vol.extent_size() + m.offset_bytes - offset) as usize;
-            plan.push((
-                self.pool.sb.extent_offset(m.phys) + m.offset_bytes,
-                at,
-                m.len_bytes,
-            ));
+            plan.push(DeviceOp {
+                phys_offset: self.pool.sb.extent_offset(m.phys) + m.offset_bytes,
+                buf_offset: at,
+                len: m.len_bytes,
+            });
         }
         let ri = self.new_req(lanes, lane, tag, Kind::Write { fua }, Some(buf), lists, now);
-        for &(phys_off, at, n) in &plan {
+        for &d in &plan {
             self.issue(
                 ri,
-                phys_off,
-                at,
-                n,
+                d,
                 |offset, buf, _| IoOp::Write {
                     offset,
                     buf: buf.unwrap_or_else(|| IoBuf::new(0)),
@@ -809,10 +853,15 @@ impl Engine {
         len: u64,
         deallocate: bool,
         lists: &mut ReqLists,
-        plan: &mut Vec<(u64, usize, u64)>,
+        plan: &mut Vec<DeviceOp>,
     ) {
         let bs = vol.desc.block_size as u64;
-        for (lext, off, n) in vol.pieces(offset, len) {
+        for Piece {
+            lext,
+            offset: off,
+            len: n,
+        } in vol.pieces(offset, len)
+        {
             let Some(phys) = vol.pin(lext) else {
                 continue;
             };
@@ -830,7 +879,11 @@ impl Engine {
                     len_bytes: n,
                 });
             }
-            plan.push((self.pool.sb.extent_offset(phys) + off, 0, n));
+            plan.push(DeviceOp {
+                phys_offset: self.pool.sb.extent_offset(phys) + off,
+                buf_offset: 0,
+                len: n,
+            });
         }
     }
 
@@ -872,11 +925,11 @@ impl Engine {
                 };
             }
             for m in &lists.valid_after {
-                plan.push((
-                    self.pool.sb.extent_offset(m.phys) + m.offset_bytes,
-                    0,
-                    m.len_bytes,
-                ));
+                plan.push(DeviceOp {
+                    phys_offset: self.pool.sb.extent_offset(m.phys) + m.offset_bytes,
+                    buf_offset: 0,
+                    len: m.len_bytes,
+                });
             }
         }
         let ri = self.new_req(lanes, lane, tag, Kind::Zeroes, None, lists, now);
@@ -884,24 +937,20 @@ impl Engine {
             r.bytes = len;
             r.deallocate = deallocate;
         }
-        for &(phys_off, _, n) in &plan {
+        for &d in &plan {
             // Deallocated blocks must read back as zeros (DLFEAT) even while the
             // extent stays mapped, so both cases zero the physical range.
             if deallocate {
                 self.issue(
                     ri,
-                    phys_off,
-                    0,
-                    n,
+                    d,
                     |offset, _, len| IoOp::Deallocate { offset, len },
                     now,
                 );
             } else {
                 self.issue(
                     ri,
-                    phys_off,
-                    0,
-                    n,
+                    d,
                     |offset, _, len| IoOp::WriteZeroes { offset, len },
                     now,
                 );
@@ -923,10 +972,10 @@ impl Engine {
         self.stalled_at = None;
         let n = self.stalled.len();
         for _ in 0..n {
-            let Some((lane, tag, op)) = self.stalled.pop_front() else {
+            let Some(w) = self.stalled.pop_front() else {
                 break;
             };
-            self.start(lanes, lane, tag, op, now);
+            self.start(lanes, w.lane, w.tag, w.op, now);
         }
     }
 
@@ -1033,7 +1082,7 @@ impl IoChannel for PoolChannel {
             return true;
         };
         // Stalled writes hold no request yet but are the lane's too.
-        let stalled = self.io.stalled.iter().any(|(x, ..)| *x == l);
+        let stalled = self.io.stalled.iter().any(|w| w.lane == l);
         let busy = stalled || lane_at(&self.lanes, l).is_some_and(|x| x.active.get() > 0);
         if busy || self.default_lane == Some(l) {
             return false;

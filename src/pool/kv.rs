@@ -276,12 +276,14 @@ pub struct KvIndex {
     max_keys: u64,
     /// The clock key ages are counted from (ages restart at recovery).
     base: Instant,
-    settings: Mutex<KvSettings>,
+    /// `KvSettings`, packed (`PackedSettings`): read once per command, no lock.
+    settings: AtomicU64,
     state: Mutex<State>,
     pub counters: KvCounters,
     /// Blocks per extent of the volume; 0: nothing is trimmed.
     extent_blocks: u64,
-    trim_after: Mutex<Duration>,
+    /// `trim_after`, milliseconds.
+    trim_after_ms: AtomicU64,
     /// Set when `freed_extents` has entries.
     trim_fresh: AtomicBool,
     /// When the oldest queued extent is due (ms), `u64::MAX` with none.
@@ -299,7 +301,7 @@ impl KvIndex {
             block_size,
             max_keys,
             base: Instant::now(),
-            settings: Mutex::new(KvSettings::default()),
+            settings: AtomicU64::new(PackedSettings::pack(KvSettings::default())),
             state: Mutex::new(State {
                 map: HashMap::with_capacity(cap),
                 entries: Vec::with_capacity(cap),
@@ -320,7 +322,7 @@ impl KvIndex {
             }),
             counters: KvCounters::default(),
             extent_blocks: 0,
-            trim_after: Mutex::new(TRIM_AFTER),
+            trim_after_ms: AtomicU64::new(TRIM_AFTER.as_millis() as u64),
             trim_fresh: AtomicBool::new(false),
             trim_due_ms: AtomicU64::new(u64::MAX),
         }
@@ -345,9 +347,8 @@ impl KvIndex {
 
     /// How long an extent's blocks must stay free before it is trimmed.
     pub fn set_trim_after(&self, d: Duration) {
-        if let Ok(mut g) = self.trim_after.lock() {
-            *g = d;
-        }
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        self.trim_after_ms.store(ms, Ordering::Relaxed);
     }
 
     pub fn block_size(&self) -> u32 {
@@ -360,13 +361,13 @@ impl KvIndex {
         self.lock().blocks.total
     }
 
+    /// The cache policy, the TTL to the millisecond (what keys age by).
     pub fn settings(&self) -> KvSettings {
-        self.settings.lock().map(|s| *s).unwrap_or_default()
+        PackedSettings::unpack(self.settings.load(Ordering::Acquire))
     }
     pub fn set_settings(&self, s: KvSettings) {
-        if let Ok(mut g) = self.settings.lock() {
-            *g = s;
-        }
+        self.settings
+            .store(PackedSettings::pack(s), Ordering::Release);
         // Trimming may be on now: the next `trim_step` looks at the queue.
         self.trim_due_ms.store(0, Ordering::Release);
     }
@@ -851,11 +852,7 @@ impl KvIndex {
         {
             return;
         }
-        let after = self
-            .trim_after
-            .lock()
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(TRIM_AFTER.as_millis() as u64);
+        let after = self.trim_after_ms.load(Ordering::Relaxed);
         let keep_footprint = self.settings().keep_footprint;
         let eb = self.extent_blocks;
         let mut st = self.lock();
@@ -1099,6 +1096,49 @@ impl KvIndex {
             return Some(block);
         }
         None
+    }
+}
+
+/// `KvSettings` in one word, so every reactor reads the policy with one
+/// atomic load: bit 0 `OnFull::Fail`, bit 1 `keep_footprint`, bits 2.. the
+/// TTL in milliseconds plus one (0: no TTL), saturating at `TTL_MS_MAX`
+/// (far beyond `MAX_TTL_SECS`, ten years).
+struct PackedSettings;
+
+impl PackedSettings {
+    const FAIL: u64 = 1;
+    const KEEP_FOOTPRINT: u64 = 2;
+    const TTL_SHIFT: u32 = 2;
+    const TTL_MS_MAX: u64 = (u64::MAX >> PackedSettings::TTL_SHIFT) - 1;
+
+    fn pack(s: KvSettings) -> u64 {
+        let ttl = s.ttl.map_or(0, |t| {
+            let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
+            ms.min(Self::TTL_MS_MAX) + 1
+        });
+        let fail = match s.on_full {
+            OnFull::Evict => 0,
+            OnFull::Fail => Self::FAIL,
+        };
+        let keep = if s.keep_footprint {
+            Self::KEEP_FOOTPRINT
+        } else {
+            0
+        };
+        ttl << Self::TTL_SHIFT | keep | fail
+    }
+
+    fn unpack(w: u64) -> KvSettings {
+        let ttl = w >> Self::TTL_SHIFT;
+        KvSettings {
+            on_full: if w & Self::FAIL != 0 {
+                OnFull::Fail
+            } else {
+                OnFull::Evict
+            },
+            ttl: (ttl > 0).then(|| Duration::from_millis(ttl - 1)),
+            keep_footprint: w & Self::KEEP_FOOTPRINT != 0,
+        }
     }
 }
 
@@ -1703,6 +1743,24 @@ mod tests {
     }
 
     #[test]
+    fn a_ttl_beyond_the_packed_range_saturates() {
+        let ix = KvIndex::new(4096 * 64, 4096);
+        ix.set_settings(KvSettings {
+            ttl: Some(Duration::MAX),
+            ..KvSettings::default()
+        });
+        assert_eq!(
+            ix.settings().ttl,
+            Some(Duration::from_millis(PackedSettings::TTL_MS_MAX))
+        );
+        ix.set_settings(KvSettings {
+            ttl: Some(Duration::from_micros(1500)),
+            ..KvSettings::default()
+        });
+        assert_eq!(ix.settings().ttl, Some(Duration::from_millis(1)));
+    }
+
+    #[test]
     fn list_in_key_order_from_start() {
         let now = Instant::now();
         let ix = KvIndex::new(1 << 20, 4096);
@@ -1737,6 +1795,28 @@ mod tests {
     }
 
     proptest! {
+        /// Settings read back as set, the TTL to the millisecond (keys age
+        /// by milliseconds, so nothing expires differently).
+        #[test]
+        fn settings_read_back_as_set(
+            fail: bool,
+            keep_footprint: bool,
+            ttl_ms in proptest::option::of(prop_oneof![
+                0u64..10_000,
+                Just(10 * 365 * 24 * 3600 * 1000), // MAX_TTL_SECS,
+                Just(PackedSettings::TTL_MS_MAX),
+            ]),
+        ) {
+            let ix = KvIndex::new(4096 * 64, 4096);
+            let s = KvSettings {
+                on_full: if fail { OnFull::Fail } else { OnFull::Evict },
+                ttl: ttl_ms.map(Duration::from_millis),
+                keep_footprint,
+            };
+            ix.set_settings(s);
+            prop_assert_eq!(ix.settings(), s);
+        }
+
         /// Against a model: every key the index holds has the length last
         /// stored, no two keys share blocks, and what the commits drained
         /// replays (as recovery would) to exactly the index's keys.

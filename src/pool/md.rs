@@ -349,18 +349,26 @@ pub(super) fn md_round(pool: &Weak<Pool>, now: Instant) -> bool {
         return false;
     }
     if !p.md_step(now) {
-        let (m, c) = &p.md_wake;
-        let mut woken = lock(m);
-        if !*woken {
-            let tick = p.opts.gc.tick;
-            woken = match c.wait_timeout(woken, tick) {
-                Ok((g, _)) => g,
-                Err(e) => e.into_inner().0,
-            };
-        }
-        *woken = false;
+        p.md_idle();
     }
     true
+}
+
+impl Pool {
+    /// The metadata thread has nothing to do: it sleeps until `wake_md` or
+    /// the GC tick, whichever comes first (unless a wake is already pending).
+    /// Only the metadata thread calls it: the first call registers it.
+    fn md_idle(&self) {
+        self.md_parker.get_or_init(std::thread::current);
+        // Taken before sleeping: a wake after this swap unparks the thread
+        // (or leaves its token, so `park_timeout` returns at once).
+        if !self.md_wake.swap(false, Ordering::AcqRel) {
+            std::thread::park_timeout(self.opts.gc.tick);
+            // Woken, timed out or spurious: a round follows either way, and
+            // taking the wake acquires what its waker published before it.
+            self.md_wake.swap(false, Ordering::AcqRel);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -504,5 +512,45 @@ mod plan_tests {
         i.dirty = 10;
         let p = plan_md_step(&i, &mut a);
         assert_eq!((p.scrub, p.flush_scrubbed), (3, true));
+    }
+}
+
+#[cfg(test)]
+mod wake_tests {
+    use super::*;
+    use crate::bdev::ram::RamDevice;
+
+    /// A Flush is answered at once although the metadata thread sleeps a
+    /// GC tick of an hour between rounds: `wake_md` reaches it, lock-free,
+    /// whether it is parked or about to park.
+    #[test]
+    fn a_commit_request_wakes_the_sleeping_metadata_thread() {
+        let dev: SharedDevice = RamDevice::new("wake", 64 << 20).unwrap();
+        crate::pool::format(&dev, &crate::pool::FormatOptions::default()).unwrap();
+        let mut opts = PoolOptions::default();
+        opts.gc.tick = Duration::from_secs(3600);
+        opts.commit_interval = None;
+        let pool = Pool::open("wake", dev, opts).unwrap();
+        let n = Arc::new(Notifier::new());
+        for i in 0..20u64 {
+            // Odd rounds: the thread has had time to park; even: it may not.
+            if i % 2 == 1 {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            pool.request_commit(i, n.clone());
+            let start = Instant::now();
+            let answer = loop {
+                if let Some(a) = n.committed.pop() {
+                    break a;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "commit request {i} not answered: the wake was lost"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            assert_eq!(answer, (i, Ok(())));
+        }
+        pool.close().unwrap();
     }
 }

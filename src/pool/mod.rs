@@ -54,7 +54,7 @@ use format::*;
 use gc::{Admission, GcMode, GcSettings};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 use volume::Volume;
 
@@ -159,7 +159,12 @@ pub struct Pool {
     commits: ArrayQueue<CommitReq>,
     commits_overflow: SegQueue<CommitReq>,
     waiters: Mutex<Vec<Weak<Notifier>>>,
-    md_wake: (Mutex<bool>, Condvar),
+    /// A wake for the metadata thread is pending: set by `wake_md` (from
+    /// reactors, on Flush/FUA) before it unparks the thread, taken by the
+    /// thread before it parks, so no wake is lost and none takes a lock.
+    md_wake: AtomicBool,
+    /// The metadata thread, as it registered itself on its first round.
+    md_parker: OnceLock<std::thread::Thread>,
     stop: AtomicBool,
     md_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     exhausted: AtomicBool,
@@ -262,7 +267,8 @@ impl Pool {
             commits: ArrayQueue::new(COMMITS_QUEUED),
             commits_overflow: SegQueue::new(),
             waiters: Mutex::new(Vec::new()),
-            md_wake: (Mutex::new(false), Condvar::new()),
+            md_wake: AtomicBool::new(false),
+            md_parker: OnceLock::new(),
             stop: AtomicBool::new(false),
             md_thread: Mutex::new(None),
             exhausted: AtomicBool::new(false),
@@ -314,10 +320,15 @@ impl Pool {
         w.push(Arc::downgrade(n));
     }
 
+    /// Wakes the metadata thread (no lock: reactors call it on Flush/FUA).
     pub fn wake_md(&self) {
-        let (m, c) = &self.md_wake;
-        *lock(m) = true;
-        c.notify_one();
+        // AcqRel: a thread that took the wake (`md_idle`) before this swap
+        // registered itself before, so `md_parker` is set by then.
+        if !self.md_wake.swap(true, Ordering::AcqRel) {
+            if let Some(t) = self.md_parker.get() {
+                t.unpark();
+            }
+        }
     }
 
     /// Makes every acknowledged change durable now (control path, tests).

@@ -36,6 +36,24 @@ pub enum AllocError {
     Failed,
 }
 
+/// One extent's part of a byte range of a volume (`Volume::pieces`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    /// Logical extent of the volume.
+    pub lext: u32,
+    /// Byte offset of the piece inside the extent.
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// A run of blocks inside one extent (`Volume::invalid_runs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockRun {
+    /// First block of the run, counted from the extent's start.
+    pub first: u32,
+    pub count: u32,
+}
+
 /// Iterator over the per-extent pieces of a byte range.
 pub struct Pieces {
     shift: u32,
@@ -44,8 +62,8 @@ pub struct Pieces {
 }
 
 impl Iterator for Pieces {
-    type Item = (u32, u64, u64);
-    fn next(&mut self) -> Option<(u32, u64, u64)> {
+    type Item = Piece;
+    fn next(&mut self) -> Option<Piece> {
         if self.at >= self.end {
             return None;
         }
@@ -54,7 +72,11 @@ impl Iterator for Pieces {
         let off = self.at & (es - 1);
         let n = (es - off).min(self.end - self.at);
         self.at += n;
-        Some((lext, off, n))
+        Some(Piece {
+            lext,
+            offset: off,
+            len: n,
+        })
     }
 }
 
@@ -206,7 +228,7 @@ impl Volume {
     pub fn used_bytes(&self) -> u64 {
         self.used_blocks.load(Ordering::Relaxed) * self.desc.block_size as u64
     }
-    /// Splits a byte range into (logical extent, offset in extent, length) pieces.
+    /// Splits a byte range into its pieces, one per extent it touches.
     pub fn pieces(&self, offset: u64, len: u64) -> Pieces {
         Pieces {
             shift: self.extent_shift,
@@ -376,11 +398,11 @@ impl Volume {
         ok
     }
 
-    /// Runs of blocks in [first, first + n) that are not valid, as (first, count),
-    /// appended to `out`.
-    pub fn invalid_runs(&self, lext: u32, first: u32, n: u32, out: &mut Vec<(u32, u32)>) {
+    /// Runs of blocks in [first, first + n) that are not valid, appended to
+    /// `out`.
+    pub fn invalid_runs(&self, lext: u32, first: u32, n: u32, out: &mut Vec<BlockRun>) {
         let words = self.words(lext);
-        let mut run: Option<(u32, u32)> = None;
+        let mut run: Option<BlockRun> = None;
         let mut b = first;
         let end = first + n;
         while b < end {
@@ -397,8 +419,8 @@ impl Volume {
             }
             if w & (1 << (b % 64)) == 0 {
                 match &mut run {
-                    Some((_, c)) => *c += 1,
-                    None => run = Some((b, 1)),
+                    Some(r) => r.count += 1,
+                    None => run = Some(BlockRun { first: b, count: 1 }),
                 }
             } else if let Some(r) = run.take() {
                 out.push(r);
@@ -631,7 +653,8 @@ mod tests {
         v.clear_valid(0, 70, 1);
         let mut out = Vec::new();
         v.invalid_runs(0, 0, 130, &mut out);
-        assert_eq!(out, vec![(10, 5), (70, 1), (100, 30)]);
+        let run = |first, count| BlockRun { first, count };
+        assert_eq!(out, vec![run(10, 5), run(70, 1), run(100, 30)]);
         out.clear();
         v.invalid_runs(0, 64, 6, &mut out);
         assert!(out.is_empty());
@@ -641,7 +664,8 @@ mod tests {
     fn pieces_split_on_extent_boundaries() {
         let v = vol(4 << 20);
         let p: Vec<_> = v.pieces((1 << 20) - 4096, 8192).collect();
-        assert_eq!(p, vec![(0, (1 << 20) - 4096, 4096), (1, 0, 4096)]);
+        let piece = |lext, offset, len| Piece { lext, offset, len };
+        assert_eq!(p, vec![piece(0, (1 << 20) - 4096, 4096), piece(1, 0, 4096)]);
     }
 
     #[test]
