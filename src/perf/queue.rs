@@ -353,7 +353,7 @@ impl PerfQueue {
         rbuf[..n].copy_from_slice(&parts.unparsed[..n]);
         let writes = !matches!(
             plan.workload,
-            Workload::RandRead | Workload::Read | Workload::LmcacheRetrieve
+            Workload::RandRead | Workload::Read | Workload::LmcacheRetrieve | Workload::List
         );
         let slots = (0..plan.qd)
             .map(|_| Slot {
@@ -442,7 +442,9 @@ impl PerfQueue {
     /// Picks the next I/O: (slot index within this queue's range, operation).
     fn pick(&mut self) -> Option<(u64, Op)> {
         let read = match self.plan.workload {
-            Workload::RandRead | Workload::Read | Workload::LmcacheRetrieve => true,
+            Workload::RandRead | Workload::Read | Workload::LmcacheRetrieve | Workload::List => {
+                true
+            }
             Workload::RandWrite | Workload::Write | Workload::LmcacheStore => false,
             Workload::RandRw => self.next_rand() % 100 < self.plan.read_pct as u64,
         };
