@@ -36,7 +36,8 @@
 #   (checkpoints the pool counted during each run beside it: the journal filling up
 #   starts some on its own); List of every key (`perf --kv --workload list`, 1 MiB
 #   buffers; capped at 600 s); recovery after SIGKILL: from the kill to the first KV
-#   Store answered by a restarted target, the keys it recovered and its VmRSS.
+#   Store answered by a restarted target, the journal entries and records it replayed
+#   (its log), the keys it recovered and its VmRSS.
 # volumes: a sparse 64 GiB pool, thin volumes of 1 GiB created by bdev_lvol_create
 #   over one JSON-RPC connection (time per create), VmRSS per volume, the checkpoint's
 #   bytes (the metadata), recovery after SIGKILL (kill to bdev_get_bdevs answering with
@@ -46,8 +47,10 @@
 #   has two cores: perf shares one with a reactor): 4 KiB random reads over 16-queue
 #   controllers (256 queues: 16 controllers) with --total-qd commands in flight over
 #   all queues (at least 1 per queue); VmRSS of the target mid-run less before, per
-#   queue; IOPS, P99. Then a connect storm: 16 controllers of 16 queues connected by 16
-#   threads at once, the time until all 256 are connected (perf's connect_s).
+#   queue; IOPS, P99; before that, on a target of its own, VmRSS per idle queue (all
+#   connected by `perf --idle`, nothing sent). Then a connect storm: 16 controllers of
+#   16 idle queues connected by 16 threads at once, the time until all 256 are
+#   connected (perf's connect_s).
 # pools: per size, `kvtarget pool create` of a sparse file (format time), the
 #   metadata footprint (blocks allocated, du), a target opening it (start to
 #   listening), and recovery after SIGKILL (kill to listening again), VmRSS of each.
@@ -235,7 +238,7 @@ kind = "kv"
 EOF
 }
 run_keys() { # KEYS
-    local n=$1 t0 load_s rss0 rss1 rss2 ck ck_bytes ck_us commit_us c0 c1 c2 rec_s keys_after
+    local n=$1 t0 load_s rss0 rss1 rss2 ck ck_bytes ck_us commit_us c0 c1 c2 rec_s keys_after replayed
     # Values: one 512-byte block each, and the extents they map.
     local need=$(( n * 512 * 3 / 2 / 1024 + (2 << 20) ))
     [ "$(free_kib)" -gt "$need" ] || die "keys $n: needs about $((need >> 20)) GiB free in $work, $(( $(free_kib) >> 20 )) GiB there"
@@ -281,11 +284,14 @@ volume = "scale/kv"'
     rec_s=$(since "$t0")
     rss2=$(rss_kib "$tgt_pid")
     keys_after=$(rpc kvtarget_get_kv_namespaces | jget 0.keys)
+    # What the restart replayed: journal entries and records after the checkpoint.
+    replayed=$(grep 'pool recovered' "$work/keys.log" | tail -n 1 | sed 's/\x1b\[[0-9;]*m//g' \
+        | grep -o 'entries=[0-9]* records=[0-9]*' | tr -dc '0-9 ')
     stop_target
     row section=keys keys="$n" load_s="$load_s" rss0_kib="$rss0" rss1_kib="$rss1" rss_recovered_kib="$rss2" \
         ckpt_bytes="$ck_bytes" ckpt_us="$ck_us" commit_us="$commit_us" ckpts_mix=$((c1 - c0)) ckpts_mix_ckpt=$((c2 - c1)) \
         mix="$(cat "$work/keys-$n-mix.json")" mix_ckpt="$(cat "$work/keys-$n-mix-ckpt.json")" \
-        list="$(cat "$work/keys-$n-list.json")" recovery_s="$rec_s" keys_recovered="$keys_after" \
+        list="$(cat "$work/keys-$n-list.json")" recovery_s="$rec_s" keys_recovered="$keys_after" replayed="${replayed:-? ?}" \
         pool_kib="$(used_kib "$work/keys.img")"
     rm -f "$work/keys.img"
 }
@@ -356,8 +362,9 @@ extent_size = "1MiB"
 [[pools.volumes]]
 name = "blocks"
 size = "1GiB"'
+io_qpairs() { rpc nvmf_subsystem_get_qpairs nqn="$nqn" | python3 -c 'import json, sys; print(sum(1 for q in json.load(sys.stdin) if q["qid"] > 0))'; }
 run_queues() { # QUEUES
-    local q=$1 per ctrls qd rss0 rss1
+    local q=$1 per ctrls qd rss0 rss1 idle0 idle1 _
     per=$(( q < 16 ? q : 16 )) ctrls=$(( (q + 15) / 16 ))
     [ $((per * ctrls)) = "$q" ] || die "--queues $q: a count up to 16, or a multiple of 16 (controllers of 16 queues)"
     qd=$(( total_qd / q )); [ "$qd" -ge 1 ] || qd=1
@@ -366,6 +373,18 @@ run_queues() { # QUEUES
 nsid = 1
 volume = "scale/blocks"'
     write_config queues "$ram_pool" "0, 1"
+    # Idle first, on a target of its own: every queue connected, nothing sent.
+    start_target queues
+    idle0=$(rss_kib "$tgt_pid")
+    "$bin" perf --addr "127.0.0.1:$port" --nqn "$nqn" --nsid 1 --cpus 1 --quiet --json --bs 4KiB \
+        --controllers "$ctrls" --queues "$per" --qd "$qd" --time 600 --warmup 0 --idle > "$work/queues-$q-idle.json" 2>&1 &
+    perf_pid=$!
+    for _ in $(seq 6000); do [ "$(io_qpairs)" -ge "$q" ] && break; kill -0 "$perf_pid" 2>/dev/null || break; sleep 0.05; done
+    [ "$(io_qpairs)" -ge "$q" ] || die "queues $q: the idle queues did not all connect: $(cat "$work/queues-$q-idle.json")"
+    sleep 0.5
+    idle1=$(rss_kib "$tgt_pid")
+    kill "$perf_pid"; wait "$perf_pid" 2>/dev/null; perf_pid=
+    stop_target
     start_target queues
     # Written once, so reads find mapped extents.
     perf "$work/queues-$q-fill.json" 1 --workload write --bs 1MiB --qd 8 --time 2 --warmup 0
@@ -379,7 +398,8 @@ volume = "scale/blocks"'
     wait "$perf_pid" || die "queues $q: perf failed: $(cat "$work/queues-$q.json")"
     perf_pid=
     stop_target
-    row section=queues queues="$q" controllers="$ctrls" qd="$qd" rss0_kib="$rss0" rss1_kib="$rss1" run="$(cat "$work/queues-$q.json")"
+    row section=queues queues="$q" controllers="$ctrls" qd="$qd" rss0_kib="$rss0" rss1_kib="$rss1" \
+        idle0_kib="$idle0" idle1_kib="$idle1" run="$(cat "$work/queues-$q.json")"
 }
 run_storm() {
     local rss0 rss1 cpus
@@ -389,7 +409,7 @@ run_storm() {
     cpus=$(printf '1,%.0s' $(seq 16)); cpus=${cpus%,}
     log "connect storm: 16 controllers of 16 queues from 16 threads"
     "$bin" perf --addr "127.0.0.1:$port" --nqn "$nqn" --nsid 1 --cpus "$cpus" --quiet --json --workload randread \
-        --bs 4KiB --controllers 16 --queues 16 --qd 1 --time 0.5 --warmup 0 --poll sleep > "$work/storm.json" 2> "$work/storm.err" \
+        --bs 4KiB --controllers 16 --queues 16 --qd 1 --time 0.5 --warmup 0 --idle > "$work/storm.json" 2> "$work/storm.err" \
         || die "connect storm: perf failed: $(cat "$work/storm.err")"
     rss1=$(rss_kib "$tgt_pid")
     stop_target
@@ -461,8 +481,8 @@ def f(x, d=0): return f"{float(x):,.{d}f}"
 out = []
 if sec("keys"):
     out += ["KV keys (512-byte values, 16-byte keys, one uring pool on a sparse file)", "",
-            "| keys | load s | RSS B/key | checkpoint B/key | checkpoint ms | last commit ms | mix P99 us | mix P99 us, checkpointing | ratio | checkpoints (mix / checkpointing) | mix ops/s (without / with) | List s | List keys | recovery s | keys recovered | RSS after recovery B/key | pool file MiB |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| keys | load s | RSS B/key | checkpoint B/key | checkpoint ms | last commit ms | mix P99 us | mix P99 us, checkpointing | ratio | checkpoints (mix / checkpointing) | mix ops/s (without / with) | List s | List keys | recovery s | journal entries / records replayed | keys recovered | RSS after recovery B/key | pool file MiB |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sec("keys"):
         n = int(r["keys"]); m, c, l = j(r["mix"]), j(r["mix_ckpt"]), j(r["list"])
         ratio = c["lat_us"]["p99"] / max(m["lat_us"]["p99"], 1e-9)
@@ -472,6 +492,7 @@ if sec("keys"):
                    f"{f(int(r['ckpt_us']) / 1000, 1)} | {f(int(r['commit_us']) / 1000, 1)} | {f(m['lat_us']['p99'])} | "
                    f"{f(c['lat_us']['p99'])} | {ratio:.2f} | {r['ckpts_mix']} / {r['ckpts_mix_ckpt']} | "
                    f"{f(m['iops'])} / {f(c['iops'])} | {f(l['seconds'], 2)} | {lk} | {f(r['recovery_s'], 2)} | "
+                   f"{' / '.join(r['replayed'].split())} | "
                    f"{int(r['keys_recovered']):,} | {per(r['rss_recovered_kib'])} | {f(int(r['pool_kib']) / 1024)} |")
     out.append("")
 if sec("volumes"):
@@ -486,17 +507,18 @@ if sec("volumes"):
     out.append("")
 if sec("queues") or sec("storm"):
     out += ["NVMe/TCP I/O queues: 4 KiB random reads, RAM pool, two reactors", "",
-            "| queues | controllers x queues | QD per queue | IOPS | P99 us | P99.9 us | RSS KiB/queue (busy) | connect s |",
-            "|---|---|---|---|---|---|---|---|"]
+            "| queues | controllers x queues | QD per queue | IOPS | P99 us | P99.9 us | RSS KiB/queue idle | RSS KiB/queue busy | connect s |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for r in sec("queues"):
         p, q = j(r["run"]), int(r["queues"])
         out.append(f"| {q:,} | {r['controllers']} x {q // int(r['controllers'])} | {r['qd']} | {f(p['iops'])} | "
                    f"{f(p['lat_us']['p99'])} | {f(p['lat_us']['p99_9'])} | "
+                   f"{f((int(r['idle1_kib']) - int(r['idle0_kib'])) / q, 1)} | "
                    f"{f((int(r['rss1_kib']) - int(r['rss0_kib'])) / q, 1)} | {p['connect_s']:.3f} |")
     for r in sec("storm"):
         p = j(r["run"])
-        out.append(f"| connect storm: 256 | 16 x 16 from 16 threads | 1 | | | | "
-                   f"{f((int(r['rss1_kib']) - int(r['rss0_kib'])) / 256, 1)} (after) | {p['connect_s']:.3f} |")
+        out.append(f"| connect storm: 256 | 16 x 16 from 16 threads | idle | | | | "
+                   f"{f((int(r['rss1_kib']) - int(r['rss0_kib'])) / 256, 1)} (after they left) | | {p['connect_s']:.3f} |")
     out.append("")
 if sec("pools"):
     out += ["Pool size (sparse file, 1 MiB extents, no volumes)", "",

@@ -162,6 +162,10 @@ struct PerfArgs {
     /// exponent, e.g. 0.99 [default: 0, uniform]
     #[arg(long, value_name = "THETA")]
     zipf: Option<f64>,
+    /// Connect every queue, then send nothing until --time ends (what idle
+    /// connections cost)
+    #[arg(long)]
+    idle: bool,
     /// Print the report as JSON
     #[arg(long)]
     json: bool,
@@ -811,6 +815,7 @@ fn perf_options(a: PerfArgs) -> kvtarget::perf::PerfOptions {
     o.progress = !a.quiet;
     o.hostnqn = a.hostnqn;
     o.verify = a.verify;
+    o.idle = a.idle;
     o.kv = a.kv;
     o.kv_keys = a.kv_keys;
     if let Some(z) = a.zipf {

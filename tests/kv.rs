@@ -780,6 +780,22 @@ fn perf_lists_every_key_and_drives_several_controllers() {
     .expect("three controllers");
     assert!(r.ios > 0 && r.errors == 0, "{}", r.to_text());
     assert!(r.connect_s > 0.0 && r.connect_s < 10.0, "{}", r.to_text());
+    // Idle: every queue connected, nothing sent.
+    let r = run(&PerfOptions {
+        nsid: 1,
+        kv: true,
+        kv_keys: Some(64),
+        workload: Workload::RandWrite,
+        queues: 4,
+        controllers: 2,
+        runtime: Duration::from_millis(200),
+        warmup: Duration::ZERO,
+        idle: true,
+        ..PerfOptions::new(addr, NQN)
+    })
+    .expect("idle queues");
+    assert_eq!((r.ios, r.errors), (0, 0), "{}", r.to_text());
+    assert!(r.connect_s > 0.0, "{}", r.to_text());
 }
 
 /// KV-only options on a block namespace are refused at start-up, naming the

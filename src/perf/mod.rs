@@ -215,6 +215,9 @@ pub struct PerfOptions {
     /// Random I/Os pick slots (keys) by Zipf popularity with this exponent;
     /// 0 is uniform.
     pub zipf: f64,
+    /// Connect every queue, then issue nothing until `runtime` ends (what
+    /// idle connections cost; `connect_s` still says how long connecting took).
+    pub idle: bool,
 }
 
 impl PerfOptions {
@@ -244,6 +247,7 @@ impl PerfOptions {
             kv: false,
             kv_keys: None,
             zipf: 0.0,
+            idle: false,
         }
     }
 }
@@ -860,6 +864,9 @@ fn worker(
         q.set_window(start, end);
     }
     let drain_deadline = end + Duration::from_secs(30);
+    while o.idle && !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     loop {
         let stopping = stop.load(Ordering::Relaxed);
         let now = Instant::now();
