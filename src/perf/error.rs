@@ -95,8 +95,8 @@ pub enum PerfError {
     PrefillSend(#[source] io::Error),
     #[error("prefill: {0}")]
     Prefill(#[source] Box<PerfError>),
-    #[error("prefill did not finish within 600 s")]
-    PrefillTimeout,
+    #[error("prefill did not finish within {0} s (600 s + 1 ms per I/O)")]
+    PrefillTimeout(u64),
     #[error("prefill writes failed")]
     PrefillFailed,
     #[error("send: {0}")]

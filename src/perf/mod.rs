@@ -833,14 +833,16 @@ fn worker(
         if prefill {
             for q in qs.iter_mut() {
                 let mut cursor = 0;
-                let deadline = Instant::now() + Duration::from_secs(600);
+                // Ten million keys take long to store: 1 ms more per I/O.
+                let limit = Duration::from_secs(600) + Duration::from_millis(q.range_len());
+                let deadline = Instant::now() + limit;
                 while !q
                     .prefill_step(&mut cursor, Instant::now())
                     .map_err(PerfError::PrefillSend)?
                 {
                     q.poll().map_err(|e| PerfError::Prefill(Box::new(e)))?;
                     if Instant::now() > deadline {
-                        return Err(PerfError::PrefillTimeout);
+                        return Err(PerfError::PrefillTimeout(limit.as_secs()));
                     }
                 }
                 if q.unmeasured_errors > 0 {

@@ -425,6 +425,10 @@ impl PerfQueue {
     pub fn fd(&self) -> RawFd {
         self.sock.as_raw_fd()
     }
+    /// The I/Os (slots, keys) this queue addresses.
+    pub fn range_len(&self) -> u64 {
+        self.plan.count
+    }
     pub fn outstanding(&self) -> usize {
         self.outstanding
     }
