@@ -103,8 +103,9 @@ struct PerfArgs {
     #[arg(long)]
     nsid: Option<u32>,
     /// randread, randwrite, randrw, read, write, or LMCache's raw-block phases:
-    /// lmcache-store (4 KiB header + --bs payload per slot) and lmcache-retrieve
-    /// [default: randread]
+    /// lmcache-store (4 KiB header + --bs payload per slot) and lmcache-retrieve;
+    /// with --kv also list: every key, paged by List commands of --bs-byte host
+    /// buffers on one queue, until done or --time runs out [default: randread]
     #[arg(long, value_name = "W", value_parser = workload)]
     workload: Option<kvtarget::perf::Workload>,
     /// Percent of reads in randrw
@@ -124,9 +125,12 @@ struct PerfArgs {
     /// Commands in flight per queue (1..=4095)
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=4095))]
     qd: Option<u16>,
-    /// NVMe/TCP I/O queues (connections)
+    /// NVMe/TCP I/O queues (connections) per controller
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     queues: Option<u16>,
+    /// Controllers (as many hosts), each with --queues I/O queues [default: 1]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    controllers: Option<u16>,
     /// Measured seconds (fractions allowed)
     #[arg(long, value_name = "S", value_parser = positive_seconds)]
     time: Option<Duration>,
@@ -158,6 +162,10 @@ struct PerfArgs {
     /// exponent, e.g. 0.99 [default: 0, uniform]
     #[arg(long, value_name = "THETA")]
     zipf: Option<f64>,
+    /// Connect every queue, then send nothing until --time ends (what idle
+    /// connections cost)
+    #[arg(long)]
+    idle: bool,
     /// Print the report as JSON
     #[arg(long)]
     json: bool,
@@ -785,7 +793,7 @@ fn perf(a: PerfArgs) -> ExitCode {
                     opts.workload,
                     opts.block_size,
                     opts.qd,
-                    opts.queues,
+                    opts.queues as u32 * opts.controllers as u32,
                     opts.runtime,
                     r.to_text()
                 );
@@ -807,6 +815,7 @@ fn perf_options(a: PerfArgs) -> kvtarget::perf::PerfOptions {
     o.progress = !a.quiet;
     o.hostnqn = a.hostnqn;
     o.verify = a.verify;
+    o.idle = a.idle;
     o.kv = a.kv;
     o.kv_keys = a.kv_keys;
     if let Some(z) = a.zipf {
@@ -842,6 +851,9 @@ fn perf_options(a: PerfArgs) -> kvtarget::perf::PerfOptions {
     if let Some(v) = a.queues {
         o.queues = v;
     }
+    if let Some(v) = a.controllers {
+        o.controllers = v;
+    }
     if let Some(v) = a.time {
         o.runtime = v;
     }
@@ -871,7 +883,7 @@ fn run_perf_or_echo(
     let (rq, rs) = echo::EchoOptions::for_io(true, o.block_size, icd);
     let (wq, ws) = echo::EchoOptions::for_io(false, o.block_size, icd);
     let pct = match o.workload {
-        Workload::RandRead | Workload::Read | Workload::LmcacheRetrieve => 100,
+        Workload::RandRead | Workload::Read | Workload::LmcacheRetrieve | Workload::List => 100,
         Workload::RandWrite | Workload::Write | Workload::LmcacheStore => 0,
         Workload::RandRw => o.read_pct as usize,
     };

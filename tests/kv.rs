@@ -719,6 +719,85 @@ fn perf_drives_a_kv_namespace() {
     assert!(e.to_string().contains("namespace 2"), "{e}");
 }
 
+/// `--workload list` pages through every key (bench/run-scale.sh times List
+/// with it), and `--controllers` connects several hosts' worth of queues.
+#[test]
+fn perf_lists_every_key_and_drives_several_controllers() {
+    use kvtarget::perf::{run, PerfError, PerfOptions, Workload};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_server, addr) = start(dir.path(), "8MiB", "");
+    let (_c, mut qs) = connect(addr, 1);
+    for i in 0..100u64 {
+        let k = KvKey::new(format!("scale-{i:04}").as_bytes()).expect("key");
+        qs[0].kv_store(1, k, value(i, 512), PLAIN).expect("store");
+    }
+    let list = |bs: usize| PerfOptions {
+        nsid: 1,
+        kv: true,
+        workload: Workload::List,
+        block_size: bs,
+        runtime: Duration::from_secs(20),
+        ..PerfOptions::new(addr, NQN)
+    };
+    // A few keys per List: many pages, each key once.
+    for bs in [64, 4096] {
+        let r = run(&list(bs)).expect("list run");
+        assert_eq!(r.listed, Some((100, true)), "{}", r.to_text());
+        // 10-byte keys take 12 bytes: five a page, each page after the
+        // first repeating its start key.
+        let pages = if bs == 64 { 25 } else { 1 };
+        assert!(r.ios >= pages, "{}", r.to_text());
+        assert!(
+            r.to_json()
+                .contains("\"list\":{\"keys\":100,\"complete\":true}"),
+            "{}",
+            r.to_json()
+        );
+    }
+    let e = run(&list(8)).unwrap_err();
+    assert!(matches!(e, PerfError::ListBuffer), "{e}");
+    let e = run(&PerfOptions {
+        kv: false,
+        ..list(4096)
+    })
+    .unwrap_err();
+    assert!(matches!(e, PerfError::ListNeedsKv), "{e}");
+    // Three controllers of two queues each: all six carry Stores.
+    let r = run(&PerfOptions {
+        nsid: 1,
+        kv: true,
+        kv_keys: Some(64),
+        workload: Workload::RandWrite,
+        block_size: 4096,
+        qd: 2,
+        queues: 2,
+        controllers: 3,
+        runtime: Duration::from_millis(300),
+        warmup: Duration::from_millis(50),
+        busy_poll: false,
+        ..PerfOptions::new(addr, NQN)
+    })
+    .expect("three controllers");
+    assert!(r.ios > 0 && r.errors == 0, "{}", r.to_text());
+    assert!(r.connect_s > 0.0 && r.connect_s < 10.0, "{}", r.to_text());
+    // Idle: every queue connected, nothing sent.
+    let r = run(&PerfOptions {
+        nsid: 1,
+        kv: true,
+        kv_keys: Some(64),
+        workload: Workload::RandWrite,
+        queues: 4,
+        controllers: 2,
+        runtime: Duration::from_millis(200),
+        warmup: Duration::ZERO,
+        idle: true,
+        ..PerfOptions::new(addr, NQN)
+    })
+    .expect("idle queues");
+    assert_eq!((r.ios, r.errors), (0, 0), "{}", r.to_text());
+    assert!(r.connect_s > 0.0, "{}", r.to_text());
+}
+
 /// KV-only options on a block namespace are refused at start-up, naming the
 /// namespace and the options.
 #[test]

@@ -390,6 +390,20 @@ fn methods_build_a_subsystem_a_host_can_use() {
         .call("kvtarget_pool_check", json!({"name": "kv"}))
         .unwrap();
     assert_eq!(chk["consistent"], true, "{chk}");
+    // A checkpoint on demand: counted, and its size and time in get_pools.
+    let n = pools[0]["journal"]["checkpoints"].as_u64().unwrap();
+    let ck = c
+        .call("kvtarget_pool_checkpoint", json!({"name": "kv"}))
+        .unwrap();
+    assert!(ck["bytes"].as_u64().unwrap() > 0, "{ck}");
+    let j = &c.call("kvtarget_get_pools", json!({"name": "kv"})).unwrap()[0]["journal"];
+    assert!(j["checkpoints"].as_u64().unwrap() > n, "{j}");
+    assert_eq!(j["last_checkpoint_bytes"], ck["bytes"], "{j}");
+    assert!(j["last_commit_us"].is_u64(), "{j}");
+    assert_eq!(
+        err_code(c.call("kvtarget_pool_checkpoint", json!({"name": "nope"}))),
+        code::ENOENT
+    );
     let lvs = c.call("bdev_lvol_get_lvstores", json!({})).unwrap();
     assert_eq!(lvs[0]["name"], "kv");
 

@@ -186,6 +186,8 @@ fn client(addr: std::net::SocketAddr, o: &EchoOptions) -> Result<PerfReport, Per
         error_details: Vec::new(),
         kv_keys: None,
         misses: 0,
+        connect_s: 0.0,
+        listed: None,
     })
 }
 

@@ -11,12 +11,18 @@ use std::net::SocketAddr;
 #[derive(Debug, thiserror::Error)]
 pub enum PerfError {
     // Options.
-    #[error("--workload: `{0}` is not randread|randwrite|randrw|read|write|lmcache-store|lmcache-retrieve")]
+    #[error("--workload: `{0}` is not randread|randwrite|randrw|read|write|lmcache-store|lmcache-retrieve|list")]
     Workload(String),
     #[error("--qd must be 1..=65535")]
     QueueDepth,
     #[error("--queues must be at least 1")]
     Queues,
+    #[error("--controllers must be at least 1")]
+    Controllers,
+    #[error("--workload list needs --kv (it lists a KV namespace's keys)")]
+    ListNeedsKv,
+    #[error("--workload list: --bs is the List host buffer: room for one 16-byte key (24 bytes) up to 4 GiB")]
+    ListBuffer,
     #[error("--cpus: cannot run on CPU {0}")]
     Cpu(usize),
 
@@ -89,14 +95,16 @@ pub enum PerfError {
     PrefillSend(#[source] io::Error),
     #[error("prefill: {0}")]
     Prefill(#[source] Box<PerfError>),
-    #[error("prefill did not finish within 600 s")]
-    PrefillTimeout,
+    #[error("prefill did not finish within {0} s (600 s + 1 ms per I/O)")]
+    PrefillTimeout(u64),
     #[error("prefill writes failed")]
     PrefillFailed,
     #[error("send: {0}")]
     Send(#[source] io::Error),
     #[error("receive: {0}")]
     Receive(#[source] io::Error),
+    #[error("KV List: {0}")]
+    List(#[source] initiator::Error),
     #[error("{0} commands still outstanding 30 s after the run")]
     Outstanding(usize),
 

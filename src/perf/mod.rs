@@ -13,6 +13,7 @@ pub use error::PerfError;
 pub use queue::{check_pattern, fill_pattern};
 
 use crate::initiator::{HostController, HostOptions};
+use crate::wire::nvme::{list_entry_len, KV_KEY_MAX_LEN, KV_LIST_MIN_BUFFER};
 use crate::wire::tcp::Digests;
 use queue::{Layout, LiveCounters, PerfQueue, Popularity, QueuePlan};
 use std::net::SocketAddr;
@@ -125,6 +126,10 @@ pub enum Workload {
     /// LMCache's retrieve phase: each I/O reads one chunk's payload from a
     /// random slot.
     LmcacheRetrieve,
+    /// KV List of every key (`kv` only): one queue pages through the
+    /// namespace from the empty start key, `block_size`-byte host buffers,
+    /// until a List returns no key it has not seen or `runtime` runs out.
+    List,
 }
 
 /// LMCache's raw-block storage plugin: its metadata region before the first
@@ -158,6 +163,7 @@ impl std::str::FromStr for Workload {
             "write" => Workload::Write,
             "lmcache-store" => Workload::LmcacheStore,
             "lmcache-retrieve" => Workload::LmcacheRetrieve,
+            "list" => Workload::List,
             _ => return Err(PerfError::Workload(s.into())),
         })
     }
@@ -177,8 +183,11 @@ pub struct PerfOptions {
     pub block_size: usize,
     /// Commands outstanding per queue.
     pub qd: usize,
-    /// I/O queues (one TCP connection each), spread over the worker threads.
+    /// I/O queues (one TCP connection each) per controller, spread over the
+    /// worker threads.
     pub queues: u16,
+    /// Controllers (hosts) connected, each with `queues` I/O queues.
+    pub controllers: u16,
     pub runtime: Duration,
     pub warmup: Duration,
     pub digests: Digests,
@@ -206,6 +215,9 @@ pub struct PerfOptions {
     /// Random I/Os pick slots (keys) by Zipf popularity with this exponent;
     /// 0 is uniform.
     pub zipf: f64,
+    /// Connect every queue, then issue nothing until `runtime` ends (what
+    /// idle connections cost; `connect_s` still says how long connecting took).
+    pub idle: bool,
 }
 
 impl PerfOptions {
@@ -223,6 +235,7 @@ impl PerfOptions {
             block_size: 4096,
             qd: 32,
             queues: 1,
+            controllers: 1,
             runtime: Duration::from_secs(10),
             warmup: Duration::from_secs(1),
             digests: Digests::default(),
@@ -234,6 +247,7 @@ impl PerfOptions {
             kv: false,
             kv_keys: None,
             zipf: 0.0,
+            idle: false,
         }
     }
 }
@@ -266,6 +280,12 @@ pub struct PerfReport {
     /// that found no key (not in `ios` or the latencies).
     pub kv_keys: Option<u64>,
     pub misses: u64,
+    /// Seconds from the first connect until every controller and queue was
+    /// connected (before any prefill).
+    pub connect_s: f64,
+    /// `Workload::List`: the keys listed, and whether the last List found
+    /// no new key (false: `runtime` ran out first).
+    pub listed: Option<(u64, bool)>,
 }
 
 impl PerfReport {
@@ -275,7 +295,12 @@ impl PerfReport {
             self.ios, self.bytes, self.seconds, self.iops, self.mib_s, self.mean_us, self.p50_us,
             self.p90_us, self.p99_us, self.p999_us, self.p9999_us, self.max_us, self.errors,
             self.cpu_us_per_io, self.verified, self.mismatches
-        ) + &match self.kv_keys {
+        ) + &format!(",\"connect_s\":{:.6}", self.connect_s)
+            + &match self.listed {
+                Some((n, done)) => format!(",\"list\":{{\"keys\":{n},\"complete\":{done}}}"),
+                None => String::new(),
+            }
+            + &match self.kv_keys {
             // Appended inside the object: `…,"kv":{…}}`.
             Some(k) => format!(",\"kv\":{{\"keys\":{k},\"misses\":{}}}}}", self.misses),
             None => "}".into(),
@@ -295,6 +320,13 @@ impl PerfReport {
         }
         if let Some(k) = self.kv_keys {
             t += &format!("  keys {k}, misses {}", self.misses);
+        }
+        if let Some((n, done)) = self.listed {
+            let how = if done { "all" } else { "time ran out" };
+            t += &format!("  listed {n} keys ({how})");
+        }
+        if self.connect_s > 0.0 {
+            t += &format!("  connected in {:.3} s", self.connect_s);
         }
         for d in &self.mismatch_details {
             t += &format!("\n  mismatch: {d}");
@@ -317,6 +349,8 @@ fn cpu_time() -> Duration {
 
 /// What one worker thread hands back.
 struct WorkerResult {
+    /// When its last queue was connected.
+    connected_at: Instant,
     hist: Histogram,
     errors: u64,
     misses: u64,
@@ -338,48 +372,31 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
     if o.queues == 0 {
         return Err(PerfError::Queues);
     }
-    let mut ho = HostOptions::new(o.addr, &o.nqn);
-    if let Some(h) = &o.hostnqn {
-        ho.hostnqn = h.clone();
+    if o.controllers == 0 {
+        return Err(PerfError::Controllers);
     }
-    ho.digests = o.digests;
-    let mut ctrl = HostController::connect(&ho).map_err(|source| PerfError::Connect {
-        addr: o.addr,
-        source,
-    })?;
-    let cap = ctrl
-        .property_get(crate::wire::nvme::prop::CAP, true)
-        .map_err(PerfError::ReadCap)?;
-    let mqes = (cap & 0xFFFF) as usize + 1;
-    if o.qd + 1 > mqes {
-        return Err(PerfError::QueueTooDeep {
-            qd: o.qd,
-            entries: o.qd + 1,
-            mqes,
-        });
+    if o.workload == Workload::List && !o.kv {
+        return Err(PerfError::ListNeedsKv);
     }
-    // I/Os larger than MDTS go as several commands: room for all of them,
-    // as far as the target allows (the rest wait their turn in the queue).
-    let max_transfer = ctrl.max_transfer().unwrap_or(usize::MAX);
-    let pieces = o.block_size.div_ceil(max_transfer.max(1)).max(1);
-    let entries = (o.qd.saturating_mul(pieces) + 1)
-        .min(mqes)
-        .min(u16::MAX as usize);
-    ctrl.opts.queue_size = entries as u16;
-    let granted = ctrl
-        .set_queue_count(o.queues)
-        .map_err(PerfError::SetQueueCount)?;
-    if granted < o.queues {
-        return Err(PerfError::QueuesGranted {
-            granted,
-            asked: o.queues,
-        });
+    let connect_start = Instant::now();
+    let mut ctrls = Vec::with_capacity(o.controllers as usize);
+    let mut sizing = (0, 0);
+    for _ in 0..o.controllers {
+        let (c, entries, max_transfer) = connect_controller(o)?;
+        ctrls.push(c);
+        sizing = (entries, max_transfer);
+    }
+    let (entries, max_transfer) = sizing;
+    if o.workload == Workload::List {
+        return list_all(o, &ctrls[0], connect_start);
     }
     if !(0.0..=10.0).contains(&o.zipf) {
         return Err(PerfError::Zipf(o.zipf));
     }
+    let all_queues = o.queues as u64 * o.controllers as u64;
+    let ctrl = &mut ctrls[0];
     let (workload, layout, lba, total) = if o.kv {
-        kv_layout(o, &mut ctrl)?
+        kv_layout(o, ctrl, all_queues)?
     } else {
         let ns = ctrl
             .identify_namespace(o.nsid)
@@ -400,7 +417,7 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
         }
         let bytes = ns.nsze.saturating_mul(lba as u64);
         let total = bytes.saturating_sub(layout.base()) / layout.stride(o.block_size);
-        if total < o.queues as u64 {
+        if total < all_queues {
             return Err(PerfError::NamespaceTooSmall);
         }
         (workload, layout, lba, total)
@@ -408,13 +425,10 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
     // Verified runs give each queue its own range (two queues writing one block
     // at once have no defined result); others share the whole namespace, with
     // sequential streams starting apart.
-    let per_queue = total / o.queues as u64;
-    let counts = |i: u16| {
+    let per_queue = total / all_queues;
+    let counts = |i: u64| {
         if o.verify {
-            (
-                per_queue * i as u64,
-                per_queue.min(VERIFY_MAX_IOS_PER_QUEUE),
-            )
+            (per_queue * i, per_queue.min(VERIFY_MAX_IOS_PER_QUEUE))
         } else {
             (0, total)
         }
@@ -426,10 +440,13 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
         return Err(PerfError::ZipfTooLarge(count0));
     }
     let popularity = Popularity::new(count0, o.zipf);
-    let plans: Vec<QueuePlan> = (0..o.queues)
-        .map(|i| {
-            let (first, count) = counts(i);
-            QueuePlan {
+    // (controller, plan): queue `i` of controller `c` is queue
+    // `c * queues + i` of the run.
+    let plans: Vec<(usize, QueuePlan)> = (0..o.controllers as usize)
+        .flat_map(|c| (0..o.queues).map(move |i| (c, i)))
+        .map(|(c, i)| {
+            let (first, count) = counts(c as u64 * o.queues as u64 + i as u64);
+            let plan = QueuePlan {
                 qid: i + 1,
                 nsid: o.nsid,
                 workload,
@@ -451,7 +468,8 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
                 count,
                 verify: o.verify,
                 popularity: popularity.clone(),
-            }
+            };
+            (c, plan)
         })
         .collect();
     // A read-only run reads what was written first: verified runs check it, and a
@@ -466,11 +484,11 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
     let start_at = std::sync::Mutex::new(None::<Instant>);
     let stop = AtomicBool::new(false);
     let failed = AtomicBool::new(false);
-    let ctrl = &ctrl;
+    let ctrls = &ctrls;
     let results: (Vec<Result<WorkerResult, PerfError>>, Duration) = std::thread::scope(|s| {
         let handles: Vec<_> = (0..workers)
             .map(|w| {
-                let my_plans: Vec<QueuePlan> = plans
+                let my_plans: Vec<(usize, QueuePlan)> = plans
                     .iter()
                     .enumerate()
                     .filter(|(i, _)| i % workers == w)
@@ -482,7 +500,7 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
                 s.spawn(move || {
                     let r = worker(
                         o,
-                        ctrl,
+                        ctrls,
                         my_plans,
                         cpu,
                         live,
@@ -557,8 +575,10 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
     let mut errors = 0;
     let (mut verified, mut mismatches, mut details) = (0, 0, Vec::new());
     let mut failures = Vec::new();
+    let mut connected_at = connect_start;
     for r in results {
         let w = r?;
+        connected_at = connected_at.max(w.connected_at);
         hist.merge(&w.hist);
         errors += w.errors;
         misses += w.misses;
@@ -595,6 +615,121 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
         error_details: failures,
         kv_keys: o.kv.then_some(total),
         misses,
+        connect_s: connected_at.duration_since(connect_start).as_secs_f64(),
+        listed: None,
+    })
+}
+
+/// Connects one controller for `o` with queues sized for its I/Os and asks
+/// for `o.queues` I/O queues. Returns it, its queue entries and its largest
+/// transfer.
+fn connect_controller(o: &PerfOptions) -> Result<(HostController, usize, usize), PerfError> {
+    let mut ho = HostOptions::new(o.addr, &o.nqn);
+    if let Some(h) = &o.hostnqn {
+        ho.hostnqn = h.clone();
+    }
+    ho.digests = o.digests;
+    let mut ctrl = HostController::connect(&ho).map_err(|source| PerfError::Connect {
+        addr: o.addr,
+        source,
+    })?;
+    let cap = ctrl
+        .property_get(crate::wire::nvme::prop::CAP, true)
+        .map_err(PerfError::ReadCap)?;
+    let mqes = (cap & 0xFFFF) as usize + 1;
+    if o.qd + 1 > mqes {
+        return Err(PerfError::QueueTooDeep {
+            qd: o.qd,
+            entries: o.qd + 1,
+            mqes,
+        });
+    }
+    // I/Os larger than MDTS go as several commands: room for all of them,
+    // as far as the target allows (the rest wait their turn in the queue).
+    let max_transfer = ctrl.max_transfer().unwrap_or(usize::MAX);
+    let pieces = o.block_size.div_ceil(max_transfer.max(1)).max(1);
+    let entries = (o.qd.saturating_mul(pieces) + 1)
+        .min(mqes)
+        .min(u16::MAX as usize);
+    ctrl.opts.queue_size = entries as u16;
+    let granted = ctrl
+        .set_queue_count(o.queues)
+        .map_err(PerfError::SetQueueCount)?;
+    if granted < o.queues {
+        return Err(PerfError::QueuesGranted {
+            granted,
+            asked: o.queues,
+        });
+    }
+    Ok((ctrl, entries, max_transfer))
+}
+
+/// `Workload::List`: pages through every key of the KV namespace on one
+/// queue. The start key of each List is the last key of the one before
+/// (Lists return keys from the start key on, so it comes back first and is
+/// not counted again).
+fn list_all(
+    o: &PerfOptions,
+    ctrl: &HostController,
+    connect_start: Instant,
+) -> Result<PerfReport, PerfError> {
+    let buf = u32::try_from(o.block_size)
+        .ok()
+        .filter(|&b| b as usize >= KV_LIST_MIN_BUFFER as usize + list_entry_len(KV_KEY_MAX_LEN))
+        .ok_or(PerfError::ListBuffer)?;
+    let mut q = ctrl
+        .io_queue(1)
+        .map_err(|source| PerfError::QueueConnect { qid: 1, source })?;
+    let connect_s = connect_start.elapsed().as_secs_f64();
+    let cpu0 = cpu_time();
+    let begin = Instant::now();
+    let end = begin + o.runtime;
+    let mut hist = Histogram::default();
+    let (mut listed, mut start) = (0u64, None);
+    let complete = loop {
+        if Instant::now() >= end {
+            break false;
+        }
+        let t = Instant::now();
+        let keys = q
+            .kv_list(o.nsid, start.unwrap_or_default(), buf)
+            .map_err(PerfError::List)?;
+        hist.record(t.elapsed().as_nanos() as u64);
+        let fresh = keys.iter().filter(|&&k| Some(k) != start).count();
+        match keys.last() {
+            Some(&last) if fresh > 0 => {
+                listed += fresh as u64;
+                start = Some(last);
+            }
+            _ => break true,
+        }
+    };
+    let secs = begin.elapsed().as_secs_f64();
+    let ios = hist.count();
+    let us = |ns: u64| ns as f64 / 1000.0;
+    Ok(PerfReport {
+        ios,
+        bytes: ios * buf as u64,
+        seconds: secs,
+        iops: ios as f64 / secs.max(1e-9),
+        mib_s: (ios * buf as u64) as f64 / secs.max(1e-9) / (1 << 20) as f64,
+        mean_us: hist.mean_ns() / 1000.0,
+        p50_us: us(hist.quantile_ns(0.50)),
+        p90_us: us(hist.quantile_ns(0.90)),
+        p99_us: us(hist.quantile_ns(0.99)),
+        p999_us: us(hist.quantile_ns(0.999)),
+        p9999_us: us(hist.quantile_ns(0.9999)),
+        max_us: us(hist.max_ns),
+        errors: 0,
+        cpu_us_per_io: cpu_time().saturating_sub(cpu0).as_secs_f64() * 1e6 / ios.max(1) as f64,
+        verified: 0,
+        mismatches: 0,
+        mismatch_details: Vec::new(),
+        error_details: Vec::new(),
+        kv_keys: None,
+        misses: 0,
+        connect_s,
+        listed: Some((listed, complete)),
     })
 }
 
@@ -603,6 +738,7 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
 fn kv_layout(
     o: &PerfOptions,
     ctrl: &mut HostController,
+    all_queues: u64,
 ) -> Result<(Workload, Layout, u32, u64), PerfError> {
     match o.workload {
         Workload::LmcacheStore => return Err(PerfError::KvWorkload("lmcache-store")),
@@ -633,7 +769,7 @@ fn kv_layout(
     // A value takes whole 4 KiB blocks of the namespace's bytes.
     let fits = ns.nsze / (o.block_size.div_ceil(4096) as u64 * 4096);
     let keys = o.kv_keys.unwrap_or(fits);
-    if keys < o.queues as u64 {
+    if keys < all_queues {
         return Err(PerfError::KvKeys);
     }
     Ok((o.workload, Layout::Kv, 1, keys))
@@ -665,8 +801,8 @@ fn tick_due(now: Instant, tick: Instant) -> bool {
 #[allow(clippy::too_many_arguments)]
 fn worker(
     o: &PerfOptions,
-    ctrl: &HostController,
-    plans: Vec<QueuePlan>,
+    ctrls: &[HostController],
+    plans: Vec<(usize, QueuePlan)>,
     cpu: Option<usize>,
     live: Arc<LiveCounters>,
     prefill: bool,
@@ -680,30 +816,33 @@ fn worker(
             return Err(PerfError::Cpu(c));
         }
     }
-    let setup = (|| -> Result<Vec<PerfQueue>, PerfError> {
+    let setup = (|| -> Result<(Vec<PerfQueue>, Instant), PerfError> {
         // The clock is not running yet: far-future bounds record nothing.
         let far = Instant::now() + Duration::from_secs(365 * 86400);
         let mut qs = Vec::new();
-        for p in plans {
+        for (c, p) in plans {
             let qid = p.qid;
-            let parts = ctrl
+            let parts = ctrls[c]
                 .io_queue(qid)
                 .and_then(|q| q.q.into_parts())
                 .map_err(|source| PerfError::QueueConnect { qid, source })?;
             let q = PerfQueue::new(parts, p, live.clone(), far, far)?;
             qs.push(q);
         }
+        let connected_at = Instant::now();
         if prefill {
             for q in qs.iter_mut() {
                 let mut cursor = 0;
-                let deadline = Instant::now() + Duration::from_secs(600);
+                // Ten million keys take long to store: 1 ms more per I/O.
+                let limit = Duration::from_secs(600) + Duration::from_millis(q.range_len());
+                let deadline = Instant::now() + limit;
                 while !q
                     .prefill_step(&mut cursor, Instant::now())
                     .map_err(PerfError::PrefillSend)?
                 {
                     q.poll().map_err(|e| PerfError::Prefill(Box::new(e)))?;
                     if Instant::now() > deadline {
-                        return Err(PerfError::PrefillTimeout);
+                        return Err(PerfError::PrefillTimeout(limit.as_secs()));
                     }
                 }
                 if q.unmeasured_errors > 0 {
@@ -711,10 +850,10 @@ fn worker(
                 }
             }
         }
-        Ok(qs)
+        Ok((qs, connected_at))
     })();
     ready.wait();
-    let mut qs = setup?;
+    let (mut qs, connected_at) = setup?;
     let begin = loop {
         if let Some(b) = start_at.lock().ok().and_then(|g| *g) {
             break b;
@@ -727,6 +866,9 @@ fn worker(
         q.set_window(start, end);
     }
     let drain_deadline = end + Duration::from_secs(30);
+    while o.idle && !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     loop {
         let stopping = stop.load(Ordering::Relaxed);
         let now = Instant::now();
@@ -757,6 +899,7 @@ fn worker(
         }
     }
     let mut r = WorkerResult {
+        connected_at,
         hist: Histogram::default(),
         errors: 0,
         misses: 0,

@@ -353,7 +353,7 @@ impl PerfQueue {
         rbuf[..n].copy_from_slice(&parts.unparsed[..n]);
         let writes = !matches!(
             plan.workload,
-            Workload::RandRead | Workload::Read | Workload::LmcacheRetrieve
+            Workload::RandRead | Workload::Read | Workload::LmcacheRetrieve | Workload::List
         );
         let slots = (0..plan.qd)
             .map(|_| Slot {
@@ -425,6 +425,10 @@ impl PerfQueue {
     pub fn fd(&self) -> RawFd {
         self.sock.as_raw_fd()
     }
+    /// The I/Os (slots, keys) this queue addresses.
+    pub fn range_len(&self) -> u64 {
+        self.plan.count
+    }
     pub fn outstanding(&self) -> usize {
         self.outstanding
     }
@@ -442,7 +446,9 @@ impl PerfQueue {
     /// Picks the next I/O: (slot index within this queue's range, operation).
     fn pick(&mut self) -> Option<(u64, Op)> {
         let read = match self.plan.workload {
-            Workload::RandRead | Workload::Read | Workload::LmcacheRetrieve => true,
+            Workload::RandRead | Workload::Read | Workload::LmcacheRetrieve | Workload::List => {
+                true
+            }
             Workload::RandWrite | Workload::Write | Workload::LmcacheStore => false,
             Workload::RandRw => self.next_rand() % 100 < self.plan.read_pct as u64,
         };

@@ -18,7 +18,11 @@ impl Pool {
                 cause: f.clone(),
             });
         }
+        let t0 = std::time::Instant::now();
         let r = self.commit_inner(m, extra);
+        self.stats
+            .last_commit_ns
+            .store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         if let Err(e) = &r {
             m.failed = Some(e.to_string());
         }
@@ -152,6 +156,7 @@ impl Pool {
     /// Writes the whole metadata state to the older checkpoint slot; the journal
     /// restarts after it.
     pub(super) fn checkpoint(&self, m: &mut Meta) -> Result<(), PoolError> {
+        let t0 = std::time::Instant::now();
         // Changes queued so far are captured by the snapshot below. If this
         // write tears, the older checkpoint and its journal are still intact.
         for v in self.volumes() {
@@ -188,8 +193,36 @@ impl Pool {
         // Pending control records are captured by the volume table above.
         m.pending.clear();
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+        let s = &self.stats;
+        s.last_checkpoint_bytes
+            .store(block.len() as u64, Ordering::Relaxed);
+        s.last_checkpoint_ns
+            .store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         self.kv_committed(true);
         Ok(())
+    }
+
+    /// Writes a checkpoint now (control path: `kvtarget_pool_checkpoint`,
+    /// bench/run-scale.sh), after flushing the data it will name, with the
+    /// error handling of a commit: a failure leaves the pool read-only.
+    pub fn checkpoint_now(&self) -> Result<(), PoolError> {
+        let mut m = lock(&self.meta);
+        if let Some(f) = &m.failed {
+            return Err(PoolError::ReadOnly {
+                pool: self.name.clone(),
+                cause: f.clone(),
+            });
+        }
+        let r =
+            m.io.flush()
+                .map_err(PoolError::from)
+                .and_then(|()| self.checkpoint(&mut m));
+        if let Err(e) = &r {
+            m.failed = Some(e.to_string());
+            self.kv_committed(false);
+        }
+        m.last_commit = None;
+        r
     }
 
     /// Tells KV indexes whether the commit that took their changes is

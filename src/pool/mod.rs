@@ -102,6 +102,11 @@ pub struct PoolStats {
     pub dirty: AtomicU64,
     pub commits: AtomicU64,
     pub checkpoints: AtomicU64,
+    /// The last commit's and checkpoint's wall time (ns) and the last
+    /// checkpoint's bytes (bench/run-scale.sh reads them).
+    pub last_commit_ns: AtomicU64,
+    pub last_checkpoint_ns: AtomicU64,
+    pub last_checkpoint_bytes: AtomicU64,
     pub journal_used: AtomicU64,
     pub gc_scrubbed: AtomicU64,
     pub gc_rate_milli: AtomicU64,

@@ -254,7 +254,10 @@ pub(super) fn get_pools(p: &mut Params) -> Parsed {
                 "dirty": s.dirty,
                 "reserved": s.reserved,
                 "volumes": pool.volumes().len(),
-                "journal": {"used": s.journal_used, "size": s.journal_len, "commits": s.commits, "checkpoints": s.checkpoints},
+                "journal": {"used": s.journal_used, "size": s.journal_len, "commits": s.commits, "checkpoints": s.checkpoints,
+                    "last_commit_us": pool.stats.last_commit_ns.load(Ordering::Relaxed) / 1000,
+                    "last_checkpoint_us": pool.stats.last_checkpoint_ns.load(Ordering::Relaxed) / 1000,
+                    "last_checkpoint_bytes": pool.stats.last_checkpoint_bytes.load(Ordering::Relaxed)},
                 "gc": {
                     "mode": s.gc_mode.name(),
                     "paused": pool.gc_paused(),
@@ -371,6 +374,21 @@ pub(super) fn pool_check(p: &mut Params) -> Parsed {
         let pool = ctl.named_pool(&name)?;
         let (problems, summary) = pool.verify_live();
         Ok(json!({"consistent": problems.is_empty(), "problems": problems, "extents": summary}))
+    })
+}
+
+/// Writes a checkpoint of the pool now; returns its bytes and wall time.
+pub(super) fn pool_checkpoint(p: &mut Params) -> Parsed {
+    let super::Name { name } = p.parse()?;
+    act(move |ctl| {
+        let pool = ctl.named_pool(&name)?;
+        pool.checkpoint_now()
+            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))?;
+        let s = &pool.stats;
+        Ok(json!({
+            "bytes": s.last_checkpoint_bytes.load(Ordering::Relaxed),
+            "us": s.last_checkpoint_ns.load(Ordering::Relaxed) / 1000,
+        }))
     })
 }
 

@@ -115,6 +115,7 @@ const TABLE: &[(&str, Handler)] = &[
     ("kvtarget_pool_set_gc", kvtarget::pool_set_gc),
     ("kvtarget_save_config", kvtarget::save_config),
     ("kvtarget_pool_check", kvtarget::pool_check),
+    ("kvtarget_pool_checkpoint", kvtarget::pool_checkpoint),
     ("kvtarget_get_kv_namespaces", kvtarget::get_kv_namespaces),
     ("keyring_file_add_key", keyring::file_add_key),
     ("keyring_file_remove_key", keyring::file_remove_key),
@@ -755,6 +756,7 @@ mod tests {
             ),
             ("kvtarget_save_config", json!({})),
             ("kvtarget_pool_check", json!({"name": "kv"})),
+            ("kvtarget_pool_checkpoint", json!({"name": "kv"})),
             ("kvtarget_get_kv_namespaces", json!({})),
             (
                 "keyring_file_add_key",
