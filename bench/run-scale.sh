@@ -29,7 +29,8 @@
 #   `kvtarget perf` on core 1. Per key count: the keys are stored once (16-byte keys,
 #   512-byte values, `perf --kv --workload read` stores every key before reading);
 #   resident memory per key (VmRSS of the target after the load and a checkpoint, less
-#   VmRSS before the load, /proc); a checkpoint on demand (kvtarget_pool_checkpoint):
+#   VmRSS before the load, /proc; the index reserves room for every key the volume
+#   may hold at start, untouched until used, so the total VmRSS per key is beside it); a checkpoint on demand (kvtarget_pool_checkpoint):
 #   its bytes per key and time; the last periodic commit's time (kvtarget_get_pools);
 #   the foreground P99 of a 50/50 Store/Retrieve mix (QD 4, uniform over the keys)
 #   without, then with back-to-back checkpoints through the whole measured window
@@ -216,7 +217,6 @@ perf() { # OUT NSID PERF-ARGS...: kvtarget perf on core 1, JSON to OUT
     taskset -c 1 "$bin" perf --addr "127.0.0.1:$port" --nqn "$nqn" --nsid "$nsid" --cpus 1 --quiet --json "$@" \
         > "$out" 2> "$out.err" || die "perf $* failed: $(cat "$out.err")"
 }
-pj() { jget "$2" < "$1"; } # FILE KEY: a field of a perf JSON report
 
 # --- keys -------------------------------------------------------------------------
 kv_pool() { # KEYS -> the pool and volume TOML for that many keys
@@ -481,14 +481,15 @@ def f(x, d=0): return f"{float(x):,.{d}f}"
 out = []
 if sec("keys"):
     out += ["KV keys (512-byte values, 16-byte keys, one uring pool on a sparse file)", "",
-            "| keys | load s | RSS B/key | checkpoint B/key | checkpoint ms | last commit ms | mix P99 us | mix P99 us, checkpointing | ratio | checkpoints (mix / checkpointing) | mix ops/s (without / with) | List s | List keys | recovery s | journal entries / records replayed | keys recovered | RSS after recovery B/key | pool file MiB |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| keys | load s | RSS B/key | RSS total B/key | checkpoint B/key | checkpoint ms | last commit ms | mix P99 us | mix P99 us, checkpointing | ratio | checkpoints (mix / checkpointing) | mix ops/s (without / with) | List s | List keys | recovery s | journal entries / records replayed | keys recovered | RSS after recovery B/key | pool file MiB |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sec("keys"):
         n = int(r["keys"]); m, c, l = j(r["mix"]), j(r["mix_ckpt"]), j(r["list"])
         ratio = c["lat_us"]["p99"] / max(m["lat_us"]["p99"], 1e-9)
         per = lambda kib: f((int(kib) - int(r["rss0_kib"])) * 1024 / n)
         lk = f"{l['list']['keys']:,}" + ("" if l["list"]["complete"] else " (600 s ran out)")
-        out.append(f"| {n:,} | {f(r['load_s'], 1)} | {per(r['rss1_kib'])} | {f(int(r['ckpt_bytes']) / n, 1)} | "
+        out.append(f"| {n:,} | {f(r['load_s'], 1)} | {per(r['rss1_kib'])} | {f(int(r['rss1_kib']) * 1024 / n)} | "
+                   f"{f(int(r['ckpt_bytes']) / n, 1)} | "
                    f"{f(int(r['ckpt_us']) / 1000, 1)} | {f(int(r['commit_us']) / 1000, 1)} | {f(m['lat_us']['p99'])} | "
                    f"{f(c['lat_us']['p99'])} | {ratio:.2f} | {r['ckpts_mix']} / {r['ckpts_mix_ckpt']} | "
                    f"{f(m['iops'])} / {f(c['iops'])} | {f(l['seconds'], 2)} | {lk} | {f(r['recovery_s'], 2)} | "
