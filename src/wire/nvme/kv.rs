@@ -58,8 +58,9 @@ pub mod retrieve_opt {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct KvKey {
     len: u8,
-    /// Bytes past `len` are always zero, so equality and order are those of
-    /// the key bytes (then the length).
+    /// Bytes past `len` are always zero, so equality is that of the key. The
+    /// derived order compares the length first: List orders keys by their
+    /// bytes with its own comparison (`pool::kv`), not with `Ord`.
     bytes: [u8; KV_KEY_MAX_LEN],
 }
 
