@@ -36,6 +36,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+/// The block number of an empty value's reservation when the Store counted
+/// as a new key's (`KvIndex::count_new`); recorded values have block 0.
+const EMPTY_COUNTED: u64 = 1;
+
 /// How long an extent's blocks stay all free before it goes back to the pool.
 pub const TRIM_AFTER: Duration = Duration::from_secs(5);
 /// Extents one `trim_step` hands over at most (the rest wait a tick), so the
@@ -255,10 +259,13 @@ struct State {
     committing_blocks: u64,
     /// Keys whose index state changed since the last commit drained them.
     dirty: HashSet<KvKey>,
-    /// Stores of new keys between `reserve` and `commit_store`.
-    /// (Decremented saturating: a Store reserved while its key existed is
-    /// not counted, yet finds no key at its end when a Delete came between.)
+    /// Stores of new keys between `reserve` and `commit_store` (or an
+    /// abort), each marked (`count_new`): what a Store counted is what it
+    /// gives back, whatever happened to its key meanwhile (two Stores of one
+    /// new key both count; a Delete may come between).
     inflight_new: u64,
+    /// The marks: the first block of a counted Store's reservation.
+    new_stores: Blocks,
     hand: usize,
     value_bytes: u64,
     /// Extents blocks were freed in since `trim_step` last looked.
@@ -314,6 +321,7 @@ impl KvIndex {
                 committing_blocks: 0,
                 dirty: HashSet::with_capacity(cap),
                 inflight_new: 0,
+                new_stores: Blocks::new(total),
                 hand: 0,
                 value_bytes: 0,
                 freed_extents: Vec::new(),
@@ -425,14 +433,15 @@ impl KvIndex {
             st.blocks.alloc(nblocks)
         };
         if let Some(block) = block {
-            if !exists {
-                st.inflight_new += 1;
-            }
-            return Ok(Reserve::Ready(KvLoc {
+            let mut loc = KvLoc {
                 block,
                 nblocks,
                 len,
-            }));
+            };
+            if !exists {
+                Self::count_new(&mut st, &mut loc);
+            }
+            return Ok(Reserve::Ready(loc));
         }
         // Room once given-up blocks are durable: evict until what waits for
         // the commit covers this value with some slack, so one commit serves
@@ -469,14 +478,15 @@ impl KvIndex {
             let run = run.or_else(|| Self::run_after_commit(&mut st, nblocks));
             if let Some(block) = run {
                 Self::claim(&mut st, block, nblocks);
-                if !exists {
-                    st.inflight_new += 1;
-                }
-                return Ok(Reserve::Claimed(KvLoc {
+                let mut loc = KvLoc {
                     block,
                     nblocks,
                     len,
-                }));
+                };
+                if !exists {
+                    Self::count_new(&mut st, &mut loc);
+                }
+                return Ok(Reserve::Claimed(loc));
             }
             return Ok(Reserve::AfterCommit);
         }
@@ -498,10 +508,8 @@ impl KvIndex {
     ) -> Result<(), Status> {
         let now_ms = self.ms(now);
         let mut st = self.lock();
+        Self::uncount_new(&mut st, loc);
         let old = st.map.get(key).copied();
-        if old.is_none() {
-            st.inflight_new = st.inflight_new.saturating_sub(1);
-        }
         let refuse = match old {
             Some(_) if opts.must_not_exist => Some(Status::KV_KEY_EXISTS),
             None if opts.must_exist => Some(Status::KV_KEY_DOES_NOT_EXIST),
@@ -515,6 +523,12 @@ impl KvIndex {
         if let Some(slot) = old {
             self.give_up(&mut st, slot);
         }
+        // An empty value's mark is not a location (`count_new`).
+        let loc = if loc.nblocks == 0 {
+            KvLoc { block: 0, ..loc }
+        } else {
+            loc
+        };
         let slot = match st.free_slots.pop() {
             Some(s) => s,
             None => {
@@ -537,22 +551,19 @@ impl KvIndex {
         Ok(())
     }
 
-    /// A reserved Store failed: its blocks go back.
-    pub fn abort_store(&self, key: &KvKey, loc: KvLoc) {
+    /// A reserved Store failed: its blocks go back. (`loc` says whether it
+    /// counted as a new key's: the key is not needed.)
+    pub fn abort_store(&self, _key: &KvKey, loc: KvLoc) {
         let mut st = self.lock();
-        if !st.map.contains_key(key) {
-            st.inflight_new = st.inflight_new.saturating_sub(1);
-        }
+        Self::uncount_new(&mut st, loc);
         self.release_blocks(&mut st, loc.block, loc.nblocks);
     }
 
     /// A claimed Store's flush failed: the blocks go back, and wait for a
     /// commit again (some were given up by changes that may not be durable).
-    pub fn abort_claim(&self, key: &KvKey, loc: KvLoc) {
+    pub fn abort_claim(&self, _key: &KvKey, loc: KvLoc) {
         let mut st = self.lock();
-        if !st.map.contains_key(key) {
-            st.inflight_new = st.inflight_new.saturating_sub(1);
-        }
+        Self::uncount_new(&mut st, loc);
         Self::pend(&mut st, loc);
     }
 
@@ -738,6 +749,7 @@ impl KvIndex {
     pub fn restore(&self, key: KvKey, loc: KvLoc, now: Instant) -> Result<(), String> {
         let now_ms = self.ms(now);
         let mut st = self.lock();
+        // Saturating and checked: `loc` comes from the disk (validation).
         if loc.block.saturating_add(loc.nblocks as u64) > st.blocks.total
             || loc.len > loc.nblocks.saturating_mul(self.block_size)
         {
@@ -871,6 +883,7 @@ impl KvIndex {
         }
         let first_out = out.len();
         while let Some(&(e, since)) = st.trim_queue.front() {
+            // Saturating: `set_trim_after` takes any duration (an operator's).
             if since.saturating_add(after) > now_ms || out.len() - first_out >= TRIM_BATCH {
                 break;
             }
@@ -887,8 +900,10 @@ impl KvIndex {
                 }
             }
             let first = e as u64 * eb;
-            let n = eb.min(st.blocks.total.saturating_sub(first));
-            if n == 0 || !mapped(e) || !st.blocks.all_free(first, n) {
+            // Queued from `release_blocks` and `with_extents`: inside the volume.
+            assert!(first < st.blocks.total, "extent {e} past the volume's end");
+            let n = eb.min(st.blocks.total - first);
+            if !mapped(e) || !st.blocks.all_free(first, n) {
                 continue;
             }
             st.blocks.set(first, n as u32, true);
@@ -912,12 +927,46 @@ impl KvIndex {
         let mut st = self.lock();
         for &e in extents {
             let first = e as u64 * eb;
-            let n = eb.min(st.blocks.total.saturating_sub(first));
+            // Handed over by `trim_step`: inside the volume.
+            assert!(first < st.blocks.total, "extent {e} past the volume's end");
+            let n = eb.min(st.blocks.total - first);
             st.blocks.set(first, n as u32, false);
         }
         self.counters
             .trimmed_extents
             .fetch_add(extents.len() as u64, Ordering::Relaxed);
+    }
+
+    /// A Store of a key the index does not hold reserved `loc`: it takes a
+    /// key's room until it ends (`uncount_new`).
+    /// An empty value has no block to mark: its reservation carries the mark
+    /// as its block number (`EMPTY_COUNTED`, meaningless without blocks),
+    /// and `commit_store` records block 0 as before.
+    fn count_new(st: &mut State, loc: &mut KvLoc) {
+        if loc.nblocks == 0 {
+            loc.block = EMPTY_COUNTED;
+        } else {
+            debug_assert!(!st.new_stores.is_used(loc.block), "block reserved twice");
+            st.new_stores.set(loc.block, 1, true);
+        }
+        st.inflight_new += 1;
+    }
+
+    /// The Store of `key` that reserved `loc` ends: the room it took, if it
+    /// took one, goes back.
+    fn uncount_new(st: &mut State, loc: KvLoc) {
+        let counted = if loc.nblocks == 0 {
+            loc.block == EMPTY_COUNTED
+        } else {
+            let marked = st.new_stores.is_used(loc.block);
+            st.new_stores.set(loc.block, 1, false);
+            marked
+        };
+        if counted {
+            // Marked by `count_new`, which counted it.
+            assert!(st.inflight_new > 0, "a new key's Store given back twice");
+            st.inflight_new -= 1;
+        }
     }
 
     /// The given-up blocks join the commit being made.
@@ -1031,7 +1080,12 @@ impl KvIndex {
         let Some(victim) = self.evict_one_at(st, now_ms, ttl, Some(keep)) else {
             return false;
         };
-        let start = victim.min(st.blocks.total.saturating_sub(n as u64));
+        // `reserve` refused values larger than the volume before evicting.
+        assert!(
+            n as u64 <= st.blocks.total,
+            "a window wider than the volume"
+        );
+        let start = victim.min(st.blocks.total - n as u64);
         let end = start + n as u64;
         // A scan of every key: only when a value cannot be placed at all.
         for i in 0..st.entries.len() {
@@ -1143,6 +1197,7 @@ impl PackedSettings {
 }
 
 fn expired(e: &Entry, now_ms: u64, ttl: Option<Duration>) -> bool {
+    // Saturating: reactors pass their own clocks (see `count_gone`).
     ttl.is_some_and(|t| now_ms.saturating_sub(e.stored_ms) >= t.as_millis() as u64)
 }
 
@@ -1301,6 +1356,36 @@ mod tests {
 
     fn store(ix: &KvIndex, k: &KvKey, len: u32, now: Instant) -> Result<KvLoc, Status> {
         store_with(ix, k, len, now, &mut BTreeMap::new())
+    }
+
+    /// Stores racing on one key give back exactly the room they took: two
+    /// Stores of one new key (the second an overwrite when it lands), and a
+    /// Store of an existing key whose key is deleted before it lands. The
+    /// count once stayed up by one for the first race, for good: each such
+    /// race cost the namespace a key of its room until a restart.
+    #[test]
+    fn racing_stores_of_one_key_give_back_the_room_they_took() {
+        let now = Instant::now();
+        let ix = KvIndex::new(4096 * 64, 4096);
+        let k = key(1);
+        let ready = |r| match r {
+            Ok(Reserve::Ready(loc)) => loc,
+            other => panic!("{other:?}"),
+        };
+        for len in [4096, 0] {
+            let a = ready(ix.reserve(&k, len, NONE, now));
+            let b = ready(ix.reserve(&k, len, NONE, now));
+            ix.commit_store(&k, a, NONE, now).unwrap();
+            ix.commit_store(&k, b, NONE, now).unwrap();
+            let c = ready(ix.reserve(&k, len, NONE, now));
+            ix.delete(&k, now).unwrap();
+            ix.commit_store(&k, c, NONE, now).unwrap();
+            let d = ready(ix.reserve(&k, len, NONE, now));
+            ix.abort_store(&k, d);
+            ix.delete(&k, now).unwrap();
+            assert_eq!(ix.lock().inflight_new, 0, "len {len}");
+            assert!(ix.locations().is_empty());
+        }
     }
 
     #[test]
