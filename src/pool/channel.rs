@@ -573,6 +573,8 @@ impl Engine {
         if let Err((_, errno)) = self.base.submit(tag, op, now) {
             if let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.as_mut()) {
                 r.err.get_or_insert(errno);
+                // Counted by `issue` before it submitted.
+                assert!(r.pending > 0, "request {ri}: operation refused twice");
                 r.pending -= 1;
             }
         } else if large {
