@@ -19,6 +19,7 @@ pub mod ns_table;
 pub mod plan;
 pub mod queue;
 pub mod request;
+pub mod reservation;
 
 use crate::bdev::SharedDevice;
 use crate::wire::nvme::{self, DiscoveryEntry};
