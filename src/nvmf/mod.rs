@@ -141,6 +141,8 @@ pub struct Namespace {
     pub write_through: bool,
     /// The key index of a KV namespace (a KV volume's).
     pub kv: Option<Arc<dyn kv_index::KeyIndex>>,
+    /// Registrants and reservation (NVMe reservations).
+    pub reservation: reservation::NsReservation,
 }
 
 static NEXT_NS_KEY: AtomicU64 = AtomicU64::new(1);
@@ -174,6 +176,7 @@ impl Namespace {
             removed: AtomicBool::new(false),
             write_through: false,
             kv: None,
+            reservation: reservation::NsReservation::default(),
         }
     }
     /// The namespace as a KV namespace (Key Value command set) over `index`,

@@ -19,6 +19,7 @@ use super::fabrics::{self, QueueBinding};
 use super::io::{self, IoEnv, IoPlan, Outcome};
 use super::ns_table::NsTable;
 pub use super::request::{Handler, Phase, Request};
+use super::reservation::HostId;
 use super::{QpairStats, Target, ADMIN_IN_CAPSULE_DATA};
 use crate::mem::IoBuf;
 use crate::reactor::IoCtx;
@@ -502,13 +503,17 @@ impl<X> Queue<X> {
             .as_ref()
             .is_some_and(|b| !b.ctrl().write_cache.load(Ordering::Relaxed));
         let ns = self.ns.get(sqe.nsid()).map(|n| &**n);
-        io::parse(
+        let (handler, plan) = io::parse(
             ns,
             sqe,
             self.target.limits.max_io_size,
             kv_enabled,
             write_cache,
-        )
+        )?;
+        if let Some(b) = self.binding.as_ref() {
+            io::reservation::check(ns, &plan, &HostId::extended(b.ctrl().hostid))?;
+        }
+        Ok((handler, plan))
     }
 
     /// Checks a command's data descriptor against its direction and plan,
@@ -683,7 +688,7 @@ impl<X> Queue<X> {
             None => return Err(Status::COMMAND_SEQUENCE_ERROR),
         };
         match handler {
-            Handler::Nvm | Handler::Kv => {
+            Handler::Nvm | Handler::Kv | Handler::Reservation => {
                 self.execute_io(slot, handler, moved, link, ctx);
                 Ok(())
             }
@@ -791,6 +796,10 @@ impl<X> Queue<X> {
         let out = match handler {
             Handler::Nvm => io::nvm::execute(r, &mut env, ctx),
             Handler::Kv => io::kv::execute(r, &mut env, ctx),
+            Handler::Reservation => match self.binding.as_ref() {
+                Some(b) => io::reservation::run(r, &env, b.ctrl()),
+                None => Err(Status::COMMAND_SEQUENCE_ERROR),
+            },
             Handler::Fabrics | Handler::Admin => Err(Status::INTERNAL_ERROR),
         };
         self.settle(slot, out, link, ctx);

@@ -8,6 +8,7 @@
 //! A host is named by its Host Identifier (128 bits over NVMe-oF, from
 //! Connect); every controller of that host shares its registration.
 
+use super::controller::Controller;
 use crate::wire::nvme::Status;
 
 /// I/O opcodes of the reservation commands (shared by the NVM and KV
@@ -25,6 +26,11 @@ pub mod resv_fid {
     pub const NOTIFICATION_MASK: u8 = 0x82;
     pub const PERSISTENCE: u8 = 0x83;
 }
+
+/// The most Reservation Status data a Report returns: the 64-byte header
+/// and 64-byte entries of the extended structure for 1023 registrants (far
+/// more hosts than a subsystem admits).
+pub const RESV_DATA_MAX: usize = 64 * 1024;
 
 /// Log page identifier of the Reservation Notification log page.
 pub const LID_RESERVATION_NOTIFICATION: u8 = 0x80;
@@ -636,6 +642,191 @@ pub fn decode_report(b: &[u8], eds: bool) -> Option<ReportView> {
         registrants,
     })
 }
+
+/// AER completion dword 0 for "Reservation Log Page Available": I/O
+/// command set specific status (type 6h), information 00h, log page 80h.
+pub const AEN_RESERVATION_LOG: u32 = 0x0080_0006;
+
+/// Entries a controller keeps in its Reservation Notification log before the
+/// oldest are lost (the Log Page Count still counts them).
+pub const NOTICE_LOG_ENTRIES: usize = 255;
+
+/// Size of one Reservation Notification log page.
+pub const NOTICE_LOG_PAGE: usize = 64;
+
+/// A controller's Reservation Notification log and mask.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct NoticeLog {
+    /// Log Page Count of the last entry made (never 0 once one was made).
+    count: u64,
+    entries: std::collections::VecDeque<(u64, Notice, u32)>,
+    /// The Reservation Notification Mask feature (bits 1-3); one mask for
+    /// every namespace of the controller.
+    pub mask: u32,
+    /// The log page event was raised and the host has not read the log yet.
+    event_out: bool,
+}
+
+impl NoticeLog {
+    /// Logs `notice` on `nsid` unless masked; true when the log page event
+    /// should be raised.
+    pub fn post(&mut self, nsid: u32, notice: Notice) -> bool {
+        if self.mask & notice.mask_bit() != 0 {
+            return false;
+        }
+        // The count wraps from FFFFFFFFFFFFFFFFh to 1 (0 means "empty").
+        self.count = self.count.checked_add(1).unwrap_or(1);
+        if self.entries.len() == NOTICE_LOG_ENTRIES {
+            self.entries.pop_front();
+        }
+        self.entries.push_back((self.count, notice, nsid));
+        !std::mem::replace(&mut self.event_out, true)
+    }
+
+    /// Get Log Page 80h: the oldest entry (an empty page when there is
+    /// none), consumed; `rae`: Retain Asynchronous Event (the event stays
+    /// out).
+    pub fn read(&mut self, rae: bool) -> Vec<u8> {
+        let mut page = vec![0u8; NOTICE_LOG_PAGE];
+        if let Some((count, notice, nsid)) = self.entries.pop_front() {
+            page[0..8].copy_from_slice(&count.to_le_bytes());
+            page[8] = notice as u8;
+            page[9] = u8::try_from(self.entries.len()).unwrap_or(u8::MAX);
+            page[12..16].copy_from_slice(&nsid.to_le_bytes());
+        }
+        if !rae {
+            self.event_out = false;
+        }
+        page
+    }
+}
+
+/// The reservation of a namespace as the target holds it: shared by every
+/// controller's queues (a short lock per reservation command and per access
+/// check while a reservation or registrant exists).
+#[derive(Debug)]
+pub struct NsReservation {
+    pub state: std::sync::Mutex<ResvState>,
+    /// Set when nobody is registered: an access check skips the lock.
+    pub idle: std::sync::atomic::AtomicBool,
+    /// Where registrations persist through power loss (SPDK's `ptpl_file`);
+    /// `None`: the namespace cannot persist them.
+    pub ptpl_file: Option<std::path::PathBuf>,
+}
+
+impl Default for NsReservation {
+    fn default() -> NsReservation {
+        NsReservation::new(None)
+    }
+}
+
+impl NsReservation {
+    pub fn new(ptpl_file: Option<std::path::PathBuf>) -> NsReservation {
+        NsReservation {
+            state: std::sync::Mutex::new(ResvState::default()),
+            idle: std::sync::atomic::AtomicBool::new(true),
+            ptpl_file,
+        }
+    }
+
+    /// Runs `f` on the state; keeps `idle` in step with it.
+    pub fn with<T>(&self, f: impl FnOnce(&mut ResvState) -> T) -> Result<T, Status> {
+        let mut s = self.state.lock().map_err(|_| Status::INTERNAL_ERROR)?;
+        let out = f(&mut s);
+        let idle = s.registrants.is_empty() && s.held.is_none();
+        self.idle.store(idle, std::sync::atomic::Ordering::Release);
+        Ok(out)
+    }
+
+    /// Whether `host` may issue a command of kind `access` here.
+    pub fn access(&self, host: &HostId, access: Access) -> Result<(), Status> {
+        if self.idle.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(());
+        }
+        self.with(|s| s.access(host, access))?
+    }
+}
+
+/// A feature's answer: completion dword 0 and data for the host.
+pub type FeatureAnswer = Result<(u32, Option<Vec<u8>>), Status>;
+
+/// Set Features of a reservation feature (`None`: `fid` is not one).
+/// Host Identifier: over NVMe-oF the host identifier is the one Connect
+/// carried, so it cannot change (Command Sequence Error, as Linux nvmet
+/// answers; a host registered anywhere must not change it either).
+/// Notification Mask: one mask for every namespace of the controller.
+/// Persistence: PTPL of the namespace, on one that has a PTPL file.
+pub fn set_feature(ctrl: &Controller, nsid: u32, fid: u8, cdw11: u32) -> Option<FeatureAnswer> {
+    Some(match fid {
+        resv_fid::HOST_IDENTIFIER => Err(Status::COMMAND_SEQUENCE_ERROR),
+        resv_fid::NOTIFICATION_MASK => match ctrl.reservation_log.lock() {
+            Ok(mut l) => {
+                l.mask = cdw11 & NOTICE_MASK_BITS;
+                Ok((0, None))
+            }
+            Err(_) => Err(Status::INTERNAL_ERROR),
+        },
+        resv_fid::PERSISTENCE => set_persistence(ctrl, nsid, cdw11 & 1 != 0),
+        _ => return None,
+    })
+}
+
+/// The mask bits of the Reservation Notification Mask feature: Registration
+/// Preempted (1), Reservation Released (2), Reservation Preempted (3).
+pub const NOTICE_MASK_BITS: u32 = 0b1110;
+
+fn set_persistence(ctrl: &Controller, nsid: u32, ptpl: bool) -> FeatureAnswer {
+    let ns = ctrl
+        .subsys
+        .namespace(nsid)
+        .ok_or(Status::INVALID_NAMESPACE)?;
+    if ns.reservation.ptpl_file.is_none() && ptpl {
+        return Err(Status::INVALID_FIELD);
+    }
+    ns.reservation.with(|s| s.ptpl = ptpl)?;
+    Ok((0, None))
+}
+
+/// Get Features of a reservation feature (`None`: `fid` is not one).
+/// Host Identifier: the 128-bit identifier (EXHID set; the 64-bit form
+/// does not exist over NVMe-oF: Invalid Field).
+pub fn get_feature(ctrl: &Controller, nsid: u32, fid: u8, cdw11: u32) -> Option<FeatureAnswer> {
+    Some(match fid {
+        resv_fid::HOST_IDENTIFIER if cdw11 & 1 == 0 => Err(Status::INVALID_FIELD),
+        resv_fid::HOST_IDENTIFIER => Ok((0, Some(ctrl.hostid.to_vec()))),
+        resv_fid::NOTIFICATION_MASK => ctrl
+            .reservation_log
+            .lock()
+            .map(|l| (l.mask, None))
+            .map_err(|_| Status::INTERNAL_ERROR),
+        resv_fid::PERSISTENCE => {
+            let ns = ctrl.subsys.namespace(nsid);
+            match ns {
+                Some(n) => n.reservation.with(|s| (u32::from(s.ptpl), None)),
+                None => Err(Status::INVALID_NAMESPACE),
+            }
+        }
+        _ => return None,
+    })
+}
+
+/// Get Log Page 80h for `ctrl`.
+pub fn notice_log_page(ctrl: &Controller, rae: bool) -> Vec<u8> {
+    match ctrl.reservation_log.lock() {
+        Ok(mut l) => l.read(rae),
+        Err(_) => vec![0u8; NOTICE_LOG_PAGE],
+    }
+}
+
+/// Reservation Capabilities (Identify Namespace RESCAP): PTPL (bit 0) when
+/// the namespace has a PTPL file, all six types (bits 1-6), Ignore Existing
+/// Key as NVMe 1.3 and later define it (bit 7).
+pub fn rescap(ptpl_capable: bool) -> u8 {
+    0xFE | u8::from(ptpl_capable)
+}
+
+/// ONCS bit 5: Reservations.
+pub const ONCS_RESERVATIONS: u16 = 1 << 5;
 
 #[cfg(test)]
 mod tests;
