@@ -503,7 +503,8 @@ fn commands_supported_log(set: CommandSet) -> Vec<u8> {
             (kv_opc::EXIST, csupp),
         ],
     };
-    for &(opc, eff) in io {
+    let resv = super::io::reservation::OPCODES.map(|o| (o, csupp));
+    for &(opc, eff) in io.iter().chain(&resv) {
         let off = 1024 + opc as usize * 4;
         b[off..off + 4].copy_from_slice(&eff.to_le_bytes());
     }

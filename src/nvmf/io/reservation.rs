@@ -18,6 +18,14 @@ use crate::wire::nvme::{Sqe, Status};
 const TWO_KEYS: usize = 16;
 const ONE_KEY: usize = 8;
 
+/// The four reservation opcodes (both command sets).
+pub const OPCODES: [u8; 4] = [
+    resv_opc::REGISTER,
+    resv_opc::REPORT,
+    resv_opc::ACQUIRE,
+    resv_opc::RELEASE,
+];
+
 /// One of the four reservation opcodes.
 pub fn is_reservation(opcode: u8) -> bool {
     matches!(
