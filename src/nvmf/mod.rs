@@ -186,6 +186,15 @@ impl Namespace {
         self.kv = Some(index);
         self
     }
+    /// The namespace with its registrations persisting through power loss
+    /// in `path` (SPDK's `ptpl_file`), loaded from it when it exists.
+    pub fn with_ptpl_file(
+        mut self,
+        path: std::path::PathBuf,
+    ) -> Result<Namespace, reservation::ptpl::PtplError> {
+        self.reservation = reservation::NsReservation::with_ptpl_file(path, self.uuid)?;
+        Ok(self)
+    }
     /// The namespace with or without a volatile write cache.
     pub fn with_write_cache(mut self, on: bool) -> Namespace {
         self.write_through = !on;

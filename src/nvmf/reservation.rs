@@ -712,6 +712,8 @@ pub struct NsReservation {
     /// Where registrations persist through power loss (SPDK's `ptpl_file`);
     /// `None`: the namespace cannot persist them.
     pub ptpl_file: Option<std::path::PathBuf>,
+    /// The namespace's UUID (`bdev_uuid` in the PTPL file).
+    pub ns_uuid: [u8; 16],
 }
 
 impl Default for NsReservation {
@@ -726,15 +728,39 @@ impl NsReservation {
             state: std::sync::Mutex::new(ResvState::default()),
             idle: std::sync::atomic::AtomicBool::new(true),
             ptpl_file,
+            ns_uuid: [0; 16],
         }
     }
 
-    /// Runs `f` on the state; keeps `idle` in step with it.
+    /// Registrations that persist in `path` (loaded from it when it exists)
+    /// for the namespace with UUID `ns_uuid`.
+    pub fn with_ptpl_file(
+        path: std::path::PathBuf,
+        ns_uuid: [u8; 16],
+    ) -> Result<NsReservation, ptpl::PtplError> {
+        let state = ptpl::load(&path)?.unwrap_or_default();
+        let idle = state.registrants.is_empty() && state.held.is_none();
+        Ok(NsReservation {
+            state: std::sync::Mutex::new(state),
+            idle: std::sync::atomic::AtomicBool::new(idle),
+            ptpl_file: Some(path),
+            ns_uuid,
+        })
+    }
+
+    /// Runs `f` on the state; keeps `idle` in step with it, and hands a
+    /// changed state to the PTPL writer when the namespace has a PTPL file.
     pub fn with<T>(&self, f: impl FnOnce(&mut ResvState) -> T) -> Result<T, Status> {
         let mut s = self.state.lock().map_err(|_| Status::INTERNAL_ERROR)?;
+        let before = self.ptpl_file.as_ref().map(|_| s.clone());
         let out = f(&mut s);
         let idle = s.registrants.is_empty() && s.held.is_none();
         self.idle.store(idle, std::sync::atomic::Ordering::Release);
+        if let (Some(path), Some(b)) = (&self.ptpl_file, before) {
+            if b != *s && (s.ptpl || b.ptpl) {
+                ptpl::persist(path, ptpl::PtplFile::of(&s, &self.ns_uuid));
+            }
+        }
         Ok(out)
     }
 
@@ -828,5 +854,6 @@ pub fn rescap(ptpl_capable: bool) -> u8 {
 /// ONCS bit 5: Reservations.
 pub const ONCS_RESERVATIONS: u16 = 1 << 5;
 
+pub mod ptpl;
 #[cfg(test)]
 mod tests;
