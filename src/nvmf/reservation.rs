@@ -714,6 +714,8 @@ pub struct NsReservation {
     pub ptpl_file: Option<std::path::PathBuf>,
     /// The namespace's UUID (`bdev_uuid` in the PTPL file).
     pub ns_uuid: [u8; 16],
+    /// How far the PTPL writer got with this namespace's file.
+    pub durability: std::sync::Arc<ptpl::Durability>,
 }
 
 impl Default for NsReservation {
@@ -729,6 +731,7 @@ impl NsReservation {
             idle: std::sync::atomic::AtomicBool::new(true),
             ptpl_file,
             ns_uuid: [0; 16],
+            durability: Default::default(),
         }
     }
 
@@ -745,23 +748,39 @@ impl NsReservation {
             idle: std::sync::atomic::AtomicBool::new(idle),
             ptpl_file: Some(path),
             ns_uuid,
+            durability: Default::default(),
         })
     }
 
-    /// Runs `f` on the state; keeps `idle` in step with it, and hands a
-    /// changed state to the PTPL writer when the namespace has a PTPL file.
+    /// Runs `f` on the state; keeps `idle` in step with it.
     pub fn with<T>(&self, f: impl FnOnce(&mut ResvState) -> T) -> Result<T, Status> {
+        self.with_persisted(f).map(|(out, _)| out)
+    }
+
+    /// `with`, handing a changed state to the PTPL writer when the namespace
+    /// has a PTPL file (and PTPL is or was on): what to wait for before the
+    /// change may be answered.
+    pub fn with_persisted<T>(
+        &self,
+        f: impl FnOnce(&mut ResvState) -> T,
+    ) -> Result<(T, Option<ptpl::PtplWait>), Status> {
         let mut s = self.state.lock().map_err(|_| Status::INTERNAL_ERROR)?;
         let before = self.ptpl_file.as_ref().map(|_| s.clone());
         let out = f(&mut s);
         let idle = s.registrants.is_empty() && s.held.is_none();
         self.idle.store(idle, std::sync::atomic::Ordering::Release);
+        let mut wait = None;
         if let (Some(path), Some(b)) = (&self.ptpl_file, before) {
             if b != *s && (s.ptpl || b.ptpl) {
-                ptpl::persist(path, ptpl::PtplFile::of(&s, &self.ns_uuid));
+                let file = ptpl::PtplFile::of(&s, &self.ns_uuid);
+                let seq = ptpl::persist(path, file, &self.durability);
+                wait = Some(ptpl::PtplWait {
+                    durability: self.durability.clone(),
+                    seq,
+                });
             }
         }
-        Ok(out)
+        Ok((out, wait))
     }
 
     /// Whether `host` may issue a command of kind `access` here.

@@ -7,6 +7,7 @@
 use super::{IoEnv, IoPlan, Outcome};
 use crate::nvmf::controller::Controller;
 use crate::nvmf::request::Request;
+use crate::nvmf::reservation::ptpl::PtplWait;
 use crate::nvmf::reservation::{
     resv_opc, Access, Acquire, HostId, Notices, Register, Release, RESV_DATA_MAX,
 };
@@ -89,30 +90,34 @@ pub struct Issuer {
     pub cntlid: u16,
 }
 
-/// Runs a reservation command; Report's data goes in `r.reply`. The
-/// notifications it caused come back for the caller to post.
+/// What a reservation command left to do: the notifications it caused, and
+/// the PTPL write to wait for before it is answered.
+pub type Aftermath = (Notices, Option<PtplWait>);
+
+/// Runs a reservation command; Report's data goes in `r.reply`.
 pub fn execute<X>(
     r: &mut Request<X>,
     env: &IoEnv<'_>,
     who: Issuer,
-) -> Result<(Outcome, Notices), Status> {
+) -> Result<(Outcome, Aftermath), Status> {
     let ns = env.ns.get(r.sqe.nsid()).ok_or(Status::INVALID_NAMESPACE)?;
     let resv = &ns.reservation;
     let data: &[u8] = r.buf.as_deref().unwrap_or(&[]);
     let cdw10 = r.sqe.cdw(10);
-    let notices = match r.sqe.opcode() {
+    let after = |(r, wait): (Result<Notices, Status>, _)| r.map(|n| (n, wait));
+    let aftermath = match r.sqe.opcode() {
         resv_opc::REGISTER => {
             let cmd = Register::decode(cdw10, data)?;
             let capable = resv.ptpl_file.is_some();
-            resv.with(|s| s.register(who.host, who.cntlid, &cmd, capable))??
+            after(resv.with_persisted(|s| s.register(who.host, who.cntlid, &cmd, capable))?)?
         }
         resv_opc::ACQUIRE => {
             let cmd = Acquire::decode(cdw10, data)?;
-            resv.with(|s| s.acquire(who.host, &cmd))??
+            after(resv.with_persisted(|s| s.acquire(who.host, &cmd))?)?
         }
         resv_opc::RELEASE => {
             let cmd = Release::decode(cdw10, data)?;
-            resv.with(|s| s.release(who.host, &cmd))??
+            after(resv.with_persisted(|s| s.release(who.host, &cmd))?)?
         }
         resv_opc::REPORT => {
             let eds = r.sqe.cdw(11) & 1 != 0;
@@ -123,25 +128,30 @@ pub fn execute<X>(
             };
             d.resize(len, 0);
             r.reply = Some(d);
-            Vec::new()
+            (Vec::new(), None)
         }
         _ => return Err(Status::INVALID_OPCODE),
     };
-    Ok((Outcome::SUCCESS, notices))
+    Ok((Outcome::SUCCESS, aftermath))
 }
 
 /// Runs a reservation command for controller `ctrl` and posts the
 /// notifications it caused to every controller of the hosts they name.
-pub fn run<X>(r: &mut Request<X>, env: &IoEnv<'_>, ctrl: &Controller) -> Result<Outcome, Status> {
+/// With a PTPL write to wait for, the caller answers once it is durable.
+pub fn run<X>(
+    r: &mut Request<X>,
+    env: &IoEnv<'_>,
+    ctrl: &Controller,
+) -> Result<(Outcome, Option<PtplWait>), Status> {
     let who = Issuer {
         host: HostId::extended(ctrl.hostid),
         cntlid: ctrl.cntlid,
     };
-    let (out, notices) = execute(r, env, who)?;
+    let (out, (notices, wait)) = execute(r, env, who)?;
     if !notices.is_empty() {
         post(&ctrl.subsys, r.sqe.nsid(), &notices);
     }
-    Ok(out)
+    Ok((out, wait))
 }
 
 /// Logs each notice on every controller of its host (its mask permitting)

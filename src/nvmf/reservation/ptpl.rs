@@ -9,8 +9,9 @@ use super::{Held, HostId, Registrant, ResvState, ResvType};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Why a PTPL file cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -190,8 +191,45 @@ pub fn save(path: &Path, f: &PtplFile) -> Result<(), PtplError> {
         .map_err(io)
 }
 
-/// A file to write and what to write in it.
-type Job = (PathBuf, PtplFile);
+/// How far the writer got with one namespace's file. Each change handed to
+/// the writer gets the next sequence number (under the state's lock, so in
+/// the order of the changes); the writer may skip to the newest.
+#[derive(Debug, Default)]
+pub struct Durability {
+    pub queued: AtomicU64,
+    /// The newest change the writer finished with (durable or failed).
+    done: AtomicU64,
+    /// The newest change whose write failed.
+    failed: AtomicU64,
+}
+
+impl Durability {
+    /// `None` while change `seq` is not written yet; then whether it is
+    /// durable (a later change written durably covers it).
+    pub fn outcome(&self, seq: u64) -> Option<bool> {
+        if self.done.load(Ordering::Acquire) < seq {
+            return None;
+        }
+        Some(self.failed.load(Ordering::Acquire) < seq)
+    }
+
+    fn finished(&self, seq: u64, ok: bool) {
+        if !ok {
+            self.failed.fetch_max(seq, Ordering::AcqRel);
+        }
+        self.done.fetch_max(seq, Ordering::AcqRel);
+    }
+}
+
+/// A command waiting for its change to be durable before it is answered.
+#[derive(Debug, Clone)]
+pub struct PtplWait {
+    pub durability: Arc<Durability>,
+    pub seq: u64,
+}
+
+/// A file to write, what to write in it, and whom to tell.
+type Job = (PathBuf, PtplFile, u64, Arc<Durability>);
 
 /// The writer thread's inbox: files to write, in order.
 fn writer() -> Option<&'static Mutex<mpsc::Sender<Job>>> {
@@ -202,17 +240,19 @@ fn writer() -> Option<&'static Mutex<mpsc::Sender<Job>>> {
             std::thread::Builder::new()
                 .name("ptpl-writer".into())
                 .spawn(move || {
-                    while let Ok((path, f)) = rx.recv() {
+                    while let Ok(job) = rx.recv() {
                         // Only the newest state of each file matters.
-                        let mut latest = vec![(path, f)];
-                        while let Ok((p, f)) = rx.try_recv() {
-                            latest.retain(|(q, _)| *q != p);
-                            latest.push((p, f));
+                        let mut latest = vec![job];
+                        while let Ok(j) = rx.try_recv() {
+                            latest.retain(|q| q.0 != j.0);
+                            latest.push(j);
                         }
-                        for (p, f) in latest {
-                            if let Err(e) = save(&p, &f) {
+                        for (p, f, seq, d) in latest {
+                            let r = save(&p, &f);
+                            if let Err(e) = &r {
                                 tracing::error!(error = %e, "reservation state not persisted");
                             }
+                            d.finished(seq, r.is_ok());
                         }
                     }
                 })
@@ -222,14 +262,18 @@ fn writer() -> Option<&'static Mutex<mpsc::Sender<Job>>> {
         .as_ref()
 }
 
-/// Hands `f` to the writer thread for `path`.
-pub fn persist(path: &Path, f: PtplFile) {
+/// Hands `f` to the writer thread for `path`: the next change of `d`,
+/// whose number comes back.
+pub fn persist(path: &Path, f: PtplFile, d: &Arc<Durability>) -> u64 {
+    let seq = d.queued.fetch_add(1, Ordering::AcqRel) + 1;
     let sent = writer()
         .and_then(|w| w.lock().ok())
-        .is_some_and(|tx| tx.send((path.to_path_buf(), f)).is_ok());
+        .is_some_and(|tx| tx.send((path.to_path_buf(), f, seq, d.clone())).is_ok());
     if !sent {
         tracing::error!(path = %path.display(), "PTPL writer thread unavailable; reservation state not persisted");
+        d.finished(seq, false);
     }
+    seq
 }
 
 #[cfg(test)]
@@ -304,11 +348,24 @@ mod tests {
     fn the_writer_thread_writes() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("w.json");
-        persist(&p, PtplFile::of(&state(), &[1; 16]));
+        let d = Arc::new(Durability::default());
+        let seq = persist(&p, PtplFile::of(&state(), &[1; 16]), &d);
+        assert_eq!(seq, 1);
         for _ in 0..500 {
-            if let Ok(Some(s)) = load(&p) {
-                assert_eq!(s, state());
-                return;
+            if let Some(ok) = d.outcome(seq) {
+                assert!(ok);
+                assert_eq!(load(&p).unwrap(), Some(state()));
+                // A write that fails (no such directory) says so.
+                let bad = dir.path().join("none/w.json");
+                let seq = persist(&bad, PtplFile::of(&state(), &[1; 16]), &d);
+                for _ in 0..500 {
+                    if let Some(ok) = d.outcome(seq) {
+                        assert!(!ok);
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                panic!("the failed write never finished");
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }

@@ -227,3 +227,40 @@ fn identify_features_and_the_notification_mask() {
     s.0[4..8].copy_from_slice(&1u32.to_le_bytes());
     assert_eq!(admin_a.exec(s).status(), Status::INVALID_FIELD);
 }
+
+#[test]
+fn a_change_with_ptpl_is_answered_once_the_file_is_durable() {
+    let e = env();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("ns2.json");
+    let ns = Namespace::new(SUBNQN, 2, RamDevice::new("p", NS_BYTES).unwrap(), BS)
+        .with_ptpl_file(file.clone())
+        .unwrap();
+    e.subsys.add_namespace(Arc::new(ns)).unwrap();
+    let (_admin, mut a) = e.pair();
+    let mut d = 0u64.to_le_bytes().to_vec();
+    d.extend_from_slice(&0xAu64.to_le_bytes());
+    let mut s = Sqe::new(resv_opc::REGISTER, 3, 2);
+    s.set_cdw(10, 3 << 30);
+    s.set_sgl(icd_sgl(16));
+    assert_eq!(a.receive_raw(s, tcp_desc(&s), &d, false), Received::Done);
+    a.drain();
+    // Housekeeping answers it once the writer thread made the file durable.
+    let mut sent = a.take();
+    for _ in 0..500 {
+        if !sent.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        a.housekeeping();
+        sent = a.take();
+    }
+    assert_eq!(sent.len(), 1, "answered once");
+    assert_eq!(sent[0].status(), Status::SUCCESS);
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains("\"rkey\": 10"), "{text}");
+    // Without PTPL on, a change that was never persisted is answered at once.
+    let mut s = Sqe::new(resv_opc::REGISTER, 4, 1);
+    s.set_sgl(icd_sgl(16));
+    assert_eq!(a.exec_icd(s, &d).status(), Status::SUCCESS);
+}
