@@ -138,6 +138,11 @@ pub enum SetupError {
     NoBackend { field: String },
     #[error("{field}: device is smaller than one block")]
     TooSmall { field: String },
+    #[error("{field}.ptpl_file: {source}")]
+    Ptpl {
+        field: String,
+        source: crate::nvmf::reservation::ptpl::PtplError,
+    },
     #[error("metrics.address: `{0}` is not ADDRESS:PORT")]
     MetricsAddress(String),
     #[error("reactor {reactor}: {source}")]
@@ -531,6 +536,14 @@ impl Assembly {
         tracing::info!(subnqn = %nqn, nsid = n.nsid, dev = %dev.describe(), bytes = dev.size_bytes(), block_size, "namespace");
         let mut ns = Namespace::new(nqn, n.nsid, dev, block_size)
             .with_write_cache(n.write_cache.unwrap_or(true));
+        if let Some(p) = &n.ptpl_file {
+            ns = ns
+                .with_ptpl_file(p.clone())
+                .map_err(|source| SetupError::Ptpl {
+                    field: field.into(),
+                    source,
+                })?;
+        }
         match kv_index {
             Some(kv) => {
                 kv.set_settings(n.kv_settings());

@@ -235,6 +235,7 @@ fn check_sqe(sqe: &Sqe, data: &[u8]) {
     let glp = GetLogPage::parse(sqe);
     assert_eq!(GetLogPage::parse(&glp.encode(sqe.cid(), sqe.nsid())), glp);
     check_kv(sqe, data);
+    check_reservation(sqe, data);
 
     if let Some(cd) = ConnectData::parse(data) {
         // Decoded strings are NUL-free and trimmed; any that fit the field
@@ -284,6 +285,51 @@ fn check_kv(sqe: &Sqe, data: &[u8]) {
     }
     let id = KvIdentifyNamespace::decode(data);
     assert_eq!(KvIdentifyNamespace::decode(&id.encode()), id);
+}
+
+/// The reservation commands (Register, Acquire, Release) as the target
+/// decodes them, run against a state with a registrant of each key in the
+/// data: never a panic, a refused command changes nothing, and the
+/// Reservation Status data (both formats) decodes to what was encoded.
+fn check_reservation(sqe: &Sqe, data: &[u8]) {
+    use kvtarget::nvmf::reservation::{
+        decode_report, Acquire, HostId, Register, Registrant, Release, ResvState,
+    };
+    let host = HostId::extended([sqe.cid() as u8; 16]);
+    let mut s = ResvState::default();
+    for (i, k) in data.chunks_exact(8).take(8).enumerate() {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(k);
+        s.registrants.push(Registrant {
+            host: HostId::extended([i as u8; 16]),
+            key: u64::from_le_bytes(b),
+            cntlid: i as u16,
+        });
+    }
+    let before = s.clone();
+    let cdw10 = sqe.cdw(10);
+    let which = match sqe.opcode() {
+        0x0D => 0,
+        0x11 => 1,
+        0x15 => 2,
+        o => o % 3,
+    };
+    let r = match which {
+        0 => Register::decode(cdw10, data).and_then(|c| s.register(host, 1, &c, true)),
+        1 => Acquire::decode(cdw10, data).and_then(|c| s.acquire(host, &c)),
+        _ => Release::decode(cdw10, data).and_then(|c| s.release(host, &c)),
+    };
+    if r.is_err() {
+        assert_eq!(s, before, "a refused reservation command changed the state");
+    }
+    for eds in [false, true] {
+        if let Ok(b) = s.report(eds) {
+            let v = decode_report(&b, eds).expect("report decodes");
+            assert_eq!(v.registrants.len(), s.registrants.len());
+            assert_eq!(v.generation, s.generation);
+        }
+    }
+    let _ = decode_report(data, sqe.cdw(11) & 1 != 0);
 }
 
 /// `Sqe::sgl` (what the TCP path reads) and `rdma::DataDescriptor` (what the

@@ -187,6 +187,10 @@ pub struct NamespaceConfig {
     /// instead of giving them back to the pool after 5 s (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trim: Option<bool>,
+    /// Where registrations and the reservation persist through power loss
+    /// (SPDK's `ptpl_file`); without one a namespace cannot persist them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ptpl_file: Option<PathBuf>,
 }
 
 /// A KV namespace's cache policy as `nvmf_subsystem_add_ns` and the

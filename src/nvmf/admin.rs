@@ -335,8 +335,8 @@ pub fn identify_controller(target: &Target, ctrl: &Controller) -> IdentifyContro
         id.lpa = 0x06;
         id.nn = MAX_NAMESPACES;
         id.mnan = MAX_NAMESPACES;
-        // Dataset Management and Write Zeroes.
-        id.oncs = 0x04 | 0x08;
+        // Dataset Management, Write Zeroes, Reservations.
+        id.oncs = 0x04 | 0x08 | super::reservation::ONCS_RESERVATIONS;
         // Volatile write cache present; Flush with NSID FFFFFFFFh supported.
         // A subsystem whose namespaces all write through has none (hosts then
         // send no flushes; the field is all zeros without a cache).
@@ -368,6 +368,7 @@ pub fn identify_namespace(ns: &super::Namespace) -> IdentifyNamespace {
         lbads: ns.lbads(),
         // May be attached to more than one controller.
         nmic: 1,
+        rescap: super::reservation::rescap(ns.reservation.ptpl_file.is_some()),
         dlfeat,
         nvmcap: ns.num_blocks as u128 * ns.block_size as u128,
         nguid: ns.nguid,
@@ -425,6 +426,9 @@ fn get_log_page(target: &Target, ctrl: &Controller, sqe: &Sqe, now: Instant) -> 
             Some(set) => commands_supported_log(set),
             None => return AdminOutcome::status(Status::INVALID_FIELD),
         },
+        (super::reservation::LID_RESERVATION_NOTIFICATION, false) => {
+            super::reservation::notice_log_page(ctrl, g.rae)
+        }
         _ => return AdminOutcome::status(Status::INVALID_LOG_PAGE),
     };
     if g.offset % 4 != 0 || g.offset > page.len() as u64 {
@@ -503,7 +507,8 @@ fn commands_supported_log(set: CommandSet) -> Vec<u8> {
             (kv_opc::EXIST, csupp),
         ],
     };
-    for &(opc, eff) in io {
+    let resv = super::io::reservation::OPCODES.map(|o| (o, csupp));
+    for &(opc, eff) in io.iter().chain(&resv) {
         let off = 1024 + opc as usize * 4;
         b[off..off + 4].copy_from_slice(&eff.to_le_bytes());
     }
@@ -516,6 +521,11 @@ fn set_features(target: &Target, ctrl: &Controller, sqe: &Sqe, now: Instant) -> 
     let f = (cdw10 & 0xFF) as u8;
     if cdw10 & (1 << 31) != 0 {
         return AdminOutcome::status(Status::FEATURE_NOT_SAVEABLE);
+    }
+    if !ctrl.is_discovery() {
+        if let Some(a) = super::reservation::set_feature(ctrl, sqe.nsid(), f, cdw11) {
+            return feature_answer(a);
+        }
     }
     let Ok(mut regs) = ctrl.regs.lock() else {
         return AdminOutcome::status(Status::INTERNAL_ERROR);
@@ -586,6 +596,11 @@ fn get_features(ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
     let cdw10 = sqe.cdw(10);
     let f = (cdw10 & 0xFF) as u8;
     let sel = (cdw10 >> 8) & 0x7;
+    if !ctrl.is_discovery() && sel == 0 {
+        if let Some(a) = super::reservation::get_feature(ctrl, sqe.nsid(), f, sqe.cdw(11)) {
+            return feature_answer(a);
+        }
+    }
     let Ok(regs) = ctrl.regs.lock() else {
         return AdminOutcome::status(Status::INTERNAL_ERROR);
     };
@@ -630,6 +645,18 @@ fn get_features(ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
         _ => return AdminOutcome::status(Status::INVALID_FIELD),
     };
     AdminOutcome::ok(value)
+}
+
+/// A reservation feature's answer as the admin queue sends it.
+fn feature_answer(a: super::reservation::FeatureAnswer) -> AdminOutcome {
+    match a {
+        Ok((result, data)) => AdminOutcome::Done {
+            status: Status::SUCCESS,
+            result,
+            data,
+        },
+        Err(s) => AdminOutcome::status(s),
+    }
 }
 
 /// The CAP register value this target reports.

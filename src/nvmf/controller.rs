@@ -106,6 +106,8 @@ pub struct Controller {
     retired: Mutex<Retired>,
     /// Error Information entries made so far (the next entry's error count).
     error_seq: AtomicU64,
+    /// Reservation Notification log and mask (`nvmf::reservation`).
+    pub reservation_log: Mutex<super::reservation::NoticeLog>,
 }
 
 /// One attachment of an I/O queue ID: only the queue that attached it can
@@ -167,6 +169,7 @@ impl Controller {
             queues: Mutex::new(Vec::new()),
             retired: Mutex::new(Retired::default()),
             error_seq: AtomicU64::new(0),
+            reservation_log: Mutex::new(Default::default()),
         }
     }
 
@@ -211,6 +214,19 @@ impl Controller {
         if regs.async_event_config & AEC_NS_ATTR != 0 && !regs.ns_event_masked {
             regs.ns_event_masked = true;
             regs.pending_events.push_back(AEN_NS_ATTR_CHANGED);
+        }
+    }
+
+    /// A reservation notice for this controller's host: logged, and the
+    /// Reservation Log Page Available event raised when it is not out yet.
+    pub fn reservation_notice(&self, nsid: u32, notice: super::reservation::Notice) {
+        let raise = self
+            .reservation_log
+            .lock()
+            .is_ok_and(|mut l| l.post(nsid, notice));
+        if let (true, Ok(mut regs)) = (raise, self.regs.lock()) {
+            regs.pending_events
+                .push_back(super::reservation::AEN_RESERVATION_LOG);
         }
     }
 

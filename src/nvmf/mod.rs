@@ -19,6 +19,7 @@ pub mod ns_table;
 pub mod plan;
 pub mod queue;
 pub mod request;
+pub mod reservation;
 
 use crate::bdev::SharedDevice;
 use crate::wire::nvme::{self, DiscoveryEntry};
@@ -140,6 +141,8 @@ pub struct Namespace {
     pub write_through: bool,
     /// The key index of a KV namespace (a KV volume's).
     pub kv: Option<Arc<dyn kv_index::KeyIndex>>,
+    /// Registrants and reservation (NVMe reservations).
+    pub reservation: reservation::NsReservation,
 }
 
 static NEXT_NS_KEY: AtomicU64 = AtomicU64::new(1);
@@ -173,6 +176,7 @@ impl Namespace {
             removed: AtomicBool::new(false),
             write_through: false,
             kv: None,
+            reservation: reservation::NsReservation::default(),
         }
     }
     /// The namespace as a KV namespace (Key Value command set) over `index`,
@@ -181,6 +185,15 @@ impl Namespace {
         self.command_set = CommandSet::KeyValue;
         self.kv = Some(index);
         self
+    }
+    /// The namespace with its registrations persisting through power loss
+    /// in `path` (SPDK's `ptpl_file`), loaded from it when it exists.
+    pub fn with_ptpl_file(
+        mut self,
+        path: std::path::PathBuf,
+    ) -> Result<Namespace, reservation::ptpl::PtplError> {
+        self.reservation = reservation::NsReservation::with_ptpl_file(path, self.uuid)?;
+        Ok(self)
     }
     /// The namespace with or without a volatile write cache.
     pub fn with_write_cache(mut self, on: bool) -> Namespace {

@@ -87,6 +87,11 @@ pub enum IoPlan {
         start: KvKey,
         buf: u32,
     },
+    /// A reservation command (`io::reservation`): `len` bytes of host data
+    /// it reads, or of Reservation Status data Report returns.
+    Reservation {
+        len: usize,
+    },
 }
 
 impl IoPlan {

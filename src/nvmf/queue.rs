@@ -19,6 +19,7 @@ use super::fabrics::{self, QueueBinding};
 use super::io::{self, IoEnv, IoPlan, Outcome};
 use super::ns_table::NsTable;
 pub use super::request::{Handler, Phase, Request};
+use super::reservation::HostId;
 use super::{QpairStats, Target, ADMIN_IN_CAPSULE_DATA};
 use crate::mem::IoBuf;
 use crate::reactor::IoCtx;
@@ -236,6 +237,9 @@ pub struct Queue<X> {
     pub(in crate::nvmf) kv_enabled: Option<bool>,
     /// A Connect waiting for its queue ID to be let go (slot, give-up time).
     pub(in crate::nvmf) held_connect: Option<(u16, Instant)>,
+    /// Reservation commands answered once their PTPL write is durable
+    /// (slot, CID, what to wait for).
+    pub(in crate::nvmf) ptpl_waits: Vec<(u16, u16, super::reservation::ptpl::PtplWait)>,
 }
 
 impl<X> Queue<X> {
@@ -261,6 +265,7 @@ impl<X> Queue<X> {
             secure: None,
             kv_enabled: None,
             held_connect: None,
+            ptpl_waits: Vec::new(),
         }
     }
 
@@ -502,13 +507,17 @@ impl<X> Queue<X> {
             .as_ref()
             .is_some_and(|b| !b.ctrl().write_cache.load(Ordering::Relaxed));
         let ns = self.ns.get(sqe.nsid()).map(|n| &**n);
-        io::parse(
+        let (handler, plan) = io::parse(
             ns,
             sqe,
             self.target.limits.max_io_size,
             kv_enabled,
             write_cache,
-        )
+        )?;
+        if let Some(b) = self.binding.as_ref() {
+            io::reservation::check(ns, &plan, &HostId::extended(b.ctrl().hostid))?;
+        }
+        Ok((handler, plan))
     }
 
     /// Checks a command's data descriptor against its direction and plan,
@@ -683,7 +692,7 @@ impl<X> Queue<X> {
             None => return Err(Status::COMMAND_SEQUENCE_ERROR),
         };
         match handler {
-            Handler::Nvm | Handler::Kv => {
+            Handler::Nvm | Handler::Kv | Handler::Reservation => {
                 self.execute_io(slot, handler, moved, link, ctx);
                 Ok(())
             }
@@ -788,12 +797,54 @@ impl<X> Queue<X> {
         let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.as_mut()) else {
             return;
         };
+        let mut ptpl_wait = None;
         let out = match handler {
             Handler::Nvm => io::nvm::execute(r, &mut env, ctx),
             Handler::Kv => io::kv::execute(r, &mut env, ctx),
+            Handler::Reservation => match self.binding.as_ref() {
+                Some(b) => io::reservation::run(r, &env, b.ctrl()).map(|(o, w)| {
+                    ptpl_wait = w.map(|w| (slot, r.sqe.cid(), w));
+                    o
+                }),
+                None => Err(Status::COMMAND_SEQUENCE_ERROR),
+            },
             Handler::Fabrics | Handler::Admin => Err(Status::INTERNAL_ERROR),
         };
+        if let (Some(w), Ok(_)) = (ptpl_wait, &out) {
+            // Answered once the PTPL file holds the change (housekeeping).
+            self.ptpl_waits.push(w);
+            return;
+        }
         self.settle(slot, out, link, ctx);
+    }
+
+    /// Answers the reservation commands whose PTPL write is done: success
+    /// once durable, Internal Error if the write failed.
+    fn answer_ptpl_waits<L: Link<X>>(&mut self, link: &mut L, ctx: &mut IoCtx) {
+        let mut i = 0;
+        while i < self.ptpl_waits.len() {
+            let (slot, cid, w) = &self.ptpl_waits[i];
+            let Some(durable) = w.durability.outcome(w.seq) else {
+                i += 1;
+                continue;
+            };
+            let (slot, cid) = (*slot, *cid);
+            self.ptpl_waits.swap_remove(i);
+            // The slot is still this command's (not abandoned and reused).
+            let mine = self.request(slot).is_some_and(|r| {
+                r.sqe.cid() == cid
+                    && r.phase == Phase::Executing
+                    && r.handler == Some(Handler::Reservation)
+            });
+            if mine {
+                let status = if durable {
+                    Status::SUCCESS
+                } else {
+                    Status::INTERNAL_ERROR
+                };
+                self.finish(slot, status, 0, link, ctx);
+            }
+        }
     }
 
     /// Acts on what an I/O handler handed back: answer now, or wait for the
@@ -975,6 +1026,7 @@ impl<X> Queue<X> {
     ) -> Option<&'static str> {
         let now = ctx.now;
         self.retry_held_connect(link, ctx);
+        self.answer_ptpl_waits(link, ctx);
         // Idle queues also let go of namespaces removed at run time.
         self.refresh_namespaces();
         let b = self.binding.as_ref()?;

@@ -20,6 +20,8 @@ pub enum Handler {
     Nvm,
     /// An I/O command of the Key Value command set (`nvmf::io::kv`).
     Kv,
+    /// A reservation command of either command set (`nvmf::io::reservation`).
+    Reservation,
 }
 
 /// Where a request is in its life.

@@ -40,6 +40,14 @@
 #                       namespace (kvtarget, NVMe Key Value command set): kv-namespace
 #                       checks what the kernel host makes of it and round-trips KV
 #                       commands through passthrough. Skipped without it.
+#   --resv-nqn NQN      a subsystem with one namespace (NSID 1) that admits --hostnqn and
+#                       --resv-hostnqn: the reservation scenarios drive it from two hosts
+#                       with nvme-cli (resv-register/-acquire/-report/-release). Skipped
+#                       without it.
+#   --resv-hostnqn NQN  the second host (--resv-hostid its host ID)
+#   --resv-ptpl         NSID 1 of --resv-nqn has a PTPL file: reservation-ptpl-kill kills
+#                       the target (SIGKILL through the share) and expects the
+#                       registrations back
 #   --only REGEX        run only scenarios whose name matches (development aid)
 #   --transport T       tcp (default) or rdma: the same scenarios over NVMe/RDMA
 #                       (rdma-guest.sh); NVMe/TCP-only ones (digests, the 8009
@@ -54,6 +62,8 @@ SIZE=268435456 BS=4096 SERIAL= MODEL= RESTART=share SHARE=/mnt/share ONLY= VOLUM
 AUTH_HOSTNQN=
 TLS_PORT=
 KV_NQN=
+RESV_NQN= RESV_HOSTNQN= RESV_PTPL=
+RESV_HOSTID=6b7a7f1e-0c1d-4d2e-9a41-6b7674000b02
 INTRUDER_NQN=nqn.2026-11.io.kvtarget:intruder
 INTRUDER_ID=6b7a7f1e-0c1d-4d2e-9a41-6b76740000ff
 while [ $# -gt 0 ]; do
@@ -76,6 +86,10 @@ while [ $# -gt 0 ]; do
         --auth-hostnqn) AUTH_HOSTNQN=$2 ;;
         --tls-port) TLS_PORT=$2 ;;
         --kv-nqn) KV_NQN=$2 ;;
+        --resv-nqn) RESV_NQN=$2 ;;
+        --resv-hostnqn) RESV_HOSTNQN=$2 ;;
+        --resv-hostid) RESV_HOSTID=$2 ;;
+        --resv-ptpl) RESV_PTPL=1; shift; continue ;;
         --only) ONLY=$2 ;;
         --transport) TRANSPORT=$2 ;;
         *) echo "tcp-suite: unknown argument $1" >&2; exit 2 ;;
@@ -1255,6 +1269,108 @@ t_kv_namespace() {
     disconnect_ctrl "$ctrl"
 }
 
+# --- reservations (two hosts, nvme-cli) ---------------------------------------------
+# Each host reaches NSID 1 through its own controller's character device (/dev/nvmeX
+# -n 1): the kernel joins both controllers under one multipath head, so the block device
+# would not say which host issues a command. --resv-nqn has a single namespace, which
+# NVME_IOCTL_IO_CMD on a controller device needs.
+
+# resv_connect HOSTNQN HOSTID -> RCTRL: a controller of RESV_NQN for that host.
+RCTRL=
+resv_connect() {
+    local out rc
+    RCTRL=
+    out=$(timeout 60 nvme connect -t "$TRANSPORT" -a "$ADDR" -s "$PORT" -n "$RESV_NQN" \
+        --hostnqn "$1" --hostid "$2" -o json 2>&1)
+    rc=$?
+    [ $rc = 0 ] || { fail "nvme connect as $1 failed (rc $rc): $(echo $out)"; return 1; }
+    RCTRL=$(echo "$out" | jq -r '.device // empty' 2>/dev/null)
+    [ -n "$RCTRL" ] && [ -e "/dev/$RCTRL" ] || { fail "nvme connect as $1 printed no device: $(echo $out)"; return 1; }
+}
+
+# nvme-cli with a time limit (a hung command fails the scenario, not the suite).
+nv() { timeout 30 nvme "$@"; }
+
+# resv_ok WHAT CMD...: the nvme-cli command must succeed.
+resv_ok() {
+    local what=$1 out
+    shift
+    out=$("$@" 2>&1) || { fail "$what: $* failed: $(echo $out)"; return 1; }
+}
+
+# resv_conflict WHAT CMD...: the command must fail with Reservation Conflict.
+resv_conflict() {
+    local what=$1 out
+    shift
+    if out=$("$@" 2>&1); then
+        fail "$what: $* succeeded, expected Reservation Conflict"; return 1
+    fi
+    echo "$out" | grep -qiE 'RESERVATION_CONFLICT|Reservation Conflict|\(0x83\)|0x4083' \
+        || { fail "$what: $* failed, but not with Reservation Conflict: $(echo $out)"; return 1; }
+}
+
+# resv_io CTRL write|read: one 4 KiB block at LBA 0 of NSID 1 through CTRL's queues.
+resv_io() {
+    local ctrl=$1 op=$2
+    if [ "$op" = write ]; then
+        timeout 30 nvme io-passthru "/dev/$ctrl" -n 1 -o 0x01 -w -l 4096 -i "$WORK/random" --cdw12=$((4096 / BS - 1))
+    else
+        timeout 30 nvme io-passthru "/dev/$ctrl" -n 1 -o 0x02 -r -l 4096 --cdw12=$((4096 / BS - 1)) > /dev/null
+    fi
+}
+
+# resv_report CTRL -> RESV_JSON: nvme resv-report with the extended data structure.
+resv_report() {
+    RESV_JSON=$(timeout 30 nvme resv-report "/dev/$1" -n 1 --eds -o json 2>&1) \
+        || { fail "resv-report on $1 failed: $(echo $RESV_JSON)"; return 1; }
+}
+
+t_reservations() {
+    local a b
+    resv_connect "$HOSTNQN" "$HOSTID" || return 1; a=$RCTRL
+    resv_connect "$RESV_HOSTNQN" "$RESV_HOSTID" || return 1; b=$RCTRL
+    resv_ok "register host 1" nv resv-register "/dev/$a" -n 1 --nrkey=0xA1 --rrega=0 || return 1
+    resv_ok "register host 2" nv resv-register "/dev/$b" -n 1 --nrkey=0xB2 --rrega=0 || return 1
+    resv_conflict "acquire with a wrong key" nv resv-acquire "/dev/$a" -n 1 --crkey=0xBAD --rtype=1 --racqa=0 || return 1
+    resv_ok "host 1 acquires Write Exclusive" nv resv-acquire "/dev/$a" -n 1 --crkey=0xA1 --rtype=1 --racqa=0 || return 1
+    resv_conflict "host 2 writes under host 1's Write Exclusive" resv_io "$b" write || return 1
+    resv_ok "host 2 reads under Write Exclusive" resv_io "$b" read || return 1
+    resv_ok "host 1 writes" resv_io "$a" write || return 1
+    resv_report "$b" || return 1
+    [ "$(echo "$RESV_JSON" | jq -r '.rtype')" = 1 ] && [ "$(echo "$RESV_JSON" | jq -r '.regctl')" = 2 ] \
+        || { fail "resv-report: expected rtype 1 and 2 registrants: $(echo $RESV_JSON)"; return 1; }
+    resv_ok "host 2 preempts host 1" nv resv-acquire "/dev/$b" -n 1 --crkey=0xB2 --prkey=0xA1 --rtype=1 --racqa=1 || return 1
+    resv_conflict "host 1 writes after being preempted" resv_io "$a" write || return 1
+    resv_conflict "release with a wrong key" nv resv-release "/dev/$b" -n 1 --crkey=0xA1 --rtype=1 --rrela=0 || return 1
+    resv_ok "host 2 releases" nv resv-release "/dev/$b" -n 1 --crkey=0xB2 --rtype=1 --rrela=0 || return 1
+    resv_ok "host 1 writes after the release" resv_io "$a" write || return 1
+    resv_ok "host 2 clears" nv resv-release "/dev/$b" -n 1 --crkey=0xB2 --rrela=1 || return 1
+    resv_report "$a" || return 1
+    [ "$(echo "$RESV_JSON" | jq -r '.regctl')" = 0 ] || { fail "registrants left after clear: $(echo $RESV_JSON)"; return 1; }
+    disconnect_ctrl "$a"; disconnect_ctrl "$b"
+}
+
+t_reservation_ptpl_kill() {
+    local a b
+    resv_connect "$HOSTNQN" "$HOSTID" || return 1; a=$RCTRL
+    resv_connect "$RESV_HOSTNQN" "$RESV_HOSTID" || return 1; b=$RCTRL
+    resv_ok "register with PTPL" nv resv-register "/dev/$a" -n 1 --nrkey=0xA1 --rrega=0 --cptpl=3 || return 1
+    resv_ok "register host 2" nv resv-register "/dev/$b" -n 1 --nrkey=0xB2 --rrega=0 || return 1
+    resv_ok "host 1 acquires Write Exclusive" nv resv-acquire "/dev/$a" -n 1 --crkey=0xA1 --rtype=1 --racqa=0 || return 1
+    disconnect_ctrl "$a"; disconnect_ctrl "$b"
+    sleep 1 # the target writes its PTPL file off its reactors
+    restart_stop KILL || return 1
+    restart_start || return 1
+    resv_connect "$HOSTNQN" "$HOSTID" || return 1; a=$RCTRL
+    resv_connect "$RESV_HOSTNQN" "$RESV_HOSTID" || return 1; b=$RCTRL
+    resv_report "$a" || return 1
+    [ "$(echo "$RESV_JSON" | jq -r '.rtype')" = 1 ] && [ "$(echo "$RESV_JSON" | jq -r '.regctl')" = 2 ] \
+        || { fail "after SIGKILL + restart: expected rtype 1 and 2 registrants: $(echo $RESV_JSON)"; return 1; }
+    resv_conflict "host 2 still fenced after the restart" resv_io "$b" write || return 1
+    resv_ok "clean up" nv resv-release "/dev/$a" -n 1 --crkey=0xA1 --rrela=1 || return 1
+    disconnect_ctrl "$a"; disconnect_ctrl "$b"
+}
+
 SCENARIOS="
 discovery-4420
 discovery-8009
@@ -1290,6 +1406,8 @@ bench-fio-profiles
 lmcache-raw-block
 lmcache-volatile-kill
 kv-namespace
+reservations
+reservation-ptpl-kill
 "
 # Scenarios that need thin-provisioned volumes (--volumes); reported as skipped without.
 VOLUME_SCENARIOS=" several-namespaces nuse-tracks-writes-and-discard unwritten-error-volume volume-data-survives-restart namespace-hot-add-remove "
@@ -1307,6 +1425,13 @@ skip_reason() {
     fi
     if [ "$1" = auth-required-refused ] && [ -z "$AUTH_HOSTNQN" ]; then
         echo "needs a host entry with a DH-HMAC-CHAP key (--auth-hostnqn); this target has none (Linux 6.1's nvmet here has no in-band authentication)"
+    fi
+    if [ "$1" = reservations ] || [ "$1" = reservation-ptpl-kill ]; then
+        [ -n "$RESV_NQN" ] && [ -n "$RESV_HOSTNQN" ] \
+            || echo "needs a one-namespace subsystem two hosts may use (--resv-nqn, --resv-hostnqn)"
+    fi
+    if [ "$1" = reservation-ptpl-kill ] && [ -n "$RESV_NQN" ] && { [ -z "$RESV_PTPL" ] || [ "$RESTART" != share ]; }; then
+        echo "needs a PTPL file on --resv-nqn (--resv-ptpl) and a target the host can SIGKILL (--restart share)"
     fi
     case "$VOLUME_SCENARIOS" in
         *" $1 "*) [ -n "$VOLUMES" ] || echo "needs thin-provisioned pool volumes (--volumes); this target serves none" ;;

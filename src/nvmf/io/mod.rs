@@ -6,6 +6,7 @@
 
 pub mod kv;
 pub mod nvm;
+pub mod reservation;
 
 use super::command::{DeviceErrors, DeviceOps, Submitted};
 use super::ns_table::NsTable;
@@ -31,6 +32,9 @@ pub fn parse(
         // A host that enabled only the NVM command set (CC.CSS = 000b) does
         // not see this namespace as active.
         return Err(Status::IOCS_NOT_ENABLED);
+    }
+    if reservation::is_reservation(sqe.opcode()) && sqe.fuse() == 0 {
+        return Ok((Handler::Reservation, reservation::plan(ns, sqe)?));
     }
     let mut p = plan(ns, sqe, max_io_size)?;
     if let IoPlan::Write { fua: d, .. }

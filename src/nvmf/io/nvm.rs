@@ -106,7 +106,8 @@ pub fn device_ops(
         | IoPlan::KvRetrieve { .. }
         | IoPlan::KvDelete { .. }
         | IoPlan::KvExist { .. }
-        | IoPlan::KvList { .. } => return Err(Status::INTERNAL_ERROR),
+        | IoPlan::KvList { .. }
+        | IoPlan::Reservation { .. } => return Err(Status::INTERNAL_ERROR),
         IoPlan::Nothing => {}
         IoPlan::Read { offset, len } => {
             the_ns()?;

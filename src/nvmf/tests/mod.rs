@@ -10,6 +10,7 @@ mod command_sets;
 mod connect;
 mod io_kv;
 mod io_nvm;
+mod reservation;
 mod sgl;
 mod slots;
 mod target;

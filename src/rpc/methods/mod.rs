@@ -24,6 +24,7 @@ mod keyring;
 mod kvtarget;
 mod nvmf;
 mod nvmf_subsystem;
+mod reservation;
 
 use super::{code, RpcError, RpcResult};
 use crate::nvmf::{Namespace, Target};
@@ -90,6 +91,7 @@ const TABLE: &[(&str, Handler)] = &[
         nvmf_subsystem::remove_listener,
     ),
     ("nvmf_subsystem_add_ns", nvmf_subsystem::add_ns),
+    ("nvmf_ns_get_reservation", reservation::get_reservation),
     ("nvmf_subsystem_remove_ns", nvmf_subsystem::remove_ns),
     ("nvmf_subsystem_add_host", nvmf_subsystem::add_host),
     ("nvmf_subsystem_remove_host", nvmf_subsystem::remove_host),
@@ -765,6 +767,7 @@ mod tests {
             ("keyring_file_remove_key", json!({"name": "k0"})),
             ("nvmf_subsystem_set_keys", json!({"nqn": NQN, "host": HOST})),
             ("keyring_get_keys", json!({})),
+            ("nvmf_ns_get_reservation", json!({"nqn": NQN, "nsid": 1})),
         ]
     }
 
@@ -1245,5 +1248,64 @@ mod tests {
             let e = ctl.call(method, params).expect_err(msg);
             assert_eq!((e.code, e.message.as_str()), (code::INVALID_PARAMS, msg));
         }
+    }
+
+    /// `ptpl_file` of nvmf_subsystem_add_ns loads the file, shows in
+    /// nvmf_ns_get_reservation and survives kvtarget_save_config.
+    #[test]
+    fn ptpl_file_and_get_reservation() {
+        use crate::nvmf::reservation::{ptpl, HostId, Registrant, ResvState};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("ns2.json");
+        let state = ResvState {
+            registrants: vec![Registrant {
+                host: HostId::extended([0xAB; 16]),
+                key: 42,
+                cntlid: 0xFFFF,
+            }],
+            ptpl: true,
+            ..ResvState::default()
+        };
+        ptpl::save(&file, &ptpl::PtplFile::of(&state, &[0; 16])).expect("save");
+        let (ctl, _) = populated();
+        ok(
+            &ctl,
+            "nvmf_subsystem_add_ns",
+            json!({"nqn": NQN, "namespace": {"bdev_name": "kv/spare", "nsid": 2, "ptpl_file": file}}),
+        );
+        let r = ok(
+            &ctl,
+            "nvmf_ns_get_reservation",
+            json!({"nqn": NQN, "nsid": 2}),
+        );
+        assert_eq!(r["ptpl"], true);
+        assert_eq!(r["registrants"][0]["rkey"], 42);
+        assert_eq!(r["registrants"][0]["hostid"], "ab".repeat(16));
+        assert_eq!(r["ptpl_file"], file.display().to_string());
+        let saved = ok(&ctl, "kvtarget_save_config", json!({}));
+        let text = saved["toml"].as_str().expect("toml");
+        let cfg = crate::config::Config::parse(text).expect("loads");
+        let ns = cfg
+            .subsystems
+            .iter()
+            .flat_map(|s| &s.namespaces)
+            .find(|n| n.nsid == 2);
+        assert_eq!(ns.and_then(|n| n.ptpl_file.clone()), Some(file.clone()));
+        let e = ctl
+            .call("nvmf_ns_get_reservation", json!({"nqn": NQN, "nsid": 9}))
+            .expect_err("no namespace 9");
+        assert_eq!(e.code, code::ENOENT);
+        std::fs::write(dir.path().join("bad.json"), b"{").expect("write");
+        let e = ctl
+            .call(
+                "nvmf_subsystem_add_ns",
+                json!({"nqn": NQN, "namespace": {"bdev_name": "kv/base", "ptpl_file": dir.path().join("bad.json")}}),
+            )
+            .expect_err("a bad PTPL file");
+        assert!(
+            e.message.starts_with("namespace.ptpl_file: "),
+            "{}",
+            e.message
+        );
     }
 }

@@ -60,8 +60,7 @@ struct NsParams {
     on_full: Option<crate::config::OnFull>,
     ttl_secs: Option<u64>,
     trim: Option<bool>,
-    #[allow(dead_code)]
-    ptpl_file: Option<String>,
+    ptpl_file: Option<std::path::PathBuf>,
     #[allow(dead_code)]
     anagrpid: Option<u64>,
     no_auto_visible: Option<Value>,
@@ -73,6 +72,7 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
         nqn, namespace: ns, ..
     } = p.parse()?;
     let bdev = ns.bdev_name;
+    let ptpl_file = ns.ptpl_file;
     // None: the lowest free NSID (SPDK: absent or 0).
     let nsid = match ns.nsid {
         Some(0) | None => None,
@@ -133,6 +133,11 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
         let dev = VolumeDevice::new(pool, vol.clone());
         let mut namespace =
             Namespace::new(&nqn, nsid, dev, vol.desc.block_size).with_write_cache(write_cache);
+        if let Some(path) = ptpl_file {
+            namespace = namespace
+                .with_ptpl_file(path)
+                .map_err(|e| RpcError::params(format!("namespace.ptpl_file: {e}")))?;
+        }
         match &vol.kv {
             Some(kv) => {
                 kv.set_settings(kv_options.settings());

@@ -175,6 +175,8 @@ pub struct IdentifyNamespace {
     /// log2 of the logical block size of LBA format 0 (the only one).
     pub lbads: u8,
     pub nmic: u8,
+    /// Byte 31: reservation capabilities (RESCAP).
+    pub rescap: u8,
     pub dlfeat: u8,
     /// Preferred write granularity/alignment and deallocate granularity, 0-based.
     pub npwg: u16,
@@ -206,6 +208,7 @@ impl IdentifyNamespace {
         b[25] = 0; // one LBA format
         b[26] = 0; // flbas: format 0, no metadata
         b[30] = self.nmic;
+        b[31] = self.rescap;
         b[33] = self.dlfeat;
         put_u16(&mut b, 46, self.noiob);
         b[48..64].copy_from_slice(&self.nvmcap.to_le_bytes());
@@ -239,6 +242,7 @@ impl IdentifyNamespace {
             nsfeat: byte(24),
             lbads: ((u32_at(b, 128 + 4 * flbas) >> 16) & 0xFF) as u8,
             nmic: byte(30),
+            rescap: byte(31),
             dlfeat: byte(33),
             npwg: u16_at(b, 64),
             npwa: u16_at(b, 66),
