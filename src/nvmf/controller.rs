@@ -106,6 +106,8 @@ pub struct Controller {
     retired: Mutex<Retired>,
     /// Error Information entries made so far (the next entry's error count).
     error_seq: AtomicU64,
+    /// The path (listener) it came in through and its ANA event mask.
+    pub ana: super::ana::ControllerAna,
 }
 
 /// One attachment of an I/O queue ID: only the queue that attached it can
@@ -167,6 +169,7 @@ impl Controller {
             queues: Mutex::new(Vec::new()),
             retired: Mutex::new(Retired::default()),
             error_seq: AtomicU64::new(0),
+            ana: super::ana::ControllerAna::default(),
         }
     }
 
