@@ -87,16 +87,30 @@ pub const ANA_STATES: [AnaState; 5] = [
     AnaState::Change,
 ];
 
-/// Why an ANA request is refused (a JSON-RPC or configuration error names
-/// the field).
+/// Why an ANA request is refused; `field` names the parameter (a JSON-RPC
+/// error says `field: message`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AnaError {
-    #[error("ana_state: `{0}` is not an ANA state (optimized, non_optimized, inaccessible, persistent_loss, change)")]
+    #[error("`{0}` is not an ANA state (optimized, non_optimized, inaccessible, persistent_loss, change)")]
     UnknownState(String),
-    #[error("anagrpid: {0} is not an ANA group (1..={MAX_ANA_GROUPS})")]
+    #[error("{0} is not an ANA group (1..={MAX_ANA_GROUPS})")]
     UnknownGroup(u64),
-    #[error("ana_reporting: the subsystem does not report ANA (create it with ana_reporting)")]
+    #[error("the subsystem does not report ANA (create it with ana_reporting)")]
     NotReporting,
+    #[error("{0} is not a listener of the subsystem")]
+    NoListener(SocketAddr),
+}
+
+impl AnaError {
+    /// The RPC parameter the error is about.
+    pub fn field(&self) -> &'static str {
+        match self {
+            AnaError::UnknownState(_) => "ana_state",
+            AnaError::UnknownGroup(_) => "anagrpid",
+            AnaError::NotReporting => "ana_reporting",
+            AnaError::NoListener(_) => "listen_address",
+        }
+    }
 }
 
 impl AnaState {
@@ -114,7 +128,7 @@ impl AnaState {
     pub fn parse(s: &str) -> Result<AnaState, AnaError> {
         ANA_STATES
             .into_iter()
-            .find(|st| st.name() == s)
+            .find(|st| st.name().eq_ignore_ascii_case(s))
             .ok_or_else(|| AnaError::UnknownState(s.to_string()))
     }
 
@@ -422,6 +436,68 @@ impl Subsystem {
         self.ana.forget(listener);
         ctrls.len()
     }
+}
+
+/// `nvmf_subsystem_listener_set_ana_state` (RPC and configuration):
+/// `listener` must be one `subsys` listens on (any, for a subsystem that
+/// listens on every listener).
+pub fn set_listener_state(
+    subsys: &Subsystem,
+    listener: SocketAddr,
+    state: &str,
+    grp: Option<u64>,
+) -> Result<(), AnaError> {
+    let st = AnaState::parse(state)?;
+    let listed = match subsys.listen.read().ok().as_deref() {
+        Some(Some(l)) => l.contains(&listener),
+        _ => true,
+    };
+    if !listed {
+        return Err(AnaError::NoListener(listener));
+    }
+    subsys.set_ana_state(listener, grp, st)
+}
+
+impl Namespace {
+    /// The namespace in ANA group `grp` (checked by the caller).
+    pub fn with_ana_group(self, grp: u32) -> Namespace {
+        self.ana_group.store(grp, Ordering::Release);
+        self
+    }
+}
+
+/// A namespace's group as a saved configuration gives it (None: its NSID,
+/// the default).
+pub fn saved_group(ns: &Namespace) -> Option<u32> {
+    let g = ns.ana_group.load(Ordering::Acquire);
+    (g != ns.nsid).then_some(g)
+}
+
+/// The `nvmf_subsystem_listener_set_ana_state` operations that restore
+/// `subsys`'s listener states (none for optimized groups): one for every
+/// group when a listener has them all in one state, else one per group.
+pub fn saved_states(subsys: &Subsystem) -> Vec<crate::config::ops::Op> {
+    use crate::config::ops::{ListenAddress, Op, SetAnaState};
+    let mut ops = Vec::new();
+    for p in subsys.ana.paths() {
+        let changed = p.changed_groups();
+        let op = |ana_state: AnaState, anagrpid: Option<u32>| {
+            Op::SetAnaState(SetAnaState {
+                nqn: subsys.nqn.clone(),
+                listen_address: ListenAddress::tcp(p.listener),
+                ana_state: ana_state.name().into(),
+                anagrpid,
+            })
+        };
+        let uniform = changed.len() == MAX_ANA_GROUPS as usize
+            && changed.iter().all(|(_, s)| *s == changed[0].1);
+        if uniform {
+            ops.push(op(changed[0].1, None));
+        } else {
+            ops.extend(changed.iter().map(|&(g, s)| op(s, Some(g))));
+        }
+    }
+    ops
 }
 
 /// One ANA group descriptor of the log page.

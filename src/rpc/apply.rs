@@ -63,6 +63,7 @@ pub fn create_subsystem(target: &Target, s: &CreateSubsystem) -> Result<(), Appl
         s.allow_any_host,
         Vec::new(),
     );
+    sub.ana.reporting.store(s.ana_reporting, Ordering::Release);
     if !s.any_listener {
         if let Ok(mut l) = sub.listen.write() {
             *l = Some(Vec::new());

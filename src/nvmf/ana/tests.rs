@@ -18,9 +18,10 @@ fn states_have_spdk_names_log_values_and_statuses() {
         assert_eq!(st.io_status().map(|s| (s.sct, s.sc)), status);
         assert!(st.io_status().map_or(true, |s| !s.dnr));
     }
-    for bad in ["", "Optimized", "ana_change", "5"] {
+    assert_eq!(AnaState::parse("Non_Optimized"), Ok(AnaState::NonOptimized));
+    for bad in ["", "ana_change", "5", "optimised"] {
         let err = AnaState::parse(bad).unwrap_err();
-        assert!(err.to_string().starts_with("ana_state:"), "{err}");
+        assert_eq!(err.field(), "ana_state", "{err}");
     }
     assert_eq!(AnaState::from_u8(0), None);
     assert_eq!(AnaState::from_u8(5), None);

@@ -149,6 +149,7 @@ impl Control {
             model_number: s.model.clone(),
             allow_any_host: s.allow_any_host.load(Ordering::Acquire),
             any_listener: listen.is_none(),
+            ana_reporting: s.ana.is_reporting(),
         })];
         let keys = s.host_keys.read().map(|k| k.clone()).unwrap_or_default();
         let psks = s.host_psks.read().map(|k| k.clone()).unwrap_or_default();
@@ -173,12 +174,14 @@ impl Control {
             })
         }));
         for n in s.namespace_snapshot() {
-            let namespace = self.namespace_config(s, &n)?;
+            let mut namespace = self.namespace_config(s, &n)?;
+            namespace.ana_group = crate::nvmf::ana::saved_group(&n);
             ops.push(Op::AddNamespace(AddNamespace {
                 nqn: nqn(),
                 namespace,
             }));
         }
+        ops.extend(crate::nvmf::ana::saved_states(s));
         Ok(ops)
     }
 
@@ -221,6 +224,7 @@ impl Control {
             on_full: kv.as_ref().map(|k| k.on_full),
             ttl_secs: kv.as_ref().and_then(|k| k.ttl).map(|t| t.as_secs()),
             trim: kv.as_ref().and_then(|k| k.keep_footprint.then_some(false)),
+            ana_group: None,
         })
     }
 

@@ -258,7 +258,7 @@ struct SubsystemOptions {
     max_cntlid: Option<u64>,
     dmrsl: Option<u64>,
     wzsl: Option<u64>,
-    ana_reporting: Option<Value>,
+    ana_reporting: Option<bool>,
     passthrough: Option<Value>,
     enable_nssr: Option<Value>,
     admin_label: Option<Value>,
@@ -282,7 +282,6 @@ pub(super) fn create_subsystem(p: &mut Params) -> Parsed {
             )));
         }
     }
-    unsupported("ana_reporting", &spdk.ana_reporting)?;
     unsupported("passthrough", &spdk.passthrough)?;
     unsupported("enable_nssr", &spdk.enable_nssr)?;
     unsupported("admin_label", &spdk.admin_label)?;
@@ -303,6 +302,7 @@ pub(super) fn create_subsystem(p: &mut Params) -> Parsed {
         model_number: model,
         allow_any_host: any,
         any_listener: false,
+        ana_reporting: spdk.ana_reporting.unwrap_or(false),
     };
     act(move |ctl| {
         crate::rpc::apply::create_subsystem(&ctl.target, &op)

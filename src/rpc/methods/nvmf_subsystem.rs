@@ -62,7 +62,6 @@ struct NsParams {
     trim: Option<bool>,
     #[allow(dead_code)]
     ptpl_file: Option<String>,
-    #[allow(dead_code)]
     anagrpid: Option<u64>,
     no_auto_visible: Option<Value>,
     hide_metadata: Option<Value>,
@@ -106,6 +105,7 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
     kv_options
         .validate("namespace")
         .map_err(|e| RpcError::params(e.to_string()))?;
+    let ana_group = super::ana::add_ns_group(ns.anagrpid)?;
     unsupported("namespace.no_auto_visible", &ns.no_auto_visible)?;
     unsupported("namespace.hide_metadata", &ns.hide_metadata)?;
     act(move |ctl| {
@@ -133,6 +133,9 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
         let dev = VolumeDevice::new(pool, vol.clone());
         let mut namespace =
             Namespace::new(&nqn, nsid, dev, vol.desc.block_size).with_write_cache(write_cache);
+        if let Some(g) = ana_group {
+            namespace = namespace.with_ana_group(g);
+        }
         match &vol.kv {
             Some(kv) => {
                 kv.set_settings(kv_options.settings());
@@ -178,7 +181,7 @@ pub(super) fn remove_ns(p: &mut Params) -> Parsed {
 /// string or a number, `adrfam` optional.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ListenAddressParams {
+pub(super) struct ListenAddressParams {
     trtype: String,
     traddr: String,
     trsvcid: Option<Value>,
@@ -202,7 +205,9 @@ struct ListenerParams {
 }
 
 /// A listen address checked: the address and whether it is NVMe/RDMA.
-fn listen_address(la: ListenAddressParams) -> Result<(std::net::SocketAddr, bool), RpcError> {
+pub(super) fn listen_address(
+    la: ListenAddressParams,
+) -> Result<(std::net::SocketAddr, bool), RpcError> {
     let ListenAddressParams {
         trtype,
         traddr,
@@ -352,6 +357,8 @@ pub(super) fn remove_listener(p: &mut Params) -> Parsed {
             if list.len() == n {
                 return Err(not_found(format!("{nqn} does not listen on {addr}")));
             }
+            drop(l);
+            super::ana::listener_removed(&s, addr);
         }
         // Stop listening when nothing is reachable there any more. Connections
         // already made stay up.
