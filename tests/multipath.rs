@@ -11,6 +11,7 @@ use kvtarget::nvmf::ana::{self, AnaLog, AnaState};
 use kvtarget::server::Server;
 use kvtarget::wire::nvme::Status;
 use serde_json::{json, Value};
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -35,6 +36,9 @@ fn start() -> Setup {
         r#"
 [rpc]
 socket = "{d}/kv.sock"
+
+[metrics]
+address = "127.0.0.1:0"
 
 [[listeners]]
 address = "127.0.0.1"
@@ -92,6 +96,21 @@ fn states(h: &mut HostController) -> Vec<(u32, u8, Vec<u32>)> {
         .collect()
 }
 
+/// The `kvtarget_ana_groups` sample for `listener` and `state`.
+fn ana_metric(server: &Server, listener: SocketAddr, state: &str) -> u64 {
+    let mut s = std::net::TcpStream::connect(server.metrics_addr().unwrap()).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let want = format!(
+        "kvtarget_ana_groups{{subsystem=\"{NQN}\",listener=\"{listener}\",state=\"{state}\"}} "
+    );
+    out.lines()
+        .find_map(|l| l.strip_prefix(&want))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
 fn write(q: &mut IoQueue, nsid: u32, seed: u8) -> Result<(), Status> {
     q.write(nsid, 0, vec![seed; BS as usize], BS)
         .map_err(support::status_of)
@@ -132,6 +151,9 @@ fn two_paths_report_and_follow_their_ana_states() {
     assert_eq!(qb[0].read(1, 0, 1, BS).unwrap(), vec![3u8; BS as usize]);
     assert_eq!(states(&mut ha)[0].1, AnaState::Inaccessible as u8);
     ha.keep_alive().unwrap();
+    assert_eq!(ana_metric(&s.server, s.a, "inaccessible"), 1);
+    assert_eq!(ana_metric(&s.server, s.a, "optimized"), 1);
+    assert_eq!(ana_metric(&s.server, s.b, "non_optimized"), 1);
 
     // Every group of A in change, then back to optimized.
     for (st, want) in [

@@ -447,7 +447,9 @@ fn get_log_page(target: &Target, ctrl: &Controller, sqe: &Sqe, now: Instant) -> 
         return AdminOutcome::status(Status::INVALID_FIELD);
     }
     let start = g.offset as usize;
-    let mut out = vec![0u8; g.len];
+    // NUMD asks for up to 16 GiB; no command's data is longer than MDTS
+    // (the queue refuses a longer SGL), so nothing past it is allocated.
+    let mut out = vec![0u8; g.len.min(target.limits.max_io_size as usize)];
     let n = (page.len() - start).min(g.len);
     out[..n].copy_from_slice(&page[start..start + n]);
     AdminOutcome::data(out)

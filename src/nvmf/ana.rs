@@ -642,34 +642,31 @@ pub fn initial_group(nsid: u32) -> AtomicU32 {
     AtomicU32::new(nsid.clamp(1, MAX_ANA_GROUPS))
 }
 
-/// Per state: how many (listener, group) pairs
-/// that hold a namespace are in each state, over every subsystem that
-/// reports ANA, in `ANA_STATES` order (metrics).
-pub fn state_counts(target: &Target) -> [u64; ANA_STATES.len()] {
-    let mut out = [0u64; ANA_STATES.len()];
-    let subs = target
-        .subsystems
-        .read()
-        .map(|s| s.clone())
-        .unwrap_or_default();
-    for s in subs.iter().filter(|s| s.ana.is_reporting()) {
-        let mut groups: Vec<u32> = s
-            .namespace_snapshot()
-            .iter()
-            .map(|n| n.ana_group.load(Ordering::Acquire))
-            .collect();
-        groups.sort_unstable();
-        groups.dedup();
-        for p in s.ana.paths() {
+/// For each listener of `subsys` with states: how many of its groups that
+/// hold a namespace are in each state, in `ANA_STATES` order (metrics).
+pub fn listener_state_counts(subsys: &Subsystem) -> Vec<(SocketAddr, [u64; ANA_STATES.len()])> {
+    let mut groups: Vec<u32> = subsys
+        .namespace_snapshot()
+        .iter()
+        .map(|n| n.ana_group.load(Ordering::Acquire))
+        .collect();
+    groups.sort_unstable();
+    groups.dedup();
+    subsys
+        .ana
+        .paths()
+        .iter()
+        .map(|p| {
+            let mut out = [0u64; ANA_STATES.len()];
             for &g in &groups {
                 let st = p.state(g);
                 if let Some(i) = ANA_STATES.iter().position(|x| *x == st) {
                     out[i] += 1;
                 }
             }
-        }
-    }
-    out
+            (p.listener, out)
+        })
+        .collect()
 }
 
 #[cfg(test)]
