@@ -180,6 +180,22 @@ pub(super) fn add_ns_group(anagrpid: Option<u64>) -> Result<Option<u32>, RpcErro
     }
 }
 
+/// `nvmf_subsystem_add_listener`'s `ana_state` (checked by its handler):
+/// the new listener's state for every group. Off when the subsystem does
+/// not report ANA, as SPDK ignores it then.
+pub(super) fn listener_added(
+    s: &Subsystem,
+    addr: std::net::SocketAddr,
+    ana_state: Option<&str>,
+) -> Result<(), RpcError> {
+    match ana_state {
+        Some(st) if s.ana.is_reporting() => {
+            ana::set_listener_state(s, addr, st, None).map_err(ana_error)
+        }
+        _ => Ok(()),
+    }
+}
+
 /// `nvmf_subsystem_remove_listener`: the queue pairs that came in through
 /// `addr` are disconnected, as SPDK's nvmf_tgt does.
 pub(super) fn listener_removed(s: &Subsystem, addr: std::net::SocketAddr) {

@@ -195,7 +195,6 @@ struct ListenerParams {
     listen_address: ListenAddressParams,
     #[allow(dead_code)]
     tgt_name: Option<String>,
-    #[allow(dead_code)]
     ana_state: Option<String>,
     #[allow(dead_code)]
     sock_impl: Option<String>,
@@ -257,6 +256,10 @@ pub(super) fn add_listener(p: &mut Params) -> Parsed {
     let nqn = l.nqn;
     let (addr, rdma) = listen_address(l.listen_address)?;
     let secure = l.secure_channel.unwrap_or(false);
+    let ana_state = l.ana_state;
+    if let Some(st) = &ana_state {
+        crate::nvmf::ana::AnaState::parse(st).map_err(super::ana::ana_error)?;
+    }
     if secure && rdma {
         return Err(RpcError::params(
             "secure_channel: TLS is NVMe/TCP's; an RDMA listener cannot require it",
@@ -314,6 +317,8 @@ pub(super) fn add_listener(p: &mut Params) -> Parsed {
             if let Some(list) = l.as_mut() {
                 list.push(addr);
             }
+            drop(l);
+            super::ana::listener_added(&s, addr, ana_state.as_deref())?;
         }
         ctl.target.genctr.fetch_add(1, Ordering::Relaxed);
         Ok(Value::Bool(true))
