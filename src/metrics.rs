@@ -416,6 +416,16 @@ const METRICS: &[Metric] = &[
             o.push(vec![("subsystem", sub.nqn.clone())], n);
         }
     }),
+    metric("kvtarget_ana_groups", Gauge, "ANA groups holding a namespace, per subsystem that reports ANA, listener and state.", |s, o| {
+        for sub in s.subs.iter().filter(|x| x.ana.is_reporting()) {
+            for (l, counts) in crate::nvmf::ana::listener_state_counts(sub) {
+                for (st, n) in crate::nvmf::ana::ANA_STATES.iter().zip(counts) {
+                    let labels = vec![("subsystem", sub.nqn.clone()), ("listener", l.to_string()), ("state", st.name().into())];
+                    o.push(labels, n);
+                }
+            }
+        }
+    }),
     metric("kvtarget_namespace_info", Gauge, "Which volume each namespace serves.", |s, o| {
         for sub in &s.subs {
             for n in sub.namespace_snapshot() {

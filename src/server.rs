@@ -63,6 +63,12 @@ pub enum StartError {
 pub enum SetupError {
     #[error("{field}: required")]
     Required { field: String },
+    #[error("{field}: {}: {source}", source.field())]
+    Ana {
+        field: String,
+        #[source]
+        source: crate::nvmf::ana::AnaError,
+    },
     #[error("{field}: {source}")]
     Ram {
         field: String,
@@ -447,6 +453,19 @@ impl Assembly {
                 Ok(())
             }
             Op::AddNamespace(n) => self.add_namespace(field, n),
+            Op::SetAnaState(a) => {
+                let subsys = self.subsystem(&a.nqn).map_err(op_err)?;
+                let l = a.listen_address.socket_addr();
+                let l =
+                    l.ok_or_else(|| op_err(OpError::Address(a.listen_address.traddr.clone())))?;
+                let grp = a.anagrpid.map(u64::from);
+                crate::nvmf::ana::set_listener_state(&subsys, l, &a.ana_state, grp).map_err(
+                    |source| SetupError::Ana {
+                        field: field.into(),
+                        source,
+                    },
+                )
+            }
         }
     }
 
@@ -543,6 +562,9 @@ impl Assembly {
                     field: field.into(),
                     source,
                 })?;
+        }
+        if let Some(g) = n.ana_group {
+            ns = ns.with_ana_group(g);
         }
         match kv_index {
             Some(kv) => {

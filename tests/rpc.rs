@@ -141,7 +141,7 @@ fn methods_build_a_subsystem_a_host_can_use() {
     assert_eq!(
         err_code(c.call(
             "nvmf_create_subsystem",
-            json!({"nqn": "nqn.2026-11.x:y", "ana_reporting": true})
+            json!({"nqn": "nqn.2026-11.x:y", "passthrough": true})
         )),
         code::INVALID_PARAMS
     );

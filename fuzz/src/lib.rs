@@ -9,15 +9,16 @@
 pub mod image;
 
 use kvtarget::config::{validate_nqn, Config};
+use kvtarget::nvmf::{Controller, Target};
 use kvtarget::pool::format::{
     self, BlockHeader, CheckpointData, Record, Superblock, Writer, CHECKPOINT_MAGIC, HEADER_LEN,
     JOURNAL_MAGIC,
 };
 use kvtarget::pool::image::Image;
 use kvtarget::wire::nvme::{
-    decode_list_response, encode_list_response, ConnectCommand, ConnectData, Cqe, DataDirection,
-    DsmRange, GetLogPage, KvCommand, KvIdentifyNamespace, PropertyCommand, Sqe, CONNECT_DATA_LEN,
-    CQE_LEN, DSM_RANGE_LEN, KV_KEY_MAX_LEN, SQE_LEN,
+    admin_opc, decode_list_response, encode_list_response, ConnectCommand, ConnectData, Cqe,
+    DataDirection, DsmRange, GetLogPage, KvCommand, KvIdentifyNamespace, PropertyCommand, Sqe,
+    CONNECT_DATA_LEN, CQE_LEN, DSM_RANGE_LEN, KV_KEY_MAX_LEN, SQE_LEN,
 };
 use kvtarget::wire::rdma::{self, CmRequest, DataDescriptor, KEYED_MAX_LEN};
 use kvtarget::wire::tcp::{self, Digests, ParseLimits, Pdu};
@@ -234,6 +235,7 @@ fn check_sqe(sqe: &Sqe, data: &[u8]) {
     assert_eq!(PropertyCommand::parse(&pc.encode(sqe.fctype(), 0)), pc);
     let glp = GetLogPage::parse(sqe);
     assert_eq!(GetLogPage::parse(&glp.encode(sqe.cid(), sqe.nsid())), glp);
+    check_ana_log(sqe, &glp, data);
     check_kv(sqe, data);
     check_reservation(sqe, data);
 
@@ -330,6 +332,85 @@ fn check_reservation(sqe: &Sqe, data: &[u8]) {
         }
     }
     let _ = decode_report(data, sqe.cdw(11) & 1 != 0);
+}
+
+/// A controller of a subsystem that reports ANA: namespaces 1 and 2 in
+/// group 1, 3 in group 5; its path has group 5 inaccessible. Built once.
+fn ana_controller() -> &'static (Target, std::sync::Arc<Controller>) {
+    use kvtarget::nvmf::ana::AnaState;
+    use kvtarget::nvmf::{Namespace, Subsystem, SubsystemKind, TransportLimits};
+    use std::sync::{Arc, OnceLock};
+    static C: OnceLock<(Target, Arc<Controller>)> = OnceLock::new();
+    C.get_or_init(|| {
+        let t = Target::new(TransportLimits::default());
+        let s = Arc::new(Subsystem::new(
+            "nqn.f:ana",
+            SubsystemKind::Nvm,
+            "S",
+            "M",
+            true,
+            vec![],
+        ));
+        s.ana
+            .reporting
+            .store(true, std::sync::atomic::Ordering::Release);
+        for (nsid, grp) in [(1, 1), (2, 1), (3, 5)] {
+            let dev = kvtarget::bdev::ram::RamDevice::new("f", 4096).expect("ram");
+            let ns = Namespace::new("nqn.f:ana", nsid, dev, 512).with_ana_group(grp);
+            s.add_namespace(Arc::new(ns)).expect("namespace");
+        }
+        t.add_subsystem(s.clone());
+        let c = Arc::new(Controller::new(
+            1,
+            s.clone(),
+            "nqn.h",
+            [0; 16],
+            0,
+            "f".into(),
+            std::time::Instant::now(),
+        ));
+        let l: std::net::SocketAddr = "127.0.0.1:4420".parse().expect("address");
+        let _ = c.ana.path.set(s.ana.path(l));
+        s.set_ana_state(l, Some(5), AnaState::Inaccessible)
+            .expect("state");
+        (t, c)
+    })
+}
+
+/// Get Log Page for the ANA log page (LID 0Ch) with any LSP (RGO), RAE,
+/// offset and length, as the admin queue runs it: a status or the page's
+/// bytes at that offset, never a panic; the capsule data read as an ANA log
+/// page (what a host parses) must survive a re-encode.
+fn check_ana_log(sqe: &Sqe, glp: &GetLogPage, data: &[u8]) {
+    use kvtarget::nvmf::admin::{execute, AdminOutcome};
+    use kvtarget::nvmf::ana::{self, AnaLog};
+    if let Some(log) = AnaLog::decode(data) {
+        assert_eq!(AnaLog::decode(&log.encode()), Some(log));
+    }
+    if sqe.opcode() != admin_opc::GET_LOG_PAGE || glp.lid != ana::LID_ANA {
+        return;
+    }
+    let (t, c) = ana_controller();
+    let page = ana::log_page(c, glp.lsp & ana::LSP_RGO != 0).encode();
+    match execute(t, c, sqe, 0, std::time::Instant::now()) {
+        AdminOutcome::Done {
+            status,
+            data: Some(d),
+            ..
+        } => {
+            assert!(status.is_success());
+            let start = glp.offset as usize;
+            assert!(
+                start <= page.len() && start & 3 == 0,
+                "offsets are dword-aligned"
+            );
+            let n = (page.len() - start).min(d.len());
+            assert_eq!(d[..n], page[start..start + n]);
+            assert!(d[n..].iter().all(|&b| b == 0));
+        }
+        AdminOutcome::Done { status, .. } => assert!(!status.is_success()),
+        AdminOutcome::AsyncEventHeld => panic!("Get Log Page held"),
+    }
 }
 
 /// `Sqe::sgl` (what the TCP path reads) and `rdma::DataDescriptor` (what the

@@ -77,7 +77,9 @@ pub(crate) use pool::d_commit_interval_ms;
 pub use pool::{DualPathConfig, GcConfig, PoolConfig, Unwritten, VolumeConfig, VolumeKind};
 pub use runtime::{MetricsConfig, ReactorConfig, RpcConfig, SpdkConfig, DEFAULT_SOCKET};
 pub use size::{parse_size, SizeError};
-pub use subsystem::{HostConfig, HostEntryConfig, KvOptions, NamespaceConfig, SubsystemConfig};
+pub use subsystem::{
+    AnaStateConfig, HostConfig, HostEntryConfig, KvOptions, NamespaceConfig, SubsystemConfig,
+};
 pub use transport::{DiscoveryConfig, ListenerConfig, RdmaConfig, TcpConfig, TransportKind};
 
 /// A full-KV-namespace policy: the domain type, named in configuration files

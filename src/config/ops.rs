@@ -11,8 +11,8 @@
 //! listeners, RPC, metrics, SPDK, auth) are not operations: they are what the
 //! operations run on.
 
+use super::{AnaStateConfig, SubsystemConfig, VolumeConfig};
 use super::{Config, HostConfig, HostEntryConfig, KeyConfig, NamespaceConfig, PoolConfig};
-use super::{SubsystemConfig, VolumeConfig};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 
@@ -37,6 +37,19 @@ pub enum Op {
     AddListener(AddListener),
     #[serde(rename = "nvmf_subsystem_add_ns")]
     AddNamespace(AddNamespace),
+    #[serde(rename = "nvmf_subsystem_listener_set_ana_state")]
+    SetAnaState(SetAnaState),
+}
+
+/// `nvmf_subsystem_listener_set_ana_state`'s parameters.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetAnaState {
+    pub nqn: String,
+    pub listen_address: ListenAddress,
+    pub ana_state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anagrpid: Option<u32>,
 }
 
 /// A volume in pool `lvs_name` (SPDK's name for the lvol store a volume is in).
@@ -65,6 +78,8 @@ pub struct CreateSubsystem {
     /// kvtarget's own: see `SubsystemConfig::nvm_identify_for_kv`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub nvm_identify_for_kv: bool,
+    #[serde(default, skip_serializing_if = "super::subsystem::is_false")]
+    pub ana_reporting: bool,
 }
 
 /// `nvmf_subsystem_add_host`'s parameters.
@@ -194,8 +209,10 @@ impl Config {
                 model: s.model_number.clone(),
                 allow_any_host: s.allow_any_host,
                 nvm_identify_for_kv: s.nvm_identify_for_kv,
+                ana_reporting: s.ana_reporting,
                 hosts: Vec::new(),
                 listen: (!s.any_listener).then(Vec::new),
+                ana_states: Vec::new(),
                 namespaces: Vec::new(),
             }),
             Op::AddHost(h) => self.subsystem_mut(&h.nqn)?.hosts.push(host_config(h)),
@@ -210,6 +227,18 @@ impl Config {
             Op::AddNamespace(n) => {
                 let s = self.subsystem_mut(&n.nqn)?;
                 s.namespaces.push(n.namespace.clone());
+            }
+            Op::SetAnaState(a) => {
+                let addr = a
+                    .listen_address
+                    .socket_addr()
+                    .ok_or_else(|| OpError::Address(format!("{:?}", a.listen_address)))?;
+                let s = self.subsystem_mut(&a.nqn)?;
+                s.ana_states.push(AnaStateConfig {
+                    listen: addr.to_string(),
+                    ana_group: a.anagrpid,
+                    state: a.ana_state.clone(),
+                });
             }
         }
         Ok(())
@@ -250,6 +279,7 @@ fn subsystem_ops(f: &str, s: &SubsystemConfig) -> Vec<(String, Op)> {
         allow_any_host: s.allow_any_host,
         any_listener: s.listen.is_none(),
         nvm_identify_for_kv: s.nvm_identify_for_kv,
+        ana_reporting: s.ana_reporting,
     });
     let mut ops = vec![(f.to_string(), create)];
     ops.extend(s.hosts.iter().enumerate().map(|(j, h)| {
@@ -277,6 +307,16 @@ fn subsystem_ops(f: &str, s: &SubsystemConfig) -> Vec<(String, Op)> {
             namespace: n.clone(),
         });
         (format!("{f}.namespaces[{j}]"), op)
+    }));
+    // After the namespaces: a state names a listener and a group.
+    ops.extend(s.ana_states.iter().enumerate().filter_map(|(k, a)| {
+        let op = Op::SetAnaState(SetAnaState {
+            nqn: nqn(),
+            listen_address: ListenAddress::tcp(a.listen.parse().ok()?),
+            ana_state: a.state.clone(),
+            anagrpid: a.ana_group,
+        });
+        Some((format!("{f}.ana_states[{k}]"), op))
     }));
     ops
 }

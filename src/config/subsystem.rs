@@ -34,14 +34,61 @@ pub struct SubsystemConfig {
     /// blocks) instead of Invalid I/O Command Set. See docs/kv-namespaces.md.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub nvm_identify_for_kv: bool,
+    /// Asymmetric Namespace Access reporting (SPDK's `ana_reporting`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub ana_reporting: bool,
     #[serde(default)]
     pub hosts: Vec<HostConfig>,
     /// "address:port" entries this subsystem is reachable on; absent: every
     /// listener. Addresses not among [[listeners]] are listened on as well.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listen: Option<Vec<String>>,
+    /// ANA states of listeners other than optimized (`ana_reporting` on).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ana_states: Vec<AnaStateConfig>,
     #[serde(default)]
     pub namespaces: Vec<NamespaceConfig>,
+}
+
+pub(super) fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// `[[subsystems.ana_states]]`: one listener's state for one ANA group (or
+/// every group), as `nvmf_subsystem_listener_set_ana_state` sets it.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct AnaStateConfig {
+    /// "address:port": the listener.
+    pub listen: String,
+    /// The ANA group; absent: every group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ana_group: Option<u32>,
+    /// optimized, non_optimized, inaccessible, persistent_loss or change.
+    pub state: String,
+}
+
+impl AnaStateConfig {
+    /// Entry `f` of a subsystem whose `listen` list is `listen`.
+    fn validate(&self, f: &str, listen: Option<&[String]>) -> Result<(), ConfigError> {
+        let a: SocketAddr = self
+            .listen
+            .parse()
+            .map_err(|_| invalid!("{f}.listen", "`{}` is not ADDRESS:PORT", self.listen))?;
+        let listed = |l: &[String]| l.iter().any(|x| x.parse::<SocketAddr>().ok() == Some(a));
+        if listen.is_some_and(|l| !listed(l)) {
+            return Err(invalid!(
+                "{f}.listen",
+                "`{a}` is not in the subsystem's listen list"
+            ));
+        }
+        if let Some(g) = self.ana_group {
+            crate::nvmf::ana::check_group(g as u64)
+                .map_err(|e| invalid!("{f}.ana_group", "{e}"))?;
+        }
+        crate::nvmf::ana::AnaState::parse(&self.state).map_err(|e| invalid!("{f}.state", "{e}"))?;
+        Ok(())
+    }
 }
 
 /// Serial number of a subsystem that names none.
@@ -191,6 +238,9 @@ pub struct NamespaceConfig {
     /// (SPDK's `ptpl_file`); without one a namespace cannot persist them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ptpl_file: Option<PathBuf>,
+    /// The ANA group (ANAGRPID; default the NSID).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ana_group: Option<u32>,
 }
 
 /// A KV namespace's cache policy as `nvmf_subsystem_add_ns` and the
@@ -352,6 +402,13 @@ impl SubsystemConfig {
             a.parse::<SocketAddr>()
                 .map_err(|_| invalid!("{f}.listen[{j}]", "`{a}` is not ADDRESS:PORT"))?;
         }
+        for (k, a) in self.ana_states.iter().enumerate() {
+            let f = format!("{f}.ana_states[{k}]");
+            if !self.ana_reporting {
+                return Err(invalid!("{f}", "needs ana_reporting = true"));
+            }
+            a.validate(&f, self.listen.as_deref())?;
+        }
         for j in 0..self.namespaces.len() {
             let f = format!("{f}.namespaces[{j}]");
             self.validate_namespace(&f, j, refs, served)?;
@@ -398,6 +455,10 @@ impl SubsystemConfig {
                 n.nsid,
                 self.nqn
             ));
+        }
+        if let Some(g) = n.ana_group {
+            crate::nvmf::ana::check_group(g as u64)
+                .map_err(|e| invalid!("{f}.ana_group", "{e}"))?;
         }
         n.kv_options().validate(f)?;
         let Some(v) = &n.volume else {

@@ -121,7 +121,9 @@ fn identify(target: &Target, ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
         // hosts that ask every namespace for it (`nvm_identify_for_kv`).
         cns::NAMESPACE => active().and_then(|ns| match ns {
             Some(ns) if ns.command_set == CommandSet::Nvm => {
-                Ok(AdminOutcome::data(identify_namespace(&ns).encode()))
+                let mut id = identify_namespace(&ns);
+                id.anagrpid = super::ana::anagrpid(&ctrl.subsys, &ns);
+                Ok(AdminOutcome::data(id.encode()))
             }
             Some(ns) if ctrl.subsys.nvm_identify_for_kv.load(Ordering::Acquire) => {
                 Ok(AdminOutcome::data(identify_namespace(&ns).encode()))
@@ -158,9 +160,11 @@ fn identify(target: &Target, ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
                 // correct for a namespace without protection information or
                 // extended LBA formats.
                 Some(ns) if ns.command_set == set && set == CommandSet::Nvm => Ok(zeroed()),
-                Some(ns) if ns.command_set == set => Ok(AdminOutcome::data(
-                    kv_identify_namespace(target, &ns).encode(),
-                )),
+                Some(ns) if ns.command_set == set => {
+                    let mut id = kv_identify_namespace(target, &ns);
+                    id.anagrpid = super::ana::anagrpid(&ctrl.subsys, &ns);
+                    Ok(AdminOutcome::data(id.encode()))
+                }
                 Some(_) => Err(Status::INVALID_FIELD),
                 // Unlike CNS 00h, no zeroed structure for an inactive NSID:
                 // Linux nvmet answers Invalid Namespace here, and hosts only
@@ -179,7 +183,11 @@ fn identify(target: &Target, ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
         // Linux 6.1 reads this for namespaces of command sets other than NVM
         // and ZNS (`nvme_ns_info_from_id_cs_indep`).
         cns::CS_INDEPENDENT_NAMESPACE => active().and_then(|ns| match ns {
-            Some(_) => Ok(AdminOutcome::data(cs_independent_namespace().encode())),
+            Some(ns) => {
+                let mut id = cs_independent_namespace();
+                id.anagrpid = super::ana::anagrpid(&ctrl.subsys, &ns);
+                Ok(AdminOutcome::data(id.encode()))
+            }
             None => Err(Status::INVALID_NAMESPACE),
         }),
         // CDW10 bits 31:16 name the controller; this one (or 0, which a host
@@ -343,6 +351,14 @@ pub fn identify_controller(target: &Target, ctrl: &Controller) -> IdentifyContro
         let namespaces = ctrl.subsys.namespace_snapshot();
         let cached = namespaces.is_empty() || namespaces.iter().any(|n| !n.write_through);
         id.vwc = if cached { 0x01 | 0x06 } else { 0 };
+        if ctrl.subsys.ana.is_reporting() {
+            id.cmic = super::ana::CMIC_ANA;
+            id.oaes |= super::ana::AEC_ANA_CHANGE;
+            id.anatt = super::ana::ANATT_SECS;
+            id.anacap = super::ana::ANACAP;
+            id.anagrpmax = super::ana::MAX_ANA_GROUPS;
+            id.nanagrpid = super::ana::MAX_ANA_GROUPS;
+        }
     }
     id
 }
@@ -429,13 +445,19 @@ fn get_log_page(target: &Target, ctrl: &Controller, sqe: &Sqe, now: Instant) -> 
         (super::reservation::LID_RESERVATION_NOTIFICATION, false) => {
             super::reservation::notice_log_page(ctrl, g.rae)
         }
+        (super::ana::LID_ANA, false) => match super::ana::read_log_page(ctrl, g.lsp, g.rae) {
+            Some(page) => page,
+            None => return AdminOutcome::status(Status::INVALID_LOG_PAGE),
+        },
         _ => return AdminOutcome::status(Status::INVALID_LOG_PAGE),
     };
     if g.offset % 4 != 0 || g.offset > page.len() as u64 {
         return AdminOutcome::status(Status::INVALID_FIELD);
     }
     let start = g.offset as usize;
-    let mut out = vec![0u8; g.len];
+    // NUMD asks for up to 16 GiB; no command's data is longer than MDTS
+    // (the queue refuses a longer SGL), so nothing past it is allocated.
+    let mut out = vec![0u8; g.len.min(target.limits.max_io_size as usize)];
     let n = (page.len() - start).min(g.len);
     out[..n].copy_from_slice(&page[start..start + n]);
     AdminOutcome::data(out)

@@ -130,6 +130,9 @@ impl<X> Queue<X> {
             // SGLs (Identify), and its error log names RDMA.
             ctrl.keyed_sgl.store(true, Ordering::Release);
         }
+        if c.binding.qid() == 0 {
+            super::ana::bind_path(&self.target, &ctrl, self.cfg.local);
+        }
         self.sqsize = cmd.sqsize;
         // The Connect itself took entry 0 of the new queue.
         self.sq_head = if cmd.sqsize == 0 { 0 } else { 1 };

@@ -108,6 +108,8 @@ pub struct Controller {
     error_seq: AtomicU64,
     /// Reservation Notification log and mask (`nvmf::reservation`).
     pub reservation_log: Mutex<super::reservation::NoticeLog>,
+    /// The path (listener) it came in through and its ANA event mask.
+    pub ana: super::ana::ControllerAna,
 }
 
 /// One attachment of an I/O queue ID: only the queue that attached it can
@@ -170,6 +172,7 @@ impl Controller {
             retired: Mutex::new(Retired::default()),
             error_seq: AtomicU64::new(0),
             reservation_log: Mutex::new(Default::default()),
+            ana: super::ana::ControllerAna::default(),
         }
     }
 

@@ -6,6 +6,7 @@
 //! control-path state (admin commands, connect, configuration), never an I/O.
 
 pub mod admin;
+pub mod ana;
 pub mod auth;
 mod authenticate;
 pub mod command;
@@ -143,6 +144,9 @@ pub struct Namespace {
     pub kv: Option<Arc<dyn kv_index::KeyIndex>>,
     /// Registrants and reservation (NVMe reservations).
     pub reservation: reservation::NsReservation,
+    /// Its ANA group (ANAGRPID; its NSID unless configured), read per I/O
+    /// command by `ana::io_status`.
+    pub ana_group: std::sync::atomic::AtomicU32,
 }
 
 static NEXT_NS_KEY: AtomicU64 = AtomicU64::new(1);
@@ -177,6 +181,7 @@ impl Namespace {
             write_through: false,
             kv: None,
             reservation: reservation::NsReservation::default(),
+            ana_group: ana::initial_group(nsid),
         }
     }
     /// The namespace as a KV namespace (Key Value command set) over `index`,
@@ -272,6 +277,8 @@ pub struct Subsystem {
     pub listen: RwLock<Option<Vec<SocketAddr>>>,
     pub controllers: Mutex<HashMap<u16, Arc<Controller>>>,
     next_cntlid: AtomicU16,
+    /// Asymmetric Namespace Access: reporting on or off, per-listener states.
+    pub ana: ana::SubsystemAna,
 }
 
 impl Subsystem {
@@ -298,6 +305,7 @@ impl Subsystem {
             listen: RwLock::new(None),
             controllers: Mutex::new(HashMap::new()),
             next_cntlid: AtomicU16::new(1),
+            ana: ana::SubsystemAna::default(),
         }
     }
 

@@ -507,6 +507,13 @@ impl<X> Queue<X> {
             .as_ref()
             .is_some_and(|b| !b.ctrl().write_cache.load(Ordering::Relaxed));
         let ns = self.ns.get(sqe.nsid()).map(|n| &**n);
+        // ANA: a path that cannot serve the namespace's group answers with
+        // a Path Related status before anything runs.
+        if let (Some(b), Some(n)) = (self.binding.as_ref(), ns) {
+            if let Some(st) = super::ana::io_status(b.ctrl(), n) {
+                return Err(st);
+            }
+        }
         let (handler, plan) = io::parse(
             ns,
             sqe,

@@ -65,6 +65,7 @@ pub fn create_subsystem(target: &Target, s: &CreateSubsystem) -> Result<(), Appl
     );
     sub.nvm_identify_for_kv
         .store(s.nvm_identify_for_kv, Ordering::Release);
+    sub.ana.reporting.store(s.ana_reporting, Ordering::Release);
     if !s.any_listener {
         if let Ok(mut l) = sub.listen.write() {
             *l = Some(Vec::new());

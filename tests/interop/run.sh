@@ -51,6 +51,10 @@ AUTH_HOSTNQN=nqn.2026-12.io.kvtarget:interop-auth-host
 # kvtarget only: a second subsystem with one block namespace (NSID 1) and one KV
 # namespace (NSID 2, NVMe Key Value command set) for kv-namespace.
 KV_NQN=nqn.2026-12.io.kvtarget:interop-kv
+# kvtarget only: a subsystem with ANA reporting reachable on PORT and MP_PORT (two
+# paths), its NSID 1 a thin volume, for ana-multipath.
+MP_NQN=nqn.2026-12.io.kvtarget:interop-mp
+MP_PORT=4432
 HOSTID=6b7a7f1e-0c1d-4d2e-9a41-6b7674000001
 PORT=4420
 DISC_PORT=8009
@@ -311,6 +315,10 @@ address = "127.0.0.1"
 port = $TLS_PORT
 secure_channel = true
 
+[[listeners]]
+address = "127.0.0.1"
+port = $MP_PORT
+
 # One pool; thin provisioning lets the volumes add up to more than it, but the
 # suite's writes stay well within it.
 [[pools]]
@@ -375,6 +383,22 @@ volume = "interop/kv-blocks"
 [[subsystems.namespaces]]
 nsid = 2
 volume = "interop/kv-cache"
+
+[[pools.volumes]]
+name = "mp"
+size = "128MiB"
+
+[[subsystems]]
+nqn = "$MP_NQN"
+serial = "KVTINTEROPMP01"
+allow_any_host = false
+hosts = ["$HOSTNQN"]
+ana_reporting = true
+listen = ["127.0.0.1:$PORT", "127.0.0.1:$MP_PORT"]
+
+[[subsystems.namespaces]]
+nsid = 1
+volume = "interop/mp"
 EOF
     } > "$kv_cfg"
     if ! "$bin" check-config "$kv_cfg" >> "$out/kvtarget/kvtarget.log" 2>&1; then
@@ -382,7 +406,7 @@ EOF
         host_check kvtarget-config 0 "kvtarget check-config rejects $kv_cfg"
         return
     fi
-    if listening "$PORT" || listening "$DISC_PORT" || listening "$TLS_PORT"; then
+    if listening "$PORT" || listening "$DISC_PORT" || listening "$TLS_PORT" || listening "$MP_PORT"; then
         log "port $PORT, $DISC_PORT or $TLS_PORT already in use on the host: $(ss -Hltnp "( sport = :$PORT or sport = :$DISC_PORT or sport = :$TLS_PORT )" | tr '\n' ' ')"
         host_check kvtarget-start 0 "port $PORT, $DISC_PORT or $TLS_PORT already in use"
         return
@@ -394,7 +418,7 @@ EOF
     fi
     local share
     share=$(new_share kvtarget/share)
-    echo "exec bash /mnt/share/tcp-suite.sh $(suite_args 10.0.2.2 share "$KV_SERIAL" "$KV_MODEL" --advertised-addr 127.0.0.1 --disc-port-svc $PORT --volumes "'$VOLUMES'" --auth-hostnqn "$AUTH_HOSTNQN" --tls-port "$TLS_PORT" --kv-nqn "$KV_NQN")" \
+    echo "exec bash /mnt/share/tcp-suite.sh $(suite_args 10.0.2.2 share "$KV_SERIAL" "$KV_MODEL" --advertised-addr 127.0.0.1 --disc-port-svc $PORT --volumes "'$VOLUMES'" --auth-hostnqn "$AUTH_HOSTNQN" --tls-port "$TLS_PORT" --kv-nqn "$KV_NQN" --mp-nqn "$MP_NQN" --mp-port "$MP_PORT")" \
         > "$share/run-suite.sh"
     log "booting the guest against kvtarget (timeout ${timeout_s}s)"
     "$repo/ci/guest/run.sh" --share "$share" --script run-suite.sh --timeout "$timeout_s" \

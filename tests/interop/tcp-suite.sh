@@ -48,6 +48,9 @@
 #   --resv-ptpl         NSID 1 of --resv-nqn has a PTPL file: reservation-ptpl-kill kills
 #                       the target (SIGKILL through the share) and expects the
 #                       registrations back
+#   --mp-nqn NQN --mp-port P  a subsystem with ANA reporting (kvtarget) reachable on
+#                       --port and P, its NSID 1 a volume: ana-multipath connects both
+#                       paths and flips their ANA states under fio. Skipped without.
 #   --only REGEX        run only scenarios whose name matches (development aid)
 #   --transport T       tcp (default) or rdma: the same scenarios over NVMe/RDMA
 #                       (rdma-guest.sh); NVMe/TCP-only ones (digests, the 8009
@@ -64,6 +67,7 @@ TLS_PORT=
 KV_NQN=
 RESV_NQN= RESV_HOSTNQN= RESV_PTPL=
 RESV_HOSTID=6b7a7f1e-0c1d-4d2e-9a41-6b7674000b02
+MP_NQN= MP_PORT=
 INTRUDER_NQN=nqn.2026-11.io.kvtarget:intruder
 INTRUDER_ID=6b7a7f1e-0c1d-4d2e-9a41-6b76740000ff
 while [ $# -gt 0 ]; do
@@ -90,6 +94,8 @@ while [ $# -gt 0 ]; do
         --resv-hostnqn) RESV_HOSTNQN=$2 ;;
         --resv-hostid) RESV_HOSTID=$2 ;;
         --resv-ptpl) RESV_PTPL=1; shift; continue ;;
+        --mp-nqn) MP_NQN=$2 ;;
+        --mp-port) MP_PORT=$2 ;;
         --only) ONLY=$2 ;;
         --transport) TRANSPORT=$2 ;;
         *) echo "tcp-suite: unknown argument $1" >&2; exit 2 ;;
@@ -1371,6 +1377,176 @@ t_reservation_ptpl_kill() {
     disconnect_ctrl "$a"; disconnect_ctrl "$b"
 }
 
+# --- ANA multipath (kvtarget: --mp-nqn, --mp-port) ------------------------------------
+
+# Path A is --port, path B --mp-port, both to MP_NQN; the RPCs name the listeners by
+# the address the target listens on (--advertised-addr).
+mp_la() { echo "listen_address.trtype=tcp listen_address.adrfam=ipv4 listen_address.traddr=$ADV_ADDR listen_address.trsvcid=$1"; }
+mp_set() { # PORT STATE: every group of the listener at PORT
+    rpc_call nvmf_subsystem_listener_set_ana_state nqn=$MP_NQN $(mp_la "$1") ana_state=$2
+}
+# mp_path nvmeX -> the path block device (nvmeScXnY) of MP_NQN's NSID 1 through nvmeX
+mp_path() {
+    local p
+    for p in /sys/block/nvme*c*n*; do
+        [ -e "$p/device" ] || continue
+        [ "$(basename "$(readlink -f "$p/device")")" = "$1" ] || continue
+        [ "$(cat "$p/nsid" 2>/dev/null)" = 1 ] && { basename "$p"; return 0; }
+    done
+    return 1
+}
+mp_state() { cat "/sys/block/$1/ana_state" 2>/dev/null || echo none; }
+mp_wait_states() { # WANT_A WANT_B: each path's sysfs ana_state, within 15 s
+    local i a b
+    for i in $(seq 1 75); do
+        a=$(mp_state "$MP_PA") b=$(mp_state "$MP_PB")
+        [ "$a" = "$1" ] && [ "$b" = "$2" ] && { echo "#   ana_state A=$a B=$b"; return 0; }
+        sleep 0.2
+    done
+    fail "sysfs ana_state A=$a B=$b, expected A=$1 B=$2"
+}
+mp_ios() { awk '{print $1 + $5}' "/sys/block/$1/stat"; }   # reads + writes completed
+mp_ctrl_state_is() { # CTRL STATE SECONDS
+    local i
+    for i in $(seq 1 $(($3 * 5))); do [ "$(ctrl_state "$1")" = "$2" ] && return 0; sleep 0.2; done
+    fail "$1 is $(ctrl_state "$1"), expected $2 within $3 s"
+}
+# mp_fio_loop DEV: fio passes (64 MiB random writes, crc32c verify of every block)
+# until $WORK/mp-stop exists; pass N leaves $WORK/mp-fio-N.json; a failed pass
+# writes its number to $WORK/mp-fio-failed and ends the loop.
+mp_fio_loop() {
+    local n=0
+    while [ ! -e "$WORK/mp-stop" ]; do
+        n=$((n + 1))
+        timeout 300 fio --name=ana --filename="$1" --direct=1 --ioengine=libaio --rw=randwrite \
+            --bs=64k --iodepth=16 --size=64M --verify=crc32c --do_verify=1 --verify_fatal=1 \
+            --output-format=json --output="$WORK/mp-fio-$n.json" > "$WORK/mp-fio-$n.err" 2>&1 \
+            || { echo "$n" > "$WORK/mp-fio-failed"; return 1; }
+    done
+}
+MP_FIO_PID= MP_CA= MP_CB= MP_PA= MP_PB=
+ana_multipath_body() {
+    local out head i a0 a1 b0 b1
+    out=$(timeout 60 nvme connect $(common_opts) -a "$ADDR" -s "$PORT" -n "$MP_NQN" \
+        --ctrl-loss-tmo=60 --reconnect-delay=1 -o json 2>&1) || { fail "connect A: $(echo $out)"; return 1; }
+    MP_CA=$(echo "$out" | jq -r '.device // empty')
+    out=$(timeout 60 nvme connect $(common_opts) -a "$ADDR" -s "$MP_PORT" -n "$MP_NQN" \
+        --ctrl-loss-tmo=60 --reconnect-delay=1 -o json 2>&1) || { fail "connect B: $(echo $out)"; return 1; }
+    MP_CB=$(echo "$out" | jq -r '.device // empty')
+    [ -n "$MP_CA" ] && [ -n "$MP_CB" ] && [ "$MP_CA" != "$MP_CB" ] || { fail "two controllers expected, got '$MP_CA' '$MP_CB'"; return 1; }
+    ns_dev "$MP_CA" 1 || return 1
+    head=$NSDEV
+    for i in $(seq 1 50); do MP_PA=$(mp_path "$MP_CA") && MP_PB=$(mp_path "$MP_CB") && break; sleep 0.2; done
+    [ -n "$MP_PA" ] && [ -n "$MP_PB" ] || { fail "no path devices for $MP_CA/$MP_CB"; return 1; }
+    # One head for both paths: nvmeSnN's paths are nvmeScXnN.
+    local h=${head#/dev/}
+    case "$MP_PA $MP_PB" in
+        "${h%n*}c"*"n${h##*n} ${h%n*}c"*"n${h##*n}") echo "#   head $h, paths $MP_PA ($MP_CA) and $MP_PB ($MP_CB)" ;;
+        *) fail "$head is not the head of both $MP_PA and $MP_PB"; return 1 ;;
+    esac
+    timeout 30 nvme list-subsys -o json > "$WORK/mp-subsys.json" 2> /dev/null
+    timeout 30 nvme list-subsys "$head" 2>&1 | sed 's/^/#   /'
+    local paths plain
+    paths=$(jq --arg n "$MP_NQN" '[.. | objects | select(.NQN? == $n) | .Paths[]?] | length' "$WORK/mp-subsys.json" 2>/dev/null)
+    # (The text form, should this nvme-cli's JSON differ: one "+- nvmeX tcp ..." line
+    # per path.)
+    plain=$(timeout 30 nvme list-subsys "$head" 2>/dev/null | grep -cE '^ *\+- nvme[0-9]+ tcp ')
+    [ "$paths" = 2 ] || [ "$plain" = 2 ] \
+        || { fail "nvme list-subsys shows $paths (JSON) / $plain (text) paths for $MP_NQN: $(head -c 400 "$WORK/mp-subsys.json")"; return 1; }
+    mp_wait_states optimized optimized || return 1
+    # fio with verify on the head for the whole sequence: passes of 64 MiB of
+    # random writes, each verified block by block, until the sequence is done.
+    rm -f "$WORK"/mp-stop "$WORK"/mp-fio-*
+    mp_fio_loop "$head" &
+    MP_FIO_PID=$!
+    sleep 3
+    # A inaccessible, B optimized: I/O moves to B.
+    mp_set "$PORT" inaccessible || return 1
+    mp_wait_states inaccessible optimized || return 1
+    sleep 1
+    a0=$(mp_ios "$MP_PA") b0=$(mp_ios "$MP_PB"); sleep 3; a1=$(mp_ios "$MP_PA") b1=$(mp_ios "$MP_PB")
+    echo "#   I/Os in 3 s with A inaccessible: A $((a1 - a0)), B $((b1 - b0))"
+    if kill -0 "$MP_FIO_PID" 2>/dev/null; then
+        [ "$a1" = "$a0" ] || { fail "with A inaccessible I/O still went through A: A +$((a1 - a0)), B +$((b1 - b0))"; return 1; }
+        # (A kernel that keeps no statistics on path devices shows 0 on both.)
+        [ "$b1" -gt "$b0" ] || echo "#   no I/O counted on either path device (no per-path statistics?)"
+    fi
+    # Both non-optimized, then both optimized again.
+    mp_set "$MP_PORT" non_optimized && mp_set "$PORT" non_optimized || return 1
+    mp_wait_states non-optimized non-optimized || return 1
+    sleep 2
+    mp_set "$PORT" optimized && mp_set "$MP_PORT" optimized || return 1
+    mp_wait_states optimized optimized || return 1
+    sleep 2
+    # Listener A removed: its controller loses its connection (the host keeps
+    # reconnecting), I/O carries on through B; added again, A comes back live.
+    rpc_call nvmf_subsystem_remove_listener nqn=$MP_NQN $(mp_la "$PORT") || return 1
+    for i in $(seq 1 50); do [ "$(ctrl_state "$MP_CA")" != live ] && break; sleep 0.2; done
+    [ "$(ctrl_state "$MP_CA")" != live ] || { fail "$MP_CA still live 10 s after its listener was removed"; return 1; }
+    echo "#   after remove_listener: A $(ctrl_state "$MP_CA"), B $(ctrl_state "$MP_CB")"
+    [ "$(ctrl_state "$MP_CB")" = live ] || { fail "B is $(ctrl_state "$MP_CB") after A's listener was removed"; return 1; }
+    sleep 3
+    # (A listener removed a moment ago may still hold its socket: tried again.)
+    local added=0
+    for i in 1 2 3 4 5; do
+        if rpc_call nvmf_subsystem_add_listener nqn=$MP_NQN $(mp_la "$PORT"); then added=1; break; fi
+        sleep 1
+    done
+    [ "$added" = 1 ] || return 1
+    REASON=
+    # The host reconnects A by itself (its Connects were refused meanwhile: that
+    # port no longer leads to the subsystem). A kernel that gives up on a refusal
+    # with DNR set deletes A instead: then A is connected again here.
+    for i in $(seq 1 150); do
+        [ "$(ctrl_state "$MP_CA")" = live ] && break
+        [ -e "/sys/class/nvme/$MP_CA" ] || break
+        sleep 0.2
+    done
+    if [ ! -e "/sys/class/nvme/$MP_CA" ]; then
+        echo "#   the host deleted $MP_CA after its reconnects were refused; connecting A again"
+        out=$(timeout 60 nvme connect $(common_opts) -a "$ADDR" -s "$PORT" -n "$MP_NQN" \
+            --ctrl-loss-tmo=60 --reconnect-delay=1 -o json 2>&1) || { fail "connect A again: $(echo $out)"; return 1; }
+        MP_CA=$(echo "$out" | jq -r '.device // empty')
+        MP_PA=
+        for i in $(seq 1 50); do MP_PA=$(mp_path "$MP_CA") && break; sleep 0.2; done
+        [ -n "$MP_PA" ] || { fail "no path device for $MP_CA"; return 1; }
+    fi
+    mp_ctrl_state_is "$MP_CA" live 5 || return 1
+    mp_wait_states optimized optimized || return 1
+    sleep 3
+    touch "$WORK/mp-stop"
+    wait "$MP_FIO_PID"; local rc=$?
+    MP_FIO_PID=
+    local n f err w r total=0
+    n=$(ls "$WORK"/mp-fio-*.json 2>/dev/null | wc -l)
+    [ "$rc" = 0 ] && [ ! -e "$WORK/mp-fio-failed" ] \
+        || { fail "fio pass $(cat "$WORK/mp-fio-failed" 2>/dev/null) failed: $(grep -h -m3 -iE 'verify|error|fio:' "$WORK"/mp-fio-*.err | tr '\n' ' ')"; return 1; }
+    for f in "$WORK"/mp-fio-*.json; do
+        err=$(sed -n '/^{/,$p' "$f" | jq -r '.jobs[0].error' 2>/dev/null)
+        w=$(sed -n '/^{/,$p' "$f" | jq -r '.jobs[0].write.io_bytes' 2>/dev/null)
+        r=$(sed -n '/^{/,$p' "$f" | jq -r '.jobs[0].read.io_bytes' 2>/dev/null)
+        [ "$err" = 0 ] && [ "$w" = $((64 * MiB)) ] && [ "$r" = "$w" ] \
+            || { fail "fio $f: error $err, wrote $w and verified $r bytes, expected $((64 * MiB)) each"; return 1; }
+        total=$((total + w))
+    done
+    echo "#   fio: $n passes, $((total / MiB)) MiB written and verified, 0 errors"
+    [ "$n" -ge 2 ] || { fail "fio ran only $n passes during the sequence"; return 1; }
+    klog_since ana-multipath | grep -iE 'Call Trace|BUG|ANA log page size|disabling ANA|I/O error' \
+        | sed 's/^/#   | /' | grep . && { fail "kernel log has errors (above)"; return 1; }
+    return 0
+}
+t_ana_multipath() {
+    ana_multipath_body; local rc=$?
+    if [ -n "$MP_FIO_PID" ]; then
+        touch "$WORK/mp-stop"
+        wait "$MP_FIO_PID" 2>/dev/null
+        MP_FIO_PID=
+    fi
+    local c
+    for c in $(ctrls_of "$MP_NQN"); do disconnect_ctrl "$c"; done
+    return $rc
+}
+
 SCENARIOS="
 discovery-4420
 discovery-8009
@@ -1408,6 +1584,7 @@ lmcache-volatile-kill
 kv-namespace
 reservations
 reservation-ptpl-kill
+ana-multipath
 "
 # Scenarios that need thin-provisioned volumes (--volumes); reported as skipped without.
 VOLUME_SCENARIOS=" several-namespaces nuse-tracks-writes-and-discard unwritten-error-volume volume-data-survives-restart namespace-hot-add-remove "
@@ -1422,6 +1599,9 @@ skip_reason() {
     fi
     if [ "$1" = kv-namespace ] && [ -z "$KV_NQN" ]; then
         echo "needs a subsystem with a KV namespace (--kv-nqn); this target serves none (Linux nvmet serves NVM and zoned namespaces only)"
+    fi
+    if [ "$1" = ana-multipath ] && { [ -z "$MP_NQN" ] || [ -z "$MP_PORT" ] || [ "$RESTART" != share ]; }; then
+        echo "needs a subsystem with ANA reporting on two listeners (--mp-nqn, --mp-port) whose states the host can change over RPC; this target has none"
     fi
     if [ "$1" = auth-required-refused ] && [ -z "$AUTH_HOSTNQN" ]; then
         echo "needs a host entry with a DH-HMAC-CHAP key (--auth-hostnqn); this target has none (Linux 6.1's nvmet here has no in-band authentication)"

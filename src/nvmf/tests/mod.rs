@@ -6,6 +6,7 @@
 //! driven command by command) are here.
 
 mod admin;
+mod ana;
 mod command_sets;
 mod connect;
 mod io_kv;

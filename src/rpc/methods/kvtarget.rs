@@ -150,6 +150,7 @@ impl Control {
             allow_any_host: s.allow_any_host.load(Ordering::Acquire),
             any_listener: listen.is_none(),
             nvm_identify_for_kv: s.nvm_identify_for_kv.load(Ordering::Acquire),
+            ana_reporting: s.ana.is_reporting(),
         })];
         let keys = s.host_keys.read().map(|k| k.clone()).unwrap_or_default();
         let psks = s.host_psks.read().map(|k| k.clone()).unwrap_or_default();
@@ -174,12 +175,14 @@ impl Control {
             })
         }));
         for n in s.namespace_snapshot() {
-            let namespace = self.namespace_config(s, &n)?;
+            let mut namespace = self.namespace_config(s, &n)?;
+            namespace.ana_group = crate::nvmf::ana::saved_group(&n);
             ops.push(Op::AddNamespace(AddNamespace {
                 nqn: nqn(),
                 namespace,
             }));
         }
+        ops.extend(crate::nvmf::ana::saved_states(s));
         Ok(ops)
     }
 
@@ -223,6 +226,7 @@ impl Control {
             ttl_secs: kv.as_ref().and_then(|k| k.ttl).map(|t| t.as_secs()),
             trim: kv.as_ref().and_then(|k| k.keep_footprint.then_some(false)),
             ptpl_file: n.reservation.ptpl_file.clone(),
+            ana_group: None,
         })
     }
 

@@ -4,7 +4,7 @@
 //!
 //! Bdevs are pool volumes, named "pool/volume" (SPDK's lvol alias form, with the
 //! pool as the lvol store). Parameters SPDK's client sends with default values
-//! for features kvtarget lacks (ANA, passthrough, ...) are accepted when off and
+//! for features kvtarget lacks (passthrough, NSSR, ...) are accepted when off and
 //! refused with a clear message when on; unknown parameters are refused.
 //!
 //! A bad call changes nothing: every handler is split in two by its type. The
@@ -18,6 +18,7 @@
 //! `kvtarget`) holds its handlers; this module holds the shared state, the
 //! parameter reader and the one name -> handler table.
 
+mod ana;
 mod bdev;
 mod framework;
 mod keyring;
@@ -105,6 +106,12 @@ const TABLE: &[(&str, Handler)] = &[
         nvmf_subsystem::get_controllers,
     ),
     ("nvmf_subsystem_get_qpairs", nvmf_subsystem::get_qpairs),
+    ("nvmf_subsystem_get_listeners", ana::get_listeners),
+    (
+        "nvmf_subsystem_listener_set_ana_state",
+        ana::listener_set_ana_state,
+    ),
+    ("nvmf_subsystem_set_ns_ana_group", ana::set_ns_ana_group),
     ("nvmf_get_stats", nvmf::get_stats),
     ("bdev_get_bdevs", bdev::get_bdevs),
     ("bdev_get_iostat", bdev::get_iostat),
@@ -736,6 +743,15 @@ mod tests {
             ),
             ("nvmf_subsystem_get_controllers", json!({"nqn": NQN})),
             ("nvmf_subsystem_get_qpairs", json!({"nqn": NQN})),
+            ("nvmf_subsystem_get_listeners", json!({"nqn": NQN})),
+            (
+                "nvmf_subsystem_listener_set_ana_state",
+                json!({"nqn": NQN, "listen_address": listen_address(bound), "ana_state": "inaccessible"}),
+            ),
+            (
+                "nvmf_subsystem_set_ns_ana_group",
+                json!({"nqn": NQN, "nsid": 1, "anagrpid": 2}),
+            ),
             ("nvmf_get_stats", json!({})),
             ("bdev_get_bdevs", json!({"name": "kv/base"})),
             ("bdev_get_iostat", json!({"name": "kv/base"})),

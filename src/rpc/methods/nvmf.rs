@@ -259,7 +259,7 @@ struct SubsystemOptions {
     max_cntlid: Option<u64>,
     dmrsl: Option<u64>,
     wzsl: Option<u64>,
-    ana_reporting: Option<Value>,
+    ana_reporting: Option<bool>,
     passthrough: Option<Value>,
     enable_nssr: Option<Value>,
     admin_label: Option<Value>,
@@ -290,7 +290,6 @@ pub(super) fn create_subsystem(p: &mut Params) -> Parsed {
             )));
         }
     }
-    unsupported("ana_reporting", &spdk.ana_reporting)?;
     unsupported("passthrough", &spdk.passthrough)?;
     unsupported("enable_nssr", &spdk.enable_nssr)?;
     unsupported("admin_label", &spdk.admin_label)?;
@@ -312,6 +311,7 @@ pub(super) fn create_subsystem(p: &mut Params) -> Parsed {
         allow_any_host: any,
         any_listener: false,
         nvm_identify_for_kv,
+        ana_reporting: spdk.ana_reporting.unwrap_or(false),
     };
     act(move |ctl| {
         crate::rpc::apply::create_subsystem(&ctl.target, &op)

@@ -61,7 +61,6 @@ struct NsParams {
     ttl_secs: Option<u64>,
     trim: Option<bool>,
     ptpl_file: Option<std::path::PathBuf>,
-    #[allow(dead_code)]
     anagrpid: Option<u64>,
     no_auto_visible: Option<Value>,
     hide_metadata: Option<Value>,
@@ -106,6 +105,7 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
     kv_options
         .validate("namespace")
         .map_err(|e| RpcError::params(e.to_string()))?;
+    let ana_group = super::ana::add_ns_group(ns.anagrpid)?;
     unsupported("namespace.no_auto_visible", &ns.no_auto_visible)?;
     unsupported("namespace.hide_metadata", &ns.hide_metadata)?;
     act(move |ctl| {
@@ -137,6 +137,9 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
             namespace = namespace
                 .with_ptpl_file(path)
                 .map_err(|e| RpcError::params(format!("namespace.ptpl_file: {e}")))?;
+        }
+        if let Some(g) = ana_group {
+            namespace = namespace.with_ana_group(g);
         }
         match &vol.kv {
             Some(kv) => {
@@ -183,7 +186,7 @@ pub(super) fn remove_ns(p: &mut Params) -> Parsed {
 /// string or a number, `adrfam` optional.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ListenAddressParams {
+pub(super) struct ListenAddressParams {
     trtype: String,
     traddr: String,
     trsvcid: Option<Value>,
@@ -197,7 +200,6 @@ struct ListenerParams {
     listen_address: ListenAddressParams,
     #[allow(dead_code)]
     tgt_name: Option<String>,
-    #[allow(dead_code)]
     ana_state: Option<String>,
     #[allow(dead_code)]
     sock_impl: Option<String>,
@@ -207,7 +209,9 @@ struct ListenerParams {
 }
 
 /// A listen address checked: the address and whether it is NVMe/RDMA.
-fn listen_address(la: ListenAddressParams) -> Result<(std::net::SocketAddr, bool), RpcError> {
+pub(super) fn listen_address(
+    la: ListenAddressParams,
+) -> Result<(std::net::SocketAddr, bool), RpcError> {
     let ListenAddressParams {
         trtype,
         traddr,
@@ -257,6 +261,10 @@ pub(super) fn add_listener(p: &mut Params) -> Parsed {
     let nqn = l.nqn;
     let (addr, rdma) = listen_address(l.listen_address)?;
     let secure = l.secure_channel.unwrap_or(false);
+    let ana_state = l.ana_state;
+    if let Some(st) = &ana_state {
+        crate::nvmf::ana::AnaState::parse(st).map_err(super::ana::ana_error)?;
+    }
     if secure && rdma {
         return Err(RpcError::params(
             "secure_channel: TLS is NVMe/TCP's; an RDMA listener cannot require it",
@@ -314,6 +322,8 @@ pub(super) fn add_listener(p: &mut Params) -> Parsed {
             if let Some(list) = l.as_mut() {
                 list.push(addr);
             }
+            drop(l);
+            super::ana::listener_added(&s, addr, ana_state.as_deref())?;
         }
         ctl.target.genctr.fetch_add(1, Ordering::Relaxed);
         Ok(Value::Bool(true))
@@ -357,6 +367,8 @@ pub(super) fn remove_listener(p: &mut Params) -> Parsed {
             if list.len() == n {
                 return Err(not_found(format!("{nqn} does not listen on {addr}")));
             }
+            drop(l);
+            super::ana::listener_removed(&s, addr);
         }
         // Stop listening when nothing is reachable there any more. Connections
         // already made stay up.

@@ -52,6 +52,14 @@ pub struct IdentifyController {
     pub lpa: u8,
     pub elpe: u8,
     pub kas: u16,
+    /// ANA Transition Time, seconds (byte 342).
+    pub anatt: u8,
+    /// ANA Capabilities (byte 343).
+    pub anacap: u8,
+    /// ANA Group Identifier Maximum (bytes 347:344).
+    pub anagrpmax: u32,
+    /// Number of ANA Group Identifiers (bytes 351:348).
+    pub nanagrpid: u32,
     pub sqes: u8,
     pub cqes: u8,
     pub maxcmd: u16,
@@ -95,6 +103,10 @@ impl IdentifyController {
         b[261] = self.lpa;
         b[262] = self.elpe;
         put_u16(&mut b, 320, self.kas);
+        b[342] = self.anatt;
+        b[343] = self.anacap;
+        put_u32(&mut b, 344, self.anagrpmax);
+        put_u32(&mut b, 348, self.nanagrpid);
         b[512] = self.sqes;
         b[513] = self.cqes;
         put_u16(&mut b, 514, self.maxcmd);
@@ -143,6 +155,10 @@ impl IdentifyController {
             lpa: byte(261),
             elpe: byte(262),
             kas: u16_at(b, 320),
+            anatt: byte(342),
+            anacap: byte(343),
+            anagrpmax: u32_at(b, 344),
+            nanagrpid: u32_at(b, 348),
             sqes: byte(512),
             cqes: byte(513),
             maxcmd: u16_at(b, 514),

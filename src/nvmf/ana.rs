@@ -1,0 +1,673 @@
+//! Asymmetric Namespace Access (NVMe Base 2.0, 8.20): ANA groups, the state
+//! each listener (port) of a subsystem reports per group, the ANA log page
+//! (LID 0Ch), the ANA change asynchronous event and the Path Related statuses
+//! an I/O command gets through a path that cannot serve it.
+//!
+//! Place in the I/O path: one check before an I/O command is dispatched
+//! (`Queue::parse_io` calls `io_status`). It reads two atomics: the
+//! namespace's group and its controller's path state for that group; the
+//! path is fixed when the admin queue connects (`bind_path`), so the command
+//! path takes no lock. Everything else here is control path (RPC,
+//! configuration, admin commands).
+
+use super::controller::Controller;
+use super::{Namespace, Subsystem, Target};
+use crate::wire::nvme::Status;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
+
+/// ANA groups a subsystem has (ANAGRPMAX and NANAGRPID): one per possible
+/// NSID (`admin::MAX_NAMESPACES`), so a namespace's default group, its
+/// NSID, always exists. Each path keeps one byte per group (1 KiB).
+pub const MAX_ANA_GROUPS: u32 = super::admin::MAX_NAMESPACES;
+/// ANA Transition Time (ANATT), seconds: how long a host waits out the
+/// change state before it gives up on a path. SPDK reports 10 too.
+pub const ANATT_SECS: u8 = 10;
+/// ANACAP: every state reported (bits 0-4: optimized, non-optimized,
+/// inaccessible, persistent loss, change). Bit 6 (ANAGRPID never changes
+/// while attached) stays clear: `nvmf_subsystem_set_ns_ana_group` moves
+/// namespaces.
+pub const ANACAP: u8 = 0x1F;
+/// CMIC bits with ANA reporting: multi-port (0), multi-controller (1), ANA
+/// reporting (3).
+pub const CMIC_ANA: u8 = 0x01 | 0x02 | 0x08;
+/// Log page identifier of the ANA log page.
+pub const LID_ANA: u8 = 0x0C;
+/// Get Log Page LSP bit 0 for LID 0Ch: Return Groups Only (no NSID lists).
+pub const LSP_RGO: u8 = 0x01;
+/// Asynchronous Event Configuration bit enabling ANA change notices (also
+/// its OAES bit).
+pub const AEC_ANA_CHANGE: u32 = 1 << 11;
+/// AER completion dword 0 for an ANA change: notice (type 2), information
+/// 03h, log page 0Ch.
+pub const AEN_ANA_CHANGE: u32 = 0x000C_0302;
+/// ANA log page header: change count (8), descriptor count (2), reserved (6).
+pub const ANA_LOG_HEADER_LEN: usize = 16;
+/// One group descriptor before its NSID list: ANAGRPID (4), NNSID (4),
+/// change count (8), state (1), reserved (15).
+pub const ANA_DESCRIPTOR_LEN: usize = 32;
+
+/// Path Related status (SCT 3h): Asymmetric Access Persistent Loss.
+pub const ASYMMETRIC_ACCESS_PERSISTENT_LOSS: Status = Status {
+    sct: 3,
+    sc: 0x01,
+    dnr: false,
+};
+/// Path Related status (SCT 3h): Asymmetric Access Inaccessible.
+pub const ASYMMETRIC_ACCESS_INACCESSIBLE: Status = Status {
+    sct: 3,
+    sc: 0x02,
+    dnr: false,
+};
+/// Path Related status (SCT 3h): Asymmetric Access Transition.
+pub const ASYMMETRIC_ACCESS_TRANSITION: Status = Status {
+    sct: 3,
+    sc: 0x03,
+    dnr: false,
+};
+
+/// An ANA state, with its value in the log page's descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum AnaState {
+    Optimized = 0x01,
+    NonOptimized = 0x02,
+    Inaccessible = 0x03,
+    PersistentLoss = 0x04,
+    Change = 0x0F,
+}
+
+/// Every state, in the order metrics and docs list them.
+pub const ANA_STATES: [AnaState; 5] = [
+    AnaState::Optimized,
+    AnaState::NonOptimized,
+    AnaState::Inaccessible,
+    AnaState::PersistentLoss,
+    AnaState::Change,
+];
+
+/// Why an ANA request is refused; `field` names the parameter (a JSON-RPC
+/// error says `field: message`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AnaError {
+    #[error("`{0}` is not an ANA state (optimized, non_optimized, inaccessible, persistent_loss, change)")]
+    UnknownState(String),
+    #[error("{0} is not an ANA group (1..={MAX_ANA_GROUPS})")]
+    UnknownGroup(u64),
+    #[error("the subsystem does not report ANA (create it with ana_reporting)")]
+    NotReporting,
+    #[error("{0} is not a listener of the subsystem")]
+    NoListener(SocketAddr),
+}
+
+impl AnaError {
+    /// The RPC parameter the error is about.
+    pub fn field(&self) -> &'static str {
+        match self {
+            AnaError::UnknownState(_) => "ana_state",
+            AnaError::UnknownGroup(_) => "anagrpid",
+            AnaError::NotReporting => "ana_reporting",
+            AnaError::NoListener(_) => "listen_address",
+        }
+    }
+}
+
+impl AnaState {
+    /// SPDK's name (`nvmf_subsystem_listener_set_ana_state`'s `ana_state`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            AnaState::Optimized => "optimized",
+            AnaState::NonOptimized => "non_optimized",
+            AnaState::Inaccessible => "inaccessible",
+            AnaState::PersistentLoss => "persistent_loss",
+            AnaState::Change => "change",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<AnaState, AnaError> {
+        ANA_STATES
+            .into_iter()
+            .find(|st| st.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| AnaError::UnknownState(s.to_string()))
+    }
+
+    pub fn from_u8(v: u8) -> Option<AnaState> {
+        ANA_STATES.into_iter().find(|st| *st as u8 == v)
+    }
+
+    /// The status an I/O command gets through a path in this state (None:
+    /// it runs).
+    pub const fn io_status(self) -> Option<Status> {
+        match self {
+            AnaState::Optimized | AnaState::NonOptimized => None,
+            AnaState::Inaccessible => Some(ASYMMETRIC_ACCESS_INACCESSIBLE),
+            AnaState::PersistentLoss => Some(ASYMMETRIC_ACCESS_PERSISTENT_LOSS),
+            AnaState::Change => Some(ASYMMETRIC_ACCESS_TRANSITION),
+        }
+    }
+}
+
+/// A checked ANA group ID (1..=MAX_ANA_GROUPS).
+pub fn check_group(grp: u64) -> Result<u32, AnaError> {
+    match u32::try_from(grp) {
+        Ok(g) if (1..=MAX_ANA_GROUPS).contains(&g) => Ok(g),
+        _ => Err(AnaError::UnknownGroup(grp)),
+    }
+}
+
+/// One listener's states, one per ANA group (index = ANAGRPID - 1). Written
+/// by the control path, read by I/O queues without a lock.
+pub struct PathAna {
+    /// The subsystem listener (its `listen` entry, or the target listener)
+    /// this path is.
+    pub listener: SocketAddr,
+    states: Box<[AtomicU8]>,
+}
+
+impl PathAna {
+    pub fn new(listener: SocketAddr) -> PathAna {
+        PathAna {
+            listener,
+            states: (0..MAX_ANA_GROUPS)
+                .map(|_| AtomicU8::new(AnaState::Optimized as u8))
+                .collect(),
+        }
+    }
+
+    /// The state of group `grp` on this path.
+    pub fn state(&self, grp: u32) -> AnaState {
+        let i = grp.wrapping_sub(1) as usize;
+        self.states
+            .get(i)
+            .and_then(|s| AnaState::from_u8(s.load(Ordering::Acquire)))
+            .unwrap_or(AnaState::Inaccessible)
+    }
+
+    /// Sets group `grp` (checked by the caller); true if it changed.
+    fn set(&self, grp: u32, st: AnaState) -> bool {
+        let i = grp.wrapping_sub(1) as usize;
+        assert!(i < self.states.len(), "ANA group {grp} unchecked");
+        self.states[i].swap(st as u8, Ordering::AcqRel) != st as u8
+    }
+
+    /// Groups not optimized, as (group, state): what a saved configuration
+    /// and `nvmf_subsystem_get_listeners` need beyond the default.
+    pub fn changed_groups(&self) -> Vec<(u32, AnaState)> {
+        (1..=MAX_ANA_GROUPS)
+            .map(|g| (g, self.state(g)))
+            .filter(|(_, s)| *s != AnaState::Optimized)
+            .collect()
+    }
+}
+
+/// A subsystem's ANA: whether it reports it, its paths, its change count.
+pub struct SubsystemAna {
+    /// SPDK's `ana_reporting`: Identify and the log page report ANA, and
+    /// path states apply to I/O.
+    pub reporting: AtomicBool,
+    paths: RwLock<Vec<Arc<PathAna>>>,
+    change_count: AtomicU64,
+}
+
+impl Default for SubsystemAna {
+    fn default() -> Self {
+        SubsystemAna {
+            reporting: AtomicBool::new(false),
+            paths: RwLock::new(Vec::new()),
+            change_count: AtomicU64::new(0),
+        }
+    }
+}
+
+impl SubsystemAna {
+    pub fn is_reporting(&self) -> bool {
+        self.reporting.load(Ordering::Acquire)
+    }
+
+    /// The path of `listener`, made (every group optimized) if it has none.
+    pub fn path(&self, listener: SocketAddr) -> Arc<PathAna> {
+        if let Some(p) = self.find(listener) {
+            return p;
+        }
+        let Ok(mut v) = self.paths.write() else {
+            return Arc::new(PathAna::new(listener));
+        };
+        if let Some(p) = v.iter().find(|p| p.listener == listener) {
+            return p.clone();
+        }
+        let p = Arc::new(PathAna::new(listener));
+        v.push(p.clone());
+        p
+    }
+
+    pub fn find(&self, listener: SocketAddr) -> Option<Arc<PathAna>> {
+        self.paths
+            .read()
+            .ok()?
+            .iter()
+            .find(|p| p.listener == listener)
+            .cloned()
+    }
+
+    /// Forgets `listener`'s states (the listener was removed; added again,
+    /// it starts optimized, as in SPDK).
+    pub fn forget(&self, listener: SocketAddr) {
+        if let Ok(mut v) = self.paths.write() {
+            v.retain(|p| p.listener != listener);
+        }
+    }
+
+    pub fn paths(&self) -> Vec<Arc<PathAna>> {
+        self.paths.read().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    pub fn change_count(&self) -> u64 {
+        self.change_count.load(Ordering::Acquire)
+    }
+
+    fn bump(&self) {
+        self.change_count.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// A controller's ANA: the path it came in through and whether its ANA
+/// change event waits for the host to read the log page.
+#[derive(Default)]
+pub struct ControllerAna {
+    pub path: OnceLock<Arc<PathAna>>,
+    event_masked: AtomicBool,
+}
+
+/// The listener a connection to `subsys` on local address `local` came in
+/// through: the subsystem's `listen` entry it matches, else the target's
+/// NVM listener, else the address itself.
+pub fn listener_of(target: &Target, subsys: &Subsystem, local: SocketAddr) -> SocketAddr {
+    let matches = |a: &SocketAddr| {
+        a.port() == local.port() && (a.ip() == local.ip() || a.ip().is_unspecified())
+    };
+    let listed = subsys
+        .listen
+        .read()
+        .ok()
+        .and_then(|l| l.as_ref().and_then(|l| l.iter().copied().find(matches)));
+    listed
+        .or_else(|| {
+            target.listeners.read().ok().and_then(|l| {
+                l.iter()
+                    .filter(|x| !x.discovery_only)
+                    .map(|x| x.addr)
+                    .find(matches)
+            })
+        })
+        .unwrap_or(local)
+}
+
+/// Fixes the path of a new controller (its admin queue connected through
+/// `local`).
+pub fn bind_path(target: &Target, ctrl: &Controller, local: Option<SocketAddr>) {
+    if ctrl.is_discovery() {
+        return;
+    }
+    let Some(local) = local else {
+        return;
+    };
+    let l = listener_of(target, &ctrl.subsys, local);
+    let _ = ctrl.ana.path.set(ctrl.subsys.ana.path(l));
+}
+
+/// The namespace's ANA group as Identify Namespace reports it (0: the
+/// subsystem does not report ANA).
+pub fn anagrpid(subsys: &Subsystem, ns: &Namespace) -> u32 {
+    if subsys.ana.is_reporting() {
+        ns.ana_group.load(Ordering::Acquire)
+    } else {
+        0
+    }
+}
+
+/// The I/O path's check: the Path Related status for a command to `ns`
+/// through `ctrl`'s path, if its group is not accessible there. Two atomic
+/// loads and no lock.
+#[inline]
+pub fn io_status(ctrl: &Controller, ns: &Namespace) -> Option<Status> {
+    if !ctrl.subsys.ana.is_reporting() {
+        return None;
+    }
+    let path = ctrl.ana.path.get()?;
+    path.state(ns.ana_group.load(Ordering::Acquire)).io_status()
+}
+
+impl Controller {
+    /// This controller's view of ANA changed: raise the ANA change event if
+    /// the host enabled it and has read the log page since the last one.
+    pub fn ana_changed(&self) {
+        let Ok(mut regs) = self.regs.lock() else {
+            return;
+        };
+        if regs.async_event_config & AEC_ANA_CHANGE != 0
+            && !self.ana.event_masked.swap(true, Ordering::AcqRel)
+        {
+            regs.pending_events.push_back(AEN_ANA_CHANGE);
+        }
+    }
+
+    /// The state this controller reports for group `grp`.
+    pub fn ana_state(&self, grp: u32) -> AnaState {
+        self.ana
+            .path
+            .get()
+            .map_or(AnaState::Optimized, |p| p.state(grp))
+    }
+}
+
+impl Subsystem {
+    /// Sets `listener`'s state for group `grp` (every group when None);
+    /// controllers on that path get the ANA change event.
+    pub fn set_ana_state(
+        &self,
+        listener: SocketAddr,
+        grp: Option<u64>,
+        st: AnaState,
+    ) -> Result<(), AnaError> {
+        if !self.ana.is_reporting() {
+            return Err(AnaError::NotReporting);
+        }
+        if let Some(g) = grp {
+            check_group(g)?;
+        }
+        let path = self.ana.path(listener);
+        let mut changed = false;
+        match grp {
+            Some(g) => changed |= path.set(check_group(g)?, st),
+            None => {
+                for g in 1..=MAX_ANA_GROUPS {
+                    changed |= path.set(g, st);
+                }
+            }
+        }
+        if changed {
+            self.ana.bump();
+            self.notify_ana(|c| c.ana.path.get().is_some_and(|p| p.listener == listener));
+        }
+        Ok(())
+    }
+
+    /// Moves namespace `nsid` to group `grp`; every controller's view changes.
+    pub fn set_ns_ana_group(&self, nsid: u32, grp: u64) -> Result<bool, AnaError> {
+        let grp = check_group(grp)?;
+        let Some(ns) = self.namespace(nsid) else {
+            return Ok(false);
+        };
+        if ns.ana_group.swap(grp, Ordering::AcqRel) != grp {
+            self.ana.bump();
+            self.notify_ana(|_| true);
+        }
+        Ok(true)
+    }
+
+    fn notify_ana(&self, which: impl Fn(&Controller) -> bool) {
+        let ctrls: Vec<Arc<Controller>> = self
+            .controllers
+            .lock()
+            .map(|c| c.values().filter(|c| which(c)).cloned().collect())
+            .unwrap_or_default();
+        for c in ctrls {
+            c.ana_changed();
+        }
+    }
+
+    /// Tears down the controllers that came in through `listener` (it was
+    /// removed) and forgets its states. Returns how many.
+    pub fn disconnect_listener(&self, listener: SocketAddr) -> usize {
+        let ctrls: Vec<Arc<Controller>> = self
+            .controllers
+            .lock()
+            .map(|c| {
+                c.values()
+                    .filter(|c| c.ana.path.get().is_some_and(|p| p.listener == listener))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        for c in &ctrls {
+            c.fail();
+        }
+        self.ana.forget(listener);
+        ctrls.len()
+    }
+}
+
+/// `nvmf_subsystem_listener_set_ana_state` (RPC and configuration):
+/// `listener` must be one `subsys` listens on (any, for a subsystem that
+/// listens on every listener).
+pub fn set_listener_state(
+    subsys: &Subsystem,
+    listener: SocketAddr,
+    state: &str,
+    grp: Option<u64>,
+) -> Result<(), AnaError> {
+    let st = AnaState::parse(state)?;
+    let listed = match subsys.listen.read().ok().as_deref() {
+        Some(Some(l)) => l.contains(&listener),
+        _ => true,
+    };
+    if !listed {
+        return Err(AnaError::NoListener(listener));
+    }
+    subsys.set_ana_state(listener, grp, st)
+}
+
+impl Namespace {
+    /// The namespace in ANA group `grp` (checked by the caller).
+    pub fn with_ana_group(self, grp: u32) -> Namespace {
+        self.ana_group.store(grp, Ordering::Release);
+        self
+    }
+}
+
+/// A namespace's group as a saved configuration gives it (None: its NSID,
+/// the default).
+pub fn saved_group(ns: &Namespace) -> Option<u32> {
+    let g = ns.ana_group.load(Ordering::Acquire);
+    (g != ns.nsid).then_some(g)
+}
+
+/// The `nvmf_subsystem_listener_set_ana_state` operations that restore
+/// `subsys`'s listener states (none for optimized groups): one for every
+/// group when a listener has them all in one state, else one per group.
+pub fn saved_states(subsys: &Subsystem) -> Vec<crate::config::ops::Op> {
+    use crate::config::ops::{ListenAddress, Op, SetAnaState};
+    let mut ops = Vec::new();
+    for p in subsys.ana.paths() {
+        let changed = p.changed_groups();
+        let op = |ana_state: AnaState, anagrpid: Option<u32>| {
+            Op::SetAnaState(SetAnaState {
+                nqn: subsys.nqn.clone(),
+                listen_address: ListenAddress::tcp(p.listener),
+                ana_state: ana_state.name().into(),
+                anagrpid,
+            })
+        };
+        let uniform = changed.len() == MAX_ANA_GROUPS as usize
+            && changed.iter().all(|(_, s)| *s == changed[0].1);
+        if uniform {
+            ops.push(op(changed[0].1, None));
+        } else {
+            ops.extend(changed.iter().map(|&(g, s)| op(s, Some(g))));
+        }
+    }
+    ops
+}
+
+/// One ANA group descriptor of the log page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnaGroupDescriptor {
+    pub anagrpid: u32,
+    pub change_count: u64,
+    /// The state's value (bits 3:0).
+    pub state: u8,
+    /// Empty with Return Groups Only.
+    pub nsids: Vec<u32>,
+}
+
+/// The ANA log page.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AnaLog {
+    pub change_count: u64,
+    pub groups: Vec<AnaGroupDescriptor>,
+}
+
+impl AnaLog {
+    pub fn len(&self) -> usize {
+        ANA_LOG_HEADER_LEN
+            + self
+                .groups
+                .iter()
+                .map(|g| ANA_DESCRIPTOR_LEN + 4 * g.nsids.len())
+                .sum::<usize>()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(self.len());
+        b.extend_from_slice(&self.change_count.to_le_bytes());
+        b.extend_from_slice(&(self.groups.len() as u16).to_le_bytes());
+        b.resize(ANA_LOG_HEADER_LEN, 0);
+        for g in &self.groups {
+            let start = b.len();
+            b.extend_from_slice(&g.anagrpid.to_le_bytes());
+            b.extend_from_slice(&(g.nsids.len() as u32).to_le_bytes());
+            b.extend_from_slice(&g.change_count.to_le_bytes());
+            b.push(g.state & 0x0F);
+            b.resize(start + ANA_DESCRIPTOR_LEN, 0);
+            for n in &g.nsids {
+                b.extend_from_slice(&n.to_le_bytes());
+            }
+        }
+        b
+    }
+
+    /// Reads a log page back (None: shorter than its descriptors say).
+    pub fn decode(b: &[u8]) -> Option<AnaLog> {
+        let u32_at = |o: usize| -> Option<u32> {
+            Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?))
+        };
+        let u64_at = |o: usize| -> Option<u64> {
+            Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?))
+        };
+        let change_count = u64_at(0)?;
+        let n = u16::from_le_bytes(b.get(8..10)?.try_into().ok()?);
+        let mut off = ANA_LOG_HEADER_LEN;
+        let mut groups = Vec::new();
+        for _ in 0..n {
+            if b.len() < off + ANA_DESCRIPTOR_LEN {
+                return None;
+            }
+            let anagrpid = u32_at(off)?;
+            let nnsids = u32_at(off + 4)? as usize;
+            let change_count = u64_at(off + 8)?;
+            let state = *b.get(off + 16)? & 0x0F;
+            off += ANA_DESCRIPTOR_LEN;
+            let nsids = (0..nnsids)
+                .map(|i| u32_at(off + 4 * i))
+                .collect::<Option<Vec<u32>>>()?;
+            off += 4 * nnsids;
+            groups.push(AnaGroupDescriptor {
+                anagrpid,
+                change_count,
+                state,
+                nsids,
+            });
+        }
+        Some(AnaLog {
+            change_count,
+            groups,
+        })
+    }
+}
+
+/// The ANA log page `ctrl` reports: one descriptor per group that holds a
+/// namespace, in ANAGRPID order, with its state on this controller's path;
+/// `rgo`: without NSID lists.
+pub fn log_page(ctrl: &Controller, rgo: bool) -> AnaLog {
+    let subsys = &ctrl.subsys;
+    let cc = subsys.ana.change_count();
+    let mut members: Vec<(u32, u32)> = subsys
+        .namespace_snapshot()
+        .iter()
+        .map(|n| (n.ana_group.load(Ordering::Acquire), n.nsid))
+        .collect();
+    members.sort_unstable();
+    let mut groups: Vec<AnaGroupDescriptor> = Vec::new();
+    for (grp, nsid) in members {
+        if groups.last().map_or(true, |g| g.anagrpid != grp) {
+            groups.push(AnaGroupDescriptor {
+                anagrpid: grp,
+                change_count: cc,
+                state: ctrl.ana_state(grp) as u8,
+                nsids: Vec::new(),
+            });
+        }
+        if !rgo {
+            if let Some(g) = groups.last_mut() {
+                g.nsids.push(nsid);
+            }
+        }
+    }
+    AnaLog {
+        change_count: cc,
+        groups,
+    }
+}
+
+/// Get Log Page 0Ch: the page, and the event unmasked unless RAE is set.
+/// None: the subsystem does not report ANA.
+pub fn read_log_page(ctrl: &Controller, lsp: u8, rae: bool) -> Option<Vec<u8>> {
+    if !ctrl.subsys.ana.is_reporting() {
+        return None;
+    }
+    let page = log_page(ctrl, lsp & LSP_RGO != 0).encode();
+    if !rae {
+        ctrl.ana.event_masked.store(false, Ordering::Release);
+    }
+    Some(page)
+}
+
+/// A namespace's group when it is made: its NSID (the default) or `grp`.
+pub fn initial_group(nsid: u32) -> AtomicU32 {
+    AtomicU32::new(nsid.clamp(1, MAX_ANA_GROUPS))
+}
+
+/// For each listener of `subsys` with states: how many of its groups that
+/// hold a namespace are in each state, in `ANA_STATES` order (metrics).
+pub fn listener_state_counts(subsys: &Subsystem) -> Vec<(SocketAddr, [u64; ANA_STATES.len()])> {
+    let mut groups: Vec<u32> = subsys
+        .namespace_snapshot()
+        .iter()
+        .map(|n| n.ana_group.load(Ordering::Acquire))
+        .collect();
+    groups.sort_unstable();
+    groups.dedup();
+    subsys
+        .ana
+        .paths()
+        .iter()
+        .map(|p| {
+            let mut out = [0u64; ANA_STATES.len()];
+            for &g in &groups {
+                let st = p.state(g);
+                if let Some(i) = ANA_STATES.iter().position(|x| *x == st) {
+                    out[i] += 1;
+                }
+            }
+            (p.listener, out)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;
