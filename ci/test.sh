@@ -90,6 +90,9 @@ KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-tools/auth.sh
 step "NVMe/TCP TLS 1.3 with PSKs against SPDK v25.09's host (spdk_nvme_perf -S ssl --psk-path, both cipher suites), SPDK nvmf_tgt as the control"
 KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-tools/tls.sh
 
+step "ANA multipath with SPDK v25.09's host (bdev_nvme, two paths, bdevperf verify while listener states flip and a listener goes and comes back), SPDK nvmf_tgt as the control"
+KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-tools/multipath.sh
+
 # SPDK v26.05 with DPDK v25.11 from ../shared/vendor/spdk-26.05 (Debian's DPDK is too
 # old for it), built once into .cache/spdk26 (about 9 minutes the first time): the
 # NVMe host that speaks the Key Value command set.

@@ -55,6 +55,11 @@ KV_NQN=nqn.2026-12.io.kvtarget:interop-kv
 # paths), its NSID 1 a thin volume, for ana-multipath.
 MP_NQN=nqn.2026-12.io.kvtarget:interop-mp
 MP_PORT=4432
+# kvtarget only: a one-namespace subsystem two hosts may use (HOSTNQN and
+# RESV_HOSTNQN), its registrations persisting in a PTPL file, for reservations and
+# reservation-ptpl-kill (Linux 6.1's nvmet has no reservations).
+RESV_NQN=nqn.2026-12.io.kvtarget:interop-resv
+RESV_HOSTNQN=nqn.2026-12.io.kvtarget:interop-resv-host2
 HOSTID=6b7a7f1e-0c1d-4d2e-9a41-6b7674000001
 PORT=4420
 DISC_PORT=8009
@@ -399,6 +404,21 @@ listen = ["127.0.0.1:$PORT", "127.0.0.1:$MP_PORT"]
 [[subsystems.namespaces]]
 nsid = 1
 volume = "interop/mp"
+
+[[pools.volumes]]
+name = "resv"
+size = "64MiB"
+
+[[subsystems]]
+nqn = "$RESV_NQN"
+serial = "KVTINTEROPRESV1"
+allow_any_host = false
+hosts = ["$HOSTNQN", "$RESV_HOSTNQN"]
+
+[[subsystems.namespaces]]
+nsid = 1
+volume = "interop/resv"
+ptpl_file = "$out/kvtarget/resv-ptpl.json"
 EOF
     } > "$kv_cfg"
     if ! "$bin" check-config "$kv_cfg" >> "$out/kvtarget/kvtarget.log" 2>&1; then
@@ -418,7 +438,7 @@ EOF
     fi
     local share
     share=$(new_share kvtarget/share)
-    echo "exec bash /mnt/share/tcp-suite.sh $(suite_args 10.0.2.2 share "$KV_SERIAL" "$KV_MODEL" --advertised-addr 127.0.0.1 --disc-port-svc $PORT --volumes "'$VOLUMES'" --auth-hostnqn "$AUTH_HOSTNQN" --tls-port "$TLS_PORT" --kv-nqn "$KV_NQN" --mp-nqn "$MP_NQN" --mp-port "$MP_PORT")" \
+    echo "exec bash /mnt/share/tcp-suite.sh $(suite_args 10.0.2.2 share "$KV_SERIAL" "$KV_MODEL" --advertised-addr 127.0.0.1 --disc-port-svc $PORT --volumes "'$VOLUMES'" --auth-hostnqn "$AUTH_HOSTNQN" --tls-port "$TLS_PORT" --kv-nqn "$KV_NQN" --mp-nqn "$MP_NQN" --mp-port "$MP_PORT" --resv-nqn "$RESV_NQN" --resv-hostnqn "$RESV_HOSTNQN" --resv-port2 "$MP_PORT" --resv-ptpl)" \
         > "$share/run-suite.sh"
     log "booting the guest against kvtarget (timeout ${timeout_s}s)"
     "$repo/ci/guest/run.sh" --share "$share" --script run-suite.sh --timeout "$timeout_s" \

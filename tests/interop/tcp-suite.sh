@@ -44,7 +44,9 @@
 #                       --resv-hostnqn: the reservation scenarios drive it from two hosts
 #                       with nvme-cli (resv-register/-acquire/-report/-release). Skipped
 #                       without it.
-#   --resv-hostnqn NQN  the second host (--resv-hostid its host ID)
+#   --resv-hostnqn NQN  the second host (--resv-hostid its host ID; --resv-port2 the
+#                       port it connects to, default --port: nvme-cli 2.3 refuses a
+#                       second host on the same address as "already connected")
 #   --resv-ptpl         NSID 1 of --resv-nqn has a PTPL file: reservation-ptpl-kill kills
 #                       the target (SIGKILL through the share) and expects the
 #                       registrations back
@@ -66,7 +68,7 @@ AUTH_HOSTNQN=
 TLS_PORT=
 KV_NQN=
 RESV_NQN= RESV_HOSTNQN= RESV_PTPL=
-RESV_HOSTID=6b7a7f1e-0c1d-4d2e-9a41-6b7674000b02
+RESV_HOSTID=6b7a7f1e-0c1d-4d2e-9a41-6b7674000b02 RESV_PORT2=
 MP_NQN= MP_PORT=
 INTRUDER_NQN=nqn.2026-11.io.kvtarget:intruder
 INTRUDER_ID=6b7a7f1e-0c1d-4d2e-9a41-6b76740000ff
@@ -93,6 +95,7 @@ while [ $# -gt 0 ]; do
         --resv-nqn) RESV_NQN=$2 ;;
         --resv-hostnqn) RESV_HOSTNQN=$2 ;;
         --resv-hostid) RESV_HOSTID=$2 ;;
+        --resv-port2) RESV_PORT2=$2 ;;
         --resv-ptpl) RESV_PTPL=1; shift; continue ;;
         --mp-nqn) MP_NQN=$2 ;;
         --mp-port) MP_PORT=$2 ;;
@@ -238,6 +241,10 @@ disconnect_ctrl() {
 disconnect_all() {
     local c
     for c in $(ctrls_of "$NQN"); do disconnect_ctrl "$c"; done
+    # A reservation scenario that failed half way leaves its two hosts' controllers.
+    if [ -n "$RESV_NQN" ]; then
+        for c in $(ctrls_of "$RESV_NQN"); do disconnect_ctrl "$c"; done
+    fi
 }
 
 # write_pattern DEV OFFSET_MIB LEN_MIB SRC_OFFSET_MIB: random data, O_DIRECT.
@@ -1281,12 +1288,13 @@ t_kv_namespace() {
 # would not say which host issues a command. --resv-nqn has a single namespace, which
 # NVME_IOCTL_IO_CMD on a controller device needs.
 
-# resv_connect HOSTNQN HOSTID -> RCTRL: a controller of RESV_NQN for that host.
+# resv_connect HOSTNQN HOSTID [PORT] -> RCTRL: a controller of RESV_NQN for that host
+# (through PORT, default --port; -D: allow a second connection to one address).
 RCTRL=
 resv_connect() {
     local out rc
     RCTRL=
-    out=$(timeout 60 nvme connect -t "$TRANSPORT" -a "$ADDR" -s "$PORT" -n "$RESV_NQN" \
+    out=$(timeout 60 nvme connect -D -t "$TRANSPORT" -a "$ADDR" -s "${3:-$PORT}" -n "$RESV_NQN" \
         --hostnqn "$1" --hostid "$2" -o json 2>&1)
     rc=$?
     [ $rc = 0 ] || { fail "nvme connect as $1 failed (rc $rc): $(echo $out)"; return 1; }
@@ -1334,7 +1342,7 @@ resv_report() {
 t_reservations() {
     local a b
     resv_connect "$HOSTNQN" "$HOSTID" || return 1; a=$RCTRL
-    resv_connect "$RESV_HOSTNQN" "$RESV_HOSTID" || return 1; b=$RCTRL
+    resv_connect "$RESV_HOSTNQN" "$RESV_HOSTID" "${RESV_PORT2:-$PORT}" || return 1; b=$RCTRL
     resv_ok "register host 1" nv resv-register "/dev/$a" -n 1 --nrkey=0xA1 --rrega=0 || return 1
     resv_ok "register host 2" nv resv-register "/dev/$b" -n 1 --nrkey=0xB2 --rrega=0 || return 1
     resv_conflict "acquire with a wrong key" nv resv-acquire "/dev/$a" -n 1 --crkey=0xBAD --rtype=1 --racqa=0 || return 1
@@ -1359,7 +1367,7 @@ t_reservations() {
 t_reservation_ptpl_kill() {
     local a b
     resv_connect "$HOSTNQN" "$HOSTID" || return 1; a=$RCTRL
-    resv_connect "$RESV_HOSTNQN" "$RESV_HOSTID" || return 1; b=$RCTRL
+    resv_connect "$RESV_HOSTNQN" "$RESV_HOSTID" "${RESV_PORT2:-$PORT}" || return 1; b=$RCTRL
     resv_ok "register with PTPL" nv resv-register "/dev/$a" -n 1 --nrkey=0xA1 --rrega=0 --cptpl=3 || return 1
     resv_ok "register host 2" nv resv-register "/dev/$b" -n 1 --nrkey=0xB2 --rrega=0 || return 1
     resv_ok "host 1 acquires Write Exclusive" nv resv-acquire "/dev/$a" -n 1 --crkey=0xA1 --rtype=1 --racqa=0 || return 1
@@ -1368,7 +1376,7 @@ t_reservation_ptpl_kill() {
     restart_stop KILL || return 1
     restart_start || return 1
     resv_connect "$HOSTNQN" "$HOSTID" || return 1; a=$RCTRL
-    resv_connect "$RESV_HOSTNQN" "$RESV_HOSTID" || return 1; b=$RCTRL
+    resv_connect "$RESV_HOSTNQN" "$RESV_HOSTID" "${RESV_PORT2:-$PORT}" || return 1; b=$RCTRL
     resv_report "$a" || return 1
     [ "$(echo "$RESV_JSON" | jq -r '.rtype')" = 1 ] && [ "$(echo "$RESV_JSON" | jq -r '.regctl')" = 2 ] \
         || { fail "after SIGKILL + restart: expected rtype 1 and 2 registrants: $(echo $RESV_JSON)"; return 1; }
