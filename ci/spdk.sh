@@ -23,6 +23,7 @@ mode=env
 [ "${1:-}" = "--dir" ] && mode=dir
 
 log() { echo "spdk-build: $*" >&2; }
+source "$here/lib/debian.sh"
 die() { echo "spdk-build: error: $*" >&2; exit 1; }
 
 # SPDK's .pc files hold absolute paths; when the tree was moved (a renamed cache
@@ -57,20 +58,7 @@ emit() {
 pkgs=(build-essential pkgconf python3 libdpdk-dev libnuma-dev libaio-dev uuid-dev
       libssl-dev libkeyutils-dev libbsd-dev libarchive-dev nasm autoconf automake libtool
       help2man libclang-dev clang xz-utils libibverbs-dev librdmacm-dev)
-install_pkgs() {
-    local missing=() p
-    for p in "${pkgs[@]}"; do
-        dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
-            || missing+=("$p")
-    done
-    if [ ${#missing[@]} -gt 0 ]; then
-        [ "$(id -u)" = 0 ] || die "missing Debian packages (run as root to install): ${missing[*]}"
-        log "installing missing packages: ${missing[*]}"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -q >&2
-        apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
-    fi
-}
+install_pkgs() { install_debs "${pkgs[@]}"; }
 
 if [ -n "${SPDK_DIR:-}" ]; then
     [ -f "$SPDK_DIR/build/lib/pkgconfig/spdk_nvme.pc" ] \

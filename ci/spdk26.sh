@@ -23,6 +23,7 @@ mode=env
 [ "${1:-}" = "--dir" ] && mode=dir
 
 log() { echo "spdk26-build: $*" >&2; }
+source "$here/lib/debian.sh"
 die() { echo "spdk26-build: error: $*" >&2; exit 1; }
 
 emit() {
@@ -41,20 +42,7 @@ emit() {
 pkgs=(build-essential pkgconf python3 libnuma-dev libaio-dev uuid-dev libssl-dev
       libkeyutils-dev libbsd-dev libarchive-dev nasm autoconf automake libtool help2man
       xz-utils meson ninja-build python3-pyelftools python3-jinja2 python3-tabulate)
-install_pkgs() {
-    local missing=() p
-    for p in "${pkgs[@]}"; do
-        dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
-            || missing+=("$p")
-    done
-    if [ ${#missing[@]} -gt 0 ]; then
-        [ "$(id -u)" = 0 ] || die "missing Debian packages (run as root to install): ${missing[*]}"
-        log "installing missing packages: ${missing[*]}"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -q >&2
-        apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
-    fi
-}
+install_pkgs() { install_debs "${pkgs[@]}"; }
 
 [ -f "$vendor/spdk-v26.05.tar.xz" ] || die "no SPDK 26.05 sources at $vendor"
 (cd "$vendor" && sha256sum --quiet -c SHA256SUMS >&2) || die "checksums in $vendor/SHA256SUMS do not match"

@@ -20,6 +20,7 @@ cache=${GUEST_CACHE:-$repo/.cache/guest}
 
 log() { echo "guest-build: $*" >&2; }
 die() { echo "guest-build: error: $*" >&2; exit 1; }
+source "$here/../lib/debian.sh"
 
 [ "$(id -u)" = 0 ] || die "must run as root (installs Debian packages)"
 
@@ -31,17 +32,7 @@ die() { echo "guest-build: error: $*" >&2; exit 1; }
 host_pkgs=(qemu-system-x86 busybox-static nvme-cli fio jq kmod cpio util-linux
            coreutils iproute2 dpkg libibverbs1 librdmacm1 ibverbs-providers
            python3.11-minimal libpython3.11-stdlib)
-missing=()
-for p in "${host_pkgs[@]}"; do
-    dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
-        || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    log "installing missing packages: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q >&2
-    apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
-fi
+install_debs "${host_pkgs[@]}"
 
 # The kernel: the version linux-image-amd64 points at in the apt lists (downloaded,
 # never installed on the host).
