@@ -480,7 +480,7 @@ fn rpc_cli(a: RpcArgs) -> ExitCode {
     match client.call(&method, params) {
         Ok(v) => {
             if json_out {
-                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                out(&serde_json::to_string_pretty(&v).unwrap_or_default());
             } else {
                 print_table(&v);
             }
@@ -542,7 +542,7 @@ fn print_table(v: &serde_json::Value) {
                 .map(|(i, c)| {
                     cells
                         .iter()
-                        .map(|r| r[i].len())
+                        .map(|r| r[i].chars().count())
                         .max()
                         .unwrap_or(0)
                         .max(c.len())
@@ -553,22 +553,28 @@ fn print_table(v: &serde_json::Value) {
                 r.iter()
                     .zip(&widths)
                     .map(|(c, w)| {
-                        format!("{:<w$}", if c.len() > 60 { &c[..60] } else { c }, w = *w)
+                        // At most 60 characters (never a cut inside one).
+                        let c: String = c.chars().take(60).collect();
+                        format!("{c:<w$}", w = *w)
                     })
                     .collect::<Vec<_>>()
                     .join("  ")
             };
-            println!("{}", line(&cols));
+            out(&line(&cols));
             for r in &cells {
-                println!("{}", line(r));
+                out(&line(r));
             }
         }
-        Value::Bool(true) => println!("ok"),
-        other => println!(
-            "{}",
-            serde_json::to_string_pretty(other).unwrap_or_default()
-        ),
+        Value::Bool(true) => out("ok"),
+        other => out(&serde_json::to_string_pretty(other).unwrap_or_default()),
     }
+}
+
+/// One line of `kvtarget rpc`'s answer on stdout. A reader that went away
+/// (`kvtarget rpc ... | head`) ends the output, not the process with a panic.
+fn out(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
 
 fn check(path: &std::path::Path) -> ExitCode {

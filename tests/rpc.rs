@@ -1016,3 +1016,31 @@ fn unknown_keys_are_refused_over_the_socket_and_change_nothing() {
     assert!(!saved.exists(), "save_config wrote its file");
     server.shutdown();
 }
+
+/// `kvtarget rpc ... | head`: the reader goes away before the answer is
+/// printed. The client ends without a panic (it did: "failed printing to
+/// stdout: Broken pipe", exit 101), in table and in JSON form.
+#[test]
+fn rpc_client_survives_a_closed_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    let _server = start(dir.path());
+    let sock = dir.path().join("kv.sock");
+    for json in [false, true] {
+        let mut cmd = std::process::Command::new(support::BIN);
+        cmd.arg("rpc").arg("-r").arg(&sock);
+        if json {
+            cmd.arg("--json");
+        }
+        let mut child = cmd
+            .arg("rpc_get_methods")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "json={json}: {err}");
+        assert!(out.status.success(), "json={json}: {:?} {err}", out.status);
+    }
+}
