@@ -4,7 +4,9 @@
 # The host directory --share is exported over 9p (tag "share", mounted on /mnt/share in
 # the guest); --script names a file inside it, run by the guest's init with busybox sh.
 # The guest writes the script's exit status to <share>/exit-status and powers off; this
-# script returns that status, or 124 on timeout, 125 if the guest died without one.
+# script returns that status, or 124 on timeout, 125 if the guest died without one,
+# 126 if QEMU itself died of a signal (an emulator crash, not the guest's verdict: callers
+# that can set their inputs up afresh may run the guest again).
 #
 # Usage: ci/guest/run.sh --share DIR --script REL [--timeout SECS] [--log FILE]
 #                        [--smp N] [--mem SIZE] [--pidfile FILE] [--verbose]
@@ -114,12 +116,16 @@ while kill -0 "$qemu_pid" 2>/dev/null; do
     fi
     sleep 1
 done
-wait "$qemu_pid" 2>/dev/null || true
+qemu_rc=0
+wait "$qemu_pid" 2>/dev/null || qemu_rc=$?
 qemu_pid=
 [ -z "$tail_pid" ] || wait "$tail_pid" 2>/dev/null || true
 
 if [ -n "$timed_out" ]; then
     rc=124
+elif [ "$qemu_rc" -gt 128 ] && [ ! -f "$share/exit-status" ]; then
+    echo "guest-run: QEMU died of signal $((qemu_rc - 128)) ($(kill -l $((qemu_rc - 128)) 2>/dev/null || echo ?)) before the guest finished" >&2
+    rc=126
 elif [ -f "$share/exit-status" ]; then
     rc=$(cat "$share/exit-status")
     case "$rc" in ''|*[!0-9]*) rc=125 ;; esac
