@@ -1,6 +1,7 @@
 //! The KV index's own cost (issue 34): index operations per second for 4 KiB
-//! and 64 KiB values, Store (`reserve` + `commit_store`) and Retrieve
-//! (`begin_read` + `end_read`), on one thread and on two threads sharing one
+//! and 64 KiB values, Store (`reserve` + `commit_store`), Retrieve
+//! (`begin_read` + `end_read`) and Exist (`exists`, issue 37's per-key cost of
+//! a batch lookup), on one thread and on two threads sharing one
 //! index, as reactors serving one KV namespace share it. The two-thread
 //! figures show what the index's shared state mutex costs when two reactors
 //! meet on it: the "before" of a one-owner-per-shard index.
@@ -105,6 +106,13 @@ impl Worker {
             ix.end_read(pin);
         }
     }
+
+    /// Exist of a stored key: the lookup a KV-cache manager's batch of
+    /// "which of these keys do you have?" costs per key.
+    fn exist(&mut self, ix: &KvIndex, now: Instant) {
+        let k = self.next_key();
+        black_box(ix.exists(&k, now));
+    }
 }
 
 /// Every thread's keys stored and committed.
@@ -125,6 +133,7 @@ fn filled(value: u32, threads: u32) -> KvIndex {
 enum Op {
     Store,
     Retrieve,
+    Exist,
 }
 
 /// `iters` operations on each of `threads` threads at once; the wall time.
@@ -139,6 +148,7 @@ fn run(ix: &KvIndex, op: Op, value: u32, threads: u32, iters: u64) -> Duration {
                     match op {
                         Op::Store => w.store(ix, value, now),
                         Op::Retrieve => w.retrieve(ix, now),
+                        Op::Exist => w.exist(ix, now),
                     }
                 }
                 w.commit(ix);
@@ -149,7 +159,11 @@ fn run(ix: &KvIndex, op: Op, value: u32, threads: u32, iters: u64) -> Duration {
 }
 
 fn kv_index(c: &mut Criterion) {
-    for (op, name) in [(Op::Store, "store"), (Op::Retrieve, "retrieve")] {
+    for (op, name) in [
+        (Op::Store, "store"),
+        (Op::Retrieve, "retrieve"),
+        (Op::Exist, "exist"),
+    ] {
         let mut g = c.benchmark_group(format!("kv index {name}"));
         for value in [4u32 << 10, 64 << 10] {
             for threads in [1u32, 2] {

@@ -105,7 +105,8 @@ struct PerfArgs {
     /// randread, randwrite, randrw, read, write, or LMCache's raw-block phases:
     /// lmcache-store (4 KiB header + --bs payload per slot) and lmcache-retrieve;
     /// with --kv also list: every key, paged by List commands of --bs-byte host
-    /// buffers on one queue, until done or --time runs out [default: randread]
+    /// buffers on one queue, until done or --time runs out, and exist: Exist of
+    /// random keys (stored first with --bs-byte values) [default: randread]
     #[arg(long, value_name = "W", value_parser = workload)]
     workload: Option<kvtarget::perf::Workload>,
     /// Percent of reads in randrw
@@ -889,7 +890,11 @@ fn run_perf_or_echo(
     let (rq, rs) = echo::EchoOptions::for_io(true, o.block_size, icd);
     let (wq, ws) = echo::EchoOptions::for_io(false, o.block_size, icd);
     let pct = match o.workload {
-        Workload::RandRead | Workload::Read | Workload::LmcacheRetrieve | Workload::List => 100,
+        Workload::RandRead
+        | Workload::Read
+        | Workload::LmcacheRetrieve
+        | Workload::List
+        | Workload::Exist => 100,
         Workload::RandWrite | Workload::Write | Workload::LmcacheStore => 0,
         Workload::RandRw => o.read_pct as usize,
     };

@@ -685,6 +685,20 @@ fn perf_drives_a_kv_namespace() {
     );
     assert_eq!(r.misses, 0, "{}", r.to_text());
     assert!(r.verified > 0);
+    // Exist of keys it stored first: every one is there, none an error.
+    let r = run(&PerfOptions {
+        qd: 32,
+        ..opts(Workload::Exist, 4096, Some(64))
+    })
+    .expect("exist run");
+    assert!(r.ios > 0 && r.errors == 0, "{}", r.to_text());
+    assert_eq!(r.misses, 0, "{}", r.to_text());
+    let e = run(&PerfOptions {
+        kv: false,
+        ..opts(Workload::Exist, 4096, None)
+    })
+    .unwrap_err();
+    assert!(matches!(e, PerfError::NeedsKv("exist")), "{e}");
     // Four times the keys the namespace holds, Zipf popularity, some Deletes:
     // Stores evict, Retrieves of evicted or deleted keys miss, nothing fails.
     let r = run(&PerfOptions {
@@ -761,7 +775,7 @@ fn perf_lists_every_key_and_drives_several_controllers() {
         ..list(4096)
     })
     .unwrap_err();
-    assert!(matches!(e, PerfError::ListNeedsKv), "{e}");
+    assert!(matches!(e, PerfError::NeedsKv("list")), "{e}");
     // Three controllers of two queues each: all six carry Stores.
     let r = run(&PerfOptions {
         nsid: 1,

@@ -19,8 +19,8 @@ pub enum PerfError {
     Queues,
     #[error("--controllers must be at least 1")]
     Controllers,
-    #[error("--workload list needs --kv (it lists a KV namespace's keys)")]
-    ListNeedsKv,
+    #[error("--workload {0} needs --kv (it is a KV command)")]
+    NeedsKv(&'static str),
     #[error("--workload list: --bs is the List host buffer: room for one 16-byte key (24 bytes) up to 4 GiB")]
     ListBuffer,
     #[error("--cpus: cannot run on CPU {0}")]

@@ -130,6 +130,10 @@ pub enum Workload {
     /// namespace from the empty start key, `block_size`-byte host buffers,
     /// until a List returns no key it has not seen or `runtime` runs out.
     List,
+    /// KV Exist of random keys (`kv` only), stored first: the "which of these
+    /// keys do you have?" a KV-cache manager asks before a prefill. A key
+    /// that is not there counts as a miss.
+    Exist,
 }
 
 /// LMCache's raw-block storage plugin: its metadata region before the first
@@ -164,6 +168,7 @@ impl std::str::FromStr for Workload {
             "lmcache-store" => Workload::LmcacheStore,
             "lmcache-retrieve" => Workload::LmcacheRetrieve,
             "list" => Workload::List,
+            "exist" => Workload::Exist,
             _ => return Err(PerfError::Workload(s.into())),
         })
     }
@@ -375,8 +380,10 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
     if o.controllers == 0 {
         return Err(PerfError::Controllers);
     }
-    if o.workload == Workload::List && !o.kv {
-        return Err(PerfError::ListNeedsKv);
+    match o.workload {
+        Workload::List if !o.kv => return Err(PerfError::NeedsKv("list")),
+        Workload::Exist if !o.kv => return Err(PerfError::NeedsKv("exist")),
+        _ => {}
     }
     let connect_start = Instant::now();
     let mut ctrls = Vec::with_capacity(o.controllers as usize);
@@ -474,8 +481,11 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
         .collect();
     // A read-only run reads what was written first: verified runs check it, and a
     // KV Retrieve of a key never stored is a miss.
-    let needs_prefill =
-        (o.verify || o.kv) && matches!(workload, Workload::RandRead | Workload::Read);
+    let needs_prefill = (o.verify || o.kv)
+        && matches!(
+            workload,
+            Workload::RandRead | Workload::Read | Workload::Exist
+        );
 
     let workers = o.cpus.len().max(1);
     let live: Vec<Arc<LiveCounters>> = (0..workers).map(|_| Arc::default()).collect();

@@ -223,6 +223,8 @@ enum Op {
     Read,
     Write,
     Deallocate,
+    /// KV Exist: no data either way.
+    Exist,
 }
 
 struct Slot {
@@ -353,7 +355,11 @@ impl PerfQueue {
         rbuf[..n].copy_from_slice(&parts.unparsed[..n]);
         let writes = !matches!(
             plan.workload,
-            Workload::RandRead | Workload::Read | Workload::LmcacheRetrieve | Workload::List
+            Workload::RandRead
+                | Workload::Read
+                | Workload::LmcacheRetrieve
+                | Workload::List
+                | Workload::Exist
         );
         let slots = (0..plan.qd)
             .map(|_| Slot {
@@ -446,6 +452,7 @@ impl PerfQueue {
     /// Picks the next I/O: (slot index within this queue's range, operation).
     fn pick(&mut self) -> Option<(u64, Op)> {
         let read = match self.plan.workload {
+            Workload::Exist => return self.pick_index().map(|i| (i, Op::Exist)),
             Workload::RandRead | Workload::Read | Workload::LmcacheRetrieve | Workload::List => {
                 true
             }
@@ -461,6 +468,12 @@ impl PerfQueue {
         } else {
             Op::Write
         };
+        self.pick_index().map(|i| (i, op))
+    }
+
+    /// The next slot or key: in order for sequential workloads, else by the
+    /// popularity model; one a verified I/O is not in flight on.
+    fn pick_index(&mut self) -> Option<u64> {
         let sequential = matches!(self.plan.workload, Workload::Read | Workload::Write);
         for _ in 0..8 {
             let i = if sequential {
@@ -473,7 +486,7 @@ impl PerfQueue {
             };
             match &self.verify {
                 Some(v) if v.busy(i as usize) => continue,
-                _ => return Some((i, op)),
+                _ => return Some(i),
             }
         }
         None
@@ -518,7 +531,7 @@ impl PerfQueue {
                     stamp = v.next_stamp;
                     v.next_stamp = v.next_stamp.wrapping_add(1).max(1);
                 }
-                Op::Deallocate => {}
+                Op::Deallocate | Op::Exist => {}
             }
         }
         let (io, piece) = (self.plan.io_size, self.piece);
@@ -548,7 +561,7 @@ impl PerfQueue {
                     )
                 }));
             }
-            // One command per key: Store, Retrieve or Delete of the value.
+            // One command per key: Store, Retrieve, Delete or Exist.
             (_, Layout::Kv) => s.pieces.push((at, 0, io)),
             (_, Layout::Blocks) => s.pieces.extend((0..io.div_ceil(piece)).map(|j| {
                 let off = j * piece;
@@ -605,8 +618,12 @@ impl PerfQueue {
         let lba = self.plan.lba_size as usize;
         let s = &self.slots[slot];
         let op = s.op;
+        assert!(
+            op != Op::Exist,
+            "Exist is a KV command: run() refuses it on blocks"
+        );
         let opcode = match op {
-            Op::Read => io_opc::READ,
+            Op::Read | Op::Exist => io_opc::READ,
             Op::Write => io_opc::WRITE,
             Op::Deallocate => io_opc::DATASET_MANAGEMENT,
         };
@@ -625,7 +642,7 @@ impl PerfQueue {
                 .encode(&mut range);
                 (&range, DSM_RANGE_LEN)
             }
-            Op::Read | Op::Write => {
+            Op::Read | Op::Write | Op::Exist => {
                 let slba = at / lba as u64;
                 sqe.set_cdw(10, slba as u32);
                 sqe.set_cdw(11, (slba >> 32) as u32);
@@ -662,12 +679,13 @@ impl PerfQueue {
                 raw: false,
             },
             Op::Deallocate => KvCommand::Delete { key },
+            Op::Exist => KvCommand::Exist { key },
         };
         let mut sqe = cmd.encode(cid, self.plan.nsid);
         let (data, len): (&[u8], usize) = match s.op {
             Op::Write if len <= self.icd_limit => (&s.data[..len], len),
             Op::Write | Op::Read => (&[], len),
-            Op::Deallocate => (&[], 0),
+            Op::Deallocate | Op::Exist => (&[], 0),
         };
         encode_capsule(&mut self.wbuf, &mut sqe, data, len, self.digests);
     }
@@ -872,6 +890,7 @@ impl PerfQueue {
                 (Op::Read, false) => "Read",
                 (Op::Write, false) => "Write",
                 (Op::Deallocate, false) => "Deallocate",
+                (Op::Exist, _) => "Exist",
             };
             self.failures.push(format!(
                 "{what} failed: {status} (SCT {:#x} SC {:#04x})",
@@ -893,7 +912,7 @@ impl PerfQueue {
         if let Some(v) = self.verify.as_mut() {
             let i = (io_index - self.plan.first) as usize;
             v.set(i, false);
-            if !read {
+            if matches!(op, Op::Write | Op::Deallocate) {
                 // Deallocated blocks read as zeroes or fail (volume option), and a
                 // failed write leaves the block undefined: stop checking either.
                 v.stamps[i] = if ok { stamp } else { 0 };
