@@ -26,6 +26,11 @@
 #        INTEROP_RESTART_SIGNAL (TERM (default) or KILL: how the suite's restarts stop
 #          kvtarget; with KILL only what was flushed may survive, which the restart
 #          scenarios check)
+#        SPDK_DIR (an SPDK v25.09 build, as `eval "$(ci/spdk.sh)"` exports; else the
+#          finished cached build in SPDK_CACHE, default <repo>/.cache/spdk, if any; never
+#          built here): its nvmf_tgt runs beside kvtarget as the control target of the
+#          reservation scenarios (*-spdk-control; Linux 6.1's nvmet has no
+#          reservations), reported skipped without it
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -84,6 +89,19 @@ restart_signal=${INTEROP_RESTART_SIGNAL:-TERM}
 case "$restart_signal" in TERM|KILL) ;; *) echo "interop: INTEROP_RESTART_SIGNAL must be TERM or KILL" >&2; exit 2 ;; esac
 SPDK_TGT_PORT=4430
 SPDK_TGT_NQN=nqn.2016-06.io.spdk:interop-pool
+# The reservation scenarios' control target (kvtarget boot only): SPDK's nvmf_tgt on the
+# host, one 64 MiB Malloc namespace with a fixed UUID (its PTPL file names the namespace
+# by it, so a restart finds its registrations), both reservation hosts allowed, two
+# listeners (the second host connects through the second one, as with kvtarget).
+CTL_RESV_NQN=nqn.2016-06.io.spdk:interop-resv
+CTL_RESV_PORT=4433
+CTL_RESV_PORT2=4434
+CTL_RESV_UUID=6b7a7f1e-0c1d-4d2e-9a41-6b76740e5e01
+CTL_SCENARIOS="reservations-spdk-control reservation-ptpl-kill-spdk-control"
+spdk_dir=${SPDK_DIR:-}
+if [ -z "$spdk_dir" ] && [ -f "${SPDK_CACHE:-$repo/.cache/spdk}/current/.complete" ]; then
+    spdk_dir=$(readlink -f "${SPDK_CACHE:-$repo/.cache/spdk}/current")/spdk
+fi
 bin=${KVTARGET_BIN:-$repo/target/release/kvtarget}
 case "$bin" in /*) ;; *) bin=$PWD/$bin ;; esac
 
@@ -105,13 +123,14 @@ ls -1dt "$repo"/.cache/interop/run-* 2>/dev/null | tail -n +6 | xargs -r rm -rf
 log "logs in $out"
 
 # ---- cleanup: kvtarget and QEMU never outlive this script ----------------------------
-kv_pid= run_pid= tmpdir= spdk_tgt_pid=
+kv_pid= run_pid= tmpdir= spdk_tgt_pid= ctl_pid=
 cleanup() {
     if [ -n "$spdk_tgt_pid" ] && kill -0 "$spdk_tgt_pid" 2>/dev/null; then
         kill -TERM "$spdk_tgt_pid" 2>/dev/null
         sleep 1
         kill -KILL "$spdk_tgt_pid" 2>/dev/null
     fi
+    [ -z "$ctl_pid" ] || kill -KILL "$ctl_pid" 2>/dev/null
     if [ -n "$run_pid" ] && kill -0 "$run_pid" 2>/dev/null; then
         kill -TERM "$run_pid" 2>/dev/null
     fi
@@ -271,6 +290,93 @@ spdk_tgt_start() {
         && rpc nvmf_subsystem_add_listener "$SPDK_TGT_NQN" -t tcp -a 127.0.0.1 -s "$SPDK_TGT_PORT" \
         || { log "nvmf_tgt set-up failed; log tail:"; tail -n 20 "$out/kvtarget/spdk-tgt.log" >&2; return 1; }
     log "SPDK nvmf_tgt (pid $spdk_tgt_pid) serves a ${POOL_MIB} MiB Malloc bdev on 127.0.0.1:$SPDK_TGT_PORT"
+}
+
+# ---- SPDK's nvmf_tgt: the reservation scenarios' control target ----------------------
+# ctl_wanted -> CTL_SKIP: empty when the control should run, else why it does not (the
+# suite reports its scenarios skipped with that reason).
+CTL_SKIP=
+ctl_wanted() {
+    local n want=
+    for n in $CTL_SCENARIOS; do
+        if [ -z "$only" ] || echo "$n" | grep -qE "$only"; then want=1; fi
+    done
+    if [ -z "$want" ]; then
+        CTL_SKIP="not selected by --only"
+    elif [ ! -x "$spdk_dir/build/bin/nvmf_tgt" ] || [ ! -f "$spdk_dir/scripts/rpc.py" ]; then
+        CTL_SKIP="no SPDK build with nvmf_tgt (SPDK_DIR=${spdk_dir:-unset}, none finished in ${SPDK_CACHE:-$repo/.cache/spdk}; ci/spdk.sh builds one)"
+    else
+        CTL_SKIP=
+    fi
+}
+ctl_log() { echo "$out/kvtarget/spdk-resv-control.log"; }
+ctl_rpc() {
+    python3 "$spdk_dir/scripts/rpc.py" -s "$out/kvtarget/spdk-resv-control.sock" "$@" >> "$(ctl_log)" 2>&1
+}
+# ctl_start: nvmf_tgt on core 0 without hugepages (512 MiB of ordinary memory; it
+# serves TCP only) and its set-up RPCs, replayed as they are after a restart.
+ctl_start() {
+    local sock=$out/kvtarget/spdk-resv-control.sock lib=$spdk_dir/build/lib i
+    rm -f "$sock"
+    echo "---- interop: starting nvmf_tgt ----" >> "$(ctl_log)"
+    LD_LIBRARY_PATH=$lib:$spdk_dir/isa-l/.libs:$spdk_dir/isa-l-crypto/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+        "$spdk_dir/build/bin/nvmf_tgt" -m 0x1 --no-pci --no-huge -s 512 --disable-cpumask-locks \
+        -r "$sock" >> "$(ctl_log)" 2>&1 &
+    ctl_pid=$!
+    for i in $(seq 1 150); do
+        [ -S "$sock" ] && break
+        kill -0 "$ctl_pid" 2>/dev/null || break
+        sleep 0.2
+    done
+    local a=(-t tcp -a 127.0.0.1 -f ipv4)
+    ctl_rpc framework_wait_init && ctl_rpc nvmf_create_transport -t TCP \
+        && ctl_rpc bdev_malloc_create -b Resv0 -u "$CTL_RESV_UUID" 64 4096 \
+        && ctl_rpc nvmf_create_subsystem "$CTL_RESV_NQN" -s SPDKINTEROPRESV -m 1 \
+        && ctl_rpc nvmf_subsystem_add_host "$CTL_RESV_NQN" "$HOSTNQN" \
+        && ctl_rpc nvmf_subsystem_add_host "$CTL_RESV_NQN" "$RESV_HOSTNQN" \
+        && ctl_rpc nvmf_subsystem_add_ns "$CTL_RESV_NQN" Resv0 -n 1 -p "$out/kvtarget/spdk-resv-ptpl.json" \
+        && ctl_rpc nvmf_subsystem_add_listener "$CTL_RESV_NQN" "${a[@]}" -s "$CTL_RESV_PORT" \
+        && ctl_rpc nvmf_subsystem_add_listener "$CTL_RESV_NQN" "${a[@]}" -s "$CTL_RESV_PORT2" \
+        || { log "SPDK nvmf_tgt (reservation control) set-up failed; log tail:"; tail -n 20 "$(ctl_log)" >&2; return 1; }
+    log "SPDK nvmf_tgt (pid $ctl_pid) serves $CTL_RESV_NQN on 127.0.0.1:$CTL_RESV_PORT and :$CTL_RESV_PORT2"
+}
+# ctl_stop [SIGNAL]: TERM (default) or KILL; true if it was running.
+ctl_stop() {
+    local sig=${1:-TERM} i
+    [ -n "$ctl_pid" ] && kill -0 "$ctl_pid" 2>/dev/null || { ctl_pid=; return 1; }
+    kill "-$sig" "$ctl_pid"
+    for i in $(seq 1 50); do kill -0 "$ctl_pid" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL "$ctl_pid" 2>/dev/null
+    wait "$ctl_pid" 2>/dev/null
+    ctl_pid=
+}
+# ctl_restart SHARE SIGNAL: the suite's restart request for the control: stop nvmf_tgt
+# with SIGNAL, wait for the guest's resume, start it again and replay its RPCs.
+ctl_restarts=0 ctl_restart_ok=1 ctl_restart_reason=
+ctl_restart() {
+    local share=$1 sig=$2 i
+    ctl_restarts=$((ctl_restarts + 1))
+    log "restart request for the SPDK control: stopping nvmf_tgt (SIG$sig)"
+    echo "---- interop: SIG$sig for restart $ctl_restarts ----" >> "$(ctl_log)"
+    if ! ctl_stop "$sig"; then
+        ctl_restart_ok=0 ctl_restart_reason="restart $ctl_restarts: nvmf_tgt was not running"
+    fi
+    echo "stopped (SIG$sig)" > "$share/restart-stopped"
+    for i in $(seq 1 300); do [ -e "$share/restart-resume" ] && break; sleep 0.2; done
+    if ctl_start; then
+        echo "restarted after SIG$sig" > "$share/restart-done"
+    else
+        ctl_restart_ok=0 ctl_restart_reason="restart $ctl_restarts: nvmf_tgt did not come back (see $(ctl_log))"
+        echo "failed" > "$share/restart-done"
+    fi
+}
+# ctl_suite_args: the suite's options for the control (or why its scenarios skip).
+ctl_suite_args() {
+    if [ -n "$CTL_SKIP" ]; then
+        echo "--resv-ctl-skip '$CTL_SKIP'"
+    else
+        echo "--resv-ctl-nqn $CTL_RESV_NQN --resv-ctl-port $CTL_RESV_PORT --resv-ctl-port2 $CTL_RESV_PORT2"
+    fi
 }
 
 run_kvtarget() {
@@ -436,9 +542,19 @@ EOF
         host_check kvtarget-start 0 "kvtarget did not start listening (see $out/kvtarget/kvtarget.log)"
         return
     fi
+    ctl_wanted
+    if [ -z "$CTL_SKIP" ] && { listening "$CTL_RESV_PORT" || listening "$CTL_RESV_PORT2"; }; then
+        host_check spdk-resv-control-start 0 "port $CTL_RESV_PORT or $CTL_RESV_PORT2 already in use"
+        CTL_SKIP="its ports $CTL_RESV_PORT/$CTL_RESV_PORT2 were in use on the host"
+    elif [ -z "$CTL_SKIP" ] && ! ctl_start; then
+        ctl_stop KILL
+        host_check spdk-resv-control-start 0 "SPDK's nvmf_tgt did not start (see $(ctl_log))"
+        CTL_SKIP="SPDK's nvmf_tgt did not start on the host (see spdk-resv-control.log)"
+    fi
+    [ -z "$CTL_SKIP" ] || log "reservation control scenarios skipped: $CTL_SKIP"
     local share
     share=$(new_share kvtarget/share)
-    echo "exec bash /mnt/share/tcp-suite.sh $(suite_args 10.0.2.2 share "$KV_SERIAL" "$KV_MODEL" --advertised-addr 127.0.0.1 --disc-port-svc $PORT --volumes "'$VOLUMES'" --auth-hostnqn "$AUTH_HOSTNQN" --tls-port "$TLS_PORT" --kv-nqn "$KV_NQN" --mp-nqn "$MP_NQN" --mp-port "$MP_PORT" --resv-nqn "$RESV_NQN" --resv-hostnqn "$RESV_HOSTNQN" --resv-port2 "$MP_PORT" --resv-ptpl)" \
+    echo "exec bash /mnt/share/tcp-suite.sh $(suite_args 10.0.2.2 share "$KV_SERIAL" "$KV_MODEL" --advertised-addr 127.0.0.1 --disc-port-svc $PORT --volumes "'$VOLUMES'" --auth-hostnqn "$AUTH_HOSTNQN" --tls-port "$TLS_PORT" --kv-nqn "$KV_NQN" --mp-nqn "$MP_NQN" --mp-port "$MP_PORT" --resv-nqn "$RESV_NQN" --resv-hostnqn "$RESV_HOSTNQN" --resv-port2 "$MP_PORT" --resv-ptpl $(ctl_suite_args))" \
         > "$share/run-suite.sh"
     log "booting the guest against kvtarget (timeout ${timeout_s}s)"
     "$repo/ci/guest/run.sh" --share "$share" --script run-suite.sh --timeout "$timeout_s" \
@@ -459,11 +575,16 @@ EOF
             mv "$share/rpc-response.tmp" "$share/rpc-response"
         fi
         if [ -e "$share/restart-request" ]; then
-            # "NQN" restarts with the run's signal, "NQN KILL" asks for a crash.
-            local sig=$restart_signal req_sig
-            read -r _ req_sig < "$share/restart-request"
+            # "NQN" restarts with the run's signal, "NQN KILL" asks for a crash; the NQN
+            # names the target: the control's restarts its nvmf_tgt, any other kvtarget.
+            local sig=$restart_signal req_nqn req_sig
+            read -r req_nqn req_sig < "$share/restart-request"
             [ "$req_sig" = KILL ] && sig=KILL
             rm -f "$share/restart-request"
+            if [ "$req_nqn" = "$CTL_RESV_NQN" ]; then
+                ctl_restart "$share" "$sig"
+                continue
+            fi
             restarts=$((restarts + 1))
             log "restart request $restarts: stopping kvtarget (SIG$sig)"
             echo "---- interop: SIG$sig for restart $restarts ----" >> "$out/kvtarget/kvtarget.log"
@@ -489,6 +610,12 @@ EOF
     wait "$run_pid"; local rc=$?
     run_pid=
     cat "$out/kvtarget/guest-run.log" >&2
+    if [ -z "$CTL_SKIP" ]; then
+        local ctl_alive=0
+        ctl_stop TERM && ctl_alive=1
+        host_check spdk-resv-control-alive-after-suite "$ctl_alive" "SPDK's nvmf_tgt is no longer running (see $(ctl_log))"
+        [ "$ctl_restarts" = 0 ] || host_check spdk-resv-control-restart "$ctl_restart_ok" "$ctl_restart_reason"
+    fi
     local alive=0
     [ -n "$kv_pid" ] && kill -0 "$kv_pid" 2>/dev/null && alive=1
     host_check kvtarget-alive-after-suite "$alive" "kvtarget is no longer running (see $out/kvtarget/kvtarget.log)"

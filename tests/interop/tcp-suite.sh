@@ -50,6 +50,17 @@
 #   --resv-ptpl         NSID 1 of --resv-nqn has a PTPL file: reservation-ptpl-kill kills
 #                       the target (SIGKILL through the share) and expects the
 #                       registrations back
+#   --resv-ctl-nqn NQN --resv-ctl-port P --resv-ctl-port2 P
+#                       the control target of the reservation scenarios (SPDK's
+#                       nvmf_tgt on the host, beside kvtarget): a one-namespace subsystem
+#                       with a PTPL file admitting --hostnqn and --resv-hostnqn, the
+#                       second host connecting through the second port.
+#                       reservations-spdk-control and reservation-ptpl-kill-spdk-control
+#                       run the same steps as reservations and reservation-ptpl-kill
+#                       against it (its SIGKILL through the share: the restart request
+#                       names this NQN). Skipped without it.
+#   --resv-ctl-skip WHY the host has no control target: the *-spdk-control scenarios are
+#                       reported skipped with this reason
 #   --mp-nqn NQN --mp-port P  a subsystem with ANA reporting (kvtarget) reachable on
 #                       --port and P, its NSID 1 a volume: ana-multipath connects both
 #                       paths and flips their ANA states under fio. Skipped without.
@@ -69,6 +80,7 @@ TLS_PORT=
 KV_NQN=
 RESV_NQN= RESV_HOSTNQN= RESV_PTPL=
 RESV_HOSTID=6b7a7f1e-0c1d-4d2e-9a41-6b7674000b02 RESV_PORT2=
+RESV_CTL_NQN= RESV_CTL_PORT= RESV_CTL_PORT2= RESV_CTL_SKIP=
 MP_NQN= MP_PORT=
 INTRUDER_NQN=nqn.2026-11.io.kvtarget:intruder
 INTRUDER_ID=6b7a7f1e-0c1d-4d2e-9a41-6b76740000ff
@@ -97,6 +109,10 @@ while [ $# -gt 0 ]; do
         --resv-hostid) RESV_HOSTID=$2 ;;
         --resv-port2) RESV_PORT2=$2 ;;
         --resv-ptpl) RESV_PTPL=1; shift; continue ;;
+        --resv-ctl-nqn) RESV_CTL_NQN=$2 ;;
+        --resv-ctl-port) RESV_CTL_PORT=$2 ;;
+        --resv-ctl-port2) RESV_CTL_PORT2=$2 ;;
+        --resv-ctl-skip) RESV_CTL_SKIP=$2 ;;
         --mp-nqn) MP_NQN=$2 ;;
         --mp-port) MP_PORT=$2 ;;
         --only) ONLY=$2 ;;
@@ -239,12 +255,12 @@ disconnect_ctrl() {
     return 1
 }
 disconnect_all() {
-    local c
+    local c n
     for c in $(ctrls_of "$NQN"); do disconnect_ctrl "$c"; done
     # A reservation scenario that failed half way leaves its two hosts' controllers.
-    if [ -n "$RESV_NQN" ]; then
-        for c in $(ctrls_of "$RESV_NQN"); do disconnect_ctrl "$c"; done
-    fi
+    for n in $RESV_NQN $RESV_CTL_NQN; do
+        for c in $(ctrls_of "$n"); do disconnect_ctrl "$c"; done
+    done
 }
 
 # write_pattern DEV OFFSET_MIB LEN_MIB SRC_OFFSET_MIB: random data, O_DIRECT.
@@ -594,11 +610,13 @@ wait_file() { # FILE SECONDS
     return 1
 }
 NVMET_LINKS=
-restart_stop() { # [SIGNAL]: the host's own restart signal, or KILL (a crash) when asked
+# restart_stop [SIGNAL [TARGET_NQN]]: the host's own restart signal, or KILL (a crash)
+# when asked; the request names the target by an NQN it serves (default --nqn).
+restart_stop() {
     case "$RESTART" in
         share)
             rm -f "$SHARE"/restart-stopped "$SHARE"/restart-resume "$SHARE"/restart-done
-            echo "$NQN${1:+ $1}" > "$SHARE/restart-request.tmp" && mv "$SHARE/restart-request.tmp" "$SHARE/restart-request"
+            echo "${2:-$NQN}${1:+ $1}" > "$SHARE/restart-request.tmp" && mv "$SHARE/restart-request.tmp" "$SHARE/restart-request"
             wait_file "$SHARE/restart-stopped" 60 || { fail "host orchestrator did not stop the target within 60s"; return 1; }
             ;;
         nvmet)
@@ -1287,14 +1305,28 @@ t_kv_namespace() {
 # -n 1): the kernel joins both controllers under one multipath head, so the block device
 # would not say which host issues a command. --resv-nqn has a single namespace, which
 # NVME_IOCTL_IO_CMD on a controller device needs.
+#
+# The same steps run against two targets: reservations and reservation-ptpl-kill
+# against the target under test (--resv-nqn), the *-spdk-control scenarios against SPDK's
+# nvmf_tgt (--resv-ctl-nqn); resv_target picks one for the steps below.
 
-# resv_connect HOSTNQN HOSTID [PORT] -> RCTRL: a controller of RESV_NQN for that host
-# (through PORT, default --port; -D: allow a second connection to one address).
+# resv_target kvtarget|spdk-control -> R_NQN, R_PORT (host 1's port), R_PORT2 (host 2's).
+R_NQN= R_PORT= R_PORT2=
+resv_target() {
+    case "$1" in
+        kvtarget) R_NQN=$RESV_NQN R_PORT=$PORT R_PORT2=${RESV_PORT2:-$PORT} ;;
+        spdk-control) R_NQN=$RESV_CTL_NQN R_PORT=$RESV_CTL_PORT R_PORT2=${RESV_CTL_PORT2:-$RESV_CTL_PORT} ;;
+        *) fail "unknown reservation target $1"; return 1 ;;
+    esac
+}
+
+# resv_connect HOSTNQN HOSTID [PORT] -> RCTRL: a controller of R_NQN for that host
+# (through PORT, default R_PORT; -D: allow a second connection to one address).
 RCTRL=
 resv_connect() {
     local out rc
     RCTRL=
-    out=$(timeout 60 nvme connect -D -t "$TRANSPORT" -a "$ADDR" -s "${3:-$PORT}" -n "$RESV_NQN" \
+    out=$(timeout 60 nvme connect -D -t "$TRANSPORT" -a "$ADDR" -s "${3:-$R_PORT}" -n "$R_NQN" \
         --hostnqn "$1" --hostid "$2" -o json 2>&1)
     rc=$?
     [ $rc = 0 ] || { fail "nvme connect as $1 failed (rc $rc): $(echo $out)"; return 1; }
@@ -1333,16 +1365,20 @@ resv_io() {
     fi
 }
 
-# resv_report CTRL -> RESV_JSON: nvme resv-report with the extended data structure.
+# resv_report CTRL -> RESV_JSON: nvme resv-report with the extended data structure,
+# also printed as a diagnostic (the two targets' reports side by side in the log).
 resv_report() {
     RESV_JSON=$(timeout 30 nvme resv-report "/dev/$1" -n 1 --eds -o json 2>&1) \
         || { fail "resv-report on $1 failed: $(echo $RESV_JSON)"; return 1; }
+    echo "#   resv-report ($R_NQN): $(echo "$RESV_JSON" | jq -c . 2>/dev/null || echo $RESV_JSON)"
 }
 
-t_reservations() {
+t_reservations() { resv_target kvtarget && reservations_body; }
+t_reservations_spdk_control() { resv_target spdk-control && reservations_body; }
+reservations_body() {
     local a b
     resv_connect "$HOSTNQN" "$HOSTID" || return 1; a=$RCTRL
-    resv_connect "$RESV_HOSTNQN" "$RESV_HOSTID" "${RESV_PORT2:-$PORT}" || return 1; b=$RCTRL
+    resv_connect "$RESV_HOSTNQN" "$RESV_HOSTID" "$R_PORT2" || return 1; b=$RCTRL
     resv_ok "register host 1" nv resv-register "/dev/$a" -n 1 --nrkey=0xA1 --rrega=0 || return 1
     resv_ok "register host 2" nv resv-register "/dev/$b" -n 1 --nrkey=0xB2 --rrega=0 || return 1
     resv_conflict "acquire with a wrong key" nv resv-acquire "/dev/$a" -n 1 --crkey=0xBAD --rtype=1 --racqa=0 || return 1
@@ -1364,19 +1400,21 @@ t_reservations() {
     disconnect_ctrl "$a"; disconnect_ctrl "$b"
 }
 
-t_reservation_ptpl_kill() {
+t_reservation_ptpl_kill() { resv_target kvtarget && reservation_ptpl_kill_body; }
+t_reservation_ptpl_kill_spdk_control() { resv_target spdk-control && reservation_ptpl_kill_body; }
+reservation_ptpl_kill_body() {
     local a b
     resv_connect "$HOSTNQN" "$HOSTID" || return 1; a=$RCTRL
-    resv_connect "$RESV_HOSTNQN" "$RESV_HOSTID" "${RESV_PORT2:-$PORT}" || return 1; b=$RCTRL
+    resv_connect "$RESV_HOSTNQN" "$RESV_HOSTID" "$R_PORT2" || return 1; b=$RCTRL
     resv_ok "register with PTPL" nv resv-register "/dev/$a" -n 1 --nrkey=0xA1 --rrega=0 --cptpl=3 || return 1
     resv_ok "register host 2" nv resv-register "/dev/$b" -n 1 --nrkey=0xB2 --rrega=0 || return 1
     resv_ok "host 1 acquires Write Exclusive" nv resv-acquire "/dev/$a" -n 1 --crkey=0xA1 --rtype=1 --racqa=0 || return 1
     disconnect_ctrl "$a"; disconnect_ctrl "$b"
     sleep 1 # the target writes its PTPL file off its reactors
-    restart_stop KILL || return 1
+    restart_stop KILL "$R_NQN" || return 1
     restart_start || return 1
     resv_connect "$HOSTNQN" "$HOSTID" || return 1; a=$RCTRL
-    resv_connect "$RESV_HOSTNQN" "$RESV_HOSTID" "${RESV_PORT2:-$PORT}" || return 1; b=$RCTRL
+    resv_connect "$RESV_HOSTNQN" "$RESV_HOSTID" "$R_PORT2" || return 1; b=$RCTRL
     resv_report "$a" || return 1
     [ "$(echo "$RESV_JSON" | jq -r '.rtype')" = 1 ] && [ "$(echo "$RESV_JSON" | jq -r '.regctl')" = 2 ] \
         || { fail "after SIGKILL + restart: expected rtype 1 and 2 registrants: $(echo $RESV_JSON)"; return 1; }
@@ -1592,6 +1630,8 @@ lmcache-volatile-kill
 kv-namespace
 reservations
 reservation-ptpl-kill
+reservations-spdk-control
+reservation-ptpl-kill-spdk-control
 ana-multipath
 "
 # Scenarios that need thin-provisioned volumes (--volumes); reported as skipped without.
@@ -1620,6 +1660,15 @@ skip_reason() {
     fi
     if [ "$1" = reservation-ptpl-kill ] && [ -n "$RESV_NQN" ] && { [ -z "$RESV_PTPL" ] || [ "$RESTART" != share ]; }; then
         echo "needs a PTPL file on --resv-nqn (--resv-ptpl) and a target the host can SIGKILL (--restart share)"
+    fi
+    if [ "$1" = reservations-spdk-control ] || [ "$1" = reservation-ptpl-kill-spdk-control ]; then
+        if [ -n "$RESV_CTL_SKIP" ]; then
+            echo "the SPDK nvmf_tgt control target is not available: $RESV_CTL_SKIP"
+        elif [ -z "$RESV_CTL_NQN" ] || [ -z "$RESV_CTL_PORT" ] || [ -z "$RESV_HOSTNQN" ]; then
+            echo "needs SPDK's nvmf_tgt as the reservation control (--resv-ctl-nqn, --resv-ctl-port, --resv-hostnqn; run.sh starts it beside kvtarget only)"
+        elif [ "$1" = reservation-ptpl-kill-spdk-control ] && [ "$RESTART" != share ]; then
+            echo "needs a control the host can SIGKILL (--restart share)"
+        fi
     fi
     case "$VOLUME_SCENARIOS" in
         *" $1 "*) [ -n "$VOLUMES" ] || echo "needs thin-provisioned pool volumes (--volumes); this target serves none" ;;
