@@ -321,3 +321,36 @@ fn a_namespace_added_again_at_the_same_nsid_has_no_stale_verdict() {
     assert_eq!(read1(&mut a), CONFLICT);
     assert_eq!(read1(&mut b), Status::SUCCESS);
 }
+
+/// The queue's access check takes no lock once its verdict is cached:
+/// another thread holds the namespace's reservation lock while host B's
+/// queue answers reads and conflicting writes (a check that took the lock
+/// would wait until the holder gives up, which the holder reports).
+#[test]
+fn a_held_reservation_is_checked_without_its_lock() {
+    let e = env();
+    let (_admin_a, mut a) = e.pair();
+    let (_admin_b, mut b) = pair_b(&e);
+    assert_eq!(resv(&mut a, resv_opc::REGISTER, 0, 0, 0xA), Status::SUCCESS);
+    assert_eq!(resv(&mut a, resv_opc::ACQUIRE, WE, 0xA, 0), Status::SUCCESS);
+    assert_eq!(write1(&mut b), CONFLICT, "caches B's verdict");
+    let ns = e.subsys.namespace(1).unwrap();
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let _guard = ns.reservation.state.lock().unwrap();
+        held_tx.send(()).unwrap();
+        // Timed out: the queue waited for the lock.
+        done_rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .is_err()
+    });
+    held_rx.recv().unwrap();
+    for _ in 0..100 {
+        assert_eq!(read1(&mut b), Status::SUCCESS);
+        assert_eq!(write1(&mut b), CONFLICT);
+    }
+    // The holder is gone already when it timed out.
+    let _ = done_tx.send(());
+    assert!(!holder.join().unwrap(), "the access check took the lock");
+}
