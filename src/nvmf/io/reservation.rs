@@ -131,7 +131,10 @@ impl ResvCache {
                 return Ok(*v);
             }
         }
-        assert!(self.host.map_or(true, |h| h == *host), "one queue, one host");
+        assert!(
+            self.host.map_or(true, |h| h == *host),
+            "one queue, one host"
+        );
         self.host = Some(*host);
         let v = ns.reservation.verdict(host)?;
         self.reserve(ns.nsid);
