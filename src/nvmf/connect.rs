@@ -139,6 +139,7 @@ impl<X> Queue<X> {
         self.sqflow_disabled = cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0;
         self.stats = Some(c.stats);
         self.ns.load(c.ns_gen, c.namespaces);
+        self.reserve_resv_cache();
         let qid = c.binding.qid();
         self.binding = Some(c.binding);
         let mut dw0 = ctrl.cntlid as u64;

@@ -240,6 +240,9 @@ pub struct Queue<X> {
     /// Reservation commands answered once their PTPL write is durable
     /// (slot, CID, what to wait for).
     pub(in crate::nvmf) ptpl_waits: Vec<(u16, u16, super::reservation::ptpl::PtplWait)>,
+    /// This queue's host's reservation verdicts per namespace (the access
+    /// check without a lock).
+    pub(in crate::nvmf) resv_cache: io::reservation::ResvCache,
 }
 
 impl<X> Queue<X> {
@@ -266,6 +269,7 @@ impl<X> Queue<X> {
             kv_enabled: None,
             held_connect: None,
             ptpl_waits: Vec::new(),
+            resv_cache: io::reservation::ResvCache::default(),
         }
     }
 
@@ -371,8 +375,15 @@ impl<X> Queue<X> {
             let gen = subsys.ns_gen.load(Ordering::Acquire);
             if gen != self.ns.gen {
                 self.ns.load(gen, subsys.namespace_snapshot());
+                self.reserve_resv_cache();
             }
         }
+    }
+
+    /// Room in the reservation cache for every namespace of the table.
+    pub(in crate::nvmf) fn reserve_resv_cache(&mut self) {
+        let top = self.ns.all().iter().map(|n| n.nsid).max().unwrap_or(0);
+        self.resv_cache.reserve(top);
     }
 
     /// A command capsule arrived.
@@ -522,7 +533,8 @@ impl<X> Queue<X> {
             write_cache,
         )?;
         if let Some(b) = self.binding.as_ref() {
-            io::reservation::check(ns, &plan, &HostId::extended(b.ctrl().hostid))?;
+            let host = HostId::extended(b.ctrl().hostid);
+            self.resv_cache.check(ns, &plan, &host)?;
         }
         Ok((handler, plan))
     }

@@ -702,13 +702,18 @@ impl NoticeLog {
 }
 
 /// The reservation of a namespace as the target holds it: shared by every
-/// controller's queues (a short lock per reservation command and per access
-/// check while a reservation or registrant exists).
+/// controller's queues. A reservation command takes the state's lock; an
+/// I/O command's access check does not (the `idle` flag, or the queue's
+/// cached [`Verdict`] while `epoch` has not moved: `io::reservation::ResvCache`).
 #[derive(Debug)]
 pub struct NsReservation {
     pub state: std::sync::Mutex<ResvState>,
     /// Set when nobody is registered: an access check skips the lock.
     pub idle: std::sync::atomic::AtomicBool,
+    /// Moves (inside the lock, Release) with every change of the
+    /// registrants or the reservation ([`NsReservation::change`]): a
+    /// [`Verdict`] read at epoch E holds while the epoch is still E.
+    pub epoch: std::sync::atomic::AtomicU64,
     /// Where registrations persist through power loss (SPDK's `ptpl_file`);
     /// `None`: the namespace cannot persist them.
     pub ptpl_file: Option<std::path::PathBuf>,
@@ -729,6 +734,7 @@ impl NsReservation {
         NsReservation {
             state: std::sync::Mutex::new(ResvState::default()),
             idle: std::sync::atomic::AtomicBool::new(true),
+            epoch: std::sync::atomic::AtomicU64::new(0),
             ptpl_file,
             ns_uuid: [0; 16],
             durability: Default::default(),
@@ -746,6 +752,7 @@ impl NsReservation {
         Ok(NsReservation {
             state: std::sync::Mutex::new(state),
             idle: std::sync::atomic::AtomicBool::new(idle),
+            epoch: std::sync::atomic::AtomicU64::new(0),
             ptpl_file: Some(path),
             ns_uuid,
             durability: Default::default(),
@@ -783,12 +790,76 @@ impl NsReservation {
         Ok((out, wait))
     }
 
-    /// Whether `host` may issue a command of kind `access` here.
+    /// `with_persisted` for a command that may change the registrants or
+    /// the reservation (Register, Acquire, Release): moves `epoch` inside
+    /// the lock, after `f` and before the lock is let go, so before the
+    /// command can be answered.
+    ///
+    /// Why a command parsed after that answer sees the change without the
+    /// lock: the answer is posted after this returns; the host sends its
+    /// next command only once it has the answer, and the command reaches a
+    /// reactor through the transport (socket or RDMA completion queue,
+    /// whose kernel and driver synchronisation order it after the answer).
+    /// So the reactor's Acquire load of `epoch` happens after this Release
+    /// increment and cannot read an older value (coherence): it sees a new
+    /// epoch, misses its cache and reads the state under the lock. A
+    /// command that races the change (parsed before the answer) may get
+    /// either verdict, as commands in flight together are unordered.
+    pub fn change<T>(
+        &self,
+        f: impl FnOnce(&mut ResvState) -> T,
+    ) -> Result<(T, Option<ptpl::PtplWait>), Status> {
+        self.with_persisted(|s| {
+            let out = f(s);
+            self.epoch
+                .fetch_add(1, std::sync::atomic::Ordering::Release);
+            out
+        })
+    }
+
+    /// What `host` may do here now, read under the lock with the epoch it
+    /// holds at (exact: the epoch moves only under the same lock).
+    pub fn verdict(&self, host: &HostId) -> Result<Verdict, Status> {
+        let s = self.state.lock().map_err(|_| Status::INTERNAL_ERROR)?;
+        Ok(Verdict {
+            epoch: self.epoch.load(std::sync::atomic::Ordering::Acquire),
+            read: s.access(host, Access::Read).is_ok(),
+            write: s.access(host, Access::Write).is_ok(),
+        })
+    }
+
+    /// Whether `host` may issue a command of kind `access` here (without a
+    /// cache: the lock whenever someone is registered).
     pub fn access(&self, host: &HostId, access: Access) -> Result<(), Status> {
         if self.idle.load(std::sync::atomic::Ordering::Acquire) {
             return Ok(());
         }
-        self.with(|s| s.access(host, access))?
+        self.verdict(host)?.allows(access)
+    }
+}
+
+/// One host's access to a namespace at one reservation epoch: what an I/O
+/// queue caches so that its access checks take no lock in steady state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    /// The [`NsReservation::epoch`] the verdict was read at.
+    pub epoch: u64,
+    read: bool,
+    write: bool,
+}
+
+impl Verdict {
+    /// Reservation Conflict unless the host may issue `access`.
+    pub fn allows(&self, access: Access) -> Result<(), Status> {
+        let ok = match access {
+            Access::Read => self.read,
+            Access::Write => self.write,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Status::RESERVATION_CONFLICT)
+        }
     }
 }
 

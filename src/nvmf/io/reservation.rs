@@ -9,10 +9,11 @@ use crate::nvmf::controller::Controller;
 use crate::nvmf::request::Request;
 use crate::nvmf::reservation::ptpl::PtplWait;
 use crate::nvmf::reservation::{
-    resv_opc, Access, Acquire, HostId, Notices, Register, Release, RESV_DATA_MAX,
+    resv_opc, Access, Acquire, HostId, Notices, Register, Release, Verdict, RESV_DATA_MAX,
 };
 use crate::nvmf::{Namespace, Subsystem};
 use crate::wire::nvme::{Sqe, Status};
+use std::sync::atomic::Ordering;
 
 /// Bytes of host data each command carries: two keys (CRKEY and NRKEY or
 /// PRKEY) for Register and Acquire, CRKEY for Release.
@@ -75,11 +76,70 @@ pub fn access_of(plan: &IoPlan) -> Option<Access> {
     }
 }
 
-/// Reservation Conflict when `host` may not issue `plan` on `ns`.
-pub fn check(ns: Option<&Namespace>, plan: &IoPlan, host: &HostId) -> Result<(), Status> {
-    match (ns, access_of(plan)) {
-        (Some(n), Some(a)) => n.reservation.access(host, a),
-        _ => Ok(()),
+/// One I/O queue's verdicts (its host's access to each namespace), so that
+/// the check every I/O command passes takes no lock while a reservation
+/// stays as it is: the namespace's epoch is compared (an Acquire load) and
+/// the cached verdict answers; a moved epoch (a Register, Acquire or
+/// Release ran) reads the state once under its lock and caches that.
+///
+/// An entry belongs to one namespace object (`Namespace::key`, unique in
+/// the process): a namespace removed and another added at the same NSID
+/// never matches the old entry. The table grows when the queue first meets
+/// a higher NSID (once per NSID, not per command).
+#[derive(Debug, Default)]
+pub struct ResvCache {
+    by_nsid: Vec<Option<(u64, Verdict)>>,
+    /// The host the verdicts are for: a queue's host is fixed at Connect.
+    host: Option<HostId>,
+}
+
+impl ResvCache {
+    /// Room for NSIDs up to `max_nsid` (at connect, so the first commands
+    /// allocate nothing either).
+    pub fn reserve(&mut self, max_nsid: u32) {
+        let len = max_nsid as usize + 1;
+        if self.by_nsid.len() < len {
+            self.by_nsid.resize(len, None);
+        }
+    }
+
+    /// Reservation Conflict when `host` (this queue's) may not issue `plan`
+    /// on `ns`.
+    pub fn check(
+        &mut self,
+        ns: Option<&Namespace>,
+        plan: &IoPlan,
+        host: &HostId,
+    ) -> Result<(), Status> {
+        let (Some(ns), Some(access)) = (ns, access_of(plan)) else {
+            return Ok(());
+        };
+        if ns.reservation.idle.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.verdict(ns, host)?.allows(access)
+    }
+
+    /// The cached verdict on `ns` while its epoch has not moved; otherwise
+    /// one read under the lock, cached.
+    fn verdict(&mut self, ns: &Namespace, host: &HostId) -> Result<Verdict, Status> {
+        let slot = ns.nsid as usize;
+        let epoch = ns.reservation.epoch.load(Ordering::Acquire);
+        if let Some(Some((key, v))) = self.by_nsid.get(slot) {
+            if *key == ns.key && v.epoch == epoch {
+                assert_eq!(self.host, Some(*host), "one queue, one host");
+                return Ok(*v);
+            }
+        }
+        assert!(
+            self.host.map_or(true, |h| h == *host),
+            "one queue, one host"
+        );
+        self.host = Some(*host);
+        let v = ns.reservation.verdict(host)?;
+        self.reserve(ns.nsid);
+        self.by_nsid[slot] = Some((ns.key, v));
+        Ok(v)
     }
 }
 
@@ -109,15 +169,15 @@ pub fn execute<X>(
         resv_opc::REGISTER => {
             let cmd = Register::decode(cdw10, data)?;
             let capable = resv.ptpl_file.is_some();
-            after(resv.with_persisted(|s| s.register(who.host, who.cntlid, &cmd, capable))?)?
+            after(resv.change(|s| s.register(who.host, who.cntlid, &cmd, capable))?)?
         }
         resv_opc::ACQUIRE => {
             let cmd = Acquire::decode(cdw10, data)?;
-            after(resv.with_persisted(|s| s.acquire(who.host, &cmd))?)?
+            after(resv.change(|s| s.acquire(who.host, &cmd))?)?
         }
         resv_opc::RELEASE => {
             let cmd = Release::decode(cdw10, data)?;
-            after(resv.with_persisted(|s| s.release(who.host, &cmd))?)?
+            after(resv.change(|s| s.release(who.host, &cmd))?)?
         }
         resv_opc::REPORT => {
             let eds = r.sqe.cdw(11) & 1 != 0;
@@ -167,3 +227,6 @@ pub fn post(subsys: &Subsystem, nsid: u32, notices: &Notices) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

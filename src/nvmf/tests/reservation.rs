@@ -264,3 +264,93 @@ fn a_change_with_ptpl_is_answered_once_the_file_is_durable() {
     s.set_sgl(icd_sgl(16));
     assert_eq!(a.exec_icd(s, &d).status(), Status::SUCCESS);
 }
+
+/// Preempt and Abort (RACQA 2) answers as Preempt: the preempted host is
+/// unregistered, and its next command on a queue that had cached its
+/// verdict gets Reservation Conflict.
+#[test]
+fn preempt_and_abort_leaves_the_preempted_host_in_conflict() {
+    let e = env();
+    let (_admin_a, mut a) = e.pair();
+    let (_admin_b, mut b) = pair_b(&e);
+    assert_eq!(resv(&mut a, resv_opc::REGISTER, 0, 0, 0xA), Status::SUCCESS);
+    assert_eq!(resv(&mut b, resv_opc::REGISTER, 0, 0, 0xB), Status::SUCCESS);
+    let ea = 2 << 8;
+    assert_eq!(resv(&mut a, resv_opc::ACQUIRE, ea, 0xA, 0), Status::SUCCESS);
+    // A's queue caches "A may write".
+    assert_eq!(write1(&mut a), Status::SUCCESS);
+    assert_eq!(write1(&mut a), Status::SUCCESS);
+    assert_eq!(read1(&mut b), CONFLICT);
+    assert_eq!(
+        resv(&mut b, resv_opc::ACQUIRE, 2 | ea, 0xB, 0xA),
+        Status::SUCCESS
+    );
+    assert_eq!(write1(&mut a), CONFLICT, "A was preempted");
+    assert_eq!(read1(&mut a), CONFLICT);
+    assert_eq!(write1(&mut b), Status::SUCCESS);
+    let v = decode_report(&report(&mut b, true).data, true).unwrap();
+    assert_eq!((v.rtype, v.registrants.len()), (2, 1));
+    assert_eq!(v.registrants[0].2, HostId::extended(HOSTID_B));
+}
+
+/// A namespace removed and another added at the same NSID starts with its
+/// own (idle) reservation state: no queue answers from the old verdict.
+#[test]
+fn a_namespace_added_again_at_the_same_nsid_has_no_stale_verdict() {
+    let e = env();
+    let (_admin_a, mut a) = e.pair();
+    let (_admin_b, mut b) = pair_b(&e);
+    assert_eq!(resv(&mut a, resv_opc::REGISTER, 0, 0, 0xA), Status::SUCCESS);
+    assert_eq!(
+        resv(&mut a, resv_opc::ACQUIRE, 2 << 8, 0xA, 0),
+        Status::SUCCESS
+    );
+    assert_eq!(read1(&mut b), CONFLICT, "B's queue caches the conflict");
+    assert!(e.subsys.remove_namespace(1).is_some());
+    let ns = Namespace::new(SUBNQN, 1, RamDevice::new("n", NS_BYTES).unwrap(), BS);
+    e.subsys.add_namespace(Arc::new(ns)).unwrap();
+    assert_eq!(read1(&mut b), Status::SUCCESS);
+    assert_eq!(write1(&mut b), Status::SUCCESS);
+    // The new namespace's reservation (same epoch as the old one had)
+    // is held by B now: A's queue must not reuse its old verdict.
+    assert_eq!(resv(&mut b, resv_opc::REGISTER, 0, 0, 0xB), Status::SUCCESS);
+    assert_eq!(
+        resv(&mut b, resv_opc::ACQUIRE, 2 << 8, 0xB, 0),
+        Status::SUCCESS
+    );
+    assert_eq!(read1(&mut a), CONFLICT);
+    assert_eq!(read1(&mut b), Status::SUCCESS);
+}
+
+/// The queue's access check takes no lock once its verdict is cached:
+/// another thread holds the namespace's reservation lock while host B's
+/// queue answers reads and conflicting writes (a check that took the lock
+/// would wait until the holder gives up, which the holder reports).
+#[test]
+fn a_held_reservation_is_checked_without_its_lock() {
+    let e = env();
+    let (_admin_a, mut a) = e.pair();
+    let (_admin_b, mut b) = pair_b(&e);
+    assert_eq!(resv(&mut a, resv_opc::REGISTER, 0, 0, 0xA), Status::SUCCESS);
+    assert_eq!(resv(&mut a, resv_opc::ACQUIRE, WE, 0xA, 0), Status::SUCCESS);
+    assert_eq!(write1(&mut b), CONFLICT, "caches B's verdict");
+    let ns = e.subsys.namespace(1).unwrap();
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let _guard = ns.reservation.state.lock().unwrap();
+        held_tx.send(()).unwrap();
+        // Timed out: the queue waited for the lock.
+        done_rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .is_err()
+    });
+    held_rx.recv().unwrap();
+    for _ in 0..100 {
+        assert_eq!(read1(&mut b), Status::SUCCESS);
+        assert_eq!(write1(&mut b), CONFLICT);
+    }
+    // The holder is gone already when it timed out.
+    let _ = done_tx.send(());
+    assert!(!holder.join().unwrap(), "the access check took the lock");
+}
