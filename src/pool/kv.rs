@@ -427,8 +427,11 @@ impl State {
 pub struct KvIndex {
     block_size: u32,
     max_keys: u64,
-    /// The clock key ages are counted from (ages restart at recovery).
-    base: Instant,
+    /// The clock key ages are counted from (ages restart at recovery): the
+    /// first `now` a caller passes, not a clock read here, so a caller whose
+    /// clock runs behind the wall clock (the simulation's) never sees every
+    /// age stuck at zero.
+    base: std::sync::OnceLock<Instant>,
     /// `KvSettings`, packed (`PackedSettings`): read once per command, no lock.
     settings: AtomicU64,
     state: Mutex<State>,
@@ -453,7 +456,7 @@ impl KvIndex {
         KvIndex {
             block_size,
             max_keys,
-            base: Instant::now(),
+            base: std::sync::OnceLock::new(),
             settings: AtomicU64::new(PackedSettings::pack(KvSettings::default())),
             state: Mutex::new(State {
                 map: HashMap::with_capacity(cap),
@@ -535,7 +538,8 @@ impl KvIndex {
     }
 
     fn ms(&self, now: Instant) -> u64 {
-        now.saturating_duration_since(self.base).as_millis() as u64
+        let base = *self.base.get_or_init(|| now);
+        now.saturating_duration_since(base).as_millis() as u64
     }
 
     fn blocks_for(&self, len: u32) -> u32 {
@@ -1974,6 +1978,28 @@ mod tests {
         assert!(ix.exists(&key(1), now + Duration::from_secs(9)));
         assert!(!ix.exists(&key(1), now + Duration::from_secs(11)));
         assert_eq!(ix.snapshot().expirations, 1);
+    }
+
+    /// Ages count from the first `now` the index is given, not from a clock
+    /// read when it was made: the simulation's clock started before the
+    /// index and runs slower than the wall clock on a loaded machine, and
+    /// every age then stayed zero (a KV volume never trimmed, seed 27).
+    #[test]
+    fn ages_count_from_the_callers_clock_not_the_wall_clock() {
+        // A caller clock an hour behind the wall clock when the index is made.
+        let now = Instant::now();
+        let Some(behind) = now.checked_sub(Duration::from_secs(3600)) else {
+            return; // booted less than an hour ago: no such clock to stand in
+        };
+        let ix = KvIndex::new(1 << 20, 4096);
+        ix.set_settings(KvSettings {
+            on_full: OnFull::Evict,
+            ttl: Some(Duration::from_secs(10)),
+            keep_footprint: false,
+        });
+        assert!(store(&ix, &key(1), 100, behind).is_ok());
+        assert!(ix.exists(&key(1), behind + Duration::from_secs(9)));
+        assert!(!ix.exists(&key(1), behind + Duration::from_secs(11)));
     }
 
     #[test]
