@@ -3,9 +3,10 @@
 # guest kernel's nvme-rdma host against kvtarget running in the same guest.
 #
 #   1. soft-RoCE on eth0 (rdma link add rxe0 type rxe netdev eth0);
-#   2. kvtarget (the release binary, passed in through the 9p share) with an NVMe/RDMA
-#      listener on 10.0.2.15:4420, its namespaces thin volumes of a pool on a loop
-#      device (io_uring needs O_DIRECT, which tmpfs lacks in 6.1);
+#   2. kvtarget (the release binary, passed in through the 9p share) with NVMe/RDMA
+#      listeners on 10.0.2.15:4420 and :4433 (the second path of ana-multipath), its
+#      namespaces thin volumes of a pool on a loop device (io_uring needs O_DIRECT,
+#      which tmpfs lacks in 6.1);
 #   3. tcp-suite.sh --transport rdma: the NVMe/TCP scenario list over RDMA (discovery,
 #      1/2/4 I/O queues, id-ctrl/list fields, fio verify 4k..1M, flush, discard,
 #      write-zeroes, keep-alive, disconnect/reconnect, target restart, volumes, ...),
@@ -28,6 +29,10 @@ SIZE_MIB=256
 VOLUMES="1:$SIZE_MIB:4096:zeroes 2:64:4096:zeroes 3:64:512:error"
 # A second subsystem: NSID 1 a block volume, NSID 2 a KV namespace (kv-namespace).
 KV_NQN=nqn.2026-12.io.kvtarget:interop-kv
+# A third, with ANA reporting, reachable on PORT and MP_PORT (a second RDMA listener
+# on the same rxe address: two paths), its NSID 1 a thin volume, for ana-multipath.
+MP_NQN=nqn.2026-12.io.kvtarget:interop-mp
+MP_PORT=4433
 POOL_MIB=640
 SERIAL=KVTRDMA0000001
 MODEL=kvtarget
@@ -71,6 +76,11 @@ address = "127.0.0.1:9464"
 [[listeners]]
 address = "$ADDR"
 port = $PORT
+transport = "rdma"
+
+[[listeners]]
+address = "$ADDR"
+port = $MP_PORT
 transport = "rdma"
 
 [[pools]]
@@ -121,6 +131,22 @@ volume = "interop/kv-blocks"
 [[subsystems.namespaces]]
 nsid = 2
 volume = "interop/kv-cache"
+
+[[pools.volumes]]
+name = "mp"
+size = "64MiB"
+
+[[subsystems]]
+nqn = "$MP_NQN"
+serial = "KVTRDMAMP00001"
+allow_any_host = false
+hosts = ["$HOSTNQN"]
+ana_reporting = true
+listen = ["$ADDR:$PORT", "$ADDR:$MP_PORT"]
+
+[[subsystems.namespaces]]
+nsid = 1
+volume = "interop/mp"
 EOF
 } > "$CFG"
 "$BIN" check-config "$CFG" >> "$LOG" 2>&1 || die "kvtarget rejects $CFG: $(tail -n 1 "$LOG")"
@@ -193,7 +219,7 @@ orchestrate_once() {
 bash "$SHARE/tcp-suite.sh" --transport rdma --addr "$ADDR" --port "$PORT" --disc-port "$PORT" \
     --nqn "$NQN" --hostnqn "$HOSTNQN" --hostid "$HOSTID" --size $((SIZE_MIB * 1048576)) \
     --block-size 4096 --restart share --serial "$SERIAL" --model "$MODEL" \
-    --volumes "$VOLUMES" --kv-nqn "$KV_NQN" ${RDMA_ONLY:+--only "$RDMA_ONLY"} 2>&1 | tee "$WORK/suite.log" &
+    --volumes "$VOLUMES" --kv-nqn "$KV_NQN" --mp-nqn "$MP_NQN" --mp-port "$MP_PORT" ${RDMA_ONLY:+--only "$RDMA_ONLY"} 2>&1 | tee "$WORK/suite.log" &
 suite_pid=$!
 while kill -0 "$suite_pid" 2>/dev/null; do
     orchestrate_once

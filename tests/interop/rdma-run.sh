@@ -58,7 +58,7 @@ echo "rdma-interop: logs in $out" >&2
     --mem 3G --pidfile "$out/qemu.pid" $verbose 2> "$out/guest-run.log"
 rc=$?
 cat "$out/guest-run.log" >&2
-echo "=== kvtarget NVMe/RDMA (in the guest, soft-RoCE 10.0.2.15:4420) ==="
+echo "=== kvtarget NVMe/RDMA (in the guest, soft-RoCE 10.0.2.15:4420 and :4433) ==="
 grep -E '^(ok - |FAIL - |skip - |# tcp-suite|# suite took|# soft-RoCE)' "$share/guest-output.log" 2>/dev/null || echo "(no suite output)"
 last=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$share/guest-output.log" 2>/dev/null | tail -n 1)
 if [ -z "$last" ] || [ "$rc" != 0 ]; then
