@@ -1,7 +1,9 @@
 //! NVMe reservations against the daemon over NVMe/TCP with the in-repo
 //! initiator: two hosts (two host NQNs and Host Identifiers), Write
 //! Exclusive, preempt, release, clear, a wrong key, and registrations with
-//! Persist Through Power Loss kept across a SIGKILL and restart.
+//! Persist Through Power Loss kept across a SIGKILL and restart: in a
+//! `ptpl_file` for a plain namespace, in the pool's metadata for a pool
+//! volume (and, with PTPL off, forgotten by the restart).
 
 mod support;
 
@@ -176,4 +178,109 @@ ptpl_file = "{}"
     assert_eq!(write(&mut a), Status::SUCCESS);
     assert_eq!(resv(&mut b, resv_opc::RELEASE, 1, 0xB, 0), Status::SUCCESS);
     assert_eq!(report(&mut a).registrants.len(), 0);
+}
+
+/// A pool with one volume served as namespace 1 (no `ptpl_file`).
+fn pool_volume_config(dir: &std::path::Path, port: u16) -> std::path::PathBuf {
+    write_config(
+        dir,
+        "resv-pool.toml",
+        &format!(
+            r#"
+[[listeners]]
+address = "127.0.0.1"
+port = {port}
+
+[[pools]]
+name = "p"
+backend = "uring"
+path = "{}/pool.img"
+size = "64MiB"
+extent_size = "1MiB"
+
+[[pools.volumes]]
+name = "v"
+size = "8MiB"
+block_size = 4096
+
+[[subsystems]]
+nqn = "{NQN}"
+allow_any_host = true
+
+[[subsystems.namespaces]]
+nsid = 1
+volume = "p/v"
+"#,
+            dir.display()
+        ),
+    )
+}
+
+/// Registers A (with CPTPL `cptpl`) and B, and A takes Write Exclusive;
+/// then SIGKILLs the daemon and starts it again. Returns the new daemon
+/// and both hosts, connected again (controller and I/O queue).
+type Host = (HostController, IoQueue);
+fn register_acquire_kill_restart(cptpl: u32) -> (tempfile::TempDir, Daemon, Host, Host) {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let cfg = pool_volume_config(dir.path(), port);
+    let sock = dir.path().join("rpc.sock");
+    let mut d = Daemon {
+        child: spawn_daemon(&cfg, &sock),
+    };
+    let (mut ca, mut a) = host(port, HOST_A);
+    let (_cb, mut b) = host(port, HOST_B);
+    // RESCAP bit 0: the pool volume can persist, with no ptpl_file.
+    let id = ca.identify(0, 1).unwrap();
+    assert_eq!(id[31] & 1, 1, "RESCAP PTPL on a pool volume");
+    assert_eq!(
+        resv(&mut a, resv_opc::REGISTER, cptpl << 30, 0, 0xA),
+        Status::SUCCESS
+    );
+    assert_eq!(resv(&mut b, resv_opc::REGISTER, 0, 0, 0xB), Status::SUCCESS);
+    assert_eq!(resv(&mut a, resv_opc::ACQUIRE, WE, 0xA, 0), Status::SUCCESS);
+    assert_eq!(write(&mut b), CONFLICT);
+    let r = report(&mut b);
+    assert_eq!((r.ptpl, r.rtype, r.registrants.len()), (cptpl == 3, 1, 2));
+    // Each command was answered once its record was journaled: no wait
+    // here before the daemon dies without a word.
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    let _ = std::fs::remove_file(&sock);
+    drop((a, b));
+    d.child = spawn_daemon(&cfg, &sock);
+    (dir, d, host(port, HOST_A), host(port, HOST_B))
+}
+
+#[test]
+fn ptpl_on_a_pool_volume_survives_sigkill_in_the_pool_metadata() {
+    let (_dir, _d, (_ca, mut a), (_cb, mut b)) = register_acquire_kill_restart(3);
+    let r = report(&mut a);
+    assert!(r.ptpl, "PTPL kept");
+    assert_eq!(r.rtype, 1, "Write Exclusive kept");
+    let mut regs: Vec<_> = r.registrants.iter().map(|x| (x.2, x.3, x.1)).collect();
+    regs.sort_by_key(|x| x.1);
+    assert_eq!(
+        regs,
+        vec![
+            (HostId::extended(HOST_A.1), 0xA, true),
+            (HostId::extended(HOST_B.1), 0xB, false)
+        ],
+        "the same registrants and holder"
+    );
+    assert_eq!(write(&mut b), CONFLICT, "still fenced after the restart");
+    assert_eq!(write(&mut a), Status::SUCCESS);
+    // Clear: nobody is registered any more.
+    assert_eq!(resv(&mut a, resv_opc::RELEASE, 1, 0xA, 0), Status::SUCCESS);
+    assert_eq!(report(&mut b).registrants.len(), 0);
+    assert_eq!(write(&mut b), Status::SUCCESS);
+}
+
+#[test]
+fn without_ptpl_a_pool_volume_forgets_its_reservation_on_restart() {
+    let (_dir, _d, (_ca, mut a), (_cb, mut b)) = register_acquire_kill_restart(0);
+    let r = report(&mut a);
+    assert!(!r.ptpl);
+    assert_eq!((r.rtype, r.registrants.len()), (0, 0), "nothing kept");
+    assert_eq!(write(&mut b), Status::SUCCESS);
 }

@@ -130,3 +130,37 @@ fn check_refuses_a_superblock_larger_than_the_device() {
         rep.damage
     );
 }
+
+/// The reservation-record seeds decode (a journal entry and a checkpoint
+/// payload with `VolumeResv` records), so fuzzing starts inside their
+/// decoder rather than at a refused prefix.
+#[test]
+fn reservation_seeds_decode() {
+    use kvtarget::pool::format::{CheckpointData, Record};
+    let mut seen = 0;
+    for p in inputs(&root().join("corpus/pool_format")) {
+        if !p
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("resv-"))
+        {
+            continue;
+        }
+        let data = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        let (sel, b) = data.split_first().expect("a selector byte");
+        let resv = match sel % 4 {
+            2 => CheckpointData::decode(b).map(|c| c.resv.len()),
+            _ => Record::decode_all(b, "seed").map(|r| {
+                r.iter()
+                    .filter(|r| matches!(r, Record::VolumeResv { .. }))
+                    .count()
+            }),
+        };
+        assert!(
+            resv.as_ref().is_ok_and(|n| *n > 0),
+            "{}: {resv:?}",
+            p.display()
+        );
+        seen += 1;
+    }
+    assert_eq!(seen, 2, "the two reservation seeds");
+}

@@ -165,6 +165,11 @@ pub trait BlockDevice: Send + Sync {
     fn thin_info(&self) -> Option<ThinInfo> {
         None
     }
+    /// The device as `Any`, for a layer above that knows its type (a
+    /// namespace finds the pool volume it serves, to persist reservations).
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
     /// The device's block size when it has its own (a volume); namespaces use it.
     fn block_size(&self) -> Option<u32> {
         None

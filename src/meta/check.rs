@@ -55,6 +55,7 @@ pub fn check(dev: &SharedDevice) -> CheckReport {
     let (owner, problems) = img.ownership();
     rep.damage.extend(problems);
     rep.damage.extend(img.kv_problems());
+    rep.damage.extend(img.resv_problems());
     for (id, v) in &img.volumes {
         describe_volume(&mut rep, sb.extent_size, *id, v);
     }
@@ -92,6 +93,20 @@ fn describe_volume(rep: &mut CheckReport, extent_size: u64, id: u32, v: &VolumeI
     ));
     if v.desc.flags & VOL_KV != 0 {
         check_kv_volume(rep, extent_size, id, v);
+    }
+    if let Some(r) = &v.resv {
+        // Decoding checked it: RTYPE, a holder that is a registrant, no host
+        // twice, at most MAX_RESV_REGISTRANTS.
+        rep.lines.push(format!(
+            "volume {id} {:?}: reservation persists (PTPL), {} registrants, generation {}, {}",
+            v.desc.name,
+            r.registrants.len(),
+            r.generation,
+            r.held.map_or_else(
+                || "not held".to_string(),
+                |(t, _)| format!("held, type {t}")
+            )
+        ));
     }
 }
 

@@ -73,6 +73,7 @@ pub fn format(dev: &SharedDevice, opts: &FormatOptions) -> Result<Superblock, Po
         mappings: vec![],
         clean: (0..sb.extent_count).collect(),
         kv: vec![],
+        resv: vec![],
     };
     let block = seal(
         CHECKPOINT_MAGIC,

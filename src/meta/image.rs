@@ -3,7 +3,7 @@
 //! it. Nothing here touches a device.
 
 use super::checkpoint::{CheckpointData, ExtentMapping};
-use super::journal::{KvLoc, Record, VolumeDesc, VOL_KV};
+use super::journal::{KvLoc, Record, VolumeDesc, VolumeResv, RESV_CKPT_ROOM, VOL_KV};
 use super::superblock::{bitmap_bytes_max, NO_EXTENT};
 use crate::wire::nvme::KvKey;
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,6 +15,8 @@ pub struct VolumeImage {
     pub map: BTreeMap<u32, (u32, Vec<u8>)>,
     /// A KV volume's keys and where their values are.
     pub kv: BTreeMap<KvKey, KvLoc>,
+    /// The reservation its namespace persists (Persist Through Power Loss).
+    pub resv: Option<VolumeResv>,
 }
 
 impl Default for VolumeDesc {
@@ -82,6 +84,7 @@ impl Image {
                     desc: d,
                     map: BTreeMap::new(),
                     kv: BTreeMap::new(),
+                    resv: None,
                 },
             );
         }
@@ -90,6 +93,14 @@ impl Image {
         }
         for (vol, key, loc) in c.kv {
             img.set_kv(vol, key, Some(loc), "checkpoint");
+        }
+        for (vol, resv) in c.resv {
+            match img.volumes.get_mut(&vol) {
+                Some(v) => v.resv = Some(resv),
+                None => img.problems.push(format!(
+                    "checkpoint: reservation record for volume {vol}, which does not exist"
+                )),
+            }
         }
         for p in c.clean {
             if p >= extent_count {
@@ -200,6 +211,7 @@ impl Image {
                         desc: d,
                         map: BTreeMap::new(),
                         kv: BTreeMap::new(),
+                        resv: None,
                     },
                 );
             }
@@ -241,7 +253,30 @@ impl Image {
             }
             Record::KvPut { vol, key, loc } => self.set_kv(vol, key, Some(loc), "journal"),
             Record::KvDelete { vol, key } => self.set_kv(vol, key, None, "journal"),
+            Record::VolumeResv { vol, resv } => {
+                // A volume deleted later in the same commit stream has none.
+                if let Some(v) = self.volumes.get_mut(&vol) {
+                    v.resv = resv;
+                }
+            }
         }
+    }
+
+    /// The reservation records' bytes beyond the checkpoint room they share
+    /// (`RESV_CKPT_ROOM`): a checkpoint could not hold them.
+    pub fn resv_problems(&self) -> Vec<String> {
+        let bytes: usize = self
+            .volumes
+            .values()
+            .filter_map(|v| v.resv.as_ref())
+            .map(|r| 4 + r.encoded_len())
+            .sum();
+        if bytes > RESV_CKPT_ROOM {
+            return vec![format!(
+                "reservation records take {bytes} bytes, more than their {RESV_CKPT_ROOM}-byte checkpoint room"
+            )];
+        }
+        Vec::new()
     }
 
     /// Every physical extent and who maps it; reports extents mapped twice and
@@ -296,6 +331,11 @@ impl Image {
                 .iter()
                 .flat_map(|(id, v)| v.kv.iter().map(move |(k, l)| (*id, *k, *l)))
                 .collect(),
+            resv: self
+                .volumes
+                .iter()
+                .filter_map(|(id, v)| Some((*id, v.resv.clone()?)))
+                .collect(),
         }
     }
 }
@@ -333,6 +373,7 @@ mod tests {
                 mappings: vec![],
                 clean: (0..8).collect(),
                 kv: vec![],
+                resv: vec![],
             },
             1 << 20,
             8,

@@ -25,6 +25,10 @@ pub const MAX_EXTENTS: u64 = (1 << 28) - 2;
 pub const NO_EXTENT: u32 = u32::MAX;
 pub const MAX_VOLUMES: usize = 1024;
 pub const MAX_NAME_LEN: usize = 255;
+/// Checkpoint bytes a pool's layout gives each volume of the table: its
+/// description (at most `VOLUME_DESC_MAX_BYTES`, 293) and a share of the
+/// reservation records' room (`RESV_CKPT_ROOM`).
+pub const VOLUME_CKPT_BYTES: u64 = 320;
 /// Checkpoint room a pool's layout reserves per this many bytes of device,
 /// one key each: a KV namespace holds at most its size over this many keys
 /// (its Identify MNK).
@@ -73,7 +77,7 @@ impl Superblock {
         let ckpt_slot_len = round_up(
             META_BLOCK * 2
                 + estimate * per_extent
-                + (MAX_VOLUMES as u64) * 320
+                + (MAX_VOLUMES as u64) * VOLUME_CKPT_BYTES
                 + 8
                 + kv_key_room(device_size) * KV_CKPT_ENTRY_BYTES,
             META_BLOCK,

@@ -384,7 +384,7 @@ pub fn identify_namespace(ns: &super::Namespace) -> IdentifyNamespace {
         lbads: ns.lbads(),
         // May be attached to more than one controller.
         nmic: 1,
-        rescap: super::reservation::rescap(ns.reservation.ptpl_file.is_some()),
+        rescap: super::reservation::rescap(ns.reservation.ptpl_capable()),
         dlfeat,
         nvmcap: ns.num_blocks as u128 * ns.block_size as u128,
         nguid: ns.nguid,

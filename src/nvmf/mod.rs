@@ -23,6 +23,7 @@ pub mod request;
 pub mod reservation;
 
 use crate::bdev::SharedDevice;
+use crate::pool::channel::VolumeDevice;
 use crate::wire::nvme::{self, DiscoveryEntry};
 pub use controller::Controller;
 use std::collections::HashMap;
@@ -165,6 +166,11 @@ impl Namespace {
         };
         let mut eui64 = [0u8; 8];
         eui64.copy_from_slice(&uuid[8..16]);
+        // A pool volume keeps its reservation in the pool's metadata.
+        let reservation = match dev.as_any().and_then(|d| d.downcast_ref::<VolumeDevice>()) {
+            Some(v) => reservation::NsReservation::for_pool_volume(v.pool.clone(), &v.vol, uuid),
+            None => reservation::NsReservation::default(),
+        };
         Namespace {
             nsid,
             // Block volumes; KV namespaces get their own constructor with the
@@ -180,7 +186,7 @@ impl Namespace {
             removed: AtomicBool::new(false),
             write_through: false,
             kv: None,
-            reservation: reservation::NsReservation::default(),
+            reservation,
             ana_group: ana::initial_group(nsid),
         }
     }
@@ -192,7 +198,8 @@ impl Namespace {
         self
     }
     /// The namespace with its registrations persisting through power loss
-    /// in `path` (SPDK's `ptpl_file`), loaded from it when it exists.
+    /// in `path` (SPDK's `ptpl_file`), loaded from it when it exists. On a
+    /// pool volume the file overrides the pool's record (docs/reservations.md).
     pub fn with_ptpl_file(
         mut self,
         path: std::path::PathBuf,

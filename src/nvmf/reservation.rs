@@ -714,9 +714,9 @@ pub struct NsReservation {
     /// registrants or the reservation ([`NsReservation::change`]): a
     /// [`Verdict`] read at epoch E holds while the epoch is still E.
     pub epoch: std::sync::atomic::AtomicU64,
-    /// Where registrations persist through power loss (SPDK's `ptpl_file`);
-    /// `None`: the namespace cannot persist them.
-    pub ptpl_file: Option<std::path::PathBuf>,
+    /// Where registrations persist through power loss (SPDK's `ptpl_file`,
+    /// or the pool volume served); `None`: the namespace cannot persist them.
+    pub sink: Option<ptpl::PtplSink>,
     /// The namespace's UUID (`bdev_uuid` in the PTPL file).
     pub ns_uuid: [u8; 16],
     /// How far the PTPL writer got with this namespace's file.
@@ -731,12 +731,26 @@ impl Default for NsReservation {
 
 impl NsReservation {
     pub fn new(ptpl_file: Option<std::path::PathBuf>) -> NsReservation {
+        NsReservation::persisting(
+            ResvState::default(),
+            ptpl_file.map(ptpl::PtplSink::File),
+            [0; 16],
+        )
+    }
+
+    /// `state`, persisting in `sink`, for the namespace with UUID `ns_uuid`.
+    fn persisting(
+        state: ResvState,
+        sink: Option<ptpl::PtplSink>,
+        ns_uuid: [u8; 16],
+    ) -> NsReservation {
+        let idle = state.registrants.is_empty() && state.held.is_none();
         NsReservation {
-            state: std::sync::Mutex::new(ResvState::default()),
-            idle: std::sync::atomic::AtomicBool::new(true),
+            state: std::sync::Mutex::new(state),
+            idle: std::sync::atomic::AtomicBool::new(idle),
             epoch: std::sync::atomic::AtomicU64::new(0),
-            ptpl_file,
-            ns_uuid: [0; 16],
+            sink,
+            ns_uuid,
             durability: Default::default(),
         }
     }
@@ -748,15 +762,36 @@ impl NsReservation {
         ns_uuid: [u8; 16],
     ) -> Result<NsReservation, ptpl::PtplError> {
         let state = ptpl::load(&path)?.unwrap_or_default();
-        let idle = state.registrants.is_empty() && state.held.is_none();
-        Ok(NsReservation {
-            state: std::sync::Mutex::new(state),
-            idle: std::sync::atomic::AtomicBool::new(idle),
-            epoch: std::sync::atomic::AtomicU64::new(0),
-            ptpl_file: Some(path),
-            ns_uuid,
-            durability: Default::default(),
-        })
+        let sink = Some(ptpl::PtplSink::File(path));
+        Ok(NsReservation::persisting(state, sink, ns_uuid))
+    }
+
+    /// Registrations that persist in the pool's metadata as a record of
+    /// volume `vol` (loaded from it: the pool read it at open).
+    pub fn for_pool_volume(
+        pool: std::sync::Arc<crate::pool::Pool>,
+        vol: &crate::pool::volume::Volume,
+        ns_uuid: [u8; 16],
+    ) -> NsReservation {
+        let state = vol
+            .reservation()
+            .map(|r| ptpl::state_of_volume_resv(&r))
+            .unwrap_or_default();
+        let sink = ptpl::PtplSink::PoolVolume {
+            pool,
+            vol: vol.desc.id,
+        };
+        NsReservation::persisting(state, Some(sink), ns_uuid)
+    }
+
+    /// Whether the namespace can persist through power loss (RESCAP PTPL).
+    pub fn ptpl_capable(&self) -> bool {
+        self.sink.is_some()
+    }
+
+    /// The PTPL file, when the namespace persists in one.
+    pub fn ptpl_file(&self) -> Option<&std::path::Path> {
+        self.sink.as_ref().and_then(|s| s.file())
     }
 
     /// Runs `f` on the state; keeps `idle` in step with it.
@@ -764,27 +799,22 @@ impl NsReservation {
         self.with_persisted(f).map(|(out, _)| out)
     }
 
-    /// `with`, handing a changed state to the PTPL writer when the namespace
-    /// has a PTPL file (and PTPL is or was on): what to wait for before the
-    /// change may be answered.
+    /// `with`, handing a changed state to the namespace's PTPL sink when it
+    /// has one (and PTPL is or was on): what to wait for before the change
+    /// may be answered.
     pub fn with_persisted<T>(
         &self,
         f: impl FnOnce(&mut ResvState) -> T,
     ) -> Result<(T, Option<ptpl::PtplWait>), Status> {
         let mut s = self.state.lock().map_err(|_| Status::INTERNAL_ERROR)?;
-        let before = self.ptpl_file.as_ref().map(|_| s.clone());
+        let before = self.sink.as_ref().map(|_| s.clone());
         let out = f(&mut s);
         let idle = s.registrants.is_empty() && s.held.is_none();
         self.idle.store(idle, std::sync::atomic::Ordering::Release);
         let mut wait = None;
-        if let (Some(path), Some(b)) = (&self.ptpl_file, before) {
+        if let (Some(sink), Some(b)) = (&self.sink, before) {
             if b != *s && (s.ptpl || b.ptpl) {
-                let file = ptpl::PtplFile::of(&s, &self.ns_uuid);
-                let seq = ptpl::persist(path, file, &self.durability);
-                wait = Some(ptpl::PtplWait {
-                    durability: self.durability.clone(),
-                    seq,
-                });
+                wait = Some(sink.persist(&s, &self.ns_uuid, &self.durability));
             }
         }
         Ok((out, wait))
@@ -871,7 +901,7 @@ pub type FeatureAnswer = Result<(u32, Option<Vec<u8>>), Status>;
 /// carried, so it cannot change (Command Sequence Error, as Linux nvmet
 /// answers; a host registered anywhere must not change it either).
 /// Notification Mask: one mask for every namespace of the controller.
-/// Persistence: PTPL of the namespace, on one that has a PTPL file.
+/// Persistence: PTPL of the namespace, on one that has a PTPL sink.
 pub fn set_feature(ctrl: &Controller, nsid: u32, fid: u8, cdw11: u32) -> Option<FeatureAnswer> {
     Some(match fid {
         resv_fid::HOST_IDENTIFIER => Err(Status::COMMAND_SEQUENCE_ERROR),
@@ -896,7 +926,7 @@ fn set_persistence(ctrl: &Controller, nsid: u32, ptpl: bool) -> FeatureAnswer {
         .subsys
         .namespace(nsid)
         .ok_or(Status::INVALID_NAMESPACE)?;
-    if ns.reservation.ptpl_file.is_none() && ptpl {
+    if !ns.reservation.ptpl_capable() && ptpl {
         return Err(Status::INVALID_FIELD);
     }
     ns.reservation.with(|s| s.ptpl = ptpl)?;
@@ -935,7 +965,7 @@ pub fn notice_log_page(ctrl: &Controller, rae: bool) -> Vec<u8> {
 }
 
 /// Reservation Capabilities (Identify Namespace RESCAP): PTPL (bit 0) when
-/// the namespace has a PTPL file, all six types (bits 1-6), Ignore Existing
+/// the namespace has a PTPL sink (a file, or the pool volume it serves), all six types (bits 1-6), Ignore Existing
 /// Key as NVMe 1.3 and later define it (bit 7).
 pub fn rescap(ptpl_capable: bool) -> u8 {
     0xFE | u8::from(ptpl_capable)

@@ -63,6 +63,9 @@ impl BlockDevice for VolumeDevice {
     fn block_size(&self) -> Option<u32> {
         Some(self.vol.desc.block_size)
     }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -268,6 +268,10 @@ impl Pool {
                     })
                 })
                 .collect(),
+            resv: vols
+                .iter()
+                .filter_map(|v| Some((v.desc.id, v.reservation()?)))
+                .collect(),
         }
     }
 }

@@ -29,6 +29,9 @@ impl Pool {
         self.kv_trim(&mut m, now);
         if m.failed.is_some() {
             // Metadata can no longer be written: fail every waiter.
+            while let Some(r) = self.resv_reqs.pop() {
+                r.refuse();
+            }
             while let Some(r) = self.pop_commit() {
                 r.to.committed.push((r.tag, Err(libc::EIO)));
                 r.to.signal();
@@ -45,9 +48,15 @@ impl Pool {
         while let Some(r) = self.pop_commit() {
             reqs.push(r);
         }
+        // Queued as pending records: the plan commits them.
+        let resv_done = self.take_resv_reqs(&mut m);
         let inputs = self.md_inputs(&mut m, now, reqs.len());
         let plan = plan_md_step(&inputs, &mut m.admission);
-        let worked = self.apply_md_plan(&mut m, &plan, now, reqs);
+        assert!(
+            resv_done.is_empty() || plan.commit,
+            "reservation records left uncommitted"
+        );
+        let worked = self.apply_md_plan(&mut m, &plan, now, reqs, resv_done);
         self.update_stats(&m);
         // Writes waiting for space retry: there is some now, or there never
         // will be (they fail with capacity exceeded).
@@ -114,6 +123,7 @@ impl Pool {
         plan: &MdPlan,
         now: Instant,
         reqs: Vec<CommitReq>,
+        resv_done: Vec<ResvDone>,
     ) -> bool {
         let worked = plan.scrub > 0;
         if worked {
@@ -169,6 +179,9 @@ impl Pool {
             r.to.committed
                 .push((r.tag, res.as_ref().map(|_| ()).map_err(|_| libc::EIO)));
             r.to.signal();
+        }
+        for done in resv_done {
+            done(res.is_ok());
         }
         true
     }

@@ -36,6 +36,7 @@ mod md;
 mod notifier;
 mod options;
 mod registry;
+mod resv;
 mod verify;
 pub mod volume;
 
@@ -66,6 +67,8 @@ pub use md::{plan_md_step, MdInputs, MdPlan};
 use notifier::CommitReq;
 pub use notifier::Notifier;
 pub use options::{DualPath, PoolOptions, DEFAULT_COMMIT_INTERVAL};
+pub use resv::ResvDone;
+use resv::ResvReq;
 
 fn io_err(errno: i32) -> String {
     crate::bdev::sync_io::errno_text(errno)
@@ -163,6 +166,8 @@ pub struct Pool {
     /// `COMMITS_QUEUED` slots they go to `commits_overflow` (which allocates).
     commits: ArrayQueue<CommitReq>,
     commits_overflow: SegQueue<CommitReq>,
+    /// Reservation records for the metadata thread (`persist_reservation`).
+    resv_reqs: SegQueue<ResvReq>,
     waiters: Mutex<Vec<Weak<Notifier>>>,
     /// A wake for the metadata thread is pending: set by `wake_md` (from
     /// reactors, on Flush/FUA) before it unparks the thread, taken by the
@@ -197,6 +202,7 @@ fn restore_volumes(
 ) -> Result<BTreeMap<u32, Arc<Volume>>, PoolError> {
     let (_, mut problems) = img.ownership();
     problems.extend(img.kv_problems());
+    problems.extend(img.resv_problems());
     if let Some(p) = img.problems.iter().chain(problems.iter()).next() {
         return Err(PoolError::Damaged {
             dev: dev.describe(),
@@ -206,6 +212,7 @@ fn restore_volumes(
     let mut volumes = BTreeMap::new();
     for (id, v) in &img.volumes {
         let vol = Volume::new(v.desc.clone(), extent_size);
+        vol.set_reservation(v.resv.clone());
         for (&lext, (phys, bm)) in &v.map {
             vol.restore(lext, Some(*phys), bm);
         }
@@ -271,6 +278,7 @@ impl Pool {
             retry_free: SegQueue::new(),
             commits: ArrayQueue::new(COMMITS_QUEUED),
             commits_overflow: SegQueue::new(),
+            resv_reqs: SegQueue::new(),
             waiters: Mutex::new(Vec::new()),
             md_wake: AtomicBool::new(false),
             md_parker: OnceLock::new(),

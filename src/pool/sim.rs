@@ -8,6 +8,12 @@
 //! model allows: the value at the last acknowledged Flush or one written since.
 //! A run ends by deleting everything: all extents must come back clean.
 //!
+//! Reservation records (one seed in eight, `seed % 8 == 7`, so the older
+//! seeds replay as they were): volumes' namespace reservations handed to
+//! `persist_reservation` between the other steps; after every recovery each
+//! volume's record is the last one answered durable or one handed in since,
+//! and a deleted volume has none.
+//!
 //! Time, concurrency and read faults:
 //! - simulated time moves between steps and while commands are in flight; on
 //!   two seeds in three the pool runs its real GC admission controller (fed by
@@ -48,6 +54,7 @@ use crate::bdev::{IoChannel, IoCompletion, IoOp, SharedDevice, ERRNO_NO_SPACE, E
 use crate::mem::IoBuf;
 use crate::wire::nvme::{KvKey, Status, StoreOptions};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -215,6 +222,21 @@ struct Sim {
     pending_resize: Option<(String, u64)>,
     /// The KV volume's model, on the seeds that have one.
     kv: Option<KvModel>,
+    /// Reservation records per volume ID (never reused, so a volume made
+    /// again under a deleted one's name starts with none), on the seeds that
+    /// hand them in.
+    resv: Option<BTreeMap<u32, ResvHistory>>,
+}
+
+/// A volume's reservation records since the last one known durable (the
+/// first), each with its answer: 0 none yet, 1 durable, 2 refused.
+type ResvHistory = Vec<(
+    Option<super::format::VolumeResv>,
+    Arc<std::sync::atomic::AtomicU8>,
+)>;
+
+fn resv_answer(v: u8) -> Arc<std::sync::atomic::AtomicU8> {
+    Arc::new(std::sync::atomic::AtomicU8::new(v))
 }
 
 const REACTORS: usize = 3;
@@ -282,6 +304,7 @@ impl Sim {
             pending_create: None,
             pending_resize: None,
             kv: None,
+            resv: (seed % 8 == 7).then(BTreeMap::new),
         };
         if seed % 8 == 3 {
             // 64 blocks of 4 KiB and (one per 16 KiB) 16 keys: fewer than the
@@ -447,7 +470,9 @@ impl Sim {
             self.advance(Duration::from_millis(400));
         }
         let mut stepped = false;
-        if self.kv.is_some() && self.rng.chance(50) {
+        if self.resv.is_some() && self.rng.chance(15) {
+            self.resv_persist();
+        } else if self.kv.is_some() && self.rng.chance(50) {
             match roll {
                 0..=49 => self.kv_store(),
                 50..=74 => self.kv_retrieve(),
@@ -1263,6 +1288,81 @@ impl Sim {
         }
     }
 
+    /// Hands a volume a new reservation record (PTPL off: none), and on
+    /// some steps runs the metadata step that commits it.
+    fn resv_persist(&mut self) {
+        let Some(name) = self.pick_volume() else {
+            return;
+        };
+        let Some(vol) = self.pool().volume(&name) else {
+            return;
+        };
+        let value = self.rng.chance(75).then(|| {
+            let registrants: Vec<([u8; 16], u64)> = (0..self.rng.below(4))
+                .map(|i| ([i as u8 + 1; 16], self.rng.below(1 << 20)))
+                .collect();
+            super::format::VolumeResv {
+                generation: self.next_value as u32,
+                held: registrants
+                    .first()
+                    .filter(|_| self.rng.chance(50))
+                    .map(|(h, _)| (1 + self.rng.below(6) as u8, *h)),
+                registrants,
+            }
+        });
+        self.next_value += 1;
+        self.log.push(format!("reservation of {name}: {value:?}"));
+        let answer = resv_answer(0);
+        let to = answer.clone();
+        self.pool().persist_reservation(
+            vol.desc.id,
+            value.clone(),
+            Box::new(move |ok| to.store(if ok { 1 } else { 2 }, Ordering::Release)),
+        );
+        if let Some(h) = self
+            .resv
+            .as_mut()
+            .map(|m| m.entry(vol.desc.id).or_default())
+        {
+            if h.is_empty() {
+                // A volume's first record: before it, none.
+                h.push((None, resv_answer(1)));
+            }
+            h.push((value, answer));
+        }
+        if self.rng.chance(50) {
+            self.gc_steps();
+        }
+    }
+
+    /// After a recovery: each volume's record is the last one answered
+    /// durable or one handed in after it; that is the new durable one.
+    fn resv_settle(&mut self, pool: &Arc<Pool>) {
+        let Some(mut models) = self.resv.take() else {
+            return;
+        };
+        for v in pool.volumes() {
+            let h = models.entry(v.desc.id).or_default();
+            let durable = h
+                .iter()
+                .rposition(|(_, a)| a.load(Ordering::Acquire) == 1)
+                .unwrap_or(0);
+            let got = v.reservation();
+            let allowed =
+                h.is_empty() && got.is_none() || h[durable..].iter().any(|(r, _)| *r == got);
+            if !allowed {
+                self.fail(format!(
+                    "volume {} has reservation {got:?} after recovery; allowed {:?}",
+                    v.desc.name,
+                    &h[durable.min(h.len())..]
+                ));
+            }
+            self.cover.resv_checked += u64::from(got.is_some());
+            *h = vec![(got, resv_answer(1))];
+        }
+        self.resv = Some(models);
+    }
+
     fn gc_steps(&mut self) {
         self.log.push("metadata steps".into());
         let pool = self.pool();
@@ -1412,6 +1512,7 @@ impl Sim {
             }
             self.settle_volume(&name);
         }
+        self.resv_settle(&pool);
         if self.kv.is_some() {
             if pool.volume(KV_VOL).is_none() {
                 self.fail("the KV volume is gone after recovery".into());
@@ -1584,6 +1685,8 @@ struct Cover {
     kv_checked: u64,
     /// KV extents whose blocks stayed free long enough to be unmapped.
     kv_trimmed: u64,
+    /// Reservation records found after a crash (each checked).
+    resv_checked: u64,
 }
 
 impl Cover {
@@ -1601,6 +1704,7 @@ impl Cover {
         self.kv_claimed += o.kv_claimed;
         self.kv_trimmed += o.kv_trimmed;
         self.kv_checked += o.kv_checked;
+        self.resv_checked += o.resv_checked;
     }
 }
 
@@ -1669,6 +1773,10 @@ fn simulation_over_many_seeds() {
                 && total.kv_checked > 0
                 && total.kv_trimmed > 0,
             "KV not exercised: {total:?}"
+        );
+        assert!(
+            total.resv_checked > 0,
+            "reservation records not exercised: {total:?}"
         );
     }
     eprintln!(

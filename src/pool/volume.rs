@@ -142,6 +142,10 @@ pub struct Volume {
     stats: std::sync::Mutex<Vec<std::sync::Arc<ChannelStats>>>,
     /// The key index of a KV volume (`VOL_KV`).
     pub kv: Option<std::sync::Arc<super::kv::KvIndex>>,
+    /// The reservation its namespace persists (Persist Through Power Loss),
+    /// as last handed to the metadata thread: what checkpoints carry. Only
+    /// the control path and the metadata thread touch it.
+    resv: std::sync::Mutex<Option<super::format::VolumeResv>>,
 }
 
 impl Volume {
@@ -170,6 +174,23 @@ impl Volume {
             used_blocks: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
             stats: std::sync::Mutex::new(Vec::new()),
+            resv: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The reservation its namespace persists, if any.
+    pub fn reservation(&self) -> Option<super::format::VolumeResv> {
+        match self.resv.lock() {
+            Ok(r) => r.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// Sets the persisted reservation (recovery, the metadata thread).
+    pub(super) fn set_reservation(&self, resv: Option<super::format::VolumeResv>) {
+        match self.resv.lock() {
+            Ok(mut r) => *r = resv,
+            Err(p) => *p.into_inner() = resv,
         }
     }
 
@@ -594,6 +615,7 @@ impl Volume {
             }
         }
         v.clear_tail(size_bytes);
+        v.set_reservation(self.reservation());
         v
     }
 }

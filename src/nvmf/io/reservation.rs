@@ -168,7 +168,7 @@ pub fn execute<X>(
     let aftermath = match r.sqe.opcode() {
         resv_opc::REGISTER => {
             let cmd = Register::decode(cdw10, data)?;
-            let capable = resv.ptpl_file.is_some();
+            let capable = resv.ptpl_capable();
             after(resv.change(|s| s.register(who.host, who.cntlid, &cmd, capable))?)?
         }
         resv_opc::ACQUIRE => {

@@ -1,11 +1,20 @@
 //! Persist Through Power Loss for a namespace: its registrants and
-//! reservation in a JSON file (SPDK's `ptpl_file`, SPDK's format: `ptpl`,
-//! `rtype`, `crkey`, `bdev_uuid`, `holder_uuid`, `registrants` of `rkey` and
-//! `host_uuid`). Written whole and atomically (temporary file, fsync,
-//! rename, fsync of the directory) by one writer thread, never on a
-//! reactor; read once when the namespace is created.
+//! reservation in one of two sinks (`PtplSink`), each written off the
+//! reactor, each reporting through the namespace's `Durability` so a
+//! command waits on a `PtplWait` the same way whichever it is:
+//!
+//! - a JSON file (SPDK's `ptpl_file`, SPDK's format: `ptpl`, `rtype`,
+//!   `crkey`, `bdev_uuid`, `holder_uuid`, `registrants` of `rkey` and
+//!   `host_uuid`), written whole and atomically (temporary file, fsync,
+//!   rename, fsync of the directory) by one writer thread;
+//! - a pool volume's record in the pool's metadata (`Record::VolumeResv`),
+//!   journaled by the pool's metadata thread and carried in checkpoints.
+//!
+//! Either is read once when the namespace is created.
 
 use super::{Held, HostId, Registrant, ResvState, ResvType};
+use crate::pool::format::VolumeResv;
+use crate::pool::Pool;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -228,6 +237,100 @@ pub struct PtplWait {
     pub seq: u64,
 }
 
+/// Where a namespace's reservation persists through power loss.
+#[derive(Clone)]
+pub enum PtplSink {
+    /// SPDK's `ptpl_file`.
+    File(PathBuf),
+    /// The pool volume the namespace serves: a record in its pool's
+    /// metadata.
+    PoolVolume { pool: Arc<Pool>, vol: u32 },
+}
+
+impl std::fmt::Debug for PtplSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PtplSink::File(p) => write!(f, "File({})", p.display()),
+            PtplSink::PoolVolume { pool, vol } => write!(f, "PoolVolume({}/{vol})", pool.name),
+        }
+    }
+}
+
+impl PtplSink {
+    /// The PTPL file, when that is the sink.
+    pub fn file(&self) -> Option<&Path> {
+        match self {
+            PtplSink::File(p) => Some(p),
+            PtplSink::PoolVolume { .. } => None,
+        }
+    }
+
+    /// Hands `s` (PTPL on, or just turned off) to the sink as the next
+    /// change of `d`: what a command waits on before it is answered.
+    pub fn persist(&self, s: &ResvState, ns_uuid: &[u8; 16], d: &Arc<Durability>) -> PtplWait {
+        let seq = match self {
+            PtplSink::File(path) => persist(path, PtplFile::of(s, ns_uuid), d),
+            PtplSink::PoolVolume { pool, vol } => {
+                let seq = d.queued.fetch_add(1, Ordering::AcqRel) + 1;
+                let to = d.clone();
+                pool.persist_reservation(
+                    *vol,
+                    volume_resv_of(s),
+                    Box::new(move |ok| to.finished(seq, ok)),
+                );
+                seq
+            }
+        };
+        PtplWait {
+            durability: d.clone(),
+            seq,
+        }
+    }
+}
+
+/// The pool record of `s`: nothing when PTPL is off (the spec keeps
+/// nothing then). Controller IDs are not kept.
+pub fn volume_resv_of(s: &ResvState) -> Option<VolumeResv> {
+    if !s.ptpl {
+        return None;
+    }
+    Some(VolumeResv {
+        generation: s.generation,
+        registrants: s
+            .registrants
+            .iter()
+            .map(|r| (r.host.bytes, r.key))
+            .collect(),
+        held: s.held.map(|h| (h.rtype.raw(), h.holder.bytes)),
+    })
+}
+
+/// The state a pool record holds (PTPL on; controller IDs FFFFh, "none").
+/// The record was checked when the pool read it: RTYPE, a holder that is
+/// a registrant.
+pub fn state_of_volume_resv(r: &VolumeResv) -> ResvState {
+    let held = r.held.and_then(|(t, holder)| {
+        Some(Held {
+            rtype: ResvType::from_raw(t).ok()?,
+            holder: HostId::extended(holder),
+        })
+    });
+    ResvState {
+        registrants: r
+            .registrants
+            .iter()
+            .map(|(host, key)| Registrant {
+                host: HostId::extended(*host),
+                key: *key,
+                cntlid: 0xFFFF,
+            })
+            .collect(),
+        held,
+        generation: r.generation,
+        ptpl: true,
+    }
+}
+
 /// A file to write, what to write in it, and whom to tell.
 type Job = (PathBuf, PtplFile, u64, Arc<Durability>);
 
@@ -342,6 +445,56 @@ mod tests {
         ));
         std::fs::write(&p, b"{").unwrap();
         assert!(matches!(load(&p), Err(PtplError::Json { .. })));
+    }
+
+    #[test]
+    fn pool_records_translate_both_ways() {
+        let s = state();
+        let r = volume_resv_of(&s).unwrap();
+        assert_eq!(r.held, Some((1, [0xB6; 16])));
+        assert_eq!(state_of_volume_resv(&r), s);
+        let off = ResvState {
+            ptpl: false,
+            ..state()
+        };
+        assert_eq!(volume_resv_of(&off), None, "PTPL off keeps nothing");
+    }
+
+    /// A pool volume's namespace persists in the pool: the change waits for
+    /// the metadata thread's commit, and a reopened pool (no close: what a
+    /// SIGKILL leaves) gives a new namespace the same state.
+    #[test]
+    fn a_pool_volume_persists_in_the_pool() {
+        use crate::pool::{FormatOptions, Pool, PoolOptions};
+        let dev: crate::bdev::SharedDevice =
+            crate::bdev::ram::RamDevice::new("ptpl", 64 << 20).unwrap();
+        crate::pool::format(&dev, &FormatOptions::default()).unwrap();
+        let opts = || PoolOptions {
+            md_thread: false,
+            ..PoolOptions::default()
+        };
+        let pool = Pool::open("p", dev.clone(), opts()).unwrap();
+        let vol = pool.create_volume("v", 8 << 20, 4096, 0).unwrap();
+        let ns = super::super::NsReservation::for_pool_volume(pool.clone(), &vol, [3; 16]);
+        assert!(ns.ptpl_capable() && ns.ptpl_file().is_none());
+        let (_, wait) = ns.with_persisted(|s| *s = state()).unwrap();
+        let wait = wait.expect("PTPL on: a change waits");
+        assert_eq!(wait.durability.outcome(wait.seq), None, "not committed yet");
+        pool.md_step(std::time::Instant::now());
+        assert_eq!(wait.durability.outcome(wait.seq), Some(true));
+        drop((ns, vol, pool));
+        let pool = Pool::open("p", dev.clone(), opts()).unwrap();
+        let vol = pool.volume("v").unwrap();
+        let ns = super::super::NsReservation::for_pool_volume(pool.clone(), &vol, [3; 16]);
+        assert_eq!(*ns.state.lock().unwrap(), state());
+        // PTPL off: the record goes; a restart finds nothing.
+        let (_, wait) = ns.with_persisted(|s| s.ptpl = false).unwrap();
+        let wait = wait.expect("turning PTPL off is persisted");
+        pool.md_step(std::time::Instant::now());
+        assert_eq!(wait.durability.outcome(wait.seq), Some(true));
+        drop((ns, vol, pool));
+        let pool = Pool::open("p", dev, opts()).unwrap();
+        assert_eq!(pool.volume("v").unwrap().reservation(), None);
     }
 
     #[test]

@@ -225,7 +225,7 @@ impl Control {
             on_full: kv.as_ref().map(|k| k.on_full),
             ttl_secs: kv.as_ref().and_then(|k| k.ttl).map(|t| t.as_secs()),
             trim: kv.as_ref().and_then(|k| k.keep_footprint.then_some(false)),
-            ptpl_file: n.reservation.ptpl_file.clone(),
+            ptpl_file: n.reservation.ptpl_file().map(Into::into),
             ana_group: None,
         })
     }

@@ -48,11 +48,7 @@ pub(super) fn get_reservation(p: &mut Params) -> Parsed {
         let mut v = reservation_json(&state);
         v["nqn"] = json!(nqn);
         v["nsid"] = json!(nsid);
-        v["ptpl_file"] = json!(ns
-            .reservation
-            .ptpl_file
-            .as_ref()
-            .map(|p| p.display().to_string()));
+        v["ptpl_file"] = json!(ns.reservation.ptpl_file().map(|p| p.display().to_string()));
         Ok(v)
     })
 }
