@@ -9,6 +9,7 @@
 //! Connect); every controller of that host shares its registration.
 
 use super::controller::Controller;
+use crate::meta::journal::MAX_RESV_REGISTRANTS;
 use crate::wire::nvme::Status;
 
 /// I/O opcodes of the reservation commands (shared by the NVM and KV
@@ -398,6 +399,10 @@ impl ResvState {
             // nothing; with another key it conflicts.
             Some(i) if self.registrants[i].key == key => Ok(Vec::new()),
             Some(_) => Err(Status::RESERVATION_CONFLICT),
+            // No room: refused before anything changes (a pool volume could
+            // not persist more, and no Report could list them). Internal
+            // Error, as Linux nvmet answers a registrant it cannot allocate.
+            None if self.registrants.len() >= MAX_RESV_REGISTRANTS => Err(Status::INTERNAL_ERROR),
             None => {
                 self.registrants.push(Registrant { host, key, cntlid });
                 self.generation = self.generation.wrapping_add(1);

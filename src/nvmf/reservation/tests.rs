@@ -118,6 +118,33 @@ fn an_unregistered_host_conflicts_on_everything_but_register() {
     assert_eq!(s.release(B, &r), Err(Status::RESERVATION_CONFLICT));
 }
 
+/// A full registrant table refuses a new host and changes nothing (a pool
+/// volume persists at most that many; the in-memory state never gets ahead).
+#[test]
+fn a_full_registrant_table_refuses_a_new_host_unchanged() {
+    let mut s = ResvState::default();
+    for i in 0..MAX_RESV_REGISTRANTS {
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&(i as u64 + 1).to_le_bytes());
+        let h = HostId {
+            bytes,
+            extended: true,
+        };
+        s.register(h, 1, &reg(RegisterAction::Register, 0, 7), false)
+            .expect("room");
+    }
+    let before = s.clone();
+    let extra = HostId {
+        bytes: [0xEE; 16],
+        extended: true,
+    };
+    assert_eq!(
+        s.register(extra, 1, &reg(RegisterAction::Register, 0, 7), false),
+        Err(Status::INTERNAL_ERROR)
+    );
+    assert_eq!(s, before);
+}
+
 #[test]
 fn ptpl_change_needs_a_capable_namespace() {
     let mut s = ResvState::default();
