@@ -903,8 +903,10 @@ impl KvIndex {
 
     /// Recovery: `key`'s value is at `loc`. Locations overlapping another
     /// key's or past the end are refused (`check` reports them).
-    pub fn restore(&self, key: KvKey, loc: KvLoc, now: Instant) -> Result<(), String> {
-        let now_ms = self.ms(now);
+    /// Ages of restored keys count from the index's base (the first `now`
+    /// after the restart): no clock is read here, so recovery never sets the
+    /// base from a clock other than the callers'.
+    pub fn restore(&self, key: KvKey, loc: KvLoc) -> Result<(), String> {
         let mut st = self.lock();
         // Saturating and checked: `loc` comes from the disk (validation).
         if loc.block.saturating_add(loc.nblocks as u64) > st.blocks.total
@@ -926,7 +928,7 @@ impl KvIndex {
         }
         st.blocks.set(loc.block, loc.nblocks, true);
         let slot = st.entries.len() as u32;
-        st.entries.push(Some(Entry::new(key, loc, now_ms)));
+        st.entries.push(Some(Entry::new(key, loc, 0)));
         st.map.insert(key, slot);
         st.order_insert(slot);
         st.value_bytes += loc.len as u64;
@@ -1573,7 +1575,6 @@ mod tests {
 
     #[test]
     fn restore_refuses_damaged_locations_without_overflow() {
-        let now = Instant::now();
         let ix = KvIndex::new(1 << 20, 4096);
         let k = key(1);
         let far = KvLoc {
@@ -1581,13 +1582,13 @@ mod tests {
             nblocks: 4,
             len: 1,
         };
-        assert!(ix.restore(k, far, now).is_err());
+        assert!(ix.restore(k, far).is_err());
         let long = KvLoc {
             block: 0,
             nblocks: 1,
             len: 8192,
         };
-        assert!(ix.restore(k, long, now).is_err());
+        assert!(ix.restore(k, long).is_err());
         assert!(ix.verify().is_empty());
     }
 
@@ -2000,6 +2001,23 @@ mod tests {
         assert!(store(&ix, &key(1), 100, behind).is_ok());
         assert!(ix.exists(&key(1), behind + Duration::from_secs(9)));
         assert!(!ix.exists(&key(1), behind + Duration::from_secs(11)));
+        // A recovered index: restored keys age from the first `now` after
+        // the restart, not from a clock read during recovery.
+        let ix = KvIndex::new(1 << 20, 4096);
+        ix.set_settings(KvSettings {
+            on_full: OnFull::Evict,
+            ttl: Some(Duration::from_secs(10)),
+            keep_footprint: false,
+        });
+        let loc = KvLoc {
+            block: 0,
+            nblocks: 1,
+            len: 100,
+        };
+        assert_eq!(ix.restore(key(2), loc), Ok(()));
+        assert!(ix.exists(&key(2), behind));
+        assert!(ix.exists(&key(2), behind + Duration::from_secs(9)));
+        assert!(!ix.exists(&key(2), behind + Duration::from_secs(11)));
     }
 
     #[test]
@@ -2127,7 +2145,7 @@ mod tests {
                         commit(&ix, &mut durable);
                         let r = KvIndex::new(48 * 4096 * 4, 4096);
                         for (k, l) in &durable {
-                            prop_assert_eq!(r.restore(*k, *l, now), Ok(()));
+                            prop_assert_eq!(r.restore(*k, *l), Ok(()));
                         }
                         prop_assert_eq!(durable.len(), model.len());
                     }

@@ -217,9 +217,8 @@ fn restore_volumes(
             vol.restore(lext, Some(*phys), bm);
         }
         if let Some(kv) = &vol.kv {
-            let now = Instant::now();
             for (key, loc) in &v.kv {
-                kv.restore(*key, *loc, now)
+                kv.restore(*key, *loc)
                     .map_err(|problem| PoolError::Damaged {
                         dev: dev.describe(),
                         problem,
