@@ -281,6 +281,21 @@ fn two_nodes_see_each_other_and_a_killed_one_leaves() {
     assert_eq!(rec_b["listeners"][0]["trsvcid"], b.port.to_string(), "{v}");
     assert_eq!(rec_b["subsystems"][0]["nqn"], NQN, "{v}");
     assert_eq!(rec_b["subsystems"][0]["namespaces"][0]["nsid"], 1, "{v}");
+    // A change over RPC reaches b's record, and a's view of it.
+    let added = "nqn.2026-12.io.kvtarget:added";
+    let mut rpc = kvtarget::rpc::RpcClient::connect(&b.sock).unwrap();
+    rpc.call(
+        "nvmf_create_subsystem",
+        json!({"nqn": added, "allow_any_host": true}),
+    )
+    .unwrap();
+    assert!(
+        eventually(SLACK, || a.cluster()["members"][1]["subsystems"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|x| x["nqn"] == added))),
+        "{}",
+        a.cluster()
+    );
     // SIGKILL: no revoke, the lease runs out.
     b.child.kill().unwrap();
     b.child.wait().unwrap();
