@@ -281,6 +281,21 @@ fn two_nodes_see_each_other_and_a_killed_one_leaves() {
     assert_eq!(rec_b["listeners"][0]["trsvcid"], b.port.to_string(), "{v}");
     assert_eq!(rec_b["subsystems"][0]["nqn"], NQN, "{v}");
     assert_eq!(rec_b["subsystems"][0]["namespaces"][0]["nsid"], 1, "{v}");
+    let table = Command::new(BIN)
+        .args(["cluster", "status", "-r"])
+        .arg(&a.sock)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(table.status.success(), "{text}");
+    assert!(
+        text.starts_with("cluster default  node a  state joined"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\na *  ") && text.contains(&format!("tcp:127.0.0.1:{}", b.port)),
+        "{text}"
+    );
     // A change over RPC reaches b's record, and a's view of it.
     let added = "nqn.2026-12.io.kvtarget:added";
     let mut rpc = kvtarget::rpc::RpcClient::connect(&b.sock).unwrap();
