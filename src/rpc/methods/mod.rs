@@ -780,6 +780,7 @@ mod tests {
             ("kvtarget_pool_check", json!({"name": "kv"})),
             ("kvtarget_pool_checkpoint", json!({"name": "kv"})),
             ("kvtarget_get_kv_namespaces", json!({})),
+            ("kvtarget_get_cluster", json!({})),
             (
                 "keyring_file_add_key",
                 json!({"name": "k0", "path": "/nonexistent/k0"}),
@@ -816,6 +817,15 @@ mod tests {
             .collect();
         let all: BTreeSet<&str> = METHODS.iter().copied().collect();
         assert_eq!(covered, all, "methods without a refusal case");
+    }
+
+    /// Without `[cluster]`, `kvtarget_get_cluster` says so (ENOENT).
+    #[test]
+    fn get_cluster_without_a_cluster_is_not_found() {
+        let (ctl, _) = populated();
+        let e = ctl.call("kvtarget_get_cluster", json!({})).unwrap_err();
+        assert_eq!(e.code, code::ENOENT, "{}", e.message);
+        assert!(e.message.contains("[cluster]"), "{}", e.message);
     }
 
     /// Unknown keys inside the nested objects are refused by their full name.
