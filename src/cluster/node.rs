@@ -208,6 +208,10 @@ struct Node {
     genctr: u64,
     /// The record as last put.
     record: Vec<u8>,
+    /// A changed record could not be put: retried at the next keep-alive.
+    record_stale: bool,
+    /// Another process's record of this name was reported (once per loss).
+    taken_reported: bool,
     status: Arc<Mutex<ClusterStatus>>,
 }
 
@@ -264,6 +268,8 @@ impl Node {
             due: now,
             genctr: 0,
             record: Vec::new(),
+            record_stale: false,
+            taken_reported: false,
             status: Arc::new(Mutex::new(status)),
         }
     }
@@ -306,6 +312,7 @@ impl Node {
         }
         self.confirmed = Instant::now();
         self.lease = Some(lease);
+        self.taken_reported = false;
         self.set_state(NodeState::Joined);
         self.on_lease_event(LeaseEvent::Granted { lease });
         self.refresh_members();
@@ -387,6 +394,9 @@ impl Node {
         match self.client.lease_keepalive(lease) {
             Ok(a) if a.ttl > 0 => {
                 self.confirmed = now;
+                if self.record_stale {
+                    self.refresh_record();
+                }
                 self.refresh_members();
             }
             Ok(_) => self.lose(lease, "etcd no longer knows the lease"),
@@ -432,11 +442,15 @@ impl Node {
         match self.join(Instant::now()) {
             Ok(()) => {}
             Err(JoinError::Etcd(e)) => tracing::debug!("cluster: rejoin: {e}"),
-            Err(JoinError::Taken) => tracing::warn!(
-                "cluster: node `{}`: another live kvtarget holds {}; still retrying",
-                self.name,
-                String::from_utf8_lossy(&self.key)
-            ),
+            Err(JoinError::Taken) if !self.taken_reported => {
+                self.taken_reported = true;
+                tracing::warn!(
+                    "cluster: node `{}`: another live kvtarget holds {}; still retrying",
+                    self.name,
+                    String::from_utf8_lossy(&self.key)
+                )
+            }
+            Err(JoinError::Taken) => {}
         }
     }
 
@@ -455,12 +469,12 @@ impl Node {
         match self.client.put(&put) {
             Ok(_) => {
                 self.record = value;
+                self.record_stale = false;
                 self.refresh_members();
             }
-            // Retried at the next change or rejoin: the generation is read again.
             Err(e) => {
-                self.genctr = self.genctr.wrapping_sub(1);
-                tracing::debug!("cluster: record refresh: {e}");
+                self.record_stale = true;
+                tracing::debug!("cluster: record refresh (retried at the next keep-alive): {e}");
             }
         }
     }
