@@ -36,6 +36,15 @@ eval "$(ci/spdk.sh)"
 step "cargo clippy --all-targets --features spdk -- -D warnings"
 cargo clippy --all-targets --features spdk -- -D warnings
 
+# tests/cluster.rs starts private etcd servers (Debian's etcd-server): without the
+# binary those tests only print that they skip, so CI installs it.
+step "etcd-server for tests/cluster.rs (ci/lib/debian.sh)"
+log() { echo "test.sh: $*" >&2; }
+die() { echo "test.sh: error: $*" >&2; exit 1; }
+source ci/lib/debian.sh
+install_debs etcd-server
+command -v etcd >/dev/null || die "etcd-server installed no etcd binary"
+
 step "cargo test (unit, property and loopback integration tests)"
 cargo test --all-targets
 

@@ -25,6 +25,7 @@
 
 pub mod auth;
 pub mod bdev;
+pub mod cluster;
 pub mod config;
 pub mod ident;
 pub mod initiator;

@@ -66,6 +66,23 @@ enum Command {
     /// Offline volume management (the target must not be running on that pool)
     #[command(subcommand)]
     Volume(VolumeCommand),
+    /// A running target's cluster membership (etcd; see docs/cluster.md)
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// This node's state and lease, and every member with its listeners
+    Status {
+        /// The target's JSON-RPC socket
+        #[arg(short = 'r', long = "rpc-socket", value_name = "SOCKET",
+              default_value = kvtarget::rpc::DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// Print kvtarget_get_cluster's JSON instead of a table
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args)]
@@ -329,6 +346,9 @@ fn main() -> ExitCode {
         Some(Command::Nvme(c)) => report(nvme(c)),
         Some(Command::Pool(c)) => report(tools::pool(c)),
         Some(Command::Volume(c)) => report(tools::volume(c)),
+        Some(Command::Cluster(ClusterCommand::Status { socket, json })) => {
+            cluster_status(&socket, json)
+        }
     }
 }
 
@@ -414,6 +434,12 @@ fn run(config: Option<PathBuf>, log: Option<String>, rpc_socket: Option<PathBuf>
     );
     let server = match Server::start(&cfg) {
         Ok(s) => s,
+        // etcd unreachable or the node's name taken: the configuration
+        // cannot work here, like a configuration error.
+        Err(e @ kvtarget::server::StartError::Cluster(_)) => {
+            eprintln!("kvtarget: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
         Err(e) => {
             eprintln!("kvtarget: {e}");
             return ExitCode::FAILURE;
@@ -489,6 +515,38 @@ fn rpc_cli(a: RpcArgs) -> ExitCode {
         }
         Err(e) => {
             eprintln!("kvtarget rpc: {method}: error {}: {}", e.code, e.message);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `kvtarget cluster status`: `kvtarget_get_cluster` as a table or JSON.
+fn cluster_status(socket: &std::path::Path, json: bool) -> ExitCode {
+    let mut client = match kvtarget::rpc::RpcClient::connect(socket) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("kvtarget cluster: {e} (is the target running? -r sets the socket)");
+            return ExitCode::from(2);
+        }
+    };
+    let v = match client.call("kvtarget_get_cluster", serde_json::json!({})) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("kvtarget cluster: {}", e.message);
+            return ExitCode::FAILURE;
+        }
+    };
+    if json {
+        out(&serde_json::to_string_pretty(&v).unwrap_or_default());
+        return ExitCode::SUCCESS;
+    }
+    match serde_json::from_value::<kvtarget::cluster::ClusterStatus>(v) {
+        Ok(s) => {
+            out(&kvtarget::cluster::status_table(&s));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("kvtarget cluster: unexpected answer: {e}");
             ExitCode::FAILURE
         }
     }

@@ -4,6 +4,7 @@
 //! one reactor (per-channel volume counters, reactor busy/idle time); a scrape
 //! sums them here.
 
+use crate::cluster::{ClusterStatus, NodeState};
 use crate::nvmf::{QpairStats, Subsystem};
 use crate::pool::kv::KvSnapshot;
 use crate::pool::volume::{IoTotals, Volume};
@@ -140,6 +141,7 @@ struct Scrape<'a> {
     /// (pool name, volume name, KV counters) of KV volumes.
     kvs: Vec<(String, String, KvSnapshot)>,
     pools: Vec<(Arc<Pool>, PoolSnapshot)>,
+    cluster: Option<ClusterStatus>,
 }
 
 impl<'a> Scrape<'a> {
@@ -182,6 +184,7 @@ impl<'a> Scrape<'a> {
                 .iter()
                 .map(|p| (p.clone(), p.snapshot()))
                 .collect(),
+            cluster: ctl.cluster.get().map(|c| c.snapshot()),
         }
     }
 
@@ -543,6 +546,20 @@ const METRICS: &[Metric] = &[
     }),
     metric("kvtarget_pool_commits_total", Counter, "Metadata commits (Flush, FUA, GC, reservations).", |s, o| {
         s.per_pool(o, |p| p.commits)
+    }),
+    // Cluster membership ([cluster]; no samples without it).
+    metric("kvtarget_cluster_members", Gauge, "Members of this node's cluster as it last read them from etcd.", |s, o| {
+        if let Some(c) = &s.cluster {
+            o.push(vec![("cluster", c.cluster.clone())], c.members.len())
+        }
+    }),
+    metric("kvtarget_cluster_node_state", Gauge, "This node's membership state (1 for the current one).", |s, o| {
+        if let Some(c) = &s.cluster {
+            for st in [NodeState::Joined, NodeState::Lost, NodeState::Alone] {
+                let l = vec![("cluster", c.cluster.clone()), ("node", c.node.clone()), ("state", st.name().to_string())];
+                o.push(l, c.state == st)
+            }
+        }
     }),
 ];
 

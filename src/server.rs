@@ -37,6 +37,8 @@ pub struct Server {
     rdma: Arc<transport::rdma::RdmaTransport>,
     ctl: Arc<crate::rpc::methods::Control>,
     listen: Vec<(SocketAddr, bool)>,
+    /// Membership in the `[cluster]`, when configured.
+    cluster: Option<crate::cluster::Cluster>,
 }
 
 /// Why the target did not start; one line, naming the configured object
@@ -55,6 +57,8 @@ pub enum StartError {
     Rdma(#[from] transport::rdma::RdmaError),
     #[error(transparent)]
     Setup(#[from] SetupError),
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterError),
 }
 
 /// Why a configured device, pool, volume, namespace or thread could not be set
@@ -696,6 +700,22 @@ fn start_services(
     Ok((rpc, metrics))
 }
 
+/// Joins the `[cluster]`, when configured, once every listener is bound (the
+/// member record lists them).
+fn start_cluster(
+    cfg: &Config,
+    ctl: &Arc<crate::rpc::methods::Control>,
+    metrics: Option<&crate::metrics::MetricsServer>,
+) -> Result<Option<crate::cluster::Cluster>, StartError> {
+    let Some(c) = &cfg.cluster else {
+        return Ok(None);
+    };
+    let url = metrics.map(|m| format!("http://{}/metrics", m.addr));
+    let cluster = crate::cluster::Cluster::start(c, ctl.target.clone(), url)?;
+    let _ = ctl.cluster.set(cluster.view());
+    Ok(Some(cluster))
+}
+
 fn log_listeners(tcp: &[(SocketAddr, bool, bool)], rdma: &[SocketAddr]) {
     for (a, d, secure) in tcp {
         tracing::info!(
@@ -805,8 +825,12 @@ impl Server {
         ));
         let started = rdma_started
             .map_err(StartError::from)
-            .and_then(|()| start_services(cfg, &ctl));
-        let (rpc, metrics) = match started {
+            .and_then(|()| start_services(cfg, &ctl))
+            .and_then(|(rpc, metrics)| {
+                let cluster = start_cluster(cfg, &ctl, metrics.as_ref())?;
+                Ok((rpc, metrics, cluster))
+            });
+        let (rpc, metrics, cluster) = match started {
             Ok(x) => x,
             Err(e) => {
                 stop.store(true, Ordering::Release);
@@ -840,6 +864,7 @@ impl Server {
             rdma,
             ctl,
             listen,
+            cluster,
         })
     }
 
@@ -855,6 +880,10 @@ impl Server {
     }
 
     fn stop_all(&mut self) {
+        // Leave the cluster first: peers stop listing this node at once.
+        if let Some(mut c) = self.cluster.take() {
+            c.stop();
+        }
         // The control socket goes first: no change may race the shutdown.
         if let Some(mut r) = self.rpc.take() {
             r.stop();

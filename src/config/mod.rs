@@ -61,6 +61,7 @@ macro_rules! invalid {
 }
 
 mod auth;
+mod cluster;
 mod device;
 mod keypath;
 pub mod ops;
@@ -71,6 +72,7 @@ mod subsystem;
 mod transport;
 
 pub use auth::{AuthConfig, KeyConfig};
+pub use cluster::{ClusterConfig, OnUnreachable};
 pub use device::{Backend, DeviceSpec};
 pub use ops::{Op, OpError};
 pub(crate) use pool::d_commit_interval_ms;
@@ -120,6 +122,9 @@ pub struct Config {
     /// What DH-HMAC-CHAP negotiation may pick.
     #[serde(default, skip_serializing_if = "AuthConfig::is_default")]
     pub auth: AuthConfig,
+    /// Membership in a cluster coordinated by etcd; absent: the node runs alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl Config {
@@ -229,6 +234,9 @@ impl Config {
         pool::validate_pools(&self.pools)?;
         auth::validate_keys(&self.keys)?;
         self.auth.validate("auth")?;
+        if let Some(c) = &self.cluster {
+            c.validate("cluster")?;
+        }
         self.validate_subsystems()
     }
 

@@ -436,3 +436,16 @@ pub(super) fn pool_set_gc(p: &mut Params) -> Parsed {
         }))
     })
 }
+
+/// `kvtarget_get_cluster`: this node's membership (state, lease, every
+/// member's record); an error when the node has no `[cluster]`.
+pub(super) fn get_cluster(_p: &mut Params) -> Parsed {
+    act(|ctl| {
+        let view = ctl
+            .cluster
+            .get()
+            .ok_or_else(|| not_found("this node has no [cluster] configuration"))?;
+        serde_json::to_value(view.snapshot())
+            .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))
+    })
+}

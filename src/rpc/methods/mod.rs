@@ -51,6 +51,8 @@ pub struct Control {
     edit: Mutex<()>,
     /// When the control path started (bdev_get_iostat's tick count).
     pub started: std::time::Instant,
+    /// This node's cluster membership, set once when `[cluster]` started.
+    pub cluster: std::sync::OnceLock<crate::cluster::ClusterView>,
 }
 
 /// What a method does once its parameters are read and checked. `'static`, so
@@ -126,6 +128,7 @@ const TABLE: &[(&str, Handler)] = &[
     ("kvtarget_pool_check", kvtarget::pool_check),
     ("kvtarget_pool_checkpoint", kvtarget::pool_checkpoint),
     ("kvtarget_get_kv_namespaces", kvtarget::get_kv_namespaces),
+    ("kvtarget_get_cluster", kvtarget::get_cluster),
     ("keyring_file_add_key", keyring::file_add_key),
     ("keyring_file_remove_key", keyring::file_remove_key),
     ("keyring_get_keys", keyring::get_keys),
@@ -379,6 +382,7 @@ impl Control {
             config,
             edit: Mutex::new(()),
             started: std::time::Instant::now(),
+            cluster: std::sync::OnceLock::new(),
         }
     }
 
@@ -776,6 +780,7 @@ mod tests {
             ("kvtarget_pool_check", json!({"name": "kv"})),
             ("kvtarget_pool_checkpoint", json!({"name": "kv"})),
             ("kvtarget_get_kv_namespaces", json!({})),
+            ("kvtarget_get_cluster", json!({})),
             (
                 "keyring_file_add_key",
                 json!({"name": "k0", "path": "/nonexistent/k0"}),
@@ -812,6 +817,15 @@ mod tests {
             .collect();
         let all: BTreeSet<&str> = METHODS.iter().copied().collect();
         assert_eq!(covered, all, "methods without a refusal case");
+    }
+
+    /// Without `[cluster]`, `kvtarget_get_cluster` says so (ENOENT).
+    #[test]
+    fn get_cluster_without_a_cluster_is_not_found() {
+        let (ctl, _) = populated();
+        let e = ctl.call("kvtarget_get_cluster", json!({})).unwrap_err();
+        assert_eq!(e.code, code::ENOENT, "{}", e.message);
+        assert!(e.message.contains("[cluster]"), "{}", e.message);
     }
 
     /// Unknown keys inside the nested objects are refused by their full name.

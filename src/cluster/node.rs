@@ -1,0 +1,543 @@
+//! This node's membership: its lease, its record and its view of the others,
+//! kept by the "cluster" thread. Each pass of the thread's loop looks at the
+//! clock once and acts on what is due: a keep-alive (every TTL/3), a re-read
+//! of the member list (with it), a record refresh (when the target's
+//! discovery generation moved), a join attempt (while lost or alone).
+
+use super::etcd::{
+    self, Client, Compare, EtcdError, PutRequest, RangeRequest, RequestOp, ResponseOp, TxnRequest,
+};
+use super::member::{self, MemberRecord, RECORD_FORMAT};
+use crate::config::{ClusterConfig, OnUnreachable};
+use crate::nvmf::Target;
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+/// How often the thread looks at its stop flag and the target's generation:
+/// a stop waits at most this long, and so does a changed record.
+const POLL_STEP: Duration = Duration::from_millis(50);
+/// Shortest wait of one etcd request: a loaded etcd commits a put (one
+/// fsync) in well under a second; TTL/3 when that is longer.
+const MIN_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+/// A record left by a crashed process with this node's name ends with its
+/// lease: a start waits one TTL plus this before it calls the name taken.
+const TAKEN_SLACK: Duration = Duration::from_secs(1);
+/// Pause between two put-if-absent attempts while the name is held.
+const CLAIM_RETRY: Duration = Duration::from_millis(250);
+
+/// This node's standing in the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeState {
+    /// Holds a live lease and its record is in etcd.
+    Joined,
+    /// Had joined; its lease ended or went unconfirmed past the TTL. Retrying.
+    Lost,
+    /// etcd was unreachable at start (`on_unreachable = "alone"`). Retrying.
+    Alone,
+}
+
+impl NodeState {
+    pub fn name(self) -> &'static str {
+        match self {
+            NodeState::Joined => "joined",
+            NodeState::Lost => "lost",
+            NodeState::Alone => "alone",
+        }
+    }
+}
+
+/// Every change of this node's lease: the one place fencing (issue 36's next
+/// slice: stop serving owned ANA groups) will act. Today it is only logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseEvent {
+    Granted { lease: i64 },
+    Lost { lease: i64 },
+}
+
+/// What `kvtarget_get_cluster` and the metrics show.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    pub cluster: String,
+    pub node: String,
+    pub state: NodeState,
+    /// The lease as etcdctl prints it (hex); absent while none is held.
+    pub lease_id: Option<String>,
+    pub lease_ttl_secs: u64,
+    /// The etcd endpoint last used.
+    pub endpoint: String,
+    /// Every member's record (this node's included), by name.
+    pub members: Vec<MemberRecord>,
+}
+
+/// Why the node cannot start as a member; one line.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("cluster: no etcd endpoint answered ({source}); start etcd, or set cluster.on_unreachable = \"alone\"")]
+    Unreachable { source: EtcdError },
+    #[error("cluster: node `{node}` is already a member of cluster `{cluster}` (a live kvtarget holds {key}); set another cluster.node")]
+    NameTaken {
+        node: String,
+        cluster: String,
+        key: String,
+    },
+    #[error("cluster: {0}")]
+    Etcd(#[from] EtcdError),
+    #[error("cluster: cannot start its thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// Why a join attempt failed.
+enum JoinError {
+    Etcd(EtcdError),
+    /// Another process holds the record of this node's name.
+    Taken,
+}
+
+impl From<EtcdError> for JoinError {
+    fn from(e: EtcdError) -> Self {
+        JoinError::Etcd(e)
+    }
+}
+
+/// A running membership: the thread and the status it publishes.
+pub struct Cluster {
+    status: Arc<Mutex<ClusterStatus>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Cluster {
+    /// Joins (or, when etcd is unreachable and the configuration says so,
+    /// starts alone), then keeps the membership on its own thread.
+    pub fn start(
+        cfg: &ClusterConfig,
+        target: Arc<Target>,
+        metrics_url: Option<String>,
+    ) -> Result<Cluster, ClusterError> {
+        let mut node = Node::new(cfg, target, metrics_url);
+        match node.join(Instant::now() + node.ttl + TAKEN_SLACK) {
+            Ok(()) => {}
+            Err(JoinError::Etcd(e)) if e.is_unreachable() => match cfg.on_unreachable {
+                OnUnreachable::Fail => return Err(ClusterError::Unreachable { source: e }),
+                OnUnreachable::Alone => {
+                    tracing::warn!(
+                        "cluster: {e}; serving alone and retrying every {:?}",
+                        node.keepalive_every
+                    );
+                }
+            },
+            Err(JoinError::Etcd(e)) => return Err(e.into()),
+            Err(JoinError::Taken) => {
+                return Err(ClusterError::NameTaken {
+                    node: node.name.clone(),
+                    cluster: cfg.name.clone(),
+                    key: String::from_utf8_lossy(&node.key).into_owned(),
+                })
+            }
+        }
+        let status = node.status.clone();
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("cluster".into())
+            .spawn(move || node.run(&st))
+            .map_err(ClusterError::Thread)?;
+        Ok(Cluster {
+            status,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// A reader of the status, for RPC and metrics.
+    pub fn view(&self) -> ClusterView {
+        ClusterView(self.status.clone())
+    }
+
+    /// Stops the thread; a joined node revokes its lease, so its record goes
+    /// at once rather than at the TTL.
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A shared reader of a node's cluster status.
+#[derive(Clone)]
+pub struct ClusterView(Arc<Mutex<ClusterStatus>>);
+
+impl ClusterView {
+    pub fn snapshot(&self) -> ClusterStatus {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// The thread's state.
+struct Node {
+    client: Client,
+    cluster: String,
+    name: String,
+    /// `/kvtarget/<cluster>/members/<name>` and the members prefix.
+    key: Vec<u8>,
+    prefix: Vec<u8>,
+    instance: String,
+    target: Arc<Target>,
+    metrics_url: Option<String>,
+    started_at: u64,
+    ttl: Duration,
+    keepalive_every: Duration,
+    state: NodeState,
+    lease: Option<i64>,
+    /// When etcd last confirmed the lease.
+    confirmed: Instant,
+    /// When the next keep-alive or join attempt is due.
+    due: Instant,
+    /// The target's discovery generation the record was built at.
+    genctr: u64,
+    /// The record as last put.
+    record: Vec<u8>,
+    /// A changed record could not be put: retried at the next keep-alive.
+    record_stale: bool,
+    /// Another process's record of this name was reported (once per loss).
+    taken_reported: bool,
+    status: Arc<Mutex<ClusterStatus>>,
+}
+
+fn random_instance() -> String {
+    let mut b = [0u8; 8];
+    // Without randomness, the clock's nanoseconds still tell two starts apart.
+    if getrandom::fill(&mut b).is_err() {
+        let ns = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        b = (ns.as_nanos() as u64 ^ u64::from(std::process::id())).to_le_bytes();
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+impl Node {
+    fn new(cfg: &ClusterConfig, target: Arc<Target>, metrics_url: Option<String>) -> Node {
+        let name = cfg.node_name();
+        let prefix = format!("/kvtarget/{}/members/", cfg.name).into_bytes();
+        let key = [prefix.as_slice(), name.as_bytes()].concat();
+        let ttl = Duration::from_secs(cfg.lease_ttl_secs);
+        let keepalive_every = ttl / 3;
+        let now = Instant::now();
+        let client = Client::new(
+            cfg.endpoint_addrs(),
+            keepalive_every.max(MIN_REQUEST_TIMEOUT),
+        );
+        let status = ClusterStatus {
+            cluster: cfg.name.clone(),
+            node: name.clone(),
+            state: NodeState::Alone,
+            lease_id: None,
+            lease_ttl_secs: cfg.lease_ttl_secs,
+            endpoint: client.endpoint().into(),
+            members: Vec::new(),
+        };
+        Node {
+            client,
+            cluster: cfg.name.clone(),
+            name,
+            key,
+            prefix,
+            instance: random_instance(),
+            target,
+            metrics_url,
+            started_at: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            ttl,
+            keepalive_every,
+            state: NodeState::Alone,
+            lease: None,
+            confirmed: now,
+            due: now,
+            genctr: 0,
+            record: Vec::new(),
+            record_stale: false,
+            taken_reported: false,
+            status: Arc::new(Mutex::new(status)),
+        }
+    }
+
+    /// This node's record as it would be put now.
+    fn record_now(&mut self) -> Vec<u8> {
+        self.genctr = self.target.genctr.load(Ordering::Relaxed);
+        let served = member::served(&self.target);
+        let r = MemberRecord {
+            format: RECORD_FORMAT,
+            name: self.name.clone(),
+            instance: self.instance.clone(),
+            listeners: served.listeners,
+            subsystems: served.subsystems,
+            metrics_url: self.metrics_url.clone(),
+            version: crate::version().to_string(),
+            started_at: self.started_at,
+        };
+        serde_json::to_vec(&r).expect("a member record serialises")
+    }
+
+    /// Takes a new lease and puts the record with it, if no other process
+    /// holds this node's name; while one does, retries until `deadline`.
+    fn join(&mut self, deadline: Instant) -> Result<(), JoinError> {
+        let grant = self.client.lease_grant(self.ttl.as_secs() as i64)?;
+        let lease = grant.id;
+        loop {
+            match self.claim(lease) {
+                Ok(true) => break,
+                Ok(false) if Instant::now() < deadline => std::thread::sleep(CLAIM_RETRY),
+                Ok(false) => {
+                    let _ = self.client.lease_revoke(lease);
+                    return Err(JoinError::Taken);
+                }
+                Err(e) => {
+                    let _ = self.client.lease_revoke(lease);
+                    return Err(e.into());
+                }
+            }
+        }
+        self.confirmed = Instant::now();
+        self.lease = Some(lease);
+        self.taken_reported = false;
+        self.set_state(NodeState::Joined);
+        self.on_lease_event(LeaseEvent::Granted { lease });
+        self.refresh_members();
+        Ok(())
+    }
+
+    /// Puts the record under `lease` if the key is absent (a transaction on
+    /// its create revision) or holds this process's own earlier record
+    /// (a rejoin while etcd still has it). False: another process holds it.
+    fn claim(&mut self, lease: i64) -> Result<bool, EtcdError> {
+        let value = self.record_now();
+        let put = PutRequest {
+            key: self.key.clone(),
+            value: value.clone(),
+            lease,
+        };
+        let txn = TxnRequest {
+            compare: vec![Compare {
+                result: "EQUAL".into(),
+                target: "CREATE".into(),
+                key: self.key.clone(),
+                create_revision: 0,
+            }],
+            success: vec![RequestOp::RequestPut(put.clone())],
+            failure: vec![RequestOp::RequestRange(RangeRequest {
+                key: self.key.clone(),
+                range_end: Vec::new(),
+            })],
+        };
+        let answer = self.client.txn(&txn)?;
+        let mine = answer.succeeded || self.holds_own_record(&answer.responses);
+        if mine {
+            if !answer.succeeded {
+                self.client.put(&put)?;
+            }
+            self.record = value;
+        }
+        Ok(mine)
+    }
+
+    /// Whether a failed put-if-absent found this process's own record.
+    fn holds_own_record(&self, responses: &[ResponseOp]) -> bool {
+        responses.iter().any(|r| match r {
+            ResponseOp::ResponseRange(r) => r.kvs.iter().any(|kv| {
+                serde_json::from_slice::<MemberRecord>(&kv.value)
+                    .is_ok_and(|m| m.instance == self.instance)
+            }),
+            ResponseOp::ResponsePut(_) => false,
+        })
+    }
+
+    fn run(mut self, stop: &AtomicBool) {
+        self.due = Instant::now() + self.keepalive_every;
+        while !stop.load(Ordering::Acquire) {
+            let now = Instant::now();
+            if now >= self.due {
+                self.due = now + self.keepalive_every;
+                match self.state {
+                    NodeState::Joined => self.keep_alive(now),
+                    NodeState::Lost | NodeState::Alone => self.rejoin(),
+                }
+            }
+            if self.state == NodeState::Joined
+                && self.target.genctr.load(Ordering::Relaxed) != self.genctr
+            {
+                self.refresh_record();
+            }
+            std::thread::sleep(POLL_STEP);
+        }
+        if let Some(lease) = self.lease.take() {
+            if let Err(e) = self.client.lease_revoke(lease) {
+                tracing::warn!("cluster: revoking lease {lease:x} at stop: {e}");
+            }
+        }
+    }
+
+    fn keep_alive(&mut self, now: Instant) {
+        let lease = self.lease.expect("a joined node holds a lease");
+        match self.client.lease_keepalive(lease) {
+            Ok(a) if a.ttl > 0 => {
+                self.confirmed = now;
+                if self.record_stale {
+                    self.refresh_record();
+                }
+                self.refresh_members();
+            }
+            Ok(_) => self.lose(lease, "etcd no longer knows the lease"),
+            Err(e) if now.duration_since(self.confirmed) > self.ttl => self.lose(
+                lease,
+                &format!("no keep-alive answer for {:?}: {e}", self.ttl),
+            ),
+            Err(e) => tracing::debug!("cluster: keep-alive of lease {lease:x}: {e}"),
+        }
+    }
+
+    /// The lease cannot be trusted any more: logged once, a new one is sought.
+    fn lose(&mut self, lease: i64, why: &str) {
+        tracing::warn!(
+            "cluster: node `{}` lost lease {lease:x}: {why}; rejoining",
+            self.name
+        );
+        self.set_state(NodeState::Lost);
+        self.on_lease_event(LeaseEvent::Lost { lease });
+        self.due = Instant::now();
+    }
+
+    /// A lost node first asks whether its lease lives on (etcd restarted
+    /// with its data keeps leases); otherwise it joins with a new one.
+    fn rejoin(&mut self) {
+        if let Some(lease) = self.lease {
+            match self.client.lease_keepalive(lease) {
+                Ok(a) if a.ttl > 0 => {
+                    self.confirmed = Instant::now();
+                    self.set_state(NodeState::Joined);
+                    self.on_lease_event(LeaseEvent::Granted { lease });
+                    self.refresh_record();
+                    self.refresh_members();
+                    return;
+                }
+                Ok(_) => self.lease = None,
+                Err(e) => {
+                    tracing::debug!("cluster: rejoin: {e}");
+                    return;
+                }
+            }
+        }
+        match self.join(Instant::now()) {
+            Ok(()) => {}
+            Err(JoinError::Etcd(e)) => tracing::debug!("cluster: rejoin: {e}"),
+            Err(JoinError::Taken) if !self.taken_reported => {
+                self.taken_reported = true;
+                tracing::warn!(
+                    "cluster: node `{}`: another live kvtarget holds {}; still retrying",
+                    self.name,
+                    String::from_utf8_lossy(&self.key)
+                )
+            }
+            Err(JoinError::Taken) => {}
+        }
+    }
+
+    /// Puts the record again when what the target serves changed.
+    fn refresh_record(&mut self) {
+        let value = self.record_now();
+        if value == self.record {
+            return;
+        }
+        let Some(lease) = self.lease else { return };
+        let put = PutRequest {
+            key: self.key.clone(),
+            value: value.clone(),
+            lease,
+        };
+        match self.client.put(&put) {
+            Ok(_) => {
+                self.record = value;
+                self.record_stale = false;
+                self.refresh_members();
+            }
+            Err(e) => {
+                self.record_stale = true;
+                tracing::debug!("cluster: record refresh (retried at the next keep-alive): {e}");
+            }
+        }
+    }
+
+    /// Re-reads every member's record.
+    fn refresh_members(&mut self) {
+        let req = RangeRequest {
+            key: self.prefix.clone(),
+            range_end: etcd::prefix_end(&self.prefix),
+        };
+        match self.client.range(&req) {
+            Ok(r) => {
+                let mut members: Vec<MemberRecord> = r
+                    .kvs
+                    .iter()
+                    .filter_map(
+                        |kv| match serde_json::from_slice::<MemberRecord>(&kv.value) {
+                            Ok(m) => Some(m),
+                            Err(e) => {
+                                tracing::debug!(
+                                    "cluster: skipping {}: {e}",
+                                    String::from_utf8_lossy(&kv.key)
+                                );
+                                None
+                            }
+                        },
+                    )
+                    .collect();
+                members.sort_by(|a, b| a.name.cmp(&b.name));
+                self.publish(|s| s.members = members);
+            }
+            Err(e) => tracing::debug!("cluster: member list: {e}"),
+        }
+    }
+
+    fn set_state(&mut self, state: NodeState) {
+        if self.state != state && state == NodeState::Joined {
+            tracing::info!(
+                "cluster: node `{}` joined cluster `{}` (lease {:x})",
+                self.name,
+                self.cluster,
+                self.lease.unwrap_or(0)
+            );
+        }
+        self.state = state;
+        let lease = match state {
+            NodeState::Joined => self.lease.map(|l| format!("{l:x}")),
+            _ => None,
+        };
+        let endpoint = self.client.endpoint().to_string();
+        self.publish(|s| {
+            s.state = state;
+            s.lease_id = lease;
+            s.endpoint = endpoint;
+        });
+    }
+
+    fn publish(&self, f: impl FnOnce(&mut ClusterStatus)) {
+        f(&mut self.status.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    /// The fencing hook: nothing acts on a lease change yet but the log.
+    fn on_lease_event(&self, ev: LeaseEvent) {
+        tracing::debug!("cluster: {ev:?}");
+    }
+}

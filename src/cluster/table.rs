@@ -1,0 +1,60 @@
+//! `kvtarget cluster status`'s table.
+
+use super::ClusterStatus;
+use std::fmt::Write as _;
+
+/// A header line (cluster, node, state, lease) and one row per member: its
+/// name, listeners (`trtype:traddr:trsvcid`, discovery ports marked), the
+/// number of subsystems it serves and its version.
+pub fn status_table(s: &ClusterStatus) -> String {
+    let mut out = format!(
+        "cluster {}  node {}  state {}  lease {}  ttl {}s  etcd {}\n",
+        s.cluster,
+        s.node,
+        s.state.name(),
+        s.lease_id.as_deref().unwrap_or("-"),
+        s.lease_ttl_secs,
+        s.endpoint
+    );
+    let rows: Vec<[String; 4]> = s
+        .members
+        .iter()
+        .map(|m| {
+            let listeners: Vec<String> = m
+                .listeners
+                .iter()
+                .map(|l| {
+                    let d = if l.discovery { "(discovery)" } else { "" };
+                    format!("{}:{}:{}{d}", l.trtype, l.traddr, l.trsvcid)
+                })
+                .collect();
+            let me = if m.name == s.node { " *" } else { "" };
+            [
+                format!("{}{me}", m.name),
+                listeners.join(","),
+                m.subsystems.len().to_string(),
+                m.version.clone(),
+            ]
+        })
+        .collect();
+    let head = ["MEMBER", "LISTENERS", "SUBSYSTEMS", "VERSION"];
+    let mut width = head.map(str::len);
+    for r in &rows {
+        for (w, c) in width.iter_mut().zip(r) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let mut line = |cells: [&str; 4]| {
+        let text: Vec<String> = cells
+            .iter()
+            .zip(width)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", text.join("  ").trim_end());
+    };
+    line(head);
+    for r in &rows {
+        line([&r[0], &r[1], &r[2], &r[3]]);
+    }
+    out.trim_end().to_string()
+}

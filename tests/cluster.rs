@@ -1,0 +1,406 @@
+//! `[cluster]` against a real etcd (Debian's etcd-server): kvtarget processes
+//! join one private etcd, see each other, leave on death, refuse a taken
+//! name, start alone or refuse to start without etcd, and rejoin after etcd
+//! restarts. A test that needs etcd prints why it skips when the binary is
+//! absent (CI installs it, so CI runs them all).
+
+use serde_json::{json, Value};
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod support;
+use support::{connect_retry, free_port, loopback, wait_for_path, write_config, BIN};
+
+/// The lease TTL the tests run with (the smallest the configuration allows):
+/// a dead node leaves within about 2 s.
+const TTL_SECS: u64 = 2;
+/// How long etcd may take to answer after it was started (a loaded CI machine).
+const ETCD_START: Duration = Duration::from_secs(20);
+/// Slack over the TTL for a change to show: one keep-alive period (TTL/3),
+/// one member read, scheduling on a loaded 2-core machine.
+const SLACK: Duration = Duration::from_secs(4);
+
+/// The etcd binary, or `None` with the reason printed.
+fn etcd_binary() -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("etcd"))
+            .find(|f| f.is_file())
+    });
+    if found.is_none() {
+        eprintln!("skipping: no `etcd` binary on PATH (Debian: apt-get install etcd-server)");
+    }
+    found
+}
+
+/// A private single-member etcd: random free ports, data in a directory of
+/// the test's, killed on drop.
+struct Etcd {
+    bin: PathBuf,
+    dir: PathBuf,
+    client_port: u16,
+    peer_port: u16,
+    child: Option<Child>,
+}
+
+impl Etcd {
+    /// Ports chosen, not started (a test that starts etcd later).
+    fn at(bin: PathBuf, dir: &Path) -> Etcd {
+        Etcd {
+            bin,
+            dir: dir.to_path_buf(),
+            client_port: free_port(),
+            peer_port: free_port(),
+            child: None,
+        }
+    }
+
+    fn start(bin: PathBuf, dir: &Path) -> Etcd {
+        let mut e = Etcd::at(bin, dir);
+        e.run();
+        e
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    /// Starts (or restarts, on the same data) and waits until it answers.
+    fn run(&mut self) {
+        let client = self.url();
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("etcd.log"))
+            .unwrap();
+        let child = Command::new(&self.bin)
+            .arg("--name=kvt")
+            .arg(format!("--data-dir={}", self.dir.join("etcd").display()))
+            .arg(format!("--listen-client-urls={client}"))
+            .arg(format!("--advertise-client-urls={client}"))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster=kvt={peer}"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start etcd");
+        self.child = Some(child);
+        let mut c = kvtarget::cluster::etcd::Client::new(
+            vec![format!("127.0.0.1:{}", self.client_port)],
+            Duration::from_secs(1),
+        );
+        let t0 = Instant::now();
+        let probe = kvtarget::cluster::etcd::RangeRequest {
+            key: b"/".to_vec(),
+            range_end: Vec::new(),
+        };
+        while c.range(&probe).is_err() {
+            assert!(
+                t0.elapsed() < ETCD_START,
+                "etcd never answered: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("etcd.log")).unwrap_or_default()
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A kvtarget process with a `[cluster]`; killed on drop.
+struct Node {
+    child: Child,
+    sock: PathBuf,
+    port: u16,
+}
+
+const NQN: &str = "nqn.2026-12.io.kvtarget:cluster";
+
+fn config(dir: &Path, name: &str, etcd: &str, extra: &str, port: u16) -> PathBuf {
+    write_config(
+        dir,
+        &format!("{name}.toml"),
+        &format!(
+            r#"
+[[listeners]]
+address = "127.0.0.1"
+port = {port}
+
+[[subsystems]]
+nqn = "{NQN}"
+allow_any_host = true
+
+[[subsystems.namespaces]]
+nsid = 1
+backend = "ram"
+size = "4MiB"
+
+[cluster]
+endpoints = ["{etcd}"]
+node = "{name}"
+lease_ttl_secs = {TTL_SECS}
+{extra}
+"#
+        ),
+    )
+}
+
+impl Node {
+    /// Spawns node `name` (its files in `dir/name*`); does not wait.
+    fn spawn(dir: &Path, name: &str, etcd: &str, extra: &str) -> Node {
+        let port = free_port();
+        let cfg = config(dir, name, etcd, extra, port);
+        let sock = dir.join(format!("{name}.sock"));
+        let child = Command::new(BIN)
+            .arg("--config")
+            .arg(&cfg)
+            .arg("-r")
+            .arg(&sock)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        Node { child, sock, port }
+    }
+
+    /// Spawns node `name` and waits for its control socket.
+    fn start(dir: &Path, name: &str, etcd: &str, extra: &str) -> Node {
+        let n = Node::spawn(dir, name, etcd, extra);
+        wait_for_path(&n.sock);
+        n
+    }
+
+    fn cluster(&self) -> Value {
+        let mut c = kvtarget::rpc::RpcClient::connect(&self.sock).expect("rpc socket");
+        c.call("kvtarget_get_cluster", json!({}))
+            .expect("kvtarget_get_cluster")
+    }
+
+    fn state(&self) -> String {
+        self.cluster()["state"].as_str().unwrap_or("").to_string()
+    }
+
+    fn member_names(&self) -> Vec<String> {
+        self.cluster()["members"]
+            .as_array()
+            .map(|m| {
+                m.iter()
+                    .filter_map(|r| r["name"].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Exit status and stderr of a node that exits by itself.
+    fn exit(mut self, within: Duration) -> (Option<i32>, String) {
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                let mut err = String::new();
+                self.child
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut err)
+                    .unwrap();
+                return (st.code(), err);
+            }
+            assert!(
+                t0.elapsed() < within,
+                "the node did not exit within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `f` until it holds, at most `within`; false if it never did.
+fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    loop {
+        if f() {
+            return true;
+        }
+        if t0.elapsed() > within {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn ttl() -> Duration {
+    Duration::from_secs(TTL_SECS)
+}
+
+#[test]
+fn two_nodes_see_each_other_and_a_killed_one_leaves() {
+    let Some(bin) = etcd_binary() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(bin, dir.path());
+    let a = Node::start(dir.path(), "a", &etcd.url(), "");
+    let mut b = Node::start(dir.path(), "b", &etcd.url(), "");
+    let both = vec!["a".to_string(), "b".to_string()];
+    assert!(
+        eventually(ttl() + SLACK, || a.member_names() == both
+            && b.member_names() == both),
+        "a sees {:?}, b sees {:?}",
+        a.member_names(),
+        b.member_names()
+    );
+    let v = a.cluster();
+    assert_eq!(v["state"], "joined", "{v}");
+    assert_eq!(v["node"], "a");
+    assert!(v["lease_id"].is_string(), "{v}");
+    let rec_b = &v["members"][1];
+    assert_eq!(rec_b["listeners"][0]["trtype"], "tcp", "{v}");
+    assert_eq!(rec_b["listeners"][0]["trsvcid"], b.port.to_string(), "{v}");
+    assert_eq!(rec_b["subsystems"][0]["nqn"], NQN, "{v}");
+    assert_eq!(rec_b["subsystems"][0]["namespaces"][0]["nsid"], 1, "{v}");
+    let table = Command::new(BIN)
+        .args(["cluster", "status", "-r"])
+        .arg(&a.sock)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(table.status.success(), "{text}");
+    assert!(
+        text.starts_with("cluster default  node a  state joined"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\na *  ") && text.contains(&format!("tcp:127.0.0.1:{}", b.port)),
+        "{text}"
+    );
+    // A change over RPC reaches b's record, and a's view of it.
+    let added = "nqn.2026-12.io.kvtarget:added";
+    let mut rpc = kvtarget::rpc::RpcClient::connect(&b.sock).unwrap();
+    rpc.call(
+        "nvmf_create_subsystem",
+        json!({"nqn": added, "allow_any_host": true}),
+    )
+    .unwrap();
+    assert!(
+        eventually(SLACK, || a.cluster()["members"][1]["subsystems"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|x| x["nqn"] == added))),
+        "{}",
+        a.cluster()
+    );
+    // SIGKILL: no revoke, the lease runs out.
+    b.child.kill().unwrap();
+    b.child.wait().unwrap();
+    assert!(
+        eventually(ttl() + SLACK, || a.member_names() == ["a"]),
+        "b still listed: {:?}",
+        a.member_names()
+    );
+}
+
+#[test]
+fn a_taken_name_is_refused_naming_the_node() {
+    let Some(bin) = etcd_binary() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(bin, dir.path());
+    let a = Node::start(dir.path(), "a", &etcd.url(), "");
+    assert!(eventually(SLACK, || a.state() == "joined"));
+    let twin_dir = dir.path().join("twin");
+    std::fs::create_dir(&twin_dir).unwrap();
+    let twin = Node::spawn(&twin_dir, "a", &etcd.url(), "");
+    // The second `a` waits one TTL for a crashed predecessor's record to end.
+    let (code, err) = twin.exit(ttl() + SLACK + Duration::from_secs(10));
+    assert_eq!(code, Some(2), "{err}");
+    let line = err.trim().lines().last().unwrap_or("");
+    assert!(
+        line.starts_with("kvtarget: cluster: node `a` is already a member"),
+        "{err}"
+    );
+    assert_eq!(a.state(), "joined");
+}
+
+#[test]
+fn etcd_unreachable_with_fail_exits_2_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let nobody = format!("http://127.0.0.1:{}", free_port());
+    let n = Node::spawn(dir.path(), "a", &nobody, "on_unreachable = \"fail\"");
+    let (code, err) = n.exit(Duration::from_secs(20));
+    assert_eq!(code, Some(2), "{err}");
+    let line = err.trim().lines().last().unwrap_or("");
+    assert!(
+        line.starts_with("kvtarget: cluster: no etcd endpoint answered"),
+        "{err}"
+    );
+    assert!(line.contains("on_unreachable"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn alone_serves_io_and_joins_when_etcd_appears() {
+    let Some(bin) = etcd_binary() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut etcd = Etcd::at(bin, dir.path());
+    let a = Node::start(dir.path(), "a", &etcd.url(), "on_unreachable = \"alone\"");
+    assert_eq!(a.state(), "alone");
+    let mut c = connect_retry(loopback(a.port), NQN);
+    c.set_queue_count(1).unwrap();
+    let mut q = c.io_queue(1).unwrap();
+    q.write(1, 3, vec![0x5a; 4096], 4096).unwrap();
+    assert_eq!(q.read(1, 3, 1, 4096).unwrap(), vec![0x5a; 4096]);
+    etcd.run();
+    assert!(
+        eventually(ttl() + SLACK, || a.state() == "joined"
+            && a.member_names() == ["a"]),
+        "{}",
+        a.cluster()
+    );
+    assert_eq!(q.read(1, 3, 1, 4096).unwrap(), vec![0x5a; 4096]);
+}
+
+#[test]
+fn etcd_restart_makes_the_node_lost_then_rejoined() {
+    let Some(bin) = etcd_binary() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut etcd = Etcd::start(bin, dir.path());
+    let a = Node::start(dir.path(), "a", &etcd.url(), "");
+    assert!(eventually(SLACK, || a.state() == "joined"));
+    etcd.kill();
+    assert!(
+        eventually(ttl() + SLACK, || a.state() == "lost"),
+        "{}",
+        a.cluster()
+    );
+    let v = a.cluster();
+    assert!(v["lease_id"].is_null(), "{v}");
+    etcd.run();
+    assert!(
+        eventually(ttl() + SLACK, || a.state() == "joined"
+            && a.member_names() == ["a"]),
+        "{}\n{}",
+        a.cluster(),
+        etcd.log()
+    );
+}
