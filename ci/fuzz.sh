@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 secs=${FUZZ_SECONDS:-20}
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(pdu nvme_command rdma pool_format pool_check config auth)
+[ ${#targets[@]} -gt 0 ] || targets=(pdu nvme_command rdma pool_format pool_check config auth etcd_answer)
 
 cache=$repo/.cache/fuzz
 export XDG_DATA_HOME=$cache/xdg

@@ -35,6 +35,7 @@ pub const TARGETS: &[(&str, Harness)] = &[
     ("pool_check", pool_check),
     ("config", config),
     ("auth", auth),
+    ("etcd_answer", etcd_answer),
 ];
 
 /// Most PDUs one input is parsed into: bounds the work per execution.
@@ -729,4 +730,34 @@ pub fn auth(data: &[u8]) {
             }
         }
     }
+}
+
+/// What etcd's JSON gateway (or whatever answers in its place) sends the
+/// cluster thread: the HTTP answer split and de-chunked, then its body read as
+/// every response the node decodes, and as a member record (another node's
+/// JSON, a value in etcd).
+pub fn etcd_answer(data: &[u8]) {
+    use kvtarget::cluster::etcd::{
+        decode, HeaderOnly, LeaseGrantResponse, LeaseKeepAliveResponse, RangeResponse,
+        StreamResult, TxnResponse,
+    };
+    use kvtarget::cluster::http::{parse_answer, Answer};
+    use kvtarget::cluster::member::MemberRecord;
+    let Ok(a) = parse_answer(data) else {
+        return;
+    };
+    let again = || Answer {
+        status: a.status,
+        body: a.body.clone(),
+    };
+    let _ = decode::<LeaseGrantResponse>("fuzz", "/v3/lease/grant", again());
+    let _ = decode::<StreamResult<LeaseKeepAliveResponse>>("fuzz", "/v3/lease/keepalive", again());
+    let _ = decode::<HeaderOnly>("fuzz", "/v3/kv/put", again());
+    let _ = decode::<TxnResponse>("fuzz", "/v3/kv/txn", again());
+    if let Ok(r) = decode::<RangeResponse>("fuzz", "/v3/kv/range", again()) {
+        for kv in &r.kvs {
+            let _ = serde_json::from_slice::<MemberRecord>(&kv.value);
+        }
+    }
+    let _ = serde_json::from_slice::<MemberRecord>(&a.body);
 }

@@ -164,3 +164,32 @@ fn reservation_seeds_decode() {
     }
     assert_eq!(seen, 2, "the two reservation seeds");
 }
+
+/// The etcd seeds are real answers of Debian's etcd 3.4 gateway: each splits
+/// as HTTP, and the range seed's value is a member record, so the harness
+/// reaches every decoder it feeds.
+#[test]
+fn etcd_seeds_are_real_gateway_answers() {
+    use kvtarget::cluster::etcd::{decode, RangeResponse};
+    use kvtarget::cluster::http::parse_answer;
+    use kvtarget::cluster::member::MemberRecord;
+    let dir = root().join("corpus/etcd_answer");
+    let mut seeds = 0;
+    for p in inputs(&dir) {
+        if !p
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("seed-"))
+        {
+            continue;
+        }
+        let data = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        let a = parse_answer(&data).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        if p.ends_with("seed-range-member") {
+            let r: RangeResponse = decode("seed", "/v3/kv/range", a).expect("a range answer");
+            let m: MemberRecord = serde_json::from_slice(&r.kvs[0].value).expect("a member record");
+            assert_eq!(m.name, "n1");
+        }
+        seeds += 1;
+    }
+    assert_eq!(seeds, 6, "the six etcd seeds");
+}

@@ -376,7 +376,8 @@ impl Client {
     }
 }
 
-fn decode<A: serde::de::DeserializeOwned>(
+/// Decodes a gateway answer as `A` (an error status as `EtcdError::Status`).
+pub fn decode<A: serde::de::DeserializeOwned>(
     endpoint: &str,
     path: &'static str,
     a: http::Answer,

@@ -123,11 +123,15 @@ fn dechunk(mut rest: &[u8]) -> Result<Vec<u8>, HttpError> {
         if size == 0 {
             break;
         }
+        // Checked: the size is the peer's, up to usize::MAX.
+        let data_end = (eol + 2)
+            .checked_add(size)
+            .ok_or(HttpError::Malformed("chunk size"))?;
         let data = rest
-            .get(eol + 2..eol + 2 + size)
+            .get(eol + 2..data_end)
             .ok_or(HttpError::Malformed("chunk shorter than its size"))?;
         out.extend_from_slice(data);
-        rest = rest.get(eol + 4 + size..).unwrap_or(&[]);
+        rest = rest.get(data_end + 2..).unwrap_or(&[]);
     }
     Ok(out)
 }
@@ -135,6 +139,46 @@ fn dechunk(mut rest: &[u8]) -> Result<Vec<u8>, HttpError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever a peer sends, the answer parses or is refused: no panic.
+        #[test]
+        fn any_bytes_parse_or_are_refused(raw in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = parse_answer(&raw);
+            let mut with_head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+            with_head.extend_from_slice(&raw);
+            let _ = parse_answer(&with_head);
+        }
+
+        /// A body sent in chunks of any sizes comes back whole.
+        #[test]
+        fn chunked_bodies_come_back_whole(
+            body in proptest::collection::vec(any::<u8>(), 0..2048),
+            cuts in proptest::collection::vec(1usize..300, 1..16),
+        ) {
+            let mut raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+            let (mut at, mut i) = (0, 0);
+            while at < body.len() {
+                let n = cuts[i % cuts.len()].min(body.len() - at);
+                raw.extend_from_slice(format!("{n:x}\r\n").as_bytes());
+                raw.extend_from_slice(&body[at..at + n]);
+                raw.extend_from_slice(b"\r\n");
+                at += n;
+                i += 1;
+            }
+            raw.extend_from_slice(b"0\r\n\r\n");
+            let a = parse_answer(&raw).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(a.body, body);
+        }
+    }
+
+    #[test]
+    fn a_chunk_size_near_usize_max_is_refused() {
+        let raw =
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\nab\r\n";
+        assert!(matches!(parse_answer(raw), Err(HttpError::Malformed(_))));
+    }
 
     #[test]
     fn content_length_and_chunked() {
