@@ -34,6 +34,8 @@ fn every_subcommand_answers_help() {
         &["volume", "create"],
         &["volume", "resize"],
         &["volume", "delete"],
+        &["cluster"],
+        &["cluster", "status"],
     ] {
         for help in ["--help", "-h"] {
             let a: Vec<&str> = args.iter().copied().chain([help]).collect();
