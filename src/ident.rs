@@ -16,3 +16,21 @@ pub fn stable_uuid(name: &str) -> [u8; 16] {
     out[8] = (out[8] & 0x3F) | 0x80; // RFC 4122 variant
     out
 }
+
+/// Bytes as lowercase hex, two digits each (NGUIDs, EUI-64s, host IDs).
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A UUID in its 8-4-4-4-12 text form (RFC 4122), lowercase.
+pub fn uuid_text(u: &[u8; 16]) -> String {
+    let h = hex(u);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}

@@ -2,6 +2,7 @@
 //! `/kvtarget/<cluster>/members/<node>` (JSON, bound to its lease), so a host
 //! library or a KV-cache manager can find every node and what it serves.
 
+use crate::ident::{hex, uuid_text};
 use crate::nvmf::{CommandSet, SubsystemKind, Target};
 use serde::{Deserialize, Serialize};
 
@@ -58,22 +59,6 @@ pub struct MemberRecord {
     pub version: String,
     /// Seconds since the Unix epoch when the process started.
     pub started_at: u64,
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn uuid_text(u: &[u8; 16]) -> String {
-    let h = hex(u);
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
 }
 
 /// What of a record changes with the served configuration.

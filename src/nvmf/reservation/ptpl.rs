@@ -13,6 +13,7 @@
 //! Either is read once when the namespace is created.
 
 use super::{Held, HostId, Registrant, ResvState, ResvType};
+use crate::ident::uuid_text;
 use crate::pool::format::VolumeResv;
 use crate::pool::Pool;
 use serde::{Deserialize, Serialize};
@@ -64,18 +65,6 @@ pub struct PtplFile {
     pub holder_uuid: String,
     #[serde(default)]
     pub registrants: Vec<PtplRegistrant>,
-}
-
-fn uuid_text(b: &[u8; 16]) -> String {
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
 }
 
 fn parse_uuid(s: &str) -> Option<[u8; 16]> {

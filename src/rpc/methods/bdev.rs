@@ -1,7 +1,7 @@
 //! `bdev_*` and `bdev_lvol_*` methods: pool volumes as bdevs, pools as lvol
 //! stores.
 
-use super::{act, not_found, uuid_str, Control, Params, Parsed};
+use super::{act, not_found, Control, Params, Parsed};
 use crate::config::{PoolConfig, Unwritten, VolumeConfig, VolumeKind};
 use crate::pool::format::VOL_UNWRITTEN_ERROR;
 use crate::pool::Pool;
@@ -15,7 +15,9 @@ impl Control {
         let pools = self.pools();
         let found = match (&name, &uuid) {
             (Some(n), _) => pools.iter().find(|p| &p.name == n),
-            (None, Some(u)) => pools.iter().find(|p| &uuid_str(&p.sb.uuid) == u),
+            (None, Some(u)) => pools
+                .iter()
+                .find(|p| &crate::ident::uuid_text(&p.sb.uuid) == u),
             (None, None) if pools.len() == 1 => pools.first(),
             (None, None) => {
                 return Err(RpcError::params(
@@ -52,7 +54,7 @@ pub(super) fn get_bdevs(p: &mut Params) -> Parsed {
         for pool in &ctl.pools() {
             for v in pool.volumes() {
                 let alias = format!("{}/{}", pool.name, v.desc.name);
-                let uuid = uuid_str(&v.desc.uuid);
+                let uuid = crate::ident::uuid_text(&v.desc.uuid);
                 if let Some(n) = &name {
                     if n != &alias && n != &uuid {
                         continue;
@@ -73,7 +75,7 @@ pub(super) fn get_bdevs(p: &mut Params) -> Parsed {
                     },
                     "driver_specific": {
                         "lvol": {
-                            "lvol_store_uuid": uuid_str(&pool.sb.uuid),
+                            "lvol_store_uuid": crate::ident::uuid_text(&pool.sb.uuid),
                             "base_bdev": pool.device().describe(),
                             "thin_provision": true,
                             "num_allocated_clusters": v.mapped().len(),
@@ -121,7 +123,7 @@ pub(super) fn get_iostat(p: &mut Params) -> Parsed {
         for pool in &ctl.pools() {
             for v in pool.volumes() {
                 let alias = format!("{}/{}", pool.name, v.desc.name);
-                let uuid = uuid_str(&v.desc.uuid);
+                let uuid = crate::ident::uuid_text(&v.desc.uuid);
                 if !names.is_empty() && !names.iter().any(|n| n == &alias || n == &uuid) {
                     continue;
                 }
@@ -273,7 +275,7 @@ pub(super) fn create_lvstore(p: &mut Params) -> Parsed {
         let lock = crate::pool::lock_pool(&pb, true)
             .map_err(|e| RpcError::new(code::EBUSY, e.to_string()))?;
         let opened = format_and_open(ctl, &pool, &pb)?;
-        let uuid = uuid_str(&opened.sb.uuid);
+        let uuid = crate::ident::uuid_text(&opened.sb.uuid);
         if let Ok(mut v) = ctl.pools.write() {
             v.push(opened);
         }
@@ -333,7 +335,7 @@ pub(super) fn get_lvstores(p: &mut Params) -> Parsed {
                 .map(|pool| {
                     let s = pool.snapshot();
                     json!({
-                        "uuid": uuid_str(&pool.sb.uuid),
+                        "uuid": crate::ident::uuid_text(&pool.sb.uuid),
                         "name": pool.name,
                         "base_bdev": pool.device().describe(),
                         "total_data_clusters": s.extents,
@@ -413,7 +415,7 @@ pub(super) fn lvol_create(p: &mut Params) -> Parsed {
                 RpcError::params(e.to_string())
             }
         })?;
-        Ok(json!(uuid_str(&v.desc.uuid)))
+        Ok(json!(crate::ident::uuid_text(&v.desc.uuid)))
     })
 }
 

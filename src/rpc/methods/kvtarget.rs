@@ -1,7 +1,7 @@
 //! `kvtarget_*` methods: pool state and tuning, and saving the running
 //! configuration.
 
-use super::{act, not_found, uuid_str, Control, Params, Parsed};
+use super::{act, not_found, Control, Params, Parsed};
 use crate::config::ops::{AddHost, AddListener, AddNamespace, CreateSubsystem, ListenAddress};
 use crate::config::{Config, KeyConfig, ListenerConfig, NamespaceConfig, Op, OpError};
 use crate::config::{TransportKind, Unwritten, VolumeConfig, VolumeKind};
@@ -250,7 +250,7 @@ pub(super) fn get_pools(p: &mut Params) -> Parsed {
             let s = pool.snapshot();
             out.push(json!({
                 "name": pool.name,
-                "uuid": uuid_str(&pool.sb.uuid),
+                "uuid": crate::ident::uuid_text(&pool.sb.uuid),
                 "device": pool.device().describe(),
                 "extent_size": s.extent_size,
                 "extents": s.extents,
@@ -336,7 +336,7 @@ pub(super) fn get_kv_namespaces(p: &mut Params) -> Parsed {
                 let served = ctl.served_by(&v.desc.uuid);
                 out.push(json!({
                     "name": alias,
-                    "uuid": uuid_str(&v.desc.uuid),
+                    "uuid": crate::ident::uuid_text(&v.desc.uuid),
                     "subsystem": served.as_ref().map(|(n, _)| n.clone()),
                     "nsid": served.as_ref().map(|(_, i)| *i),
                     "on_full": set.on_full.name(),

@@ -343,22 +343,6 @@ fn unsupported(key: &str, v: &Option<Value>) -> Result<(), RpcError> {
     }
 }
 
-fn hex_id(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn uuid_str(u: &[u8; 16]) -> String {
-    let h = hex_id(u);
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
-}
-
 fn not_found(what: impl Into<String>) -> RpcError {
     RpcError::new(code::ENOENT, what)
 }
@@ -449,7 +433,7 @@ impl Control {
             if let Some(v) = p
                 .volumes()
                 .into_iter()
-                .find(|v| uuid_str(&v.desc.uuid) == name)
+                .find(|v| crate::ident::uuid_text(&v.desc.uuid) == name)
             {
                 return Ok((p.clone(), v));
             }

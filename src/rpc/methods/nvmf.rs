@@ -1,7 +1,7 @@
 //! `nvmf_*` methods on transports, whole subsystems and statistics; the
 //! per-subsystem ones (listeners, namespaces, hosts) are in `nvmf_subsystem`.
 
-use super::{act, hex_id, not_found, unsupported, uuid_str, Control, Nqn, Params, Parsed, TgtName};
+use super::{act, not_found, unsupported, Control, Nqn, Params, Parsed, TgtName};
 use crate::config::ops::CreateSubsystem;
 use crate::nvmf::{Subsystem, SubsystemKind};
 use crate::rpc::{code, RpcError};
@@ -113,9 +113,9 @@ impl Control {
                         "nsid": n.nsid,
                         "bdev_name": self.bdev_name_of(n),
                         "name": self.bdev_name_of(n),
-                        "nguid": hex_id(&n.nguid).to_uppercase(),
-                        "eui64": hex_id(&n.eui64).to_uppercase(),
-                        "uuid": uuid_str(&n.uuid),
+                        "nguid": crate::ident::hex(&n.nguid).to_uppercase(),
+                        "eui64": crate::ident::hex(&n.eui64).to_uppercase(),
+                        "uuid": crate::ident::uuid_text(&n.uuid),
                     })
                 })
                 .collect();

@@ -1,7 +1,7 @@
 //! `nvmf_subsystem_*` methods: a subsystem's listeners, namespaces, hosts,
 //! controllers and queue pairs.
 
-use super::{act, not_found, unsupported, uuid_str, Control, Params, Parsed, TgtName};
+use super::{act, not_found, unsupported, Control, Params, Parsed, TgtName};
 use crate::config::ops::AddHost;
 use crate::config::KvOptions;
 use crate::nvmf::{Namespace, SubsystemKind};
@@ -567,7 +567,7 @@ pub(super) fn get_controllers(p: &mut Params) -> Parsed {
                         json!({
                             "cntlid": c.cntlid,
                             "hostnqn": c.hostnqn,
-                            "hostid": uuid_str(&c.hostid),
+                            "hostid": crate::ident::uuid_text(&c.hostid),
                             "num_io_qpairs": c.connected_io_queues(),
                             "peer": c.peer,
                         })
