@@ -1,6 +1,7 @@
 //! The key index of a KV namespace: which blocks of its volume hold each key's
-//! value, the free blocks among them, CLOCK eviction with an optional TTL, and
-//! the keys changed since the pool's last commit. Values live in the volume's
+//! value, the free blocks among them, eviction by age with a second chance
+//! (CLOCK over store order) and an optional TTL, and the keys changed since
+//! the pool's last commit. Values live in the volume's
 //! blocks, so in the pool's extents; the index is journaled (`Record::KvPut`,
 //! `Record::KvDelete`) and checkpointed with the rest of the pool's metadata.
 //!
@@ -45,6 +46,9 @@ const EMPTY_COUNTED: u64 = 1;
 
 /// How long an extent's blocks stay all free before it goes back to the pool.
 pub const TRIM_AFTER: Duration = Duration::from_secs(5);
+/// Windows `evict_window` weighs: those at the oldest keys' blocks.
+const WINDOW_CANDIDATES: usize = 8;
+
 /// Extents one `trim_step` hands over at most (the rest wait a tick), so the
 /// index lock is never held for a scan of a whole large volume.
 const TRIM_BATCH: usize = 256;
@@ -53,7 +57,7 @@ const TRIM_BATCH: usize = 256;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OnFull {
-    /// Evict least-recently-used keys (CLOCK) to make room.
+    /// Evict the oldest keys not read since (second chance) to make room.
     #[default]
     Evict,
     /// Fail the Store with Capacity Exceeded.
@@ -124,7 +128,9 @@ pub struct KvSnapshot {
 struct Entry {
     key: KvKey,
     loc: KvLoc,
-    /// CLOCK's reference bit: set on every hit, cleared as the hand passes.
+    /// Second chance: set by every hit; an eviction that finds it set
+    /// clears it and moves the key to the newest end of the age list
+    /// instead of evicting it.
     referenced: bool,
     /// Retrieves reading its blocks now: they are given up only after.
     readers: u32,
@@ -136,10 +142,17 @@ struct Entry {
     left: u32,
     right: u32,
     prio: u32,
+    /// Its place in the age list (`State::oldest`), while live: the slots
+    /// of the next older and next newer keys.
+    older: u32,
+    newer: u32,
+    /// `State::stored_blocks` just after its Store: how much was stored
+    /// after it is how young it is (`State::young`).
+    stored_pos: u64,
 }
 
 impl Entry {
-    fn new(key: KvKey, loc: KvLoc, stored_ms: u64) -> Entry {
+    fn new(key: KvKey, loc: KvLoc, stored_ms: u64, stored_pos: u64) -> Entry {
         Entry {
             key,
             loc,
@@ -150,6 +163,9 @@ impl Entry {
             left: NIL,
             right: NIL,
             prio: 0,
+            older: NIL,
+            newer: NIL,
+            stored_pos,
         }
     }
 }
@@ -293,7 +309,14 @@ struct State {
     inflight_new: u64,
     /// The marks: the first block of a counted Store's reservation.
     new_stores: Blocks,
-    hand: usize,
+    /// The live keys from the oldest Store to the newest (a list threaded
+    /// through the entries): eviction takes from the old end, so a value is
+    /// evicted by its age, not by where its slot or its blocks happen to be.
+    oldest: u32,
+    newest: u32,
+    /// Blocks stored since the index was made (restored keys count): the
+    /// clock `Entry::stored_pos` is read on.
+    stored_blocks: u64,
     value_bytes: u64,
     /// Extents blocks were freed in since `trim_step` last looked.
     freed_extents: Vec<u32>,
@@ -324,6 +347,51 @@ impl State {
             Some(e) => e,
             None => panic!("key order names empty slot {slot}"),
         }
+    }
+
+    /// Puts live `slot` at the newest end of the age list.
+    fn age_push(&mut self, slot: u32) {
+        let prev = self.newest;
+        {
+            let e = self.node_mut(slot);
+            e.older = prev;
+            e.newer = NIL;
+        }
+        if prev == NIL {
+            self.oldest = slot;
+        } else {
+            self.node_mut(prev).newer = slot;
+        }
+        self.newest = slot;
+    }
+
+    /// Takes `slot` out of the age list.
+    fn age_unlink(&mut self, slot: u32) {
+        let (older, newer) = {
+            let e = self.node(slot);
+            (e.older, e.newer)
+        };
+        if older == NIL {
+            assert_eq!(self.oldest, slot, "age list head is not the oldest key");
+            self.oldest = newer;
+        } else {
+            self.node_mut(older).newer = newer;
+        }
+        if newer == NIL {
+            assert_eq!(self.newest, slot, "age list tail is not the newest key");
+            self.newest = older;
+        } else {
+            self.node_mut(newer).older = older;
+        }
+        let e = self.node_mut(slot);
+        e.older = NIL;
+        e.newer = NIL;
+    }
+
+    /// Whether a key stored at `stored_pos` is among the newest eighth of
+    /// the namespace's capacity, which eviction keeps while older keys remain.
+    fn young(&self, stored_pos: u64) -> bool {
+        self.stored_blocks - stored_pos < self.blocks.total / 8
     }
 
     /// Splits subtree `t` into the keys before `key` and the rest.
@@ -471,7 +539,9 @@ impl KvIndex {
                 dirty: HashSet::with_capacity(cap),
                 inflight_new: 0,
                 new_stores: Blocks::new(total),
-                hand: 0,
+                oldest: NIL,
+                newest: NIL,
+                stored_blocks: 0,
                 value_bytes: 0,
                 freed_extents: Vec::new(),
                 trim_since: HashMap::new(),
@@ -613,7 +683,7 @@ impl KvIndex {
             }
             // Enough blocks, yet values of mixed sizes can leave no run of
             // `nblocks` among them (64 KiB holes for a 1 MiB value): clear the
-            // keys in a window at CLOCK's next victim, a few windows at most
+            // keys in a window among the oldest keys, a few windows at most
             // (one may hold a Store in flight or a key being read).
             for _ in 0..8 {
                 run = Self::run_after_commit(&mut st, nblocks);
@@ -688,9 +758,12 @@ impl KvIndex {
                 (st.entries.len() - 1) as u32
             }
         };
-        st.entries[slot as usize] = Some(Entry::new(*key, loc, now_ms));
+        st.stored_blocks += loc.nblocks as u64;
+        let pos = st.stored_blocks;
+        st.entries[slot as usize] = Some(Entry::new(*key, loc, now_ms, pos));
         st.map.insert(*key, slot);
         st.order_insert(slot);
+        st.age_push(slot);
         st.value_bytes += loc.len as u64;
         st.dirty.insert(*key);
         self.counters.stores.fetch_add(1, Ordering::Relaxed);
@@ -751,7 +824,7 @@ impl KvIndex {
         }
     }
 
-    /// Whether `key` holds a value (a hit for CLOCK, as a Retrieve).
+    /// Whether `key` holds a value (a hit for eviction's second chance, as a Retrieve).
     pub fn exists(&self, key: &KvKey, now: Instant) -> bool {
         let ttl = self.settings().ttl;
         let now_ms = self.ms(now);
@@ -928,9 +1001,13 @@ impl KvIndex {
         }
         st.blocks.set(loc.block, loc.nblocks, true);
         let slot = st.entries.len() as u32;
-        st.entries.push(Some(Entry::new(key, loc, 0)));
+        // Recovery does not know the Stores' order: the restore order stands in.
+        st.stored_blocks += loc.nblocks as u64;
+        let pos = st.stored_blocks;
+        st.entries.push(Some(Entry::new(key, loc, 0, pos)));
         st.map.insert(key, slot);
         st.order_insert(slot);
+        st.age_push(slot);
         st.value_bytes += loc.len as u64;
         Ok(())
     }
@@ -1148,6 +1225,7 @@ impl KvIndex {
         let (key, loc, readers) = (e.key, e.loc, e.readers);
         st.map.remove(&key);
         st.root = st.order_remove(st.root, &key);
+        st.age_unlink(slot);
         // value_bytes sums the live keys' lengths, this one's included.
         assert!(
             st.value_bytes >= loc.len as u64,
@@ -1221,9 +1299,12 @@ impl KvIndex {
         }
     }
 
-    /// Evicts CLOCK's next victim and every other key with blocks in the
-    /// `n`-block window starting at the victim's (pulled back from the end),
-    /// never `keep`. False when there is no victim.
+    /// Makes a run of `n` blocks where the keys in its way are oldest: of
+    /// the windows at the oldest keys' blocks, evicts the keys in the one
+    /// whose newest key is oldest, never `keep`. When even that window holds
+    /// a key of the newest eighth, evicts the oldest key alone instead (a
+    /// young key goes only when nothing older is left). False when there is
+    /// nothing to evict.
     fn evict_window(
         &self,
         st: &mut State,
@@ -1232,17 +1313,64 @@ impl KvIndex {
         keep: &KvKey,
         n: u32,
     ) -> bool {
-        let Some(victim) = self.evict_one_at(st, now_ms, ttl, Some(keep)) else {
-            return false;
-        };
         // `reserve` refused values larger than the volume before evicting.
         assert!(
             n as u64 <= st.blocks.total,
             "a window wider than the volume"
         );
-        let start = victim.min(st.blocks.total - n as u64);
-        let end = start + n as u64;
-        // A scan of every key: only when a value cannot be placed at all.
+        let last_start = st.blocks.total - n as u64;
+        let mut starts = [0u64; WINDOW_CANDIDATES];
+        let mut count = 0;
+        let mut t = st.oldest;
+        while t != NIL && count < WINDOW_CANDIDATES {
+            let e = st.node(t);
+            if e.key != *keep && e.loc.nblocks > 0 {
+                starts[count] = e.loc.block.min(last_start);
+                count += 1;
+            }
+            t = e.newer;
+        }
+        if count == 0 {
+            return self.evict_one(st, now_ms, ttl, Some(keep));
+        }
+        // The newest Store in each window, in one scan of every key: only
+        // when a value cannot be placed at all.
+        let mut newest = [0u64; WINDOW_CANDIDATES];
+        for e in st.entries.iter().flatten() {
+            if !e.live || e.key == *keep || e.loc.nblocks == 0 {
+                continue;
+            }
+            for (s, w) in starts[..count].iter().zip(&mut newest) {
+                if e.loc.block < s + n as u64 && e.loc.block + e.loc.nblocks as u64 > *s {
+                    *w = (*w).max(e.stored_pos);
+                }
+            }
+        }
+        let Some((start, pos)) = starts[..count]
+            .iter()
+            .zip(newest)
+            .min_by_key(|(_, p)| *p)
+            .map(|(s, p)| (*s, p))
+        else {
+            return false;
+        };
+        if st.young(pos) {
+            return self.evict_one(st, now_ms, ttl, Some(keep));
+        }
+        self.evict_range(st, now_ms, ttl, keep, start, start + n as u64);
+        true
+    }
+
+    /// Evicts every live key with blocks in `start..end`, never `keep`.
+    fn evict_range(
+        &self,
+        st: &mut State,
+        now_ms: u64,
+        ttl: Option<Duration>,
+        keep: &KvKey,
+        start: u64,
+        end: u64,
+    ) {
         for i in 0..st.entries.len() {
             let hit = st.entries[i].as_ref().is_some_and(|e| {
                 e.live
@@ -1258,11 +1386,15 @@ impl KvIndex {
                 self.give_up(st, i as u32);
             }
         }
-        true
     }
 
-    /// Evicts one key by CLOCK (expired keys first as the hand meets them),
-    /// never `keep` (the key being stored). False when there is none to evict.
+    /// Evicts the oldest key whose second chance is spent (expired keys
+    /// first as they are met), never `keep` (the key being stored): from the
+    /// old end of the age list, a referenced key has its bit cleared and
+    /// goes to the new end, and so does a key of the newest eighth (a hit
+    /// older key goes behind it, and is still older). Only when every key is
+    /// spared twice over is the oldest taken regardless. False when there is
+    /// none to evict.
     fn evict_one(
         &self,
         st: &mut State,
@@ -1270,41 +1402,31 @@ impl KvIndex {
         ttl: Option<Duration>,
         keep: Option<&KvKey>,
     ) -> bool {
-        self.evict_one_at(st, now_ms, ttl, keep).is_some()
-    }
-
-    /// `evict_one`, returning the victim's first block.
-    fn evict_one_at(
-        &self,
-        st: &mut State,
-        now_ms: u64,
-        ttl: Option<Duration>,
-        keep: Option<&KvKey>,
-    ) -> Option<u64> {
-        let n = st.entries.len();
-        if n == 0 || st.map.is_empty() {
-            return None;
-        }
-        // Two sweeps clear every reference bit, so a third finds a victim.
-        for _ in 0..n * 3 {
-            let i = st.hand % n;
-            st.hand = (i + 1) % n;
-            let Some(e) = st.entries[i].as_mut() else {
-                continue;
-            };
-            if !e.live || keep == Some(&e.key) {
+        // One lap clears every bit, so a second finds a victim unless every
+        // key left is young.
+        let laps = 2 * st.map.len() + 1;
+        for step in 0..2 * laps {
+            let slot = st.oldest;
+            if slot == NIL {
+                return false;
+            }
+            let young = step < laps && st.young(st.node(slot).stored_pos);
+            let e = st.node_mut(slot);
+            assert!(e.live, "a given-up key in the age list");
+            let spare =
+                keep == Some(&e.key) || (!expired(e, now_ms, ttl) && (e.referenced || young));
+            if spare {
+                // A hit buys one pass; youth keeps its hit for after.
+                e.referenced &= young;
+                st.age_unlink(slot);
+                st.age_push(slot);
                 continue;
             }
-            if e.referenced && !expired(e, now_ms, ttl) {
-                e.referenced = false;
-                continue;
-            }
-            self.count_gone(e, now_ms, ttl);
-            let block = e.loc.block;
-            self.give_up(st, i as u32);
-            return Some(block);
+            self.count_gone(st.node(slot), now_ms, ttl);
+            self.give_up(st, slot);
+            return true;
         }
-        None
+        false
     }
 }
 
@@ -1460,7 +1582,7 @@ impl crate::nvmf::kv_index::KeyIndex for KvIndex {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use std::collections::BTreeMap;
+    use std::collections::{BTreeMap, HashSet};
 
     fn key(n: u32) -> KvKey {
         KvKey::new(&n.to_be_bytes()).unwrap_or_default()
@@ -1964,6 +2086,88 @@ mod tests {
             let overlap = l.block < loc.block + 16 && loc.block < l.block + l.nblocks as u64;
             assert!(*k == key(1000) || !overlap, "{k:?} {l:?} overlaps {loc:?}");
         }
+    }
+
+    /// Mixed-size churn, then large values: after every Store, each key
+    /// stored in the newest eighth of the capacity is still there, while
+    /// older keys are evicted oldest first (the bug: slot-order CLOCK with
+    /// a new key unreferenced and windows cleared by position evicted 1 to
+    /// 8 of the newest 32 values in 5 of 6 runs).
+    #[test]
+    fn the_newest_keys_are_never_evicted_while_older_ones_remain() {
+        let now = Instant::now();
+        let total = 1024u64;
+        let ix = KvIndex::new(total * 4096, 4096);
+        let mut durable = BTreeMap::new();
+        let mut rng = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for _ in 0..600 {
+            let k = key(next() as u32 % 100);
+            if next() % 10 < 3 {
+                let _ = ix.delete(&k, now);
+            } else {
+                let len = (1 + next() % 32) as u32 * 4096;
+                assert!(store_with(&ix, &k, len, now, &mut durable).is_ok());
+            }
+        }
+        // (key, blocks stored after it): the newest eighth is under total/8.
+        let mut order: Vec<(KvKey, u64)> = Vec::new();
+        for i in 0..300u32 {
+            let k = key(10_000 + i);
+            let nblocks = 8 + next() % 9;
+            let len = nblocks as u32 * 4096;
+            assert!(
+                store_with(&ix, &k, len, now, &mut durable).is_ok(),
+                "store {i}"
+            );
+            for o in &mut order {
+                o.1 += nblocks;
+            }
+            let present: HashSet<KvKey> = ix.locations().into_iter().map(|(k, _)| k).collect();
+            for (k, after) in &order {
+                assert!(
+                    *after >= total / 8 || present.contains(k),
+                    "store {i}: {k:?}, with {after} blocks stored after it, was evicted"
+                );
+            }
+            order.push((k, 0));
+        }
+        // Eviction went by age: of the large values, the oldest quarter is
+        // gone (the bug kept many of the oldest) and the newest is whole.
+        let present: HashSet<KvKey> = ix.locations().into_iter().map(|(k, _)| k).collect();
+        let quarter = order.len() / 4;
+        let kept = |q: &[(KvKey, u64)]| q.iter().filter(|(k, _)| present.contains(k)).count();
+        let (oldest, newest) = (kept(&order[..quarter]), kept(&order[3 * quarter..]));
+        assert!(
+            oldest * 20 <= quarter,
+            "{oldest} of the oldest {quarter} kept"
+        );
+        assert_eq!(newest, order.len() - 3 * quarter, "newest quarter");
+        assert!(ix.verify().is_empty());
+    }
+
+    /// A value that fits in a free run is placed there: nothing is evicted,
+    /// however full the rest is and wherever the allocator last stopped.
+    #[test]
+    fn no_eviction_while_a_value_fits() {
+        let now = Instant::now();
+        let ix = KvIndex::new(256 * 4096, 4096);
+        let mut durable = BTreeMap::new();
+        for i in 0..64 {
+            assert!(store_with(&ix, &key(i), 4 * 4096, now, &mut durable).is_ok());
+        }
+        // One 8-block hole early on, behind the allocator's next-fit hint.
+        assert!(ix.delete(&key(3), now).is_ok());
+        assert!(ix.delete(&key(4), now).is_ok());
+        commit(&ix, &mut durable);
+        assert!(store_with(&ix, &key(100), 8 * 4096, now, &mut durable).is_ok());
+        assert_eq!(ix.snapshot().evictions, 0, "{:?}", ix.snapshot());
+        assert!(ix.verify().is_empty());
     }
 
     #[test]
