@@ -1299,9 +1299,10 @@ impl KvIndex {
         }
     }
 
-    /// Makes a run of `n` blocks where the keys in its way are oldest: of
-    /// the windows at the oldest keys' blocks, evicts the keys in the one
-    /// whose newest key is oldest, never `keep`. When even that window holds
+    /// Makes a run of `n` blocks where the keys in its way are coldest: of
+    /// the windows at the blocks of the oldest keys not hit since they were
+    /// last passed over, evicts the keys in the one holding the fewest hit
+    /// keys, then the one whose newest key is oldest, never `keep`. When even that window holds
     /// a key of the newest eighth, evicts the oldest key alone instead (a
     /// young key goes only when nothing older is left). False when there is
     /// nothing to evict.
@@ -1324,7 +1325,7 @@ impl KvIndex {
         let mut t = st.oldest;
         while t != NIL && count < WINDOW_CANDIDATES {
             let e = st.node(t);
-            if e.key != *keep && e.loc.nblocks > 0 {
+            if e.key != *keep && e.loc.nblocks > 0 && !e.referenced {
                 starts[count] = e.loc.block.min(last_start);
                 count += 1;
             }
@@ -1333,27 +1334,26 @@ impl KvIndex {
         if count == 0 {
             return self.evict_one(st, now_ms, ttl, Some(keep));
         }
-        // The newest Store in each window, in one scan of every key: only
-        // when a value cannot be placed at all.
+        // Per window, its hit keys and its newest Store, in one scan of
+        // every key: only when a value cannot be placed at all.
+        let mut hot = [0u32; WINDOW_CANDIDATES];
         let mut newest = [0u64; WINDOW_CANDIDATES];
         for e in st.entries.iter().flatten() {
             if !e.live || e.key == *keep || e.loc.nblocks == 0 {
                 continue;
             }
-            for (s, w) in starts[..count].iter().zip(&mut newest) {
-                if e.loc.block < s + n as u64 && e.loc.block + e.loc.nblocks as u64 > *s {
-                    *w = (*w).max(e.stored_pos);
+            for j in 0..count {
+                let s = starts[j];
+                if e.loc.block < s + n as u64 && e.loc.block + e.loc.nblocks as u64 > s {
+                    hot[j] += u32::from(e.referenced);
+                    newest[j] = newest[j].max(e.stored_pos);
                 }
             }
         }
-        let Some((start, pos)) = starts[..count]
-            .iter()
-            .zip(newest)
-            .min_by_key(|(_, p)| *p)
-            .map(|(s, p)| (*s, p))
-        else {
+        let Some(best) = (0..count).min_by_key(|&j| (hot[j], newest[j])) else {
             return false;
         };
+        let (start, pos) = (starts[best], newest[best]);
         if st.young(pos) {
             return self.evict_one(st, now_ms, ttl, Some(keep));
         }
