@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod support;
+use kvtarget::wire::nvme;
 use support::{connect_retry, free_port, loopback, wait_for_path, write_config, BIN};
 
 /// The lease TTL the tests run with (the smallest the configuration allows):
@@ -403,4 +404,108 @@ fn etcd_restart_makes_the_node_lost_then_rejoined() {
         a.cluster(),
         etcd.log()
     );
+}
+
+/// `[discovery]` with a discovery-only port, for `Node::start`'s `extra`
+/// (a table after `[cluster]`'s keys).
+fn discovery_port(port: u16) -> String {
+    format!("\n[discovery]\nport = {port}\n")
+}
+
+/// `nvme discover` at `port`: a fresh discovery controller reads the log's
+/// generation and every entry.
+fn discover(port: u16) -> (u64, Vec<nvme::DiscoveryEntry>) {
+    let mut d = connect_retry(loopback(port), nvme::DISCOVERY_NQN);
+    let header = d
+        .get_log_page(nvme::lid::DISCOVERY, 0, nvme::DISCOVERY_LOG_HEADER_LEN, 0)
+        .expect("discovery log header");
+    let genctr = nvme::decode_discovery_log(&header).0;
+    (genctr, d.discovery_log().expect("discovery log"))
+}
+
+/// The referrals' ports (TRSVCID) in a discovery log.
+fn referral_ports(entries: &[nvme::DiscoveryEntry]) -> Vec<String> {
+    entries
+        .iter()
+        .filter(|e| e.subtype == nvme::subtype::REFERRAL)
+        .map(|e| e.trsvcid.clone())
+        .collect()
+}
+
+#[test]
+fn discovery_at_a_node_refers_to_every_live_peer() {
+    let Some(bin) = etcd_binary() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(bin, dir.path());
+    let (disc_a, disc_b) = (free_port(), free_port());
+    let a = Node::start(dir.path(), "a", &etcd.url(), &discovery_port(disc_a));
+    let mut b = Node::start(dir.path(), "b", &etcd.url(), &discovery_port(disc_b));
+    let b_port = disc_b.to_string();
+    assert!(
+        eventually(ttl() + SLACK, || referral_ports(&discover(disc_a).1)
+            == [b_port.as_str()]),
+        "{:?}",
+        discover(disc_a)
+    );
+    let (genctr, log) = discover(disc_a);
+    // a's own entries, as without a cluster: its two ports for discovery,
+    // its NVM port for the subsystem; then the referral.
+    let own: Vec<(u8, String, String)> = log
+        .iter()
+        .filter(|e| e.subtype != nvme::subtype::REFERRAL)
+        .map(|e| (e.subtype, e.subnqn.clone(), e.trsvcid.clone()))
+        .collect();
+    let current = nvme::subtype::CURRENT_DISCOVERY;
+    assert_eq!(
+        own,
+        [
+            (current, nvme::DISCOVERY_NQN.into(), a.port.to_string()),
+            (current, nvme::DISCOVERY_NQN.into(), disc_a.to_string()),
+            (nvme::subtype::NVME, NQN.into(), a.port.to_string()),
+        ],
+        "{log:?}"
+    );
+    let r = log.last().unwrap();
+    assert_eq!(
+        (r.trtype, r.adrfam, r.subtype, r.treq, r.cntlid, r.asqsz),
+        (nvme::trtype::TCP, nvme::adrfam::IPV4, 1, 2, 0xFFFF, 32),
+        "{r:?}"
+    );
+    assert_eq!(
+        (r.subnqn.as_str(), r.traddr.as_str()),
+        (nvme::DISCOVERY_NQN, "127.0.0.1")
+    );
+    // And b refers to a.
+    assert!(
+        eventually(SLACK, || referral_ports(&discover(disc_b).1)
+            == [disc_a.to_string()]),
+        "{:?}",
+        discover(disc_b)
+    );
+
+    // SIGKILL: once b's lease ends, a's log no longer refers to it.
+    b.child.kill().unwrap();
+    b.child.wait().unwrap();
+    assert!(
+        eventually(ttl() + SLACK, || referral_ports(&discover(disc_a).1)
+            .is_empty()),
+        "{:?}",
+        discover(disc_a)
+    );
+    let (gone, log) = discover(disc_a);
+    assert!(gone > genctr, "GENCTR {genctr} -> {gone}");
+    assert_eq!(log.len(), own.len(), "{log:?}");
+
+    // b again (a fresh process, new ports): referred to again.
+    let again_dir = dir.path().join("again");
+    std::fs::create_dir(&again_dir).unwrap();
+    let disc_b2 = free_port();
+    let _b2 = Node::start(&again_dir, "b", &etcd.url(), &discovery_port(disc_b2));
+    assert!(
+        eventually(ttl() + SLACK, || referral_ports(&discover(disc_a).1)
+            == [disc_b2.to_string()]),
+        "{:?}",
+        discover(disc_a)
+    );
+    assert!(discover(disc_a).0 > gone);
 }

@@ -21,9 +21,24 @@ pub struct MemberListener {
     pub traddr: String,
     /// TRSVCID (the port, as text).
     pub trsvcid: String,
-    /// A discovery-only port (a referral's target in the next slice).
+    /// A discovery-only port: what other nodes' discovery logs refer hosts
+    /// to (`cluster::referral`).
     #[serde(default)]
     pub discovery: bool,
+    /// PORTID in this node's discovery log (absent in records before it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub portid: u16,
+    /// NVMe/TCP with TLS required (absent: not required).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub secure: bool,
+}
+
+fn is_zero(v: &u16) -> bool {
+    *v == 0
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
 }
 
 /// A namespace's identity: what must match across nodes that serve it.
@@ -81,6 +96,8 @@ pub fn served(target: &Target) -> Served {
             traddr: l.addr.ip().to_string(),
             trsvcid: l.addr.port().to_string(),
             discovery: l.discovery_only,
+            portid: l.portid,
+            secure: l.secure,
         })
         .collect();
     let subs = target
@@ -134,6 +151,8 @@ mod tests {
                 traddr: "127.0.0.1".into(),
                 trsvcid: "4420".into(),
                 discovery: false,
+                portid: 0,
+                secure: false,
             }],
             subsystems: vec![MemberSubsystem {
                 nqn: "nqn.2024-01.io.kvtarget:a".into(),
@@ -151,5 +170,24 @@ mod tests {
         let text = r#"{"format":1,"name":"n1","instance":"00ff","listeners":[{"trtype":"tcp","adrfam":"ipv4","traddr":"127.0.0.1","trsvcid":"4420","discovery":false}],"subsystems":[{"nqn":"nqn.2024-01.io.kvtarget:a","namespaces":[{"nsid":1,"csi":"kv","nguid":"00000000000000000000000000000000","uuid":"00000000-0000-0000-0000-000000000000"}]}],"version":"0.1.0","started_at":1}"#;
         assert_eq!(serde_json::to_string(&r).unwrap(), text);
         assert_eq!(serde_json::from_str::<MemberRecord>(text).unwrap(), r);
+    }
+
+    #[test]
+    fn a_listener_carries_its_portid_and_tls_and_old_ones_decode() {
+        let l = MemberListener {
+            trtype: "tcp".into(),
+            adrfam: "ipv4".into(),
+            traddr: "10.0.0.1".into(),
+            trsvcid: "8009".into(),
+            discovery: true,
+            portid: 3,
+            secure: true,
+        };
+        let text = r#"{"trtype":"tcp","adrfam":"ipv4","traddr":"10.0.0.1","trsvcid":"8009","discovery":true,"portid":3,"secure":true}"#;
+        assert_eq!(serde_json::to_string(&l).unwrap(), text);
+        // A record of the first slice: no `portid`, `secure` (nor `discovery`).
+        let old = r#"{"trtype":"tcp","adrfam":"ipv4","traddr":"10.0.0.1","trsvcid":"8009"}"#;
+        let l = serde_json::from_str::<MemberListener>(old).unwrap();
+        assert_eq!((l.discovery, l.portid, l.secure), (false, 0, false));
     }
 }

@@ -1,7 +1,8 @@
 //! Cluster membership through etcd (issue 36, first slice): each node keeps a
 //! lease-bound record of what it serves under `/kvtarget/<cluster>/members/`,
-//! and a view of every member. Discovery referrals, path ownership by election
-//! and fencing build on this (docs/cluster.md).
+//! and a view of every member; each live peer in the view becomes a referral
+//! in this node's discovery log (`referral`). Path ownership by election and
+//! fencing build on this (docs/cluster.md).
 //!
 //! Everything here runs on one control-plane thread ("cluster"), never on a
 //! reactor: a blocking HTTP call to etcd may take a whole timeout.
@@ -24,6 +25,7 @@ pub mod etcd;
 pub mod http;
 pub mod member;
 mod node;
+pub mod referral;
 mod table;
 
 pub use member::{MemberListener, MemberRecord};

@@ -8,6 +8,7 @@ use super::etcd::{
     self, Client, Compare, EtcdError, PutRequest, RangeRequest, RequestOp, ResponseOp, TxnRequest,
 };
 use super::member::{self, MemberRecord, RECORD_FORMAT};
+use super::referral;
 use crate::config::{ClusterConfig, OnUnreachable};
 use crate::nvmf::Target;
 use serde::{Deserialize, Serialize};
@@ -504,9 +505,22 @@ impl Node {
                     )
                     .collect();
                 members.sort_by(|a, b| a.name.cmp(&b.name));
+                self.refer_to_peers(&members);
                 self.publish(|s| s.members = members);
             }
             Err(e) => tracing::debug!("cluster: member list: {e}"),
+        }
+    }
+
+    /// The discovery log refers hosts to every live peer (the members now in
+    /// etcd but this node). A change bumps the discovery generation, which
+    /// raises the Discovery Log Page Change event on the reactors; the record
+    /// refresh it also prompts finds the record unchanged.
+    fn refer_to_peers(&self, members: &[MemberRecord]) {
+        let peers = referral::referrals(members, &self.name);
+        let count = peers.len();
+        if self.target.set_referrals(peers) {
+            tracing::info!("cluster: discovery log refers to {count} peer(s)");
         }
     }
 

@@ -300,8 +300,10 @@ pub fn identify_controller(target: &Target, ctrl: &Controller) -> IdentifyContro
         acl: 3,
         aerl: (MAX_AERS - 1) as u8,
         // Namespace Attribute Notices: namespaces come and go at run time (RPC).
+        // Discovery Log Page Change notices (discovery controllers):
+        // listeners, subsystems, hosts and cluster peers change at run time.
         oaes: if discovery {
-            0
+            super::controller::AEC_DISCOVERY_LOG
         } else {
             super::controller::AEC_NS_ATTR
         },
@@ -397,8 +399,10 @@ fn get_log_page(target: &Target, ctrl: &Controller, sqe: &Sqe, now: Instant) -> 
     let g = GetLogPage::parse(sqe);
     let page = match (g.lid, ctrl.is_discovery()) {
         (lid::DISCOVERY, true) => {
+            let genctr = target.genctr.load(Ordering::Relaxed);
             let entries = target.discovery_entries(&ctrl.hostnqn);
-            nvme::encode_discovery_log(target.genctr.load(Ordering::Relaxed), &entries)
+            ctrl.discovery_log_read(genctr, g.rae);
+            nvme::encode_discovery_log(genctr, &entries)
         }
         (lid::ERROR_INFO, _) => {
             let mut b = vec![0u8; ERROR_LOG_ENTRIES * ERROR_LOG_ENTRY_LEN];

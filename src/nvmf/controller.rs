@@ -29,6 +29,12 @@ pub struct ControllerRegs {
     /// Async events waiting for an outstanding Async Event Request (AER
     /// completion dword 0).
     pub pending_events: VecDeque<u32>,
+    /// Discovery controllers: the discovery log generation the host has
+    /// seen (its last read of the log, or the first look after Connect).
+    pub disc_genctr: Option<u64>,
+    /// A Discovery Log Page Change event was reported and the host has not
+    /// read the log since: further ones are masked until it does.
+    pub disc_event_masked: bool,
     /// I/O Command Set Profile feature: which entry of
     /// `IO_COMMAND_SET_COMBINATIONS` is in use when CC.CSS = 110b.
     pub io_command_set_profile: u16,
@@ -45,6 +51,13 @@ pub const IO_COMMAND_SET_COMBINATIONS: [u64; 1] = [csi_bit(csi::NVM) | csi_bit(c
 pub const AEN_NS_ATTR_CHANGED: u32 = 0x0004_0002;
 /// Async Event Configuration bit enabling namespace attribute notices.
 pub const AEC_NS_ATTR: u32 = 1 << 8;
+
+/// AER completion dword 0 for a Discovery Log Page Change: notice (type 2),
+/// info F0h, log page 70h.
+pub const AEN_DISCOVERY_LOG_CHANGED: u32 = 0x0070_F002;
+/// Async Event Configuration bit enabling Discovery Log Page Change notices
+/// (discovery controllers; OAES reports it).
+pub const AEC_DISCOVERY_LOG: u32 = 1 << 31;
 
 /// SMART counters summed over a controller's queues.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -164,6 +177,8 @@ impl Controller {
                 async_event_config: 0,
                 changed_ns: Vec::new(),
                 ns_event_masked: false,
+                disc_genctr: None,
+                disc_event_masked: false,
                 pending_events: VecDeque::new(),
                 io_command_set_profile: 0,
             }),
@@ -217,6 +232,39 @@ impl Controller {
         if regs.async_event_config & AEC_NS_ATTR != 0 && !regs.ns_event_masked {
             regs.ns_event_masked = true;
             regs.pending_events.push_back(AEN_NS_ATTR_CHANGED);
+        }
+    }
+
+    /// A discovery controller's look at the discovery log generation `genctr`
+    /// (cold: its admin queue's housekeeping): a generation the host has not
+    /// seen raises the Discovery Log Page Change event when the host enabled
+    /// it and no such event is out unread; with the event disabled the change
+    /// counts as seen.
+    pub fn discovery_log_check(&self, genctr: u64) {
+        let Ok(mut regs) = self.regs.lock() else {
+            return;
+        };
+        let seen = *regs.disc_genctr.get_or_insert(genctr);
+        if seen == genctr || regs.disc_event_masked {
+            return;
+        }
+        if regs.async_event_config & AEC_DISCOVERY_LOG == 0 {
+            regs.disc_genctr = Some(genctr);
+            return;
+        }
+        regs.disc_event_masked = true;
+        regs.pending_events.push_back(AEN_DISCOVERY_LOG_CHANGED);
+    }
+
+    /// The host read the discovery log at generation `genctr`; unless it
+    /// asked to retain the event (RAE), the next change is reported again.
+    pub fn discovery_log_read(&self, genctr: u64, rae: bool) {
+        if rae {
+            return;
+        }
+        if let Ok(mut regs) = self.regs.lock() {
+            regs.disc_genctr = Some(genctr);
+            regs.disc_event_masked = false;
         }
     }
 

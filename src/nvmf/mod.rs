@@ -521,6 +521,9 @@ pub struct Target {
     pub subsystems: RwLock<Vec<Arc<Subsystem>>>,
     pub discovery: Arc<Subsystem>,
     pub listeners: RwLock<Vec<Listener>>,
+    /// Other discovery services the discovery log refers hosts to (subtype
+    /// 01h): the live peers of a cluster (`cluster::referral`); none alone.
+    pub referrals: RwLock<Vec<Listener>>,
     pub limits: TransportLimits,
     /// Discovery log generation counter; bumped on any change hosts would see.
     pub genctr: AtomicU64,
@@ -572,6 +575,7 @@ impl Target {
                 Vec::new(),
             )),
             listeners: RwLock::new(Vec::new()),
+            referrals: RwLock::new(Vec::new()),
             limits,
             genctr: AtomicU64::new(1),
             discovery_serial: random_serial(),
@@ -634,12 +638,27 @@ impl Target {
             .cloned()
     }
 
+    /// Replaces the referrals; a change bumps the discovery log generation
+    /// (hosts get the Discovery Log Page Change event). True if it changed.
+    pub fn set_referrals(&self, referrals: Vec<Listener>) -> bool {
+        let Ok(mut r) = self.referrals.write() else {
+            return false;
+        };
+        if *r == referrals {
+            return false;
+        }
+        *r = referrals;
+        self.genctr.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
     /// The discovery log a given host sees: only subsystems it may connect to (the
     /// trap other targets fall into is listing everything), one entry per
     /// subsystem and NVM listener, plus one per listener for this discovery
-    /// subsystem itself.
+    /// subsystem itself, then one referral per other discovery service.
     pub fn discovery_entries(&self, hostnqn: &str) -> Vec<DiscoveryEntry> {
         let listeners = self.listeners.read().map(|l| l.clone()).unwrap_or_default();
+        let referrals = self.referrals.read().map(|l| l.clone()).unwrap_or_default();
         let subs = self
             .subsystems
             .read()
@@ -686,6 +705,9 @@ impl Target {
             {
                 out.push(entry(l, &s.nqn, nvme::subtype::NVME));
             }
+        }
+        for r in &referrals {
+            out.push(entry(r, nvme::DISCOVERY_NQN, nvme::subtype::REFERRAL));
         }
         out
     }

@@ -1072,6 +1072,9 @@ impl<X> Queue<X> {
         if ctrl.is_failed() {
             return Some("controller failed");
         }
+        if admin && ctrl.is_discovery() {
+            ctrl.discovery_log_check(self.target.genctr.load(Ordering::Relaxed));
+        }
         if admin && !self.aers.is_empty() {
             if let Some(dw0) = ctrl.take_event() {
                 let cid = self.aers.remove(0);

@@ -332,6 +332,94 @@ fn discovery_controller_serves_the_discovery_log() {
     );
 }
 
+/// A discovery controller connected and enabled, with the Discovery Log
+/// Page Change event enabled and one AER held.
+fn discovery_admin(e: &Env) -> Conn {
+    let mut d = e.conn(tcp_cfg());
+    assert_status(
+        &d.connect(0, 31, 0, 0xFFFF, nvme::DISCOVERY_NQN),
+        Status::SUCCESS,
+    );
+    ok(d.exec(prop_set(1, prop::CC, CC_ENABLE)));
+    let id = IdentifyController::decode(&ok_data(d.exec(identify(2, cns::CONTROLLER, 0))));
+    assert_eq!(
+        id.oaes, AEC_DISCOVERY_LOG,
+        "discovery log change notices only"
+    );
+    ok(d.exec(set_features(3, fid::ASYNC_EVENT_CONFIG, AEC_DISCOVERY_LOG)));
+    assert_eq!(d.housekeeping(), None);
+    assert_eq!(d.receive(aer(0x50)), Received::Done);
+    assert_eq!(d.housekeeping(), None);
+    assert!(d.take().is_empty(), "no change yet");
+    d
+}
+
+fn discovery_genctr(d: &mut Conn, cid: u16) -> u64 {
+    nvme::decode_discovery_log(&ok_data(d.exec(get_log(cid, lid::DISCOVERY, 4096, 0)))).0
+}
+
+#[test]
+fn a_discovery_log_change_completes_the_discovery_controllers_aer() {
+    let e = env();
+    let mut d = discovery_admin(&e);
+    let before = discovery_genctr(&mut d, 4);
+    let peer = Listener {
+        addr: "127.0.0.2:8009".parse().unwrap(),
+        discovery_only: true,
+        portid: 0,
+        rdma: false,
+        secure: false,
+    };
+    assert!(e.target.set_referrals(vec![peer.clone()]));
+    assert!(
+        !e.target.set_referrals(vec![peer]),
+        "the same peers: no change"
+    );
+    assert_eq!(d.housekeeping(), None);
+    let r = d.one();
+    // Notice, Discovery Log Page Change, log page 70h.
+    assert_eq!((r.slot, r.cqe.cid, r.cqe.result), (None, 0x50, 0x0070_F002));
+    assert_eq!(r.cqe.result, AEN_DISCOVERY_LOG_CHANGED as u64);
+    // Masked until the host reads the log; then the next change is reported.
+    assert_eq!(d.receive(aer(0x50)), Received::Done);
+    e.target.set_referrals(Vec::new());
+    d.housekeeping();
+    assert!(d.take().is_empty(), "masked until the log is read");
+    assert_eq!(discovery_genctr(&mut d, 5), before + 2);
+    d.housekeeping();
+    assert!(d.take().is_empty(), "the host has seen this generation");
+    // A local change (a subsystem added) raises it the same way.
+    e.target.add_subsystem(Arc::new(Subsystem::new(
+        "nqn.other",
+        SubsystemKind::Nvm,
+        "S",
+        "M",
+        true,
+        vec![],
+    )));
+    d.housekeeping();
+    assert_eq!(d.one().cqe.result, AEN_DISCOVERY_LOG_CHANGED as u64);
+}
+
+#[test]
+fn a_discovery_log_change_with_the_event_disabled_is_not_reported_later() {
+    let e = env();
+    let mut d = discovery_admin(&e);
+    ok(d.exec(set_features(6, fid::ASYNC_EVENT_CONFIG, 0)));
+    e.target.add_subsystem(Arc::new(Subsystem::new(
+        "nqn.other",
+        SubsystemKind::Nvm,
+        "S",
+        "M",
+        true,
+        vec![],
+    )));
+    d.housekeeping();
+    ok(d.exec(set_features(7, fid::ASYNC_EVENT_CONFIG, AEC_DISCOVERY_LOG)));
+    d.housekeeping();
+    assert!(d.take().is_empty(), "the change counted as seen");
+}
+
 #[test]
 fn get_and_set_features() {
     let e = env();

@@ -25,7 +25,10 @@ use crate::bdev::{BlockDevice, IoChannel, IoCompletion, IoOp};
 use crate::mem::BufPool;
 use crate::mem::IoBuf;
 use crate::nvmf::connect::QID_RELEASE_WAIT;
-use crate::nvmf::controller::{cap_register, AEC_NS_ATTR, AEN_NS_ATTR_CHANGED, MAX_AERS};
+use crate::nvmf::controller::{
+    cap_register, AEC_DISCOVERY_LOG, AEC_NS_ATTR, AEN_DISCOVERY_LOG_CHANGED, AEN_NS_ATTR_CHANGED,
+    MAX_AERS,
+};
 use crate::nvmf::{Controller, Listener, Namespace, Subsystem, SubsystemKind, TransportLimits};
 use crate::reactor::IoCtx;
 use crate::reactor::{ChannelCache, Locals};

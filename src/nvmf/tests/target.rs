@@ -86,3 +86,79 @@ fn identifiers_are_stable_and_distinct() {
     assert_eq!(a.num_blocks, 2048);
     assert_eq!(a.lbads(), 9);
 }
+
+fn peer(addr: &str, rdma: bool, secure: bool) -> Listener {
+    Listener {
+        addr: addr.parse().unwrap(),
+        discovery_only: true,
+        portid: 7,
+        rdma,
+        secure,
+    }
+}
+
+#[test]
+fn referrals_follow_the_own_entries_field_by_field() {
+    let t = target();
+    let own = t.discovery_entries("nqn.host1");
+    assert!(t.set_referrals(vec![
+        peer("127.0.0.2:8009", false, false),
+        peer("[fd00::2]:4420", false, true),
+    ]));
+    let all = t.discovery_entries("nqn.host1");
+    assert_eq!(all[..own.len()], own[..], "own entries unchanged, first");
+    assert_eq!(all.len(), own.len() + 2);
+    let page = nvme::encode_discovery_log(9, &all[own.len()..]);
+    let e = &page[nvme::DISCOVERY_LOG_HEADER_LEN..][..nvme::DISCOVERY_LOG_ENTRY_LEN];
+    assert_eq!(e[0], 3, "TRTYPE TCP");
+    assert_eq!(e[1], 1, "ADRFAM IPv4");
+    assert_eq!(e[2], 1, "SUBTYPE referral to another discovery service");
+    assert_eq!(e[3], 2, "TREQ secure channel not required");
+    assert_eq!(u16::from_le_bytes([e[4], e[5]]), 7, "PORTID");
+    assert_eq!(u16::from_le_bytes([e[6], e[7]]), 0xFFFF, "CNTLID dynamic");
+    assert_eq!(u16::from_le_bytes([e[8], e[9]]), 32, "ASQSZ");
+    assert_eq!(u16::from_le_bytes([e[10], e[11]]), 0, "EFLAGS");
+    assert!(e[12..32].iter().all(|&b| b == 0), "reserved");
+    assert_eq!(&e[32..36], b"8009");
+    assert!(e[36..64].iter().all(|&b| b == b' '), "TRSVCID space padded");
+    assert_eq!(&e[256..256 + 36], nvme::DISCOVERY_NQN.as_bytes());
+    assert_eq!(e[256 + 36], 0, "SUBNQN NUL terminated");
+    assert_eq!(&e[512..521], b"127.0.0.2");
+    assert!(
+        e[521..768].iter().all(|&b| b == b' '),
+        "TRADDR space padded"
+    );
+    assert_eq!(e[768], 0, "TSAS: no security");
+    let v6 = &all[own.len() + 1];
+    assert_eq!(
+        (
+            v6.adrfam,
+            v6.treq,
+            v6.sectype,
+            v6.traddr.as_str(),
+            v6.trsvcid.as_str()
+        ),
+        (2, 1, 2, "fd00::2", "4420"),
+        "IPv6, TLS required, TLS 1.3"
+    );
+}
+
+#[test]
+fn without_referrals_the_log_and_its_generation_are_as_before() {
+    let t = target();
+    let genctr = t.genctr.load(Ordering::Relaxed);
+    let page = |t: &Target| {
+        nvme::encode_discovery_log(
+            t.genctr.load(Ordering::Relaxed),
+            &t.discovery_entries("nqn.host1"),
+        )
+    };
+    let before = page(&t);
+    assert!(!t.set_referrals(Vec::new()), "none before, none now");
+    assert_eq!(t.genctr.load(Ordering::Relaxed), genctr);
+    assert_eq!(page(&t), before);
+    assert!(t.set_referrals(vec![peer("127.0.0.2:8009", false, false)]));
+    assert!(t.set_referrals(Vec::new()));
+    assert_eq!(t.genctr.load(Ordering::Relaxed), genctr + 2);
+    assert_eq!(page(&t)[8..], before[8..], "the same entries again");
+}
