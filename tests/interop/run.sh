@@ -98,6 +98,14 @@ CTL_RESV_PORT=4433
 CTL_RESV_PORT2=4434
 CTL_RESV_UUID=6b7a7f1e-0c1d-4d2e-9a41-6b76740e5e01
 CTL_SCENARIOS="reservations-spdk-control reservation-ptpl-kill-spdk-control"
+# kvtarget boot only: two more kvtarget nodes in one etcd cluster (Debian's etcd-server,
+# one member on the host), each with a discovery port, for cluster-referrals: the guest's
+# `nvme discover` at either node must show a referral to the other, and none once the
+# other is dead (SIGKILL, then its 2 s lease ends).
+CL_ETCD_PORT=2479
+CL_ETCD_PEER=2480
+CL_B_PORT=4435 CL_B_DISC=8010
+CL_C_PORT=4436 CL_C_DISC=8011
 spdk_dir=${SPDK_DIR:-}
 if [ -z "$spdk_dir" ] && [ -f "${SPDK_CACHE:-$repo/.cache/spdk}/current/.complete" ]; then
     spdk_dir=$(readlink -f "${SPDK_CACHE:-$repo/.cache/spdk}/current")/spdk
@@ -123,8 +131,10 @@ ls -1dt "$repo"/.cache/interop/run-* 2>/dev/null | tail -n +6 | xargs -r rm -rf
 log "logs in $out"
 
 # ---- cleanup: kvtarget and QEMU never outlive this script ----------------------------
-kv_pid= run_pid= tmpdir= spdk_tgt_pid= ctl_pid=
+kv_pid= run_pid= tmpdir= spdk_tgt_pid= ctl_pid= cl_pids=
 cleanup() {
+    # shellcheck disable=SC2086
+    [ -z "$cl_pids" ] || kill -KILL $cl_pids 2>/dev/null
     if [ -n "$spdk_tgt_pid" ] && kill -0 "$spdk_tgt_pid" 2>/dev/null; then
         kill -TERM "$spdk_tgt_pid" 2>/dev/null
         sleep 1
@@ -371,6 +381,72 @@ ctl_restart() {
     fi
 }
 # ctl_suite_args: the suite's options for the control (or why its scenarios skip).
+# ---- the cluster nodes (cluster-referrals) ------------------------------------------
+CL_SKIP= cl_node_c=
+cl_node_config() { # NAME PORT DISC_PORT
+    cat <<EOF
+# Written by tests/interop/run.sh: one node of the cluster-referrals scenario.
+[discovery]
+port = $3
+
+[[listeners]]
+address = "127.0.0.1"
+port = $2
+
+[[subsystems]]
+nqn = "nqn.2026-12.io.kvtarget:interop-$1"
+allow_any_host = true
+
+[[subsystems.namespaces]]
+nsid = 1
+backend = "ram"
+size = "4MiB"
+
+[cluster]
+endpoints = ["http://127.0.0.1:$CL_ETCD_PORT"]
+name = "interop"
+node = "$1"
+lease_ttl_secs = 2
+EOF
+}
+cl_start() {
+    local dir=$out/cluster p i name
+    mkdir -p "$dir"
+    if ! command -v etcd >/dev/null; then
+        CL_SKIP="no etcd on the host (Debian: apt-get install etcd-server)"; return
+    fi
+    for p in $CL_ETCD_PORT $CL_ETCD_PEER $CL_B_PORT $CL_B_DISC $CL_C_PORT $CL_C_DISC; do
+        if listening "$p"; then CL_SKIP="port $p was in use on the host"; return; fi
+    done
+    etcd --name=interop --data-dir="$dir/etcd" \
+        --listen-client-urls="http://127.0.0.1:$CL_ETCD_PORT" --advertise-client-urls="http://127.0.0.1:$CL_ETCD_PORT" \
+        --listen-peer-urls="http://127.0.0.1:$CL_ETCD_PEER" --initial-advertise-peer-urls="http://127.0.0.1:$CL_ETCD_PEER" \
+        --initial-cluster="interop=http://127.0.0.1:$CL_ETCD_PEER" > "$dir/etcd.log" 2>&1 &
+    cl_pids=$!
+    for i in $(seq 1 100); do listening "$CL_ETCD_PORT" && break; sleep 0.2; done
+    for name in node-b node-c; do
+        if [ $name = node-b ]; then p="$CL_B_PORT $CL_B_DISC"; else p="$CL_C_PORT $CL_C_DISC"; fi
+        # shellcheck disable=SC2086
+        cl_node_config $name $p > "$dir/$name.toml"
+        NO_COLOR=1 "$bin" --config "$dir/$name.toml" -r "$dir/$name.sock" > "$dir/$name.log" 2>&1 &
+        cl_pids="$cl_pids $!"
+        [ $name = node-c ] && cl_node_c=$!
+    done
+    for i in $(seq 1 150); do
+        listening "$CL_B_DISC" && listening "$CL_C_DISC" && return
+        sleep 0.2
+    done
+    CL_SKIP="the cluster nodes did not start (see $dir/node-b.log, node-c.log, etcd.log)"
+    host_check cluster-nodes-start 0 "$CL_SKIP"
+}
+cl_suite_args() {
+    if [ -n "$CL_SKIP" ]; then
+        echo "--cluster-skip '$CL_SKIP'"
+    else
+        echo "--cluster-disc '$CL_B_DISC $CL_C_DISC'"
+    fi
+}
+
 ctl_suite_args() {
     if [ -n "$CTL_SKIP" ]; then
         echo "--resv-ctl-skip '$CTL_SKIP'"
@@ -552,9 +628,11 @@ EOF
         CTL_SKIP="SPDK's nvmf_tgt did not start on the host (see spdk-resv-control.log)"
     fi
     [ -z "$CTL_SKIP" ] || log "reservation control scenarios skipped: $CTL_SKIP"
+    cl_start
+    [ -z "$CL_SKIP" ] || log "cluster-referrals skipped: $CL_SKIP"
     local share
     share=$(new_share kvtarget/share)
-    echo "exec bash /mnt/share/tcp-suite.sh $(suite_args 10.0.2.2 share "$KV_SERIAL" "$KV_MODEL" --advertised-addr 127.0.0.1 --disc-port-svc $PORT --volumes "'$VOLUMES'" --auth-hostnqn "$AUTH_HOSTNQN" --tls-port "$TLS_PORT" --kv-nqn "$KV_NQN" --mp-nqn "$MP_NQN" --mp-port "$MP_PORT" --resv-nqn "$RESV_NQN" --resv-hostnqn "$RESV_HOSTNQN" --resv-port2 "$MP_PORT" --resv-ptpl $(ctl_suite_args))" \
+    echo "exec bash /mnt/share/tcp-suite.sh $(suite_args 10.0.2.2 share "$KV_SERIAL" "$KV_MODEL" --advertised-addr 127.0.0.1 --disc-port-svc $PORT --volumes "'$VOLUMES'" --auth-hostnqn "$AUTH_HOSTNQN" --tls-port "$TLS_PORT" --kv-nqn "$KV_NQN" --mp-nqn "$MP_NQN" --mp-port "$MP_PORT" --resv-nqn "$RESV_NQN" --resv-hostnqn "$RESV_HOSTNQN" --resv-port2 "$MP_PORT" --resv-ptpl $(ctl_suite_args) $(cl_suite_args))" \
         > "$share/run-suite.sh"
     log "booting the guest against kvtarget (timeout ${timeout_s}s)"
     "$repo/ci/guest/run.sh" --share "$share" --script run-suite.sh --timeout "$timeout_s" \
@@ -573,6 +651,13 @@ EOF
             echo "---- interop: rpc $req -> $rc_rpc ----" >> "$out/kvtarget/kvtarget.log"
             { echo "$rc_rpc"; echo "$out_rpc"; } > "$share/rpc-response.tmp"
             mv "$share/rpc-response.tmp" "$share/rpc-response"
+        fi
+        if [ -e "$share/cluster-request" ]; then
+            # cluster-referrals: "KILL node-c" ends node C as a crash would.
+            rm -f "$share/cluster-request"
+            log "cluster request: SIGKILL node-c"
+            [ -n "$cl_node_c" ] && kill -KILL "$cl_node_c" 2>/dev/null
+            echo "killed" > "$share/cluster-done"
         fi
         if [ -e "$share/restart-request" ]; then
             # "NQN" restarts with the run's signal, "NQN KILL" asks for a crash; the NQN

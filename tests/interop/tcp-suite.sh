@@ -64,6 +64,11 @@
 #   --mp-nqn NQN --mp-port P  a subsystem with ANA reporting (kvtarget) reachable on
 #                       --port and P, its NSID 1 a volume: ana-multipath connects both
 #                       paths and flips their ANA states under fio. Skipped without.
+#   --cluster-disc 'B C'  discovery ports of two kvtarget nodes in one etcd cluster
+#                       (kvtarget boot: run.sh starts them and etcd on the host): the
+#                       cluster-referrals scenario discovers through each; its "KILL
+#                       node-c" request over the share makes the host SIGKILL node C.
+#                       --cluster-skip WHY: reported skipped with this reason
 #   --only REGEX        run only scenarios whose name matches (development aid)
 #   --transport T       tcp (default) or rdma: the same scenarios over NVMe/RDMA
 #                       (rdma-guest.sh); NVMe/TCP-only ones (digests, the 8009
@@ -82,6 +87,7 @@ RESV_NQN= RESV_HOSTNQN= RESV_PTPL=
 RESV_HOSTID=6b7a7f1e-0c1d-4d2e-9a41-6b7674000b02 RESV_PORT2=
 RESV_CTL_NQN= RESV_CTL_PORT= RESV_CTL_PORT2= RESV_CTL_SKIP=
 MP_NQN= MP_PORT=
+CLUSTER_DISC= CLUSTER_SKIP=
 INTRUDER_NQN=nqn.2026-11.io.kvtarget:intruder
 INTRUDER_ID=6b7a7f1e-0c1d-4d2e-9a41-6b76740000ff
 while [ $# -gt 0 ]; do
@@ -115,6 +121,8 @@ while [ $# -gt 0 ]; do
         --resv-ctl-skip) RESV_CTL_SKIP=$2 ;;
         --mp-nqn) MP_NQN=$2 ;;
         --mp-port) MP_PORT=$2 ;;
+        --cluster-disc) CLUSTER_DISC=$2 ;;
+        --cluster-skip) CLUSTER_SKIP=$2 ;;
         --only) ONLY=$2 ;;
         --transport) TRANSPORT=$2 ;;
         *) echo "tcp-suite: unknown argument $1" >&2; exit 2 ;;
@@ -1596,6 +1604,46 @@ t_ana_multipath() {
     return $rc
 }
 
+# --- discovery across cluster nodes (kvtarget: --cluster-disc) ------------------------
+
+# referrals_to PORT: how many referral entries (subtype "discovery subsystem referral")
+# the log in $WORK/disc.json has to discovery port PORT.
+referrals_to() {
+    jq --arg s "$1" '[.records[] | select((.subtype | test("referral")) and .trsvcid == $s)] | length' "$WORK/disc.json"
+}
+
+# Nodes B and C (each its own subsystem and discovery port, one etcd, lease TTL 2 s):
+# `nvme discover` at either lists a referral to the other and none to itself; once the
+# host has SIGKILLed C, B's log drops the referral to C within the lease and a poll.
+t_cluster_referrals() {
+    local b c n i
+    read -r b c <<< "$CLUSTER_DISC"
+    # The nodes met in etcd when they started; give the member view a moment.
+    for i in $(seq 1 20); do
+        discover "$b" "$HOSTNQN" "$HOSTID" || return 1
+        [ "$(referrals_to "$c")" = 1 ] && break
+        sleep 0.5
+    done
+    echo "#   at node B: $(jq -c '[.records[] | {subtype, traddr, trsvcid, subnqn}]' "$WORK/disc.json")"
+    [ "$(referrals_to "$c")" = 1 ] || { fail "node B's discovery log has no referral to node C's port $c"; return 1; }
+    [ "$(referrals_to "$b")" = 0 ] || { fail "node B's discovery log refers to itself"; return 1; }
+    n=$(jq '[.records[] | select(.subtype == "nvme subsystem")] | length' "$WORK/disc.json")
+    [ "$n" -ge 1 ] || { fail "node B's discovery log lost its own subsystem entry"; return 1; }
+    discover "$c" "$HOSTNQN" "$HOSTID" || return 1
+    echo "#   at node C: $(jq -c '[.records[] | {subtype, traddr, trsvcid, subnqn}]' "$WORK/disc.json")"
+    [ "$(referrals_to "$b")" = 1 ] || { fail "node C's discovery log has no referral to node B's port $b"; return 1; }
+    rm -f "$SHARE/cluster-done"
+    echo "KILL node-c" > "$SHARE/cluster-request.tmp" && mv "$SHARE/cluster-request.tmp" "$SHARE/cluster-request"
+    wait_file "$SHARE/cluster-done" 30 || { fail "host orchestrator did not kill node C within 30s"; return 1; }
+    # The lease (2 s) ends, then B's next look at the members (at most a TTL/3 later).
+    for i in $(seq 1 30); do
+        discover "$b" "$HOSTNQN" "$HOSTID" || return 1
+        [ "$(referrals_to "$c")" = 0 ] && { echo "#   referral to C gone after ~$((i / 2)) s"; return 0; }
+        sleep 0.5
+    done
+    fail "node B still refers to dead node C after 15 s: $(jq -c '[.records[] | {subtype, trsvcid}]' "$WORK/disc.json")"
+}
+
 SCENARIOS="
 discovery-4420
 discovery-8009
@@ -1636,6 +1684,7 @@ reservation-ptpl-kill
 reservations-spdk-control
 reservation-ptpl-kill-spdk-control
 ana-multipath
+cluster-referrals
 "
 # Scenarios that need thin-provisioned volumes (--volumes); reported as skipped without.
 VOLUME_SCENARIOS=" several-namespaces nuse-tracks-writes-and-discard unwritten-error-volume volume-data-survives-restart namespace-hot-add-remove "
@@ -1653,6 +1702,9 @@ skip_reason() {
     fi
     if [ "$1" = ana-multipath ] && { [ -z "$MP_NQN" ] || [ -z "$MP_PORT" ] || [ "$RESTART" != share ]; }; then
         echo "needs a subsystem with ANA reporting on two listeners (--mp-nqn, --mp-port) whose states the host can change over RPC; this target has none"
+    fi
+    if [ "$1" = cluster-referrals ] && [ -z "$CLUSTER_DISC" ]; then
+        echo "${CLUSTER_SKIP:-needs two kvtarget nodes in one etcd cluster with discovery ports (--cluster-disc); this target has none}"
     fi
     if [ "$1" = auth-required-refused ] && [ -z "$AUTH_HOSTNQN" ]; then
         echo "needs a host entry with a DH-HMAC-CHAP key (--auth-hostnqn); this target has none (Linux 6.1's nvmet here has no in-band authentication)"
