@@ -46,6 +46,9 @@ const EMPTY_COUNTED: u64 = 1;
 
 /// How long an extent's blocks stay all free before it goes back to the pool.
 pub const TRIM_AFTER: Duration = Duration::from_secs(5);
+/// Runs long enough for a value that `Blocks::find_run` compares.
+const FIT_CANDIDATES: u32 = 16;
+
 /// Windows `evict_window` weighs: those at the oldest keys' blocks.
 const WINDOW_CANDIDATES: usize = 8;
 
@@ -262,11 +265,16 @@ impl Blocks {
         self.hint = b + n as u64;
         Some(b)
     }
-    /// The first run of `n` free blocks from `hint` on, wrapping to 0.
+    /// A run of `n` free blocks from `hint` on, wrapping to 0: of the first
+    /// `FIT_CANDIDATES` runs long enough, the shortest (an exact fit at
+    /// once), so a value takes a hole its size rather than cutting into a
+    /// long run a larger value will need.
     fn find_run(&self, n: u32, hint: u64) -> Option<u64> {
         if n == 0 || (n as u64) > self.free {
             return None;
         }
+        let mut best: Option<(u64, u64)> = None;
+        let mut seen = 0;
         for (start, end) in [(hint, self.total), (0, hint)] {
             let mut at = start;
             while at < end {
@@ -275,13 +283,20 @@ impl Blocks {
                     break;
                 };
                 let run_end = self.next_used(b);
-                if run_end - b >= n as u64 {
-                    return Some(b);
+                let len = run_end - b;
+                if len >= n as u64 {
+                    if best.map_or(true, |(_, l)| len < l) {
+                        best = Some((b, len));
+                    }
+                    seen += 1;
+                    if len == n as u64 || seen == FIT_CANDIDATES {
+                        return best.map(|(b, _)| b);
+                    }
                 }
                 at = run_end;
             }
         }
-        None
+        best.map(|(b, _)| b)
     }
 }
 
@@ -2167,6 +2182,31 @@ mod tests {
         commit(&ix, &mut durable);
         assert!(store_with(&ix, &key(100), 8 * 4096, now, &mut durable).is_ok());
         assert_eq!(ix.snapshot().evictions, 0, "{:?}", ix.snapshot());
+        assert!(ix.verify().is_empty());
+    }
+
+    /// A value goes into the shortest free run it fits among the next few,
+    /// not the first: an exact hole is used and the long run stays whole for
+    /// a large value (first fit cut long runs into pieces no large value fit,
+    /// and Stores of 0.5-1 MiB evicted with 20 % of the namespace free).
+    #[test]
+    fn a_value_takes_the_hole_it_fits_best() {
+        let now = Instant::now();
+        let ix = KvIndex::new(64 * 4096, 4096);
+        let mut durable = BTreeMap::new();
+        // Blocks 0-7 key 0, 8-9 key 1, 10-13 key 2, 14-63 free.
+        for (i, n) in [(0, 8), (1, 2), (2, 4)] {
+            assert!(store_with(&ix, &key(i), n * 4096, now, &mut durable).is_ok());
+        }
+        assert!(ix.delete(&key(1), now).is_ok());
+        commit(&ix, &mut durable);
+        // Next fit from block 14 would cut the long run; the 2-block hole fits.
+        let loc = store_with(&ix, &key(3), 2 * 4096, now, &mut durable);
+        assert_eq!(loc.map(|l| l.block), Ok(8));
+        // And the long run is still whole for a value of all of it.
+        let loc = store_with(&ix, &key(4), 50 * 4096, now, &mut durable);
+        assert_eq!(loc.map(|l| l.block), Ok(14));
+        assert_eq!(ix.snapshot().evictions, 0);
         assert!(ix.verify().is_empty());
     }
 
