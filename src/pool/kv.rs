@@ -48,6 +48,8 @@ const EMPTY_COUNTED: u64 = 1;
 pub const TRIM_AFTER: Duration = Duration::from_secs(5);
 /// Runs long enough for a value that `Blocks::find_run` compares.
 const FIT_CANDIDATES: u32 = 16;
+/// Free runs `Blocks::find_run` looks at, at most, once one fits.
+const FIT_LOOK_RUNS: u32 = 256;
 
 /// Windows `evict_window` weighs: those at the oldest keys' blocks.
 const WINDOW_CANDIDATES: usize = 8;
@@ -274,7 +276,7 @@ impl Blocks {
             return None;
         }
         let mut best: Option<(u64, u64)> = None;
-        let mut seen = 0;
+        let (mut seen, mut looked) = (0, 0);
         for (start, end) in [(hint, self.total), (0, hint)] {
             let mut at = start;
             while at < end {
@@ -292,6 +294,12 @@ impl Blocks {
                     if len == n as u64 || seen == FIT_CANDIDATES {
                         return best.map(|(b, _)| b);
                     }
+                }
+                // Once a run fits, the search for a better one is bounded too:
+                // a huge bitmap of short holes costs a Store no more than this.
+                looked += 1;
+                if best.is_some() && looked >= FIT_LOOK_RUNS {
+                    return best.map(|(b, _)| b);
                 }
                 at = run_end;
             }
