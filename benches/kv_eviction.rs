@@ -316,6 +316,35 @@ fn zipf_hit_rate(label: &str, seed: u64, rounds: usize, len_of: impl Fn(&mut Rng
     );
 }
 
+/// `n` one-block Stores into an empty namespace sized for them: the
+/// allocator's cost as the index fills (each Store's search for a run must
+/// stay bounded, not grow with the blocks in use).
+fn fill_time(n: u32) {
+    let ix = KvIndex::new(n as u64 * 16384 * 9 / 8, 512);
+    let now = Instant::now();
+    let mut changes = Vec::new();
+    let t = Instant::now();
+    for i in 0..n {
+        let k = KvKey::new(&(i as u64).to_be_bytes()).unwrap_or_default();
+        let stored = match ix.reserve(&k, 512, PLAIN, now) {
+            Ok(Reserve::Ready(loc)) => ix.commit_store(&k, loc, PLAIN, now).is_ok(),
+            _ => false,
+        };
+        assert!(stored, "store {i} of {n}");
+        if i % 4096 == 0 {
+            changes.clear();
+            ix.drain_changes(&mut changes);
+            ix.committed(true);
+        }
+    }
+    let dt = t.elapsed();
+    println!(
+        "| {n} | {:.2} s | {:.2} us |",
+        dt.as_secs_f64(),
+        dt.as_secs_f64() * 1e6 / n as f64
+    );
+}
+
 fn main() {
     // `cargo bench` passes --bench; `cargo test --all-targets` runs this
     // without it, in the test profile: one seed and fewer requests there
@@ -343,4 +372,10 @@ fn main() {
         zipf_hit_rate("64 KiB", s, rounds, |_| 64 << 10);
         zipf_hit_rate("0.5-1 MiB", s, rounds, large_len);
     }
+    println!();
+    println!("One-block Stores into an empty namespace sized for them (512-byte blocks, one key per 16 KiB)");
+    println!();
+    println!("| Stores | time | per Store |");
+    println!("|---|---|---|");
+    fill_time(if full { 1_000_000 } else { 20_000 });
 }

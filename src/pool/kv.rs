@@ -48,8 +48,9 @@ const EMPTY_COUNTED: u64 = 1;
 pub const TRIM_AFTER: Duration = Duration::from_secs(5);
 /// Runs long enough for a value that `Blocks::find_run` compares.
 const FIT_CANDIDATES: u32 = 16;
-/// Free runs `Blocks::find_run` looks at, at most, once one fits.
-const FIT_LOOK_RUNS: u32 = 256;
+/// Blocks past the first fitting run that `Blocks::find_run` looks at for a
+/// better one (1,024 words of the bitmap).
+const FIT_LOOK_BLOCKS: u64 = 65536;
 
 /// Windows `evict_window` weighs: those at the oldest keys' blocks.
 const WINDOW_CANDIDATES: usize = 8;
@@ -231,12 +232,24 @@ impl Blocks {
     }
     /// The first free block at or after `from`, if any.
     fn next_free(&self, from: u64) -> Option<u64> {
+        self.next_free_below(from, self.total)
+    }
+    /// The first free block in `from..end`, if any; looks at no word past `end`.
+    fn next_free_below(&self, from: u64, end: u64) -> Option<u64> {
+        let end = end.min(self.total);
+        if from >= end {
+            return None;
+        }
+        let last = ((end - 1) / 64) as usize;
         let mut i = (from / 64) as usize;
         let mut w = self.words.get(i)? | ((1u64 << (from % 64)) - 1);
         loop {
             if w != !0 {
                 let b = i as u64 * 64 + w.trailing_ones() as u64;
-                return (b < self.total).then_some(b);
+                return (b < end).then_some(b);
+            }
+            if i >= last {
+                return None;
             }
             i += 1;
             w = *self.words.get(i)?;
@@ -244,19 +257,31 @@ impl Blocks {
     }
     /// The first used block at or after `from` (or `total`).
     fn next_used(&self, from: u64) -> u64 {
+        self.next_used_below(from, self.total)
+    }
+    /// The first used block in `from..end`, or `end`; looks at no word past `end`.
+    fn next_used_below(&self, from: u64, end: u64) -> u64 {
+        let end = end.min(self.total);
+        if from >= end {
+            return end;
+        }
+        let last = ((end - 1) / 64) as usize;
         let mut i = (from / 64) as usize;
         let Some(&first) = self.words.get(i) else {
-            return self.total;
+            return end;
         };
         let mut w = first & !((1u64 << (from % 64)) - 1);
         loop {
             if w != 0 {
-                return (i as u64 * 64 + w.trailing_zeros() as u64).min(self.total);
+                return (i as u64 * 64 + w.trailing_zeros() as u64).min(end);
+            }
+            if i >= last {
+                return end;
             }
             i += 1;
             match self.words.get(i) {
                 Some(&x) => w = x,
-                None => return self.total,
+                None => return end,
             }
         }
     }
@@ -267,41 +292,49 @@ impl Blocks {
         self.hint = b + n as u64;
         Some(b)
     }
-    /// A run of `n` free blocks from `hint` on, wrapping to 0: of the first
-    /// `FIT_CANDIDATES` runs long enough, the shortest (an exact fit at
-    /// once), so a value takes a hole its size rather than cutting into a
-    /// long run a larger value will need.
+    /// A run of `n` free blocks from `hint` on, wrapping to 0: of the runs
+    /// long enough within `FIT_LOOK_BLOCKS` of the first (at most
+    /// `FIT_CANDIDATES` of them), the shortest (an exact fit at once), so a
+    /// value takes a hole its size rather than cutting into a long run a
+    /// larger value will need. Every scan is bounded: past the first fit, a
+    /// Store looks at no more than `FIT_LOOK_BLOCKS` of the bitmap.
     fn find_run(&self, n: u32, hint: u64) -> Option<u64> {
         if n == 0 || (n as u64) > self.free {
             return None;
         }
+        let n = n as u64;
+        // Runs are measured up to this length: longer ones are all "long".
+        let cap = n.max(FIT_LOOK_BLOCKS);
         let mut best: Option<(u64, u64)> = None;
-        let (mut seen, mut looked) = (0, 0);
+        let mut seen = 0;
+        // Blocks left to look at: unbounded until a run fits.
+        let mut left = u64::MAX;
         for (start, end) in [(hint, self.total), (0, hint)] {
             let mut at = start;
-            while at < end {
-                // None: nothing free past `at`; the wrapped range may have some.
-                let Some(b) = self.next_free(at).filter(|&b| b < end) else {
+            while at < end && left > 0 {
+                let stop = end.min(at.saturating_add(left));
+                // None: nothing free before `stop`; the wrapped range may have some.
+                let Some(b) = self.next_free_below(at, stop) else {
+                    left -= stop - at;
                     break;
                 };
-                let run_end = self.next_used(b);
+                let run_end = self.next_used_below(b, stop.min(b + cap));
                 let len = run_end - b;
-                if len >= n as u64 {
-                    if best.map_or(true, |(_, l)| len < l) {
-                        best = Some((b, len));
-                    }
-                    seen += 1;
-                    if len == n as u64 || seen == FIT_CANDIDATES {
-                        return best.map(|(b, _)| b);
-                    }
+                left -= run_end - at;
+                at = run_end;
+                if len < n {
+                    continue;
                 }
-                // Once a run fits, the search for a better one is bounded too:
-                // a huge bitmap of short holes costs a Store no more than this.
-                looked += 1;
-                if best.is_some() && looked >= FIT_LOOK_RUNS {
+                if best.is_none() {
+                    left = FIT_LOOK_BLOCKS;
+                }
+                if best.map_or(true, |(_, l)| len < l) {
+                    best = Some((b, len));
+                }
+                seen += 1;
+                if len == n || seen == FIT_CANDIDATES {
                     return best.map(|(b, _)| b);
                 }
-                at = run_end;
             }
         }
         best.map(|(b, _)| b)
