@@ -25,6 +25,7 @@ pub mod etcd;
 pub mod http;
 pub mod member;
 mod node;
+pub mod ownership;
 pub mod referral;
 mod table;
 
