@@ -711,7 +711,13 @@ fn start_cluster(
         return Ok(None);
     };
     let url = metrics.map(|m| format!("http://{}/metrics", m.addr));
-    let cluster = crate::cluster::Cluster::start(c, ctl.target.clone(), url)?;
+    let wide: Vec<String> = cfg
+        .subsystems
+        .iter()
+        .filter(|s| s.cluster_wide)
+        .map(|s| s.nqn.clone())
+        .collect();
+    let cluster = crate::cluster::Cluster::start(c, ctl.target.clone(), url, &wide)?;
     let _ = ctl.cluster.set(cluster.view());
     Ok(Some(cluster))
 }

@@ -21,6 +21,7 @@
 //! stream to resume after etcd restarts, and the view is never staler than a
 //! dead member's lease would be anyway.
 
+mod elect;
 pub mod etcd;
 pub mod http;
 pub mod member;
@@ -29,6 +30,7 @@ pub mod ownership;
 pub mod referral;
 mod table;
 
+pub use elect::GroupStatus;
 pub use member::{MemberListener, MemberRecord};
 pub use node::{Cluster, ClusterError, ClusterStatus, ClusterView, LeaseEvent, NodeState};
 pub use table::status_table;

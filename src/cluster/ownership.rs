@@ -207,7 +207,12 @@ impl Ownership {
     }
 
     fn granted(&mut self, lease: i64, sent: Duration, now: Duration) {
-        if self.is_spent(lease) || now.saturating_sub(sent) >= self.trust {
+        if self.is_spent(lease) {
+            return;
+        }
+        if now.saturating_sub(sent) >= self.trust {
+            // Answered too late to be trusted: never used, to be revoked.
+            self.spend(lease);
             return;
         }
         if let Some(old) = self.lease.filter(|l| l.id != lease) {

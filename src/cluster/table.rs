@@ -56,5 +56,31 @@ pub fn status_table(s: &ClusterStatus) -> String {
     for r in &rows {
         line([&r[0], &r[1], &r[2], &r[3]]);
     }
+    groups_table(&mut out, s);
     out.trim_end().to_string()
+}
+
+/// One row per elected ANA group: subsystem, group, owner, epoch, this
+/// node's role (nothing without cluster-wide subsystems).
+fn groups_table(out: &mut String, s: &ClusterStatus) {
+    if s.groups.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\n{:<40}  {:>5}  {:<16}  {:>8}  ROLE",
+        "SUBSYSTEM", "GROUP", "OWNER", "EPOCH"
+    );
+    for g in &s.groups {
+        let epoch = g.epoch.map_or("-".to_string(), |e| e.to_string());
+        let _ = writeln!(
+            out,
+            "{:<40}  {:>5}  {:<16}  {:>8}  {}",
+            g.subnqn,
+            g.anagrpid,
+            g.owner.as_deref().unwrap_or("-"),
+            epoch,
+            g.role
+        );
+    }
 }

@@ -111,7 +111,7 @@ fn a_late_grant_is_not_trusted() {
         ms(1000),
     );
     assert!(o.needs_lease(ms(1000)));
-    assert!(o.is_spent(7) || o.lease.is_none());
+    assert!(o.is_spent(7));
 }
 
 #[test]
