@@ -673,3 +673,23 @@ fn a_stopped_owner_fences_and_rejoins_as_a_follower() {
     let (_, o2, e2) = group(&other);
     assert_eq!((o1, e1), (o2, e2));
 }
+
+#[test]
+fn an_unelected_node_reports_inaccessible_until_it_wins() {
+    let Some(bin) = etcd_binary() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut etcd = Etcd::at(bin, dir.path());
+    let extra = format!("on_unreachable = \"alone\"\n{}", wide_subsystem());
+    let a = Node::start(dir.path(), "a", &etcd.url(), &extra);
+    assert_eq!(a.state(), "alone");
+    // Alone, it cannot know whether another node owns the group.
+    assert_eq!(group(&a).0, "fenced", "{}", a.cluster());
+    assert_eq!(ana_state(&a), INACCESSIBLE);
+    etcd.run();
+    assert!(
+        eventually(ttl() + SLACK, || group(&a).0 == "owner"),
+        "{}",
+        a.cluster()
+    );
+    assert_eq!(ana_state(&a), OPTIMIZED);
+}

@@ -231,6 +231,16 @@ impl Shared {
     }
 }
 
+/// Reports every ANA group of `subnqns` inaccessible on every listener: what
+/// a node serving cluster-wide subsystems shows before its first election,
+/// set before the listeners accept (a host never sees an unelected node
+/// optimized).
+pub fn inaccessible_until_elected(target: &Target, subnqns: &[String]) {
+    for g in groups_of(target, subnqns) {
+        apply_role(target, &g, Role::Fenced);
+    }
+}
+
 /// The holder a failed put-if-absent read back (None: the key went away).
 fn holder_of(responses: &[ResponseOp]) -> Option<Holder> {
     responses.iter().find_map(|r| match r {

@@ -30,7 +30,7 @@ pub mod ownership;
 pub mod referral;
 mod table;
 
-pub use elect::GroupStatus;
+pub use elect::{inaccessible_until_elected, GroupStatus};
 pub use member::{MemberListener, MemberRecord};
 pub use node::{Cluster, ClusterError, ClusterStatus, ClusterView, LeaseEvent, NodeState};
 pub use table::status_table;
