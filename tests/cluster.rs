@@ -652,6 +652,13 @@ fn a_stopped_owner_fences_and_rejoins_as_a_follower() {
     let etcd = Etcd::start(bin, dir.path());
     let (owner, other) = elected(dir.path(), &etcd);
     let epoch = group(&owner).2;
+    // A host's queue to the owner: writes go through before the stop.
+    let (_h, mut q) = support::connect(loopback(owner.port), WIDE_NQN, 1);
+    let write = |q: &mut kvtarget::initiator::IoQueue| {
+        q.write(1, 0, vec![0x11; 4096], 4096)
+            .map_err(support::status_of)
+    };
+    write(&mut q[0]).expect("the owner serves I/O");
     signal(&owner, "STOP");
     let stopped = Instant::now();
     // Meanwhile the other node wins with a newer epoch.
@@ -663,6 +670,12 @@ fn a_stopped_owner_fences_and_rejoins_as_a_follower() {
     assert!(group(&other).2 > epoch);
     std::thread::sleep((2 * ttl()).saturating_sub(stopped.elapsed()));
     signal(&owner, "CONT");
+    // The first write after the resume already meets the lapsed lease (the
+    // I/O path's own fence), not only once the fence thread has run.
+    assert_eq!(
+        write(&mut q[0]),
+        Err(kvtarget::nvmf::ana::ASYMMETRIC_ACCESS_INACCESSIBLE)
+    );
     // The fence thread looks every 20 ms: the resumed node must not claim
     // its dead lease's group.
     std::thread::sleep(Duration::from_millis(200));

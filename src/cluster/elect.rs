@@ -73,7 +73,8 @@ impl Election {
         }
         let shared = Arc::new(Shared {
             machine: Mutex::new(Ownership::new(node, ttl, groups)),
-            origin: Instant::now(),
+            // The I/O path's clock (`ana::mono_ns`): lease deadlines in it.
+            origin: ana::mono_origin(),
             target,
             status,
         });
@@ -209,6 +210,15 @@ impl Shared {
     /// machine's lock, so states land in the order the roles changed).
     fn publish(&self, m: &Ownership, apply: bool) {
         let roles = m.roles();
+        // 1 (long past): no lease is trusted.
+        let deadline = m
+            .trusted_until()
+            .map_or(1, |d| (d.as_nanos() as u64).max(1));
+        let mut nqns: Vec<&str> = roles.iter().map(|(g, _)| g.subnqn.as_str()).collect();
+        nqns.dedup();
+        for nqn in nqns {
+            set_lease_deadline(&self.target, nqn, deadline);
+        }
         if apply {
             for (g, role) in &roles {
                 apply_role(&self.target, g, *role);
@@ -238,6 +248,15 @@ impl Shared {
 pub fn inaccessible_until_elected(target: &Target, subnqns: &[String]) {
     for g in groups_of(target, subnqns) {
         apply_role(target, &g, Role::Fenced);
+    }
+}
+
+/// Sets `subnqn`'s lease deadline: the I/O path's own fence.
+fn set_lease_deadline(target: &Target, subnqn: &str, at_ns: u64) {
+    if let Ok(subs) = target.subsystems.read() {
+        if let Some(s) = subs.iter().find(|s| s.nqn == subnqn) {
+            s.ana.set_lease_deadline(at_ns);
+        }
     }
 }
 
@@ -319,4 +338,21 @@ fn listeners_of(target: &Target, s: &crate::nvmf::Subsystem) -> Vec<SocketAddr> 
                 .collect()
         })
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::nvmf::ana::{mono_ns, SubsystemAna};
+
+    #[test]
+    fn a_lease_deadline_lapses_io_only_when_set_and_passed() {
+        let a = SubsystemAna::default();
+        assert!(!a.lease_lapsed(), "no deadline: never lapsed");
+        a.set_lease_deadline(mono_ns() + 60_000_000_000);
+        assert!(!a.lease_lapsed());
+        a.set_lease_deadline(1);
+        assert!(a.lease_lapsed());
+        a.set_lease_deadline(0);
+        assert!(!a.lease_lapsed());
+    }
 }

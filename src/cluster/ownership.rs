@@ -154,6 +154,11 @@ impl Ownership {
         self.lease(now).is_none()
     }
 
+    /// Until when the trusted lease is trusted (None: no lease is).
+    pub fn trusted_until(&self) -> Option<Duration> {
+        self.lease.map(|l| l.confirmed + self.trust)
+    }
+
     /// Whether `lease` was fenced or gone (to be revoked, never reused).
     pub fn is_spent(&self, lease: i64) -> bool {
         self.spent.contains(&lease)
