@@ -1,6 +1,7 @@
 //! This node's membership: its lease, its record and its view of the others,
 //! kept by the "cluster" thread. Each pass of the thread's loop looks at the
-//! clock once and acts on what is due: a keep-alive (every TTL/3), a re-read
+//! clock once and acts on what is due: a keep-alive (every TTL/3; TTL/5 with
+//! cluster-wide subsystems, followed by their election's campaign), a re-read
 //! of the member list (with it), a record refresh (when the target's
 //! discovery generation moved), a join attempt (while lost or alone).
 
@@ -53,8 +54,9 @@ impl NodeState {
     }
 }
 
-/// Every change of this node's lease: the one place fencing (issue 36's next
-/// slice: stop serving owned ANA groups) will act. Today it is only logged.
+/// Every change of this node's lease, logged. Fencing does not wait for
+/// these: the election (`elect`) trusts a lease only TTL/2 past its last
+/// answered keep-alive, well before `Lost`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseEvent {
     Granted { lease: i64 },
