@@ -561,6 +561,26 @@ const METRICS: &[Metric] = &[
             }
         }
     }),
+    metric("kvtarget_cluster_ana_group_role", Gauge, "This node's role per elected ANA group of a cluster-wide subsystem (1 for the current one).", |s, o| {
+        if let Some(c) = &s.cluster {
+            for g in &c.groups {
+                for role in ["owner", "follower", "fenced"] {
+                    let l = vec![("cluster", c.cluster.clone()), ("node", c.node.clone()), ("nqn", g.subnqn.clone()), ("anagrpid", g.anagrpid.to_string()), ("role", role.to_string())];
+                    o.push(l, g.role == role)
+                }
+            }
+        }
+    }),
+    metric("kvtarget_cluster_ana_group_epoch", Gauge, "The epoch (owner key's create revision) of each elected ANA group's owner as this node last saw it.", |s, o| {
+        if let Some(c) = &s.cluster {
+            for g in &c.groups {
+                if let Some(e) = g.epoch {
+                    let l = vec![("cluster", c.cluster.clone()), ("nqn", g.subnqn.clone()), ("anagrpid", g.anagrpid.to_string())];
+                    o.push(l, e.max(0) as u64)
+                }
+            }
+        }
+    }),
 ];
 
 /// Renders every metric of the table, in its order.

@@ -711,9 +711,18 @@ fn start_cluster(
         return Ok(None);
     };
     let url = metrics.map(|m| format!("http://{}/metrics", m.addr));
-    let cluster = crate::cluster::Cluster::start(c, ctl.target.clone(), url)?;
+    let cluster = crate::cluster::Cluster::start(c, ctl.target.clone(), url, &cluster_wide(cfg))?;
     let _ = ctl.cluster.set(cluster.view());
     Ok(Some(cluster))
+}
+
+/// The NQNs of the subsystems whose ANA groups the cluster elects owners of.
+fn cluster_wide(cfg: &Config) -> Vec<String> {
+    cfg.subsystems
+        .iter()
+        .filter(|s| s.cluster_wide)
+        .map(|s| s.nqn.clone())
+        .collect()
 }
 
 fn log_listeners(tcp: &[(SocketAddr, bool, bool)], rdma: &[SocketAddr]) {
@@ -760,7 +769,10 @@ impl Server {
             }
         }
         match bind_listeners(cfg, &built.target) {
-            Ok(bound) => Server::run(cfg, built, bound),
+            Ok(bound) => {
+                crate::cluster::inaccessible_until_elected(&built.target, &cluster_wide(cfg));
+                Server::run(cfg, built, bound)
+            }
             Err(e) => {
                 close_pools(&built.pools);
                 Err(e)

@@ -509,3 +509,205 @@ fn discovery_at_a_node_refers_to_every_live_peer() {
     );
     assert!(discover(disc_a).0 > gone);
 }
+
+// ---- Path ownership by election (issue 36 item 4) and fencing (item 5) ----
+
+const WIDE_NQN: &str = "nqn.2026-12.io.kvtarget:wide";
+
+/// A cluster-wide subsystem (one RAM namespace, ANA group 1) for
+/// `Node::start`'s `extra`: every node serves it under the same NQN and the
+/// same namespace identities (derived from NQN and NSID).
+fn wide_subsystem() -> String {
+    format!(
+        r#"
+[[subsystems]]
+nqn = "{WIDE_NQN}"
+allow_any_host = true
+ana_reporting = true
+cluster_wide = true
+
+[[subsystems.namespaces]]
+nsid = 1
+backend = "ram"
+size = "4MiB"
+"#
+    )
+}
+
+/// Group 1's state in the ANA log page node `n` reports, as a host reads it.
+fn ana_state(n: &Node) -> u8 {
+    let mut h = connect_retry(loopback(n.port), WIDE_NQN);
+    let b = h
+        .get_log_page(kvtarget::nvmf::ana::LID_ANA, 0xFFFF_FFFF, 4096, 0)
+        .unwrap();
+    let log = kvtarget::nvmf::ana::AnaLog::decode(&b).expect("a whole ANA log page");
+    log.groups
+        .iter()
+        .find(|g| g.anagrpid == 1)
+        .map_or(0, |g| g.state)
+}
+
+const OPTIMIZED: u8 = kvtarget::nvmf::ana::AnaState::Optimized as u8;
+const INACCESSIBLE: u8 = kvtarget::nvmf::ana::AnaState::Inaccessible as u8;
+
+/// Group 1 as `kvtarget_get_cluster` shows it on `n`: (role, owner, epoch).
+fn group(n: &Node) -> (String, String, i64) {
+    let v = n.cluster();
+    let g = &v["groups"][0];
+    (
+        g["role"].as_str().unwrap_or("").into(),
+        g["owner"].as_str().unwrap_or("").into(),
+        g["epoch"].as_i64().unwrap_or(0),
+    )
+}
+
+/// Two nodes serving the cluster-wide subsystem; returns (owner, other)
+/// once exactly one reports group 1 optimized.
+fn elected(dir: &Path, etcd: &Etcd) -> (Node, Node) {
+    let a = Node::start(dir, "a", &etcd.url(), &wide_subsystem());
+    let b = Node::start(dir, "b", &etcd.url(), &wide_subsystem());
+    let settled = || {
+        let (ra, rb) = (group(&a).0, group(&b).0);
+        matches!(
+            (ra.as_str(), rb.as_str()),
+            ("owner", "follower") | ("follower", "owner")
+        )
+    };
+    assert!(
+        eventually(ttl() + SLACK, settled),
+        "{}\n{}",
+        a.cluster(),
+        b.cluster()
+    );
+    let (owner, other) = if group(&a).0 == "owner" {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    assert_eq!(ana_state(&owner), OPTIMIZED, "{}", owner.cluster());
+    assert_eq!(ana_state(&other), INACCESSIBLE, "{}", other.cluster());
+    // Both see the same owner and epoch.
+    let (o, e) = (group(&owner), group(&other));
+    assert_eq!((o.1.as_str(), o.2), (e.1.as_str(), e.2));
+    assert!(o.2 > 0);
+    // The same namespace identities on both.
+    let ids = |n: &Node| {
+        n.cluster()["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|m| m["subsystems"].as_array().cloned().unwrap_or_default())
+            .filter(|s| s["nqn"] == WIDE_NQN)
+            .map(|s| s["namespaces"].to_string())
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        eventually(SLACK, || ids(&owner).len() == 2),
+        "{:?}",
+        ids(&owner)
+    );
+    let seen = ids(&owner);
+    assert_eq!(seen[0], seen[1]);
+    (owner, other)
+}
+
+fn signal(n: &Node, sig: &str) {
+    let ok = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(n.child.id().to_string())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{sig}");
+}
+
+#[test]
+fn one_owner_per_group_and_a_killed_owner_is_replaced_with_a_larger_epoch() {
+    let Some(bin) = etcd_binary() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(bin, dir.path());
+    let (mut owner, other) = elected(dir.path(), &etcd);
+    let epoch = group(&owner).2;
+    owner.child.kill().unwrap();
+    let _ = owner.child.wait();
+    let t0 = Instant::now();
+    assert!(
+        eventually(ttl() + SLACK, || group(&other).0 == "owner"),
+        "{}",
+        other.cluster()
+    );
+    let took = t0.elapsed();
+    assert_eq!(ana_state(&other), OPTIMIZED);
+    let (_, name, e) = group(&other);
+    assert!(e > epoch, "epoch {e} after {epoch}");
+    assert_eq!(name, other.cluster()["node"].as_str().unwrap());
+    // Not before etcd could expire the dead owner's lease.
+    assert!(took + Duration::from_millis(500) >= ttl() / 2, "{took:?}");
+}
+
+#[test]
+fn a_stopped_owner_fences_and_rejoins_as_a_follower() {
+    let Some(bin) = etcd_binary() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(bin, dir.path());
+    let (owner, other) = elected(dir.path(), &etcd);
+    let epoch = group(&owner).2;
+    // A host's queue to the owner: writes go through before the stop.
+    let (_h, mut q) = support::connect(loopback(owner.port), WIDE_NQN, 1);
+    let write = |q: &mut kvtarget::initiator::IoQueue| {
+        q.write(1, 0, vec![0x11; 4096], 4096)
+            .map_err(support::status_of)
+    };
+    write(&mut q[0]).expect("the owner serves I/O");
+    signal(&owner, "STOP");
+    let stopped = Instant::now();
+    // Meanwhile the other node wins with a newer epoch.
+    assert!(
+        eventually(ttl() + SLACK, || group(&other).0 == "owner"),
+        "{}",
+        other.cluster()
+    );
+    assert!(group(&other).2 > epoch);
+    std::thread::sleep((2 * ttl()).saturating_sub(stopped.elapsed()));
+    signal(&owner, "CONT");
+    // The first write after the resume already meets the lapsed lease (the
+    // I/O path's own fence), not only once the fence thread has run.
+    assert_eq!(
+        write(&mut q[0]),
+        Err(kvtarget::nvmf::ana::ASYMMETRIC_ACCESS_INACCESSIBLE)
+    );
+    // The fence thread looks every 20 ms: the resumed node must not claim
+    // its dead lease's group.
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(ana_state(&owner), INACCESSIBLE, "{}", owner.cluster());
+    assert!(
+        eventually(ttl() + SLACK, || group(&owner).0 == "follower"),
+        "{}",
+        owner.cluster()
+    );
+    assert_eq!(ana_state(&owner), INACCESSIBLE);
+    assert_eq!(ana_state(&other), OPTIMIZED);
+    let (_, o1, e1) = group(&owner);
+    let (_, o2, e2) = group(&other);
+    assert_eq!((o1, e1), (o2, e2));
+}
+
+#[test]
+fn an_unelected_node_reports_inaccessible_until_it_wins() {
+    let Some(bin) = etcd_binary() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut etcd = Etcd::at(bin, dir.path());
+    let extra = format!("on_unreachable = \"alone\"\n{}", wide_subsystem());
+    let a = Node::start(dir.path(), "a", &etcd.url(), &extra);
+    assert_eq!(a.state(), "alone");
+    // Alone, it cannot know whether another node owns the group.
+    assert_eq!(group(&a).0, "fenced", "{}", a.cluster());
+    assert_eq!(ana_state(&a), INACCESSIBLE);
+    etcd.run();
+    assert!(
+        eventually(ttl() + SLACK, || group(&a).0 == "owner"),
+        "{}",
+        a.cluster()
+    );
+    assert_eq!(ana_state(&a), OPTIMIZED);
+}

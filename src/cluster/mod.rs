@@ -1,8 +1,10 @@
 //! Cluster membership through etcd (issue 36, first slice): each node keeps a
 //! lease-bound record of what it serves under `/kvtarget/<cluster>/members/`,
 //! and a view of every member; each live peer in the view becomes a referral
-//! in this node's discovery log (`referral`). Path ownership by election and
-//! fencing build on this (docs/cluster.md).
+//! in this node's discovery log (`referral`). The ANA groups of cluster-wide
+//! subsystems get one owner each by an election held with the lease
+//! (`ownership`, the pure state machine; `elect`, its etcd side), fenced at
+//! half the TTL (docs/cluster.md).
 //!
 //! Everything here runs on one control-plane thread ("cluster"), never on a
 //! reactor: a blocking HTTP call to etcd may take a whole timeout.
@@ -21,13 +23,16 @@
 //! stream to resume after etcd restarts, and the view is never staler than a
 //! dead member's lease would be anyway.
 
+mod elect;
 pub mod etcd;
 pub mod http;
 pub mod member;
 mod node;
+pub mod ownership;
 pub mod referral;
 mod table;
 
+pub use elect::{inaccessible_until_elected, GroupStatus};
 pub use member::{MemberListener, MemberRecord};
 pub use node::{Cluster, ClusterError, ClusterStatus, ClusterView, LeaseEvent, NodeState};
 pub use table::status_table;

@@ -1,13 +1,16 @@
 //! This node's membership: its lease, its record and its view of the others,
 //! kept by the "cluster" thread. Each pass of the thread's loop looks at the
-//! clock once and acts on what is due: a keep-alive (every TTL/3), a re-read
+//! clock once and acts on what is due: a keep-alive (every TTL/3; TTL/5 with
+//! cluster-wide subsystems, followed by their election's campaign), a re-read
 //! of the member list (with it), a record refresh (when the target's
 //! discovery generation moved), a join attempt (while lost or alone).
 
+use super::elect::{Election, GroupStatus};
 use super::etcd::{
     self, Client, Compare, EtcdError, PutRequest, RangeRequest, RequestOp, ResponseOp, TxnRequest,
 };
 use super::member::{self, MemberRecord, RECORD_FORMAT};
+use super::ownership::Input;
 use super::referral;
 use crate::config::{ClusterConfig, OnUnreachable};
 use crate::nvmf::Target;
@@ -51,8 +54,9 @@ impl NodeState {
     }
 }
 
-/// Every change of this node's lease: the one place fencing (issue 36's next
-/// slice: stop serving owned ANA groups) will act. Today it is only logged.
+/// Every change of this node's lease, logged. Fencing does not wait for
+/// these: the election (`elect`) trusts a lease only TTL/2 past its last
+/// answered keep-alive, well before `Lost`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseEvent {
     Granted { lease: i64 },
@@ -72,6 +76,9 @@ pub struct ClusterStatus {
     pub endpoint: String,
     /// Every member's record (this node's included), by name.
     pub members: Vec<MemberRecord>,
+    /// The elected ANA groups of this node's cluster-wide subsystems.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupStatus>,
 }
 
 /// Why the node cannot start as a member; one line.
@@ -113,13 +120,29 @@ pub struct Cluster {
 
 impl Cluster {
     /// Joins (or, when etcd is unreachable and the configuration says so,
-    /// starts alone), then keeps the membership on its own thread.
+    /// starts alone), then keeps the membership on its own thread, and
+    /// elects the owners of the ANA groups of `cluster_wide` (subsystem NQNs).
     pub fn start(
         cfg: &ClusterConfig,
         target: Arc<Target>,
         metrics_url: Option<String>,
+        cluster_wide: &[String],
     ) -> Result<Cluster, ClusterError> {
         let mut node = Node::new(cfg, target, metrics_url);
+        node.election = Election::start(
+            &cfg.name,
+            &node.name,
+            node.ttl,
+            cluster_wide,
+            node.target.clone(),
+            node.status.clone(),
+        )
+        .map_err(ClusterError::Thread)?;
+        if node.election.is_some() {
+            // A keep-alive must be answered within TTL/2 of the last one
+            // sent, or the node fences: send them more often.
+            node.keepalive_every = node.ttl / 5;
+        }
         match node.join(Instant::now() + node.ttl + TAKEN_SLACK) {
             Ok(()) => {}
             Err(JoinError::Etcd(e)) if e.is_unreachable() => match cfg.on_unreachable {
@@ -214,6 +237,8 @@ struct Node {
     /// Another process's record of this name was reported (once per loss).
     taken_reported: bool,
     status: Arc<Mutex<ClusterStatus>>,
+    /// The elections of cluster-wide subsystems' ANA groups, if any.
+    election: Option<Election>,
 }
 
 fn random_instance() -> String {
@@ -248,6 +273,7 @@ impl Node {
             lease_ttl_secs: cfg.lease_ttl_secs,
             endpoint: client.endpoint().into(),
             members: Vec::new(),
+            groups: Vec::new(),
         };
         Node {
             client,
@@ -272,6 +298,7 @@ impl Node {
             record_stale: false,
             taken_reported: false,
             status: Arc::new(Mutex::new(status)),
+            election: None,
         }
     }
 
@@ -295,6 +322,7 @@ impl Node {
     /// Takes a new lease and puts the record with it, if no other process
     /// holds this node's name; while one does, retries until `deadline`.
     fn join(&mut self, deadline: Instant) -> Result<(), JoinError> {
+        let sent = Instant::now();
         let grant = self.client.lease_grant(self.ttl.as_secs() as i64)?;
         let lease = grant.id;
         loop {
@@ -316,6 +344,13 @@ impl Node {
         self.taken_reported = false;
         self.set_state(NodeState::Joined);
         self.on_lease_event(LeaseEvent::Granted { lease });
+        if let Some(e) = &self.election {
+            e.input(Input::LeaseGranted {
+                lease,
+                sent: e.clock(sent),
+            });
+            e.campaign(&mut self.client);
+        }
         self.refresh_members();
         Ok(())
     }
@@ -376,12 +411,22 @@ impl Node {
                     NodeState::Lost | NodeState::Alone => self.rejoin(),
                 }
             }
+            if let (NodeState::Joined, Some(lease)) = (self.state, self.lease) {
+                if self.election.as_ref().is_some_and(|e| e.is_spent(lease)) {
+                    self.lose(lease, "fenced: no keep-alive answer for half the TTL");
+                    continue;
+                }
+            }
             if self.state == NodeState::Joined
                 && self.target.genctr.load(Ordering::Relaxed) != self.genctr
             {
                 self.refresh_record();
             }
             std::thread::sleep(POLL_STEP);
+        }
+        if let Some(mut e) = self.election.take() {
+            // Inaccessible before the keys go: a peer may win at once.
+            e.stop(self.lease);
         }
         if let Some(lease) = self.lease.take() {
             if let Err(e) = self.client.lease_revoke(lease) {
@@ -395,12 +440,24 @@ impl Node {
         match self.client.lease_keepalive(lease) {
             Ok(a) if a.ttl > 0 => {
                 self.confirmed = now;
+                if let Some(e) = &self.election {
+                    e.input(Input::KeepAliveAnswered {
+                        lease,
+                        sent: e.clock(now),
+                    });
+                    e.campaign(&mut self.client);
+                }
                 if self.record_stale {
                     self.refresh_record();
                 }
                 self.refresh_members();
             }
-            Ok(_) => self.lose(lease, "etcd no longer knows the lease"),
+            Ok(_) => {
+                if let Some(e) = &self.election {
+                    e.input(Input::LeaseGone { lease });
+                }
+                self.lose(lease, "etcd no longer knows the lease")
+            }
             Err(e) if now.duration_since(self.confirmed) > self.ttl => self.lose(
                 lease,
                 &format!("no keep-alive answer for {:?}: {e}", self.ttl),
@@ -423,6 +480,10 @@ impl Node {
     /// A lost node first asks whether its lease lives on (etcd restarted
     /// with its data keeps leases); otherwise it joins with a new one.
     fn rejoin(&mut self) {
+        if self.election.is_some() {
+            self.rejoin_fresh();
+            return;
+        }
         if let Some(lease) = self.lease {
             match self.client.lease_keepalive(lease) {
                 Ok(a) if a.ttl > 0 => {
@@ -452,6 +513,32 @@ impl Node {
                 )
             }
             Err(JoinError::Taken) => {}
+        }
+    }
+
+    /// A node that elects owners never reuses a lease it stopped trusting:
+    /// it revokes it (its owner keys go at once, peers need not wait for
+    /// the TTL) and joins with a fresh one.
+    fn rejoin_fresh(&mut self) {
+        if let Some(lease) = self.lease {
+            match self.client.lease_revoke(lease) {
+                Ok(_) => self.lease = None,
+                Err(e) if e.is_unreachable() => {
+                    tracing::debug!("cluster: rejoin: {e}");
+                    return;
+                }
+                // Unknown to etcd already (expired): nothing to revoke.
+                Err(_) => self.lease = None,
+            }
+        }
+        match self.join(Instant::now()) {
+            Ok(()) => {}
+            Err(JoinError::Etcd(e)) => tracing::debug!("cluster: rejoin: {e}"),
+            Err(JoinError::Taken) => tracing::debug!(
+                "cluster: node `{}`: {} still held; retrying",
+                self.name,
+                String::from_utf8_lossy(&self.key)
+            ),
         }
     }
 

@@ -244,6 +244,7 @@ impl Config {
         let refs = subsystem::Refs {
             keys: &self.keys,
             pools: &self.pools,
+            cluster: self.cluster.is_some(),
         };
         // Volumes already served by a namespace: each is served once.
         let mut served = Vec::new();

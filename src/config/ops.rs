@@ -210,6 +210,7 @@ impl Config {
                 allow_any_host: s.allow_any_host,
                 nvm_identify_for_kv: s.nvm_identify_for_kv,
                 ana_reporting: s.ana_reporting,
+                cluster_wide: false,
                 hosts: Vec::new(),
                 listen: (!s.any_listener).then(Vec::new),
                 ana_states: Vec::new(),

@@ -37,6 +37,11 @@ pub struct SubsystemConfig {
     /// Asymmetric Namespace Access reporting (SPDK's `ana_reporting`).
     #[serde(default, skip_serializing_if = "is_false")]
     pub ana_reporting: bool,
+    /// Served by several nodes of the `[cluster]` under this NQN: each ANA
+    /// group's owner is elected through etcd and reports optimized, the
+    /// others inaccessible (docs/cluster.md). Needs `ana_reporting`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub cluster_wide: bool,
     #[serde(default)]
     pub hosts: Vec<HostConfig>,
     /// "address:port" entries this subsystem is reachable on; absent: every
@@ -372,6 +377,8 @@ impl NamespaceConfig {
 pub(super) struct Refs<'a> {
     pub keys: &'a [KeyConfig],
     pub pools: &'a [PoolConfig],
+    /// Whether the configuration has a `[cluster]`.
+    pub cluster: bool,
 }
 
 impl SubsystemConfig {
@@ -401,6 +408,12 @@ impl SubsystemConfig {
         for (j, a) in self.listen.iter().flatten().enumerate() {
             a.parse::<SocketAddr>()
                 .map_err(|_| invalid!("{f}.listen[{j}]", "`{a}` is not ADDRESS:PORT"))?;
+        }
+        if self.cluster_wide && !refs.cluster {
+            return Err(invalid!("{f}.cluster_wide", "needs a [cluster] section"));
+        }
+        if self.cluster_wide && !self.ana_reporting {
+            return Err(invalid!("{f}.cluster_wide", "needs ana_reporting = true"));
         }
         for (k, a) in self.ana_states.iter().enumerate() {
             let f = format!("{f}.ana_states[{k}]");
@@ -477,5 +490,45 @@ impl SubsystemConfig {
         }
         served.push(v);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    const BASE: &str = "[[listeners]]\naddress = \"127.0.0.1\"\nport = 4420\n";
+    const CLUSTER: &str = "[cluster]\nendpoints = [\"http://127.0.0.1:2379\"]\nnode = \"a\"\n";
+
+    fn parse(sub: &str, cluster: bool) -> Result<Config, String> {
+        let c = if cluster { CLUSTER } else { "" };
+        let text = format!("{BASE}{c}[[subsystems]]\nnqn = \"nqn.2016-06.io.kvtarget:s\"\n{sub}");
+        Config::parse(&text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn cluster_wide_needs_a_cluster_and_ana_reporting() {
+        let ok = parse("ana_reporting = true\ncluster_wide = true\n", true).unwrap();
+        assert!(ok.subsystems[0].cluster_wide);
+        let again = Config::parse(&ok.to_toml().unwrap()).unwrap();
+        assert!(again.subsystems[0].cluster_wide);
+        assert!(!parse("", true).unwrap().subsystems[0].cluster_wide);
+        let cases = [
+            (
+                "ana_reporting = true\ncluster_wide = true\n",
+                false,
+                "subsystems[0].cluster_wide: needs a [cluster] section",
+            ),
+            (
+                "cluster_wide = true\n",
+                true,
+                "subsystems[0].cluster_wide: needs ana_reporting = true",
+            ),
+        ];
+        for (text, cluster, want) in cases {
+            let e = parse(text, cluster).unwrap_err();
+            assert!(e.contains(want), "{text}: {e}");
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
     }
 }

@@ -208,6 +208,10 @@ pub struct SubsystemAna {
     pub reporting: AtomicBool,
     paths: RwLock<Vec<Arc<PathAna>>>,
     change_count: AtomicU64,
+    /// A cluster-wide subsystem's lease deadline (`mono_ns`; 0: none): past
+    /// it this node cannot be sure of its lease, and I/O sees every group
+    /// inaccessible even before the cluster's fence thread sets the states.
+    lease_deadline: AtomicU64,
 }
 
 impl Default for SubsystemAna {
@@ -216,13 +220,38 @@ impl Default for SubsystemAna {
             reporting: AtomicBool::new(false),
             paths: RwLock::new(Vec::new()),
             change_count: AtomicU64::new(0),
+            lease_deadline: AtomicU64::new(0),
         }
     }
+}
+
+/// The process's monotonic origin of `mono_ns`.
+pub fn mono_origin() -> std::time::Instant {
+    static ORIGIN: OnceLock<std::time::Instant> = OnceLock::new();
+    *ORIGIN.get_or_init(std::time::Instant::now)
+}
+
+/// Nanoseconds since `mono_origin` (the monotonic clock: it goes on while
+/// the process is stopped).
+pub fn mono_ns() -> u64 {
+    mono_origin().elapsed().as_nanos() as u64
 }
 
 impl SubsystemAna {
     pub fn is_reporting(&self) -> bool {
         self.reporting.load(Ordering::Acquire)
+    }
+
+    /// Sets the lease deadline, in `mono_ns` (0: none, the default).
+    pub fn set_lease_deadline(&self, at_ns: u64) {
+        self.lease_deadline.store(at_ns, Ordering::Release);
+    }
+
+    /// Whether a lease deadline is set and passed.
+    #[inline]
+    pub fn lease_lapsed(&self) -> bool {
+        let d = self.lease_deadline.load(Ordering::Acquire);
+        d != 0 && mono_ns() >= d
     }
 
     /// The path of `listener`, made (every group optimized) if it has none.
@@ -327,15 +356,19 @@ pub fn anagrpid(subsys: &Subsystem, ns: &Namespace) -> u32 {
 }
 
 /// The I/O path's check: the Path Related status for a command to `ns`
-/// through `ctrl`'s path, if its group is not accessible there. Two atomic
-/// loads and no lock.
+/// through `ctrl`'s path, if its group is not accessible there. Three atomic
+/// loads and no lock (and a clock read for a cluster-wide subsystem).
 #[inline]
 pub fn io_status(ctrl: &Controller, ns: &Namespace) -> Option<Status> {
     if !ctrl.subsys.ana.is_reporting() {
         return None;
     }
     let path = ctrl.ana.path.get()?;
-    path.state(ns.ana_group.load(Ordering::Acquire)).io_status()
+    let st = path.state(ns.ana_group.load(Ordering::Acquire));
+    if st.io_status().is_none() && ctrl.subsys.ana.lease_lapsed() {
+        return AnaState::Inaccessible.io_status();
+    }
+    st.io_status()
 }
 
 impl Controller {

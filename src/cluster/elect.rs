@@ -1,0 +1,358 @@
+//! The election on the cluster thread: the `ownership` machine fed with what
+//! etcd answered, owner keys under `/kvtarget/<cluster>/owners/<subnqn>/<group>`
+//! (put-if-absent with the node's lease; the create revision is the epoch),
+//! and the machine's roles applied to this node's listeners through the ANA
+//! RPC's own path (`ana::set_listener_state`), so hosts get the ANA change
+//! event. A "cluster-fence" thread looks at the clock every `FENCE_STEP`: the
+//! fencing deadline holds even while the cluster thread waits on etcd.
+
+use super::etcd::{Compare, PutRequest, RangeRequest, RequestOp, ResponseOp, TxnRequest};
+use super::ownership::{GroupId, Holder, Input, Ownership, Role};
+use super::ClusterStatus;
+use crate::nvmf::ana::{self, AnaState};
+use crate::nvmf::{SubsystemKind, Target};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How often the fence thread looks at the clock: the most a fence can lag
+/// the TTL/2 deadline (besides scheduling).
+const FENCE_STEP: Duration = Duration::from_millis(20);
+
+/// One ANA group as `kvtarget_get_cluster` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupStatus {
+    pub subnqn: String,
+    pub anagrpid: u32,
+    /// This node's role: owner, follower or fenced.
+    pub role: String,
+    /// The owner as this node last saw it (itself included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// The owner's epoch (its owner key's create revision).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<i64>,
+}
+
+/// The machine and what applying it needs, shared with the fence thread.
+struct Shared {
+    machine: Mutex<Ownership>,
+    origin: Instant,
+    target: Arc<Target>,
+    status: Arc<Mutex<ClusterStatus>>,
+}
+
+/// This node's part in the elections of its cluster-wide subsystems.
+pub struct Election {
+    shared: Arc<Shared>,
+    node: String,
+    /// `/kvtarget/<cluster>/owners/`.
+    prefix: String,
+    stop: Arc<AtomicBool>,
+    fence: Option<JoinHandle<()>>,
+}
+
+impl Election {
+    /// Elects the ANA groups of `subnqns` (their namespaces' groups now);
+    /// None when there is none. Every group starts fenced: inaccessible
+    /// until this node wins it.
+    pub fn start(
+        cluster: &str,
+        node: &str,
+        ttl: Duration,
+        subnqns: &[String],
+        target: Arc<Target>,
+        status: Arc<Mutex<ClusterStatus>>,
+    ) -> Result<Option<Election>, std::io::Error> {
+        let groups = groups_of(&target, subnqns);
+        if groups.is_empty() {
+            return Ok(None);
+        }
+        let shared = Arc::new(Shared {
+            machine: Mutex::new(Ownership::new(node, ttl, groups)),
+            // The I/O path's clock (`ana::mono_ns`): lease deadlines in it.
+            origin: ana::mono_origin(),
+            target,
+            status,
+        });
+        shared.publish(&shared.lock(), true);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (sh, st) = (shared.clone(), stop.clone());
+        let fence = std::thread::Builder::new()
+            .name("cluster-fence".into())
+            .spawn(move || {
+                while !st.load(Ordering::Acquire) {
+                    sh.tick();
+                    std::thread::sleep(FENCE_STEP);
+                }
+            })?;
+        Ok(Some(Election {
+            shared,
+            node: node.into(),
+            prefix: format!("/kvtarget/{cluster}/owners/"),
+            stop,
+            fence: Some(fence),
+        }))
+    }
+
+    /// The machine's clock for `at`.
+    pub fn clock(&self, at: Instant) -> Duration {
+        at.saturating_duration_since(self.shared.origin)
+    }
+
+    /// Feeds one answer in; applies and publishes a change of roles.
+    pub fn input(&self, input: Input) {
+        let now = self.clock(Instant::now());
+        let mut m = self.shared.lock();
+        if m.apply(input, now) {
+            self.shared.publish(&m, true);
+        } else {
+            self.shared.publish(&m, false);
+        }
+    }
+
+    /// Whether `lease` was fenced or dropped: it must be revoked, not reused.
+    pub fn is_spent(&self, lease: i64) -> bool {
+        self.shared.lock().is_spent(lease)
+    }
+
+    /// Puts-if-absent every group's owner key with the trusted lease (a
+    /// held key is read back instead): a win, or the holder, per group.
+    pub fn campaign(&self, client: &mut super::etcd::Client) {
+        let now = self.clock(Instant::now());
+        let (lease, groups) = {
+            let mut m = self.shared.lock();
+            match m.lease(now) {
+                Some(l) => (l, m.campaigns(now)),
+                None => return,
+            }
+        };
+        for group in groups {
+            let key = self.key(&group);
+            let txn = TxnRequest {
+                compare: vec![Compare {
+                    result: "EQUAL".into(),
+                    target: "CREATE".into(),
+                    key: key.clone(),
+                    create_revision: 0,
+                }],
+                success: vec![RequestOp::RequestPut(PutRequest {
+                    key: key.clone(),
+                    value: self.node.as_bytes().to_vec(),
+                    lease,
+                })],
+                failure: vec![RequestOp::RequestRange(RangeRequest {
+                    key,
+                    range_end: Vec::new(),
+                })],
+            };
+            match client.txn(&txn) {
+                Ok(a) if a.succeeded => self.input(Input::Won {
+                    group,
+                    lease,
+                    revision: a.header.revision,
+                }),
+                Ok(a) => self.input(Input::Seen {
+                    group,
+                    holder: holder_of(&a.responses),
+                }),
+                Err(super::etcd::EtcdError::Status { message, .. })
+                    if message.contains("lease not found") =>
+                {
+                    self.input(Input::LeaseGone { lease });
+                    return;
+                }
+                Err(e) => tracing::debug!("cluster: campaign for {group:?}: {e}"),
+            }
+        }
+    }
+
+    fn key(&self, g: &GroupId) -> Vec<u8> {
+        format!("{}{}/{}", self.prefix, g.subnqn, g.anagrpid).into_bytes()
+    }
+
+    /// Stops the fence thread; every group is left fenced (inaccessible).
+    pub fn stop(&mut self, lease: Option<i64>) {
+        if let Some(l) = lease {
+            self.input(Input::LeaseGone { lease: l });
+        }
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.fence.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Election {
+    fn drop(&mut self) {
+        self.stop(None);
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Ownership> {
+        self.machine.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn tick(&self) {
+        let now = Instant::now().saturating_duration_since(self.origin);
+        let mut m = self.lock();
+        if m.tick(now) {
+            tracing::warn!("cluster: no keep-alive answer for half the lease TTL: fenced, every elected ANA group inaccessible");
+            self.publish(&m, true);
+        }
+    }
+
+    /// Shows the roles; `apply`: sets them on the listeners too (under the
+    /// machine's lock, so states land in the order the roles changed).
+    fn publish(&self, m: &Ownership, apply: bool) {
+        let roles = m.roles();
+        // 1 (long past): no lease is trusted.
+        let deadline = m
+            .trusted_until()
+            .map_or(1, |d| (d.as_nanos() as u64).max(1));
+        let mut nqns: Vec<&str> = roles.iter().map(|(g, _)| g.subnqn.as_str()).collect();
+        nqns.dedup();
+        for nqn in nqns {
+            set_lease_deadline(&self.target, nqn, deadline);
+        }
+        if apply {
+            for (g, role) in &roles {
+                apply_role(&self.target, g, *role);
+            }
+        }
+        let groups: Vec<GroupStatus> = roles
+            .iter()
+            .map(|(g, role)| {
+                let h = m.holder(g);
+                GroupStatus {
+                    subnqn: g.subnqn.clone(),
+                    anagrpid: g.anagrpid,
+                    role: role.name().into(),
+                    owner: h.map(|h| h.node.clone()),
+                    epoch: h.map(|h| h.epoch),
+                }
+            })
+            .collect();
+        self.status.lock().unwrap_or_else(|e| e.into_inner()).groups = groups;
+    }
+}
+
+/// Reports every ANA group of `subnqns` inaccessible on every listener: what
+/// a node serving cluster-wide subsystems shows before its first election,
+/// set before the listeners accept (a host never sees an unelected node
+/// optimized).
+pub fn inaccessible_until_elected(target: &Target, subnqns: &[String]) {
+    for g in groups_of(target, subnqns) {
+        apply_role(target, &g, Role::Fenced);
+    }
+}
+
+/// Sets `subnqn`'s lease deadline: the I/O path's own fence.
+fn set_lease_deadline(target: &Target, subnqn: &str, at_ns: u64) {
+    if let Ok(subs) = target.subsystems.read() {
+        if let Some(s) = subs.iter().find(|s| s.nqn == subnqn) {
+            s.ana.set_lease_deadline(at_ns);
+        }
+    }
+}
+
+/// The holder a failed put-if-absent read back (None: the key went away).
+fn holder_of(responses: &[ResponseOp]) -> Option<Holder> {
+    responses.iter().find_map(|r| match r {
+        ResponseOp::ResponseRange(r) => r.kvs.first().map(|kv| Holder {
+            node: String::from_utf8_lossy(&kv.value).into_owned(),
+            lease: kv.lease,
+            epoch: kv.create_revision,
+        }),
+        ResponseOp::ResponsePut(_) => None,
+    })
+}
+
+/// The ANA groups of the namespaces of `subnqns`, as the target has them.
+fn groups_of(target: &Target, subnqns: &[String]) -> Vec<GroupId> {
+    let subs = target
+        .subsystems
+        .read()
+        .map(|s| s.clone())
+        .unwrap_or_default();
+    let mut out: Vec<GroupId> = subs
+        .iter()
+        .filter(|s| s.kind != SubsystemKind::Discovery && subnqns.contains(&s.nqn))
+        .flat_map(|s| {
+            s.namespace_snapshot()
+                .iter()
+                .map(|n| GroupId {
+                    subnqn: s.nqn.clone(),
+                    anagrpid: n.ana_group.load(Ordering::Acquire),
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Sets `role`'s ANA state on every listener of `g`'s subsystem here.
+fn apply_role(target: &Target, g: &GroupId, role: Role) {
+    let state = if role.optimized() {
+        AnaState::Optimized
+    } else {
+        AnaState::Inaccessible
+    };
+    let subs = target
+        .subsystems
+        .read()
+        .map(|s| s.clone())
+        .unwrap_or_default();
+    let Some(s) = subs.iter().find(|s| s.nqn == g.subnqn) else {
+        return;
+    };
+    for l in listeners_of(target, s) {
+        if let Err(e) = ana::set_listener_state(s, l, state.name(), Some(u64::from(g.anagrpid))) {
+            tracing::warn!(
+                "cluster: ANA state of {} group {} on {l}: {e}",
+                g.subnqn,
+                g.anagrpid
+            );
+        }
+    }
+}
+
+/// The listeners `s` is reachable on: its `listen` list, else every NVM one.
+fn listeners_of(target: &Target, s: &crate::nvmf::Subsystem) -> Vec<SocketAddr> {
+    if let Some(Some(l)) = s.listen.read().ok().as_deref() {
+        return l.clone();
+    }
+    target
+        .listeners
+        .read()
+        .map(|l| {
+            l.iter()
+                .filter(|x| !x.discovery_only)
+                .map(|x| x.addr)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::nvmf::ana::{mono_ns, SubsystemAna};
+
+    #[test]
+    fn a_lease_deadline_lapses_io_only_when_set_and_passed() {
+        let a = SubsystemAna::default();
+        assert!(!a.lease_lapsed(), "no deadline: never lapsed");
+        a.set_lease_deadline(mono_ns() + 60_000_000_000);
+        assert!(!a.lease_lapsed());
+        a.set_lease_deadline(1);
+        assert!(a.lease_lapsed());
+        a.set_lease_deadline(0);
+        assert!(!a.lease_lapsed());
+    }
+}
