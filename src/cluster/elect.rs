@@ -347,12 +347,15 @@ mod tests {
     #[test]
     fn a_lease_deadline_lapses_io_only_when_set_and_passed() {
         let a = SubsystemAna::default();
-        assert!(!a.lease_lapsed(), "no deadline: never lapsed");
+        let now = std::time::Instant::now();
+        assert!(!a.lease_lapsed(now), "no deadline: never lapsed");
         a.set_lease_deadline(mono_ns() + 60_000_000_000);
-        assert!(!a.lease_lapsed());
+        assert!(!a.lease_lapsed(now));
+        // Judged by the caller's `now`, not by a clock read inside.
+        assert!(a.lease_lapsed(now + std::time::Duration::from_secs(61)));
         a.set_lease_deadline(1);
-        assert!(a.lease_lapsed());
+        assert!(a.lease_lapsed(now));
         a.set_lease_deadline(0);
-        assert!(!a.lease_lapsed());
+        assert!(!a.lease_lapsed(now));
     }
 }

@@ -247,11 +247,12 @@ impl SubsystemAna {
         self.lease_deadline.store(at_ns, Ordering::Release);
     }
 
-    /// Whether a lease deadline is set and passed.
+    /// Whether a lease deadline is set and passed at `now` (the caller's
+    /// clock: the I/O path reads none).
     #[inline]
-    pub fn lease_lapsed(&self) -> bool {
+    pub fn lease_lapsed(&self, now: std::time::Instant) -> bool {
         let d = self.lease_deadline.load(Ordering::Acquire);
-        d != 0 && mono_ns() >= d
+        d != 0 && now.saturating_duration_since(mono_origin()).as_nanos() as u64 >= d
     }
 
     /// The path of `listener`, made (every group optimized) if it has none.
@@ -356,16 +357,16 @@ pub fn anagrpid(subsys: &Subsystem, ns: &Namespace) -> u32 {
 }
 
 /// The I/O path's check: the Path Related status for a command to `ns`
-/// through `ctrl`'s path, if its group is not accessible there. Three atomic
-/// loads and no lock (and a clock read for a cluster-wide subsystem).
+/// through `ctrl`'s path, if its group is not accessible there, at `now`
+/// (the reactor's clock). Three atomic loads, no lock, no clock read.
 #[inline]
-pub fn io_status(ctrl: &Controller, ns: &Namespace) -> Option<Status> {
+pub fn io_status(ctrl: &Controller, ns: &Namespace, now: std::time::Instant) -> Option<Status> {
     if !ctrl.subsys.ana.is_reporting() {
         return None;
     }
     let path = ctrl.ana.path.get()?;
     let st = path.state(ns.ana_group.load(Ordering::Acquire));
-    if st.io_status().is_none() && ctrl.subsys.ana.lease_lapsed() {
+    if st.io_status().is_none() && ctrl.subsys.ana.lease_lapsed(now) {
         return AnaState::Inaccessible.io_status();
     }
     st.io_status()

@@ -471,7 +471,7 @@ impl<X> Queue<X> {
         icd: &[u8],
         ctx: &mut IoCtx,
     ) -> Result<Option<(usize, DataDirection)>, Status> {
-        let (handler, plan) = self.parse(sqe)?;
+        let (handler, plan) = self.parse(sqe, ctx.now)?;
         if let Some(r) = self.request_mut(slot) {
             r.handler = Some(handler);
             r.plan = plan;
@@ -483,7 +483,7 @@ impl<X> Queue<X> {
     /// `nvmet_req_init`): which handler runs `sqe`, and for an I/O command
     /// its checked plan. Before Connect only Connect is let in, and before
     /// DH-HMAC-CHAP succeeded only Authentication Send/Receive.
-    fn parse(&mut self, sqe: &Sqe) -> Result<(Handler, Option<IoPlan>), Status> {
+    fn parse(&mut self, sqe: &Sqe, now: Instant) -> Result<(Handler, Option<IoPlan>), Status> {
         let is_fabrics = sqe.opcode() == admin_opc::FABRICS;
         if self.binding.is_none() && !(is_fabrics && sqe.fctype() == fctype::CONNECT) {
             return Err(Status::COMMAND_SEQUENCE_ERROR);
@@ -498,13 +498,13 @@ impl<X> Queue<X> {
         if self.is_admin() {
             return Ok((Handler::Admin, None));
         }
-        let (handler, plan) = self.parse_io(sqe)?;
+        let (handler, plan) = self.parse_io(sqe, now)?;
         Ok((handler, Some(plan)))
     }
 
     /// The parse step of an I/O queue: the namespace's command set picks the
     /// handler (`io::parse`).
-    fn parse_io(&mut self, sqe: &Sqe) -> Result<(Handler, IoPlan), Status> {
+    fn parse_io(&mut self, sqe: &Sqe, now: Instant) -> Result<(Handler, IoPlan), Status> {
         self.refresh_namespaces();
         let kv_enabled = *self.kv_enabled.get_or_insert_with(|| {
             self.binding.as_ref().is_some_and(|b| {
@@ -521,7 +521,7 @@ impl<X> Queue<X> {
         // ANA: a path that cannot serve the namespace's group answers with
         // a Path Related status before anything runs.
         if let (Some(b), Some(n)) = (self.binding.as_ref(), ns) {
-            if let Some(st) = super::ana::io_status(b.ctrl(), n) {
+            if let Some(st) = super::ana::io_status(b.ctrl(), n, now) {
                 return Err(st);
             }
         }
