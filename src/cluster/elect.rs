@@ -347,7 +347,8 @@ mod tests {
     #[test]
     fn a_lease_deadline_lapses_io_only_when_set_and_passed() {
         let a = SubsystemAna::default();
-        let now = std::time::Instant::now();
+        // After the origin of `mono_ns`, as every reactor's clock is.
+        let now = crate::nvmf::ana::mono_origin() + std::time::Duration::from_millis(1);
         assert!(!a.lease_lapsed(now), "no deadline: never lapsed");
         a.set_lease_deadline(mono_ns() + 60_000_000_000);
         assert!(!a.lease_lapsed(now));
