@@ -1057,7 +1057,7 @@ impl Sim {
         let k = self.rng.below(KV_KEYS as u64) as u32;
         let version = self.next_value;
         self.next_value += 1;
-        let len = 1 + self.rng.below(5 * KV_BS) as usize;
+        let len = 1 + self.rng.below(8 * KV_BS) as usize;
         let key = kv_key_of(k);
         self.log
             .push(format!("kv store key {k} v{version} ({len} bytes)"));
