@@ -328,16 +328,7 @@ fn listeners_of(target: &Target, s: &crate::nvmf::Subsystem) -> Vec<SocketAddr> 
     if let Some(Some(l)) = s.listen.read().ok().as_deref() {
         return l.clone();
     }
-    target
-        .listeners
-        .read()
-        .map(|l| {
-            l.iter()
-                .filter(|x| !x.discovery_only)
-                .map(|x| x.addr)
-                .collect()
-        })
-        .unwrap_or_default()
+    target.nvm_listener_addrs()
 }
 
 #[cfg(test)]

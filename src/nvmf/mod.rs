@@ -557,6 +557,21 @@ fn random_serial() -> String {
 }
 
 impl Target {
+    /// The addresses of every listener that serves I/O subsystems (not the
+    /// discovery-only ones): where a subsystem without a `listen` list is
+    /// reachable.
+    pub fn nvm_listener_addrs(&self) -> Vec<std::net::SocketAddr> {
+        self.listeners
+            .read()
+            .map(|l| {
+                l.iter()
+                    .filter(|x| !x.discovery_only)
+                    .map(|x| x.addr)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     pub fn new(limits: TransportLimits) -> Target {
         let rev = option_env!("KVTARGET_GIT_REV").unwrap_or("");
         let firmware = if rev.is_empty() {

@@ -346,17 +346,7 @@ pub(super) fn remove_listener(p: &mut Params) -> Parsed {
     act(move |ctl| {
         let s = ctl.subsystem(&nqn)?;
         if s.kind == SubsystemKind::Nvm {
-            let all: Vec<std::net::SocketAddr> = ctl
-                .target
-                .listeners
-                .read()
-                .map(|l| {
-                    l.iter()
-                        .filter(|x| !x.discovery_only)
-                        .map(|x| x.addr)
-                        .collect()
-                })
-                .unwrap_or_default();
+            let all = ctl.target.nvm_listener_addrs();
             let mut l = s
                 .listen
                 .write()
