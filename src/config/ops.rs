@@ -80,6 +80,10 @@ pub struct CreateSubsystem {
     pub nvm_identify_for_kv: bool,
     #[serde(default, skip_serializing_if = "super::subsystem::is_false")]
     pub ana_reporting: bool,
+    /// kvtarget's own, from config only: see `SubsystemConfig::cluster_wide`
+    /// (its ANA groups are elected at start, so RPC cannot set it).
+    #[serde(default, skip_serializing_if = "super::subsystem::is_false")]
+    pub cluster_wide: bool,
 }
 
 /// `nvmf_subsystem_add_host`'s parameters.
@@ -210,7 +214,7 @@ impl Config {
                 allow_any_host: s.allow_any_host,
                 nvm_identify_for_kv: s.nvm_identify_for_kv,
                 ana_reporting: s.ana_reporting,
-                cluster_wide: false,
+                cluster_wide: s.cluster_wide,
                 hosts: Vec::new(),
                 listen: (!s.any_listener).then(Vec::new),
                 ana_states: Vec::new(),
@@ -281,6 +285,7 @@ fn subsystem_ops(f: &str, s: &SubsystemConfig) -> Vec<(String, Op)> {
         any_listener: s.listen.is_none(),
         nvm_identify_for_kv: s.nvm_identify_for_kv,
         ana_reporting: s.ana_reporting,
+        cluster_wide: s.cluster_wide,
     });
     let mut ops = vec![(f.to_string(), create)];
     ops.extend(s.hosts.iter().enumerate().map(|(j, h)| {

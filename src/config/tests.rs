@@ -403,6 +403,20 @@ mod ops {
         assert_eq!(again.ops(), ops, "{text}");
     }
 
+    /// `cluster_wide` lives only in config: what is saved must keep it, or a
+    /// restart from a saved config would serve the subsystem alone.
+    #[test]
+    fn a_cluster_wide_subsystem_stays_cluster_wide_through_ops() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/config/cluster.toml");
+        let c = Config::load(std::path::Path::new(dir)).unwrap();
+        assert!(c.subsystems.iter().any(|s| s.cluster_wide));
+        round_trip(&c);
+        let rebuilt = c.with_ops(&c.ops()).unwrap();
+        let wide =
+            |c: &Config| -> Vec<bool> { c.subsystems.iter().map(|s| s.cluster_wide).collect() };
+        assert_eq!(wide(&rebuilt), wide(&c));
+    }
+
     #[test]
     fn example_configs_round_trip_through_ops() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/config");

@@ -151,6 +151,12 @@ impl Control {
             any_listener: listen.is_none(),
             nvm_identify_for_kv: s.nvm_identify_for_kv.load(Ordering::Acquire),
             ana_reporting: s.ana.is_reporting(),
+            // Elected from the start-up config only: kept as configured.
+            cluster_wide: self
+                .config
+                .subsystems
+                .iter()
+                .any(|o| o.nqn == s.nqn && o.cluster_wide),
         })];
         let keys = s.host_keys.read().map(|k| k.clone()).unwrap_or_default();
         let psks = s.host_psks.read().map(|k| k.clone()).unwrap_or_default();

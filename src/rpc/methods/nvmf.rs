@@ -312,6 +312,7 @@ pub(super) fn create_subsystem(p: &mut Params) -> Parsed {
         any_listener: false,
         nvm_identify_for_kv,
         ana_reporting: spdk.ana_reporting.unwrap_or(false),
+        cluster_wide: false,
     };
     act(move |ctl| {
         crate::rpc::apply::create_subsystem(&ctl.target, &op)
