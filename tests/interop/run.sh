@@ -23,6 +23,8 @@
 #          pool lives on a Malloc bdev of SPDK's own nvmf_tgt, started here on
 #          127.0.0.1:4430, reached through kvtarget's `spdk` backend, i.e. SPDK's
 #          NVMe/TCP host; needs KVTARGET_BIN built with --features spdk and SPDK_DIR)
+#          Another backend than uring runs only the scenarios that reach the pool
+#          (POOL_SCENARIOS) unless INTEROP_ALL_SCENARIOS=1 or --only
 #        INTEROP_RESTART_SIGNAL (TERM (default) or KILL: how the suite's restarts stop
 #          kvtarget; with KILL only what was flushed may survive, which the restart
 #          scenarios check)
@@ -86,6 +88,17 @@ KV_MODEL=kvtarget
 timeout_s=${INTEROP_TIMEOUT:-900}
 backend=${INTEROP_BACKEND:-uring}
 restart_signal=${INTEROP_RESTART_SIGNAL:-TERM}
+# The scenarios whose I/O reaches the pool, i.e. depend on its backend. With another
+# backend than the default only these run (unless --only or INTEROP_ALL_SCENARIOS=1
+# says otherwise): discovery, connect, digests, keep-alive, authentication, TLS,
+# reservations, ANA and the cluster take the same code whatever holds the pool, and
+# ci/test.sh has run them against the uring backend in the boot before (one guest
+# boot's worth of CI time, about 3 minutes, kept for the scenarios that differ).
+POOL_SCENARIOS='^(connect-1-io-queue|nvme-list|nvme-id-ns|nvme-smart-log|fio-verify-.*|dd-sha256|flush|blkdiscard.*|disconnect-reconnect|target-restart|several-namespaces|nuse-tracks-writes-and-discard|unwritten-error-volume|volume-data-survives-restart|namespace-hot-add-remove|bench-fio-profiles|lmcache-.*|kv-namespace)$'
+if [ "$backend" != uring ] && [ -z "$only" ] && [ "${INTEROP_ALL_SCENARIOS:-0}" != 1 ]; then
+    only=$POOL_SCENARIOS
+    echo "interop: pool backend $backend: the scenarios that reach the pool only (INTEROP_ALL_SCENARIOS=1 runs all)" >&2
+fi
 case "$restart_signal" in TERM|KILL) ;; *) echo "interop: INTEROP_RESTART_SIGNAL must be TERM or KILL" >&2; exit 2 ;; esac
 SPDK_TGT_PORT=4430
 SPDK_TGT_NQN=nqn.2016-06.io.spdk:interop-pool
@@ -412,6 +425,9 @@ EOF
 cl_start() {
     local dir=$out/cluster p i name
     mkdir -p "$dir"
+    if [ -n "$only" ] && ! echo cluster-referrals | grep -qE "$only"; then
+        CL_SKIP="not selected by --only"; return
+    fi
     if ! command -v etcd >/dev/null; then
         CL_SKIP="no etcd on the host (Debian: apt-get install etcd-server)"; return
     fi
