@@ -47,13 +47,10 @@ const READ_STAGING: usize = 2 << 20;
 /// cycle the cache, and waiting behind megabytes of other reads' data is the
 /// wait a small read must not have.
 const UNSTAGED_READ_MAX: usize = 16 * 1024;
-/// Largest C2HData PDU: a longer read's data goes out in PDUs of this size,
-/// fed into the output one at a time, so a response queued behind it waits
-/// for at most about two of them, not for the whole transfer.
-const C2H_PDU_MAX: usize = 128 * 1024;
-/// Bytes one `flush` writes at most before it lets the reactor's other queue
-/// pairs send theirs (it reports more to send, and the next pass goes on).
-const FLUSH_BUDGET: usize = 2 * C2H_PDU_MAX;
+/// Bytes one `flush` writes at most, in largest C2HData PDUs
+/// (`tcp.max_c2h_data`), before it lets the reactor's other queue pairs send
+/// theirs (it reports more to send, and the next pass goes on).
+const FLUSH_BUDGET_PDUS: usize = 2;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ConnState {
@@ -106,7 +103,7 @@ struct DirectReceive {
     ddgst: usize,
 }
 
-/// A read whose data goes out in several C2HData PDUs (`C2H_PDU_MAX`).
+/// A read whose data goes out in several C2HData PDUs (`max_c2h_data`).
 #[derive(Debug)]
 struct HeldC2h {
     cid: u16,
@@ -176,7 +173,11 @@ struct TcpLink<W> {
     read_staged: usize,
     /// Reads waiting for staging room, in arrival order, with their arrival.
     read_waiting: VecDeque<(Sqe, u64)>,
-    /// Reads longer than `C2H_PDU_MAX` whose data is held in `out`, oldest
+    /// Largest C2HData PDU (`tcp.max_c2h_data`): a longer read's data is held
+    /// and fed into the output one PDU at a time, so a response queued behind
+    /// it waits for about two of them, not for the whole transfer.
+    max_c2h_data: usize,
+    /// Reads longer than `max_c2h_data` whose data is held in `out`, oldest
     /// first, the front one being fed.
     c2h_held: VecDeque<HeldC2h>,
     direct: Option<DirectReceive>,
@@ -244,11 +245,11 @@ impl<W: Wire> TcpLink<W> {
     /// is waiting to be sent: one C2HData PDU per piece, in offset order, the
     /// last with LAST_PDU (and SUCCESS, or the CapsuleResp after it).
     fn feed_c2h(&mut self) {
-        while self.out.sendable() < C2H_PDU_MAX {
+        while self.out.sendable() < self.max_c2h_data {
             let Some(h) = self.c2h_held.front() else {
                 return;
             };
-            let Some((off, piece)) = self.out.unfed_piece(C2H_PDU_MAX) else {
+            let Some((off, piece)) = self.out.unfed_piece(self.max_c2h_data) else {
                 return;
             };
             let n = piece.len();
@@ -342,7 +343,7 @@ impl<W: Wire> Link<TcpReq> for TcpLink<W> {
         };
         let mut held = false;
         let read_buf = match read_buf {
-            Some((b, n)) if n.min(b.len()) > C2H_PDU_MAX => {
+            Some((b, n)) if n.min(b.len()) > self.max_c2h_data => {
                 held = true;
                 // Framed piece by piece as the socket takes it (`feed_c2h`).
                 self.c2h_held.push_back(HeldC2h {
@@ -463,6 +464,7 @@ impl<W: Wire> TcpConnection<W> {
             r2t_waiting: VecDeque::new(),
             read_staged: 0,
             read_waiting: VecDeque::new(),
+            max_c2h_data: (lim.max_c2h_data as usize).max(4096),
             c2h_held: VecDeque::new(),
             direct: None,
             limits: ParseLimits { max_data },
@@ -1022,7 +1024,8 @@ impl<W: Wire> QueuePair for TcpConnection<W> {
             return false;
         }
         let mut written = 0;
-        while !l.out.is_empty() && written < FLUSH_BUDGET {
+        let budget = FLUSH_BUDGET_PDUS * l.max_c2h_data;
+        while !l.out.is_empty() && written < budget {
             l.feed_c2h();
             match l.out.write_to(&mut l.sock, bufs) {
                 Ok(0) => {
@@ -1124,7 +1127,7 @@ mod tests {
     /// One reactor, one RAM namespace of 4 KiB blocks, 32 MiB transfers, and
     /// small socket buffers so that what the kernel holds is little beside
     /// what the target queues.
-    fn server() -> crate::server::Server {
+    fn server(max_c2h_data: usize) -> crate::server::Server {
         let text = format!(
             r#"
 [reactors]
@@ -1133,6 +1136,7 @@ count = 1
 [tcp]
 max_io_size = "32MiB"
 send_buf_size = "64KiB"
+max_c2h_data = {max_c2h_data}
 
 [[listeners]]
 address = "127.0.0.1"
@@ -1221,19 +1225,24 @@ block_size = 4096
     /// queue pair is answered after at most about two C2HData PDUs more of
     /// the large one (plus what the kernel's socket buffers already hold),
     /// not after the rest of the 32 MiB; the large read's data still arrives
-    /// whole, in offset order, in PDUs of at most `C2H_PDU_MAX`, its last
+    /// whole, in offset order, in PDUs of at most `tcp.max_c2h_data`, its last
     /// one LAST_PDU. Measured: 0.19-0.33 MB ahead of it; before the large
-    /// read was split, 33.5 MB (all of the rest of it).
+    /// read was split, 33.5 MB (all of the rest of it). With the knob at
+    /// 16 MiB the read goes in two PDUs.
     #[test]
     fn a_small_read_is_answered_between_the_pieces_of_a_large_one() {
-        for digests in [
-            Digests::default(),
-            Digests {
-                header: true,
-                data: true,
-            },
+        let both = Digests {
+            header: true,
+            data: true,
+        };
+        for (digests, pdu_max) in [
+            (Digests::default(), 128 << 10),
+            (both, 128 << 10),
+            // The knob: PDUs of 16 MiB, two for the whole read.
+            (Digests::default(), 16 << 20),
         ] {
-            let srv = server();
+            let srv = server(pdu_max);
+            let mut pdus = 0;
             let addr = srv.listen_addrs()[0].0;
             let mut o = HostOptions::new(addr, NQN);
             o.digests = digests;
@@ -1273,7 +1282,8 @@ block_size = 4096
                 assert_eq!(p.cid, 1);
                 if p.ty == pdu::pdu_type::C2H_DATA {
                     assert_eq!(p.offset, got, "C2HData out of offset order");
-                    assert!(p.data.len() <= C2H_PDU_MAX);
+                    assert!(p.data.len() <= pdu_max);
+                    pdus += 1;
                     big[got..got + p.data.len()].copy_from_slice(&p.data);
                     got += p.data.len();
                     let last = p.flags & pdu::flags::LAST_PDU != 0;
@@ -1285,9 +1295,10 @@ block_size = 4096
                 }
             }
             assert!(big == want[..BIG], "the large read's data");
+            assert_eq!(pdus, BIG.div_ceil(pdu_max));
             let ahead = ahead.unwrap_or(0);
             assert!(
-                ahead <= (1 << 20),
+                ahead <= (1 << 20) + 2 * pdu_max,
                 "{ahead} bytes of the 32 MiB read went ahead of the 4 KiB read's answer"
             );
             srv.shutdown();
