@@ -1127,7 +1127,7 @@ mod tests {
     /// One reactor, one RAM namespace of 4 KiB blocks, 32 MiB transfers, and
     /// small socket buffers so that what the kernel holds is little beside
     /// what the target queues.
-    fn server(max_c2h_data: usize) -> crate::server::Server {
+    fn server(max_c2h_data: usize, c2h_success: bool) -> crate::server::Server {
         let text = format!(
             r#"
 [reactors]
@@ -1137,6 +1137,7 @@ count = 1
 max_io_size = "32MiB"
 send_buf_size = "64KiB"
 max_c2h_data = {max_c2h_data}
+c2h_success = {c2h_success}
 
 [[listeners]]
 address = "127.0.0.1"
@@ -1235,13 +1236,16 @@ block_size = 4096
             header: true,
             data: true,
         };
-        for (digests, pdu_max) in [
-            (Digests::default(), 128 << 10),
-            (both, 128 << 10),
+        for (digests, pdu_max, success) in [
+            (Digests::default(), 128 << 10, true),
+            (both, 128 << 10, true),
+            // A CapsuleResp after the last PDU instead of SUCCESS.
+            (Digests::default(), 128 << 10, false),
             // The knob: PDUs of 16 MiB, two for the whole read.
-            (Digests::default(), 16 << 20),
+            (Digests::default(), 16 << 20, true),
         ] {
-            let srv = server(pdu_max);
+            let srv = server(pdu_max, success);
+            let mut resps = 0;
             let mut pdus = 0;
             let addr = srv.listen_addrs()[0].0;
             let mut o = HostOptions::new(addr, NQN);
@@ -1291,11 +1295,17 @@ block_size = 4096
                     done |= last && p.flags & pdu::flags::SUCCESS != 0;
                 } else {
                     assert_eq!(got, BIG, "the response before the data");
+                    resps += 1;
                     done = true;
                 }
             }
             assert!(big == want[..BIG], "the large read's data");
             assert_eq!(pdus, BIG.div_ceil(pdu_max));
+            assert_eq!(
+                resps,
+                usize::from(!success),
+                "a CapsuleResp without SUCCESS"
+            );
             let ahead = ahead.unwrap_or(0);
             assert!(
                 ahead <= (1 << 20) + 2 * pdu_max,
