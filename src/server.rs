@@ -389,6 +389,7 @@ fn transport_limits(t: &TcpConfig) -> TransportLimits {
         recv_buf_size: t.recv_buf_size.min(u32::MAX as u64) as u32,
         send_buf_size: t.send_buf_size.min(u32::MAX as u64) as u32,
         c2h_success: t.c2h_success,
+        max_c2h_data: t.max_c2h_data.min(u32::MAX as u64) as u32,
     }
 }
 

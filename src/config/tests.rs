@@ -261,6 +261,17 @@ fn active_r2ts_are_bounded_and_named() {
 }
 
 #[test]
+fn c2h_data_pdus_are_bounded_and_named() {
+    let with = |v: &str| format!("[tcp]\nmax_c2h_data = {v}\n{GOOD}");
+    assert_eq!(Config::parse(GOOD).unwrap().tcp.max_c2h_data, 128 << 10);
+    let c = Config::parse(&with("\"1MiB\"")).unwrap();
+    assert_eq!(c.tcp.max_c2h_data, 1 << 20);
+    for bad in ["\"2KiB\"", "\"32MiB\"", "4098"] {
+        assert_eq!(field_of(&with(bad)), "tcp.max_c2h_data", "{bad}");
+    }
+}
+
+#[test]
 fn socket_buffers_are_auto_or_bounded() {
     let with = |k: &str, v: &str| format!("[tcp]\n{k} = {v}\n{GOOD}");
     let c = Config::parse(GOOD).unwrap();

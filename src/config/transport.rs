@@ -72,6 +72,11 @@ pub struct TcpConfig {
     #[serde(deserialize_with = "size")]
     pub send_buf_size: u64,
     pub c2h_success: bool,
+    /// Largest C2HData PDU: a longer read's data goes out in PDUs of this
+    /// size, and other commands' responses may go between them (a small
+    /// read waits for about two of them, not for a whole 32 MiB transfer).
+    #[serde(deserialize_with = "size")]
+    pub max_c2h_data: u64,
 }
 
 impl Default for TcpConfig {
@@ -87,6 +92,7 @@ impl Default for TcpConfig {
             recv_buf_size: 0,
             send_buf_size: 0,
             c2h_success: true,
+            max_c2h_data: 128 << 10,
         }
     }
 }
@@ -126,6 +132,13 @@ impl TcpConfig {
             return Err(invalid!(
                 "{f}.max_h2c_data",
                 "must be a multiple of 4 from 4KiB to 16MiB (got {h2c})"
+            ));
+        }
+        let c2h = self.max_c2h_data;
+        if c2h % 4 != 0 || !MAX_H2C_DATA.contains(&c2h) {
+            return Err(invalid!(
+                "{f}.max_c2h_data",
+                "must be a multiple of 4 from 4KiB to 16MiB (got {c2h})"
             ));
         }
         if !R2T_LENGTH.contains(&self.max_r2t_length) {

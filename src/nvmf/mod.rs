@@ -59,6 +59,8 @@ pub struct TransportLimits {
     pub send_buf_size: u32,
     /// Send C2HData with the SUCCESS flag and no CapsuleResp (as SPDK does).
     pub c2h_success: bool,
+    /// Largest C2HData PDU (`tcp.max_c2h_data`): longer read data is split.
+    pub max_c2h_data: u32,
 }
 
 impl Default for TransportLimits {
@@ -75,6 +77,7 @@ impl Default for TransportLimits {
             recv_buf_size: 0,
             send_buf_size: 0,
             c2h_success: true,
+            max_c2h_data: 128 << 10,
         }
     }
 }
