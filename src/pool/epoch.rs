@@ -1,6 +1,6 @@
 //! A shared pool's owner epoch (issue 36): the node that wins the election of
 //! a shared pool opens it with its epoch (`Pool::open_owned`), which writes
-//! the epoch into the superblock's block after recovery and before anything
+//! the epoch into the superblock's block before recovery and anything
 //! else; every metadata commit and checkpoint re-reads it first
 //! (`check_epoch`) and is refused when a newer owner has written a larger
 //! one. The pool then fails like after a write error: read-only, allocations
@@ -19,8 +19,9 @@ use crate::meta::SUPERBLOCK_VERSION_EPOCH;
 
 impl Pool {
     /// Opens a shared pool as its owner with epoch `epoch` (the election's,
-    /// never 0): recovers it from its journal, writes the epoch into the
-    /// superblock's block, then writes the fresh checkpoint of `open`.
+    /// never 0): writes the epoch into the superblock's block, then recovers
+    /// the pool from its journal (the old owner's later commits are refused,
+    /// so none is lost between the two) and writes `open`'s checkpoint.
     /// Refused when the pool shows a newer epoch, or has no epoch record
     /// (superblock format 1).
     pub fn open_owned(

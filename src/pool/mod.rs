@@ -258,11 +258,15 @@ impl Pool {
         owner: Option<(u64, &str)>,
     ) -> Result<Arc<Pool>, PoolError> {
         let mut io = SyncIo::new(&dev)?;
-        let (sb, img, rep) =
-            load_image(&mut io, dev.size_bytes()).map_err(|e| e.on(dev.describe()))?;
         if let Some((epoch, node)) = owner {
+            // The epoch before recovery: every commit the old owner tries
+            // after it is refused, so recovery sees all it committed.
+            let sb = Superblock::decode(&io.read(0, META_BLOCK as usize)?)
+                .map_err(|e| PoolError::from(e).on(dev.describe()))?;
             Pool::write_epoch(name, &mut io, &sb, epoch, node)?;
         }
+        let (sb, img, rep) =
+            load_image(&mut io, dev.size_bytes()).map_err(|e| e.on(dev.describe()))?;
         tracing::info!(pool = name, dev = %dev.describe(), checkpoint = rep.checkpoint_gen, entries = rep.journal_entries, records = rep.journal_records, end = %rep.journal_end, "pool recovered");
         let volumes = restore_volumes(&img, sb.extent_size, &dev)?;
         let dirty = img.dirty();
