@@ -411,6 +411,8 @@ struct Assembly {
     pool_locks: Vec<crate::pool::PoolLock>,
     /// The whole devices plain namespaces are.
     devices: Vec<SharedDevice>,
+    /// The NQNs of the cluster-wide subsystems.
+    cluster_wide: Vec<String>,
 }
 
 impl Assembly {
@@ -560,6 +562,14 @@ impl Assembly {
         tracing::info!(subnqn = %nqn, nsid = n.nsid, dev = %dev.describe(), bytes = dev.size_bytes(), block_size, "namespace");
         let mut ns = Namespace::new(nqn, n.nsid, dev, block_size)
             .with_write_cache(n.write_cache.unwrap_or(true));
+        if self.cluster_wide.contains(nqn) {
+            // Every node serves the same identity, derived from NQN and NSID,
+            // not a node-local volume's own (each node's differs), or a host
+            // would not see one namespace behind the nodes' paths.
+            let id = crate::ident::stable_uuid(&format!("{nqn}/ns/{}", n.nsid));
+            (ns.uuid, ns.nguid) = (id, id);
+            ns.eui64.copy_from_slice(&id[8..16]);
+        }
         if let Some(p) = &n.ptpl_file {
             ns = ns
                 .with_ptpl_file(p.clone())
@@ -762,6 +772,7 @@ impl Server {
             pools: Vec::new(),
             pool_locks: Vec::new(),
             devices: Vec::new(),
+            cluster_wide: cluster_wide(cfg),
         };
         for (field, op) in cfg.ops_with_fields() {
             if let Err(e) = built.apply(&field, &op) {

@@ -564,8 +564,13 @@ fn group(n: &Node) -> (String, String, i64) {
 /// Two nodes serving the cluster-wide subsystem; returns (owner, other)
 /// once exactly one reports group 1 optimized.
 fn elected(dir: &Path, etcd: &Etcd) -> (Node, Node) {
-    let a = Node::start(dir, "a", &etcd.url(), &wide_subsystem());
-    let b = Node::start(dir, "b", &etcd.url(), &wide_subsystem());
+    elected_serving(dir, etcd, &wide_subsystem())
+}
+
+/// `elected` with `sub` (the cluster-wide subsystem `WIDE_NQN`, group 1).
+fn elected_serving(dir: &Path, etcd: &Etcd, sub: &str) -> (Node, Node) {
+    let a = Node::start(dir, "a", &etcd.url(), sub);
+    let b = Node::start(dir, "b", &etcd.url(), sub);
     let settled = || {
         let (ra, rb) = (group(&a).0, group(&b).0);
         matches!(
@@ -710,4 +715,122 @@ fn an_unelected_node_reports_inaccessible_until_it_wins() {
         a.cluster()
     );
     assert_eq!(ana_state(&a), OPTIMIZED);
+}
+
+// ---- Node-local KV namespaces across a failover: taken over cold ----
+
+/// The cluster-wide subsystem with one KV namespace (NSID 1, group 1) on a
+/// node-local RAM pool: each node its own index.
+fn wide_kv_subsystem() -> String {
+    format!(
+        r#"
+[[pools]]
+name = "local"
+backend = "ram"
+size = "64MiB"
+
+[[pools.volumes]]
+name = "cache"
+size = "16MiB"
+kind = "kv"
+
+[[subsystems]]
+nqn = "{WIDE_NQN}"
+allow_any_host = true
+ana_reporting = true
+cluster_wide = true
+
+[[subsystems.namespaces]]
+nsid = 1
+volume = "local/cache"
+"#
+    )
+}
+
+const PLAIN: nvme::StoreOptions = nvme::StoreOptions {
+    must_exist: false,
+    must_not_exist: false,
+    no_compress: false,
+};
+
+fn kv_key(i: usize) -> nvme::KvKey {
+    nvme::KvKey::new(format!("key-{i}").as_bytes()).unwrap()
+}
+
+/// Key `i` as `n` serves it: its value, or None for Key Does Not Exist.
+fn kv_read(q: &mut kvtarget::initiator::IoQueue, i: usize) -> Option<Vec<u8>> {
+    match q.kv_retrieve(1, kv_key(i), 4096) {
+        Ok((v, _)) => Some(v),
+        Err(e) => {
+            let s = support::status_of(e);
+            assert_eq!(s, nvme::Status::KV_KEY_DOES_NOT_EXIST, "key-{i}");
+            None
+        }
+    }
+}
+
+/// A: owner, stores `old` values; stopped for twice the TTL, B wins and
+/// the host stores `new` values of half the keys at B; A resumes as a
+/// follower, B is killed, A wins again: every key reads as its latest value
+/// or Key Does Not Exist (never A's stale `old` of a key B took), and Stores
+/// succeed on A.
+#[test]
+fn node_local_kv_is_taken_over_cold() {
+    let Some(bin) = etcd_binary() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(bin, dir.path());
+    let (first, mut second) = elected_serving(dir.path(), &etcd, &wide_kv_subsystem());
+    const KEYS: usize = 10;
+    let old = |i: usize| format!("old-{i}").into_bytes();
+    let new = |i: usize| format!("new-{i}").into_bytes();
+    {
+        let (_h, mut q) = support::connect(loopback(first.port), WIDE_NQN, 1);
+        for i in 0..KEYS {
+            q[0].kv_store(1, kv_key(i), old(i), PLAIN).unwrap();
+        }
+    }
+    signal(&first, "STOP");
+    let stopped = Instant::now();
+    assert!(
+        eventually(ttl() + SLACK, || group(&second).0 == "owner"),
+        "{}",
+        second.cluster()
+    );
+    {
+        let (_h, mut q) = support::connect(loopback(second.port), WIDE_NQN, 1);
+        // Cold: nothing of the first owner's keys here.
+        assert_eq!(kv_read(&mut q[0], 0), None);
+        for i in 0..KEYS / 2 {
+            q[0].kv_store(1, kv_key(i), new(i), PLAIN).unwrap();
+        }
+    }
+    std::thread::sleep((2 * ttl()).saturating_sub(stopped.elapsed()));
+    signal(&first, "CONT");
+    assert!(
+        eventually(ttl() + SLACK, || group(&first).0 == "follower"),
+        "{}",
+        first.cluster()
+    );
+    second.child.kill().unwrap();
+    let _ = second.child.wait();
+    assert!(
+        eventually(ttl() + SLACK, || group(&first).0 == "owner"),
+        "{}",
+        first.cluster()
+    );
+    assert_eq!(ana_state(&first), OPTIMIZED);
+    let (_h, mut q) = support::connect(loopback(first.port), WIDE_NQN, 1);
+    for i in 0..KEYS {
+        let latest = if i < KEYS / 2 { new(i) } else { old(i) };
+        match kv_read(&mut q[0], i) {
+            None => {}
+            Some(v) => assert_eq!(v, latest, "key-{i}: other bytes than its value"),
+        }
+    }
+    // Taken over cold: A's index was emptied when it won again.
+    assert_eq!(kv_read(&mut q[0], 0), None);
+    for i in 0..KEYS {
+        q[0].kv_store(1, kv_key(i), new(i), PLAIN).unwrap();
+        assert_eq!(kv_read(&mut q[0], i), Some(new(i)));
+    }
 }

@@ -491,6 +491,19 @@ pub fn pool_format(data: &[u8]) {
                 assert_eq!(&enc[..88], &b[..88], "superblock fields not byte-exact");
                 let _ = sb.extent_offset(sb.extent_count.saturating_sub(1));
             }
+            // The epoch records of the block's second half (format 2).
+            for off in kvtarget::meta::epoch::EPOCH_SLOTS {
+                if let Some(Ok(Some(r))) =
+                    b.get(off..).map(kvtarget::meta::epoch::EpochRecord::decode)
+                {
+                    let enc = r.encode();
+                    assert_eq!(
+                        &enc[..],
+                        &b[off..off + enc.len()],
+                        "epoch record not byte-exact"
+                    );
+                }
+            }
         }
         1 => {
             let magic = if sel & 4 != 0 {

@@ -43,6 +43,9 @@ struct Shared {
     origin: Instant,
     target: Arc<Target>,
     status: Arc<Mutex<ClusterStatus>>,
+    /// The groups last applied optimized: a group not among them that is
+    /// now is taken over (`takeover`) before it is reported optimized.
+    optimized: Mutex<Vec<GroupId>>,
 }
 
 /// This node's part in the elections of its cluster-wide subsystems.
@@ -77,6 +80,7 @@ impl Election {
             origin: ana::mono_origin(),
             target,
             status,
+            optimized: Mutex::new(Vec::new()),
         });
         shared.publish(&shared.lock(), true);
         let stop = Arc::new(AtomicBool::new(false));
@@ -220,9 +224,16 @@ impl Shared {
             set_lease_deadline(&self.target, nqn, deadline);
         }
         if apply {
+            let mut was = self.optimized.lock().unwrap_or_else(|e| e.into_inner());
             for (g, role) in &roles {
+                if role.optimized() && !was.contains(g) {
+                    super::takeover::take_over_cold(&self.target, g);
+                }
                 apply_role(&self.target, g, *role);
             }
+            *was = (roles.iter().filter(|(_, r)| r.optimized()))
+                .map(|(g, _)| g.clone())
+                .collect();
         }
         let groups: Vec<GroupStatus> = roles
             .iter()

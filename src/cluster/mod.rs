@@ -31,6 +31,7 @@ mod node;
 pub mod ownership;
 pub mod referral;
 mod table;
+mod takeover;
 
 pub use elect::{inaccessible_until_elected, GroupStatus};
 pub use member::{MemberListener, MemberRecord};

@@ -272,6 +272,24 @@ pub(super) fn find_volume(pools: &[PoolConfig], v: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks that volume `v` (found by `find_volume`) may back a namespace of a
+/// cluster-wide subsystem; the reason if not. Every pool is node-local (each
+/// node its own device), so a block volume is refused: a failover would move
+/// the host to another node's empty volume, and a filesystem cannot continue
+/// on an empty disk. A KV volume is taken over cold (docs/cluster.md).
+pub(super) fn cluster_wide_volume(pools: &[PoolConfig], v: &str) -> Result<(), String> {
+    let (pool, vol) = v.split_once('/').unwrap_or((v, ""));
+    let kind = (pools.iter().find(|p| p.name == pool))
+        .and_then(|p| p.volumes.iter().find(|x| x.name == vol))
+        .map(|x| x.kind);
+    if kind == Some(VolumeKind::Block) {
+        return Err(format!(
+            "`{v}` is a block volume on node-local pool `{pool}`: a cluster-wide subsystem cannot fail it over (another node's volume is empty, and a filesystem cannot continue on an empty disk); serve it from a subsystem without cluster_wide"
+        ));
+    }
+    Ok(())
+}
+
 impl PoolConfig {
     /// The device this pool sits on.
     pub fn device(&self) -> DeviceSpec<'_> {

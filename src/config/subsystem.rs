@@ -482,6 +482,14 @@ impl SubsystemConfig {
             field: format!("{f}.volume"),
             reason,
         })?;
+        if self.cluster_wide {
+            super::pool::cluster_wide_volume(refs.pools, v).map_err(|reason| {
+                ConfigError::Invalid {
+                    field: format!("{f}.volume"),
+                    reason,
+                }
+            })?;
+        }
         if served.contains(&v.as_str()) {
             return Err(invalid!(
                 "{f}.volume",
@@ -504,6 +512,29 @@ mod tests {
         let c = if cluster { CLUSTER } else { "" };
         let text = format!("{BASE}{c}[[subsystems]]\nnqn = \"nqn.2016-06.io.kvtarget:s\"\n{sub}");
         Config::parse(&text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn cluster_wide_refuses_block_volumes_on_node_local_pools() {
+        let pools = "[[pools]]\nname = \"p\"\nbackend = \"ram\"\nsize = \"64MiB\"\n\
+            [[pools.volumes]]\nname = \"b\"\nsize = \"4MiB\"\n\
+            [[pools.volumes]]\nname = \"k\"\nsize = \"4MiB\"\nkind = \"kv\"\n";
+        let sub = |vol: &str, wide: bool| {
+            let text = format!(
+                "{BASE}{CLUSTER}{pools}[[subsystems]]\nnqn = \"nqn.2016-06.io.kvtarget:s\"\n\
+                 ana_reporting = true\ncluster_wide = {wide}\n\
+                 [[subsystems.namespaces]]\nnsid = 1\nvolume = \"p/{vol}\"\n"
+            );
+            Config::parse(&text).map(|_| ()).map_err(|e| e.to_string())
+        };
+        assert_eq!(sub("k", true), Ok(()));
+        assert_eq!(sub("b", false), Ok(()));
+        let e = sub("b", true).unwrap_err();
+        assert!(
+            e.starts_with("subsystems[0].namespaces[0].volume: `p/b` is a block volume on node-local pool `p`"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'));
     }
 
     #[test]

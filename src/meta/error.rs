@@ -88,6 +88,15 @@ pub enum PoolError {
     KvKeyRoom { name: String, keys: u64, room: u64 },
     #[error("{path}: the pool is in use by another kvtarget process")]
     Locked { path: String },
+    #[error("pool {pool}: superseded: its owner epoch is {newer} (node {node}), this node's {epoch}; it writes no more")]
+    Superseded {
+        pool: String,
+        epoch: u64,
+        newer: u64,
+        node: String,
+    },
+    #[error("pool {pool}: superblock format {version} has no room for an owner epoch; a shared pool needs a pool formatted by this version")]
+    NoEpochRecord { pool: String, version: u32 },
 }
 
 impl PoolError {

@@ -3,6 +3,7 @@
 //!
 //! - `block`: the sealed 4 KiB block every metadata write is made of;
 //! - `superblock`: the pool's geometry at offset 0;
+//! - `epoch`: a shared pool's owner epoch, in the superblock block's second half;
 //! - `journal`: the records a commit appends to the journal ring;
 //! - `checkpoint`: the whole state in one of two alternating slots;
 //! - `image`: that state as plain values, a checkpoint with records applied;
@@ -18,6 +19,7 @@
 pub mod block;
 pub mod check;
 pub mod checkpoint;
+pub mod epoch;
 pub mod error;
 pub mod format;
 pub mod image;

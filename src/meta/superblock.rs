@@ -10,6 +10,11 @@
 //! journal      journal ring (journal_len), entries 4 KiB aligned
 //! data_offset  extent 0, extent 1, ... (extent_size each)
 //! ```
+//!
+//! Format 2 (pools formatted since issue 36) keeps the same fields and moves
+//! the checksum to 2044, so the block's second half can hold the owner's epoch
+//! records of a shared pool (`super::epoch`) without rewriting the geometry.
+//! Format 1 pools (checksum at 4092) still open; they have no epoch record.
 
 use super::block::{
     crc, round_up, FormatError, Reader, Writer, FORMAT_VERSION, META_BLOCK, SUPERBLOCK_MAGIC,
@@ -35,9 +40,23 @@ pub const VOLUME_CKPT_BYTES: u64 = 320;
 pub const KV_BYTES_PER_KEY: u64 = 16 << 10;
 /// The most bytes one key takes in a checkpoint (volume, key, location).
 pub const KV_CKPT_ENTRY_BYTES: u64 = 4 + 1 + 16 + 8 + 4 + 4;
+/// The superblock format `Superblock::layout` writes: 2, with the epoch
+/// records in the block's second half. `FORMAT_VERSION` (1) also decodes.
+pub const SUPERBLOCK_VERSION_EPOCH: u32 = 2;
+/// Bytes of the superblock's block its checksum covers, by format.
+fn checksummed_len(version: u32) -> usize {
+    if version >= SUPERBLOCK_VERSION_EPOCH {
+        super::epoch::EPOCH_SLOTS[0] - 4
+    } else {
+        META_BLOCK as usize - 4
+    }
+}
+
 /// Pool geometry, written once at format time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
+    /// `FORMAT_VERSION` (1) or `SUPERBLOCK_VERSION_EPOCH` (2).
+    pub version: u32,
     pub uuid: [u8; 16],
     pub extent_size: u64,
     pub device_size: u64,
@@ -106,6 +125,7 @@ impl Superblock {
             )));
         }
         Ok(Superblock {
+            version: SUPERBLOCK_VERSION_EPOCH,
             uuid,
             extent_size,
             device_size,
@@ -125,7 +145,7 @@ impl Superblock {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
         w.bytes(SUPERBLOCK_MAGIC);
-        w.u32(FORMAT_VERSION);
+        w.u32(self.version);
         w.bytes(&self.uuid);
         w.u64(self.extent_size);
         w.u64(self.device_size);
@@ -137,8 +157,9 @@ impl Superblock {
         w.u64(self.data_offset);
         let mut b = w.b;
         b.resize(META_BLOCK as usize, 0);
-        let c = crc(&b[..META_BLOCK as usize - 4]);
-        b[META_BLOCK as usize - 4..].copy_from_slice(&c.to_le_bytes());
+        let n = checksummed_len(self.version);
+        let c = crc(&b[..n]);
+        b[n..n + 4].copy_from_slice(&c.to_le_bytes());
         b
     }
 
@@ -150,17 +171,24 @@ impl Superblock {
         if &b[..8] != SUPERBLOCK_MAGIC {
             return Err(FormatError::BadMagic { what });
         }
-        let n = META_BLOCK as usize;
-        let stored = u32::from_le_bytes([b[n - 4], b[n - 3], b[n - 2], b[n - 1]]);
-        if crc(&b[..n - 4]) != stored {
-            return Err(FormatError::BadChecksum { what });
-        }
-        let mut r = Reader::new(&b[8..n - 4], what);
-        let version = r.u32()?;
-        if version != FORMAT_VERSION {
+        let version = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+        if version != FORMAT_VERSION && version != SUPERBLOCK_VERSION_EPOCH {
+            // A flipped bit in the version is a checksum error, as before.
+            let n = META_BLOCK as usize - 4;
+            let stored = u32::from_le_bytes([b[n], b[n + 1], b[n + 2], b[n + 3]]);
+            if crc(&b[..n]) != stored {
+                return Err(FormatError::BadChecksum { what });
+            }
             return Err(FormatError::BadVersion { what, version });
         }
+        let n = checksummed_len(version);
+        let stored = u32::from_le_bytes([b[n], b[n + 1], b[n + 2], b[n + 3]]);
+        if crc(&b[..n]) != stored {
+            return Err(FormatError::BadChecksum { what });
+        }
+        let mut r = Reader::new(&b[12..n], what);
         let sb = Superblock {
+            version,
             uuid: r.array16()?,
             extent_size: r.u64()?,
             device_size: r.u64()?,
@@ -260,14 +288,36 @@ mod tests {
         assert!(Superblock::layout(1 << 20, 1 << 20, [0; 16], None).is_err());
     }
 
+    #[test]
+    fn format_1_superblocks_still_decode() {
+        let sb = Superblock {
+            version: FORMAT_VERSION,
+            ..Superblock::layout(1 << 30, 1 << 20, [7; 16], None).unwrap()
+        };
+        let b = sb.encode();
+        // Format 1: the checksum at the block's end, nothing at 2044.
+        assert_eq!(&b[2044..2048], &[0; 4]);
+        assert_ne!(&b[4092..], &[0; 4]);
+        assert_eq!(Superblock::decode(&b), Ok(sb));
+    }
+
     proptest! {
         #[test]
-            fn mutated_superblock_never_passes_with_bad_geometry(pos in 0usize..4096, bit in 0u8..8) {
-                let sb = Superblock::layout(8 << 30, 1 << 20, [3; 16], None).unwrap();
+            fn mutated_superblock_never_passes_with_bad_geometry(pos in 0usize..4096, bit in 0u8..8, v1 in any::<bool>()) {
+                let mut sb = Superblock::layout(8 << 30, 1 << 20, [3; 16], None).unwrap();
+                if v1 {
+                    sb.version = FORMAT_VERSION;
+                }
                 let mut b = sb.encode();
                 b[pos] ^= 1 << bit;
-                // A single flipped bit is always caught (CRC32C detects all 1-bit errors).
-                prop_assert!(Superblock::decode(&b).is_err());
+                if v1 || pos < crate::meta::epoch::EPOCH_SLOTS[0] {
+                    // A single flipped bit is always caught (CRC32C detects all 1-bit errors).
+                    prop_assert!(Superblock::decode(&b).is_err());
+                } else {
+                    // Format 2's second half is the epoch records' (their own
+                    // checksums): the geometry reads unchanged.
+                    prop_assert_eq!(Superblock::decode(&b), Ok(sb));
+                }
             }
     }
 }

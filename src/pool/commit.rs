@@ -33,6 +33,7 @@ impl Pool {
     }
 
     fn commit_inner(&self, m: &mut Meta, extra: Vec<Record>) -> Result<(), PoolError> {
+        self.check_epoch(m)?;
         // Checkpoint before draining changes, never in the middle: a record
         // drained before a checkpoint and written after it would replay an
         // older state over the checkpoint's.
@@ -156,6 +157,7 @@ impl Pool {
     /// Writes the whole metadata state to the older checkpoint slot; the journal
     /// restarts after it.
     pub(super) fn checkpoint(&self, m: &mut Meta) -> Result<(), PoolError> {
+        self.check_epoch(m)?;
         let t0 = std::time::Instant::now();
         // Changes queued so far are captured by the snapshot below. If this
         // write tears, the older checkpoint and its journal are still intact.

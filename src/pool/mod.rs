@@ -28,6 +28,7 @@
 mod alloc;
 pub mod channel;
 mod commit;
+mod epoch;
 pub mod format;
 pub mod gc;
 pub mod kv;
@@ -182,6 +183,10 @@ pub struct Pool {
     failed: AtomicBool,
     /// Operator pause of background GC (urgent scrubbing still happens).
     gc_paused: AtomicBool,
+    /// A shared pool's owner epoch (`epoch`): 0 for a pool of one node.
+    owner_epoch: u64,
+    /// A newer owner's epoch refused a commit.
+    superseded: AtomicBool,
     pub stats: PoolStats,
     pub opts: PoolOptions,
 }
@@ -241,7 +246,25 @@ impl Pool {
     /// Opens a pool: loads the newest checkpoint, replays the journal, writes a
     /// fresh checkpoint, and starts the metadata thread.
     pub fn open(name: &str, dev: SharedDevice, opts: PoolOptions) -> Result<Arc<Pool>, PoolError> {
+        Pool::open_inner(name, dev, opts, None)
+    }
+
+    /// `open`, and for a shared pool's owner (`owner`: epoch and node) the
+    /// epoch written after recovery, before the fresh checkpoint.
+    fn open_inner(
+        name: &str,
+        dev: SharedDevice,
+        opts: PoolOptions,
+        owner: Option<(u64, &str)>,
+    ) -> Result<Arc<Pool>, PoolError> {
         let mut io = SyncIo::new(&dev)?;
+        if let Some((epoch, node)) = owner {
+            // The epoch before recovery: every commit the old owner tries
+            // after it is refused, so recovery sees all it committed.
+            let sb = Superblock::decode(&io.read(0, META_BLOCK as usize)?)
+                .map_err(|e| PoolError::from(e).on(dev.describe()))?;
+            Pool::write_epoch(name, &mut io, &sb, epoch, node)?;
+        }
         let (sb, img, rep) =
             load_image(&mut io, dev.size_bytes()).map_err(|e| e.on(dev.describe()))?;
         tracing::info!(pool = name, dev = %dev.describe(), checkpoint = rep.checkpoint_gen, entries = rep.journal_entries, records = rep.journal_records, end = %rep.journal_end, "pool recovered");
@@ -286,6 +309,8 @@ impl Pool {
             exhausted: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             gc_paused: AtomicBool::new(false),
+            owner_epoch: owner.map_or(0, |(e, _)| e),
+            superseded: AtomicBool::new(false),
             stats: PoolStats::default(),
             opts,
             sb,

@@ -1,0 +1,93 @@
+//! What a node does with a group's namespaces when it becomes the group's
+//! owner (issue 36 item 4), before it reports the group optimized.
+//!
+//! Node-local KV namespaces are taken over **cold**: every key this node's
+//! index holds is deleted first, so the new owner answers every key with Key
+//! Does Not Exist until a host stores it again, never with the bytes of an
+//! older ownership (a node that owned the group before, lost it, and wins it
+//! back would otherwise serve values the host has since replaced at another
+//! node). Stores succeed at once. The deletes reach the journal at the next
+//! commit like a host's; after a crash before it the node is a follower
+//! again and empties the index at its next win.
+//!
+//! Block namespaces are left alone: a block volume on a node-local pool is
+//! refused in a cluster-wide subsystem by config validation, and a RAM or
+//! file namespace is each node's own (docs/cluster.md).
+
+use super::ownership::GroupId;
+use crate::nvmf::kv_index::KeyIndex;
+use crate::nvmf::Target;
+use crate::wire::nvme::KvKey;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// Keys listed and deleted per round.
+const BATCH: usize = 1024;
+
+/// Empties the KV namespaces of group `g` here (node-local: taken over cold);
+/// the keys deleted.
+pub(super) fn take_over_cold(target: &Target, g: &GroupId) -> u64 {
+    let subs = target
+        .subsystems
+        .read()
+        .map(|s| s.clone())
+        .unwrap_or_default();
+    let Some(s) = subs.iter().find(|s| s.nqn == g.subnqn) else {
+        return 0;
+    };
+    let mut deleted = 0;
+    for ns in s.namespace_snapshot().iter() {
+        if ns.ana_group.load(Ordering::Acquire) != g.anagrpid {
+            continue;
+        }
+        if let Some(kv) = &ns.kv {
+            deleted += empty_index(kv.as_ref());
+        }
+    }
+    if deleted > 0 {
+        tracing::info!(subnqn = %g.subnqn, anagrpid = g.anagrpid, keys = deleted, "cluster: KV namespaces taken over cold");
+    }
+    deleted
+}
+
+/// Deletes every key of `kv`; the keys deleted. Stops when a round deletes
+/// nothing (a key that refuses deletion is not retried forever).
+fn empty_index(kv: &dyn KeyIndex) -> u64 {
+    let mut deleted = 0;
+    loop {
+        let now = Instant::now();
+        let keys = kv.list(&KvKey::default(), BATCH, now);
+        let gone = keys.iter().filter(|k| kv.delete(k, now).is_ok()).count() as u64;
+        deleted += gone;
+        if keys.len() < BATCH || gone == 0 {
+            return deleted;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::kv::KvIndex;
+
+    #[test]
+    fn empty_index_deletes_every_key_across_batches() {
+        let kv = KvIndex::new(64 << 20, 4096);
+        let n = BATCH as u64 * 2 + 5;
+        let mut stored = 0;
+        for i in 0..n {
+            let key = KvKey::new(&i.to_be_bytes()).unwrap();
+            let loc = crate::pool::format::KvLoc {
+                block: i,
+                nblocks: 1,
+                len: 100,
+            };
+            if kv.restore(key, loc).is_ok() {
+                stored += 1;
+            }
+        }
+        assert!(stored > BATCH as u64, "{stored}");
+        assert_eq!(empty_index(&kv), stored);
+        assert!(kv.list(&KvKey::default(), 10, Instant::now()).is_empty());
+    }
+}
