@@ -19,6 +19,8 @@ pub enum FormatError {
     BadChecksum { what: &'static str },
     #[error("{what}: unsupported format version {version}")]
     BadVersion { what: &'static str, version: u32 },
+    #[error("{what}: format version {version} is unknown and no known layout's checksum matches (damaged, or written by a newer kvtarget)")]
+    UnknownVersionOrDamaged { what: &'static str, version: u32 },
     #[error("{what}: truncated")]
     Truncated { what: &'static str },
     #[error("{what}: {detail}")]
