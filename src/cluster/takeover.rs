@@ -24,9 +24,10 @@ use std::time::Instant;
 /// Keys listed and deleted per round.
 const BATCH: usize = 1024;
 
-/// Empties the KV namespaces of group `g` here (node-local: taken over cold);
-/// the keys deleted.
-pub(super) fn take_over_cold(target: &Target, g: &GroupId) -> u64 {
+/// Empties the KV namespaces of group `g` here (node-local: taken over cold)
+/// but those of `shared` (NSIDs on a shared pool: recovered with their pool,
+/// they keep their index); the keys deleted.
+pub(super) fn take_over_cold(target: &Target, g: &GroupId, shared: &[u32]) -> u64 {
     let subs = target
         .subsystems
         .read()
@@ -37,7 +38,7 @@ pub(super) fn take_over_cold(target: &Target, g: &GroupId) -> u64 {
     };
     let mut deleted = 0;
     for ns in s.namespace_snapshot().iter() {
-        if ns.ana_group.load(Ordering::Acquire) != g.anagrpid {
+        if ns.ana_group.load(Ordering::Acquire) != g.anagrpid || shared.contains(&ns.nsid) {
             continue;
         }
         if let Some(kv) = &ns.kv {
