@@ -356,4 +356,87 @@ mod tests {
         assert_eq!(c.result, Err(crate::bdev::ERRNO_DETACHED));
         assert_eq!(ch.in_flight(), 0);
     }
+
+    const NQN: &str = "nqn.2026-12.io.kvtarget:wide";
+
+    /// A target serving one detached namespace of shared pool `p` (a file
+    /// in `dir`), and the shared pools of node `a`.
+    fn serving(dir: &std::path::Path) -> (Target, SharedPools, PoolConfig) {
+        let text = format!(
+            "name = \"p\"\nbackend = \"uring\"\npath = \"{}\"\nsize = \"64MiB\"\nshared = true\n\
+             [[volumes]]\nname = \"v\"\nsize = \"4MiB\"\n",
+            dir.join("p.pool").display()
+        );
+        let config: PoolConfig = toml::from_str(&text).unwrap();
+        let ns: NamespaceConfig = toml::from_str("nsid = 1\nvolume = \"p/v\"\n").unwrap();
+        let sn = SharedNamespace {
+            nqn: NQN.into(),
+            field: "subsystems[0].namespaces[0]".into(),
+            config: ns,
+            volume: "v".into(),
+            size: 4 << 20,
+            block_size: 4096,
+            kv: false,
+        };
+        let target = Target::new(crate::nvmf::TransportLimits::default());
+        let s = crate::nvmf::Subsystem::new(
+            NQN,
+            crate::nvmf::SubsystemKind::Nvm,
+            "s",
+            "m",
+            true,
+            vec![],
+        );
+        s.namespaces
+            .write()
+            .unwrap()
+            .push(Arc::new(detached_namespace(&sn).unwrap()));
+        target.subsystems.write().unwrap().push(Arc::new(s));
+        let mut sp = SharedPool::new(config.clone(), "pools[0]".into(), PoolOptions::default());
+        sp.namespaces.push(sn);
+        (target, SharedPools::new("a", vec![sp]), config)
+    }
+
+    #[test]
+    fn attached_as_owner_then_superseded_by_a_newer_epoch_and_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let (target, pools, config) = serving(dir.path());
+        let g = GroupId {
+            subnqn: NQN.into(),
+            anagrpid: 1,
+        };
+        let ns = |t: &Target| t.find_subsystem(NQN).unwrap().namespace(1).unwrap();
+        let detached = ns(&target);
+        assert!(detached.dev.thin_info().is_none());
+        assert_eq!((detached.num_blocks, detached.block_size), (1024, 4096));
+        // The first owner formats the empty file and creates the volume.
+        assert_eq!(pools.attach(&target, &g, 5).unwrap(), 1);
+        assert_eq!(pools.attach(&target, &g, 5).unwrap(), 0, "already attached");
+        assert!(detached.removed.load(std::sync::atomic::Ordering::Acquire));
+        let attached = ns(&target);
+        assert!(attached.dev.thin_info().is_some());
+        assert_eq!(
+            (attached.nguid, attached.num_blocks),
+            (detached.nguid, 1024)
+        );
+        assert_eq!(pools.nsids(&g), vec![1]);
+        drop(attached);
+        assert!(pools.superseded().is_empty());
+        // A newer owner (epoch 7) opens the same file: the first one's next
+        // commit is refused and the group shows superseded.
+        let dev = crate::server::prepare_pool_device(&config, "pools[0]").unwrap();
+        let newer = Pool::open_owned("p", dev, PoolOptions::default(), 7, "b").unwrap();
+        let first = pools.lock()[0].open.as_ref().unwrap().0.clone();
+        assert!(first.sync().is_err());
+        assert!(first.superseded());
+        assert_eq!(pools.superseded(), vec![g.clone()]);
+        assert_eq!(pools.detach(&target, &g), 1);
+        assert!(ns(&target).dev.thin_info().is_none(), "detached again");
+        assert!(pools.superseded().is_empty());
+        // Attaching with the old epoch is refused: the pool shows 7.
+        let e = pools.attach(&target, &g, 5).unwrap_err().to_string();
+        assert!(e.contains("superseded"), "{e}");
+        assert!(ns(&target).dev.thin_info().is_none());
+        newer.close().unwrap();
+    }
 }
