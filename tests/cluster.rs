@@ -863,6 +863,11 @@ shared = true
 name = "vol"
 size = "16MiB"
 
+[[pools.volumes]]
+name = "kv"
+size = "16MiB"
+kind = "kv"
+
 [[subsystems]]
 nqn = "{WIDE_NQN}"
 allow_any_host = true
@@ -872,12 +877,18 @@ cluster_wide = true
 [[subsystems.namespaces]]
 nsid = 1
 volume = "shared/vol"
+
+[[subsystems.namespaces]]
+nsid = 2
+volume = "shared/kv"
+ana_group = 1
 "#,
         pool.display()
     )
 }
 
-/// Three nodes sharing one pool file; returns (owner, the two others) once
+/// Three nodes sharing one pool file (a block and a KV namespace, both in
+/// ANA group 1); returns (owner, the two others) once
 /// one owns group 1 and reports it optimized.
 fn three_sharing(dir: &Path, etcd: &Etcd) -> (Node, Vec<Node>) {
     let sub = wide_shared_subsystem(&dir.join("shared.pool"));
@@ -939,6 +950,11 @@ fn a_shared_pool_serves_every_flushed_block_after_its_owner_is_killed() {
             q[0].write(1, lba * 7, block(lba, 0xA5), 4096).unwrap();
         }
         q[0].flush(1).unwrap();
+        for i in 0..10 {
+            let v = format!("value-{i}").into_bytes();
+            q[0].kv_store(2, kv_key(i), v, PLAIN).unwrap();
+        }
+        q[0].flush(2).unwrap();
     }
     owner.child.kill().unwrap();
     let _ = owner.child.wait();
@@ -951,6 +967,12 @@ fn a_shared_pool_serves_every_flushed_block_after_its_owner_is_killed() {
             "LBA {} lost after the failover",
             lba * 7
         );
+    }
+    // KV namespaces on a shared pool keep their index (recovered with the
+    // pool, not taken over cold).
+    for i in 0..10 {
+        let (v, _) = q[0].kv_retrieve(2, kv_key(i), 4096).unwrap();
+        assert_eq!(v, format!("value-{i}").into_bytes(), "key-{i}");
     }
     q[0].write(1, 1, block(1, 0x5A), 4096).unwrap();
     q[0].flush(1).unwrap();
