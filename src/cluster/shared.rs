@@ -23,8 +23,8 @@
 //! node owns it. Shared locks never block each other, so a SIGSTOPped owner
 //! that still holds its lock does not keep the next owner out (the epoch is
 //! the guard between owners), while an exclusive user of the same file (a
-//! node whose configuration does not say `shared`, the `kvtarget pool` tools)
-//! is refused.
+//! node whose configuration does not say `shared`, a `kvtarget pool` tool
+//! that writes) is refused.
 
 use super::ownership::GroupId;
 use crate::bdev::{BlockDevice, IoChannel, IoCompletion, IoOp, SharedDevice};

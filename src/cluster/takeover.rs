@@ -10,6 +10,9 @@
 //! commit like a host's; after a crash before it the node is a follower
 //! again and empties the index at its next win.
 //!
+//! KV namespaces on a shared pool are not emptied: their index was
+//! recovered with the pool (`shared`), and is as current as the pool.
+//!
 //! Block namespaces are left alone: a block volume on a node-local pool is
 //! refused in a cluster-wide subsystem by config validation, and a RAM or
 //! file namespace is each node's own (docs/cluster.md).
