@@ -279,10 +279,11 @@ fn open_pool(
         field: field.into(),
         source,
     };
+    let dev = open_pool_device(p, field)?;
     if let Some(path) = &p.path {
         locks.push(crate::pool::lock_pool(path, true).map_err(pool_err)?);
     }
-    let dev = prepare_pool_device(p, field)?;
+    format_if_empty(p, &dev, field)?;
     let pool = Pool::open(&p.name, dev, pool_options(p, reactors)).map_err(pool_err)?;
     if pool.sb.extent_size != p.extent_size {
         tracing::warn!(pool = %p.name, "the pool was formatted with {}-byte extents; extent_size = {} applies only to new pools", pool.sb.extent_size, p.extent_size);
@@ -290,9 +291,13 @@ fn open_pool(
     Ok(pool)
 }
 
-/// Opens a configured pool's device, formatting it when it holds no pool
-/// and `create` allows it.
-pub(crate) fn prepare_pool_device(p: &PoolConfig, field: &str) -> Result<SharedDevice, SetupError> {
+/// Formats a configured pool's device `dev` when it holds no pool and
+/// `create` allows it.
+pub(crate) fn format_if_empty(
+    p: &PoolConfig,
+    dev: &SharedDevice,
+    field: &str,
+) -> Result<(), SetupError> {
     let pool_err = |source| SetupError::Pool {
         field: field.into(),
         source,
@@ -301,8 +306,7 @@ pub(crate) fn prepare_pool_device(p: &PoolConfig, field: &str) -> Result<SharedD
         field: field.into(),
         source,
     };
-    let dev = open_pool_device(p, field)?;
-    let mut io = crate::pool::SyncIo::new(&dev).map_err(io_err)?;
+    let mut io = crate::pool::SyncIo::new(dev).map_err(io_err)?;
     let has_pool = io
         .read(0, 4096)
         .map(|b| &b[..8] == crate::pool::format::SUPERBLOCK_MAGIC)
@@ -316,7 +320,7 @@ pub(crate) fn prepare_pool_device(p: &PoolConfig, field: &str) -> Result<SharedD
             });
         }
         let sb = crate::pool::format(
-            &dev,
+            dev,
             &FormatOptions {
                 extent_size: p.extent_size,
                 ..FormatOptions::default()
@@ -325,7 +329,7 @@ pub(crate) fn prepare_pool_device(p: &PoolConfig, field: &str) -> Result<SharedD
         .map_err(pool_err)?;
         tracing::info!(pool = %p.name, dev = %dev.describe(), extents = sb.extent_count, extent_size = sb.extent_size, "pool created");
     }
-    Ok(dev)
+    Ok(())
 }
 
 /// What a configured pool is opened with on a target of `reactors` reactors.

@@ -196,11 +196,12 @@ fn open_owned(
         source,
     };
     // The device first: it creates a missing file.
-    let dev = crate::server::prepare_pool_device(&p.config, f)?;
+    let dev = crate::server::open_pool_device(&p.config, f)?;
     let lock = match &p.config.path {
         Some(path) => Some(crate::pool::lock_pool(path, false).map_err(pool_err)?),
         None => None,
     };
+    crate::server::format_if_empty(&p.config, &dev, f)?;
     let pool =
         Pool::open_owned(&p.config.name, dev, p.options.clone(), epoch, node).map_err(pool_err)?;
     for (j, v) in p.config.volumes.iter().enumerate() {
@@ -424,7 +425,7 @@ mod tests {
         assert!(pools.superseded().is_empty());
         // A newer owner (epoch 7) opens the same file: the first one's next
         // commit is refused and the group shows superseded.
-        let dev = crate::server::prepare_pool_device(&config, "pools[0]").unwrap();
+        let dev = crate::server::open_pool_device(&config, "pools[0]").unwrap();
         let newer = Pool::open_owned("p", dev, PoolOptions::default(), 7, "b").unwrap();
         let first = pools.lock()[0].open.as_ref().unwrap().0.clone();
         assert!(first.sync().is_err());
