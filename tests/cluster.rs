@@ -1030,3 +1030,39 @@ fn a_stopped_shared_pool_owner_writes_nothing_after_the_new_epoch() {
     let logs = owner.logs();
     assert!(logs.contains("shared pool released"), "{logs}");
 }
+
+#[test]
+fn a_won_group_stays_inaccessible_until_its_shared_pool_can_be_opened() {
+    let Some(bin) = etcd_binary() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(bin, dir.path());
+    // An exclusive user holds the pool file (a writing tool, or a node whose
+    // configuration does not say `shared`): the winner cannot open it.
+    let path = dir.path().join("shared.pool");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let exclusive = kvtarget::pool::lock_pool(&path, true).unwrap();
+    let a = Node::start(dir.path(), "a", &etcd.url(), &wide_shared_subsystem(&path));
+    assert!(
+        eventually(ttl() + SLACK, || group(&a).0 == "owner"),
+        "{}",
+        a.cluster()
+    );
+    std::thread::sleep(ttl() / 2);
+    assert_eq!(ana_state(&a), INACCESSIBLE, "no pool, nothing to serve");
+    drop(exclusive);
+    // Retried at the next poll: formatted, opened, attached, optimized.
+    assert!(
+        eventually(SLACK, || ana_state(&a) == OPTIMIZED),
+        "{}",
+        a.cluster()
+    );
+    // While a node owns it, an exclusive user is refused.
+    assert!(kvtarget::pool::lock_pool(&path, true).is_err());
+    let (_h, mut q) = support::connect(loopback(a.port), WIDE_NQN, 1);
+    q[0].write(1, 3, block(3, 0x77), 4096).unwrap();
+    q[0].flush(1).unwrap();
+    assert_eq!(q[0].read(1, 3, 1, 4096).unwrap(), block(3, 0x77));
+}

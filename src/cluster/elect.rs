@@ -177,6 +177,7 @@ impl Election {
                 Err(e) => tracing::debug!("cluster: campaign for {group:?}: {e}"),
             }
         }
+        self.shared.retry_takeovers();
     }
 
     fn key(&self, g: &GroupId) -> Vec<u8> {
@@ -228,6 +229,23 @@ impl Shared {
         self.pools.detach(&self.target, g);
         let mut was = self.optimized.lock().unwrap_or_else(|e| e.into_inner());
         was.retain(|x| x != g);
+    }
+
+    /// Retries, at each poll, the takeover of groups this node owns but does
+    /// not serve yet (a shared pool that could not be opened: a device not
+    /// there yet, an exclusive lock), and reports those it now serves
+    /// optimized.
+    fn retry_takeovers(&self) {
+        let m = self.lock();
+        let was = self.optimized.lock().map(|w| w.clone()).unwrap_or_default();
+        let pending = (m.roles().into_iter()).filter(|(g, r)| r.optimized() && !was.contains(g));
+        for (g, role) in pending {
+            if self.take_over(&g, role) {
+                apply_role(&self.target, &g, role);
+                let mut now = self.optimized.lock().unwrap_or_else(|e| e.into_inner());
+                now.push(g);
+            }
+        }
     }
 
     /// Gives up every group served here (the election stops).
