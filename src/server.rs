@@ -279,15 +279,34 @@ fn open_pool(
         field: field.into(),
         source,
     };
-    let io_err = |source| SetupError::SyncIo {
-        field: field.into(),
-        source,
-    };
     let dev = open_pool_device(p, field)?;
     if let Some(path) = &p.path {
         locks.push(crate::pool::lock_pool(path, true).map_err(pool_err)?);
     }
-    let mut io = crate::pool::SyncIo::new(&dev).map_err(io_err)?;
+    format_if_empty(p, &dev, field)?;
+    let pool = Pool::open(&p.name, dev, pool_options(p, reactors)).map_err(pool_err)?;
+    if pool.sb.extent_size != p.extent_size {
+        tracing::warn!(pool = %p.name, "the pool was formatted with {}-byte extents; extent_size = {} applies only to new pools", pool.sb.extent_size, p.extent_size);
+    }
+    Ok(pool)
+}
+
+/// Formats a configured pool's device `dev` when it holds no pool and
+/// `create` allows it.
+pub(crate) fn format_if_empty(
+    p: &PoolConfig,
+    dev: &SharedDevice,
+    field: &str,
+) -> Result<(), SetupError> {
+    let pool_err = |source| SetupError::Pool {
+        field: field.into(),
+        source,
+    };
+    let io_err = |source| SetupError::SyncIo {
+        field: field.into(),
+        source,
+    };
+    let mut io = crate::pool::SyncIo::new(dev).map_err(io_err)?;
     let has_pool = io
         .read(0, 4096)
         .map(|b| &b[..8] == crate::pool::format::SUPERBLOCK_MAGIC)
@@ -301,7 +320,7 @@ fn open_pool(
             });
         }
         let sb = crate::pool::format(
-            &dev,
+            dev,
             &FormatOptions {
                 extent_size: p.extent_size,
                 ..FormatOptions::default()
@@ -310,7 +329,12 @@ fn open_pool(
         .map_err(pool_err)?;
         tracing::info!(pool = %p.name, dev = %dev.describe(), extents = sb.extent_count, extent_size = sb.extent_size, "pool created");
     }
-    let opts = PoolOptions {
+    Ok(())
+}
+
+/// What a configured pool is opened with on a target of `reactors` reactors.
+fn pool_options(p: &PoolConfig, reactors: usize) -> PoolOptions {
+    PoolOptions {
         md_thread: true,
         reactors,
         gc: GcSettings {
@@ -323,18 +347,13 @@ fn open_pool(
         },
         dual_path: DualPath::from(&p.dual_path),
         commit_interval: Some(std::time::Duration::from_millis(p.commit_interval_ms)),
-    };
-    let pool = Pool::open(&p.name, dev, opts).map_err(pool_err)?;
-    if pool.sb.extent_size != p.extent_size {
-        tracing::warn!(pool = %p.name, "the pool was formatted with {}-byte extents; extent_size = {} applies only to new pools", pool.sb.extent_size, p.extent_size);
     }
-    Ok(pool)
 }
 
 /// Makes sure a configured volume exists: created, or grown; a volume whose
 /// block size, kind or unwritten policy differs, or that would shrink, is an
 /// error naming `f`.
-fn ensure_volume(pool: &Pool, v: &VolumeConfig, f: &str) -> Result<(), SetupError> {
+pub(crate) fn ensure_volume(pool: &Pool, v: &VolumeConfig, f: &str) -> Result<(), SetupError> {
     let pool_err = |source| SetupError::Pool {
         field: f.into(),
         source,
@@ -413,6 +432,8 @@ struct Assembly {
     devices: Vec<SharedDevice>,
     /// The NQNs of the cluster-wide subsystems.
     cluster_wide: Vec<String>,
+    /// Pools opened only by the owner of their ANA group.
+    shared: Vec<crate::cluster::SharedPool>,
 }
 
 impl Assembly {
@@ -434,9 +455,22 @@ impl Assembly {
                 },
                 source => apply_err(source),
             }),
+            Op::CreatePool(p) if p.shared => {
+                let options = pool_options(p, self.reactors);
+                let sp = crate::cluster::SharedPool::new(p.clone(), field.into(), options);
+                self.shared.push(sp);
+                Ok(())
+            }
             Op::CreatePool(p) => {
                 let pool = open_pool(p, field, self.reactors, &mut self.pool_locks)?;
                 self.pools.push(pool);
+                Ok(())
+            }
+            Op::CreateVolume(v) if self.shared.iter().any(|p| p.config.name == v.lvs_name) => {
+                // Made to exist when this node owns the pool.
+                if let Some(p) = self.shared.iter_mut().find(|p| p.config.name == v.lvs_name) {
+                    p.config.volumes.push(v.volume.clone());
+                }
                 Ok(())
             }
             Op::CreateVolume(v) => {
@@ -552,53 +586,114 @@ impl Assembly {
             field: field.into(),
             source,
         })?;
-        let (dev, kv_index) = self.namespace_device(field, nqn, n)?;
-        let block_size = dev.block_size().unwrap_or(n.block_size());
-        if dev.size_bytes() < block_size as u64 {
-            return Err(SetupError::TooSmall {
-                field: field.into(),
-            });
-        }
-        tracing::info!(subnqn = %nqn, nsid = n.nsid, dev = %dev.describe(), bytes = dev.size_bytes(), block_size, "namespace");
-        let mut ns = Namespace::new(nqn, n.nsid, dev, block_size)
-            .with_write_cache(n.write_cache.unwrap_or(true));
-        if self.cluster_wide.contains(nqn) {
-            // Every node serves the same identity, derived from NQN and NSID,
-            // not a node-local volume's own (each node's differs), or a host
-            // would not see one namespace behind the nodes' paths.
-            let id = crate::ident::stable_uuid(&format!("{nqn}/ns/{}", n.nsid));
-            (ns.uuid, ns.nguid) = (id, id);
-            ns.eui64.copy_from_slice(&id[8..16]);
-        }
-        if let Some(p) = &n.ptpl_file {
-            ns = ns
-                .with_ptpl_file(p.clone())
-                .map_err(|source| SetupError::Ptpl {
-                    field: field.into(),
-                    source,
-                })?;
-        }
-        if let Some(g) = n.ana_group {
-            ns = ns.with_ana_group(g);
-        }
-        match kv_index {
-            Some(kv) => {
-                kv.set_settings(n.kv_settings());
-                tracing::info!(subnqn = %nqn, nsid = n.nsid, keys = kv.snapshot().keys, max_keys = kv.max_keys(), on_full = kv.settings().on_full.name(), "KV namespace");
-                ns = ns.with_kv(kv);
+        let ns = match self.shared_namespace(field, nqn, n) {
+            Some(sn) => {
+                let ns = crate::cluster::detached_namespace(&sn)?;
+                tracing::info!(subnqn = %nqn, nsid = n.nsid, volume = %sn.volume, "namespace on a shared pool: detached until this node owns its ANA group");
+                if let Some(p) = self.shared.iter_mut().find(|p| {
+                    Some(p.config.name.as_str())
+                        == n.volume
+                            .as_deref()
+                            .and_then(|v| v.split_once('/'))
+                            .map(|x| x.0)
+                }) {
+                    p.namespaces.push(sn);
+                }
+                ns
             }
-            None if n.has_kv_options() => {
-                return Err(SetupError::KvOptionsOnBlock {
-                    field: field.into(),
-                })
+            None => {
+                let (dev, kv_index) = self.namespace_device(field, nqn, n)?;
+                build_namespace(
+                    field,
+                    nqn,
+                    n,
+                    dev,
+                    kv_index,
+                    self.cluster_wide.contains(nqn),
+                )?
             }
-            None => {}
-        }
+        };
         if let Ok(mut v) = subsys.namespaces.write() {
             v.push(Arc::new(ns));
         }
         Ok(())
     }
+
+    /// The namespace `n` of `nqn` when its volume is on a shared pool.
+    fn shared_namespace(
+        &self,
+        field: &str,
+        nqn: &str,
+        n: &NamespaceConfig,
+    ) -> Option<crate::cluster::SharedNamespace> {
+        let (pname, vname) = n.volume.as_deref()?.split_once('/')?;
+        let p = self.shared.iter().find(|p| p.config.name == pname)?;
+        let v = p.config.volumes.iter().find(|v| v.name == vname)?;
+        Some(crate::cluster::SharedNamespace {
+            nqn: nqn.into(),
+            field: field.into(),
+            config: n.clone(),
+            volume: vname.into(),
+            size: v.size,
+            block_size: v.block_size,
+            kv: v.kind == VolumeKind::Kv,
+        })
+    }
+}
+
+/// Builds namespace `n` of `nqn` (configuration entry `field`) on `dev`,
+/// with `kv` as its key index when it is a KV namespace; `cluster_wide`: its
+/// identity derives from NQN and NSID on every node.
+pub(crate) fn build_namespace(
+    field: &str,
+    nqn: &str,
+    n: &NamespaceConfig,
+    dev: SharedDevice,
+    kv: Option<Arc<crate::pool::kv::KvIndex>>,
+    cluster_wide: bool,
+) -> Result<Namespace, SetupError> {
+    let block_size = dev.block_size().unwrap_or(n.block_size());
+    if dev.size_bytes() < block_size as u64 {
+        return Err(SetupError::TooSmall {
+            field: field.into(),
+        });
+    }
+    tracing::info!(subnqn = %nqn, nsid = n.nsid, dev = %dev.describe(), bytes = dev.size_bytes(), block_size, "namespace");
+    let mut ns = Namespace::new(nqn, n.nsid, dev, block_size)
+        .with_write_cache(n.write_cache.unwrap_or(true));
+    if cluster_wide {
+        // Every node serves the same identity, derived from NQN and NSID,
+        // not a node-local volume's own (each node's differs), or a host
+        // would not see one namespace behind the nodes' paths.
+        let id = crate::ident::stable_uuid(&format!("{nqn}/ns/{}", n.nsid));
+        (ns.uuid, ns.nguid) = (id, id);
+        ns.eui64.copy_from_slice(&id[8..16]);
+    }
+    if let Some(p) = &n.ptpl_file {
+        ns = ns
+            .with_ptpl_file(p.clone())
+            .map_err(|source| SetupError::Ptpl {
+                field: field.into(),
+                source,
+            })?;
+    }
+    if let Some(g) = n.ana_group {
+        ns = ns.with_ana_group(g);
+    }
+    match kv {
+        Some(kv) => {
+            kv.set_settings(n.kv_settings());
+            tracing::info!(subnqn = %nqn, nsid = n.nsid, keys = kv.snapshot().keys, max_keys = kv.max_keys(), on_full = kv.settings().on_full.name(), "KV namespace");
+            ns = ns.with_kv(kv);
+        }
+        None if n.has_kv_options() => {
+            return Err(SetupError::KvOptionsOnBlock {
+                field: field.into(),
+            })
+        }
+        None => {}
+    }
+    Ok(ns)
 }
 
 /// Bound NVMe/TCP and NVMe/RDMA listeners, not yet served.
@@ -717,12 +812,14 @@ fn start_cluster(
     cfg: &Config,
     ctl: &Arc<crate::rpc::methods::Control>,
     metrics: Option<&crate::metrics::MetricsServer>,
+    shared: Vec<crate::cluster::SharedPool>,
 ) -> Result<Option<crate::cluster::Cluster>, StartError> {
     let Some(c) = &cfg.cluster else {
         return Ok(None);
     };
     let url = metrics.map(|m| format!("http://{}/metrics", m.addr));
-    let cluster = crate::cluster::Cluster::start(c, ctl.target.clone(), url, &cluster_wide(cfg))?;
+    let cluster =
+        crate::cluster::Cluster::start(c, ctl.target.clone(), url, &cluster_wide(cfg), shared)?;
     let _ = ctl.cluster.set(cluster.view());
     Ok(Some(cluster))
 }
@@ -773,6 +870,7 @@ impl Server {
             pool_locks: Vec::new(),
             devices: Vec::new(),
             cluster_wide: cluster_wide(cfg),
+            shared: Vec::new(),
         };
         for (field, op) in cfg.ops_with_fields() {
             if let Err(e) = built.apply(&field, &op) {
@@ -800,6 +898,7 @@ impl Server {
             pools,
             pool_locks,
             devices,
+            shared: shared_pools,
             ..
         } = built;
         let mut reactors = Vec::new();
@@ -851,7 +950,7 @@ impl Server {
             .map_err(StartError::from)
             .and_then(|()| start_services(cfg, &ctl))
             .and_then(|(rpc, metrics)| {
-                let cluster = start_cluster(cfg, &ctl, metrics.as_ref())?;
+                let cluster = start_cluster(cfg, &ctl, metrics.as_ref(), shared_pools)?;
                 Ok((rpc, metrics, cluster))
             });
         let (rpc, metrics, cluster) = match started {

@@ -210,6 +210,16 @@ impl Node {
             .unwrap_or_default()
     }
 
+    /// What the node logged, once killed.
+    fn logs(mut self) -> String {
+        let _ = self.child.kill();
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        err
+    }
+
     /// Exit status and stderr of a node that exits by itself.
     fn exit(mut self, within: Duration) -> (Option<i32>, String) {
         let t0 = Instant::now();
@@ -833,4 +843,226 @@ fn node_local_kv_is_taken_over_cold() {
         q[0].kv_store(1, kv_key(i), new(i), PLAIN).unwrap();
         assert_eq!(kv_read(&mut q[0], i), Some(new(i)));
     }
+}
+
+// ---- A shared pool: one file, opened by the owner of its group ----
+
+/// The cluster-wide subsystem with one block namespace (NSID 1, group 1) on
+/// a shared pool in `pool` (one file every node opens).
+fn wide_shared_subsystem(pool: &Path) -> String {
+    format!(
+        r#"
+[[pools]]
+name = "shared"
+backend = "uring"
+path = "{}"
+size = "64MiB"
+shared = true
+
+[[pools.volumes]]
+name = "vol"
+size = "16MiB"
+
+[[pools.volumes]]
+name = "kv"
+size = "16MiB"
+kind = "kv"
+
+[[subsystems]]
+nqn = "{WIDE_NQN}"
+allow_any_host = true
+ana_reporting = true
+cluster_wide = true
+
+[[subsystems.namespaces]]
+nsid = 1
+volume = "shared/vol"
+
+[[subsystems.namespaces]]
+nsid = 2
+volume = "shared/kv"
+ana_group = 1
+"#,
+        pool.display()
+    )
+}
+
+/// Three nodes sharing one pool file (a block and a KV namespace, both in
+/// ANA group 1); returns (owner, the two others) once
+/// one owns group 1 and reports it optimized.
+fn three_sharing(dir: &Path, etcd: &Etcd) -> (Node, Vec<Node>) {
+    let sub = wide_shared_subsystem(&dir.join("shared.pool"));
+    let mut nodes: Vec<Node> = ["a", "b", "c"]
+        .iter()
+        .map(|n| Node::start(dir, n, &etcd.url(), &sub))
+        .collect();
+    let owner_at = |nodes: &[Node]| nodes.iter().position(|n| group(n).0 == "owner");
+    assert!(
+        eventually(ttl() + SLACK, || owner_at(&nodes).is_some()),
+        "{}",
+        nodes[0].cluster()
+    );
+    let owner = nodes.remove(owner_at(&nodes).unwrap());
+    if !eventually(SLACK, || ana_state(&owner) == OPTIMIZED) {
+        panic!("the owner is not optimized: {}", owner.logs());
+    }
+    for n in &nodes {
+        assert_eq!(ana_state(n), INACCESSIBLE, "{}", n.cluster());
+    }
+    (owner, nodes)
+}
+
+/// The block of pattern `p` for LBA `lba`.
+fn block(lba: u64, p: u8) -> Vec<u8> {
+    let mut b = vec![p; 4096];
+    b[..8].copy_from_slice(&lba.to_le_bytes());
+    b
+}
+
+/// Waits for one of `nodes` to own group 1 with an epoch above `epoch`.
+fn new_owner(nodes: &[Node], epoch: i64) -> usize {
+    let won = || {
+        nodes
+            .iter()
+            .position(|n| group(n).0 == "owner" && group(n).2 > epoch)
+    };
+    assert!(
+        eventually(ttl() + SLACK, || won().is_some()),
+        "{}",
+        nodes[0].cluster()
+    );
+    let i = won().unwrap();
+    assert!(eventually(SLACK, || ana_state(&nodes[i]) == OPTIMIZED));
+    i
+}
+
+#[test]
+fn a_shared_pool_serves_every_flushed_block_after_its_owner_is_killed() {
+    let Some(bin) = etcd_binary() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(bin, dir.path());
+    let (mut owner, others) = three_sharing(dir.path(), &etcd);
+    let epoch = group(&owner).2;
+    const BLOCKS: u64 = 32;
+    {
+        let (_h, mut q) = support::connect(loopback(owner.port), WIDE_NQN, 1);
+        for lba in 0..BLOCKS {
+            q[0].write(1, lba * 7, block(lba, 0xA5), 4096).unwrap();
+        }
+        q[0].flush(1).unwrap();
+        for i in 0..10 {
+            let v = format!("value-{i}").into_bytes();
+            q[0].kv_store(2, kv_key(i), v, PLAIN).unwrap();
+        }
+        q[0].flush(2).unwrap();
+    }
+    owner.child.kill().unwrap();
+    let _ = owner.child.wait();
+    let i = new_owner(&others, epoch);
+    let (_h, mut q) = support::connect(loopback(others[i].port), WIDE_NQN, 1);
+    for lba in 0..BLOCKS {
+        let got = q[0].read(1, lba * 7, 1, 4096).unwrap();
+        assert!(
+            got == block(lba, 0xA5),
+            "LBA {} lost after the failover",
+            lba * 7
+        );
+    }
+    // KV namespaces on a shared pool keep their index (recovered with the
+    // pool, not taken over cold).
+    for i in 0..10 {
+        let (v, _) = q[0].kv_retrieve(2, kv_key(i), 4096).unwrap();
+        assert_eq!(v, format!("value-{i}").into_bytes(), "key-{i}");
+    }
+    q[0].write(1, 1, block(1, 0x5A), 4096).unwrap();
+    q[0].flush(1).unwrap();
+    assert_eq!(q[0].read(1, 1, 1, 4096).unwrap(), block(1, 0x5A));
+    // The follower left serves nothing.
+    assert_eq!(ana_state(&others[1 - i]), INACCESSIBLE);
+}
+
+#[test]
+fn a_stopped_shared_pool_owner_writes_nothing_after_the_new_epoch() {
+    let Some(bin) = etcd_binary() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(bin, dir.path());
+    let (owner, others) = three_sharing(dir.path(), &etcd);
+    let epoch = group(&owner).2;
+    let (_h, mut old) = support::connect(loopback(owner.port), WIDE_NQN, 1);
+    old[0].write(1, 0, block(0, 0x11), 4096).unwrap();
+    old[0].flush(1).unwrap();
+    signal(&owner, "STOP");
+    let stopped = Instant::now();
+    let i = new_owner(&others, epoch);
+    let (_h2, mut q) = support::connect(loopback(others[i].port), WIDE_NQN, 1);
+    assert_eq!(q[0].read(1, 0, 1, 4096).unwrap(), block(0, 0x11));
+    for lba in 0..8 {
+        q[0].write(1, lba, block(lba, 0x22), 4096).unwrap();
+    }
+    q[0].flush(1).unwrap();
+    std::thread::sleep((2 * ttl()).saturating_sub(stopped.elapsed()));
+    signal(&owner, "CONT");
+    // The resumed owner's I/O gets a path status, never reaches the pool.
+    let inaccessible = Err(kvtarget::nvmf::ana::ASYMMETRIC_ACCESS_INACCESSIBLE);
+    let w = old[0]
+        .write(1, 0, block(0, 0x33), 4096)
+        .map_err(support::status_of);
+    assert_eq!(w, inaccessible);
+    assert_eq!(old[0].flush(1).map_err(support::status_of), inaccessible);
+    assert!(
+        eventually(ttl() + SLACK, || group(&owner).0 == "follower"),
+        "{}",
+        owner.cluster()
+    );
+    assert_eq!(ana_state(&owner), INACCESSIBLE);
+    // The new owner's data intact, and it goes on writing and committing.
+    for lba in 0..8 {
+        assert_eq!(
+            q[0].read(1, lba, 1, 4096).unwrap(),
+            block(lba, 0x22),
+            "LBA {lba}"
+        );
+    }
+    q[0].write(1, 100, block(100, 0x44), 4096).unwrap();
+    q[0].flush(1).unwrap();
+    assert_eq!(ana_state(&others[i]), OPTIMIZED);
+    // The resumed node let go of the pool without writing.
+    let logs = owner.logs();
+    assert!(logs.contains("shared pool released"), "{logs}");
+}
+
+#[test]
+fn a_won_group_stays_inaccessible_until_its_shared_pool_can_be_opened() {
+    let Some(bin) = etcd_binary() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(bin, dir.path());
+    // An exclusive user holds the pool file (a writing tool, or a node whose
+    // configuration does not say `shared`): the winner cannot open it.
+    let path = dir.path().join("shared.pool");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let exclusive = kvtarget::pool::lock_pool(&path, true).unwrap();
+    let a = Node::start(dir.path(), "a", &etcd.url(), &wide_shared_subsystem(&path));
+    assert!(
+        eventually(ttl() + SLACK, || group(&a).0 == "owner"),
+        "{}",
+        a.cluster()
+    );
+    std::thread::sleep(ttl() / 2);
+    assert_eq!(ana_state(&a), INACCESSIBLE, "no pool, nothing to serve");
+    drop(exclusive);
+    // Retried at the next poll: formatted, opened, attached, optimized.
+    assert!(
+        eventually(SLACK, || ana_state(&a) == OPTIMIZED),
+        "{}",
+        a.cluster()
+    );
+    // While a node owns it, an exclusive user is refused.
+    assert!(kvtarget::pool::lock_pool(&path, true).is_err());
+    let (_h, mut q) = support::connect(loopback(a.port), WIDE_NQN, 1);
+    q[0].write(1, 3, block(3, 0x77), 4096).unwrap();
+    q[0].flush(1).unwrap();
+    assert_eq!(q[0].read(1, 3, 1, 4096).unwrap(), block(3, 0x77));
 }

@@ -118,6 +118,9 @@ pub trait IoChannel: Send {
 /// Errno a channel completes with when a read touches blocks never written or
 /// deallocated, on a volume that reports that as an error.
 pub const ERRNO_UNWRITTEN: i32 = libc::ENODATA;
+/// Errno of a namespace with no backing here (a shared pool's namespace on a
+/// node that does not own it): the ANA Inaccessible path status.
+pub const ERRNO_DETACHED: i32 = libc::ENOLINK;
 /// Errno for a write that needed space the pool does not have.
 pub const ERRNO_NO_SPACE: i32 = libc::ENOSPC;
 

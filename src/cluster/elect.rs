@@ -8,6 +8,7 @@
 
 use super::etcd::{Compare, PutRequest, RangeRequest, RequestOp, ResponseOp, TxnRequest};
 use super::ownership::{GroupId, Holder, Input, Ownership, Role};
+use super::shared::{SharedPool, SharedPools};
 use super::ClusterStatus;
 use crate::nvmf::ana::{self, AnaState};
 use crate::nvmf::{SubsystemKind, Target};
@@ -46,6 +47,8 @@ struct Shared {
     /// The groups last applied optimized: a group not among them that is
     /// now is taken over (`takeover`) before it is reported optimized.
     optimized: Mutex<Vec<GroupId>>,
+    /// The shared pools, opened by the owner of their group.
+    pools: SharedPools,
 }
 
 /// This node's part in the elections of its cluster-wide subsystems.
@@ -69,6 +72,7 @@ impl Election {
         subnqns: &[String],
         target: Arc<Target>,
         status: Arc<Mutex<ClusterStatus>>,
+        pools: Vec<SharedPool>,
     ) -> Result<Option<Election>, std::io::Error> {
         let groups = groups_of(&target, subnqns);
         if groups.is_empty() {
@@ -81,6 +85,7 @@ impl Election {
             target,
             status,
             optimized: Mutex::new(Vec::new()),
+            pools: SharedPools::new(node, pools),
         });
         shared.publish(&shared.lock(), true);
         let stop = Arc::new(AtomicBool::new(false));
@@ -172,6 +177,7 @@ impl Election {
                 Err(e) => tracing::debug!("cluster: campaign for {group:?}: {e}"),
             }
         }
+        self.shared.retry_takeovers();
     }
 
     fn key(&self, g: &GroupId) -> Vec<u8> {
@@ -187,6 +193,7 @@ impl Election {
         if let Some(t) = self.fence.take() {
             let _ = t.join();
         }
+        self.shared.give_up_all();
     }
 }
 
@@ -208,6 +215,65 @@ impl Shared {
             tracing::warn!("cluster: no keep-alive answer for half the lease TTL: fenced, every elected ANA group inaccessible");
             self.publish(&m, true);
         }
+        for g in self.pools.superseded() {
+            tracing::error!(subnqn = %g.subnqn, anagrpid = g.anagrpid, "cluster: a newer owner's epoch superseded this node's shared pool: the group is inaccessible here");
+            self.give_up(&g);
+        }
+    }
+
+    /// Stops serving `g` here: inaccessible first, then its shared pools
+    /// detached and released. It stays so until the machine reports it
+    /// optimized again (a new win, with a new epoch).
+    fn give_up(&self, g: &GroupId) {
+        apply_role(&self.target, g, Role::Fenced);
+        self.pools.detach(&self.target, g);
+        let mut was = self.optimized.lock().unwrap_or_else(|e| e.into_inner());
+        was.retain(|x| x != g);
+    }
+
+    /// Retries, at each poll, the takeover of groups this node owns but does
+    /// not serve yet (a shared pool that could not be opened: a device not
+    /// there yet, an exclusive lock), and reports those it now serves
+    /// optimized.
+    fn retry_takeovers(&self) {
+        let m = self.lock();
+        let was = self.optimized.lock().map(|w| w.clone()).unwrap_or_default();
+        let pending = (m.roles().into_iter()).filter(|(g, r)| r.optimized() && !was.contains(g));
+        for (g, role) in pending {
+            if self.take_over(&g, role) {
+                apply_role(&self.target, &g, role);
+                let mut now = self.optimized.lock().unwrap_or_else(|e| e.into_inner());
+                now.push(g);
+            }
+        }
+    }
+
+    /// Gives up every group served here (the election stops).
+    fn give_up_all(&self) {
+        let _m = self.lock();
+        let was = self.optimized.lock().map(|w| w.clone()).unwrap_or_default();
+        for g in &was {
+            self.give_up(g);
+        }
+    }
+
+    /// Makes group `g`, just won with `role`, ready to be reported optimized:
+    /// its shared pools opened with the role's epoch and attached, its
+    /// node-local KV namespaces emptied. False: it is not ready (stays
+    /// inaccessible).
+    fn take_over(&self, g: &GroupId, role: Role) -> bool {
+        let Role::Owner { epoch } = role else {
+            return false;
+        };
+        let Some(epoch) = u64::try_from(epoch).ok().filter(|&e| e > 0) else {
+            return false;
+        };
+        if let Err(e) = self.pools.attach(&self.target, g, epoch) {
+            tracing::error!(subnqn = %g.subnqn, anagrpid = g.anagrpid, epoch, "cluster: won the group but cannot serve its shared pool: {e}");
+            return false;
+        }
+        super::takeover::take_over_cold(&self.target, g, &self.pools.nsids(g));
+        true
     }
 
     /// Shows the roles; `apply`: sets them on the listeners too (under the
@@ -224,16 +290,24 @@ impl Shared {
             set_lease_deadline(&self.target, nqn, deadline);
         }
         if apply {
-            let mut was = self.optimized.lock().unwrap_or_else(|e| e.into_inner());
+            let was = self.optimized.lock().map(|w| w.clone()).unwrap_or_default();
+            let mut now = Vec::new();
             for (g, role) in &roles {
-                if role.optimized() && !was.contains(g) {
-                    super::takeover::take_over_cold(&self.target, g);
+                let ready = match (role.optimized(), was.contains(g)) {
+                    (true, true) => true,
+                    (true, false) => self.take_over(g, *role),
+                    (false, true) => {
+                        self.give_up(g);
+                        false
+                    }
+                    (false, false) => false,
+                };
+                apply_role(&self.target, g, if ready { *role } else { Role::Fenced });
+                if ready {
+                    now.push(g.clone());
                 }
-                apply_role(&self.target, g, *role);
             }
-            *was = (roles.iter().filter(|(_, r)| r.optimized()))
-                .map(|(g, _)| g.clone())
-                .collect();
+            *self.optimized.lock().unwrap_or_else(|e| e.into_inner()) = now;
         }
         let groups: Vec<GroupStatus> = roles
             .iter()

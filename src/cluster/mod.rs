@@ -30,10 +30,12 @@ pub mod member;
 mod node;
 pub mod ownership;
 pub mod referral;
+pub mod shared;
 mod table;
 mod takeover;
 
 pub use elect::{inaccessible_until_elected, GroupStatus};
 pub use member::{MemberListener, MemberRecord};
 pub use node::{Cluster, ClusterError, ClusterStatus, ClusterView, LeaseEvent, NodeState};
+pub use shared::{detached_namespace, SharedNamespace, SharedPool, SharedPools};
 pub use table::status_table;

@@ -127,6 +127,7 @@ impl Cluster {
         target: Arc<Target>,
         metrics_url: Option<String>,
         cluster_wide: &[String],
+        shared: Vec<super::SharedPool>,
     ) -> Result<Cluster, ClusterError> {
         let mut node = Node::new(cfg, target, metrics_url);
         node.election = Election::start(
@@ -136,6 +137,7 @@ impl Cluster {
             cluster_wide,
             node.target.clone(),
             node.status.clone(),
+            shared,
         )
         .map_err(ClusterError::Thread)?;
         if node.election.is_some() {

@@ -10,6 +10,9 @@
 //! commit like a host's; after a crash before it the node is a follower
 //! again and empties the index at its next win.
 //!
+//! KV namespaces on a shared pool are not emptied: their index was
+//! recovered with the pool (`shared`), and is as current as the pool.
+//!
 //! Block namespaces are left alone: a block volume on a node-local pool is
 //! refused in a cluster-wide subsystem by config validation, and a RAM or
 //! file namespace is each node's own (docs/cluster.md).
@@ -24,9 +27,10 @@ use std::time::Instant;
 /// Keys listed and deleted per round.
 const BATCH: usize = 1024;
 
-/// Empties the KV namespaces of group `g` here (node-local: taken over cold);
-/// the keys deleted.
-pub(super) fn take_over_cold(target: &Target, g: &GroupId) -> u64 {
+/// Empties the KV namespaces of group `g` here (node-local: taken over cold)
+/// but those of `shared` (NSIDs on a shared pool: recovered with their pool,
+/// they keep their index); the keys deleted.
+pub(super) fn take_over_cold(target: &Target, g: &GroupId, shared: &[u32]) -> u64 {
     let subs = target
         .subsystems
         .read()
@@ -37,7 +41,7 @@ pub(super) fn take_over_cold(target: &Target, g: &GroupId) -> u64 {
     };
     let mut deleted = 0;
     for ns in s.namespace_snapshot().iter() {
-        if ns.ana_group.load(Ordering::Acquire) != g.anagrpid {
+        if ns.ana_group.load(Ordering::Acquire) != g.anagrpid || shared.contains(&ns.nsid) {
             continue;
         }
         if let Some(kv) = &ns.kv {

@@ -237,7 +237,8 @@ impl Config {
         if let Some(c) = &self.cluster {
             c.validate("cluster")?;
         }
-        self.validate_subsystems()
+        self.validate_subsystems()?;
+        pool::validate_shared(&self.pools, &self.subsystems, self.cluster.is_some())
     }
 
     fn validate_subsystems(&self) -> Result<(), ConfigError> {

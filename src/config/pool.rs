@@ -77,6 +77,11 @@ pub struct PoolConfig {
     pub dual_path: DualPathConfig,
     #[serde(default)]
     pub volumes: Vec<VolumeConfig>,
+    /// Several cluster nodes open this pool's device (one file, or a
+    /// dual-ported device): a node opens it only when it wins the ANA group
+    /// of the pool's namespaces, as that group's owner (docs/cluster.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared: bool,
 }
 
 fn d_extent() -> u64 {
@@ -279,13 +284,60 @@ pub(super) fn find_volume(pools: &[PoolConfig], v: &str) -> Result<(), String> {
 /// on an empty disk. A KV volume is taken over cold (docs/cluster.md).
 pub(super) fn cluster_wide_volume(pools: &[PoolConfig], v: &str) -> Result<(), String> {
     let (pool, vol) = v.split_once('/').unwrap_or((v, ""));
-    let kind = (pools.iter().find(|p| p.name == pool))
+    let found = pools.iter().find(|p| p.name == pool);
+    let kind = (found.filter(|p| !p.shared))
         .and_then(|p| p.volumes.iter().find(|x| x.name == vol))
         .map(|x| x.kind);
     if kind == Some(VolumeKind::Block) {
         return Err(format!(
             "`{v}` is a block volume on node-local pool `{pool}`: a cluster-wide subsystem cannot fail it over (another node's volume is empty, and a filesystem cannot continue on an empty disk); serve it from a subsystem without cluster_wide"
         ));
+    }
+    Ok(())
+}
+
+/// Checks the `shared` pools against the cluster and the subsystems that
+/// serve their volumes: one pool has one writer, so every namespace on it is
+/// in one cluster-wide subsystem and one ANA group.
+pub(super) fn validate_shared(
+    pools: &[PoolConfig],
+    subsystems: &[super::SubsystemConfig],
+    cluster: bool,
+) -> Result<(), ConfigError> {
+    for (i, p) in pools.iter().enumerate().filter(|(_, p)| p.shared) {
+        if !cluster {
+            return Err(invalid!("pools[{i}].shared", "needs a [cluster] section"));
+        }
+        let mut owner: Option<(&str, u32)> = None;
+        for (k, s) in subsystems.iter().enumerate() {
+            for (j, n) in s.namespaces.iter().enumerate() {
+                let on_pool = (n.volume.as_deref()).and_then(|v| v.split_once('/'));
+                if on_pool.map(|(pool, _)| pool) != Some(p.name.as_str()) {
+                    continue;
+                }
+                let f = format!("subsystems[{k}].namespaces[{j}].volume");
+                if !s.cluster_wide {
+                    return Err(invalid!(
+                        "{f}",
+                        "`{}` is on shared pool `{}`: serve it from a cluster_wide subsystem",
+                        n.volume.as_deref().unwrap_or_default(),
+                        p.name
+                    ));
+                }
+                let here = (s.nqn.as_str(), n.ana_group.unwrap_or(n.nsid));
+                match owner {
+                    None => owner = Some(here),
+                    Some(o) if o == here => {}
+                    Some((nqn, g)) => {
+                        return Err(invalid!(
+                            "{f}",
+                            "shared pool `{}` is served by {} ANA group {} and {} ANA group {}: a shared pool has one writer, so its namespaces are in one subsystem and one ANA group",
+                            p.name, nqn, g, here.0, here.1
+                        ))
+                    }
+                }
+            }
+        }
     }
     Ok(())
 }
@@ -331,6 +383,13 @@ impl PoolConfig {
             ));
         }
         self.device().validate(f, Holder::Pool)?;
+        if self.shared && self.backend != Backend::Uring {
+            return Err(invalid!(
+                "{f}.shared",
+                "a shared pool is a file every node opens: backend = \"uring\" (got {})",
+                self.backend.name()
+            ));
+        }
         self.validate_unique_device(f, earlier)?;
         self.gc.validate(&format!("{f}.gc"))?;
         self.dual_path.validate(&format!("{f}.dual_path"))?;

@@ -562,4 +562,49 @@ mod tests {
             assert!(!e.contains('\n'), "one line: {e}");
         }
     }
+
+    const SHARED: &str = "[[pools]]\nname = \"p\"\nbackend = \"uring\"\npath = \"/tmp/p.img\"\nsize = \"64MiB\"\nshared = true\n\
+        [[pools.volumes]]\nname = \"b\"\nsize = \"4MiB\"\n\
+        [[pools.volumes]]\nname = \"c\"\nsize = \"4MiB\"\n";
+
+    #[test]
+    fn shared_pools_serve_block_volumes_from_one_cluster_wide_group() {
+        let ns = |nsid: u32, v: &str| {
+            format!("[[subsystems.namespaces]]\nnsid = {nsid}\nvolume = \"{v}\"\nana_group = 1\n")
+        };
+        let sub = format!(
+            "ana_reporting = true\ncluster_wide = true\n{}{}",
+            ns(1, "p/b"),
+            ns(2, "p/c")
+        );
+        let c = parse(&format!("{sub}\n{SHARED}"), true).unwrap();
+        assert!(c.pools[0].shared);
+        let again = Config::parse(&toml::to_string(&c).unwrap()).unwrap();
+        assert!(again.pools[0].shared);
+        let two_groups = sub.replacen("ana_group = 1", "ana_group = 2", 1);
+        let local = SHARED.replace("shared = true\n", "");
+        for (text, cluster, want) in [
+            (sub.replace("cluster_wide = true\n", ""), false, "pools[0].shared: needs a [cluster] section"),
+            (sub.replace("cluster_wide = true\n", ""), true, "subsystems[0].namespaces[0].volume: `p/b` is on shared pool `p`: serve it from a cluster_wide subsystem"),
+            (two_groups, true, "subsystems[0].namespaces[1].volume: shared pool `p` is served by nqn.2016-06.io.kvtarget:s ANA group 2 and nqn.2016-06.io.kvtarget:s ANA group 1"),
+        ] {
+            let e = parse(&format!("{text}\n{SHARED}"), cluster).unwrap_err();
+            assert!(e.contains(want), "{e}");
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
+        let e = parse(&format!("{sub}\n{local}"), true).unwrap_err();
+        assert!(
+            e.contains("is a block volume on node-local pool `p`"),
+            "{e}"
+        );
+        let ram = SHARED.replace(
+            "backend = \"uring\"\npath = \"/tmp/p.img\"",
+            "backend = \"ram\"",
+        );
+        let e = parse(&format!("{sub}\n{ram}"), true).unwrap_err();
+        assert!(
+            e.starts_with("pools[0].shared: a shared pool is a file every node opens"),
+            "{e}"
+        );
+    }
 }

@@ -398,6 +398,24 @@ impl Subsystem {
         Some(removed)
     }
 
+    /// Swaps the namespace with `ns`'s NSID for `ns` (a shared pool's
+    /// namespace attached or detached: same NSID and identity): a removal and
+    /// an addition in one step, so no command sees Invalid Namespace in
+    /// between; the old one is `removed` and comes back. None (and nothing
+    /// changes) when there is no such namespace.
+    pub fn replace_namespace(&self, ns: Arc<Namespace>) -> Option<Arc<Namespace>> {
+        let nsid = ns.nsid;
+        let old = {
+            let mut v = self.namespaces.write().ok()?;
+            let slot = v.iter_mut().find(|n| n.nsid == nsid)?;
+            std::mem::replace(slot, ns)
+        };
+        old.removed.store(true, Ordering::Release);
+        self.ns_gen.fetch_add(1, Ordering::AcqRel);
+        self.notify_namespace_changed(nsid);
+        Some(old)
+    }
+
     fn notify_namespace_changed(&self, nsid: u32) {
         let ctrls: Vec<Arc<Controller>> = self
             .controllers

@@ -114,6 +114,7 @@ pub fn status_for_errno(errno: i32, plan: Option<IoPlan>) -> Status {
         crate::bdev::ERRNO_UNWRITTEN => Status::DEALLOCATED_OR_UNWRITTEN,
         crate::bdev::ERRNO_NO_SPACE => Status::CAPACITY_EXCEEDED,
         libc::ENXIO => Status::INVALID_NAMESPACE,
+        crate::bdev::ERRNO_DETACHED => crate::nvmf::ana::ASYMMETRIC_ACCESS_INACCESSIBLE,
         _ => match plan {
             Some(IoPlan::Read { .. }) => Status::UNRECOVERED_READ_ERROR,
             Some(IoPlan::Write { .. }) => Status::WRITE_FAULT,

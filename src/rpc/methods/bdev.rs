@@ -249,6 +249,7 @@ fn pool_config(c: CreateLvstore) -> Result<PoolConfig, RpcError> {
         gc: GcConfig::default(),
         dual_path: DualPathConfig::default(),
         volumes: Vec::new(),
+        shared: false,
     })
 }
 
