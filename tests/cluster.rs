@@ -195,6 +195,11 @@ impl Node {
             .expect("kvtarget_get_cluster")
     }
 
+    fn rpc(&self, method: &str, params: Value) -> Value {
+        let mut c = kvtarget::rpc::RpcClient::connect(&self.sock).expect("rpc socket");
+        c.call(method, params).expect(method)
+    }
+
     fn state(&self) -> String {
         self.cluster()["state"].as_str().unwrap_or("").to_string()
     }
@@ -623,6 +628,22 @@ fn elected_serving(dir: &Path, etcd: &Etcd, sub: &str) -> (Node, Node) {
     );
     let seen = ids(&owner);
     assert_eq!(seen[0], seen[1]);
+    // One NVM subsystem to a host, which refuses a controller ID it already
+    // has (Linux: "Duplicate cntlid"): each node allocates from its own block.
+    let (ho, hf) = (
+        connect_retry(loopback(owner.port), WIDE_NQN),
+        connect_retry(loopback(other.port), WIDE_NQN),
+    );
+    assert_ne!(ho.cntlid, hf.cntlid);
+    let range = |n: &Node| {
+        let v = n.rpc("nvmf_get_subsystems", json!({ "nqn": WIDE_NQN }));
+        (
+            v[0]["min_cntlid"].as_u64().unwrap(),
+            v[0]["max_cntlid"].as_u64().unwrap(),
+        )
+    };
+    let (ro, rf) = (range(&owner), range(&other));
+    assert!(ro.1 < rf.0 || rf.1 < ro.0, "{ro:?} {rf:?}");
     (owner, other)
 }
 

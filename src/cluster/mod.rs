@@ -23,6 +23,7 @@
 //! stream to resume after etcd restarts, and the view is never staler than a
 //! dead member's lease would be anyway.
 
+mod cntlid;
 mod elect;
 pub mod etcd;
 pub mod http;

@@ -96,11 +96,15 @@ pub enum ClusterError {
     Etcd(#[from] EtcdError),
     #[error("cluster: cannot start its thread: {0}")]
     Thread(std::io::Error),
+    #[error(transparent)]
+    Cntlid(super::cntlid::CntlidError),
 }
 
 /// Why a join attempt failed.
 enum JoinError {
     Etcd(EtcdError),
+    /// No controller ID block for the cluster-wide subsystems.
+    Cntlid(super::cntlid::CntlidError),
     /// Another process holds the record of this node's name.
     Taken,
 }
@@ -130,6 +134,7 @@ impl Cluster {
         shared: Vec<super::SharedPool>,
     ) -> Result<Cluster, ClusterError> {
         let mut node = Node::new(cfg, target, metrics_url);
+        node.cluster_wide = cluster_wide.to_vec();
         node.election = Election::start(
             &cfg.name,
             &node.name,
@@ -157,6 +162,7 @@ impl Cluster {
                 }
             },
             Err(JoinError::Etcd(e)) => return Err(e.into()),
+            Err(JoinError::Cntlid(e)) => return Err(ClusterError::Cntlid(e)),
             Err(JoinError::Taken) => {
                 return Err(ClusterError::NameTaken {
                     node: node.name.clone(),
@@ -241,6 +247,10 @@ struct Node {
     status: Arc<Mutex<ClusterStatus>>,
     /// The elections of cluster-wide subsystems' ANA groups, if any.
     election: Option<Election>,
+    /// The cluster-wide subsystems' NQNs, and the controller ID block they
+    /// allocate from once claimed (`cntlid`).
+    cluster_wide: Vec<String>,
+    cntlid_block: Option<u16>,
 }
 
 fn random_instance() -> String {
@@ -301,6 +311,8 @@ impl Node {
             taken_reported: false,
             status: Arc::new(Mutex::new(status)),
             election: None,
+            cluster_wide: Vec::new(),
+            cntlid_block: None,
         }
     }
 
@@ -324,6 +336,7 @@ impl Node {
     /// Takes a new lease and puts the record with it, if no other process
     /// holds this node's name; while one does, retries until `deadline`.
     fn join(&mut self, deadline: Instant) -> Result<(), JoinError> {
+        self.claim_cntlid_block()?;
         let sent = Instant::now();
         let grant = self.client.lease_grant(self.ttl.as_secs() as i64)?;
         let lease = grant.id;
@@ -354,6 +367,31 @@ impl Node {
             e.campaign(&mut self.client);
         }
         self.refresh_members();
+        Ok(())
+    }
+
+    /// Before the first join: the controller ID block of this node's
+    /// cluster-wide subsystems (none: nothing to claim).
+    fn claim_cntlid_block(&mut self) -> Result<(), JoinError> {
+        if self.cntlid_block.is_some() || self.cluster_wide.is_empty() {
+            return Ok(());
+        }
+        let b = match super::cntlid::claim(&mut self.client, &self.cluster, &self.name) {
+            Ok(b) => b,
+            Err(super::cntlid::CntlidError::Etcd(e)) => return Err(JoinError::Etcd(e)),
+            Err(e) => return Err(JoinError::Cntlid(e)),
+        };
+        let (lo, hi) = super::cntlid::block_range(b);
+        for nqn in &self.cluster_wide {
+            if let Some(s) = self.target.find_subsystem(nqn) {
+                s.set_cntlid_range(lo, hi);
+            }
+        }
+        tracing::info!(
+            node = %self.name,
+            "cluster: controller IDs {lo}..={hi} (block {b}) for the cluster-wide subsystems"
+        );
+        self.cntlid_block = Some(b);
         Ok(())
     }
 
@@ -506,6 +544,7 @@ impl Node {
         match self.join(Instant::now()) {
             Ok(()) => {}
             Err(JoinError::Etcd(e)) => tracing::debug!("cluster: rejoin: {e}"),
+            Err(JoinError::Cntlid(e)) => tracing::warn!("{e}"),
             Err(JoinError::Taken) if !self.taken_reported => {
                 self.taken_reported = true;
                 tracing::warn!(
@@ -536,6 +575,7 @@ impl Node {
         match self.join(Instant::now()) {
             Ok(()) => {}
             Err(JoinError::Etcd(e)) => tracing::debug!("cluster: rejoin: {e}"),
+            Err(JoinError::Cntlid(e)) => tracing::warn!("{e}"),
             Err(JoinError::Taken) => tracing::debug!(
                 "cluster: node `{}`: {} still held; retrying",
                 self.name,

@@ -287,6 +287,11 @@ pub struct Subsystem {
     pub listen: RwLock<Option<Vec<SocketAddr>>>,
     pub controllers: Mutex<HashMap<u16, Arc<Controller>>>,
     next_cntlid: AtomicU16,
+    /// The controller IDs this subsystem allocates from, inclusive: all of
+    /// 1..=0xFFEF alone; a cluster-wide subsystem's node its own block
+    /// (`cluster::cntlid`), as hosts refuse a CNTLID they already have.
+    cntlid_min: AtomicU16,
+    cntlid_max: AtomicU16,
     /// Asymmetric Namespace Access: reporting on or off, per-listener states.
     pub ana: ana::SubsystemAna,
 }
@@ -315,6 +320,8 @@ impl Subsystem {
             listen: RwLock::new(None),
             controllers: Mutex::new(HashMap::new()),
             next_cntlid: AtomicU16::new(1),
+            cntlid_min: AtomicU16::new(1),
+            cntlid_max: AtomicU16::new(MAX_CNTLID),
             ana: ana::SubsystemAna::default(),
         }
     }
@@ -452,13 +459,35 @@ impl Subsystem {
             .unwrap_or_default()
     }
 
-    /// Allocates a controller ID in 1..=0xFFEF not in use (0xFFF0.. are reserved).
+    /// The controller IDs this subsystem allocates from, inclusive.
+    pub fn cntlid_range(&self) -> (u16, u16) {
+        (
+            self.cntlid_min.load(Ordering::Relaxed),
+            self.cntlid_max.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Allocates controller IDs from `min..=max` from now on (1 <= min <=
+    /// max <= 0xFFEF; 0xFFF0 and above are reserved).
+    pub fn set_cntlid_range(&self, min: u16, max: u16) {
+        assert!(
+            (1..=max).contains(&min) && max <= MAX_CNTLID,
+            "controller ID range {min}..={max}"
+        );
+        self.cntlid_min.store(min, Ordering::Relaxed);
+        self.cntlid_max.store(max, Ordering::Relaxed);
+        self.next_cntlid.store(min, Ordering::Relaxed);
+    }
+
+    /// Allocates a controller ID of the subsystem's range not in use.
     pub fn alloc_cntlid(&self, in_use: &HashMap<u16, Arc<Controller>>) -> Option<u16> {
-        for _ in 0..0xFFEF {
+        let (min, max) = self.cntlid_range();
+        for _ in min..=max {
             let id = self.next_cntlid.fetch_add(1, Ordering::Relaxed);
-            let id = if id == 0 || id >= 0xFFF0 {
-                self.next_cntlid.store(2, Ordering::Relaxed);
-                1
+            let id = if !(min..=max).contains(&id) {
+                self.next_cntlid
+                    .store(min.wrapping_add(1), Ordering::Relaxed);
+                min
             } else {
                 id
             };
@@ -469,6 +498,9 @@ impl Subsystem {
         None
     }
 }
+
+/// The largest controller ID (0xFFF0 and above are reserved).
+pub const MAX_CNTLID: u16 = 0xFFEF;
 
 /// How failed commands are counted in metrics.
 pub const ERROR_KINDS: [&str; 8] = [

@@ -122,8 +122,9 @@ impl Control {
             v["serial_number"] = json!(s.serial);
             v["model_number"] = json!(s.model);
             v["max_namespaces"] = json!(crate::nvmf::admin::MAX_NAMESPACES);
-            v["min_cntlid"] = json!(1);
-            v["max_cntlid"] = json!(0xFFEF);
+            let (min_cntlid, max_cntlid) = s.cntlid_range();
+            v["min_cntlid"] = json!(min_cntlid);
+            v["max_cntlid"] = json!(max_cntlid);
             v["namespaces"] = json!(ns);
         }
         v
