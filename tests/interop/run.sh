@@ -112,13 +112,24 @@ CTL_RESV_PORT2=4434
 CTL_RESV_UUID=6b7a7f1e-0c1d-4d2e-9a41-6b76740e5e01
 CTL_SCENARIOS="reservations-spdk-control reservation-ptpl-kill-spdk-control"
 # kvtarget boot only: two more kvtarget nodes in one etcd cluster (Debian's etcd-server,
-# one member on the host), each with a discovery port, for cluster-referrals: the guest's
+# three members on the host), each with a discovery port, for cluster-referrals: the guest's
 # `nvme discover` at either node must show a referral to the other, and none once the
 # other is dead (SIGKILL, then its 2 s lease ends).
 CL_ETCD_PORT=2479
-CL_ETCD_PEER=2480
 CL_B_PORT=4435 CL_B_DISC=8010
 CL_C_PORT=4436 CL_C_DISC=8011
+# etcd runs as three members (client ports 2479, 2481, 2483; each peer port the next)
+# so that cluster-failover can kill its leader and the cluster carries on with two.
+CL_ETCD_PORTS="2479 2481 2483"
+CL_ETCD_ENDPOINTS=$(for p in $CL_ETCD_PORTS; do printf '"http://127.0.0.1:%s",' "$p"; done)
+CL_ETCD_ENDPOINTS=${CL_ETCD_ENDPOINTS%,}
+# cluster-failover: three more nodes (fo-PORT) sharing one pool file, one cluster-wide
+# subsystem whose NSID 1 is a write-through block volume of that pool; the guest
+# connects all three paths and runs fio verify while the host SIGKILLs the owner,
+# SIGSTOPs the next one for twice the lease, and kills etcd's leader.
+CL_FO_NQN=nqn.2026-12.io.kvtarget:interop-failover
+CL_FO_PORTS="4437 4438 4439"
+CL_FO_TTL=2
 spdk_dir=${SPDK_DIR:-}
 if [ -z "$spdk_dir" ] && [ -f "${SPDK_CACHE:-$repo/.cache/spdk}/current/.complete" ]; then
     spdk_dir=$(readlink -f "${SPDK_CACHE:-$repo/.cache/spdk}/current")/spdk
@@ -416,30 +427,133 @@ backend = "ram"
 size = "4MiB"
 
 [cluster]
-endpoints = ["http://127.0.0.1:$CL_ETCD_PORT"]
+endpoints = [$CL_ETCD_ENDPOINTS]
 name = "interop"
 node = "$1"
 lease_ttl_secs = 2
 EOF
 }
+# cl_fo_config NAME PORT: one node of cluster-failover.
+cl_fo_config() {
+    cat <<EOF
+# Written by tests/interop/run.sh: one node of the cluster-failover scenario.
+[[listeners]]
+address = "127.0.0.1"
+port = $2
+
+[[pools]]
+name = "shared"
+backend = "uring"
+path = "$out/cluster/failover.pool"
+size = "320MiB"
+shared = true
+
+[[pools.volumes]]
+name = "blocks"
+size = "128MiB"
+
+[[subsystems]]
+nqn = "$CL_FO_NQN"
+allow_any_host = true
+ana_reporting = true
+cluster_wide = true
+
+[[subsystems.namespaces]]
+nsid = 1
+volume = "shared/blocks"
+write_cache = false
+
+[cluster]
+endpoints = [$CL_ETCD_ENDPOINTS]
+name = "interop"
+node = "$1"
+lease_ttl_secs = $CL_FO_TTL
+EOF
+}
+declare -A cl_etcd_pid=() cl_fo_pid=()
+# cl_etcd_start: three members on 127.0.0.1 (client port P, peer port P+1); true once a
+# write goes through (a leader is elected).
+cl_etcd_start() {
+    local dir=$out/cluster p initial= i
+    for p in $CL_ETCD_PORTS; do initial="${initial:+$initial,}etcd-$p=http://127.0.0.1:$((p + 1))"; done
+    for p in $CL_ETCD_PORTS; do
+        etcd --name="etcd-$p" --data-dir="$dir/etcd-$p" \
+            --listen-client-urls="http://127.0.0.1:$p" --advertise-client-urls="http://127.0.0.1:$p" \
+            --listen-peer-urls="http://127.0.0.1:$((p + 1))" --initial-advertise-peer-urls="http://127.0.0.1:$((p + 1))" \
+            --initial-cluster="$initial" --initial-cluster-state=new > "$dir/etcd-$p.log" 2>&1 &
+        cl_etcd_pid[$p]=$!
+        cl_pids="$cl_pids $!"
+    done
+    for i in $(seq 1 100); do
+        curl -sf -X POST "http://127.0.0.1:$CL_ETCD_PORT/v3/kv/put" \
+            -d '{"key":"aW50ZXJvcA==","value":"MQ=="}' >/dev/null 2>&1 && return 0
+        sleep 0.2
+    done
+    return 1
+}
+# cl_etcd_leader -> the client port of etcd's leader member (empty if none answers).
+cl_etcd_leader() {
+    local p st
+    for p in $CL_ETCD_PORTS; do
+        st=$(curl -sf -X POST "http://127.0.0.1:$p/v3/maintenance/status" -d '{}') || continue
+        [ "$(echo "$st" | jq -r '.header.member_id == .leader')" = true ] && { echo "$p"; return 0; }
+    done
+}
+# cl_request SHARE: the suite's cluster request. "KILL node-c" (cluster-referrals)
+# ends node C as a crash would; "KILL PORT", "STOP PORT SECS" (SIGSTOP, then SIGCONT
+# SECS later) and "KILL-ETCD-LEADER" act on cluster-failover's nodes and etcd. The
+# answer in cluster-done: what was done, or "failed: why".
+cl_request() {
+    local share=$1 verb arg secs pid answer p
+    read -r verb arg secs < "$share/cluster-request"
+    rm -f "$share/cluster-request"
+    log "cluster request: $verb $arg $secs"
+    case "$verb" in
+        KILL-ETCD-LEADER)
+            p=$(cl_etcd_leader)
+            pid=${cl_etcd_pid[${p:-none}]:-}
+            arg="etcd member $p" ;;
+        *) if [ "$arg" = node-c ]; then pid=$cl_node_c; else pid=${cl_fo_pid[$arg]:-}; fi ;;
+    esac
+    if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
+        answer="failed: no live process for '$verb $arg'"
+    elif [ "$verb" = STOP ]; then
+        kill -STOP "$pid"; sleep "$secs"; kill -CONT "$pid"
+        answer="stopped $arg for $secs s, continued"
+    else
+        kill -KILL "$pid"
+        answer="killed $arg"
+    fi
+    log "cluster request: $answer"
+    echo "$answer" > "$share/cluster-done.tmp" && mv "$share/cluster-done.tmp" "$share/cluster-done"
+}
 cl_start() {
     local dir=$out/cluster p i name
     mkdir -p "$dir"
-    if [ -n "$only" ] && ! echo cluster-referrals | grep -qE "$only"; then
+    if [ -n "$only" ] && ! printf 'cluster-referrals\ncluster-failover\n' | grep -qE "$only"; then
         CL_SKIP="not selected by --only"; return
     fi
     if ! command -v etcd >/dev/null; then
         CL_SKIP="no etcd on the host (Debian: apt-get install etcd-server)"; return
     fi
-    for p in $CL_ETCD_PORT $CL_ETCD_PEER $CL_B_PORT $CL_B_DISC $CL_C_PORT $CL_C_DISC; do
+    for p in $CL_ETCD_PORTS; do
+        if listening "$p" || listening $((p + 1)); then CL_SKIP="port $p or $((p + 1)) was in use on the host"; return; fi
+    done
+    for p in $CL_B_PORT $CL_B_DISC $CL_C_PORT $CL_C_DISC $CL_FO_PORTS; do
         if listening "$p"; then CL_SKIP="port $p was in use on the host"; return; fi
     done
-    etcd --name=interop --data-dir="$dir/etcd" \
-        --listen-client-urls="http://127.0.0.1:$CL_ETCD_PORT" --advertise-client-urls="http://127.0.0.1:$CL_ETCD_PORT" \
-        --listen-peer-urls="http://127.0.0.1:$CL_ETCD_PEER" --initial-advertise-peer-urls="http://127.0.0.1:$CL_ETCD_PEER" \
-        --initial-cluster="interop=http://127.0.0.1:$CL_ETCD_PEER" > "$dir/etcd.log" 2>&1 &
-    cl_pids=$!
-    for i in $(seq 1 100); do listening "$CL_ETCD_PORT" && break; sleep 0.2; done
+    if ! cl_etcd_start; then
+        CL_SKIP="etcd's three members did not elect a leader (see $dir/etcd-*.log)"
+        host_check cluster-nodes-start 0 "$CL_SKIP"
+        return
+    fi
+    for p in $CL_FO_PORTS; do
+        name=fo-$p
+        cl_fo_config "$name" "$p" > "$dir/$name.toml"
+        NO_COLOR=1 "$bin" --config "$dir/$name.toml" -r "$dir/$name.sock" > "$dir/$name.log" 2>&1 &
+        cl_fo_pid[$p]=$!
+        cl_pids="$cl_pids $!"
+    done
     for name in node-b node-c; do
         if [ $name = node-b ]; then p="$CL_B_PORT $CL_B_DISC"; else p="$CL_C_PORT $CL_C_DISC"; fi
         # shellcheck disable=SC2086
@@ -449,17 +563,20 @@ cl_start() {
         [ $name = node-c ] && cl_node_c=$!
     done
     for i in $(seq 1 150); do
-        listening "$CL_B_DISC" && listening "$CL_C_DISC" && return
+        if listening "$CL_B_DISC" && listening "$CL_C_DISC"; then
+            for p in $CL_FO_PORTS; do listening "$p" || continue 2; done
+            return
+        fi
         sleep 0.2
     done
-    CL_SKIP="the cluster nodes did not start (see $dir/node-b.log, node-c.log, etcd.log)"
+    CL_SKIP="the cluster nodes did not start (see $dir/node-b.log, node-c.log, fo-*.log, etcd-*.log)"
     host_check cluster-nodes-start 0 "$CL_SKIP"
 }
 cl_suite_args() {
     if [ -n "$CL_SKIP" ]; then
         echo "--cluster-skip '$CL_SKIP'"
     else
-        echo "--cluster-disc '$CL_B_DISC $CL_C_DISC'"
+        echo "--cluster-disc '$CL_B_DISC $CL_C_DISC' --cluster-fo '$CL_FO_PORTS' --cluster-fo-nqn $CL_FO_NQN --cluster-fo-ttl $CL_FO_TTL"
     fi
 }
 
@@ -669,11 +786,7 @@ EOF
             mv "$share/rpc-response.tmp" "$share/rpc-response"
         fi
         if [ -e "$share/cluster-request" ]; then
-            # cluster-referrals: "KILL node-c" ends node C as a crash would.
-            rm -f "$share/cluster-request"
-            log "cluster request: SIGKILL node-c"
-            [ -n "$cl_node_c" ] && kill -KILL "$cl_node_c" 2>/dev/null
-            echo "killed" > "$share/cluster-done"
+            cl_request "$share"
         fi
         if [ -e "$share/restart-request" ]; then
             # "NQN" restarts with the run's signal, "NQN KILL" asks for a crash; the NQN
@@ -739,6 +852,15 @@ EOF
         host_check kvtarget-pool-check "$([ "$crc" = 0 ] && echo 1 || echo 0)" \
             "kvtarget check $pool_file exited $crc: $(grep -m3 -E 'DAMAGE|damaged|error' "$out/kvtarget/pool-check.log" | tr '\n' ' ') (see $out/kvtarget/pool-check.log)"
         { echo "---- kvtarget pool info (after check) ----"; "$bin" pool info "$pool_file" 2>&1; } >> "$out/kvtarget/pool-check.log"
+    fi
+    # cluster-failover's shared pool, every node SIGKILLed as a crash would end them:
+    # after three owners (a kill, a pause, etcd's leader lost) it must be consistent.
+    if [ -z "$CL_SKIP" ] && [ -e "$out/cluster/failover.pool" ]; then
+        local p crc
+        for p in $CL_FO_PORTS; do kill -KILL "${cl_fo_pid[$p]}" 2>/dev/null; wait "${cl_fo_pid[$p]}" 2>/dev/null; done
+        "$bin" check "$out/cluster/failover.pool" > "$out/cluster/failover-check.log" 2>&1; crc=$?
+        host_check cluster-failover-pool-check "$([ "$crc" = 0 ] && echo 1 || echo 0)" \
+            "kvtarget check of the shared pool exited $crc: $(grep -m3 -E 'DAMAGE|damaged|error' "$out/cluster/failover-check.log" | tr '\n' ' ') (see $out/cluster/failover-check.log)"
     fi
     KV_RC=$rc
 }

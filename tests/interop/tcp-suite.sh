@@ -69,6 +69,11 @@
 #                       cluster-referrals scenario discovers through each; its "KILL
 #                       node-c" request over the share makes the host SIGKILL node C.
 #                       --cluster-skip WHY: reported skipped with this reason
+#   --cluster-fo 'A B C' --cluster-fo-nqn NQN --cluster-fo-ttl S  ports of three kvtarget
+#                       nodes (same etcd cluster, lease S s) sharing one pool, serving
+#                       NQN cluster-wide: cluster-failover connects all three paths and
+#                       runs fio verify while the host kills the owner, stops the next
+#                       one for twice the lease and kills etcd's leader (cluster-request)
 #   --only REGEX        run only scenarios whose name matches (development aid)
 #   --transport T       tcp (default) or rdma: the same scenarios over NVMe/RDMA
 #                       (rdma-guest.sh); NVMe/TCP-only ones (digests, the 8009
@@ -88,6 +93,7 @@ RESV_HOSTID=6b7a7f1e-0c1d-4d2e-9a41-6b7674000b02 RESV_PORT2=
 RESV_CTL_NQN= RESV_CTL_PORT= RESV_CTL_PORT2= RESV_CTL_SKIP=
 MP_NQN= MP_PORT=
 CLUSTER_DISC= CLUSTER_SKIP=
+CLUSTER_FO= CLUSTER_FO_NQN= CLUSTER_FO_TTL=2
 INTRUDER_NQN=nqn.2026-11.io.kvtarget:intruder
 INTRUDER_ID=6b7a7f1e-0c1d-4d2e-9a41-6b76740000ff
 while [ $# -gt 0 ]; do
@@ -123,6 +129,9 @@ while [ $# -gt 0 ]; do
         --mp-port) MP_PORT=$2 ;;
         --cluster-disc) CLUSTER_DISC=$2 ;;
         --cluster-skip) CLUSTER_SKIP=$2 ;;
+        --cluster-fo) CLUSTER_FO=$2 ;;
+        --cluster-fo-nqn) CLUSTER_FO_NQN=$2 ;;
+        --cluster-fo-ttl) CLUSTER_FO_TTL=$2 ;;
         --only) ONLY=$2 ;;
         --transport) TRANSPORT=$2 ;;
         *) echo "tcp-suite: unknown argument $1" >&2; exit 2 ;;
@@ -1644,6 +1653,135 @@ t_cluster_referrals() {
     fail "node B still refers to dead node C after 15 s: $(jq -c '[.records[] | {subtype, trsvcid}]' "$WORK/disc.json")"
 }
 
+# --- failover between nodes sharing one pool (kvtarget: --cluster-fo) ---------------
+
+# cluster_request "VERB ARG [SECS]": the host acts on a node or on etcd (run.sh's
+# cl_request); fails with the host's answer unless it did so.
+cluster_request() {
+    local answer
+    rm -f "$SHARE/cluster-done"
+    echo "$1" > "$SHARE/cluster-request.tmp" && mv "$SHARE/cluster-request.tmp" "$SHARE/cluster-request"
+    wait_file "$SHARE/cluster-done" 60 || { fail "host orchestrator did not answer '$1' within 60 s"; return 1; }
+    answer=$(cat "$SHARE/cluster-done")
+    echo "#   host: $answer"
+    case "$answer" in failed*) fail "'$1': $answer"; return 1 ;; esac
+}
+declare -A FO_CTRL=() FO_PATH=()
+# fo_states: "PORT=ANA_STATE/CONTROLLER_STATE ..." of every path.
+fo_states() {
+    local p out=
+    for p in $CLUSTER_FO; do out="$out $p=$(mp_state "${FO_PATH[$p]}")/$(ctrl_state "${FO_CTRL[$p]}")"; done
+    echo "${out# }"
+}
+# fo_wait_owner SECS [NOT_PORT]: within SECS, exactly one path of a live controller
+# optimized, and not NOT_PORT's -> FO_OWNER.
+fo_wait_owner() {
+    local i p opt n st
+    for i in $(seq 1 $(($1 * 5))); do
+        opt= n=0
+        for p in $CLUSTER_FO; do
+            # A dead node's path keeps its last ANA state: live controllers only.
+            [ "$(ctrl_state "${FO_CTRL[$p]}")" = live ] || continue
+            st=$(mp_state "${FO_PATH[$p]}")
+            [ "$st" = optimized ] && { opt=$p; n=$((n + 1)); }
+        done
+        if [ "$n" = 1 ] && [ "$opt" != "${2:-}" ]; then
+            FO_OWNER=$opt
+            echo "#   owner $FO_OWNER after ~$((i / 5)) s: $(fo_states)"
+            return 0
+        fi
+        sleep 0.2
+    done
+    fail "no single optimized path${2:+ other than $2} within $1 s: $(fo_states)"
+}
+cluster_failover_body() {
+    local p out head i t0
+    for p in $CLUSTER_FO; do
+        out=$(timeout 60 nvme connect $(common_opts) -a "$ADDR" -s "$p" -n "$CLUSTER_FO_NQN" \
+            --ctrl-loss-tmo=60 --reconnect-delay=1 -o json 2>&1) || { fail "connect to port $p: $(echo $out)"; return 1; }
+        FO_CTRL[$p]=$(echo "$out" | jq -r '.device // empty')
+        [ -n "${FO_CTRL[$p]}" ] || { fail "connect to port $p named no controller: $(echo $out)"; return 1; }
+    done
+    for p in $CLUSTER_FO; do
+        FO_PATH[$p]=
+        for i in $(seq 1 50); do FO_PATH[$p]=$(mp_path "${FO_CTRL[$p]}") && break; sleep 0.2; done
+        [ -n "${FO_PATH[$p]}" ] || { fail "no path device for ${FO_CTRL[$p]} (port $p)"; return 1; }
+    done
+    read -r p _ <<< "$CLUSTER_FO"
+    ns_dev "${FO_CTRL[$p]}" 1 || return 1
+    head=$NSDEV
+    local h=${head#/dev/}
+    for p in $CLUSTER_FO; do
+        case "${FO_PATH[$p]}" in
+            "${h%n*}c"*"n${h##*n}") ;;
+            *) fail "$head is not the head of ${FO_PATH[$p]} (port $p): not one namespace on three nodes"; return 1 ;;
+        esac
+    done
+    echo "#   head $h; paths: $(for p in $CLUSTER_FO; do printf '%s=%s ' "$p" "${FO_PATH[$p]}"; done)"
+    fo_wait_owner 30 || return 1
+    rm -f "$WORK"/mp-stop "$WORK"/mp-fio-*
+    mp_fio_loop "$head" &
+    MP_FIO_PID=$!
+    sleep 4
+    # The owner crashes: a survivor wins the group, recovers the pool, serves.
+    local dead=$FO_OWNER
+    t0=$(now)
+    cluster_request "KILL $dead" || return 1
+    fo_wait_owner 30 "$dead" || return 1
+    echo "#   SIGKILL of $dead: new owner $FO_OWNER, $(awk -v a="$t0" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}') s from the kill"
+    sleep 4
+    # The new owner is paused for twice the lease: the third node takes over; the
+    # paused one, continued, must not write and rejoins as a follower.
+    local paused=$FO_OWNER
+    cluster_request "STOP $paused $((2 * CLUSTER_FO_TTL + 1))" || return 1
+    fo_wait_owner 30 "$paused" || return 1
+    local third=$FO_OWNER
+    for i in $(seq 1 100); do
+        [ "$(mp_state "${FO_PATH[$paused]}")" = inaccessible ] && [ "$(mp_state "${FO_PATH[$third]}")" = optimized ] && break
+        sleep 0.2
+    done
+    [ "$(mp_state "${FO_PATH[$paused]}")" = inaccessible ] || { fail "the continued node $paused is not inaccessible: $(fo_states)"; return 1; }
+    echo "#   SIGSTOP/SIGCONT of $paused: $third owns, $paused rejoined as follower: $(fo_states)"
+    sleep 4
+    # etcd loses its leader: two members carry on; one node owns the group after.
+    cluster_request "KILL-ETCD-LEADER" || return 1
+    sleep $((2 * CLUSTER_FO_TTL))
+    fo_wait_owner 30 || return 1
+    sleep 4
+    kill -0 "$MP_FIO_PID" 2>/dev/null || { fail "fio ended during the failovers: $(grep -h -m3 -iE 'verify|error|fio:' "$WORK"/mp-fio-*.err | tr '\n' ' ')"; return 1; }
+    touch "$WORK/mp-stop"
+    wait "$MP_FIO_PID"; local rc=$?
+    MP_FIO_PID=
+    local n f err w r total=0
+    n=$(ls "$WORK"/mp-fio-*.json 2>/dev/null | wc -l)
+    [ "$rc" = 0 ] && [ ! -e "$WORK/mp-fio-failed" ] \
+        || { fail "fio pass $(cat "$WORK/mp-fio-failed" 2>/dev/null) failed: $(grep -h -m3 -iE 'verify|error|fio:' "$WORK"/mp-fio-*.err | tr '\n' ' ')"; return 1; }
+    for f in "$WORK"/mp-fio-*.json; do
+        err=$(sed -n '/^{/,$p' "$f" | jq -r '.jobs[0].error' 2>/dev/null)
+        w=$(sed -n '/^{/,$p' "$f" | jq -r '.jobs[0].write.io_bytes' 2>/dev/null)
+        r=$(sed -n '/^{/,$p' "$f" | jq -r '.jobs[0].read.io_bytes' 2>/dev/null)
+        [ "$err" = 0 ] && [ "$w" = $((MP_FIO_MIB * MiB)) ] && [ "$r" = "$w" ] \
+            || { fail "fio $f: error $err, wrote $w and verified $r bytes, expected $((MP_FIO_MIB * MiB)) each"; return 1; }
+        total=$((total + w))
+    done
+    echo "#   fio: $n passes, $((total / MiB)) MiB written and verified across the failovers, 0 errors"
+    [ "$n" -ge 2 ] || { fail "fio ran only $n passes during the failovers"; return 1; }
+    klog_since cluster-failover | grep -iE 'Call Trace|BUG|I/O error|disabling ANA' \
+        | sed 's/^/#   | /' | grep . && { fail "kernel log has errors (above)"; return 1; }
+    return 0
+}
+t_cluster_failover() {
+    cluster_failover_body; local rc=$?
+    if [ -n "$MP_FIO_PID" ]; then
+        touch "$WORK/mp-stop"
+        wait "$MP_FIO_PID" 2>/dev/null
+        MP_FIO_PID=
+    fi
+    local c
+    for c in $(ctrls_of "$CLUSTER_FO_NQN"); do disconnect_ctrl "$c"; done
+    return $rc
+}
+
 SCENARIOS="
 discovery-4420
 discovery-8009
@@ -1685,6 +1823,7 @@ reservations-spdk-control
 reservation-ptpl-kill-spdk-control
 ana-multipath
 cluster-referrals
+cluster-failover
 "
 # Scenarios that need thin-provisioned volumes (--volumes); reported as skipped without.
 VOLUME_SCENARIOS=" several-namespaces nuse-tracks-writes-and-discard unwritten-error-volume volume-data-survives-restart namespace-hot-add-remove "
@@ -1702,6 +1841,9 @@ skip_reason() {
     fi
     if [ "$1" = ana-multipath ] && { [ -z "$MP_NQN" ] || [ -z "$MP_PORT" ] || [ "$RESTART" != share ]; }; then
         echo "needs a subsystem with ANA reporting on two listeners (--mp-nqn, --mp-port) whose states the host can change over RPC; this target has none"
+    fi
+    if [ "$1" = cluster-failover ] && { [ -z "$CLUSTER_FO" ] || [ -z "$CLUSTER_FO_NQN" ]; }; then
+        echo "${CLUSTER_SKIP:-needs three kvtarget nodes sharing one pool in one etcd cluster (--cluster-fo, --cluster-fo-nqn); this target has none}"
     fi
     if [ "$1" = cluster-referrals ] && [ -z "$CLUSTER_DISC" ]; then
         echo "${CLUSTER_SKIP:-needs two kvtarget nodes in one etcd cluster with discovery ports (--cluster-disc); this target has none}"
