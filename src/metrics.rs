@@ -555,7 +555,7 @@ const METRICS: &[Metric] = &[
     }),
     metric("kvtarget_cluster_node_state", Gauge, "This node's membership state (1 for the current one).", |s, o| {
         if let Some(c) = &s.cluster {
-            for st in [NodeState::Joined, NodeState::Lost, NodeState::Alone] {
+            for st in [NodeState::Joining, NodeState::Joined, NodeState::Lost, NodeState::Alone] {
                 let l = vec![("cluster", c.cluster.clone()), ("node", c.node.clone()), ("state", st.name().to_string())];
                 o.push(l, c.state == st)
             }

@@ -818,9 +818,16 @@ fn start_cluster(
         return Ok(None);
     };
     let url = metrics.map(|m| format!("http://{}/metrics", m.addr));
-    let cluster =
-        crate::cluster::Cluster::start(c, ctl.target.clone(), url, &cluster_wide(cfg), shared)?;
-    let _ = ctl.cluster.set(cluster.view());
+    let cluster = crate::cluster::Cluster::start(
+        c,
+        ctl.target.clone(),
+        url,
+        &cluster_wide(cfg),
+        shared,
+        |view| {
+            let _ = ctl.cluster.set(view);
+        },
+    )?;
     Ok(Some(cluster))
 }
 

@@ -359,6 +359,37 @@ fn a_taken_name_is_refused_naming_the_node() {
 }
 
 #[test]
+fn a_cluster_wide_subsystem_with_other_namespaces_is_refused_naming_node_and_field() {
+    let Some(bin) = etcd_binary() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(bin, dir.path());
+    let a = Node::start(dir.path(), "a", &etcd.url(), &wide_subsystem());
+    assert!(eventually(SLACK, || a.state() == "joined"));
+    // b serves the same NQN and NSID, twice the size: a host would see one
+    // namespace of two sizes, one per path.
+    let b = Node::spawn(
+        dir.path(),
+        "b",
+        &etcd.url(),
+        &wide_subsystem().replace("4MiB", "8MiB"),
+    );
+    let (code, err) = b.exit(ttl() + SLACK + Duration::from_secs(10));
+    assert_eq!(code, Some(2), "{err}");
+    let line = err.trim().lines().last().unwrap_or("");
+    assert_eq!(
+        line,
+        format!(
+            "kvtarget: cluster: subsystem `{WIDE_NQN}` on node `a`: namespace 1 size (blocks) \
+             is 2048 here, 1024 there; every node must serve a cluster-wide subsystem's \
+             namespaces alike"
+        ),
+        "{err}"
+    );
+    assert_eq!(a.member_names(), ["a"]);
+    assert_eq!(group(&a).0, "owner");
+}
+
+#[test]
 fn etcd_unreachable_with_fail_exits_2_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let nobody = format!("http://127.0.0.1:{}", free_port());
@@ -375,12 +406,36 @@ fn etcd_unreachable_with_fail_exits_2_with_one_line() {
 }
 
 #[test]
+fn the_node_answers_joining_while_its_first_join_waits_for_etcd() {
+    let dir = tempfile::tempdir().unwrap();
+    // An "etcd" that accepts connections and never answers: the join waits
+    // for its request timeout, and RPC must answer meanwhile (it answered
+    // "no [cluster] configuration" before the node had joined).
+    let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", mute.local_addr().unwrap());
+    let a = Node::start(dir.path(), "a", &url, "on_unreachable = \"alone\"");
+    let v = a.cluster();
+    assert_eq!(v["state"], "joining", "{v}");
+    assert_eq!(v["node"], "a", "{v}");
+    assert!(
+        eventually(Duration::from_secs(30), || a.state() == "alone"),
+        "{}",
+        a.cluster()
+    );
+    drop(mute);
+}
+
+#[test]
 fn alone_serves_io_and_joins_when_etcd_appears() {
     let Some(bin) = etcd_binary() else { return };
     let dir = tempfile::tempdir().unwrap();
     let mut etcd = Etcd::at(bin, dir.path());
     let a = Node::start(dir.path(), "a", &etcd.url(), "on_unreachable = \"alone\"");
-    assert_eq!(a.state(), "alone");
+    assert!(
+        eventually(SLACK, || a.state() == "alone"),
+        "{}",
+        a.cluster()
+    );
     let mut c = connect_retry(loopback(a.port), NQN);
     c.set_queue_count(1).unwrap();
     let mut q = c.io_queue(1).unwrap();
@@ -735,7 +790,11 @@ fn an_unelected_node_reports_inaccessible_until_it_wins() {
     let mut etcd = Etcd::at(bin, dir.path());
     let extra = format!("on_unreachable = \"alone\"\n{}", wide_subsystem());
     let a = Node::start(dir.path(), "a", &etcd.url(), &extra);
-    assert_eq!(a.state(), "alone");
+    assert!(
+        eventually(SLACK, || a.state() == "alone"),
+        "{}",
+        a.cluster()
+    );
     // Alone, it cannot know whether another node owns the group.
     assert_eq!(group(&a).0, "fenced", "{}", a.cluster());
     assert_eq!(ana_state(&a), INACCESSIBLE);

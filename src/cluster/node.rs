@@ -36,6 +36,8 @@ const CLAIM_RETRY: Duration = Duration::from_millis(250);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum NodeState {
+    /// Starting: its first join is in progress (the start waits for it).
+    Joining,
     /// Holds a live lease and its record is in etcd.
     Joined,
     /// Had joined; its lease ended or went unconfirmed past the TTL. Retrying.
@@ -47,6 +49,7 @@ pub enum NodeState {
 impl NodeState {
     pub fn name(self) -> &'static str {
         match self {
+            NodeState::Joining => "joining",
             NodeState::Joined => "joined",
             NodeState::Lost => "lost",
             NodeState::Alone => "alone",
@@ -98,6 +101,8 @@ pub enum ClusterError {
     Thread(std::io::Error),
     #[error(transparent)]
     Cntlid(super::cntlid::CntlidError),
+    #[error("cluster: {0}; every node must serve a cluster-wide subsystem's namespaces alike")]
+    Mismatch(String),
 }
 
 /// Why a join attempt failed.
@@ -107,6 +112,9 @@ enum JoinError {
     Cntlid(super::cntlid::CntlidError),
     /// Another process holds the record of this node's name.
     Taken,
+    /// A member serves one of this node's cluster-wide subsystems otherwise
+    /// (`member::mismatch`'s line).
+    Mismatch(String),
 }
 
 impl From<EtcdError> for JoinError {
@@ -126,14 +134,18 @@ impl Cluster {
     /// Joins (or, when etcd is unreachable and the configuration says so,
     /// starts alone), then keeps the membership on its own thread, and
     /// elects the owners of the ANA groups of `cluster_wide` (subsystem NQNs).
+    /// `on_view` gets the status reader before the join, so that RPC and
+    /// metrics show the node `joining` meanwhile.
     pub fn start(
         cfg: &ClusterConfig,
         target: Arc<Target>,
         metrics_url: Option<String>,
         cluster_wide: &[String],
         shared: Vec<super::SharedPool>,
+        on_view: impl FnOnce(ClusterView),
     ) -> Result<Cluster, ClusterError> {
         let mut node = Node::new(cfg, target, metrics_url);
+        on_view(ClusterView(node.status.clone()));
         node.cluster_wide = cluster_wide.to_vec();
         node.election = Election::start(
             &cfg.name,
@@ -155,6 +167,7 @@ impl Cluster {
             Err(JoinError::Etcd(e)) if e.is_unreachable() => match cfg.on_unreachable {
                 OnUnreachable::Fail => return Err(ClusterError::Unreachable { source: e }),
                 OnUnreachable::Alone => {
+                    node.set_state(NodeState::Alone);
                     tracing::warn!(
                         "cluster: {e}; serving alone and retrying every {:?}",
                         node.keepalive_every
@@ -163,6 +176,7 @@ impl Cluster {
             },
             Err(JoinError::Etcd(e)) => return Err(e.into()),
             Err(JoinError::Cntlid(e)) => return Err(ClusterError::Cntlid(e)),
+            Err(JoinError::Mismatch(m)) => return Err(ClusterError::Mismatch(m)),
             Err(JoinError::Taken) => {
                 return Err(ClusterError::NameTaken {
                     node: node.name.clone(),
@@ -244,6 +258,8 @@ struct Node {
     record_stale: bool,
     /// Another process's record of this name was reported (once per loss).
     taken_reported: bool,
+    /// The namespace conflict with a member last logged.
+    mismatch_reported: Option<String>,
     status: Arc<Mutex<ClusterStatus>>,
     /// The elections of cluster-wide subsystems' ANA groups, if any.
     election: Option<Election>,
@@ -280,7 +296,7 @@ impl Node {
         let status = ClusterStatus {
             cluster: cfg.name.clone(),
             node: name.clone(),
-            state: NodeState::Alone,
+            state: NodeState::Joining,
             lease_id: None,
             lease_ttl_secs: cfg.lease_ttl_secs,
             endpoint: client.endpoint().into(),
@@ -301,7 +317,7 @@ impl Node {
                 .map_or(0, |d| d.as_secs()),
             ttl,
             keepalive_every,
-            state: NodeState::Alone,
+            state: NodeState::Joining,
             lease: None,
             confirmed: now,
             due: now,
@@ -309,6 +325,7 @@ impl Node {
             record: Vec::new(),
             record_stale: false,
             taken_reported: false,
+            mismatch_reported: None,
             status: Arc::new(Mutex::new(status)),
             election: None,
             cluster_wide: Vec::new(),
@@ -319,7 +336,7 @@ impl Node {
     /// This node's record as it would be put now.
     fn record_now(&mut self) -> Vec<u8> {
         self.genctr = self.target.genctr.load(Ordering::Relaxed);
-        let served = member::served(&self.target);
+        let served = member::served(&self.target, &self.cluster_wide);
         let r = MemberRecord {
             format: RECORD_FORMAT,
             name: self.name.clone(),
@@ -336,6 +353,7 @@ impl Node {
     /// Takes a new lease and puts the record with it, if no other process
     /// holds this node's name; while one does, retries until `deadline`.
     fn join(&mut self, deadline: Instant) -> Result<(), JoinError> {
+        self.check_peers()?;
         self.claim_cntlid_block()?;
         let sent = Instant::now();
         let grant = self.client.lease_grant(self.ttl.as_secs() as i64)?;
@@ -368,6 +386,25 @@ impl Node {
         }
         self.refresh_members();
         Ok(())
+    }
+
+    /// Before a join: no member serves one of this node's cluster-wide
+    /// subsystems with other namespaces (a host would see two different
+    /// namespaces under one identity, one per path).
+    fn check_peers(&mut self) -> Result<(), JoinError> {
+        if self.cluster_wide.is_empty() {
+            return Ok(());
+        }
+        let ours = member::served(&self.target, &self.cluster_wide).subsystems;
+        let conflict = self
+            .read_members()?
+            .iter()
+            .filter(|m| m.name != self.name)
+            .find_map(|m| member::mismatch(&ours, m));
+        match conflict {
+            Some(m) => Err(JoinError::Mismatch(m)),
+            None => Ok(()),
+        }
     }
 
     /// Before the first join: the controller ID block of this node's
@@ -448,7 +485,7 @@ impl Node {
                 self.due = now + self.keepalive_every;
                 match self.state {
                     NodeState::Joined => self.keep_alive(now),
-                    NodeState::Lost | NodeState::Alone => self.rejoin(),
+                    NodeState::Joining | NodeState::Lost | NodeState::Alone => self.rejoin(),
                 }
             }
             if let (NodeState::Joined, Some(lease)) = (self.state, self.lease) {
@@ -545,6 +582,7 @@ impl Node {
             Ok(()) => {}
             Err(JoinError::Etcd(e)) => tracing::debug!("cluster: rejoin: {e}"),
             Err(JoinError::Cntlid(e)) => tracing::warn!("{e}"),
+            Err(JoinError::Mismatch(m)) => self.report_mismatch(m),
             Err(JoinError::Taken) if !self.taken_reported => {
                 self.taken_reported = true;
                 tracing::warn!(
@@ -576,6 +614,7 @@ impl Node {
             Ok(()) => {}
             Err(JoinError::Etcd(e)) => tracing::debug!("cluster: rejoin: {e}"),
             Err(JoinError::Cntlid(e)) => tracing::warn!("{e}"),
+            Err(JoinError::Mismatch(m)) => self.report_mismatch(m),
             Err(JoinError::Taken) => tracing::debug!(
                 "cluster: node `{}`: {} still held; retrying",
                 self.name,
@@ -609,35 +648,64 @@ impl Node {
         }
     }
 
-    /// Re-reads every member's record.
-    fn refresh_members(&mut self) {
+    /// Every member's record in etcd (this node's included), by name;
+    /// records this version cannot read are skipped.
+    fn read_members(&mut self) -> Result<Vec<MemberRecord>, EtcdError> {
         let req = RangeRequest {
             key: self.prefix.clone(),
             range_end: etcd::prefix_end(&self.prefix),
         };
-        match self.client.range(&req) {
-            Ok(r) => {
-                let mut members: Vec<MemberRecord> = r
-                    .kvs
+        let mut members: Vec<MemberRecord> = self
+            .client
+            .range(&req)?
+            .kvs
+            .iter()
+            .filter_map(
+                |kv| match serde_json::from_slice::<MemberRecord>(&kv.value) {
+                    Ok(m) => Some(m),
+                    Err(e) => {
+                        tracing::debug!(
+                            "cluster: skipping {}: {e}",
+                            String::from_utf8_lossy(&kv.key)
+                        );
+                        None
+                    }
+                },
+            )
+            .collect();
+        members.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(members)
+    }
+
+    /// Re-reads every member's record; a member serving one of this node's
+    /// cluster-wide subsystems otherwise (its namespaces changed at run
+    /// time) is reported.
+    fn refresh_members(&mut self) {
+        match self.read_members() {
+            Ok(members) => {
+                let ours = member::served(&self.target, &self.cluster_wide).subsystems;
+                match members
                     .iter()
-                    .filter_map(
-                        |kv| match serde_json::from_slice::<MemberRecord>(&kv.value) {
-                            Ok(m) => Some(m),
-                            Err(e) => {
-                                tracing::debug!(
-                                    "cluster: skipping {}: {e}",
-                                    String::from_utf8_lossy(&kv.key)
-                                );
-                                None
-                            }
-                        },
-                    )
-                    .collect();
-                members.sort_by(|a, b| a.name.cmp(&b.name));
+                    .filter(|m| m.name != self.name)
+                    .find_map(|m| member::mismatch(&ours, m))
+                {
+                    Some(m) => self.report_mismatch(m),
+                    None => self.mismatch_reported = None,
+                }
                 self.refer_to_peers(&members);
                 self.publish(|s| s.members = members);
             }
             Err(e) => tracing::debug!("cluster: member list: {e}"),
+        }
+    }
+
+    /// A namespace conflict with a member, logged when it first shows.
+    fn report_mismatch(&mut self, m: String) {
+        if self.mismatch_reported.as_deref() != Some(m.as_str()) {
+            tracing::error!(
+                "cluster: {m}; every node must serve a cluster-wide subsystem's namespaces alike"
+            );
+            self.mismatch_reported = Some(m);
         }
     }
 
