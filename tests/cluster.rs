@@ -1133,9 +1133,10 @@ fn a_won_group_stays_inaccessible_until_its_shared_pool_can_be_opened() {
     std::thread::sleep(ttl() / 2);
     assert_eq!(ana_state(&a), INACCESSIBLE, "no pool, nothing to serve");
     drop(exclusive);
-    // Retried at the next poll: formatted, opened, attached, optimized.
+    // Retried at each poll (alone, it resigned after a TTL and won again
+    // after sitting a TTL out): formatted, opened, attached, optimized.
     assert!(
-        eventually(SLACK, || ana_state(&a) == OPTIMIZED),
+        eventually(ttl() + SLACK, || ana_state(&a) == OPTIMIZED),
         "{}",
         a.cluster()
     );
@@ -1145,4 +1146,62 @@ fn a_won_group_stays_inaccessible_until_its_shared_pool_can_be_opened() {
     q[0].write(1, 3, block(3, 0x77), 4096).unwrap();
     q[0].flush(1).unwrap();
     assert_eq!(q[0].read(1, 3, 1, 4096).unwrap(), block(3, 0x77));
+}
+
+#[test]
+fn a_winner_that_cannot_open_its_shared_pool_resigns_for_a_node_that_can() {
+    let Some(bin) = etcd_binary() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(bin, dir.path());
+    // Node a's view of the shared device is held exclusively by someone
+    // else (on one machine: another file, locked); node b's is usable.
+    let theirs = dir.path().join("a-view.pool");
+    std::fs::File::create(&theirs)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let _exclusive = kvtarget::pool::lock_pool(&theirs, true).unwrap();
+    let a = Node::start(
+        dir.path(),
+        "a",
+        &etcd.url(),
+        &wide_shared_subsystem(&theirs),
+    );
+    assert!(
+        eventually(ttl() + SLACK, || group(&a).0 == "owner"),
+        "{}",
+        a.cluster()
+    );
+    let first = group(&a).2;
+    let b_view = dir.path().join("b-view.pool");
+    let b = Node::start(
+        dir.path(),
+        "b",
+        &etcd.url(),
+        &wide_shared_subsystem(&b_view),
+    );
+    // a resigns one TTL after its first failed open; b wins at its next poll.
+    assert!(
+        eventually(2 * ttl() + SLACK, || ana_state(&b) == OPTIMIZED),
+        "a: {}\nb: {}",
+        a.cluster(),
+        b.cluster()
+    );
+    let (role, owner, epoch) = group(&b);
+    assert_eq!((role.as_str(), owner.as_str()), ("owner", "b"));
+    assert!(epoch > first, "epoch {epoch} after {first}");
+    assert!(
+        eventually(SLACK, || group(&a).0 == "follower"),
+        "{}",
+        a.cluster()
+    );
+    assert_eq!(ana_state(&a), INACCESSIBLE);
+    let (_h, mut q) = support::connect(loopback(b.port), WIDE_NQN, 1);
+    q[0].write(1, 5, block(5, 0x3c), 4096).unwrap();
+    assert_eq!(q[0].read(1, 5, 1, 4096).unwrap(), block(5, 0x3c));
+    let log = a.logs();
+    assert!(
+        log.contains("resigning a group this node could not serve"),
+        "{log}"
+    );
 }

@@ -13,6 +13,7 @@ use super::ClusterStatus;
 use crate::nvmf::ana::{self, AnaState};
 use crate::nvmf::{SubsystemKind, Target};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -49,6 +50,13 @@ struct Shared {
     optimized: Mutex<Vec<GroupId>>,
     /// The shared pools, opened by the owner of their group.
     pools: SharedPools,
+    /// Groups won but not served (a shared pool that could not be opened):
+    /// the epoch won and since when (the machine's clock). After
+    /// `resign_after` at one epoch the node resigns the group.
+    unserved: Mutex<BTreeMap<GroupId, (i64, Duration)>>,
+    /// The lease TTL: how long a winner tries to serve a group before it
+    /// resigns, and how long it then sits the group out.
+    resign_after: Duration,
 }
 
 /// This node's part in the elections of its cluster-wide subsystems.
@@ -86,6 +94,8 @@ impl Election {
             status,
             optimized: Mutex::new(Vec::new()),
             pools: SharedPools::new(node, pools),
+            unserved: Mutex::new(BTreeMap::new()),
+            resign_after: ttl,
         });
         shared.publish(&shared.lock(), true);
         let stop = Arc::new(AtomicBool::new(false));
@@ -178,6 +188,69 @@ impl Election {
             }
         }
         self.shared.retry_takeovers();
+        self.resign_unserved(client);
+    }
+
+    /// Resigns the groups this node won but could not serve for
+    /// `resign_after` (its shared pool missing, locked, damaged here): not
+    /// the owner first, then the owner key deleted at its epoch, so that a
+    /// node that can serve the group wins; this one sits it out as long. A
+    /// resigned key still seen (the delete lost) is deleted again.
+    fn resign_unserved(&self, client: &mut super::etcd::Client) {
+        let now = self.clock(Instant::now());
+        let after = self.shared.resign_after;
+        let (due, again) = {
+            let m = self.shared.lock();
+            let unserved = self
+                .shared
+                .unserved
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let due: Vec<(GroupId, i64)> = unserved
+                .iter()
+                .filter(|(g, &(epoch, since))| {
+                    m.role(g) == Role::Owner { epoch } && now >= since + after
+                })
+                .map(|(g, &(epoch, _))| (g.clone(), epoch))
+                .collect();
+            (due, m.resignations_due())
+        };
+        for (group, epoch) in &due {
+            self.shared.served(group);
+            self.input(Input::Resigned {
+                group: group.clone(),
+                epoch: *epoch,
+                until: now + after,
+            });
+            tracing::warn!(subnqn = %group.subnqn, anagrpid = group.anagrpid, epoch, "cluster: resigning a group this node could not serve for {after:?}; another node may win it");
+        }
+        for (group, epoch) in due.into_iter().chain(again) {
+            self.delete_owner_key(client, &group, epoch);
+        }
+    }
+
+    /// Deletes `group`'s owner key if it is still the one of `epoch`.
+    fn delete_owner_key(&self, client: &mut super::etcd::Client, group: &GroupId, epoch: i64) {
+        let key = self.key(group);
+        let txn = TxnRequest {
+            compare: vec![Compare {
+                result: "EQUAL".into(),
+                target: "CREATE".into(),
+                key: key.clone(),
+                create_revision: epoch,
+            }],
+            success: vec![RequestOp::RequestDeleteRange(RangeRequest {
+                key,
+                range_end: Vec::new(),
+            })],
+            failure: Vec::new(),
+        };
+        // Not this epoch's key any more: somebody else's business. An error:
+        // the key stays with this node's lease, and the next poll that reads
+        // it back sends the delete again.
+        if let Err(e) = client.txn(&txn) {
+            tracing::debug!("cluster: deleting the owner key of {group:?}: {e}");
+        }
     }
 
     fn key(&self, g: &GroupId) -> Vec<u8> {
@@ -248,6 +321,27 @@ impl Shared {
         }
     }
 
+    /// Notes that `g`, won at `epoch`, cannot be served: the first failure at
+    /// an epoch is logged and starts the wait for the resignation.
+    fn unserved_since(&self, g: &GroupId, epoch: u64, e: &super::shared::AttachError) {
+        let Ok(epoch) = i64::try_from(epoch) else {
+            return;
+        };
+        let now = Instant::now().saturating_duration_since(self.origin);
+        let mut unserved = self.unserved.lock().unwrap_or_else(|e| e.into_inner());
+        if unserved.get(g).is_some_and(|&(at, _)| at == epoch) {
+            return;
+        }
+        unserved.insert(g.clone(), (epoch, now));
+        tracing::error!(subnqn = %g.subnqn, anagrpid = g.anagrpid, epoch, "cluster: won the group but cannot serve its shared pool (retried at each poll, resigned after {:?}): {e}", self.resign_after);
+    }
+
+    /// `g` is served, or no longer this node's to serve: no resignation due.
+    fn served(&self, g: &GroupId) {
+        let mut unserved = self.unserved.lock().unwrap_or_else(|e| e.into_inner());
+        unserved.remove(g);
+    }
+
     /// Gives up every group served here (the election stops).
     fn give_up_all(&self) {
         let _m = self.lock();
@@ -269,9 +363,10 @@ impl Shared {
             return false;
         };
         if let Err(e) = self.pools.attach(&self.target, g, epoch) {
-            tracing::error!(subnqn = %g.subnqn, anagrpid = g.anagrpid, epoch, "cluster: won the group but cannot serve its shared pool: {e}");
+            self.unserved_since(g, epoch, &e);
             return false;
         }
+        self.served(g);
         super::takeover::take_over_cold(&self.target, g, &self.pools.nsids(g));
         true
     }
@@ -353,7 +448,7 @@ fn holder_of(responses: &[ResponseOp]) -> Option<Holder> {
             lease: kv.lease,
             epoch: kv.create_revision,
         }),
-        ResponseOp::ResponsePut(_) => None,
+        ResponseOp::ResponsePut(_) | ResponseOp::ResponseDeleteRange(_) => None,
     })
 }
 

@@ -210,6 +210,7 @@ fn equal() -> String {
 pub enum RequestOp {
     RequestPut(PutRequest),
     RequestRange(RangeRequest),
+    RequestDeleteRange(DeleteRangeRequest),
 }
 
 /// `ResponseOp`.
@@ -218,6 +219,8 @@ pub enum RequestOp {
 pub enum ResponseOp {
     ResponsePut(HeaderOnly),
     ResponseRange(RangeResponse),
+    /// `DeleteRangeResponse` (its `deleted` count is not read).
+    ResponseDeleteRange(HeaderOnly),
 }
 
 /// `TxnRequest` (`POST /v3/kv/txn`).

@@ -473,7 +473,7 @@ impl Node {
                 serde_json::from_slice::<MemberRecord>(&kv.value)
                     .is_ok_and(|m| m.instance == self.instance)
             }),
-            ResponseOp::ResponsePut(_) => false,
+            ResponseOp::ResponsePut(_) | ResponseOp::ResponseDeleteRange(_) => false,
         })
     }
 

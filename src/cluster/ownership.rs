@@ -82,6 +82,16 @@ pub enum Input {
         group: GroupId,
         holder: Option<Holder>,
     },
+    /// This node gives up `group`, won at `epoch`, because it cannot serve
+    /// it, and deletes its owner key (applied before the delete is sent:
+    /// another node may win the moment etcd deletes it). It does not
+    /// campaign for the group before `until`, and never owns it at `epoch`
+    /// again: a delete that was lost, or is still on its way, is sent again.
+    Resigned {
+        group: GroupId,
+        epoch: i64,
+        until: Duration,
+    },
 }
 
 /// The lease this node trusts.
@@ -98,6 +108,10 @@ struct Group {
     role: Role,
     /// The holder last seen (this node's own key included).
     holder: Option<Holder>,
+    /// Resigned: no campaign for the group before this time.
+    sit_out_until: Option<Duration>,
+    /// The epoch last resigned: this node's key at it is not ownership.
+    resigned_epoch: Option<i64>,
 }
 
 /// The state machine of one node.
@@ -130,6 +144,8 @@ impl Ownership {
                 let s = Group {
                     role: Role::Fenced,
                     holder: None,
+                    sit_out_until: None,
+                    resigned_epoch: None,
                 };
                 (g, s)
             })
@@ -206,6 +222,11 @@ impl Ownership {
                 revision,
             } => self.won(group, lease, revision),
             Input::Seen { group, holder } => self.seen(group, holder),
+            Input::Resigned {
+                group,
+                epoch,
+                until,
+            } => self.resigned(&group, epoch, until),
         }
         self.tick(now);
         before != self.roles()
@@ -246,7 +267,10 @@ impl Ownership {
             lease,
             epoch: revision,
         });
-        if trusted {
+        // A late answer to a campaign whose win was since resigned: the
+        // holder is right, the ownership is not (the key may be gone).
+        let resigned = g.resigned_epoch.is_some_and(|e| revision <= e);
+        if trusted && !resigned {
             g.role = Role::Owner { epoch: revision };
         }
     }
@@ -256,9 +280,10 @@ impl Ownership {
         let Some(g) = self.groups.get_mut(&group) else {
             return;
         };
-        let mine = holder
-            .as_ref()
-            .is_some_and(|h| Some(h.lease) == lease && h.node == self.node);
+        // This node's key at an epoch it resigned is not ownership.
+        let mine = holder.as_ref().is_some_and(|h| {
+            Some(h.lease) == lease && h.node == self.node && g.resigned_epoch != Some(h.epoch)
+        });
         g.role = match (g.role, mine) {
             (Role::Fenced, _) => Role::Fenced,
             // Still ours at the same epoch: nothing moves.
@@ -271,6 +296,31 @@ impl Ownership {
             (_, false) => Role::Follower,
         };
         g.holder = holder;
+    }
+
+    fn resigned(&mut self, group: &GroupId, epoch: i64, until: Duration) {
+        let Some(g) = self.groups.get_mut(group) else {
+            return;
+        };
+        if g.role == (Role::Owner { epoch }) {
+            g.role = Role::Follower;
+        }
+        g.sit_out_until = Some(until);
+        g.resigned_epoch = Some(epoch);
+    }
+
+    /// The groups whose owner key this node resigned but still sees as its
+    /// own (the delete was lost or is late): (group, epoch) to delete again.
+    pub fn resignations_due(&self) -> Vec<(GroupId, i64)> {
+        let lease = self.lease.map(|l| l.id);
+        self.groups
+            .iter()
+            .filter_map(|(id, g)| {
+                let h = g.holder.as_ref()?;
+                let mine = h.node == self.node && Some(h.lease) == lease;
+                (mine && g.resigned_epoch == Some(h.epoch)).then(|| (id.clone(), h.epoch))
+            })
+            .collect()
     }
 
     /// Every group's role, in group order.
@@ -291,14 +341,18 @@ impl Ownership {
         self.groups.get(group).and_then(|g| g.holder.as_ref())
     }
 
-    /// The groups to campaign for (put-if-absent) at `now`: every group, when
-    /// a lease is trusted (the put of an owned or held key fails and reads
-    /// the holder back, which is the poll).
+    /// The groups to campaign for (put-if-absent) at `now`: every group not
+    /// sat out after a resignation, when a lease is trusted (the put of an
+    /// owned or held key fails and reads the holder back, which is the poll).
     pub fn campaigns(&mut self, now: Duration) -> Vec<GroupId> {
         if self.lease(now).is_none() {
             return Vec::new();
         }
-        self.groups.keys().cloned().collect()
+        self.groups
+            .iter()
+            .filter(|(_, g)| !matches!(g.sit_out_until, Some(t) if now < t))
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 }
 

@@ -108,3 +108,34 @@ fn prefix_ends() {
     assert_eq!(prefix_end(&[b'a', 0xff]), b"b");
     assert_eq!(prefix_end(&[0xff]), vec![0]);
 }
+
+#[test]
+fn a_resignation_deletes_the_owner_key_only_at_its_epoch() {
+    let t = TxnRequest {
+        compare: vec![Compare {
+            result: "EQUAL".into(),
+            target: "CREATE".into(),
+            key: b"a".to_vec(),
+            create_revision: 5,
+        }],
+        success: vec![RequestOp::RequestDeleteRange(DeleteRangeRequest {
+            key: b"a".to_vec(),
+            range_end: Vec::new(),
+        })],
+        failure: Vec::new(),
+    };
+    assert_eq!(
+        serde_json::to_string(&t).unwrap(),
+        r#"{"compare":[{"result":"EQUAL","target":"CREATE","key":"YQ==","create_revision":"5"}],"success":[{"request_delete_range":{"key":"YQ=="}}],"failure":[]}"#
+    );
+    // The gateway's answer carries `deleted`, which is not kept.
+    let ok: TxnResponse = serde_json::from_str(
+        r#"{"header":{"revision":"6"},"succeeded":true,"responses":[{"response_delete_range":{"header":{"revision":"6"},"deleted":"1"}}]}"#,
+    )
+    .unwrap();
+    assert!(ok.succeeded);
+    assert!(matches!(
+        ok.responses[0],
+        ResponseOp::ResponseDeleteRange(_)
+    ));
+}

@@ -9,7 +9,9 @@
 //! Seeded faults: message delays (a few ms, sometimes over a second), lost
 //! messages, partitions of a node from etcd, pauses (SIGSTOP: the node runs
 //! nothing, its clock goes on), crashes (a new machine, the old lease left to
-//! expire) and clocks that run up to 2% fast or slow.
+//! expire), owners that resign a group they cannot serve (not the owner
+//! first, then the delete at their epoch) and clocks that run up to 2% fast
+//! or slow.
 //!
 //! Checked at every simulated millisecond step: at most one running node is
 //! an owner of a group, an owner's epoch never is below one seen before for
@@ -48,6 +50,8 @@ enum Req {
     KeepAlive(i64),
     Revoke(i64),
     Txn(GroupId, i64),
+    /// A resignation: delete the group's owner key if its epoch is this.
+    Resign(GroupId, i64),
 }
 
 #[derive(Debug, Clone)]
@@ -121,6 +125,13 @@ impl Etcd {
                 }
                 Ans::Revoked
             }
+            Req::Resign(g, epoch) => {
+                if self.keys.get(g).is_some_and(|h| h.epoch == *epoch) {
+                    self.keys.remove(g);
+                    self.revision += 1;
+                }
+                Ans::Revoked
+            }
             Req::Txn(g, l) => {
                 if !self.leases.contains_key(l) {
                     return Ans::Gone(*l);
@@ -171,6 +182,7 @@ impl SimNode {
 pub(super) struct Cover {
     pub owner_changes: u64,
     pub fences: u64,
+    pub resignations: u64,
 }
 
 /// Runs one seed; `trust` overrides TTL/2 (a deliberate bug) when given.
@@ -207,7 +219,7 @@ pub(super) fn run_seed(seed: u64, trust: Option<Duration>) -> Result<Cover, Stri
     while t < FAULTY_MS + TAIL_MS {
         let faulty = t < FAULTY_MS;
         if faulty {
-            inject(&mut rng, &mut nodes, &mut wire, t, &make);
+            inject(&mut rng, &mut nodes, &mut wire, t, &make, &mut cover);
         }
         // Deliver what is due: requests to etcd, answers to nodes.
         let mut later = VecDeque::new();
@@ -308,11 +320,16 @@ fn inject(
     wire: &mut VecDeque<Msg>,
     t: u64,
     make: &impl Fn(&str) -> Ownership,
+    cover: &mut Cover,
 ) {
     // Lost messages.
     if rng.chance(2) && !wire.is_empty() {
         let i = rng.below(wire.len() as u64) as usize;
         wire.remove(i);
+    }
+    // An owner that cannot serve resigns (about once per 10 s).
+    if rng.below(2000) == 0 && resign_one(rng, nodes, wire, t) {
+        cover.resignations += 1;
     }
     // About one fault per node per 4 s.
     if rng.below(800) != 0 {
@@ -330,6 +347,41 @@ fn inject(
             n.paused_until = t + rng.below(TTL_MS);
         }
     }
+}
+
+/// A running owner resigns one of its groups as the cluster thread does:
+/// not the owner first, then the delete at its epoch.
+fn resign_one(rng: &mut SimRng, nodes: &mut [SimNode], wire: &mut VecDeque<Msg>, t: u64) -> bool {
+    let i = rng.below(NODES as u64) as usize;
+    let n = &mut nodes[i];
+    if !n.running(t) {
+        return false;
+    }
+    let now = n.local(t);
+    let Some((group, epoch)) = n.machine.roles().into_iter().find_map(|(g, r)| match r {
+        Role::Owner { epoch } => Some((g, epoch)),
+        _ => None,
+    }) else {
+        return false;
+    };
+    let until = now + Duration::from_millis(TTL_MS);
+    n.machine.apply(
+        Input::Resigned {
+            group: group.clone(),
+            epoch,
+            until,
+        },
+        now,
+    );
+    wire.push_back(Msg {
+        node: i,
+        life: n.life,
+        sent: now,
+        at: t + delay(rng, true),
+        req: Req::Resign(group, epoch),
+        ans: None,
+    });
+    true
 }
 
 /// What node `n` sends at local time `now`, as the cluster thread does.
@@ -353,6 +405,7 @@ fn requests(n: &mut SimNode, now: Duration) -> Vec<Req> {
         Some(l) => {
             out.push(Req::KeepAlive(l));
             out.extend(n.machine.campaigns(now).into_iter().map(|g| Req::Txn(g, l)));
+            out.extend((n.machine.resignations_due().into_iter()).map(|(g, e)| Req::Resign(g, e)));
         }
     }
     out
@@ -450,10 +503,12 @@ fn at_most_one_owner_per_group() {
         let c = run_seed(seed, None).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         total.owner_changes += c.owner_changes;
         total.fences += c.fences;
+        total.resignations += c.resignations;
     }
-    // The run must exercise what it is for: failovers and fencing.
+    // The run must exercise what it is for: failovers, fencing, resignations.
     assert!(total.owner_changes > 2 * seeds, "{total:?}");
     assert!(total.fences > seeds, "{total:?}");
+    assert!(total.resignations > seeds / 2, "{total:?}");
 }
 
 /// The deliberate bug: fencing at 1.5x the TTL instead of half of it lets

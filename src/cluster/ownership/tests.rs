@@ -182,3 +182,77 @@ fn another_holder_or_a_gone_lease_ends_ownership() {
     o.apply(Input::LeaseGone { lease: 7 }, ms(9));
     assert!(o.roles().iter().all(|(_, r)| *r == Role::Fenced));
 }
+
+#[test]
+fn a_resigned_owner_follows_and_sits_the_group_out_until_told() {
+    let mut o = machine();
+    o.apply(
+        Input::LeaseGranted {
+            lease: 7,
+            sent: ms(0),
+        },
+        ms(5),
+    );
+    o.apply(
+        Input::Won {
+            group: g(1),
+            lease: 7,
+            revision: 42,
+        },
+        ms(10),
+    );
+    let resigned = Input::Resigned {
+        group: g(1),
+        epoch: 42,
+        until: ms(900),
+    };
+    assert!(o.apply(resigned, ms(20)));
+    assert_eq!(o.role(&g(1)), Role::Follower);
+    // The other group is campaigned for; this one only once `until` passed.
+    assert_eq!(o.campaigns(ms(899)), vec![g(2)]);
+    o.apply(
+        Input::KeepAliveAnswered {
+            lease: 7,
+            sent: ms(890),
+        },
+        ms(895),
+    );
+    assert_eq!(o.campaigns(ms(900)), vec![g(1), g(2)]);
+    // The delete was lost: its own key at the resigned epoch is read back.
+    // Not ownership; the delete is due again.
+    let mine = Holder {
+        node: "a".into(),
+        lease: 7,
+        epoch: 42,
+    };
+    o.apply(
+        Input::Seen {
+            group: g(1),
+            holder: Some(mine),
+        },
+        ms(901),
+    );
+    assert_eq!(o.role(&g(1)), Role::Follower);
+    assert_eq!(o.resignations_due(), vec![(g(1), 42)]);
+    // A late answer to the campaign that won epoch 42 is no win either.
+    o.apply(
+        Input::Won {
+            group: g(1),
+            lease: 7,
+            revision: 42,
+        },
+        ms(902),
+    );
+    assert_eq!(o.role(&g(1)), Role::Follower);
+    // Won again later, with a newer epoch.
+    o.apply(
+        Input::Won {
+            group: g(1),
+            lease: 7,
+            revision: 50,
+        },
+        ms(905),
+    );
+    assert_eq!(o.role(&g(1)), Role::Owner { epoch: 50 });
+    assert_eq!(o.resignations_due(), Vec::new());
+}
