@@ -64,18 +64,10 @@ log() { echo "run-guest-kv-offload: $*" >&2; }
 die() { failed=1; log "error: $*"; exit 1; }
 [ "$(id -u)" = 0 ] || { log "must run as root (hugepages, QEMU)"; exit 1; }
 
-load_start=$(uptime)
-load1=$(cut -d' ' -f1 /proc/loadavg)
-if awk -v l="$load1" 'BEGIN { exit !(l > 0.5) }'; then
-    log "WARNING: 1-minute load average is $load1 (> 0.5): something else is running;"
-    log "WARNING: figures from this run are not a measurement. $load_start"
-fi
+. "$repo/bench/lib/machine.sh"
+warn_if_busy
 
-if [ -z "${KVTARGET_BIN:-}" ]; then
-    cargo build --release -q || die "cargo build --release failed"
-fi
-kvbin=${KVTARGET_BIN:-$repo/target/release/kvtarget}
-[ -x "$kvbin" ] || die "$kvbin not built"
+kvbin=$(kvtarget_bin) || die "no kvtarget to measure"
 spdk_env=$("$repo/ci/spdk.sh") || die "ci/spdk.sh could not provide SPDK"
 eval "$spdk_env"
 nvmf_tgt=$SPDK_DIR/build/bin/nvmf_tgt
@@ -164,7 +156,7 @@ for p in "${all_profiles[@]}"; do
 done
 [ ${#selected[@]} -gt 0 ] || die "--only '$only' matches no profile"
 
-cp "$repo/bench/guest/kv-offload.sh" "$share/kv-offload.sh"
+cp "$repo/bench/guest/kv-offload.sh" "$repo/bench/guest/host-request.sh" "$share/"
 cat > "$share/plan.env" <<EOF
 TARGETS="${targets[*]}"
 ROUNDS=$rounds

@@ -107,18 +107,10 @@ for s in "${sections[@]}"; do
 done
 wants() { [[ ",$only," == *",$1,"* ]]; }
 
-load_start=$(uptime)
-load1=$(cut -d' ' -f1 /proc/loadavg)
-if awk -v l="$load1" 'BEGIN { exit !(l > 0.5) }'; then
-    log "WARNING: 1-minute load average is $load1 (> 0.5): something else is running;"
-    log "WARNING: figures from this run are not a measurement. $load_start"
-fi
+. "$repo/bench/lib/machine.sh"
+warn_if_busy
 command -v python3 >/dev/null || die "python3 is needed (JSON, the RPC client)"
-if [ -z "${KVTARGET_BIN:-}" ]; then
-    cargo build --release -q || die "cargo build --release failed"
-fi
-bin=${KVTARGET_BIN:-$repo/target/release/kvtarget}
-[ -x "$bin" ] || die "$bin not built"
+bin=$(kvtarget_bin) || die "no kvtarget to measure"
 # 1,024 queues and 64 admin queues: a socket each on both sides.
 ulimit -n 16384 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 [ "$(ulimit -n)" -ge 2200 ] || log "warning: only $(ulimit -n) file descriptors: 1,024 queues will not connect"

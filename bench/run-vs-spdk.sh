@@ -99,12 +99,8 @@ case $set in block | kv-offload | all) ;; *) echo "run-vs-spdk: --set block|kv-o
 log() { echo "run-vs-spdk: $*" >&2; }
 die() { failed=1; log "error: $*"; exit 1; }
 
-load_start=$(uptime)
-load1=$(cut -d' ' -f1 /proc/loadavg)
-if awk -v l="$load1" 'BEGIN { exit !(l > 0.5) }'; then
-    log "WARNING: 1-minute load average is $load1 (> 0.5): something else is running;"
-    log "WARNING: figures from this run are not a measurement. $load_start"
-fi
+. "$repo/bench/lib/machine.sh"
+warn_if_busy
 
 # Packages: python3 (parsing, rpc.py), procps (uptime), coreutils (taskset is in
 # util-linux, not needed: perf pins itself with -c). ci/spdk.sh installs SPDK's own.
@@ -117,11 +113,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     fi
 fi
 
-if [ -z "${KVTARGET_BIN:-}" ]; then
-    cargo build --release -q || die "cargo build --release failed"
-fi
-kvbin=${KVTARGET_BIN:-$repo/target/release/kvtarget}
-[ -x "$kvbin" ] || die "$kvbin not built"
+kvbin=$(kvtarget_bin) || die "no kvtarget to measure"
 spdk_env=$("$repo/ci/spdk.sh") || die "ci/spdk.sh could not provide SPDK"
 eval "$spdk_env"
 nvmf_tgt=$SPDK_DIR/build/bin/nvmf_tgt

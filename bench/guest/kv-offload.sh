@@ -18,25 +18,8 @@ work=/tmp/kvo
 mkdir -p "$work"
 log() { echo "kv-offload(guest): $*"; }
 
-seq_no=0
-host_do() { # COMMAND [ARG]: one request to the host script; prints its reply
-    seq_no=$((seq_no + 1))
-    echo "$seq_no $*" > "$share/request.tmp" && mv "$share/request.tmp" "$share/request"
-    local i r
-    for i in $(seq 1 1200); do
-        if [ -f "$share/reply" ]; then
-            read -r r_seq r < "$share/reply"
-            if [ "$r_seq" = "$seq_no" ]; then
-                rm -f "$share/reply"
-                echo "$r"
-                return 0
-            fi
-        fi
-        sleep 0.1
-    done
-    log "no reply from the host to '$*'"
-    return 1
-}
+# shellcheck source=/dev/null
+. "$share/host-request.sh"   # host_do
 
 # ns_dev nvmeX NSID -> the block device of NSID in nvmeX's subsystem (waits up to 10 s).
 ns_dev() {
