@@ -263,7 +263,7 @@ fn active_r2ts_are_bounded_and_named() {
 #[test]
 fn c2h_data_pdus_are_bounded_and_named() {
     let with = |v: &str| format!("[tcp]\nmax_c2h_data = {v}\n{GOOD}");
-    assert_eq!(Config::parse(GOOD).unwrap().tcp.max_c2h_data, 128 << 10);
+    assert_eq!(Config::parse(GOOD).unwrap().tcp.max_c2h_data, 512 << 10);
     let c = Config::parse(&with("\"1MiB\"")).unwrap();
     assert_eq!(c.tcp.max_c2h_data, 1 << 20);
     for bad in ["\"2KiB\"", "\"32MiB\"", "4098"] {

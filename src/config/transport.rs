@@ -75,6 +75,9 @@ pub struct TcpConfig {
     /// Largest C2HData PDU: a longer read's data goes out in PDUs of this
     /// size, and other commands' responses may go between them (a small
     /// read waits for about two of them, not for a whole 32 MiB transfer).
+    /// 512 KiB: 128 KiB halved the small reads' P99 beside 32 MiB retrieves
+    /// but cost the retrieves a third of their throughput (bench/RESULTS.md,
+    /// 2026-12-05); 512 KiB keeps them at SPDK's.
     #[serde(deserialize_with = "size")]
     pub max_c2h_data: u64,
 }
@@ -92,7 +95,7 @@ impl Default for TcpConfig {
             recv_buf_size: 0,
             send_buf_size: 0,
             c2h_success: true,
-            max_c2h_data: 128 << 10,
+            max_c2h_data: 512 << 10,
         }
     }
 }
