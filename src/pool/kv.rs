@@ -176,6 +176,10 @@ impl Entry {
     }
 }
 
+/// Slots a checkpoint copies per hold of the index's lock (`drain_snapshot`):
+/// tens of microseconds of copying, so a command waits about that long at most.
+const SNAPSHOT_CHUNK: usize = 4096;
+
 /// No slot: an empty subtree of the key order.
 const NIL: u32 = u32::MAX;
 
@@ -975,12 +979,48 @@ impl KvIndex {
     /// Every key and its location for a checkpoint, with the same bookkeeping
     /// as `drain_changes`: the changes since the last commit are taken (the
     /// checkpoint holds them). Not a way to look at the index: `locations`.
+    ///
+    /// The index is copied a chunk of slots per hold of its lock, so a
+    /// command waits for one chunk at most, not for the whole index. The copy
+    /// is made exact at its end: every key changed since the last commit,
+    /// during the copy too, is in the change set; under the lock that ends
+    /// the copy those keys' copied records are replaced by their state then.
+    /// A key not in the change set kept its slot and location the whole time,
+    /// so it was copied exactly once.
     pub fn drain_snapshot(&self) -> Vec<(KvKey, KvLoc)> {
-        let mut st = self.lock();
-        let st = &mut *st;
-        st.dirty.clear();
-        Self::begin_commit(st);
-        Self::all_locations(st)
+        self.drain_snapshot_with(|| {})
+    }
+
+    /// `drain_snapshot`, running `between` after each chunk with the lock
+    /// released (tests change the index there).
+    fn drain_snapshot_with(&self, mut between: impl FnMut()) -> Vec<(KvKey, KvLoc)> {
+        let mut out = Vec::with_capacity(self.lock().map.len() + SNAPSHOT_CHUNK);
+        let mut chunk = Vec::with_capacity(SNAPSHOT_CHUNK);
+        let mut slot = 0;
+        loop {
+            let more = {
+                let st = self.lock();
+                let end = (slot + SNAPSHOT_CHUNK).min(st.entries.len());
+                let live = st.entries[slot.min(end)..end].iter().flatten();
+                chunk.extend(live.filter(|e| e.live).map(|e| (e.key, e.loc)));
+                slot = end;
+                end < st.entries.len()
+            };
+            // Grown outside the lock: a reallocation copies the whole copy.
+            out.append(&mut chunk);
+            if !more {
+                break;
+            }
+            between();
+        }
+        let mut changed = Vec::new();
+        self.drain_changes(&mut changed);
+        if !changed.is_empty() {
+            let keys: HashSet<KvKey> = changed.iter().map(|(k, _)| *k).collect();
+            out.retain(|(k, _)| !keys.contains(k));
+            out.extend(changed.into_iter().filter_map(|(k, l)| Some((k, l?))));
+        }
+        out
     }
 
     /// Keys changed, or blocks given up, since the last commit took them.
@@ -1910,6 +1950,88 @@ mod tests {
         commit(&ix, &mut durable);
         assert!(claims.iter().all(|(k, _)| durable.contains_key(k)));
         assert!(ix.verify().is_empty(), "{:?}", ix.verify());
+    }
+
+    /// Changes made between a checkpoint's chunks (`between`): Stores of new
+    /// and existing keys, Deletes. Only Stores that find room at once: a
+    /// commit never runs during a checkpoint (one metadata thread makes both).
+    fn change_between(ix: &KvIndex, ops: &[(bool, u32, u32)], now: Instant) {
+        for &(put, k, len) in ops {
+            if put {
+                if let Ok(Reserve::Ready(loc)) = ix.reserve(&key(k), len, NONE, now) {
+                    let _ = ix.commit_store(&key(k), loc, NONE, now);
+                }
+            } else {
+                let _ = ix.delete(&key(k), now);
+            }
+        }
+    }
+
+    /// A checkpoint copied in chunks while the index changes between them is
+    /// the index as it is when the copy ends: every live key once, at its
+    /// current location, nothing else; and the commit it ends frees only
+    /// blocks no key holds. (The copy once took the lock for the whole index:
+    /// `between` would deadlock there.)
+    #[test]
+    fn a_checkpoint_copied_in_chunks_is_the_index_at_its_end() {
+        let now = Instant::now();
+        let ix = KvIndex::new(256 << 20, 512);
+        let n = 2 * SNAPSHOT_CHUNK as u32 + 1000;
+        for k in 0..n {
+            store(&ix, &key(k), 700, now).unwrap_or_else(|s| panic!("store {k}: {s:?}"));
+        }
+        let mut gaps = 0;
+        let snap = ix.drain_snapshot_with(|| {
+            gaps += 1;
+            // Keys already copied deleted and stored again (new slots), keys
+            // not yet copied overwritten, new keys, a key stored then deleted.
+            let ops: Vec<(bool, u32, u32)> = (0..300)
+                .map(|i| match i % 4 {
+                    0 => (false, i * 7 % n, 0),
+                    1 => (true, i * 7 % n, 1500),
+                    2 => (true, n - 1 - i, 100),
+                    _ => (true, n + i, 512),
+                })
+                .chain([(true, n + 999, 512), (false, n + 999, 0)])
+                .collect();
+            change_between(&ix, &ops, now);
+        });
+        assert_eq!(gaps, 2, "three chunks, two gaps");
+        let got: BTreeMap<KvKey, KvLoc> = snap.iter().copied().collect();
+        assert_eq!(got.len(), snap.len(), "a key copied twice");
+        let want: BTreeMap<KvKey, KvLoc> = ix.locations().into_iter().collect();
+        assert_eq!(got, want);
+        assert!(!ix.has_changes(), "the copy's end drains the change set");
+        ix.committed(true);
+        assert!(ix.verify().is_empty(), "{:?}", ix.verify());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        /// The same with random Stores and Deletes between the chunks.
+        #[test]
+        fn a_checkpoint_copied_under_random_changes_is_exact(
+            ops in proptest::collection::vec(
+                proptest::collection::vec((any::<bool>(), 0u32..12_000, 1u32..3000), 0..200),
+                3,
+            ),
+        ) {
+            let now = Instant::now();
+            let ix = KvIndex::new(256 << 20, 512);
+            for k in 0..9000 {
+                prop_assert!(store(&ix, &key(k), 512, now).is_ok());
+            }
+            let mut gap = ops.iter();
+            let snap = ix.drain_snapshot_with(|| {
+                change_between(&ix, gap.next().map_or(&[][..], |v| &v[..]), now)
+            });
+            let got: BTreeMap<KvKey, KvLoc> = snap.iter().copied().collect();
+            prop_assert_eq!(got.len(), snap.len());
+            let want: BTreeMap<KvKey, KvLoc> = ix.locations().into_iter().collect();
+            prop_assert_eq!(got, want);
+            ix.committed(true);
+            prop_assert!(ix.verify().is_empty());
+        }
     }
 
     proptest! {
