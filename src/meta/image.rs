@@ -91,9 +91,7 @@ impl Image {
         for m in c.mappings {
             img.set_extent(m.vol, m.lext, m.phys, m.bitmap, "checkpoint");
         }
-        for (vol, key, loc) in c.kv {
-            img.set_kv(vol, key, Some(loc), "checkpoint");
-        }
+        img.load_checkpoint_kv(c.kv);
         for (vol, resv) in c.resv {
             match img.volumes.get_mut(&vol) {
                 Some(v) => v.resv = Some(resv),
@@ -147,6 +145,34 @@ impl Image {
         }
         v.map.insert(lext, (phys, bitmap));
         self.clean.remove(&phys);
+    }
+
+    /// A checkpoint's keys, each volume's built in one pass from the keys in
+    /// order: 10^6 keys inserted one by one in the order a checkpoint lists
+    /// them (their slots', random for hashed keys) took about 0.5 s of a
+    /// recovery. Stable: a key listed twice keeps its last location, as
+    /// inserting in turn did.
+    fn load_checkpoint_kv(&mut self, mut kv: Vec<(u32, KvKey, KvLoc)>) {
+        kv.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        for same_vol in kv.chunk_by(|a, b| a.0 == b.0) {
+            let (vol, first_key) = (same_vol[0].0, same_vol[0].1);
+            // As `set_kv`: keys of a volume the checkpoint does not list go.
+            let Some(v) = self.volumes.get_mut(&vol) else {
+                continue;
+            };
+            if v.desc.flags & VOL_KV == 0 {
+                self.problems.push(format!(
+                    "checkpoint: KV key {first_key:?} for volume {vol}, which is not a KV volume"
+                ));
+                continue;
+            }
+            let keys = same_vol.iter().map(|&(_, k, l)| (k, l));
+            if v.kv.is_empty() {
+                v.kv = keys.collect();
+            } else {
+                v.kv.extend(keys);
+            }
+        }
     }
 
     fn set_kv(&mut self, vol: u32, key: KvKey, loc: Option<KvLoc>, src: &str) {
@@ -405,5 +431,65 @@ mod tests {
             bitmap: vec![],
         });
         assert!(img.problems.is_empty());
+    }
+
+    /// A checkpoint's keys land in their volumes whatever order it lists
+    /// them in: a key listed twice keeps its last location (as one insert
+    /// after another did), keys of a block volume are a problem, keys of a
+    /// volume the checkpoint does not list are dropped.
+    #[test]
+    fn checkpoint_keys_land_in_their_volumes_in_any_order() {
+        let kv_desc = |id| VolumeDesc {
+            flags: VOL_KV,
+            ..desc(id, 1 << 20)
+        };
+        let key = |n: u8| KvKey::new(&[n]).unwrap_or_default();
+        let loc = |block| KvLoc {
+            block,
+            nblocks: 1,
+            len: 1,
+        };
+        let img = Image::from_checkpoint(
+            CheckpointData {
+                next_volume_id: 4,
+                volumes: vec![kv_desc(1), kv_desc(2)],
+                mappings: vec![],
+                clean: vec![],
+                kv: vec![
+                    (2, key(9), loc(0)),
+                    (1, key(5), loc(1)),
+                    (9, key(1), loc(2)),
+                    (1, key(3), loc(3)),
+                    (1, key(5), loc(4)),
+                    (2, key(1), loc(5)),
+                ],
+                resv: vec![],
+            },
+            1 << 20,
+            8,
+        );
+        let keys = |v: u32| -> Vec<(KvKey, u64)> {
+            img.volumes[&v]
+                .kv
+                .iter()
+                .map(|(k, l)| (*k, l.block))
+                .collect()
+        };
+        assert_eq!(keys(1), vec![(key(3), 3), (key(5), 4)]);
+        assert_eq!(keys(2), vec![(key(1), 5), (key(9), 0)]);
+        assert!(img.problems.is_empty(), "{:?}", img.problems);
+        let img = Image::from_checkpoint(
+            CheckpointData {
+                next_volume_id: 2,
+                volumes: vec![desc(1, 1 << 20)],
+                mappings: vec![],
+                clean: vec![],
+                kv: vec![(1, key(1), loc(0))],
+                resv: vec![],
+            },
+            1 << 20,
+            8,
+        );
+        assert_eq!(img.problems.len(), 1, "{:?}", img.problems);
     }
 }

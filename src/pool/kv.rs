@@ -1611,7 +1611,7 @@ fn carve(list: &mut Vec<(u64, u32)>, start: u64, end: u64) -> u64 {
 
 /// Keys in byte order, a shorter key before its extensions.
 fn order(a: &KvKey, b: &KvKey) -> std::cmp::Ordering {
-    a.as_bytes().cmp(b.as_bytes())
+    a.cmp(b)
 }
 
 /// The most keys a KV volume of `size_bytes` holds (its Identify MNK).

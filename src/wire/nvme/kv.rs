@@ -55,13 +55,28 @@ pub mod retrieve_opt {
 }
 
 /// A KV key: 1 to 16 bytes (List also takes an empty start key).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct KvKey {
     len: u8,
-    /// Bytes past `len` are always zero, so equality is that of the key. The
-    /// derived order compares the length first: List orders keys by their
-    /// bytes with its own comparison (`pool::kv`), not with `Ord`.
+    /// Bytes past `len` are always zero, so equality is that of the key.
     bytes: [u8; KV_KEY_MAX_LEN],
+}
+
+/// Keys in List's order: by their bytes, a key before the longer keys it
+/// begins. With the bytes past `len` zero that is the padded bytes as one
+/// big-endian number, then the length: two integer compares, where a byte
+/// slice compare calls `memcmp` (a sixth of a recovery's time went there).
+impl Ord for KvKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        let rank = |k: &KvKey| (u128::from_be_bytes(k.bytes), k.len);
+        rank(self).cmp(&rank(other))
+    }
+}
+
+impl PartialOrd for KvKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 impl std::fmt::Debug for KvKey {
@@ -773,6 +788,20 @@ mod tests {
             let s = Sqe(b);
             if let Ok(cmd) = KvCommand::decode(&s, max) {
                 prop_assert_eq!(KvCommand::decode(&cmd.encode(s.cid(), s.nsid()), max), Ok(cmd));
+            }
+        }
+
+        /// Keys order as their bytes do, a key before the longer keys it
+        /// begins (keys sharing bytes and zeros are the likely mistakes).
+        #[test]
+        fn keys_order_as_their_bytes(
+            a in proptest::collection::vec(0u8..3, 0..=KV_KEY_MAX_LEN),
+            b in proptest::collection::vec(0u8..3, 0..=KV_KEY_MAX_LEN),
+        ) {
+            let (ka, kb) = (KvKey::new(&a), KvKey::new(&b));
+            if let (Some(ka), Some(kb)) = (ka, kb) {
+                prop_assert_eq!(ka.cmp(&kb), a.cmp(&b));
+                prop_assert_eq!(ka == kb, a == b);
             }
         }
 
