@@ -490,12 +490,51 @@ impl State {
         }
     }
 
-    /// Adds `slot`'s key (not in the order yet).
-    fn order_insert(&mut self, slot: u32) {
+    fn next_prio(&mut self) -> u32 {
         self.rng ^= self.rng << 13;
         self.rng ^= self.rng >> 7;
         self.rng ^= self.rng << 17;
-        let prio = (self.rng >> 32) as u32;
+        (self.rng >> 32) as u32
+    }
+
+    /// The slots from the root down its right children: where a key after
+    /// every other joins (`order_append`).
+    fn right_spine(&self) -> Vec<u32> {
+        let mut spine = Vec::new();
+        let mut t = self.root;
+        while t != NIL {
+            spine.push(t);
+            t = self.node(t).right;
+        }
+        spine
+    }
+
+    /// Adds `slot`'s key, which comes after every key in the order, given
+    /// the order's right spine (kept up to date): the nodes of lower
+    /// priority at the spine's end become its left subtree. Amortized
+    /// constant time: each node leaves the spine once.
+    fn order_append(&mut self, slot: u32, spine: &mut Vec<u32>) {
+        let prio = self.next_prio();
+        let mut left = NIL;
+        while let Some(&top) = spine.last() {
+            if self.node(top).prio > prio {
+                break;
+            }
+            left = top;
+            spine.pop();
+        }
+        let n = self.node_mut(slot);
+        (n.left, n.right, n.prio) = (left, NIL, prio);
+        match spine.last() {
+            Some(&top) => self.node_mut(top).right = slot,
+            None => self.root = slot,
+        }
+        spine.push(slot);
+    }
+
+    /// Adds `slot`'s key (not in the order yet).
+    fn order_insert(&mut self, slot: u32) {
+        let prio = self.next_prio();
         let n = self.node_mut(slot);
         (n.left, n.right, n.prio) = (NIL, NIL, prio);
         let key = n.key;
@@ -519,6 +558,11 @@ impl State {
                 || self.map.get(&n.key) != Some(&x)
             {
                 return Some(format!("key order out of place at {:?}", n.key));
+            }
+            // The heap by priority keeps the depth logarithmic.
+            let above = |c: u32| c != NIL && self.node(c).prio > n.prio;
+            if above(n.left) || above(n.right) {
+                return Some(format!("key order's heap broken below {:?}", n.key));
             }
             (count, last, t) = (count + 1, Some(n.key), n.right);
         }
@@ -1077,6 +1121,40 @@ impl KvIndex {
     /// base from a clock other than the callers'.
     pub fn restore(&self, key: KvKey, loc: KvLoc) -> Result<(), String> {
         let mut st = self.lock();
+        let slot = self.restore_entry(&mut st, key, loc)?;
+        st.order_insert(slot);
+        Ok(())
+    }
+
+    /// `restore` of every key of `keys`, in one hold of the lock. Keys in
+    /// ascending order (a B-tree's, as recovery has them) join the key order
+    /// at its end in constant time instead of a split and a merge from the
+    /// root each: those were a quarter of a recovery of 10^6 keys.
+    pub fn restore_all<'a>(
+        &self,
+        keys: impl IntoIterator<Item = (&'a KvKey, &'a KvLoc)>,
+    ) -> Result<(), String> {
+        let mut st = self.lock();
+        let mut spine = st.right_spine();
+        for (key, loc) in keys {
+            let slot = self.restore_entry(&mut st, *key, *loc)?;
+            let after_all = match spine.last() {
+                Some(&last) => order(&st.node(last).key, key).is_lt(),
+                None => true,
+            };
+            if after_all {
+                st.order_append(slot, &mut spine);
+            } else {
+                st.order_insert(slot);
+                spine = st.right_spine();
+            }
+        }
+        Ok(())
+    }
+
+    /// A restored key's entry, checked and in the map and the age list; the
+    /// caller puts it in the key order.
+    fn restore_entry(&self, st: &mut State, key: KvKey, loc: KvLoc) -> Result<u32, String> {
         // Saturating and checked: `loc` comes from the disk (validation).
         if loc.block.saturating_add(loc.nblocks as u64) > st.blocks.total
             || loc.len > loc.nblocks.saturating_mul(self.block_size)
@@ -1092,20 +1170,25 @@ impl KvIndex {
                 loc.block
             ));
         }
-        if st.map.contains_key(&key) {
-            return Err(format!("key {key:?} is recorded twice"));
+        let slot = st.entries.len() as u32;
+        // One hash of the key, not a lookup and then an insert: hashing was
+        // a quarter of a recovery of 10^6 keys.
+        match st.map.entry(key) {
+            std::collections::hash_map::Entry::Occupied(_) => {
+                return Err(format!("key {key:?} is recorded twice"));
+            }
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(slot);
+            }
         }
         st.blocks.set(loc.block, loc.nblocks, true);
-        let slot = st.entries.len() as u32;
         // Recovery does not know the Stores' order: the restore order stands in.
         st.stored_blocks += loc.nblocks as u64;
         let pos = st.stored_blocks;
         st.entries.push(Some(Entry::new(key, loc, 0, pos)));
-        st.map.insert(key, slot);
-        st.order_insert(slot);
         st.age_push(slot);
         st.value_bytes += loc.len as u64;
-        Ok(())
+        Ok(slot)
     }
 
     pub fn snapshot(&self) -> KvSnapshot {
@@ -2004,6 +2087,52 @@ mod tests {
         assert!(!ix.has_changes(), "the copy's end drains the change set");
         ix.committed(true);
         assert!(ix.verify().is_empty(), "{:?}", ix.verify());
+    }
+
+    proptest! {
+        /// Recovery's bulk restore builds the same key order from keys in
+        /// ascending order (appended along the right spine), in any order,
+        /// or ascending after a first key restored alone: every key once,
+        /// in order, heap intact; a key twice or on used blocks refused.
+        #[test]
+        fn restore_all_builds_the_key_order_from_any_order(
+            mut keys in proptest::collection::btree_set(
+                proptest::collection::vec(0u8..4, 1..=4), 1..300,
+            ).prop_map(|s| s.into_iter().collect::<Vec<Vec<u8>>>()),
+            shuffle in any::<u64>(),
+            how in 0u8..3,
+        ) {
+            let now = Instant::now();
+            let ix = KvIndex::new(512 << 20, 512);
+            let loc_of = |i: usize| KvLoc { block: i as u64 * 2, nblocks: 2, len: 600 };
+            let kv = |k: &[u8]| KvKey::new(k).unwrap_or_default();
+            if how == 1 {
+                let mut r = shuffle | 1;
+                for i in (1..keys.len()).rev() {
+                    r ^= r << 13; r ^= r >> 7; r ^= r << 17;
+                    keys.swap(i, (r % (i as u64 + 1)) as usize);
+                }
+            }
+            let list: Vec<(KvKey, KvLoc)> =
+                keys.iter().enumerate().map(|(i, k)| (kv(k), loc_of(i))).collect();
+            let mut rest = &list[..];
+            if how == 2 {
+                let (k, l) = list[list.len() - 1];
+                prop_assert_eq!(ix.restore(k, l), Ok(()));
+                rest = &list[..list.len() - 1];
+            }
+            prop_assert_eq!(ix.restore_all(rest.iter().map(|(k, l)| (k, l))), Ok(()));
+            prop_assert!(ix.verify().is_empty(), "{:?}", ix.verify());
+            let mut want: Vec<KvKey> = list.iter().map(|(k, _)| *k).collect();
+            want.sort_by(order);
+            prop_assert_eq!(ix.list(&KvKey::default(), usize::MAX, now), want);
+            let (k, l) = list[0];
+            let elsewhere = KvLoc { block: l.block + 10_000, ..l };
+            let twice = ix.restore_all([(&k, &elsewhere)]);
+            prop_assert!(twice.is_err());
+            let other = KvKey::new(b"not restored").unwrap_or_default();
+            prop_assert!(ix.restore_all([(&other, &l)]).is_err());
+        }
     }
 
     proptest! {

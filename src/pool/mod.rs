@@ -222,13 +222,11 @@ fn restore_volumes(
             vol.restore(lext, Some(*phys), bm);
         }
         if let Some(kv) = &vol.kv {
-            for (key, loc) in &v.kv {
-                kv.restore(*key, *loc)
-                    .map_err(|problem| PoolError::Damaged {
-                        dev: dev.describe(),
-                        problem,
-                    })?;
-            }
+            kv.restore_all(&v.kv)
+                .map_err(|problem| PoolError::Damaged {
+                    dev: dev.describe(),
+                    problem,
+                })?;
         }
         volumes.insert(*id, Arc::new(vol));
     }
