@@ -135,6 +135,13 @@ pub trait QueuePair: Send {
     fn after_flush(&mut self, _ctx: &mut IoCtx) -> bool {
         false
     }
+    /// Whether it must be offered `flush` and `after_flush` on every pass
+    /// (output queued, commands waiting for room). When false the reactor
+    /// skips it until an event, a completion, a routed event or housekeeping
+    /// reaches it: a pass costs what is busy, not every queue pair open.
+    fn wants_poll(&self) -> bool {
+        true
+    }
     /// Periodic checks (keep-alive, controller teardown).
     fn housekeeping(&mut self, ctx: &mut IoCtx);
     /// Starts an orderly close (target shutdown).
@@ -445,6 +452,8 @@ pub struct Reactor {
     now_ns: u64,
     epoch: Instant,
     wants_out: Vec<bool>,
+    /// The queue pairs this pass's `flush_and_reap` visits.
+    ready: ReadySet,
     free_ids: Vec<u32>,
     channels: ChannelCache,
     bufs: BufPool,
@@ -458,6 +467,49 @@ pub struct Reactor {
     /// Passes longer than this are counted and logged (rate-limited).
     stall_warn_ns: u64,
     warner: StallWarner,
+}
+
+/// The queue pairs a pass must flush: those something reached this pass, and
+/// those that asked to be polled again (`QueuePair::wants_poll`, output left).
+/// Each is listed once; capacity follows the connection table, so marking on
+/// the I/O path never allocates.
+#[derive(Default)]
+struct ReadySet {
+    ids: Vec<u32>,
+    /// The other buffer: `begin` hands out `ids` and keeps this one to mark into.
+    spare: Vec<u32>,
+    listed: Vec<bool>,
+}
+
+impl ReadySet {
+    fn grow(&mut self, slots: usize) {
+        self.listed.resize(slots, false);
+        for v in [&mut self.ids, &mut self.spare] {
+            v.reserve(slots.saturating_sub(v.len()));
+        }
+    }
+
+    fn mark(&mut self, id: u32) {
+        let listed = &mut self.listed[id as usize];
+        if !*listed {
+            *listed = true;
+            self.ids.push(id);
+        }
+    }
+
+    /// This pass's list; marks made while it is visited go to the next pass.
+    fn begin(&mut self) -> Vec<u32> {
+        let batch = std::mem::replace(&mut self.ids, std::mem::take(&mut self.spare));
+        for &id in &batch {
+            self.listed[id as usize] = false;
+        }
+        batch
+    }
+
+    fn end(&mut self, mut batch: Vec<u32>) {
+        batch.clear();
+        self.spare = batch;
+    }
 }
 
 /// Longest a shutdown waits for queue pairs to drain.
@@ -488,6 +540,7 @@ impl Reactor {
             now_ns: 0,
             epoch: Instant::now(),
             wants_out: Vec::new(),
+            ready: ReadySet::default(),
             free_ids: Vec::new(),
             channels: ChannelCache::default(),
             bufs: BufPool::new(64),
@@ -604,6 +657,8 @@ impl Reactor {
             None => {
                 self.conns.push(None);
                 self.wants_out.push(false);
+                // Sized here, on the cold path: marking never allocates.
+                self.ready.grow(self.conns.len());
                 (self.conns.len() - 1) as u32
             }
         };
@@ -623,6 +678,7 @@ impl Reactor {
         }
         self.conns[id as usize] = Some(qp);
         self.wants_out[id as usize] = false;
+        self.ready.mark(id);
         self.shared.queue_pairs.fetch_add(1, Ordering::Relaxed);
         if let Some(t) = self.shutting_down {
             let _ = t;
@@ -642,8 +698,11 @@ impl Reactor {
                 Message::Shutdown => {
                     if self.shutting_down.is_none() {
                         self.shutting_down = Some(Instant::now());
-                        for c in self.conns.iter_mut().flatten() {
-                            c.begin_shutdown();
+                        for (id, c) in self.conns.iter_mut().enumerate() {
+                            if let Some(c) = c {
+                                c.begin_shutdown();
+                                self.ready.mark(id as u32);
+                            }
                         }
                     }
                 }
@@ -656,6 +715,7 @@ impl Reactor {
         let Some(Some(c)) = self.conns.get_mut(id as usize) else {
             return;
         };
+        self.ready.mark(id);
         let mut ctx = IoCtx {
             channels: &mut self.channels,
             bufs: &mut self.bufs,
@@ -742,9 +802,13 @@ impl Reactor {
 
     /// Flushes every queue pair's output and drops the finished ones; true if
     /// a queue pair started commands that waited for its output to drain.
+    /// Flushes the queue pairs marked ready this pass, starts what waited for
+    /// their output, and drops the finished ones.
     fn flush_and_reap(&mut self) -> bool {
         let mut started = false;
-        for id in 0..self.conns.len() {
+        let batch = self.ready.begin();
+        for &id in &batch {
+            let id = id as usize;
             let Some(Some(c)) = self.conns.get_mut(id) else {
                 continue;
             };
@@ -784,7 +848,11 @@ impl Reactor {
                     self.wants_out[id] = want;
                 }
             }
+            if want || c.wants_poll() {
+                self.ready.mark(id as u32);
+            }
         }
+        self.ready.end(batch);
         if started {
             // Their device operations go out now, not a pass later.
             self.channels.flush_submissions();
@@ -805,6 +873,7 @@ impl Reactor {
             locals,
             now,
             now_ns,
+            ready,
             ..
         } = self;
         let (now, now_ns) = (*now, *now_ns);
@@ -818,6 +887,7 @@ impl Reactor {
                 let Some(Some(c)) = conns.get_mut(conn_id as usize) else {
                     return false;
                 };
+                ready.mark(conn_id);
                 let mut ctx = IoCtx {
                     channels,
                     bufs,
@@ -1200,6 +1270,109 @@ mod tests {
 
         assert!(shared.send(Message::Shutdown).is_ok());
         h.join().unwrap();
+    }
+
+    /// Counts the flushes the reactor offers it; asks to be polled while `want`.
+    struct CountingQp {
+        fd: Arc<EventFd>,
+        flushes: Arc<AtomicU64>,
+        readable: Arc<AtomicU64>,
+        want: Arc<AtomicBool>,
+        done: Arc<AtomicBool>,
+    }
+
+    impl QueuePair for CountingQp {
+        fn fd(&self) -> RawFd {
+            self.fd.raw()
+        }
+        fn on_readable(&mut self, _ctx: &mut IoCtx) {
+            self.fd.drain();
+            self.readable.fetch_add(1, Ordering::Relaxed);
+        }
+        fn on_io_complete(&mut self, _: u16, _: Result<(), i32>, _: Option<IoBuf>, _: &mut IoCtx) {}
+        fn flush(&mut self, _bufs: &mut BufPool) -> bool {
+            self.flushes.fetch_add(1, Ordering::Relaxed);
+            false
+        }
+        fn wants_poll(&self) -> bool {
+            self.want.load(Ordering::Relaxed)
+        }
+        fn housekeeping(&mut self, _ctx: &mut IoCtx) {}
+        fn begin_shutdown(&mut self) {
+            self.done.store(true, Ordering::Release);
+        }
+        fn finished(&self) -> bool {
+            self.done.load(Ordering::Acquire)
+        }
+        fn describe(&self) -> String {
+            "counting qp".into()
+        }
+    }
+
+    /// A busy-polling reactor flushes a queue pair on the passes something
+    /// reached it (an event, housekeeping) and on every pass while it asks to
+    /// be polled; an idle one costs no pass anything (every pass used to flush
+    /// every queue pair open).
+    #[test]
+    fn only_queue_pairs_with_work_are_flushed_each_pass() {
+        let (shared, h) = Reactor::spawn(3, IdleMode::Busy, None).unwrap();
+        let (flushes, readable) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let want = Arc::new(AtomicBool::new(false));
+        let wake = Arc::new(EventFd::new().unwrap());
+        let qp = CountingQp {
+            fd: wake.clone(),
+            flushes: flushes.clone(),
+            readable: readable.clone(),
+            want: want.clone(),
+            done: Arc::new(AtomicBool::new(false)),
+        };
+        assert!(shared.send(Message::Adopt(Box::new(qp))).is_ok());
+        wait_for("adopted", || {
+            shared.queue_pairs.load(Ordering::Relaxed) == 1
+        });
+        let n = || flushes.load(Ordering::Relaxed);
+
+        // Idle: housekeeping's visits (one per 100 ms) and nothing else.
+        std::thread::sleep(Duration::from_millis(100));
+        let before = n();
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(
+            n() - before <= 20,
+            "{} flushes of an idle queue pair in 0.5 s",
+            n() - before
+        );
+
+        // An event reaches it.
+        wake.signal();
+        wait_for("the event read", || readable.load(Ordering::Relaxed) == 1);
+
+        // Asking to be polled: flushed pass after pass until it stops asking.
+        let before = n();
+        want.store(true, Ordering::Relaxed);
+        wait_for("flushed every pass", || n() - before > 10_000);
+        want.store(false, Ordering::Relaxed);
+
+        assert!(shared.send(Message::Shutdown).is_ok());
+        h.join().unwrap();
+    }
+
+    #[test]
+    fn ready_set_lists_each_queue_pair_once_per_pass() {
+        let mut r = ReadySet::default();
+        r.grow(4);
+        for id in [2, 0, 2, 3, 0] {
+            r.mark(id);
+        }
+        let batch = r.begin();
+        assert_eq!(batch, vec![2, 0, 3]);
+        // Marks while a pass visits its list go to the next pass.
+        r.mark(2);
+        r.mark(2);
+        r.end(batch);
+        let batch = r.begin();
+        assert_eq!(batch, vec![2]);
+        r.end(batch);
+        assert!(r.begin().is_empty());
     }
 
     #[test]

@@ -1063,6 +1063,15 @@ impl<W: Wire> QueuePair for TcpConnection<W> {
         started
     }
 
+    fn wants_poll(&self) -> bool {
+        // Output is `flush`'s (it reports it too); reads waiting for room are
+        // `after_flush`'s; a connection on its way out is polled until released.
+        !self.l.out.is_empty()
+            || !self.l.c2h_held.is_empty()
+            || !self.l.read_waiting.is_empty()
+            || !matches!(self.l.state, ConnState::AwaitIcReq | ConnState::Ready)
+    }
+
     fn housekeeping(&mut self, ctx: &mut IoCtx) {
         match self.l.state {
             ConnState::AwaitIcReq if self.l.state_since.elapsed() > IC_TIMEOUT => {
