@@ -5,7 +5,7 @@
 #
 #   bench/run-scale.sh [--only LIST] [--keys LIST] [--volumes LIST] [--queues LIST]
 #                      [--pool-sizes LIST] [--secs S] [--total-qd N] [--dir DIR]
-#                      [--smoke] [--record] [--keep]
+#                      [--spdk] [--smoke] [--record] [--keep]
 #
 #   --only LIST        sections, comma-separated: keys,volumes,queues,pools (default all)
 #   --keys LIST        KV key counts (default 100000,1000000,10000000)
@@ -17,6 +17,9 @@
 #   --dir DIR          where the sparse pool files go (default: a new directory in
 #                      ${TMPDIR:-/tmp}); where a file cannot reach a size (ext4: 16 TiB), 1 MiB less
 #                      is measured and the row says so
+#   --spdk             queues: SPDK v25.09's nvmf_tgt (two reactors, -m 0x3, a 1 GiB
+#                      Malloc bdev) measured the same way after each kvtarget run, as
+#                      the control (ci/spdk.sh builds it when not cached)
 #   --smoke            the smallest run that exercises every step (under a minute):
 #                      --keys 20000 --volumes 50 --queues 16 --pool-sizes 16GiB --secs 1
 #                      --total-qd 64; its figures mean nothing
@@ -51,7 +54,13 @@
 #   queue; IOPS, P99; before that, on a target of its own, VmRSS per idle queue (all
 #   connected by `perf --idle`, nothing sent). Then a connect storm: 16 controllers of
 #   16 idle queues connected by 16 threads at once, the time until all 256 are
-#   connected (perf's connect_s).
+#   connected (perf's connect_s). Beside each count above 16, the 16-queue load again
+#   with the rest of the count connected and idle (what hundreds of hosts that attach
+#   and wait cost the busy ones). Reactor time per I/O: the reactors' busy time
+#   (framework_get_reactors, both targets) over a stretch of the measured window (from
+#   the warm-up's end, every queue connected, for half the run) divided by the I/Os
+#   perf counted at its rate in that stretch: the target's own cost, which IOPS alone
+#   does not show when perf, on a core with a reactor, is what runs out.
 # pools: per size, `kvtarget pool create` of a sparse file (format time), the
 #   metadata footprint (blocks allocated, du), a target opening it (start to
 #   listening), and recovery after SIGKILL (kill to listening again), VmRSS of each.
@@ -66,7 +75,7 @@ repo=$PWD
 cmdline="bench/run-scale.sh$(printf ' %q' "$@")"
 
 only=keys,volumes,queues,pools keys=100000,1000000,10000000 volumes=1000,4000
-queues=16,256,1024 pool_sizes=1TiB,16TiB secs=10 total_qd=1024 dir='' smoke=0 record=0 keep=0
+queues=16,256,1024 pool_sizes=1TiB,16TiB secs=10 total_qd=1024 dir='' smoke=0 record=0 keep=0 spdk=0
 while [ $# -gt 0 ]; do
     case $1 in
         --only) only=${2:-}; shift 2 || exit 2 ;;
@@ -78,6 +87,7 @@ while [ $# -gt 0 ]; do
         --total-qd) total_qd=${2:-}; shift 2 || exit 2 ;;
         --dir) dir=${2:-}; shift 2 || exit 2 ;;
         --smoke) smoke=1; shift ;;
+        --spdk) spdk=1; shift ;;
         --record) record=1; shift ;;
         --keep) keep=1; shift ;;
         -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
@@ -118,10 +128,12 @@ ulimit -n 16384 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 work=$(mktemp -d "${dir:-${TMPDIR:-/tmp}}/kvt-scale.XXXXXX") || die "cannot make a work directory in ${dir:-${TMPDIR:-/tmp}}"
 # shellcheck source=bench/lib/targets.sh
 . "$repo/bench/lib/targets.sh"
-tgt_pid='' perf_pid=''
+tgt_pid='' perf_pid='' idle_pid='' spdk_pid='' shm_id=''
 cleanup() {
     [ -z "$perf_pid" ] || { kill "$perf_pid" 2>/dev/null; wait "$perf_pid" 2>/dev/null; }
+    [ -z "$idle_pid" ] || { kill "$idle_pid" 2>/dev/null; wait "$idle_pid" 2>/dev/null; }
     [ -z "$tgt_pid" ] || stop_proc "$tgt_pid"
+    stop_spdk
     if [ "$keep" = 1 ] || [ "$failed" != 0 ]; then
         rm -f "$work"/*.img # the pool files: sparse, but never left behind
         log "work directory kept: $work"
@@ -131,6 +143,21 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+# The SPDK control (--spdk, queues only).
+stop_spdk() {
+    [ -z "$spdk_pid" ] || stop_proc "$spdk_pid"
+    [ -z "$shm_id" ] || rm -rf "/var/run/dpdk/spdk$shm_id" /dev/hugepages/spdk"${shm_id}"map_* "/dev/shm/nvmf_trace.$shm_id"
+    spdk_pid='' shm_id=''
+}
+if [ "$spdk" = 1 ] && wants queues; then
+    spdk_env=$(ci/spdk.sh) || die "ci/spdk.sh could not provide SPDK"
+    eval "$spdk_env"
+    nvmf_tgt=$SPDK_DIR/build/bin/nvmf_tgt rpc_py=$SPDK_DIR/scripts/rpc.py spdk_cores=0x3
+    for t in "$nvmf_tgt" "$rpc_py"; do [ -e "$t" ] || die "SPDK build in $SPDK_DIR has no $t"; done
+    # The 1.25 GiB of Malloc bdevs, two reactors' buffer caches, and a PDU pool per
+    # queue from hugepages (1,088 queues did not fit in 1,152 pages of 2 MiB).
+    ci/hugepages.sh --free 2048 || die "not enough hugepages for nvmf_tgt"
+fi
 rows=$work/rows.jsonl
 : > "$rows"
 row() { python3 -c 'import json, sys; print(json.dumps(dict(a.split("=", 1) for a in sys.argv[1:])))' "$@" >> "$rows"; }
@@ -156,6 +183,8 @@ print(v)' "$1"; }
 # write_config NAME POOL-TOML CORES: a target configuration, one subsystem serving
 # whatever namespaces POOL-TOML's volumes list in $namespaces.
 port=$(free_port)
+spdk_port=$(free_port)
+while [ "$spdk_port" = "$port" ]; do spdk_port=$(free_port); done
 nqn=nqn.2026-12.io.kvtarget:scale
 write_config() {
     cat > "$work/$1.toml" <<EOF
@@ -354,7 +383,50 @@ extent_size = "1MiB"
 [[pools.volumes]]
 name = "blocks"
 size = "1GiB"'
-io_qpairs() { rpc nvmf_subsystem_get_qpairs nqn="$nqn" | python3 -c 'import json, sys; print(sum(1 for q in json.load(sys.stdin) if q["qid"] > 0))'; }
+count_io_qpairs='import json, sys; print(sum(1 for q in json.load(sys.stdin) if q["qid"] > 0))'
+io_qpairs() { rpc nvmf_subsystem_get_qpairs nqn="$nqn" | python3 -c "$count_io_qpairs"; }
+spdk_nqn=nqn.2016-06.io.spdk:scale
+spdk_io_qpairs() { srpc -t 10 nvmf_subsystem_get_qpairs "$spdk_nqn" | python3 -c "$count_io_qpairs"; }
+# reactor_busy_s kvtarget|spdk -> seconds its reactors have counted busy, summed
+reactor_busy_s() {
+    local out
+    if [ "$1" = spdk ]; then out=$(srpc -t 10 framework_get_reactors); else out=$(rpc framework_get_reactors); fi || return 1
+    python3 -c 'import json, sys; d = json.load(sys.stdin); print(sum(r["busy"] for r in d["reactors"]) / d["tick_rate"])' <<< "$out"
+}
+# queue_load kvtarget|spdk PORT NQN CONNECTED NAME CONTROLLERS PER QD: the 4 KiB
+# random reads, perf's JSON in $work/NAME-TARGET.json, measured once CONNECTED I/O
+# queues (its own and any already there) are connected; sets mid_rss (kvtarget's
+# VmRSS mid-run) and stretch ("busy0 busy1 t0 t1": the reactors' busy seconds and
+# the clock at both ends of a stretch inside the measured window).
+queue_load() {
+    local t=$1 p=$2 n=$3 q=$4 name=$5 ctrls=$6 per=$7 qd=$8 b0 t0 _
+    local count=io_qpairs; [ "$t" = spdk ] && count=spdk_io_qpairs
+    taskset -c 1 "$bin" perf --addr "127.0.0.1:$p" --nqn "$n" --nsid 1 --cpus 1 --quiet --json --workload randread \
+        --bs 4KiB --controllers "$ctrls" --queues "$per" --qd "$qd" --time "$secs" --warmup 1 > "$work/$name-$t.json" 2>&1 &
+    perf_pid=$!
+    for _ in $(seq 1200); do [ "$($count)" -ge "$q" ] && break; kill -0 "$perf_pid" 2>/dev/null || break; sleep 0.25; done
+    sleep 1.25 # the warm-up
+    mid_rss=0; [ "$t" = spdk ] || mid_rss=$(rss_kib "$tgt_pid")
+    b0=$(reactor_busy_s "$t") t0=$(now)
+    sleep "$(python3 -c "print($secs / 2)")"
+    stretch="$b0 $(reactor_busy_s "$t") $t0 $(now)"
+    wait "$perf_pid" || die "$name ($t): perf failed: $(cat "$work/$name-$t.json")"
+    perf_pid=
+}
+# beside_idle kvtarget|spdk PORT NQN QUEUES: 16 queues at QD 64 (the 16-queue row's
+# load) while QUEUES - 16 more queues are connected and idle; JSON in
+# $work/beside-QUEUES-TARGET.json, stretch as queue_load's.
+beside_idle() {
+    local t=$1 p=$2 n=$3 q=$4 _
+    local count=io_qpairs; [ "$t" = spdk ] && count=spdk_io_qpairs
+    taskset -c 1 "$bin" perf --addr "127.0.0.1:$p" --nqn "$n" --nsid 1 --cpus 1 --quiet --json --bs 4KiB \
+        --controllers $(( q / 16 - 1 )) --queues 16 --qd 1 --time 600 --warmup 0 --idle > "$work/idle-$q-$t.json" 2>&1 &
+    idle_pid=$!
+    for _ in $(seq 1200); do [ "$($count)" -ge $(( q - 16 )) ] && break; kill -0 "$idle_pid" 2>/dev/null || break; sleep 0.25; done
+    [ "$($count)" -ge $(( q - 16 )) ] || die "beside $q ($t): the idle queues did not all connect: $(cat "$work/idle-$q-$t.json")"
+    queue_load "$t" "$p" "$n" "$q" "beside-$q" 1 16 64
+    kill "$idle_pid"; wait "$idle_pid" 2>/dev/null; idle_pid=
+}
 run_queues() { # QUEUES
     local q=$1 per ctrls qd rss0 rss1 idle0 idle1 _
     per=$(( q < 16 ? q : 16 )) ctrls=$(( (q + 15) / 16 ))
@@ -382,16 +454,27 @@ volume = "scale/blocks"'
     perf "$work/queues-$q-fill.json" 1 --workload write --bs 1MiB --qd 8 --time 2 --warmup 0
     rss0=$(rss_kib "$tgt_pid")
     log "queues $q: $ctrls controller(s) of $per queue(s), QD $qd each"
-    taskset -c 1 "$bin" perf --addr "127.0.0.1:$port" --nqn "$nqn" --nsid 1 --cpus 1 --quiet --json --workload randread \
-        --bs 4KiB --controllers "$ctrls" --queues "$per" --qd "$qd" --time "$secs" --warmup 1 > "$work/queues-$q.json" 2>&1 &
-    perf_pid=$!
-    sleep "$(python3 -c "print(1 + $secs / 2)")"
-    rss1=$(rss_kib "$tgt_pid")
-    wait "$perf_pid" || die "queues $q: perf failed: $(cat "$work/queues-$q.json")"
-    perf_pid=
-    stop_target
+    queue_load kvtarget "$port" "$nqn" "$q" "queues-$q" "$ctrls" "$per" "$qd"
+    rss1=$mid_rss
     row section=queues queues="$q" controllers="$ctrls" qd="$qd" rss0_kib="$rss0" rss1_kib="$rss1" \
-        idle0_kib="$idle0" idle1_kib="$idle1" run="$(cat "$work/queues-$q.json")"
+        idle0_kib="$idle0" idle1_kib="$idle1" stretch="$stretch" run="$(cat "$work/queues-$q-kvtarget.json")"
+    if [ "$q" -gt 16 ]; then
+        log "queues $q: 16 busy queues beside $(( q - 16 )) idle ones"
+        beside_idle kvtarget "$port" "$nqn" "$q"
+        row section=beside target=kvtarget queues="$q" stretch="$stretch" run="$(cat "$work/beside-$q-kvtarget.json")"
+    fi
+    stop_target
+    [ "$spdk" = 1 ] || return 0
+    log "queues $q: the same against SPDK nvmf_tgt -m 0x3"
+    start_spdk "$spdk_port" "$spdk_nqn"
+    kill -CONT "$spdk_pid"
+    queue_load spdk "$spdk_port" "$spdk_nqn" "$q" "queues-$q" "$ctrls" "$per" "$qd"
+    row section=queues_spdk queues="$q" stretch="$stretch" version="$spdk_version" run="$(cat "$work/queues-$q-spdk.json")"
+    if [ "$q" -gt 16 ]; then
+        beside_idle spdk "$spdk_port" "$spdk_nqn" "$q"
+        row section=beside target=spdk queues="$q" stretch="$stretch" run="$(cat "$work/beside-$q-spdk.json")"
+    fi
+    stop_spdk
 }
 run_storm() {
     local rss0 rss1 cpus
@@ -470,6 +553,9 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 def sec(name): return [r for r in rows if r["section"] == name]
 def j(s): return json.loads(s)
 def f(x, d=0): return f"{float(x):,.{d}f}"
+def busy_per_io(r, p):
+    b0, b1, t0, t1 = map(float, r["stretch"].split())
+    return f((b1 - b0) * 1e6 / max(p["iops"] * (t1 - t0), 1e-9), 2)
 out = []
 if sec("keys"):
     out += ["KV keys (512-byte values, 16-byte keys, one uring pool on a sparse file)", "",
@@ -500,18 +586,42 @@ if sec("volumes"):
     out.append("")
 if sec("queues") or sec("storm"):
     out += ["NVMe/TCP I/O queues: 4 KiB random reads, RAM pool, two reactors", "",
-            "| queues | controllers x queues | QD per queue | IOPS | P99 us | P99.9 us | RSS KiB/queue idle | RSS KiB/queue busy | connect s |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "| queues | controllers x queues | QD per queue | IOPS | P99 us | P99.9 us | max us | reactor us/IO | RSS KiB/queue idle | RSS KiB/queue busy | connect s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sec("queues"):
         p, q = j(r["run"]), int(r["queues"])
         out.append(f"| {q:,} | {r['controllers']} x {q // int(r['controllers'])} | {r['qd']} | {f(p['iops'])} | "
-                   f"{f(p['lat_us']['p99'])} | {f(p['lat_us']['p99_9'])} | "
+                   f"{f(p['lat_us']['p99'])} | {f(p['lat_us']['p99_9'])} | {f(p['lat_us']['max'])} | {busy_per_io(r, p)} | "
                    f"{f((int(r['idle1_kib']) - int(r['idle0_kib'])) / q, 1)} | "
                    f"{f((int(r['rss1_kib']) - int(r['rss0_kib'])) / q, 1)} | {p['connect_s']:.3f} |")
     for r in sec("storm"):
         p = j(r["run"])
-        out.append(f"| connect storm: 256 | 16 x 16 from 16 threads | idle | | | | "
+        out.append(f"| connect storm: 256 | 16 x 16 from 16 threads | idle | | | | | | "
                    f"{f((int(r['rss1_kib']) - int(r['rss0_kib'])) / 256, 1)} (after they left) | | {p['connect_s']:.3f} |")
+    out.append("")
+if sec("queues_spdk"):
+    kv = {r["queues"]: (j(r["run"]), r) for r in sec("queues")}
+    out += [f"The same queues against SPDK nvmf_tgt ({sec('queues_spdk')[0]['version']}, -m 0x3, TCP defaults, Malloc 1 GiB), "
+            "measured right after kvtarget's run of the row; ratio kvtarget / SPDK", "",
+            "| queues | SPDK IOPS | P99 us | P99.9 us | max us | reactor us/IO | IOPS ratio | P99 ratio | P99.9 ratio | max ratio | reactor us/IO ratio |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sec("queues_spdk"):
+        p, q = j(r["run"]), int(r["queues"])
+        k, kr = kv[r["queues"]]
+        lat = lambda x: f"{k['lat_us'][x] / max(p['lat_us'][x], 1e-9):.2f}"
+        ratio_busy = float(busy_per_io(kr, k).replace(",", "")) / max(float(busy_per_io(r, p).replace(",", "")), 1e-9)
+        out.append(f"| {q:,} | {f(p['iops'])} | {f(p['lat_us']['p99'])} | {f(p['lat_us']['p99_9'])} | {f(p['lat_us']['max'])} | "
+                   f"{busy_per_io(r, p)} | {k['iops'] / max(p['iops'], 1e-9):.2f} | {lat('p99')} | {lat('p99_9')} | {lat('max')} | {ratio_busy:.2f} |")
+    out.append("")
+if sec("beside"):
+    out += ["16 busy queues (1 controller, QD 64 each) beside idle ones: the 16-queue row's load with "
+            "the rest of the row's queues connected and silent", "",
+            "| queues in all | target | IOPS | P99 us | P99.9 us | max us | reactor us/IO |",
+            "|---|---|---|---|---|---|---|"]
+    for r in sec("beside"):
+        p = j(r["run"])
+        out.append(f"| {int(r['queues']):,} | {r['target']} | {f(p['iops'])} | {f(p['lat_us']['p99'])} | "
+                   f"{f(p['lat_us']['p99_9'])} | {f(p['lat_us']['max'])} | {busy_per_io(r, p)} |")
     out.append("")
 if sec("pools"):
     out += ["Pool size (sparse file, 1 MiB extents, no volumes)", "",

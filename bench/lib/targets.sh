@@ -20,7 +20,7 @@ stop_proc() { # PID: continue it (a stopped process cannot act on SIGTERM), stop
 }
 
 # start_spdk PORT NQN -> spdk_pid, spdk_sock, spdk_version, shm_id (stopped afterwards).
-# nvmf_tgt -m 0x1 with its own RPC socket and DPDK file prefix / shm id, no PCI, TCP
+# nvmf_tgt -m ${spdk_cores:-0x1} with its own RPC socket and DPDK file prefix / shm id, no PCI, TCP
 # transport with SPDK's defaults, Malloc0 (1 GiB) and Malloc1 (256 MiB) of 4096-byte blocks.
 start_spdk() {
     local port=$1 nqn=$2
@@ -31,7 +31,7 @@ start_spdk() {
         shm_id=$((shm_id + 1))
     done
     spdk_sock=$work/spdk.sock
-    "$nvmf_tgt" -m 0x1 -i "$shm_id" -r "$spdk_sock" --no-pci > "$work/nvmf_tgt.log" 2>&1 &
+    "$nvmf_tgt" -m "${spdk_cores:-0x1}" -i "$shm_id" -r "$spdk_sock" --no-pci > "$work/nvmf_tgt.log" 2>&1 &
     spdk_pid=$!
     local _
     for _ in $(seq 150); do
