@@ -1167,21 +1167,48 @@ mod tests {
         }
     }
 
+    /// A queue pair whose fd is an eventfd: it records the events routed to
+    /// it, counts the flushes and readable calls the reactor gives it, asks to be
+    /// polled while `want`, and is finished once `done`.
     struct FakeQp {
-        fd: EventFd,
+        fd: Arc<EventFd>,
         key: u64,
         got: Arc<std::sync::Mutex<Vec<(u32, u32)>>>,
         done: Arc<AtomicBool>,
+        flushes: Arc<AtomicU64>,
+        readable: Arc<AtomicU64>,
+        want: Arc<AtomicBool>,
+    }
+
+    impl FakeQp {
+        fn new(key: u64) -> FakeQp {
+            FakeQp {
+                fd: Arc::new(EventFd::new().unwrap()),
+                key,
+                got: Arc::default(),
+                done: Arc::default(),
+                flushes: Arc::default(),
+                readable: Arc::default(),
+                want: Arc::default(),
+            }
+        }
     }
 
     impl QueuePair for FakeQp {
         fn fd(&self) -> RawFd {
             self.fd.raw()
         }
-        fn on_readable(&mut self, _ctx: &mut IoCtx) {}
+        fn on_readable(&mut self, _ctx: &mut IoCtx) {
+            self.fd.drain();
+            self.readable.fetch_add(1, Ordering::Relaxed);
+        }
         fn on_io_complete(&mut self, _: u16, _: Result<(), i32>, _: Option<IoBuf>, _: &mut IoCtx) {}
         fn flush(&mut self, _bufs: &mut BufPool) -> bool {
+            self.flushes.fetch_add(1, Ordering::Relaxed);
             false
+        }
+        fn wants_poll(&self) -> bool {
+            self.want.load(Ordering::Relaxed)
         }
         fn housekeeping(&mut self, _ctx: &mut IoCtx) {}
         fn begin_shutdown(&mut self) {
@@ -1223,10 +1250,9 @@ mod tests {
             let got = Arc::new(std::sync::Mutex::new(Vec::new()));
             let done = Arc::new(AtomicBool::new(false));
             let q = FakeQp {
-                fd: EventFd::new().unwrap(),
-                key,
                 got: got.clone(),
                 done: done.clone(),
+                ..FakeQp::new(key)
             };
             (q, got, done)
         };
@@ -1272,43 +1298,6 @@ mod tests {
         h.join().unwrap();
     }
 
-    /// Counts the flushes the reactor offers it; asks to be polled while `want`.
-    struct CountingQp {
-        fd: Arc<EventFd>,
-        flushes: Arc<AtomicU64>,
-        readable: Arc<AtomicU64>,
-        want: Arc<AtomicBool>,
-        done: Arc<AtomicBool>,
-    }
-
-    impl QueuePair for CountingQp {
-        fn fd(&self) -> RawFd {
-            self.fd.raw()
-        }
-        fn on_readable(&mut self, _ctx: &mut IoCtx) {
-            self.fd.drain();
-            self.readable.fetch_add(1, Ordering::Relaxed);
-        }
-        fn on_io_complete(&mut self, _: u16, _: Result<(), i32>, _: Option<IoBuf>, _: &mut IoCtx) {}
-        fn flush(&mut self, _bufs: &mut BufPool) -> bool {
-            self.flushes.fetch_add(1, Ordering::Relaxed);
-            false
-        }
-        fn wants_poll(&self) -> bool {
-            self.want.load(Ordering::Relaxed)
-        }
-        fn housekeeping(&mut self, _ctx: &mut IoCtx) {}
-        fn begin_shutdown(&mut self) {
-            self.done.store(true, Ordering::Release);
-        }
-        fn finished(&self) -> bool {
-            self.done.load(Ordering::Acquire)
-        }
-        fn describe(&self) -> String {
-            "counting qp".into()
-        }
-    }
-
     /// A busy-polling reactor flushes a queue pair on the passes something
     /// reached it (an event, housekeeping) and on every pass while it asks to
     /// be polled; an idle one costs no pass anything (every pass used to flush
@@ -1316,16 +1305,9 @@ mod tests {
     #[test]
     fn only_queue_pairs_with_work_are_flushed_each_pass() {
         let (shared, h) = Reactor::spawn(3, IdleMode::Busy, None).unwrap();
-        let (flushes, readable) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let want = Arc::new(AtomicBool::new(false));
-        let wake = Arc::new(EventFd::new().unwrap());
-        let qp = CountingQp {
-            fd: wake.clone(),
-            flushes: flushes.clone(),
-            readable: readable.clone(),
-            want: want.clone(),
-            done: Arc::new(AtomicBool::new(false)),
-        };
+        let qp = FakeQp::new(1);
+        let (flushes, readable) = (qp.flushes.clone(), qp.readable.clone());
+        let (want, wake) = (qp.want.clone(), qp.fd.clone());
         assert!(shared.send(Message::Adopt(Box::new(qp))).is_ok());
         wait_for("adopted", || {
             shared.queue_pairs.load(Ordering::Relaxed) == 1
