@@ -800,10 +800,9 @@ impl Reactor {
         }
     }
 
-    /// Flushes every queue pair's output and drops the finished ones; true if
-    /// a queue pair started commands that waited for its output to drain.
     /// Flushes the queue pairs marked ready this pass, starts what waited for
-    /// their output, and drops the finished ones.
+    /// their output, and drops the finished ones; true if a queue pair started
+    /// commands that waited for its output to drain.
     fn flush_and_reap(&mut self) -> bool {
         let mut started = false;
         let batch = self.ready.begin();
