@@ -235,6 +235,9 @@ enum PoolCommand {
         /// Format even when it already holds a pool
         #[arg(long)]
         force: bool,
+        /// Volumes the pool's metadata has room for, 1 to 4096 (640 bytes each)
+        #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=4096))]
+        max_volumes: u32,
     },
     /// Extents, journal and volumes of a pool
     Info { path: PathBuf },
@@ -748,6 +751,7 @@ mod tools {
                 size,
                 extent_size,
                 force,
+                max_volumes,
             } => {
                 let dev = open_device(&path, size)?;
                 let _lock = kvtarget::pool::lock_pool(&path, true)?;
@@ -757,6 +761,7 @@ mod tools {
                         extent_size,
                         force,
                         journal_len: None,
+                        max_volumes: Some(max_volumes),
                     },
                 )?;
                 println!(
@@ -777,6 +782,12 @@ mod tools {
                 println!(
                     "journal: {} of {} bytes used",
                     s.journal_used, s.journal_len
+                );
+                println!(
+                    "volumes: {} of at most {} (superblock format {})",
+                    pool.volumes().len(),
+                    pool.sb.max_volumes,
+                    pool.sb.version
                 );
                 list(pool);
                 Ok(())

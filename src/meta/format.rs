@@ -6,7 +6,7 @@ use super::block::{seal, BlockHeader, CHECKPOINT_MAGIC, META_BLOCK, SUPERBLOCK_M
 use super::checkpoint::CheckpointData;
 use super::error::PoolError;
 use super::recovery::pool_tag;
-use super::superblock::Superblock;
+use super::superblock::{Superblock, MAX_VOLUMES};
 use crate::bdev::sync_io::SyncIo;
 use crate::bdev::{IoOp, SharedDevice};
 use crate::ident::stable_uuid;
@@ -19,6 +19,9 @@ pub struct FormatOptions {
     pub force: bool,
     /// Journal size override (tests use small journals to exercise wrapping).
     pub journal_len: Option<u64>,
+    /// Volumes the checkpoint slots have room for (default `MAX_VOLUMES`,
+    /// 4,096; each takes 640 bytes of metadata, both slots).
+    pub max_volumes: Option<u32>,
 }
 
 impl Default for FormatOptions {
@@ -27,6 +30,7 @@ impl Default for FormatOptions {
             extent_size: 1 << 20,
             force: false,
             journal_len: None,
+            max_volumes: None,
         }
     }
 }
@@ -52,7 +56,8 @@ pub fn format(dev: &SharedDevice, opts: &FormatOptions) -> Result<Superblock, Po
         .map(|d| d.as_nanos())
         .unwrap_or(0);
     let uuid = stable_uuid(&format!("pool/{}/{nanos}", dev.describe()));
-    let sb = Superblock::layout(size, opts.extent_size, uuid, opts.journal_len)
+    let max_volumes = opts.max_volumes.unwrap_or(MAX_VOLUMES as u32);
+    let sb = Superblock::layout_with(size, opts.extent_size, uuid, opts.journal_len, max_volumes)
         .map_err(|e| PoolError::from(e).on(dev.describe()))?;
     // Whatever the device held before must not leak into volumes: start with
     // every extent scrubbed (one deallocate over the data region).

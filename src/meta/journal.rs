@@ -6,7 +6,8 @@
 
 use super::block::{FormatError, Reader, Writer, HEADER_LEN};
 use super::superblock::{
-    bitmap_bytes_max, MAX_EXTENTS, MAX_EXTENT_SIZE, MAX_NAME_LEN, MAX_VOLUMES, VOLUME_CKPT_BYTES,
+    bitmap_bytes_max, FORMAT_2_MAX_VOLUMES, MAX_EXTENTS, MAX_EXTENT_SIZE, MAX_NAME_LEN,
+    VOLUME_CKPT_BYTES,
 };
 use crate::wire::nvme::{KvKey, KV_KEY_MAX_LEN};
 
@@ -91,11 +92,11 @@ pub const RESV_REGISTRANT_BYTES: usize = 16 + 8;
 
 /// Checkpoint room every volume's reservation record shares, in bytes: the
 /// room a pool's layout gives each volume of the table (`VOLUME_CKPT_BYTES`)
-/// beyond the largest description, for `MAX_VOLUMES` volumes, less the
-/// section's 8-byte tag: 1024 * (320 - 293) - 8 = 27640 bytes. Pools formatted
-/// before reservations persisted have it too, so no layout changes.
+/// beyond the largest description, for the 1,024 volumes of a format 2
+/// pool, less the section's 8-byte tag: 1024 * (320 - 293) - 8 = 27640
+/// bytes. Every pool has it, whatever its format, so no layout changes.
 pub const RESV_CKPT_ROOM: usize =
-    MAX_VOLUMES * (VOLUME_CKPT_BYTES as usize - VOLUME_DESC_MAX_BYTES) - 8;
+    FORMAT_2_MAX_VOLUMES * (VOLUME_CKPT_BYTES as usize - VOLUME_DESC_MAX_BYTES) - 8;
 
 /// The NVMe reservation of a namespace on a volume, persisted because
 /// Persist Through Power Loss is on (with it off nothing is kept): the

@@ -15,6 +15,9 @@
 //! the checksum to 2044, so the block's second half can hold the owner's epoch
 //! records of a shared pool (`super::epoch`) without rewriting the geometry.
 //! Format 1 pools (checksum at 4092) still open; they have no epoch record.
+//! Format 3 (pools formatted since issue 39) adds the volume limit the
+//! checkpoint slots were sized for (`max_volumes`, 4,096); formats 1 and 2
+//! were sized for 1,024 and keep that limit.
 
 use super::block::{
     crc, round_up, FormatError, Reader, Writer, FORMAT_VERSION, META_BLOCK, SUPERBLOCK_MAGIC,
@@ -28,7 +31,11 @@ pub const MAX_EXTENT_SIZE: u64 = 64 << 20;
 pub const MAX_EXTENTS: u64 = (1 << 28) - 2;
 /// "Not mapped" in an extent record.
 pub const NO_EXTENT: u32 = u32::MAX;
-pub const MAX_VOLUMES: usize = 1024;
+/// The most volumes any pool holds: what format 3 sizes its checkpoint for.
+pub const MAX_VOLUMES: usize = 4096;
+/// The most volumes a pool of format 1 or 2 holds: its checkpoint slots were
+/// sized for this many.
+pub const FORMAT_2_MAX_VOLUMES: usize = 1024;
 pub const MAX_NAME_LEN: usize = 255;
 /// Checkpoint bytes a pool's layout gives each volume of the table: its
 /// description (at most `VOLUME_DESC_MAX_BYTES`, 293) and a share of the
@@ -43,6 +50,14 @@ pub const KV_CKPT_ENTRY_BYTES: u64 = 4 + 1 + 16 + 8 + 4 + 4;
 /// The superblock format `Superblock::layout` writes: 2, with the epoch
 /// records in the block's second half. `FORMAT_VERSION` (1) also decodes.
 pub const SUPERBLOCK_VERSION_EPOCH: u32 = 2;
+/// The superblock format that records its volume limit (`max_volumes`).
+pub const SUPERBLOCK_VERSION_VOLUMES: u32 = 3;
+/// Every superblock format this build decodes.
+const KNOWN_VERSIONS: [u32; 3] = [
+    FORMAT_VERSION,
+    SUPERBLOCK_VERSION_EPOCH,
+    SUPERBLOCK_VERSION_VOLUMES,
+];
 /// Bytes of the superblock's block its checksum covers, by format.
 fn checksummed_len(version: u32) -> usize {
     if version >= SUPERBLOCK_VERSION_EPOCH {
@@ -55,7 +70,8 @@ fn checksummed_len(version: u32) -> usize {
 /// Pool geometry, written once at format time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
-    /// `FORMAT_VERSION` (1) or `SUPERBLOCK_VERSION_EPOCH` (2).
+    /// `FORMAT_VERSION` (1), `SUPERBLOCK_VERSION_EPOCH` (2) or
+    /// `SUPERBLOCK_VERSION_VOLUMES` (3).
     pub version: u32,
     pub uuid: [u8; 16],
     pub extent_size: u64,
@@ -66,20 +82,46 @@ pub struct Superblock {
     pub journal_offset: u64,
     pub journal_len: u64,
     pub data_offset: u64,
+    /// Volumes the checkpoint slots have room for: stored from format 3,
+    /// `FORMAT_2_MAX_VOLUMES` before.
+    pub max_volumes: u32,
 }
 
 impl Superblock {
-    /// Lays out a pool on a device of `device_size` bytes.
+    /// Lays out a pool on a device of `device_size` bytes, with room for
+    /// `MAX_VOLUMES` volumes.
     pub fn layout(
         device_size: u64,
         extent_size: u64,
         uuid: [u8; 16],
         journal_len: Option<u64>,
     ) -> Result<Superblock, FormatError> {
+        Superblock::layout_with(
+            device_size,
+            extent_size,
+            uuid,
+            journal_len,
+            MAX_VOLUMES as u32,
+        )
+    }
+
+    /// `layout` with checkpoint room for `max_volumes` volumes.
+    pub fn layout_with(
+        device_size: u64,
+        extent_size: u64,
+        uuid: [u8; 16],
+        journal_len: Option<u64>,
+        max_volumes: u32,
+    ) -> Result<Superblock, FormatError> {
         let bad = |d: String| FormatError::Invalid {
             what: "pool",
             detail: d,
         };
+        if !(1..=MAX_VOLUMES as u32).contains(&max_volumes) {
+            return Err(bad(format!(
+                "max_volumes {max_volumes} must be from 1 to {MAX_VOLUMES}"
+            )));
+        }
         if !extent_size.is_power_of_two()
             || !(MIN_EXTENT_SIZE..=MAX_EXTENT_SIZE).contains(&extent_size)
         {
@@ -96,7 +138,7 @@ impl Superblock {
         let ckpt_slot_len = round_up(
             META_BLOCK * 2
                 + estimate * per_extent
-                + (MAX_VOLUMES as u64) * VOLUME_CKPT_BYTES
+                + max_volumes as u64 * VOLUME_CKPT_BYTES
                 + 8
                 + kv_key_room(device_size) * KV_CKPT_ENTRY_BYTES,
             META_BLOCK,
@@ -125,7 +167,7 @@ impl Superblock {
             )));
         }
         Ok(Superblock {
-            version: SUPERBLOCK_VERSION_EPOCH,
+            version: SUPERBLOCK_VERSION_VOLUMES,
             uuid,
             extent_size,
             device_size,
@@ -135,6 +177,7 @@ impl Superblock {
             journal_offset,
             journal_len,
             data_offset,
+            max_volumes,
         })
     }
 
@@ -155,6 +198,9 @@ impl Superblock {
         w.u64(self.journal_offset);
         w.u64(self.journal_len);
         w.u64(self.data_offset);
+        if self.version >= SUPERBLOCK_VERSION_VOLUMES {
+            w.u32(self.max_volumes);
+        }
         let mut b = w.b;
         b.resize(META_BLOCK as usize, 0);
         let n = checksummed_len(self.version);
@@ -172,10 +218,10 @@ impl Superblock {
             return Err(FormatError::BadMagic { what });
         }
         let version = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
-        if version != FORMAT_VERSION && version != SUPERBLOCK_VERSION_EPOCH {
+        if !KNOWN_VERSIONS.contains(&version) {
             // A checksum valid where a known format keeps it: a block written
             // whole by another format. Else a flipped bit, or a newer layout.
-            let known = [FORMAT_VERSION, SUPERBLOCK_VERSION_EPOCH].map(checksummed_len);
+            let known = KNOWN_VERSIONS.map(checksummed_len);
             let whole = known.iter().any(|&n| {
                 let stored = u32::from_le_bytes([b[n], b[n + 1], b[n + 2], b[n + 3]]);
                 crc(&b[..n]) == stored
@@ -203,6 +249,11 @@ impl Superblock {
             journal_offset: r.u64()?,
             journal_len: r.u64()?,
             data_offset: r.u64()?,
+            max_volumes: if version >= SUPERBLOCK_VERSION_VOLUMES {
+                r.u32()?
+            } else {
+                FORMAT_2_MAX_VOLUMES as u32
+            },
         };
         // Geometry must be self-consistent before anything trusts it.
         let fits = (|| {
@@ -218,6 +269,7 @@ impl Superblock {
                     && (MIN_EXTENT_SIZE..=MAX_EXTENT_SIZE).contains(&sb.extent_size)
                     && sb.ckpt_offset >= META_BLOCK
                     && sb.ckpt_slot_len >= 2 * META_BLOCK
+                    && sb.ckpt_slot_len >= sb.max_volumes as u64 * VOLUME_CKPT_BYTES
                     && sb.ckpt_slot_len % META_BLOCK == 0
                     && ckpt_end <= sb.journal_offset
                     && sb.journal_offset % META_BLOCK == 0
@@ -225,7 +277,8 @@ impl Superblock {
                     && sb.journal_len % META_BLOCK == 0
                     && j_end <= sb.data_offset
                     && d_end <= sb.device_size
-                    && (sb.extent_count as u64) <= MAX_EXTENTS,
+                    && (sb.extent_count as u64) <= MAX_EXTENTS
+                    && (1..=MAX_VOLUMES as u32).contains(&sb.max_volumes),
             )
         })();
         if fits != Some(true) {
@@ -326,6 +379,7 @@ mod tests {
     fn format_1_superblocks_still_decode() {
         let sb = Superblock {
             version: FORMAT_VERSION,
+            max_volumes: FORMAT_2_MAX_VOLUMES as u32,
             ..Superblock::layout(1 << 30, 1 << 20, [7; 16], None).unwrap()
         };
         let b = sb.encode();
@@ -333,6 +387,49 @@ mod tests {
         assert_eq!(&b[2044..2048], &[0; 4]);
         assert_ne!(&b[4092..], &[0; 4]);
         assert_eq!(Superblock::decode(&b), Ok(sb));
+    }
+
+    /// Format 3 stores the volume limit its checkpoint slots were sized for;
+    /// format 2 has none and means 1,024; a limit of none, past 4,096, or
+    /// beyond what the slots hold is inconsistent geometry.
+    #[test]
+    fn the_volume_limit_comes_from_the_superblock() {
+        let sb = Superblock::layout(1 << 30, 1 << 20, [7; 16], None).unwrap();
+        assert_eq!((sb.version, sb.max_volumes), (3, 4096));
+        let b = sb.encode();
+        assert_eq!(&b[88..92], &4096u32.to_le_bytes(), "after data_offset");
+        assert_eq!(Superblock::decode(&b), Ok(sb.clone()));
+        let v2 = Superblock {
+            version: SUPERBLOCK_VERSION_EPOCH,
+            ..sb.clone()
+        };
+        let b = v2.encode();
+        assert_eq!(&b[88..92], &[0; 4], "format 2 writes no limit");
+        assert_eq!(Superblock::decode(&b).map(|s| s.max_volumes), Ok(1024));
+        let small_slots = Superblock {
+            ckpt_slot_len: 1024 * VOLUME_CKPT_BYTES,
+            ..sb.clone()
+        };
+        for bad in [
+            Superblock {
+                max_volumes: 0,
+                ..sb.clone()
+            },
+            Superblock {
+                max_volumes: 4097,
+                ..sb.clone()
+            },
+            small_slots,
+        ] {
+            assert_eq!(
+                Superblock::decode(&bad.encode()),
+                Err(FormatError::Invalid {
+                    what: "superblock",
+                    detail: "geometry is inconsistent".into()
+                }),
+                "{bad:?}"
+            );
+        }
     }
 
     proptest! {

@@ -55,10 +55,11 @@ impl Pool {
         if self.volume(name).is_some() {
             return Err(PoolError::VolumeExists { name: name.into() });
         }
-        if self.volumes.read().map(|v| v.len()).unwrap_or(0) >= MAX_VOLUMES {
+        let max = self.sb.max_volumes as usize;
+        if self.volumes.read().map(|v| v.len()).unwrap_or(0) >= max {
             return Err(PoolError::TooManyVolumes {
                 pool: self.name.clone(),
-                max: MAX_VOLUMES,
+                max,
             });
         }
         if flags & VOL_KV != 0 {
@@ -173,5 +174,54 @@ impl Pool {
         m.dirty.extend(freed);
         self.commit(&mut m, Vec::new())?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bdev::ram::RamDevice;
+    use crate::meta::{SUPERBLOCK_VERSION_EPOCH, SUPERBLOCK_VERSION_VOLUMES};
+
+    fn opts() -> PoolOptions {
+        PoolOptions {
+            md_thread: false,
+            ..PoolOptions::default()
+        }
+    }
+
+    /// A pool takes as many volumes as its superblock says its checkpoint
+    /// slots hold (4,096 from format 3; 1,024 for a format 2 pool, whose
+    /// slots were sized for that many), names the limit past them, and keeps
+    /// them all through a checkpoint and a restart.
+    #[test]
+    fn a_pool_holds_the_volumes_its_superblock_has_room_for() {
+        for (version, max) in [
+            (SUPERBLOCK_VERSION_EPOCH, 1024),
+            (SUPERBLOCK_VERSION_VOLUMES, 4096),
+        ] {
+            let dev: SharedDevice = RamDevice::new("vols", 256 << 20).unwrap();
+            let sb = crate::pool::format(&dev, &FormatOptions::default()).unwrap();
+            assert_eq!(sb.max_volumes, 4096);
+            let sb = Superblock { version, ..sb };
+            SyncIo::new(&dev).unwrap().write(0, &sb.encode()).unwrap();
+            let pool = Pool::open("p", dev.clone(), opts()).unwrap();
+            assert_eq!(pool.sb.max_volumes as usize, max);
+            for i in 0..max {
+                pool.create_volume(&format!("v{i}"), 64 << 10, 4096, 0)
+                    .unwrap();
+            }
+            let past = pool.create_volume("one-more", 64 << 10, 4096, 0);
+            assert!(
+                matches!(past, Err(PoolError::TooManyVolumes { max: m, .. }) if m == max),
+                "format {version}: {:?}",
+                past.map(|v| v.desc.id)
+            );
+            pool.checkpoint_now().unwrap();
+            drop(pool);
+            let again = Pool::open("p", dev, opts()).unwrap();
+            assert_eq!(again.volumes().len(), max, "format {version}");
+            assert!(again.volume(&format!("v{}", max - 1)).is_some());
+        }
     }
 }

@@ -278,6 +278,8 @@ impl Sim {
                 extent_size: EXTENT,
                 force: false,
                 journal_len: Some(96 << 10),
+                // The 1,024 of format 2: this small device's room.
+                max_volumes: Some(1024),
             },
         )
         .unwrap_or_else(|e| panic!("seed {seed}: format: {e}"));
@@ -1815,6 +1817,8 @@ fn an_unflushed_chunk_after_a_crash_reads_as_data_or_misses() {
             extent_size: EXTENT,
             force: false,
             journal_len: Some(96 << 10),
+            // The 1,024 of format 2: this small device's room.
+            max_volumes: Some(1024),
         };
         format(&dev, &fo).unwrap();
         let pool = Pool::open("lmc", dev.clone(), pool_opts(false)).unwrap();

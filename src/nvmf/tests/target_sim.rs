@@ -316,6 +316,8 @@ impl Sim {
             extent_size: EXTENT,
             force: false,
             journal_len: Some(96 << 10),
+            // The 1,024 of format 2: this small device's room.
+            max_volumes: Some(1024),
         };
         if let Err(e) = format_pool(&dev, &fo) {
             panic!("seed {seed}: format: {e}");

@@ -302,6 +302,7 @@ fn format_and_open(
             extent_size: pool.extent_size,
             force: false,
             journal_len: None,
+            max_volumes: None,
         },
     )
     .map_err(|e| {

@@ -546,6 +546,7 @@ mod tests {
                 extent_size: 1 << 20,
                 force: false,
                 journal_len: None,
+                max_volumes: None,
             },
         )
         .expect("format");
