@@ -30,6 +30,7 @@
 //! reuses freed blocks as soon as next fit comes round, from paying a scrub
 //! and a fresh mapping for space it takes back at once.
 
+use super::key_slots::KeySlots;
 pub use crate::meta::journal::KvLoc;
 use crate::meta::superblock::NO_EXTENT;
 pub use crate::meta::superblock::{KV_BYTES_PER_KEY, KV_CKPT_ENTRY_BYTES};
@@ -346,7 +347,8 @@ impl Blocks {
 }
 
 struct State {
-    map: HashMap<KvKey, u32>,
+    /// Each live key to its entry's slot.
+    map: KeySlots,
     entries: Vec<Option<Entry>>,
     free_slots: Vec<u32>,
     blocks: Blocks,
@@ -393,9 +395,31 @@ struct State {
     rng: u64,
 }
 
+/// The key of the entry in `slot`, which the key table names.
+fn key_at(entries: &[Option<Entry>], slot: u32) -> KvKey {
+    match entries.get(slot as usize).and_then(|e| e.as_ref()) {
+        Some(e) => e.key,
+        None => panic!("key table names empty slot {slot}"),
+    }
+}
+
 /// The key order (a treap: a search tree by key, a heap by random priority,
 /// so its depth stays logarithmic in expectation).
 impl State {
+    /// The slot of live `key`'s entry.
+    fn slot_of(&self, key: &KvKey) -> Option<u32> {
+        self.map.get(key, |s| key_at(&self.entries, s))
+    }
+    /// Indexes `key` at `slot`, whose entry holds it; the slot it had.
+    fn index_key(&mut self, key: &KvKey, slot: u32) -> Option<u32> {
+        let entries = &self.entries;
+        self.map.insert(key, slot, |s| key_at(entries, s))
+    }
+    /// Takes `key` out of the key table (before its entry goes).
+    fn unindex_key(&mut self, key: &KvKey) -> Option<u32> {
+        let entries = &self.entries;
+        self.map.remove(key, |s| key_at(entries, s))
+    }
     fn node(&self, slot: u32) -> &Entry {
         match self.entries.get(slot as usize).and_then(|e| e.as_ref()) {
             Some(e) => e,
@@ -555,7 +579,7 @@ impl State {
             let Some(x) = path.pop() else { break };
             let n = self.node(x);
             if last.is_some_and(|l| order(&l, &n.key) != std::cmp::Ordering::Less)
-                || self.map.get(&n.key) != Some(&x)
+                || self.slot_of(&n.key) != Some(x)
             {
                 return Some(format!("key order out of place at {:?}", n.key));
             }
@@ -631,7 +655,7 @@ impl KvIndex {
             base: std::sync::OnceLock::new(),
             settings: AtomicU64::new(PackedSettings::pack(KvSettings::default())),
             state: Mutex::new(State {
-                map: HashMap::with_capacity(cap),
+                map: KeySlots::with_capacity(cap),
                 entries: Vec::with_capacity(cap),
                 free_slots: Vec::with_capacity(cap),
                 blocks: Blocks::new(total),
@@ -732,7 +756,7 @@ impl KvIndex {
         let now_ms = self.ms(now);
         let mut st = self.lock();
         self.expire_if_old(&mut st, key, now_ms, settings.ttl);
-        let exists = st.map.contains_key(key);
+        let exists = st.slot_of(key).is_some();
         if opts.must_exist && !exists {
             return Err(Status::KV_KEY_DOES_NOT_EXIST);
         }
@@ -835,7 +859,7 @@ impl KvIndex {
         let now_ms = self.ms(now);
         let mut st = self.lock();
         Self::uncount_new(&mut st, loc);
-        let old = st.map.get(key).copied();
+        let old = st.slot_of(key);
         let refuse = match old {
             Some(_) if opts.must_not_exist => Some(Status::KV_KEY_EXISTS),
             None if opts.must_exist => Some(Status::KV_KEY_DOES_NOT_EXIST),
@@ -865,7 +889,11 @@ impl KvIndex {
         st.stored_blocks += loc.nblocks as u64;
         let pos = st.stored_blocks;
         st.entries[slot as usize] = Some(Entry::new(*key, loc, now_ms, pos));
-        st.map.insert(*key, slot);
+        let had = st.index_key(key, slot);
+        assert!(
+            had.is_none(),
+            "a stored key's old slot stayed in the key table"
+        );
         st.order_insert(slot);
         st.age_push(slot);
         st.value_bytes += loc.len as u64;
@@ -897,7 +925,7 @@ impl KvIndex {
         let now_ms = self.ms(now);
         let mut st = self.lock();
         self.expire_if_old(&mut st, key, now_ms, ttl);
-        let Some(&slot) = st.map.get(key) else {
+        let Some(slot) = st.slot_of(key) else {
             self.counters.misses.fetch_add(1, Ordering::Relaxed);
             return Err(Status::KV_KEY_DOES_NOT_EXIST);
         };
@@ -934,7 +962,7 @@ impl KvIndex {
         let now_ms = self.ms(now);
         let mut st = self.lock();
         self.expire_if_old(&mut st, key, now_ms, ttl);
-        let found = match st.map.get(key).copied() {
+        let found = match st.slot_of(key) {
             Some(slot) => {
                 if let Some(e) = st.entries.get_mut(slot as usize).and_then(|e| e.as_mut()) {
                     e.referenced = true;
@@ -958,7 +986,7 @@ impl KvIndex {
         let now_ms = self.ms(now);
         let mut st = self.lock();
         self.expire_if_old(&mut st, key, now_ms, ttl);
-        let Some(slot) = st.map.get(key).copied() else {
+        let Some(slot) = st.slot_of(key) else {
             return Err(Status::KV_KEY_DOES_NOT_EXIST);
         };
         self.give_up(&mut st, slot);
@@ -1011,8 +1039,8 @@ impl KvIndex {
         for key in st.dirty.drain() {
             let loc = st
                 .map
-                .get(&key)
-                .and_then(|&s| st.entries.get(s as usize))
+                .get(&key, |s| key_at(&st.entries, s))
+                .and_then(|s| st.entries.get(s as usize))
                 .and_then(|e| e.as_ref())
                 .map(|e| e.loc);
             out.push((key, loc));
@@ -1080,12 +1108,10 @@ impl KvIndex {
 
     fn all_locations(st: &State) -> Vec<(KvKey, KvLoc)> {
         st.map
-            .iter()
-            .filter_map(|(k, &s)| {
-                st.entries
-                    .get(s as usize)
-                    .and_then(|e| e.as_ref())
-                    .map(|e| (*k, e.loc))
+            .slots()
+            .map(|s| {
+                let e = st.node(s);
+                (e.key, e.loc)
             })
             .collect()
     }
@@ -1171,21 +1197,19 @@ impl KvIndex {
             ));
         }
         let slot = st.entries.len() as u32;
+        // Recovery does not know the Stores' order: the restore order stands in.
+        let pos = st.stored_blocks + loc.nblocks as u64;
+        st.entries.push(Some(Entry::new(key, loc, 0, pos)));
         // One hash of the key, not a lookup and then an insert: hashing was
         // a quarter of a recovery of 10^6 keys.
-        match st.map.entry(key) {
-            std::collections::hash_map::Entry::Occupied(_) => {
-                return Err(format!("key {key:?} is recorded twice"));
-            }
-            std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(slot);
-            }
+        if let Some(first) = st.index_key(&key, slot) {
+            // The first slot stays; the entry just pushed goes.
+            st.index_key(&key, first);
+            st.entries.pop();
+            return Err(format!("key {key:?} is recorded twice"));
         }
+        st.stored_blocks = pos;
         st.blocks.set(loc.block, loc.nblocks, true);
-        // Recovery does not know the Stores' order: the restore order stands in.
-        st.stored_blocks += loc.nblocks as u64;
-        let pos = st.stored_blocks;
-        st.entries.push(Some(Entry::new(key, loc, 0, pos)));
         st.age_push(slot);
         st.value_bytes += loc.len as u64;
         Ok(slot)
@@ -1224,12 +1248,12 @@ impl KvIndex {
         let mut problems = Vec::new();
         problems.extend(st.order_check());
         let mut seen = Blocks::new(st.blocks.total);
-        for (k, &slot) in &st.map {
+        for slot in st.map.slots() {
             let Some(e) = st.entries.get(slot as usize).and_then(|e| e.as_ref()) else {
-                problems.push(format!("key {k:?} names an empty index slot"));
+                problems.push(format!("the key table names empty slot {slot}"));
                 continue;
             };
-            let l = e.loc;
+            let (k, l) = (e.key, e.loc);
             if (l.block..l.block + l.nblocks as u64)
                 .any(|b| seen.is_used(b) || !st.blocks.is_used(b))
             {
@@ -1402,7 +1426,7 @@ impl KvIndex {
         };
         e.live = false;
         let (key, loc, readers) = (e.key, e.loc, e.readers);
-        st.map.remove(&key);
+        st.unindex_key(&key);
         st.root = st.order_remove(st.root, &key);
         st.age_unlink(slot);
         // value_bytes sums the live keys' lengths, this one's included.
@@ -1420,7 +1444,7 @@ impl KvIndex {
     }
 
     fn expire_if_old(&self, st: &mut State, key: &KvKey, now_ms: u64, ttl: Option<Duration>) {
-        let Some(&slot) = st.map.get(key) else {
+        let Some(slot) = st.slot_of(key) else {
             return;
         };
         let old = st

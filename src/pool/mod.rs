@@ -31,6 +31,7 @@ mod commit;
 mod epoch;
 pub mod format;
 pub mod gc;
+mod key_slots;
 pub mod kv;
 mod lock;
 mod md;
