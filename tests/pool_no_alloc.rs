@@ -1,6 +1,8 @@
 //! A volume I/O allocates nothing: Read, Write (plain, FUA, large), Write
 //! Zeroes, Deallocate and Flush through a `PoolChannel` on already-mapped
 //! extents, counted by a global allocator that counts per thread while armed.
+//! Nor does a KV command's work in the key index (`KvIndex`): Store,
+//! Retrieve, Exist and Delete.
 //!
 //! Only the reactor's side is counted (submit and poll). The metadata
 //! thread's work (`Pool::md_step`: the journal commit a Flush or FUA waits
@@ -14,7 +16,9 @@ use kvtarget::bdev::ram::RamDevice;
 use kvtarget::bdev::{IoChannel, IoCompletion, IoOp, SharedDevice};
 use kvtarget::mem::IoBuf;
 use kvtarget::pool::channel::PoolChannel;
+use kvtarget::pool::kv::{KvIndex, Reserve};
 use kvtarget::pool::{self, FormatOptions, Pool, PoolOptions};
+use kvtarget::wire::nvme::{KvKey, StoreOptions};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::Arc;
@@ -235,4 +239,57 @@ fn volume_io_on_mapped_extents_allocates_nothing() {
         })
         .expect("buffer");
     assert!(back.iter().all(|&b| b == 9));
+}
+
+/// A KV command's work in the key index allocates nothing: Stores of new
+/// keys and over existing ones (reserve, then commit), Retrieves (pinned,
+/// then released), Exists and Deletes, round after round on an index sized
+/// when its volume was made. Between rounds the metadata thread's side
+/// (draining the changes, the commit landing) runs uncounted, as on its own
+/// thread in a target; the first round warms up.
+#[test]
+fn kv_index_commands_allocate_nothing() {
+    let ix = KvIndex::new(64 * MIB, 512);
+    let now = Instant::now();
+    let keys: Vec<KvKey> = (0..256u32)
+        .map(|i| KvKey::new(&i.to_be_bytes()).expect("a 4-byte key"))
+        .collect();
+    let opts = StoreOptions::default();
+    let round = |r: usize| {
+        for (i, k) in keys.iter().enumerate() {
+            let len = 512 * (1 + (i + r) % 8) as u32;
+            let loc = match ix.reserve(k, len, opts, now) {
+                Ok(Reserve::Ready(l) | Reserve::Claimed(l)) => l,
+                other => panic!("round {r}, key {i}: reserve gave {other:?}"),
+            };
+            assert_eq!(ix.commit_store(k, loc, opts, now), Ok(()));
+            let (pin, at) = ix.begin_read(k, now).expect("a stored key reads");
+            assert_eq!(at, loc);
+            ix.end_read(pin);
+            assert!(ix.exists(k, now));
+            if (i + r) % 4 == 0 {
+                assert_eq!(ix.delete(k, now), Ok(()));
+            }
+        }
+    };
+    let mut changes = Vec::with_capacity(2 * keys.len());
+    let mut allocations = 0;
+    const ROUNDS: usize = 50;
+    for r in 0..=ROUNDS {
+        let ((), n) = counted(|| round(r));
+        if r > 0 {
+            allocations += n;
+        }
+        changes.clear();
+        ix.drain_changes(&mut changes);
+        assert!(!changes.is_empty(), "round {r} changed keys");
+        ix.committed(true);
+    }
+    assert_eq!(
+        allocations,
+        0,
+        "{allocations} allocations in {ROUNDS} rounds of {} keys",
+        keys.len()
+    );
+    assert!(ix.verify().is_empty(), "{:?}", ix.verify());
 }

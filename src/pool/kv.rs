@@ -1405,8 +1405,9 @@ impl KvIndex {
 
     /// The given-up blocks join the commit being made.
     fn begin_commit(st: &mut State) {
-        let pending = std::mem::take(&mut st.pending_free);
-        st.committing.extend(pending);
+        // Moved, not taken: the given-up list keeps its room, so the next
+        // Store or Delete that gives blocks up does not allocate it again.
+        st.committing.append(&mut st.pending_free);
         st.committing_blocks += st.pending_blocks;
         st.pending_blocks = 0;
     }
