@@ -134,6 +134,7 @@ impl<X> Queue<X> {
             super::ana::bind_path(&self.target, &ctrl, self.cfg.local);
         }
         self.sqsize = cmd.sqsize;
+        self.make_slots();
         // The Connect itself took entry 0 of the new queue.
         self.sq_head = if cmd.sqsize == 0 { 0 } else { 1 };
         self.sqflow_disabled = cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0;

@@ -348,6 +348,22 @@ impl<X> Queue<X> {
     }
 
     /// A free slot (empty), if the queue has one.
+    /// Every slot the queue's depth allows, made and written now (Connect,
+    /// the cold path): a burst deeper than any before then takes a free slot
+    /// instead of growing the table on the reactor (an allocation and a page
+    /// fault).
+    pub(in crate::nvmf) fn make_slots(&mut self) {
+        let limit = self.slot_limit().min(u16::MAX as usize + 1);
+        let made = self.slots.len();
+        if limit > made {
+            self.slots.resize_with(limit, || None);
+            self.free_slots.reserve(limit);
+            // Highest first: `vacant_slot` pops the lowest.
+            self.free_slots
+                .extend((made..limit).rev().map(|i| i as u16));
+        }
+    }
+
     fn vacant_slot(&mut self) -> Option<u16> {
         match self.free_slots.pop() {
             Some(i) => Some(i),

@@ -12,6 +12,10 @@ use crate::mem::{BufPool, IoBuf};
 use std::collections::VecDeque;
 use std::io::{IoSlice, Write};
 
+/// Segments an `OutQueue` has room for from the start: a response and its
+/// data for each of 128 commands (Linux's default queue depth), twice over.
+const SEGS_AT_START: usize = 512;
+
 /// At most this many pieces go into one `writev`.
 const MAX_IOVECS: usize = 64;
 
@@ -70,6 +74,15 @@ impl OutQueue {
                 let mut b = crate::mem::prefaulted_vec(n);
                 b.clear();
                 b
+            },
+            // Written once too: a burst of more segments than any before
+            // would otherwise grow the ring on the reactor (a page fault,
+            // seen by `reactor_takes_no_page_fault_once_warm`).
+            segs: {
+                let mut d = VecDeque::with_capacity(SEGS_AT_START);
+                d.extend((0..SEGS_AT_START).map(|_| Seg::Bytes { start: 0, end: 0 }));
+                d.clear();
+                d
             },
             ..Default::default()
         }
