@@ -78,15 +78,15 @@ impl Pool {
         // the mean latency of the commands completed since the last step.
         let (mut fg_inflight, mut ops, mut ns) = (0, 0u64, 0u64);
         let mut volumes_dirty = false;
-        for v in self.volumes() {
-            fg_inflight += v.inflight();
-            let t = v.io_totals();
-            ops += t.reads + t.writes + t.unmaps;
-            ns += t.read_ns + t.write_ns + t.unmap_ns;
+        self.for_each_volume(|v| {
+            let (inflight, o, n) = v.fg_load();
+            fg_inflight += inflight;
+            ops += o;
+            ns += n;
             // A KV Delete, or a Store over blocks already written, changes only
             // the key index: the periodic commit takes that too.
             volumes_dirty |= v.has_dirty() || v.kv.as_ref().is_some_and(|kv| kv.has_changes());
-        }
+        });
         let (prev_ops, prev_ns) = m.fg_seen;
         m.fg_seen = (ops, ns);
         let fg_latency_ns = match ops.checked_sub(prev_ops) {
@@ -240,8 +240,8 @@ impl Pool {
     /// with the volume's next commit.
     pub(super) fn kv_trim(&self, m: &mut Meta, now: Instant) {
         let mut out = Vec::new();
-        for v in self.volumes() {
-            let Some(kv) = &v.kv else { continue };
+        self.for_each_volume(|v| {
+            let Some(kv) = &v.kv else { return };
             out.clear();
             kv.trim_step(now, |l| v.mapping(l).is_some(), &mut out);
             for &lext in &out {
@@ -253,7 +253,7 @@ impl Pool {
                 }
             }
             kv.trimmed(&out);
-        }
+        });
     }
 }
 

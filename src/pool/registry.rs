@@ -17,6 +17,18 @@ impl Pool {
         self.volumes.read().ok()?.get(&id).cloned()
     }
 
+    /// `f` on every volume, under the table's read lock: no copy of the
+    /// table (the metadata thread walks it every step; 4,000 volumes made
+    /// that walk 6 % of a core on an idle target). `f` must not create,
+    /// delete or resize a volume.
+    pub(super) fn for_each_volume(&self, mut f: impl FnMut(&Arc<Volume>)) {
+        let table = match self.volumes.read() {
+            Ok(t) => t,
+            Err(p) => p.into_inner(),
+        };
+        table.values().for_each(&mut f);
+    }
+
     pub fn volumes(&self) -> Vec<Arc<Volume>> {
         self.volumes
             .read()

@@ -211,6 +211,24 @@ impl Volume {
             .unwrap_or(0)
     }
 
+    /// What GC admission watches, summed over the channels in one hold of
+    /// their list: commands in flight, and commands completed and their
+    /// summed latency (ns). `inflight` and `io_totals` in one, without the
+    /// histograms the metadata thread does not read.
+    pub fn fg_load(&self) -> (u64, u64, u64) {
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let Ok(v) = self.stats.lock() else {
+            return (0, 0, 0);
+        };
+        v.iter().fold((0, 0, 0), |(inflight, ops, ns), s| {
+            (
+                inflight + r(&s.inflight),
+                ops + r(&s.reads) + r(&s.writes) + r(&s.unmaps),
+                ns + r(&s.read_ns) + r(&s.write_ns) + r(&s.unmap_ns),
+            )
+        })
+    }
+
     /// The volume's I/O counters, summed over its channels.
     pub fn io_totals(&self) -> IoTotals {
         let mut t = IoTotals::default();
