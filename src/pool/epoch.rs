@@ -129,10 +129,7 @@ mod tests {
     use crate::bdev::ram::RamDevice;
 
     fn opts() -> PoolOptions {
-        PoolOptions {
-            md_thread: false,
-            ..PoolOptions::default()
-        }
+        PoolOptions::stepped()
     }
 
     fn volumes_recovered(dev: &SharedDevice) -> Vec<String> {

@@ -34,6 +34,18 @@ impl Default for PoolOptions {
     }
 }
 
+#[cfg(test)]
+impl PoolOptions {
+    /// The defaults without a metadata thread: the test runs each step
+    /// (`Pool::md_step`), so nothing moves behind its back.
+    pub(crate) fn stepped() -> PoolOptions {
+        PoolOptions {
+            md_thread: false,
+            ..PoolOptions::default()
+        }
+    }
+}
+
 /// Dual-path scheduling: I/O at least `large_threshold` bytes is split into
 /// `piece` sized device operations with at most `max_inflight` of them in flight
 /// per channel; smaller I/O goes straight to the device.

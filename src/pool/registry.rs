@@ -196,10 +196,7 @@ mod tests {
     use crate::meta::{SUPERBLOCK_VERSION_EPOCH, SUPERBLOCK_VERSION_VOLUMES};
 
     fn opts() -> PoolOptions {
-        PoolOptions {
-            md_thread: false,
-            ..PoolOptions::default()
-        }
+        PoolOptions::stepped()
     }
 
     /// A pool takes as many volumes as its superblock says its checkpoint

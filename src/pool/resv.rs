@@ -101,10 +101,7 @@ mod tests {
     }
 
     fn opts() -> PoolOptions {
-        PoolOptions {
-            md_thread: false,
-            ..PoolOptions::default()
-        }
+        PoolOptions::stepped()
     }
 
     /// 0: not answered, 1: durable, 2: refused.

@@ -458,10 +458,7 @@ mod tests {
         let dev: crate::bdev::SharedDevice =
             crate::bdev::ram::RamDevice::new("ptpl", 64 << 20).unwrap();
         crate::pool::format(&dev, &FormatOptions::default()).unwrap();
-        let opts = || PoolOptions {
-            md_thread: false,
-            ..PoolOptions::default()
-        };
+        let opts = PoolOptions::stepped;
         let pool = Pool::open("p", dev.clone(), opts()).unwrap();
         let vol = pool.create_volume("v", 8 << 20, 4096, 0).unwrap();
         let ns = super::super::NsReservation::for_pool_volume(pool.clone(), &vol, [3; 16]);
