@@ -289,3 +289,31 @@ fn start_refuses_a_bad_config_before_opening_anything() {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(!pool.exists(), "the pool file was created");
 }
+
+/// A pool formatted with `--max-volumes N` holds N volumes, says so in
+/// `pool info`, and refuses one more with the limit named; a limit out of
+/// range is a usage error naming the flag.
+#[test]
+fn pool_create_max_volumes_bounds_the_volumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = dir.path().join("pool.img");
+    let p = pool.to_str().unwrap();
+    let o = run(&["pool", "create", p, "--size", "64MiB", "--max-volumes", "0"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("--max-volumes"), "{}", text(&o));
+    let o = run(&["pool", "create", p, "--size", "64MiB", "--max-volumes", "2"]);
+    assert!(o.status.success(), "{}", text(&o));
+    for v in ["a", "b"] {
+        let o = run(&["volume", "create", p, v, "--size", "1MiB"]);
+        assert!(o.status.success(), "{v}: {}", text(&o));
+    }
+    let o = run(&["volume", "create", p, "c", "--size", "1MiB"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("at most 2 volumes"), "{}", text(&o));
+    let o = run(&["pool", "info", p]);
+    assert!(
+        text(&o).contains("volumes: 2 of at most 2 (superblock format 3)"),
+        "{}",
+        text(&o)
+    );
+}

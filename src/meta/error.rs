@@ -62,7 +62,7 @@ pub enum PoolError {
     VolumeTooLarge { name: String, size: u64 },
     #[error("volume {name} already exists")]
     VolumeExists { name: String },
-    #[error("pool {pool} already has {max} volumes")]
+    #[error("pool {pool} holds at most {max} volumes, as many as its metadata was formatted for (pool create --max-volumes)")]
     TooManyVolumes { pool: String, max: usize },
     #[error("no volume named {name}")]
     NoVolume { name: String },
