@@ -1202,9 +1202,12 @@ impl KvIndex {
         st.entries.push(Some(Entry::new(key, loc, 0, pos)));
         // One hash of the key, not a lookup and then an insert: hashing was
         // a quarter of a recovery of 10^6 keys.
-        if let Some(first) = st.index_key(&key, slot) {
-            // The first slot stays; the entry just pushed goes.
-            st.index_key(&key, first);
+        let entries = &st.entries;
+        if st
+            .map
+            .insert_new(&key, slot, |s| key_at(entries, s))
+            .is_err()
+        {
             st.entries.pop();
             return Err(format!("key {key:?} is recorded twice"));
         }
