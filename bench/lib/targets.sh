@@ -73,8 +73,10 @@ start_kv() {
     started_sock=$work/$name.sock
     "$bin" --config "$work/$name.toml" -r "$started_sock" > "$work/$name.log" 2>&1 &
     started_pid=$!
+    # Up to 60 s: the RAM namespaces are made resident before it listens (1.25
+    # GiB took 14-18 s on this shared machine on 2026-12-06, under 5 s before).
     local up=0 _
-    for _ in $(seq 150); do
+    for _ in $(seq 600); do
         kill -0 "$started_pid" 2>/dev/null || break
         grep -q "listening on 127.0.0.1:$port" "$work/$name.log" && [ -S "$started_sock" ] && { up=1; break; }
         sleep 0.1
