@@ -337,6 +337,12 @@ const METRICS: &[Metric] = &[
     metric("kvtarget_reactor_queue_pairs", Gauge, "Queue pairs (connections) owned by each reactor.", |s, o| {
         s.per_reactor(o, |r| ld(&r.shared.queue_pairs))
     }),
+    metric("kvtarget_reactor_kv_asks_posted_total", Counter, "KV index steps a reactor's queues sent to the reactor owning the index.", |s, o| {
+        s.per_reactor(o, |r| ld(&r.shared.kv_asks_posted))
+    }),
+    metric("kvtarget_reactor_kv_asks_served_total", Counter, "KV index steps a reactor carried out for other reactors' queues.", |s, o| {
+        s.per_reactor(o, |r| ld(&r.shared.kv_asks_served))
+    }),
     // Reactor stalls (reactor::stall): gaps between two polls, passes over
     // `reactors.stall_warn_us`, the reactor thread's own faults and switches.
     metric("kvtarget_reactor_poll_gap_seconds", Histogram, "Time between two polls of a reactor (one pass of its loop; sleep in epoll left out).", |s, o| {

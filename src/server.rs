@@ -917,6 +917,15 @@ impl Server {
                 .map_err(|source| SetupError::Reactor { reactor: i, source })?;
             reactors.push(r);
         }
+        for (r, _) in &reactors {
+            // Each reactor's post for the KV indexes it will own (the first
+            // to run a KV command of a namespace takes its index). The inbox
+            // is empty yet: this cannot be refused.
+            let install = crate::reactor::Message::Call(Box::new(crate::pool::kv_owner::install));
+            if r.send(install).is_err() {
+                tracing::error!(reactor = r.id, "cannot give a reactor its KV post");
+            }
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let shared: Vec<_> = reactors.iter().map(|(s, _)| s.clone()).collect();
         let shared_reactors = shared.clone();
@@ -1066,6 +1075,11 @@ impl Server {
 
     pub fn pools(&self) -> &[Arc<Pool>] {
         &self.pools
+    }
+
+    /// How to reach each reactor (`Message::Call` runs code on it).
+    pub fn reactors(&self) -> impl Iterator<Item = &Arc<ReactorShared>> {
+        self.reactors.iter().map(|(r, _)| r)
     }
 }
 

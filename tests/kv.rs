@@ -956,3 +956,79 @@ fn freed_kv_space_goes_back_to_the_pool() {
     drop(qs);
     server.shutdown();
 }
+
+/// One reactor owns a KV namespace's index; queues on the other reactor send
+/// it each index step and wait for the answer. Four queues over two reactors
+/// store, read back, overwrite and delete their own keys at once, then read
+/// every other queue's: every value is the one stored, and the reactors'
+/// counters show the steps crossed (posted by one reactor, served by the other).
+#[test]
+fn queues_on_two_reactors_share_one_index_owner() {
+    use serde_json::json;
+    let dir = tempfile::tempdir().unwrap();
+    let rpc = format!("\n[rpc]\nsocket = \"{}/kv.sock\"\n", dir.path().display());
+    let (server, addr) = support::start_server(&(config(dir.path(), 0, "64MiB", "") + &rpc));
+    let (_c, mut qs) = connect(addr, 4);
+    const KEYS: u64 = 150;
+    std::thread::scope(|s| {
+        for (qi, q) in qs.iter_mut().enumerate() {
+            s.spawn(move || {
+                let qi = qi as u64;
+                for k in 0..KEYS {
+                    let name = key(&format!("q{qi}-{k}"));
+                    let len = 512 + ((k * 977) % 20_000) as usize;
+                    q.kv_store(1, name, value(qi * 1000 + k, len), PLAIN)
+                        .unwrap();
+                    let (got, size) = q.kv_retrieve(1, name, 32_768).unwrap();
+                    assert_eq!(size as usize, len);
+                    assert!(got == value(qi * 1000 + k, len), "q{qi} key {k}");
+                    if k % 3 == 0 {
+                        q.kv_store(1, name, value(qi * 1000 + k + 7, len), PLAIN)
+                            .unwrap();
+                    }
+                    if k % 5 == 0 {
+                        q.kv_delete(1, name).unwrap();
+                        assert!(!q.kv_exist(1, name).unwrap());
+                    }
+                }
+            });
+        }
+    });
+    // Each queue reads every other queue's keys.
+    let n = qs.len() as u64;
+    for (qi, q) in qs.iter_mut().enumerate() {
+        let other = (qi as u64 + 1) % n;
+        for k in 0..KEYS {
+            let name = key(&format!("q{other}-{k}"));
+            let len = 512 + ((k * 977) % 20_000) as usize;
+            if k % 5 == 0 {
+                let e = q.kv_retrieve(1, name, 32_768).unwrap_err();
+                assert_eq!(status_of(e), Status::KV_KEY_DOES_NOT_EXIST);
+                continue;
+            }
+            let seed = other * 1000 + k + if k % 3 == 0 { 7 } else { 0 };
+            let (got, _) = q.kv_retrieve(1, name, 32_768).unwrap();
+            assert!(got == value(seed, len), "q{other} key {k} read on q{qi}");
+        }
+    }
+    let listed = qs[0].kv_list(1, KvKey::default(), 65_536).unwrap();
+    assert_eq!(listed.len() as u64, n * (KEYS - KEYS.div_ceil(5)));
+
+    let mut c = support::rpc_client(&server);
+    let r = c.call("framework_get_reactors", json!({})).unwrap();
+    let reactors = r["reactors"].as_array().unwrap();
+    let count = |f: &str| -> Vec<u64> { reactors.iter().map(|x| x[f].as_u64().unwrap()).collect() };
+    let (posted, served) = (count("kv_asks_posted"), count("kv_asks_served"));
+    assert_eq!(posted.len(), 2);
+    // One owner: it serves and never posts; the other posts and never serves.
+    let owner = if served[0] > 0 { 0 } else { 1 };
+    assert!(served[owner] > KEYS, "{posted:?} {served:?}");
+    assert_eq!(
+        (posted[owner], served[1 - owner]),
+        (0, 0),
+        "{posted:?} {served:?}"
+    );
+    assert_eq!(posted[1 - owner], served[owner], "every posted step served");
+    drop(qs);
+    server.shutdown();
+}

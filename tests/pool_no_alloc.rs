@@ -2,7 +2,9 @@
 //! Zeroes, Deallocate and Flush through a `PoolChannel` on already-mapped
 //! extents, counted by a global allocator that counts per thread while armed.
 //! Nor does a KV command's work in the key index (`KvIndex`): Store,
-//! Retrieve, Exist and Delete.
+//! Retrieve, Exist and Delete; nor, through a whole target over NVMe/TCP, do
+//! KV commands on its reactors, including the steps one reactor sends to
+//! the reactor owning the index.
 //!
 //! Only the reactor's side is counted (submit and poll). The metadata
 //! thread's work (`Pool::md_step`: the journal commit a Flush or FUA waits
@@ -292,4 +294,107 @@ fn kv_index_commands_allocate_nothing() {
         keys.len()
     );
     assert!(ix.verify().is_empty(), "{:?}", ix.verify());
+}
+
+mod support;
+
+/// Runs `f` on every reactor of `server` and waits for each.
+fn on_reactors<R: Send + 'static>(server: &kvtarget::server::Server, f: fn() -> R) -> Vec<R> {
+    use kvtarget::reactor::Message;
+    server
+        .reactors()
+        .map(|r| {
+            // Bounded: its slot is made here, so sending from an armed
+            // reactor allocates nothing.
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            let call = Message::Call(Box::new(move |_| {
+                let _ = tx.send(f());
+            }));
+            assert!(r.send(call).is_ok(), "reactor inbox full");
+            rx.recv().expect("the reactor ran the call")
+        })
+        .collect()
+}
+
+/// KV commands over NVMe/TCP on a target of two reactors allocate nothing on
+/// either reactor: Store (4 KiB and 64 KiB values, new keys and overwrites),
+/// Retrieve, Exist, Delete and Flush, from four queues spread over both
+/// reactors, so half the index steps cross to the reactor that owns the
+/// index and their answers come back. Nor do they lock the index's mutex. Counted on the reactor threads only;
+/// the first round warms up (buffer pools, the index's first owner).
+#[test]
+fn kv_commands_over_tcp_allocate_nothing_on_the_reactors() {
+    let cfg = r#"
+[reactors]
+count = 2
+
+[[listeners]]
+address = "127.0.0.1"
+port = 0
+
+[[pools]]
+name = "p"
+backend = "ram"
+size = "256MiB"
+extent_size = "1MiB"
+
+[[pools.volumes]]
+name = "cache"
+size = "64MiB"
+kind = "kv"
+
+[[subsystems]]
+nqn = "nqn.2026-12.io.kvtarget:noalloc"
+allow_any_host = true
+
+[[subsystems.namespaces]]
+nsid = 1
+volume = "p/cache"
+"#;
+    let (server, addr) = support::start_server(cfg);
+    let (_c, mut qs) = support::connect(addr, "nqn.2026-12.io.kvtarget:noalloc", 4);
+    let opts = StoreOptions::default();
+    let round = |qs: &mut [kvtarget::initiator::IoQueue], r: u32| {
+        for i in 0..64u32 {
+            let q = &mut qs[(i as usize + r as usize) % 4];
+            let key = KvKey::new(&i.to_be_bytes()).expect("a 4-byte key");
+            let len = if i % 2 == 0 { 4096 } else { 65536 };
+            q.kv_store(1, key, vec![(i + r) as u8; len], opts)
+                .expect("store");
+            let (got, _) = q.kv_retrieve(1, key, len as u32).expect("retrieve");
+            assert!(got.iter().all(|&b| b == (i + r) as u8));
+            assert!(q.kv_exist(1, key).expect("exist"));
+            if (i + r) % 4 == 0 {
+                q.kv_delete(1, key).expect("delete");
+            }
+        }
+        qs[0].flush(1).expect("flush");
+    };
+    for r in 0..3 {
+        round(&mut qs, r);
+    }
+    fn arm() {
+        ALLOCATIONS.with(|n| n.set(0));
+        ARMED.with(|a| a.set(true));
+    }
+    fn disarm() -> u64 {
+        ARMED.with(|a| a.set(false));
+        ALLOCATIONS.with(|n| n.get())
+    }
+    let index = server.pools()[0]
+        .volume("cache")
+        .and_then(|v| v.kv.clone())
+        .expect("the KV volume's index");
+    let locks = index.home_locks();
+    on_reactors(&server, arm);
+    for r in 3..23 {
+        round(&mut qs, r);
+    }
+    let per_reactor = on_reactors(&server, disarm);
+    assert_eq!(per_reactor, vec![0, 0], "allocations on each reactor");
+    // Nor a lock: with a reactor owning the index, its mutex is not taken
+    // (by the commands, nor by the metadata thread's commits).
+    assert_eq!(index.home_locks(), locks, "the index's mutex was taken");
+    drop(qs);
+    server.shutdown();
 }

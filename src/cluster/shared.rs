@@ -277,7 +277,7 @@ pub fn detached_namespace(n: &SharedNamespace) -> Result<Namespace, SetupError> 
         size: n.size,
         block_size: n.block_size,
     });
-    let kv = (n.kv).then(|| Arc::new(crate::pool::kv::KvIndex::new(n.size, n.block_size)));
+    let kv = (n.kv).then(|| crate::pool::kv::KvIndex::new(n.size, n.block_size).into_shared());
     crate::server::build_namespace(&n.field, &n.nqn, &n.config, dev, kv, true)
 }
 

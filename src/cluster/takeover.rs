@@ -20,12 +20,8 @@
 use super::ownership::GroupId;
 use crate::nvmf::kv_index::KeyIndex;
 use crate::nvmf::Target;
-use crate::wire::nvme::KvKey;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
-
-/// Keys listed and deleted per round.
-const BATCH: usize = 1024;
 
 /// Empties the KV namespaces of group `g` here (node-local: taken over cold)
 /// but those of `shared` (NSIDs on a shared pool: recovered with their pool,
@@ -54,30 +50,21 @@ pub(super) fn take_over_cold(target: &Target, g: &GroupId, shared: &[u32]) -> u6
     deleted
 }
 
-/// Deletes every key of `kv`; the keys deleted. Stops when a round deletes
-/// nothing (a key that refuses deletion is not retried forever).
+/// Deletes every key of `kv`; the keys deleted.
 fn empty_index(kv: &dyn KeyIndex) -> u64 {
-    let mut deleted = 0;
-    loop {
-        let now = Instant::now();
-        let keys = kv.list(&KvKey::default(), BATCH, now);
-        let gone = keys.iter().filter(|k| kv.delete(k, now).is_ok()).count() as u64;
-        deleted += gone;
-        if keys.len() < BATCH || gone == 0 {
-            return deleted;
-        }
-    }
+    kv.delete_all(Instant::now())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::pool::kv::KvIndex;
+    use crate::wire::nvme::KvKey;
 
     #[test]
     fn empty_index_deletes_every_key_across_batches() {
         let kv = KvIndex::new(64 << 20, 4096);
-        let n = BATCH as u64 * 2 + 5;
+        let n = 1024u64 * 2 + 5;
         let mut stored = 0;
         for i in 0..n {
             let key = KvKey::new(&i.to_be_bytes()).unwrap();
@@ -90,7 +77,7 @@ mod tests {
                 stored += 1;
             }
         }
-        assert!(stored > BATCH as u64, "{stored}");
+        assert!(stored > 1024, "{stored}");
         assert_eq!(empty_index(&kv), stored);
         assert!(kv.list(&KvKey::default(), 10, Instant::now()).is_empty());
     }

@@ -1,12 +1,13 @@
 //! What the KV command set needs from a KV namespace's key index: space for
 //! a Store, the value's blocks for a Retrieve, Delete, Exist and List. The
-//! pool's index implements it (`pool::kv`); `nvmf` knows only this.
+//! pool's index implements it (`pool::kv`); `nvmf` knows only this. A step
+//! is an ask with an answer, so the index may live on another reactor.
 
 /// Where a value lives (blocks of the volume, and the value's length): the
 /// journal's record of it, so one type runs from the command to the disk.
 pub use crate::meta::journal::KvLoc;
+use crate::reactor::IoCtx;
 use crate::wire::nvme::{KvKey, Status, StoreOptions};
-use std::time::Instant;
 
 /// The answer to a Store's request for space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,41 +23,97 @@ pub enum Reserve {
     AfterCommit,
 }
 
-/// A KV namespace's key index, as its command set uses it. Each call is one
-/// dynamic dispatch per command step, never per byte.
+/// One step of a KV command, asked of the index. Every argument is a value:
+/// an ask may travel to the reactor that owns the index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvAsk {
+    /// Space for a Store of `len` bytes under `key` (`Reserve`).
+    Reserve {
+        key: KvKey,
+        len: u32,
+        opts: StoreOptions,
+    },
+    /// The value of a reserved Store is written: it becomes `key`'s.
+    CommitStore {
+        key: KvKey,
+        loc: KvLoc,
+        opts: StoreOptions,
+    },
+    /// A reserved Store failed: its blocks are free again. No answer.
+    AbortStore {
+        loc: KvLoc,
+    },
+    /// A claimed Store's commit failed: its claim is let go. No answer.
+    AbortClaim {
+        loc: KvLoc,
+    },
+    /// Pins `key`'s value for a read: the pin and where the value is.
+    BeginRead {
+        key: KvKey,
+    },
+    /// The read under `pin` is done. No answer.
+    EndRead {
+        pin: u32,
+    },
+    Exists {
+        key: KvKey,
+    },
+    Delete {
+        key: KvKey,
+    },
+    /// Up to `max` keys from `start` on, in order.
+    List {
+        start: KvKey,
+        max: u32,
+    },
+}
+
+impl KvAsk {
+    /// Whether the command waits for the answer; the others only release
+    /// what the command held, and may be carried out later.
+    pub fn wants_answer(&self) -> bool {
+        !matches!(
+            self,
+            KvAsk::AbortStore { .. } | KvAsk::AbortClaim { .. } | KvAsk::EndRead { .. }
+        )
+    }
+}
+
+/// The index's answer to a `KvAsk`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvAnswer {
+    Reserve(Result<Reserve, Status>),
+    CommitStore(Result<(), Status>),
+    BeginRead(Result<(u32, KvLoc), Status>),
+    Exists(bool),
+    Delete(Result<(), Status>),
+    List(Vec<KvKey>),
+    /// A release (`KvAsk::wants_answer` false) was carried out.
+    Released,
+}
+
+/// An answer travelling back to the queue pair that asked, for the command
+/// in `slot`: the event a reactor routes to it (`QueuePair::on_polled`). The
+/// answer is taken out (`Cell::take`) by the queue pair.
+pub struct KvAnswered {
+    pub slot: u16,
+    pub answer: std::cell::Cell<Option<KvAnswer>>,
+}
+
+/// A KV namespace's key index, as its command set uses it.
 pub trait KeyIndex: Send + Sync {
     /// The volume's block size: values take whole blocks.
     fn block_size(&self) -> u32;
     /// The most keys the namespace holds (Identify MNK).
     fn max_keys(&self) -> u64;
-    /// Blocks the values take (Identify NUSE).
+    /// Blocks the values take (Identify NUSE): read without asking the owner.
     fn used_blocks(&self) -> u64;
-    /// Space for a Store of `len` bytes under `key` with `opts`.
-    fn reserve(
-        &self,
-        key: &KvKey,
-        len: u32,
-        opts: StoreOptions,
-        now: Instant,
-    ) -> Result<Reserve, Status>;
-    /// The value of a reserved Store is written: it becomes `key`'s.
-    fn commit_store(
-        &self,
-        key: &KvKey,
-        loc: KvLoc,
-        opts: StoreOptions,
-        now: Instant,
-    ) -> Result<(), Status>;
-    /// A reserved Store failed: its blocks are free again.
-    fn abort_store(&self, key: &KvKey, loc: KvLoc);
-    /// A claimed Store's commit failed: its claim is let go.
-    fn abort_claim(&self, key: &KvKey, loc: KvLoc);
-    /// Pins `key`'s value for a read: the pin and where the value is.
-    fn begin_read(&self, key: &KvKey, now: Instant) -> Result<(u32, KvLoc), Status>;
-    /// The read under `pin` is done.
-    fn end_read(&self, pin: u32);
-    fn exists(&self, key: &KvKey, now: Instant) -> bool;
-    fn delete(&self, key: &KvKey, now: Instant) -> Result<(), Status>;
-    /// Up to `max` keys from `start` on, in order.
-    fn list(&self, start: &KvKey, max: usize, now: Instant) -> Vec<KvKey>;
+    /// Asks the index for one step of the command in `slot` of the queue
+    /// pair `ctx` runs. `Some`: answered here. `None`: the ask went to the
+    /// reactor that owns the index, and its answer comes back to the queue
+    /// pair as a `KvAnswered` event (only if `ask.wants_answer()`).
+    fn ask(&self, ask: KvAsk, slot: u16, ctx: &mut IoCtx) -> Option<KvAnswer>;
+    /// Deletes every key (a cluster node taking a namespace over cold); the
+    /// keys deleted. Control path only: it waits for the index's owner.
+    fn delete_all(&self, now: std::time::Instant) -> u64;
 }

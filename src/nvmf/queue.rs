@@ -944,6 +944,33 @@ impl<X> Queue<X> {
         }
     }
 
+    /// The key index answered an ask of the KV command in `slot` (from the
+    /// reactor that owns it): the command's next step. The ask counted as a
+    /// device operation outstanding, so the queue waited for it.
+    pub fn kv_answer<L: Link<X>>(
+        &mut self,
+        slot: u16,
+        answer: Option<crate::nvmf::kv_index::KvAnswer>,
+        link: &mut L,
+        ctx: &mut IoCtx,
+    ) {
+        assert!(self.dev_ops > 0, "a KV answer no command waits for");
+        self.dev_ops -= 1;
+        let mut env = IoEnv {
+            ns: &self.ns,
+            ops: &mut self.ops_scratch,
+            errors: &mut self.device_errors,
+            tag: ctx.tag(slot),
+            places_read_buffers: self.cfg.places_read_buffers,
+        };
+        let Some(r) = self.slots.get_mut(slot as usize).and_then(|s| s.as_mut()) else {
+            return;
+        };
+        if let Some(out) = io::kv::answered(r, &mut env, answer, ctx) {
+            self.settle(slot, out, link, ctx);
+        }
+    }
+
     pub(in crate::nvmf) fn finish<L: Link<X>>(
         &mut self,
         slot: u16,

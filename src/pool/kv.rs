@@ -14,10 +14,13 @@
 //! of what the commit frees: Stores arriving meanwhile cannot take them, so a
 //! waiting Store is never starved by newer ones.
 //!
-//! Every reactor serving the namespace shares the index: one mutex, held for
-//! a hash lookup and a bitmap search, never across I/O. It is the one lock on
-//! a KV command's path; the map and bitmap are sized at creation so the path
-//! does not allocate. The keys are also kept in byte order (a treap threaded
+//! One reactor owns the index's state (`kv_owner`): the first to run a KV
+//! command of the namespace takes it, answers its own queues' asks in place
+//! and the other reactors' by message, so a KV command takes no lock. Until a
+//! reactor takes it (and in tools and tests without reactors) the state waits
+//! in a mutex, which only those cold paths touch; the metadata thread's calls
+//! run on the owner and wait for it. The map and bitmap are sized at
+//! creation so the command path does not allocate. The keys are also kept in byte order (a treap threaded
 //! through the entries: O(log n) under the lock per Store and Delete, no
 //! allocation), so List walks from its start key instead of sorting a copy
 //! of every key under the lock.
@@ -31,14 +34,16 @@
 //! and a fresh mapping for space it takes back at once.
 
 use super::key_slots::KeySlots;
+use super::kv_owner::KvPost;
 pub use crate::meta::journal::KvLoc;
 use crate::meta::superblock::NO_EXTENT;
 pub use crate::meta::superblock::{KV_BYTES_PER_KEY, KV_CKPT_ENTRY_BYTES};
 pub use crate::nvmf::kv_index::Reserve;
+use crate::nvmf::kv_index::{KvAnswer, KvAsk};
 use crate::wire::nvme::{KvKey, Status, StoreOptions};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 /// The block number of an empty value's reservation when the Store counted
@@ -346,7 +351,7 @@ impl Blocks {
     }
 }
 
-struct State {
+pub(super) struct State {
     /// Each live key to its entry's slot.
     map: KeySlots,
     entries: Vec<Option<Entry>>,
@@ -630,7 +635,21 @@ pub struct KvIndex {
     base: std::sync::OnceLock<Instant>,
     /// `KvSettings`, packed (`PackedSettings`): read once per command, no lock.
     settings: AtomicU64,
-    state: Mutex<State>,
+    /// The state while no reactor owns it: before the first KV command, in
+    /// tools and tests, and after the owner ended. Only cold paths lock it.
+    home: Mutex<Option<Box<State>>>,
+    /// The reactor that took the state (set once; `kv_owner`).
+    pub(super) owner: OnceLock<Arc<KvPost>>,
+    /// The owner ended and handed the state back home.
+    pub(super) owner_gone: AtomicBool,
+    /// Process-unique: how an owner finds this index's state among its own.
+    pub(super) id: u64,
+    /// This index, for an owner to keep (`into_shared`).
+    pub(super) me: Weak<KvIndex>,
+    /// Blocks the values take, as the holder of the state last saw them.
+    used_blocks: AtomicU64,
+    /// Times `home` was locked (see `home_locks`).
+    home_locks: AtomicU64,
     pub counters: KvCounters,
     /// Blocks per extent of the volume; 0: nothing is trimmed.
     extent_blocks: u64,
@@ -654,7 +673,7 @@ impl KvIndex {
             max_keys,
             base: std::sync::OnceLock::new(),
             settings: AtomicU64::new(PackedSettings::pack(KvSettings::default())),
-            state: Mutex::new(State {
+            home: Mutex::new(Some(Box::new(State {
                 map: KeySlots::with_capacity(cap),
                 entries: Vec::with_capacity(cap),
                 free_slots: Vec::with_capacity(cap),
@@ -676,7 +695,13 @@ impl KvIndex {
                 trim_queue: VecDeque::new(),
                 root: NIL,
                 rng: 0x9E37_79B9_7F4A_7C15,
-            }),
+            }))),
+            owner: OnceLock::new(),
+            owner_gone: AtomicBool::new(false),
+            id: NEXT_INDEX_ID.fetch_add(1, Ordering::Relaxed),
+            me: Weak::new(),
+            used_blocks: AtomicU64::new(0),
+            home_locks: AtomicU64::new(0),
             counters: KvCounters::default(),
             extent_blocks: 0,
             trim_after_ms: AtomicU64::new(TRIM_AFTER.as_millis() as u64),
@@ -691,7 +716,10 @@ impl KvIndex {
     pub fn with_extents(mut self, blocks_per_extent: u32) -> KvIndex {
         self.extent_blocks = blocks_per_extent as u64;
         if blocks_per_extent > 0 {
-            let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+            let home = self.home.get_mut().unwrap_or_else(|p| p.into_inner());
+            let Some(st) = home.as_mut() else {
+                unreachable!("a new index's state is home");
+            };
             let extents = st.blocks.total.div_ceil(blocks_per_extent as u64);
             let n = extents.min(u32::MAX as u64) as u32;
             st.freed_extents = (0..n).collect();
@@ -715,7 +743,15 @@ impl KvIndex {
         self.max_keys
     }
     pub fn total_blocks(&self) -> u64 {
-        self.lock().blocks.total
+        self.with_state(|_, st| st.blocks.total)
+    }
+
+    /// Shared, and able to hand itself to a reactor that takes its state.
+    pub fn into_shared(self) -> Arc<KvIndex> {
+        Arc::new_cyclic(|me| KvIndex {
+            me: me.clone(),
+            ..self
+        })
     }
 
     /// The cache policy, the TTL to the millisecond (what keys age by).
@@ -729,10 +765,85 @@ impl KvIndex {
         self.trim_due_ms.store(0, Ordering::Release);
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    /// The home of the state (see `home`).
+    pub(super) fn home(&self) -> MutexGuard<'_, Option<Box<State>>> {
+        self.home_locks.fetch_add(1, Ordering::Relaxed);
         // A panic while holding it cannot leave a half-made change worse than
         // refusing service: the state is plain values, each change one step.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.home.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the state where it is: here under the home lock, or on
+    /// the owning reactor while the caller waits (so never call this from a
+    /// reactor: the KV command path asks, `KeyIndex::ask`).
+    pub(super) fn with_state<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&KvIndex, &mut State) -> R + Send + 'static,
+    ) -> R {
+        super::kv_owner::run_on_owner(self, f)
+    }
+
+    /// Runs `f` on the state at home, where it is unless a reactor owns it.
+    /// Returns `f` back if a reactor does.
+    pub(super) fn at_home<R, F: FnOnce(&KvIndex, &mut State) -> R>(&self, f: F) -> Result<R, F> {
+        let mut home = self.home();
+        match home.as_deref_mut() {
+            Some(st) => {
+                let r = f(self, st);
+                self.note_used(st);
+                Ok(r)
+            }
+            None => Err(f),
+        }
+    }
+
+    /// Keeps `used_blocks` current: Identify reads it without the state.
+    pub(super) fn note_used(&self, st: &State) {
+        let used = st.blocks.total - st.blocks.free;
+        self.used_blocks.store(used, Ordering::Relaxed);
+    }
+
+    /// Times the home mutex was taken: it stays still while a reactor owns
+    /// the index, whatever the commands and the metadata thread do.
+    pub fn home_locks(&self) -> u64 {
+        self.home_locks.load(Ordering::Relaxed)
+    }
+
+    /// Blocks the values take (and blocks held for trimming).
+    pub fn used_blocks(&self) -> u64 {
+        self.used_blocks.load(Ordering::Relaxed)
+    }
+
+    /// Carries out `ask` on `st` (which the caller holds).
+    pub(super) fn run(&self, st: &mut State, ask: KvAsk, now: Instant) -> KvAnswer {
+        let a = match ask {
+            KvAsk::Reserve { key, len, opts } => {
+                KvAnswer::Reserve(self.reserve_in(st, &key, len, opts, now))
+            }
+            KvAsk::CommitStore { key, loc, opts } => {
+                KvAnswer::CommitStore(self.commit_store_in(st, &key, loc, opts, now))
+            }
+            KvAsk::AbortStore { loc } => {
+                self.abort_store_in(st, loc);
+                KvAnswer::Released
+            }
+            KvAsk::AbortClaim { loc } => {
+                Self::abort_claim_in(st, loc);
+                KvAnswer::Released
+            }
+            KvAsk::BeginRead { key } => KvAnswer::BeginRead(self.begin_read_in(st, &key, now)),
+            KvAsk::EndRead { pin } => {
+                Self::end_read_in(st, pin);
+                KvAnswer::Released
+            }
+            KvAsk::Exists { key } => KvAnswer::Exists(self.exists_in(st, &key, now)),
+            KvAsk::Delete { key } => KvAnswer::Delete(self.delete_in(st, &key, now)),
+            KvAsk::List { start, max } => {
+                KvAnswer::List(self.list_in(st, &start, max as usize, now))
+            }
+        };
+        self.note_used(st);
+        a
     }
 
     fn ms(&self, now: Instant) -> u64 {
@@ -752,10 +863,21 @@ impl KvIndex {
         opts: StoreOptions,
         now: Instant,
     ) -> Result<Reserve, Status> {
+        let key = *key;
+        self.with_state(move |ix, st| ix.reserve_in(st, &key, len, opts, now))
+    }
+
+    fn reserve_in(
+        &self,
+        st: &mut State,
+        key: &KvKey,
+        len: u32,
+        opts: StoreOptions,
+        now: Instant,
+    ) -> Result<Reserve, Status> {
         let settings = self.settings();
         let now_ms = self.ms(now);
-        let mut st = self.lock();
-        self.expire_if_old(&mut st, key, now_ms, settings.ttl);
+        self.expire_if_old(st, key, now_ms, settings.ttl);
         let exists = st.slot_of(key).is_some();
         if opts.must_exist && !exists {
             return Err(Status::KV_KEY_DOES_NOT_EXIST);
@@ -770,7 +892,7 @@ impl KvIndex {
         let evict = settings.on_full == OnFull::Evict;
         if !exists && st.map.len() as u64 + st.inflight_new >= self.max_keys {
             // Out of keys (the checkpoint's room), not of blocks.
-            if !evict || !self.evict_one(&mut st, now_ms, settings.ttl, Some(key)) {
+            if !evict || !self.evict_one(st, now_ms, settings.ttl, Some(key)) {
                 self.counters
                     .store_failures_full
                     .fetch_add(1, Ordering::Relaxed);
@@ -789,7 +911,7 @@ impl KvIndex {
                 len,
             };
             if !exists {
-                Self::count_new(&mut st, &mut loc);
+                Self::count_new(st, &mut loc);
             }
             return Ok(Reserve::Ready(loc));
         }
@@ -805,7 +927,7 @@ impl KvIndex {
             // Blocks a commit in flight carries count: they are free when it
             // lands, and evicting for them would cost live keys for nothing.
             while st.pending_blocks + st.committing_blocks + st.blocks.free < want {
-                if !self.evict_one(&mut st, now_ms, settings.ttl, Some(key)) {
+                if !self.evict_one(st, now_ms, settings.ttl, Some(key)) {
                     break;
                 }
             }
@@ -814,27 +936,27 @@ impl KvIndex {
             // keys in a window among the oldest keys, a few windows at most
             // (one may hold a Store in flight or a key being read).
             for _ in 0..8 {
-                run = Self::run_after_commit(&mut st, nblocks);
+                run = Self::run_after_commit(st, nblocks);
                 if run.is_some() {
                     break;
                 }
-                if !self.evict_window(&mut st, now_ms, settings.ttl, key, nblocks) {
+                if !self.evict_window(st, now_ms, settings.ttl, key, nblocks) {
                     break;
                 }
             }
         }
         if st.pending_blocks + st.committing_blocks > 0 {
             self.counters.commit_waits.fetch_add(1, Ordering::Relaxed);
-            let run = run.or_else(|| Self::run_after_commit(&mut st, nblocks));
+            let run = run.or_else(|| Self::run_after_commit(st, nblocks));
             if let Some(block) = run {
-                Self::claim(&mut st, block, nblocks);
+                Self::claim(st, block, nblocks);
                 let mut loc = KvLoc {
                     block,
                     nblocks,
                     len,
                 };
                 if !exists {
-                    Self::count_new(&mut st, &mut loc);
+                    Self::count_new(st, &mut loc);
                 }
                 return Ok(Reserve::Claimed(loc));
             }
@@ -856,9 +978,20 @@ impl KvIndex {
         opts: StoreOptions,
         now: Instant,
     ) -> Result<(), Status> {
+        let key = *key;
+        self.with_state(move |ix, st| ix.commit_store_in(st, &key, loc, opts, now))
+    }
+
+    fn commit_store_in(
+        &self,
+        st: &mut State,
+        key: &KvKey,
+        loc: KvLoc,
+        opts: StoreOptions,
+        now: Instant,
+    ) -> Result<(), Status> {
         let now_ms = self.ms(now);
-        let mut st = self.lock();
-        Self::uncount_new(&mut st, loc);
+        Self::uncount_new(st, loc);
         let old = st.slot_of(key);
         let refuse = match old {
             Some(_) if opts.must_not_exist => Some(Status::KV_KEY_EXISTS),
@@ -867,11 +1000,11 @@ impl KvIndex {
         };
         if let Some(status) = refuse {
             // Never referenced by the index, durably or not: free at once.
-            self.release_blocks(&mut st, loc.block, loc.nblocks);
+            self.release_blocks(st, loc.block, loc.nblocks);
             return Err(status);
         }
         if let Some(slot) = old {
-            self.give_up(&mut st, slot);
+            self.give_up(st, slot);
         }
         // An empty value's mark is not a location (`count_new`).
         let loc = if loc.nblocks == 0 {
@@ -905,26 +1038,41 @@ impl KvIndex {
     /// A reserved Store failed: its blocks go back. (`loc` says whether it
     /// counted as a new key's: the key is not needed.)
     pub fn abort_store(&self, _key: &KvKey, loc: KvLoc) {
-        let mut st = self.lock();
-        Self::uncount_new(&mut st, loc);
-        self.release_blocks(&mut st, loc.block, loc.nblocks);
+        self.with_state(move |ix, st| ix.abort_store_in(st, loc))
+    }
+
+    fn abort_store_in(&self, st: &mut State, loc: KvLoc) {
+        Self::uncount_new(st, loc);
+        self.release_blocks(st, loc.block, loc.nblocks);
     }
 
     /// A claimed Store's flush failed: the blocks go back, and wait for a
     /// commit again (some were given up by changes that may not be durable).
     pub fn abort_claim(&self, _key: &KvKey, loc: KvLoc) {
-        let mut st = self.lock();
-        Self::uncount_new(&mut st, loc);
-        Self::pend(&mut st, loc);
+        self.with_state(move |_, st| Self::abort_claim_in(st, loc))
+    }
+
+    fn abort_claim_in(st: &mut State, loc: KvLoc) {
+        Self::uncount_new(st, loc);
+        Self::pend(st, loc);
     }
 
     /// Looks `key` up for a Retrieve and pins its blocks until `end_read`.
     /// Returns the pin and where the value is.
     pub fn begin_read(&self, key: &KvKey, now: Instant) -> Result<(u32, KvLoc), Status> {
+        let key = *key;
+        self.with_state(move |ix, st| ix.begin_read_in(st, &key, now))
+    }
+
+    fn begin_read_in(
+        &self,
+        st: &mut State,
+        key: &KvKey,
+        now: Instant,
+    ) -> Result<(u32, KvLoc), Status> {
         let ttl = self.settings().ttl;
         let now_ms = self.ms(now);
-        let mut st = self.lock();
-        self.expire_if_old(&mut st, key, now_ms, ttl);
+        self.expire_if_old(st, key, now_ms, ttl);
         let Some(slot) = st.slot_of(key) else {
             self.counters.misses.fetch_add(1, Ordering::Relaxed);
             return Err(Status::KV_KEY_DOES_NOT_EXIST);
@@ -940,7 +1088,10 @@ impl KvIndex {
 
     /// A Retrieve pinned by `begin_read` is done with the blocks.
     pub fn end_read(&self, pin: u32) {
-        let mut st = self.lock();
+        self.with_state(move |_, st| Self::end_read_in(st, pin))
+    }
+
+    fn end_read_in(st: &mut State, pin: u32) {
         let done = match st.entries.get_mut(pin as usize).and_then(|e| e.as_mut()) {
             Some(e) => {
                 assert!(e.readers > 0, "end_read without begin_read");
@@ -950,7 +1101,7 @@ impl KvIndex {
             None => None,
         };
         if let Some(loc) = done {
-            Self::pend(&mut st, loc);
+            Self::pend(st, loc);
             st.entries[pin as usize] = None;
             st.free_slots.push(pin);
         }
@@ -958,10 +1109,14 @@ impl KvIndex {
 
     /// Whether `key` holds a value (a hit for eviction's second chance, as a Retrieve).
     pub fn exists(&self, key: &KvKey, now: Instant) -> bool {
+        let key = *key;
+        self.with_state(move |ix, st| ix.exists_in(st, &key, now))
+    }
+
+    fn exists_in(&self, st: &mut State, key: &KvKey, now: Instant) -> bool {
         let ttl = self.settings().ttl;
         let now_ms = self.ms(now);
-        let mut st = self.lock();
-        self.expire_if_old(&mut st, key, now_ms, ttl);
+        self.expire_if_old(st, key, now_ms, ttl);
         let found = match st.slot_of(key) {
             Some(slot) => {
                 if let Some(e) = st.entries.get_mut(slot as usize).and_then(|e| e.as_mut()) {
@@ -982,14 +1137,18 @@ impl KvIndex {
 
     /// Deletes `key`; Key Does Not Exist if it holds no value.
     pub fn delete(&self, key: &KvKey, now: Instant) -> Result<(), Status> {
+        let key = *key;
+        self.with_state(move |ix, st| ix.delete_in(st, &key, now))
+    }
+
+    fn delete_in(&self, st: &mut State, key: &KvKey, now: Instant) -> Result<(), Status> {
         let ttl = self.settings().ttl;
         let now_ms = self.ms(now);
-        let mut st = self.lock();
-        self.expire_if_old(&mut st, key, now_ms, ttl);
+        self.expire_if_old(st, key, now_ms, ttl);
         let Some(slot) = st.slot_of(key) else {
             return Err(Status::KV_KEY_DOES_NOT_EXIST);
         };
-        self.give_up(&mut st, slot);
+        self.give_up(st, slot);
         self.counters.deletes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -997,9 +1156,13 @@ impl KvIndex {
     /// Keys from `start` on (an empty start: from the first), in byte order,
     /// at most `max`. Expired keys are left out.
     pub fn list(&self, start: &KvKey, max: usize, now: Instant) -> Vec<KvKey> {
+        let start = *start;
+        self.with_state(move |ix, st| ix.list_in(st, &start, max, now))
+    }
+
+    fn list_in(&self, st: &State, start: &KvKey, max: usize, now: Instant) -> Vec<KvKey> {
         let ttl = self.settings().ttl;
         let now_ms = self.ms(now);
-        let st = self.lock();
         let mut keys = Vec::with_capacity(max.min(st.map.len()));
         // In order from `start` (the empty key is before every other): the
         // path down to it, then each key's right subtree in turn.
@@ -1029,13 +1192,53 @@ impl KvIndex {
         keys
     }
 
+    /// Deletes every key, a batch per call on the state (the owner serves
+    /// commands between batches); the keys deleted. Stops when a batch
+    /// deletes nothing (a key that refuses deletion is not retried forever).
+    pub fn delete_all(&self, now: Instant) -> u64 {
+        const BATCH: usize = 1024;
+        let mut deleted = 0;
+        loop {
+            let (listed, gone) = self.with_state(move |ix, st| {
+                let keys = ix.list_in(st, &KvKey::default(), BATCH, now);
+                let gone = keys.iter().filter(|k| ix.delete_in(st, k, now).is_ok());
+                (keys.len(), gone.count() as u64)
+            });
+            deleted += gone;
+            if listed < BATCH || gone == 0 {
+                return deleted;
+            }
+        }
+    }
+
     /// The index state of every key changed since the last call, as
     /// (key, Some(location) or None for gone), and the blocks given up before
     /// this call: free once the commit carrying these records is durable
     /// (`committed`).
     pub fn drain_changes(&self, out: &mut Vec<(KvKey, Option<KvLoc>)>) {
-        let mut st = self.lock();
-        let st = &mut *st;
+        // `out` travels to the state's holder and back; it grows here, on
+        // the caller's thread, never on an owning reactor.
+        let mut buf = std::mem::take(out);
+        loop {
+            let (back, short) = self.with_state(move |_, st| {
+                let mut buf = buf;
+                let need = st.dirty.len();
+                if buf.capacity() - buf.len() < need {
+                    return (buf, Some(need));
+                }
+                Self::drain_changes_in(st, &mut buf);
+                (buf, None)
+            });
+            buf = back;
+            match short {
+                Some(need) => buf.reserve(need + need / 4 + 64),
+                None => break,
+            }
+        }
+        *out = buf;
+    }
+
+    fn drain_changes_in(st: &mut State, out: &mut Vec<(KvKey, Option<KvLoc>)>) {
         for key in st.dirty.drain() {
             let loc = st
                 .map
@@ -1052,33 +1255,34 @@ impl KvIndex {
     /// as `drain_changes`: the changes since the last commit are taken (the
     /// checkpoint holds them). Not a way to look at the index: `locations`.
     ///
-    /// The index is copied a chunk of slots per hold of its lock, so a
+    /// The index is copied a chunk of slots per call on its state, so a
     /// command waits for one chunk at most, not for the whole index. The copy
     /// is made exact at its end: every key changed since the last commit,
-    /// during the copy too, is in the change set; under the lock that ends
-    /// the copy those keys' copied records are replaced by their state then.
+    /// during the copy too, is in the change set; in the call that ends the
+    /// copy those keys' copied records are replaced by their state then.
     /// A key not in the change set kept its slot and location the whole time,
     /// so it was copied exactly once.
     pub fn drain_snapshot(&self) -> Vec<(KvKey, KvLoc)> {
         self.drain_snapshot_with(|| {})
     }
 
-    /// `drain_snapshot`, running `between` after each chunk with the lock
-    /// released (tests change the index there).
+    /// `drain_snapshot`, running `between` after each chunk with the state
+    /// let go (tests change the index there).
     fn drain_snapshot_with(&self, mut between: impl FnMut()) -> Vec<(KvKey, KvLoc)> {
-        let mut out = Vec::with_capacity(self.lock().map.len() + SNAPSHOT_CHUNK);
-        let mut chunk = Vec::with_capacity(SNAPSHOT_CHUNK);
+        let keys = self.with_state(|_, st| st.map.len());
+        let mut out = Vec::with_capacity(keys + SNAPSHOT_CHUNK);
         let mut slot = 0;
         loop {
-            let more = {
-                let st = self.lock();
-                let end = (slot + SNAPSHOT_CHUNK).min(st.entries.len());
-                let live = st.entries[slot.min(end)..end].iter().flatten();
-                chunk.extend(live.filter(|e| e.live).map(|e| (e.key, e.loc)));
-                slot = end;
-                end < st.entries.len()
-            };
-            // Grown outside the lock: a reallocation copies the whole copy.
+            let from = slot;
+            let (mut chunk, end, more) = self.with_state(move |_, st| {
+                let end = (from + SNAPSHOT_CHUNK).min(st.entries.len());
+                let live = st.entries[from.min(end)..end].iter().flatten();
+                let chunk: Vec<_> = live.filter(|e| e.live).map(|e| (e.key, e.loc)).collect();
+                (chunk, end, end < st.entries.len())
+            });
+            slot = end;
+            // Grown here, not on the state's holder: a reallocation copies
+            // the whole copy.
             out.append(&mut chunk);
             if !more {
                 break;
@@ -1097,13 +1301,12 @@ impl KvIndex {
 
     /// Keys changed, or blocks given up, since the last commit took them.
     pub fn has_changes(&self) -> bool {
-        let st = self.lock();
-        !st.dirty.is_empty() || !st.pending_free.is_empty()
+        self.with_state(|_, st| !st.dirty.is_empty() || !st.pending_free.is_empty())
     }
 
     /// Every key and its location, changing nothing.
     pub fn locations(&self) -> Vec<(KvKey, KvLoc)> {
-        Self::all_locations(&self.lock())
+        self.with_state(|_, st| Self::all_locations(st))
     }
 
     fn all_locations(st: &State) -> Vec<(KvKey, KvLoc)> {
@@ -1119,17 +1322,20 @@ impl KvIndex {
     /// The commit that drained changes is durable (`ok`): blocks given up
     /// before it are free. If it failed, they wait for the next one.
     pub fn committed(&self, ok: bool) {
-        let mut st = self.lock();
-        let done = std::mem::take(&mut st.committing);
+        self.with_state(move |ix, st| ix.committed_in(st, ok))
+    }
+
+    fn committed_in(&self, st: &mut State, ok: bool) {
+        let mut done = std::mem::take(&mut st.committing);
         st.committing_blocks = 0;
         if ok {
-            for (b, n) in done {
-                self.release_blocks(&mut st, b, n);
+            for &(b, n) in &done {
+                self.release_blocks(st, b, n);
             }
         } else {
-            for r in done {
+            for &r in &done {
                 Self::pend(
-                    &mut st,
+                    st,
                     KvLoc {
                         block: r.0,
                         nblocks: r.1,
@@ -1138,6 +1344,9 @@ impl KvIndex {
                 );
             }
         }
+        // Its room back: the next commit's list does not allocate it again.
+        done.clear();
+        st.committing = done;
     }
 
     /// Recovery: `key`'s value is at `loc`. Locations overlapping another
@@ -1146,10 +1355,11 @@ impl KvIndex {
     /// after the restart): no clock is read here, so recovery never sets the
     /// base from a clock other than the callers'.
     pub fn restore(&self, key: KvKey, loc: KvLoc) -> Result<(), String> {
-        let mut st = self.lock();
-        let slot = self.restore_entry(&mut st, key, loc)?;
-        st.order_insert(slot);
-        Ok(())
+        self.with_state(move |ix, st| {
+            let slot = ix.restore_entry(st, key, loc)?;
+            st.order_insert(slot);
+            Ok(())
+        })
     }
 
     /// `restore` of every key of `keys`, in one hold of the lock. Keys in
@@ -1160,10 +1370,18 @@ impl KvIndex {
         &self,
         keys: impl IntoIterator<Item = (&'a KvKey, &'a KvLoc)>,
     ) -> Result<(), String> {
-        let mut st = self.lock();
+        let mut home = self.home();
+        // Recovery fills the index before any reactor serves it.
+        assert!(
+            self.owner.get().is_none() || self.owner_gone.load(Ordering::Acquire),
+            "restore into an index a reactor owns"
+        );
+        let Some(st) = home.as_deref_mut() else {
+            return Err("the key index is held by a reactor".into());
+        };
         let mut spine = st.right_spine();
         for (key, loc) in keys {
-            let slot = self.restore_entry(&mut st, *key, *loc)?;
+            let slot = self.restore_entry(st, *key, *loc)?;
             let after_all = match spine.last() {
                 Some(&last) => order(&st.node(last).key, key).is_lt(),
                 None => true,
@@ -1175,6 +1393,7 @@ impl KvIndex {
                 spine = st.right_spine();
             }
         }
+        self.note_used(st);
         Ok(())
     }
 
@@ -1219,7 +1438,10 @@ impl KvIndex {
     }
 
     pub fn snapshot(&self) -> KvSnapshot {
-        let st = self.lock();
+        self.with_state(|ix, st| ix.snapshot_in(st))
+    }
+
+    fn snapshot_in(&self, st: &State) -> KvSnapshot {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let committing = st.committing_blocks;
@@ -1247,7 +1469,10 @@ impl KvIndex {
     /// Checks the index against itself: every live key's blocks are used,
     /// no two keys share a block. Returns the problems found.
     pub fn verify(&self) -> Vec<String> {
-        let st = self.lock();
+        self.with_state(|_, st| Self::verify_in(st))
+    }
+
+    fn verify_in(st: &State) -> Vec<String> {
         let mut problems = Vec::new();
         problems.extend(st.order_check());
         let mut seen = Blocks::new(st.blocks.total);
@@ -1292,8 +1517,50 @@ impl KvIndex {
     /// Extents whose blocks have all been free for `trim_after` and which
     /// `mapped` says hold storage, at most `TRIM_BATCH` of them, appended to
     /// `out`. Their blocks are taken until `trimmed` gives them back, so the
-    /// caller may unmap them. Cheap when nothing is due (no lock taken).
+    /// caller may unmap them. Cheap when nothing is due (the state is not
+    /// touched).
     pub fn trim_step(&self, now: Instant, mapped: impl Fn(u32) -> bool, out: &mut Vec<u32>) {
+        let Some(due) = self.with_state_if_trim_due(now) else {
+            return;
+        };
+        // `mapped` reads the volume here, on the caller's thread; extents it
+        // says hold nothing are given back at once.
+        let (keep, unmapped): (Vec<u32>, Vec<u32>) = due.into_iter().partition(|&e| mapped(e));
+        out.extend(keep);
+        if !unmapped.is_empty() {
+            self.with_state(move |ix, st| ix.untake_in(st, &unmapped));
+        }
+    }
+
+    /// The extents due for trimming, their blocks taken (see `trim_step`);
+    /// `None` when nothing is due.
+    fn with_state_if_trim_due(&self, now: Instant) -> Option<Vec<u32>> {
+        let now_ms = self.ms(now);
+        if self.extent_blocks == 0
+            || (!self.trim_fresh.load(Ordering::Acquire)
+                && now_ms < self.trim_due_ms.load(Ordering::Acquire))
+        {
+            return None;
+        }
+        Some(self.with_state(move |ix, st| {
+            let mut out = Vec::new();
+            ix.trim_due_in(st, now, &mut out);
+            out
+        }))
+    }
+
+    /// Gives back the blocks of extents `trim_step` took but will not trim.
+    fn untake_in(&self, st: &mut State, extents: &[u32]) {
+        let eb = self.extent_blocks;
+        for &e in extents {
+            let first = e as u64 * eb;
+            assert!(first < st.blocks.total, "extent {e} past the volume's end");
+            let n = eb.min(st.blocks.total - first);
+            st.blocks.set(first, n as u32, false);
+        }
+    }
+
+    fn trim_due_in(&self, st: &mut State, now: Instant, out: &mut Vec<u32>) {
         let now_ms = self.ms(now);
         if self.extent_blocks == 0
             || (!self.trim_fresh.load(Ordering::Acquire)
@@ -1304,8 +1571,6 @@ impl KvIndex {
         let after = self.trim_after_ms.load(Ordering::Relaxed);
         let keep_footprint = self.settings().keep_footprint;
         let eb = self.extent_blocks;
-        let mut st = self.lock();
-        let st = &mut *st;
         self.trim_fresh.store(false, Ordering::Release);
         for &e in &st.freed_extents {
             if st.trim_since.insert(e, now_ms).is_none() {
@@ -1340,7 +1605,7 @@ impl KvIndex {
             // Queued from `release_blocks` and `with_extents`: inside the volume.
             assert!(first < st.blocks.total, "extent {e} past the volume's end");
             let n = eb.min(st.blocks.total - first);
-            if !mapped(e) || !st.blocks.all_free(first, n) {
+            if !st.blocks.all_free(first, n) {
                 continue;
             }
             st.blocks.set(first, n as u32, true);
@@ -1360,18 +1625,12 @@ impl KvIndex {
         if extents.is_empty() {
             return;
         }
-        let eb = self.extent_blocks;
-        let mut st = self.lock();
-        for &e in extents {
-            let first = e as u64 * eb;
-            // Handed over by `trim_step`: inside the volume.
-            assert!(first < st.blocks.total, "extent {e} past the volume's end");
-            let n = eb.min(st.blocks.total - first);
-            st.blocks.set(first, n as u32, false);
-        }
+        let extents = extents.to_vec();
+        let n = extents.len() as u64;
+        self.with_state(move |ix, st| ix.untake_in(st, &extents));
         self.counters
             .trimmed_extents
-            .fetch_add(extents.len() as u64, Ordering::Relaxed);
+            .fetch_add(n, Ordering::Relaxed);
     }
 
     /// A Store of a key the index does not hold reserved `loc`: it takes a
@@ -1742,48 +2001,17 @@ impl crate::nvmf::kv_index::KeyIndex for KvIndex {
         KvIndex::max_keys(self)
     }
     fn used_blocks(&self) -> u64 {
-        self.snapshot().used_blocks
+        KvIndex::used_blocks(self)
     }
-    fn reserve(
-        &self,
-        key: &KvKey,
-        len: u32,
-        opts: StoreOptions,
-        now: Instant,
-    ) -> Result<Reserve, Status> {
-        KvIndex::reserve(self, key, len, opts, now)
+    fn ask(&self, ask: KvAsk, slot: u16, ctx: &mut crate::reactor::IoCtx) -> Option<KvAnswer> {
+        super::kv_owner::ask(self, ask, slot, ctx)
     }
-    fn commit_store(
-        &self,
-        key: &KvKey,
-        loc: KvLoc,
-        opts: StoreOptions,
-        now: Instant,
-    ) -> Result<(), Status> {
-        KvIndex::commit_store(self, key, loc, opts, now)
-    }
-    fn abort_store(&self, key: &KvKey, loc: KvLoc) {
-        KvIndex::abort_store(self, key, loc)
-    }
-    fn abort_claim(&self, key: &KvKey, loc: KvLoc) {
-        KvIndex::abort_claim(self, key, loc)
-    }
-    fn begin_read(&self, key: &KvKey, now: Instant) -> Result<(u32, KvLoc), Status> {
-        KvIndex::begin_read(self, key, now)
-    }
-    fn end_read(&self, pin: u32) {
-        KvIndex::end_read(self, pin)
-    }
-    fn exists(&self, key: &KvKey, now: Instant) -> bool {
-        KvIndex::exists(self, key, now)
-    }
-    fn delete(&self, key: &KvKey, now: Instant) -> Result<(), Status> {
-        KvIndex::delete(self, key, now)
-    }
-    fn list(&self, start: &KvKey, max: usize, now: Instant) -> Vec<KvKey> {
-        KvIndex::list(self, start, max, now)
+    fn delete_all(&self, now: Instant) -> u64 {
+        KvIndex::delete_all(self, now)
     }
 }
+
+static NEXT_INDEX_ID: AtomicU64 = AtomicU64::new(1);
 
 #[cfg(test)]
 mod tests {
@@ -1867,7 +2095,7 @@ mod tests {
             let d = ready(ix.reserve(&k, len, NONE, now));
             ix.abort_store(&k, d);
             ix.delete(&k, now).unwrap();
-            assert_eq!(ix.lock().inflight_new, 0, "len {len}");
+            assert_eq!(ix.with_state(|_, st| st.inflight_new), 0, "len {len}");
             assert!(ix.locations().is_empty());
         }
     }

@@ -33,6 +33,7 @@ pub mod format;
 pub mod gc;
 mod key_slots;
 pub mod kv;
+pub mod kv_owner;
 mod lock;
 mod md;
 mod notifier;

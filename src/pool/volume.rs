@@ -154,10 +154,9 @@ impl Volume {
         let words_per_extent = (blocks_per_extent as usize).div_ceil(64);
         let n = desc.size_bytes.div_ceil(extent_size) as usize;
         let kv = (desc.flags & super::format::VOL_KV != 0).then(|| {
-            std::sync::Arc::new(
-                super::kv::KvIndex::new(desc.size_bytes, desc.block_size)
-                    .with_extents(blocks_per_extent),
-            )
+            super::kv::KvIndex::new(desc.size_bytes, desc.block_size)
+                .with_extents(blocks_per_extent)
+                .into_shared()
         });
         Volume {
             kv,

@@ -175,6 +175,16 @@ pub trait SharedPoller: Send {
     /// false when no queue pair has that key (not adopted yet, or gone); the
     /// poller decides whether to retry or drop it. Returns the events found.
     fn poll(&mut self, now: Instant, deliver: &mut dyn FnMut(u64, &dyn Any) -> bool) -> usize;
+    /// Work of its own with the reactor's `Locals`, before `poll` each pass
+    /// (the KV posts serve asks here); returns the work done.
+    fn serve(&mut self, _locals: &mut Locals, _now: Instant) -> usize {
+        0
+    }
+    /// Whether `poll`'s keys are the queue pairs' own ids (the reactor's
+    /// connection numbers) rather than keys they name in `QueuePair::route`.
+    fn delivers_to_conns(&self) -> bool {
+        false
+    }
     /// Before the reactor sleeps: asks for a notification on the next event.
     /// True when it armed just now, so the reactor polls once more before
     /// sleeping (an event that raced the arming would not notify).
@@ -420,6 +430,10 @@ pub struct ReactorShared {
     pub busy_ns: AtomicU64,
     pub idle_ns: AtomicU64,
     pub queue_pairs: AtomicU64,
+    /// KV asks this reactor's queue pairs posted to the reactor owning the
+    /// index, and asks it served for other reactors (`pool::kv_owner`).
+    pub kv_asks_posted: AtomicU64,
+    pub kv_asks_served: AtomicU64,
     /// Poll gaps, page faults and context switches (see `stall`).
     pub stall: StallStats,
 }
@@ -428,10 +442,17 @@ impl ReactorShared {
     /// Sends a message; a full inbox gives it back (back-pressure, never a drop).
     pub fn send(&self, msg: Message) -> Result<(), Message> {
         self.inbox.push(msg)?;
+        self.notify();
+        Ok(())
+    }
+
+    /// Wakes the reactor if it sleeps: after putting work where one of its
+    /// shared pollers finds it (`SharedPoller::arm` keeps it awake while
+    /// that work waits).
+    pub fn notify(&self) {
         if self.sleeping.load(Ordering::Acquire) {
             self.wake.signal();
         }
-        Ok(())
     }
 }
 
@@ -525,6 +546,8 @@ impl Reactor {
             busy_ns: AtomicU64::new(0),
             idle_ns: AtomicU64::new(0),
             queue_pairs: AtomicU64::new(0),
+            kv_asks_posted: AtomicU64::new(0),
+            kv_asks_served: AtomicU64::new(0),
             stall: StallStats::default(),
         });
         let epoll = Epoll::new()?;
@@ -618,6 +641,11 @@ impl Reactor {
         self.next_timer += 1;
         self.timers.push(Reverse((Instant::now() + after, id)));
         self.timer_fns.insert(id, Box::new(f));
+    }
+
+    /// The objects this reactor owns for others (`IoCtx::locals`).
+    pub fn locals_mut(&mut self) -> &mut Locals {
+        &mut self.locals
     }
 
     /// Gives this reactor an object to own for a transport (`IoCtx::locals`).
@@ -878,10 +906,17 @@ impl Reactor {
         let (now, now_ns) = (*now, *now_ns);
         let mut n = 0;
         for p in pollers.iter_mut() {
+            n += p.serve(locals, now);
             let pid = p.id();
+            let by_conn = p.delivers_to_conns();
             n += p.poll(now, &mut |key, ev| {
-                let Some(&conn_id) = routes.get(&(pid, key)) else {
-                    return false;
+                let conn_id = if by_conn {
+                    key as u32
+                } else {
+                    let Some(&conn_id) = routes.get(&(pid, key)) else {
+                        return false;
+                    };
+                    conn_id
                 };
                 let Some(Some(c)) = conns.get_mut(conn_id as usize) else {
                     return false;

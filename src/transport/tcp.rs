@@ -1016,6 +1016,13 @@ impl<W: Wire> QueuePair for TcpConnection<W> {
         self.sync_closed();
     }
 
+    fn on_polled(&mut self, event: &dyn std::any::Any, ctx: &mut IoCtx) {
+        if let Some(a) = event.downcast_ref::<crate::nvmf::kv_index::KvAnswered>() {
+            self.q.kv_answer(a.slot, a.answer.take(), &mut self.l, ctx);
+            self.sync_closed();
+        }
+    }
+
     fn flush(&mut self, bufs: &mut BufPool) -> bool {
         let l = &mut self.l;
         if l.state == ConnState::Closed {

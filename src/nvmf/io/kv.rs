@@ -1,15 +1,17 @@
 //! The Key Value command set: Store, Retrieve, Delete, Exist and List
 //! against a KV namespace's key index, with the values in its volume's
-//! blocks (Flush is the NVM command set's). A command runs in steps; each
-//! step's device operation (a volume write, read or flush) completes into the
-//! next (`step_done`). The index answers at once, so Exist, List and a Delete
+//! blocks (Flush is the NVM command set's). A command runs in steps: asks of
+//! the index (`KvAsk`), answered in place or by the reactor that owns the
+//! index (`answered`), and device operations (a volume write, read or flush)
+//! that complete into the next step (`step_done`). Exist, List and a Delete
 //! without a volatile write cache to honour need no device at all.
 
 use super::{status_for_errno, IoEnv, IoPlan, KvStage, Outcome};
 use crate::bdev::IoOp;
 use crate::mem::IoBuf;
 use crate::nvmf::command;
-use crate::nvmf::kv_index::{KeyIndex, KvLoc, Reserve};
+use crate::nvmf::command::Submitted;
+use crate::nvmf::kv_index::{KeyIndex, KvAnswer, KvAsk, KvLoc, Reserve};
 use crate::nvmf::ns_table::NsTable;
 use crate::nvmf::request::Request;
 use crate::nvmf::Namespace;
@@ -79,13 +81,12 @@ pub(super) fn plan(ns: &Namespace, sqe: &Sqe, max_io_size: u32) -> Result<IoPlan
     )
 }
 
-/// The key index of `nsid`'s namespace and its block size.
-fn index(ns: &NsTable, nsid: u32) -> Result<(Arc<dyn KeyIndex>, u32), Status> {
+/// The key index of `nsid`'s namespace.
+fn index(ns: &NsTable, nsid: u32) -> Result<Arc<dyn KeyIndex>, Status> {
     let ns = ns.get(nsid).ok_or(Status::INVALID_NAMESPACE)?;
-    // One Arc clone per step: the index outlives a namespace removed while
-    // the command runs.
-    let kv = ns.kv.clone().ok_or(Status::INTERNAL_ERROR)?;
-    Ok((kv, ns.block_size))
+    // One Arc clone per command: the index outlives a namespace removed
+    // while the command runs.
+    ns.kv.clone().ok_or(Status::INTERNAL_ERROR)
 }
 
 /// Submits one device operation for a KV command.
@@ -111,72 +112,118 @@ fn submit_one(
     Ok(Outcome::Submitted(sent))
 }
 
-/// Starts (or, after a commit freed space, resumes) a KV command.
+/// Starts (or, after a commit freed space, resumes) a KV command: its first
+/// ask of the index.
 pub fn execute<X>(
     r: &mut Request<X>,
     env: &mut IoEnv<'_>,
     ctx: &mut IoCtx,
 ) -> Result<Outcome, Status> {
     let (plan, nsid) = (r.plan.ok_or(Status::INTERNAL_ERROR)?, r.sqe.nsid());
-    let (kv, bs) = index(env.ns, nsid)?;
+    let kv = index(env.ns, nsid)?;
     if r.kv.is_none() {
         r.kv = Some(kv.clone());
     }
-    match plan {
-        IoPlan::KvStore { .. } => store(r, env, plan, &*kv, ctx),
-        IoPlan::KvRetrieve { key, buf, .. } => {
-            let (pin, loc) = kv.begin_read(&key, ctx.now)?;
-            let xfer = buf.min(loc.len);
-            if xfer == 0 {
-                // HBS 0 (or an empty value): only the size is asked for.
-                kv.end_read(pin);
-                r.plan = Some(with_stage(plan, KvStage::Sent { xfer: 0 }));
-                return Ok(Outcome::Complete {
-                    status: Status::SUCCESS,
-                    result: loc.len as u64,
-                });
+    let first = match plan {
+        IoPlan::KvStore { key, len, opts, .. } => KvAsk::Reserve { key, len, opts },
+        IoPlan::KvRetrieve { key, .. } => KvAsk::BeginRead { key },
+        IoPlan::KvDelete { key, .. } => KvAsk::Delete { key },
+        IoPlan::KvExist { key } => KvAsk::Exists { key },
+        IoPlan::KvList { start, buf } => {
+            // At most as many keys as the buffer could hold at their smallest.
+            let most = (buf as usize).saturating_sub(4) / list_entry_len(1);
+            KvAsk::List {
+                start,
+                max: u32::try_from(most).unwrap_or(u32::MAX),
             }
-            // Whole blocks from the device; the host gets `xfer` bytes.
-            let read_len = (xfer as usize).div_ceil(bs as usize) * bs as usize;
-            let mut rbuf = ctx.bufs.get(read_len);
-            rbuf.set_len(read_len);
-            if rbuf.len() < read_len {
-                ctx.bufs.put(rbuf);
-                kv.end_read(pin);
-                return Err(Status::INTERNAL_ERROR);
-            }
-            let reading = KvStage::Read {
-                pin,
-                xfer,
-                len: loc.len,
-            };
-            r.plan = Some(with_stage(plan, reading));
-            let op = IoOp::Read {
-                offset: loc.block * bs as u64,
-                buf: rbuf,
-            };
-            submit_one(env, nsid, op, ctx).inspect_err(|_| kv.end_read(pin))
         }
-        IoPlan::KvDelete { key, durable, .. } => {
-            kv.delete(&key, ctx.now)?;
-            if durable {
-                r.plan = Some(with_stage(plan, KvStage::Durable));
-                return submit_one(env, nsid, IoOp::Flush, ctx);
-            }
-            Ok(Outcome::SUCCESS)
+        _ => return Err(Status::INTERNAL_ERROR),
+    };
+    ask(r, env, &*kv, first, ctx)
+}
+
+/// Asks the index for the command's next step. Answered here, the command
+/// goes on at once; else the answer comes back like a device completion
+/// (`answered`), and the command waits for it as for one.
+fn ask<X>(
+    r: &mut Request<X>,
+    env: &mut IoEnv<'_>,
+    kv: &dyn KeyIndex,
+    a: KvAsk,
+    ctx: &mut IoCtx,
+) -> Result<Outcome, Status> {
+    assert!(a.wants_answer(), "a release is not a step");
+    match kv.ask(a, slot_of(env), ctx) {
+        Some(answer) => on_answer(r, env, kv, answer, ctx),
+        None => Ok(Outcome::Submitted(Submitted {
+            ops: 1,
+            failure: None,
+        })),
+    }
+}
+
+/// Gives back what the command held in the index (blocks, a pin): no answer.
+fn release(kv: &dyn KeyIndex, a: KvAsk, slot: u16, ctx: &mut IoCtx) {
+    assert!(!a.wants_answer(), "a step is not a release");
+    let _ = kv.ask(a, slot, ctx);
+}
+
+/// The command's slot in its queue (the low bits of its tag).
+fn slot_of(env: &IoEnv<'_>) -> u16 {
+    env.tag as u16
+}
+
+/// The index's answer to a KV command's ask came back from its owner: the
+/// command's next step, or `None` when the request has no plan.
+pub fn answered<X>(
+    r: &mut Request<X>,
+    env: &mut IoEnv<'_>,
+    answer: Option<KvAnswer>,
+    ctx: &mut IoCtx,
+) -> Option<Result<Outcome, Status>> {
+    r.pending_ops = 0;
+    r.plan?;
+    let Some(kv) = r.kv.clone() else {
+        return Some(Err(Status::INVALID_NAMESPACE));
+    };
+    let Some(answer) = answer else {
+        return Some(Err(Status::INTERNAL_ERROR));
+    };
+    Some(on_answer(r, env, &*kv, answer, ctx))
+}
+
+/// The step after the index answered.
+fn on_answer<X>(
+    r: &mut Request<X>,
+    env: &mut IoEnv<'_>,
+    kv: &dyn KeyIndex,
+    answer: KvAnswer,
+    ctx: &mut IoCtx,
+) -> Result<Outcome, Status> {
+    let plan = r.plan.ok_or(Status::INTERNAL_ERROR)?;
+    match (plan, answer) {
+        (IoPlan::KvStore { .. }, KvAnswer::Reserve(room)) => reserved(r, env, plan, kv, room?, ctx),
+        (IoPlan::KvStore { durable, .. }, KvAnswer::CommitStore(done)) => {
+            done?;
+            stored(r, env, plan, durable, ctx)
         }
-        IoPlan::KvExist { key } => Ok(Outcome::Complete {
-            status: if kv.exists(&key, ctx.now) {
+        (IoPlan::KvRetrieve { .. }, KvAnswer::BeginRead(found)) => {
+            let (pin, loc) = found?;
+            read_value(r, env, plan, kv, pin, loc, ctx)
+        }
+        (IoPlan::KvDelete { durable, .. }, KvAnswer::Delete(done)) => {
+            done?;
+            stored(r, env, plan, durable, ctx)
+        }
+        (IoPlan::KvExist { .. }, KvAnswer::Exists(found)) => Ok(Outcome::Complete {
+            status: if found {
                 Status::SUCCESS
             } else {
                 Status::KV_KEY_DOES_NOT_EXIST
             },
             result: 0,
         }),
-        IoPlan::KvList { start, buf } => {
-            // At most as many keys as the buffer could hold at their smallest.
-            let most = (buf as usize).saturating_sub(4) / list_entry_len(1);
-            let keys = kv.list(&start, most, ctx.now);
+        (IoPlan::KvList { buf, .. }, KvAnswer::List(keys)) => {
             let (data, n) = encode_list_response(keys.iter(), buf as usize);
             r.reply = Some(data);
             Ok(Outcome::Complete {
@@ -188,21 +235,68 @@ pub fn execute<X>(
     }
 }
 
-/// A Store asks the index for room: it writes its value, waits for a commit
-/// that frees or releases blocks, or (an empty value) is stored at once.
-fn store<X>(
+/// A Retrieve found its value (pinned under `pin`): read it from the device.
+fn read_value<X>(
     r: &mut Request<X>,
     env: &mut IoEnv<'_>,
     plan: IoPlan,
     kv: &dyn KeyIndex,
+    pin: u32,
+    loc: KvLoc,
+    ctx: &mut IoCtx,
+) -> Result<Outcome, Status> {
+    let IoPlan::KvRetrieve { buf, .. } = plan else {
+        return Err(Status::INTERNAL_ERROR);
+    };
+    let (bs, slot) = (kv.block_size(), slot_of(env));
+    let xfer = buf.min(loc.len);
+    if xfer == 0 {
+        // HBS 0 (or an empty value): only the size is asked for.
+        release(kv, KvAsk::EndRead { pin }, slot, ctx);
+        r.plan = Some(with_stage(plan, KvStage::Sent { xfer: 0 }));
+        return Ok(Outcome::Complete {
+            status: Status::SUCCESS,
+            result: loc.len as u64,
+        });
+    }
+    // Whole blocks from the device; the host gets `xfer` bytes.
+    let read_len = (xfer as usize).div_ceil(bs as usize) * bs as usize;
+    let mut rbuf = ctx.bufs.get(read_len);
+    rbuf.set_len(read_len);
+    if rbuf.len() < read_len {
+        ctx.bufs.put(rbuf);
+        release(kv, KvAsk::EndRead { pin }, slot, ctx);
+        return Err(Status::INTERNAL_ERROR);
+    }
+    let reading = KvStage::Read {
+        pin,
+        xfer,
+        len: loc.len,
+    };
+    r.plan = Some(with_stage(plan, reading));
+    let op = IoOp::Read {
+        offset: loc.block * bs as u64,
+        buf: rbuf,
+    };
+    let sent = submit_one(env, r.sqe.nsid(), op, ctx);
+    if sent.is_err() {
+        release(kv, KvAsk::EndRead { pin }, slot, ctx);
+    }
+    sent
+}
+
+/// A Store's room from the index: it writes its value, waits for a commit
+/// that frees or releases blocks, or (an empty value) is stored at once.
+fn reserved<X>(
+    r: &mut Request<X>,
+    env: &mut IoEnv<'_>,
+    plan: IoPlan,
+    kv: &dyn KeyIndex,
+    room: Reserve,
     ctx: &mut IoCtx,
 ) -> Result<Outcome, Status> {
     let IoPlan::KvStore {
-        key,
-        len,
-        opts,
-        durable,
-        stage,
+        key, opts, stage, ..
     } = plan
     else {
         return Err(Status::INTERNAL_ERROR);
@@ -212,7 +306,7 @@ fn store<X>(
         KvStage::Space { tries } => tries,
         _ => 0,
     };
-    match kv.reserve(&key, len, opts, ctx.now)? {
+    match room {
         Reserve::AfterCommit if tries >= SPACE_TRIES => Err(Status::CAPACITY_EXCEEDED),
         Reserve::AfterCommit => {
             // The commit a volume flush makes frees the blocks.
@@ -221,12 +315,15 @@ fn store<X>(
             submit_one(env, nsid, IoOp::Flush, ctx)
         }
         Reserve::Ready(loc) if loc.nblocks == 0 => {
-            kv.commit_store(&key, loc, opts, ctx.now)?;
-            stored(r, env, plan, durable, ctx)
+            ask(r, env, kv, KvAsk::CommitStore { key, loc, opts }, ctx)
         }
         Reserve::Claimed(loc) => {
             r.plan = Some(with_stage(plan, KvStage::Claimed(loc)));
-            submit_one(env, nsid, IoOp::Flush, ctx).inspect_err(|_| kv.abort_claim(&key, loc))
+            let sent = submit_one(env, nsid, IoOp::Flush, ctx);
+            if sent.is_err() {
+                release(kv, KvAsk::AbortClaim { loc }, slot_of(env), ctx);
+            }
+            sent
         }
         Reserve::Ready(loc) => write_value(r, env, plan, kv, loc, ctx),
     }
@@ -242,14 +339,14 @@ fn write_value<X>(
     loc: KvLoc,
     ctx: &mut IoCtx,
 ) -> Result<Outcome, Status> {
-    let IoPlan::KvStore { key, len, .. } = plan else {
+    let IoPlan::KvStore { len, .. } = plan else {
         return Err(Status::INTERNAL_ERROR);
     };
-    let bs = kv.block_size();
+    let (bs, slot) = (kv.block_size(), slot_of(env));
     let buf = match value_buffer(r, len as usize, loc, bs, ctx) {
         Ok(b) => b,
         Err(e) => {
-            kv.abort_store(&key, loc);
+            release(kv, KvAsk::AbortStore { loc }, slot, ctx);
             return Err(e);
         }
     };
@@ -259,7 +356,11 @@ fn write_value<X>(
         buf,
         fua: false,
     };
-    submit_one(env, r.sqe.nsid(), op, ctx).inspect_err(|_| kv.abort_store(&key, loc))
+    let sent = submit_one(env, r.sqe.nsid(), op, ctx);
+    if sent.is_err() {
+        release(kv, KvAsk::AbortStore { loc }, slot, ctx);
+    }
+    sent
 }
 
 /// The host's value as a whole number of blocks: its buffer when that has
@@ -300,8 +401,8 @@ fn value_buffer<X>(
     Ok(b)
 }
 
-/// A Store is in the index: commit it first if there is no volatile write
-/// cache, else answer.
+/// A Store or Delete is in the index: commit it first if there is no
+/// volatile write cache, else answer.
 fn stored<X>(
     r: &mut Request<X>,
     env: &mut IoEnv<'_>,
@@ -359,38 +460,28 @@ fn next_step<X>(
     buf: Option<IoBuf>,
     ctx: &mut IoCtx,
 ) -> Result<Outcome, Status> {
+    let slot = slot_of(env);
     match plan {
         IoPlan::KvStore {
-            key,
-            opts,
-            durable,
-            stage,
-            ..
+            key, opts, stage, ..
         } => {
             put_back(buf, ctx);
-            match stage {
-                KvStage::Space { .. } => {
-                    if let Some(s) = failed {
-                        return Err(s);
-                    }
-                    execute(r, env, ctx)
+            match (stage, failed) {
+                (KvStage::Space { .. }, Some(s)) => Err(s),
+                (KvStage::Space { .. }, None) => execute(r, env, ctx),
+                (KvStage::Claimed(loc), Some(s)) => {
+                    release(kv, KvAsk::AbortClaim { loc }, slot, ctx);
+                    Err(s)
                 }
-                KvStage::Claimed(loc) => {
-                    if let Some(s) = failed {
-                        kv.abort_claim(&key, loc);
-                        return Err(s);
-                    }
-                    write_value(r, env, plan, kv, loc, ctx)
+                (KvStage::Claimed(loc), None) => write_value(r, env, plan, kv, loc, ctx),
+                (KvStage::Write(loc), Some(s)) => {
+                    release(kv, KvAsk::AbortStore { loc }, slot, ctx);
+                    Err(s)
                 }
-                KvStage::Write(loc) => {
-                    if let Some(s) = failed {
-                        kv.abort_store(&key, loc);
-                        return Err(s);
-                    }
-                    kv.commit_store(&key, loc, opts, ctx.now)?;
-                    stored(r, env, plan, durable, ctx)
+                (KvStage::Write(loc), None) => {
+                    ask(r, env, kv, KvAsk::CommitStore { key, loc, opts }, ctx)
                 }
-                KvStage::Durable => Ok(Outcome::Complete {
+                (KvStage::Durable, _) => Ok(Outcome::Complete {
                     status: failed.unwrap_or(Status::SUCCESS),
                     result: 0,
                 }),
@@ -401,7 +492,7 @@ fn next_step<X>(
             stage: KvStage::Read { pin, xfer, len },
             ..
         } => {
-            kv.end_read(pin);
+            release(kv, KvAsk::EndRead { pin }, slot, ctx);
             if let Some(s) = failed {
                 put_back(buf, ctx);
                 return Err(s);

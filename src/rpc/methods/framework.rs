@@ -58,6 +58,8 @@ pub(super) fn reactors(_p: &mut Params) -> Parsed {
                     "polls": st.gap_count(),
                     "stalls": st.stalls,
                     "max_poll_gap": st.max_gap_ns,
+                    "kv_asks_posted": r.kv_asks_posted.load(Ordering::Relaxed),
+                    "kv_asks_served": r.kv_asks_served.load(Ordering::Relaxed),
                 })
             })
             .collect();

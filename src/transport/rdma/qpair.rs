@@ -870,6 +870,11 @@ impl QueuePair for RdmaQueuePair {
     }
 
     fn on_polled(&mut self, event: &dyn Any, ctx: &mut IoCtx) {
+        if let Some(a) = event.downcast_ref::<crate::nvmf::kv_index::KvAnswered>() {
+            self.q.kv_answer(a.slot, a.answer.take(), &mut self.l, ctx);
+            self.sync_closed();
+            return;
+        }
         let Some(wc) = event.downcast_ref::<verbs::ibv_wc>() else {
             return;
         };

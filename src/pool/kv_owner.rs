@@ -1,0 +1,404 @@
+//! The reactor that owns a KV index's state. The first reactor to run a KV
+//! command of a namespace takes the index's state out of its home mutex
+//! (`KvIndex::home`) into its own `Locals` and keeps it: its queues' asks run
+//! in place, and the other reactors post theirs (`KvPost`) and get the answer
+//! back as an event for the asking queue pair, like a device completion. No
+//! lock on the way; the posts are fixed-size queues, and what a full one
+//! refuses waits in order on the sender's side for its next pass.
+//!
+//! The metadata thread's calls (drain, commit, trim, checkpoint) run on the
+//! owner as a `Message::Call` while that thread waits. When the owner ends
+//! (its `Locals` drop) the states go back home, so the last checkpoint still
+//! finds them.
+
+use super::kv::{KvIndex, State};
+use crate::nvmf::kv_index::{KvAnswer, KvAnswered, KvAsk};
+use crate::reactor::{IoCtx, Locals, Message, ReactorShared, SharedPoller};
+use crate::wire::nvme::Status;
+use crossbeam_queue::ArrayQueue;
+use std::any::Any;
+use std::collections::VecDeque;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The key of a reactor's `KvOwned` among its `Locals`.
+pub const KV_LOCAL: u64 = 0x4b56_4f57_4e45_4400;
+/// The id of the KV post's poller on every reactor.
+const KV_POLLER: u64 = 0x4b56_504f_5354_0000;
+/// Asks, and answers, a post holds before senders keep theirs for later.
+const POST_DEPTH: usize = 4096;
+/// How long the metadata thread waits for an owner before it looks whether
+/// the owner has ended.
+const CALL_PATIENCE: Duration = Duration::from_millis(50);
+
+/// An ask from another reactor's queue pair.
+struct PostedAsk {
+    index: u64,
+    ask: KvAsk,
+    now: Instant,
+    /// Where the answer goes: the asker's post, queue pair and command slot.
+    /// `None` for a release, which has no answer.
+    reply: Option<(Arc<KvPost>, u32, u16)>,
+}
+
+/// An answer for one of this reactor's queue pairs.
+struct PostedAnswer {
+    conn: u32,
+    slot: u16,
+    answer: KvAnswer,
+}
+
+enum Mail {
+    Ask(PostedAsk),
+    Answer(PostedAnswer),
+}
+
+/// A reactor's mailbox for the KV indexes: asks for the states it owns,
+/// answers for its queue pairs.
+pub struct KvPost {
+    reactor: Arc<ReactorShared>,
+    asks: ArrayQueue<PostedAsk>,
+    answers: ArrayQueue<PostedAnswer>,
+    /// Mail this reactor holds back because a post was full (its `KvOwned`).
+    unsent: AtomicUsize,
+}
+
+impl KvPost {
+    fn put(&self, mail: Mail) -> Result<(), Mail> {
+        match mail {
+            Mail::Ask(a) => self.asks.push(a).map_err(Mail::Ask)?,
+            Mail::Answer(a) => self.answers.push(a).map_err(Mail::Answer)?,
+        }
+        self.reactor.notify();
+        Ok(())
+    }
+}
+
+/// What a reactor owns of the KV indexes (kept in its `Locals`).
+pub struct KvOwned {
+    post: Arc<KvPost>,
+    states: Vec<(Arc<KvIndex>, Box<State>)>,
+    /// Mail a full post refused, in the order it was sent.
+    unsent: VecDeque<(Arc<KvPost>, Mail)>,
+}
+
+impl KvOwned {
+    /// The state of index `id`, if this reactor owns it.
+    fn state_of(&mut self, id: u64) -> Option<(&KvIndex, &mut State)> {
+        self.states
+            .iter_mut()
+            .find(|(ix, _)| ix.id == id)
+            .map(|(ix, st)| (&**ix, &mut **st))
+    }
+
+    /// Takes `ix`'s state from its home. False if another reactor has it,
+    /// or it cannot be kept (an index not made by `into_shared`).
+    fn adopt(&mut self, ix: &KvIndex) -> bool {
+        let Some(me) = ix.me.upgrade() else {
+            return false;
+        };
+        let mut home = ix.home();
+        if ix.owner.get().is_some() {
+            return false;
+        }
+        let Some(st) = home.take() else {
+            return false;
+        };
+        self.states.push((me, st));
+        // Set under the home lock: whoever finds home empty finds an owner.
+        let set = ix.owner.set(self.post.clone());
+        assert!(set.is_ok(), "two owners of one KV index");
+        tracing::debug!(index = ix.id, "reactor took a KV index");
+        true
+    }
+
+    /// Sends `mail`, or keeps it (behind earlier kept mail: order holds).
+    fn send(&mut self, to: &Arc<KvPost>, mail: Mail) {
+        if !self.unsent.is_empty() {
+            self.keep(to, mail);
+            return;
+        }
+        if let Err(mail) = to.put(mail) {
+            self.keep(to, mail);
+        }
+    }
+
+    fn keep(&mut self, to: &Arc<KvPost>, mail: Mail) {
+        self.unsent.push_back((to.clone(), mail));
+        self.post.unsent.store(self.unsent.len(), Ordering::Relaxed);
+    }
+
+    /// Sends what full posts refused earlier, in order, until one refuses.
+    fn resend(&mut self) {
+        while let Some((to, mail)) = self.unsent.pop_front() {
+            if let Err(mail) = to.put(mail) {
+                self.unsent.push_front((to, mail));
+                break;
+            }
+        }
+        self.post.unsent.store(self.unsent.len(), Ordering::Relaxed);
+    }
+
+    /// Carries out another reactor's ask on a state this one owns.
+    fn serve(&mut self, a: PostedAsk) {
+        let answer = match self.state_of(a.index) {
+            Some((ix, st)) => ix.run(st, a.ask, a.now),
+            None => {
+                // Asks go only to the owner, which keeps its states until it
+                // ends; an ask that finds none is answered, not dropped.
+                tracing::error!(
+                    index = a.index,
+                    "KV ask for an index this reactor does not own"
+                );
+                refused(a.ask)
+            }
+        };
+        if let Some((to, conn, slot)) = a.reply {
+            let mail = Mail::Answer(PostedAnswer { conn, slot, answer });
+            self.send(&to, mail);
+        }
+    }
+}
+
+impl Drop for KvOwned {
+    fn drop(&mut self) {
+        // The reactor ends: asks already posted are answered (their commands
+        // wait for them), then the states go home for the metadata thread's
+        // last commit and checkpoint. Gone first: later asks go home too.
+        for (ix, _) in &self.states {
+            ix.owner_gone.store(true, Ordering::Release);
+        }
+        while let Some(a) = self.post.asks.pop() {
+            self.serve(a);
+        }
+        self.resend();
+        for (ix, st) in self.states.drain(..) {
+            *ix.home() = Some(st);
+        }
+    }
+}
+
+/// The answer to an ask that could not be carried out.
+fn refused(ask: KvAsk) -> KvAnswer {
+    let e = Status::INTERNAL_ERROR;
+    match ask {
+        KvAsk::Reserve { .. } => KvAnswer::Reserve(Err(e)),
+        KvAsk::CommitStore { .. } => KvAnswer::CommitStore(Err(e)),
+        KvAsk::BeginRead { .. } => KvAnswer::BeginRead(Err(e)),
+        KvAsk::Exists { .. } => KvAnswer::Exists(false),
+        KvAsk::Delete { .. } => KvAnswer::Delete(Err(e)),
+        KvAsk::List { .. } => KvAnswer::List(Vec::new()),
+        KvAsk::AbortStore { .. } | KvAsk::AbortClaim { .. } | KvAsk::EndRead { .. } => {
+            KvAnswer::Released
+        }
+    }
+}
+
+/// A reactor's side of the KV posts: serves the asks for the states it owns
+/// and routes answers to its queue pairs.
+struct KvPoller {
+    post: Arc<KvPost>,
+}
+
+impl SharedPoller for KvPoller {
+    fn id(&self) -> u64 {
+        KV_POLLER
+    }
+    fn fd(&self) -> Option<RawFd> {
+        // Senders wake the reactor themselves (`ReactorShared::notify`).
+        None
+    }
+    fn on_wake(&mut self) {}
+    fn delivers_to_conns(&self) -> bool {
+        true
+    }
+    fn serve(&mut self, locals: &mut Locals, _now: Instant) -> usize {
+        let Some(owned) = locals.get_mut::<KvOwned>(KV_LOCAL) else {
+            return 0;
+        };
+        if !owned.unsent.is_empty() {
+            owned.resend();
+        }
+        let mut n = 0;
+        while let Some(a) = self.post.asks.pop() {
+            owned.serve(a);
+            n += 1;
+        }
+        if n > 0 {
+            let served = &self.post.reactor.kv_asks_served;
+            served.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        n
+    }
+    fn poll(&mut self, _now: Instant, deliver: &mut dyn FnMut(u64, &dyn Any) -> bool) -> usize {
+        let mut n = 0;
+        while let Some(a) = self.post.answers.pop() {
+            n += 1;
+            let ev = KvAnswered {
+                slot: a.slot,
+                answer: std::cell::Cell::new(Some(a.answer)),
+            };
+            if !deliver(a.conn as u64, &ev) {
+                // The queue pair waits for its answers before it goes.
+                tracing::warn!(
+                    conn = a.conn,
+                    slot = a.slot,
+                    "KV answer for a queue pair that is gone"
+                );
+            }
+        }
+        n
+    }
+    fn arm(&mut self) -> bool {
+        !self.post.asks.is_empty()
+            || !self.post.answers.is_empty()
+            || self.post.unsent.load(Ordering::Relaxed) > 0
+    }
+}
+
+/// Gives a reactor its KV post: call on the reactor, before it serves.
+pub fn install(r: &mut crate::reactor::Reactor) {
+    let post = Arc::new(KvPost {
+        reactor: r.shared.clone(),
+        asks: ArrayQueue::new(POST_DEPTH),
+        answers: ArrayQueue::new(POST_DEPTH),
+        unsent: AtomicUsize::new(0),
+    });
+    let owned = KvOwned {
+        post: post.clone(),
+        states: Vec::new(),
+        unsent: VecDeque::with_capacity(POST_DEPTH),
+    };
+    r.insert_local(KV_LOCAL, Box::new(owned));
+    r.add_poller(Box::new(KvPoller { post }));
+}
+
+/// `KeyIndex::ask` for a KV command on the reactor `ctx` runs: in place when
+/// this reactor owns the state (taking it if nobody does), else posted to
+/// the owner.
+pub(super) fn ask(ix: &KvIndex, ask: KvAsk, slot: u16, ctx: &mut IoCtx) -> Option<KvAnswer> {
+    let now = ctx.now;
+    let Some(owned) = ctx.locals.get_mut::<KvOwned>(KV_LOCAL) else {
+        // A reactor without a post (tools, tests): wherever the state is.
+        return Some(ix.with_state(move |ix, st| ix.run(st, ask, now)));
+    };
+    if ix.owner.get().is_none() && !owned.adopt(ix) && ix.owner.get().is_none() {
+        // Not made to be owned (`into_shared`): it stays home.
+        return Some(ix.with_state(move |ix, st| ix.run(st, ask, now)));
+    }
+    let gone = ix.owner_gone.load(Ordering::Acquire);
+    match ix.owner.get() {
+        Some(p) if Arc::ptr_eq(p, &owned.post) && !gone => match owned.state_of(ix.id) {
+            Some((ix, st)) => Some(ix.run(st, ask, now)),
+            None => {
+                tracing::error!(
+                    index = ix.id,
+                    "this reactor owns a KV index it does not hold"
+                );
+                Some(refused(ask))
+            }
+        },
+        Some(p) if !gone => {
+            let reply = ask
+                .wants_answer()
+                .then(|| (owned.post.clone(), ctx.conn_id, slot));
+            let to = p.clone();
+            let mail = Mail::Ask(PostedAsk {
+                index: ix.id,
+                ask,
+                now,
+                reply,
+            });
+            owned.send(&to, mail);
+            let posted = &owned.post.reactor.kv_asks_posted;
+            posted.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+        _ => Some(ix.with_state(move |ix, st| ix.run(st, ask, now))),
+    }
+}
+
+/// `KvIndex::with_state`: `f` on the state at home, or on the owner while
+/// this thread waits.
+pub(super) fn run_on_owner<R: Send + 'static>(
+    ix: &KvIndex,
+    f: impl FnOnce(&KvIndex, &mut State) -> R + Send + 'static,
+) -> R {
+    let mut f = f;
+    loop {
+        // The owner first: while one serves, the home mutex is never taken.
+        let owner = ix
+            .owner
+            .get()
+            .filter(|_| !ix.owner_gone.load(Ordering::Acquire));
+        if let Some(post) = owner {
+            match call(ix, post, f) {
+                Ok(r) => return r,
+                Err(back) => f = back,
+            }
+            continue;
+        }
+        match ix.at_home(f) {
+            Ok(r) => return r,
+            // An owner is taking the state, or one ended and is handing it
+            // back: in one place or the other in a moment.
+            Err(back) => f = back,
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Runs `f` on the state of index `id` on `post`'s reactor and waits; gives
+/// `f` back if that reactor no longer serves it.
+fn call<R: Send + 'static, F: FnOnce(&KvIndex, &mut State) -> R + Send + 'static>(
+    ix: &KvIndex,
+    post: &KvPost,
+    f: F,
+) -> Result<R, F> {
+    let id = ix.id;
+    let cell = Arc::new(Mutex::new(Some(f)));
+    let (tx, rx) = mpsc::sync_channel(1);
+    let on_owner = cell.clone();
+    let msg = Message::Call(Box::new(move |r| {
+        let Some(owned) = r.locals_mut().get_mut::<KvOwned>(KV_LOCAL) else {
+            return;
+        };
+        let Some((ix, st)) = owned.state_of(id) else {
+            return;
+        };
+        let f = on_owner.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(f) = f {
+            let r = f(ix, st);
+            ix.note_used(st);
+            let _ = tx.send(r);
+        }
+    }));
+    let mut msg = Some(msg);
+    loop {
+        if let Some(m) = msg.take() {
+            if let Err(m) = post.reactor.send(m) {
+                msg = Some(m);
+            }
+        }
+        match rx.recv_timeout(CALL_PATIENCE) {
+            Ok(r) => return Ok(r),
+            // The owner ended with the call unread: the state is home.
+            Err(mpsc::RecvTimeoutError::Timeout) if ix.owner_gone.load(Ordering::Acquire) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            // The call ran without the state (or was dropped): `f` is back.
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    let f = cell.lock().unwrap_or_else(|p| p.into_inner()).take();
+    match f {
+        Some(f) => Err(f),
+        // Taken at the last moment: its answer is on the way (a call that
+        // takes its closure sends what it returns).
+        None => match rx.recv() {
+            Ok(r) => Ok(r),
+            Err(_) => panic!("a KV index call on its owner failed"),
+        },
+    }
+}
