@@ -7,7 +7,9 @@
 //! Write with FUA, Read, Flush (one namespace or all), Deallocate and Write
 //! Zeroes on two block namespaces, and Store, Retrieve, Delete, Exist and
 //! Flush on a KV namespace (set to evict on odd seeds, to fail when full on
-//! even ones). Time is simulated (`now` moves only when the run says so); the
+//! even ones). In half the process lives the KV index is another reactor's
+//! (`RemoteIndex`): each step's answer comes back later, between device
+//! completions, in any order. Time is simulated (`now` moves only when the run says so); the
 //! pool's metadata steps run between polls. At random points the target
 //! crashes: every queue, the channels, the target and the pool are dropped,
 //! the device loses its cache, the pool is reopened by recovery and the hosts
@@ -27,6 +29,7 @@
 
 use super::*;
 use crate::bdev::fault::{FaultDevice, FaultHandle, SimRng};
+use crate::nvmf::kv_index::{KeyIndex, KvAnswer, KvAsk};
 use crate::pool::channel::VolumeDevice;
 use crate::pool::gc::GcSettings;
 use crate::pool::kv::{KvIndex, KvSettings, OnFull};
@@ -53,6 +56,51 @@ struct Clock {
     now: Instant,
 }
 
+/// The KV index as queues on a reactor that does not own it see it: a step
+/// is carried out when asked (in the order asked, as the owner serves its
+/// post) and its answer is held, to come back to its queue later
+/// (`Sim::poll`), like the answers the owning reactor posts back.
+struct RemoteIndex {
+    ix: Arc<KvIndex>,
+    /// (connection, command slot, answer) not yet delivered.
+    answers: std::sync::Mutex<Vec<(u32, u16, KvAnswer)>>,
+}
+
+impl RemoteIndex {
+    fn take_answers(&self) -> Vec<(u32, u16, KvAnswer)> {
+        std::mem::take(&mut *self.answers.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+    fn put_back(&self, mut a: Vec<(u32, u16, KvAnswer)>) {
+        let mut held = self.answers.lock().unwrap_or_else(|p| p.into_inner());
+        a.append(&mut held);
+        *held = a;
+    }
+}
+
+impl KeyIndex for RemoteIndex {
+    fn block_size(&self) -> u32 {
+        self.ix.block_size()
+    }
+    fn max_keys(&self) -> u64 {
+        self.ix.max_keys()
+    }
+    fn used_blocks(&self) -> u64 {
+        self.ix.used_blocks()
+    }
+    fn ask(&self, ask: KvAsk, slot: u16, ctx: &mut IoCtx) -> Option<KvAnswer> {
+        let a = KeyIndex::ask(&*self.ix, ask, slot, ctx)?;
+        if !ask.wants_answer() {
+            return Some(a);
+        }
+        let mut held = self.answers.lock().unwrap_or_else(|p| p.into_inner());
+        held.push((ctx.conn_id, slot, a));
+        None
+    }
+    fn delete_all(&self, now: Instant) -> u64 {
+        self.ix.delete_all(now)
+    }
+}
+
 /// What a queue's reactor owns (one reactor serves every queue here).
 struct Reactor {
     channels: ChannelCache,
@@ -72,6 +120,8 @@ struct World {
     pool: Arc<Pool>,
     _target: Arc<Target>,
     nss: Vec<Arc<Namespace>>,
+    /// The KV namespace's index when it is another reactor's.
+    remote: Option<Arc<RemoteIndex>>,
     reactor: Reactor,
     /// Admin queues first (kept connected), then I/O queues.
     admins: Vec<SimQueue>,
@@ -188,6 +238,9 @@ struct Cover {
     kv_full: u64,
     batches: u64,
     reordered: u64,
+    /// KV index answers that came back after a later device completion or
+    /// another command's answer (`RemoteIndex`).
+    kv_answers_late: u64,
     blocks_settled: u64,
     keys_settled: u64,
 }
@@ -211,6 +264,7 @@ impl Cover {
         self.kv_full += o.kv_full;
         self.batches += o.batches;
         self.reordered += o.reordered;
+        self.kv_answers_late += o.kv_answers_late;
         self.blocks_settled += o.blocks_settled;
         self.keys_settled += o.keys_settled;
     }
@@ -430,8 +484,18 @@ impl Sim {
             ..KvSettings::default()
         });
         let dev = VolumeDevice::new(pool.clone(), vol);
+        let remote = self.rng.chance(50).then(|| {
+            Arc::new(RemoteIndex {
+                ix: ix.clone(),
+                answers: std::sync::Mutex::new(Vec::new()),
+            })
+        });
+        let kv: Arc<dyn KeyIndex> = match &remote {
+            Some(r) => r.clone(),
+            None => ix,
+        };
         nss.push(Arc::new(
-            Namespace::new(SUBNQN, KV_NSID, dev, KV_BS).with_kv(ix),
+            Namespace::new(SUBNQN, KV_NSID, dev, KV_BS).with_kv(kv),
         ));
         for ns in &nss {
             if let Err(e) = subsys.add_namespace(ns.clone()) {
@@ -442,6 +506,7 @@ impl Sim {
             pool,
             _target: target,
             nss,
+            remote,
             reactor: Reactor {
                 channels: ChannelCache::default(),
                 bufs: BufPool::new(8),
@@ -756,6 +821,36 @@ impl Sim {
             };
             let mut ctx = sim_ctx(&mut w.reactor, conn, &clock);
             sq.q.io_complete(c.tag as u16, c.result, c.buf, &mut sq.link, &mut ctx);
+        }
+        self.kv_answers(&clock);
+    }
+
+    /// Delivers some of the KV index answers held (`RemoteIndex`), in a
+    /// random order; the rest wait for a later poll.
+    fn kv_answers(&mut self, clock: &Clock) {
+        let Some(remote) = self.world().remote.clone() else {
+            return;
+        };
+        let mut held = remote.take_answers();
+        let mut now = Vec::new();
+        let mut i = 0;
+        while i < held.len() {
+            if self.rng.chance(60) {
+                let j = self.rng.below(held.len() as u64) as usize;
+                now.push(held.swap_remove(j));
+            } else {
+                i += 1;
+            }
+        }
+        self.cover.kv_answers_late += (now.len() > 1 || !held.is_empty()) as u64;
+        remote.put_back(held);
+        let w = self.world();
+        for (conn, slot, answer) in now {
+            let Some(sq) = w.ios.iter_mut().find(|q| q.conn_id == conn) else {
+                panic!("a KV answer for connection {conn}, which has no queue");
+            };
+            let mut ctx = sim_ctx(&mut w.reactor, conn, clock);
+            sq.q.kv_answer(slot, Some(answer), &mut sq.link, &mut ctx);
         }
     }
 
@@ -1117,6 +1212,7 @@ fn target_simulation_over_many_seeds() {
                 && total.kv_evictions > 0
                 && total.kv_claims > 0
                 && total.reordered > 0
+                && total.kv_answers_late > 0
                 && total.fuses > 0
                 && total.rdma_controllers > 0,
             "not exercised: {total:?}"
