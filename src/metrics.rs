@@ -343,6 +343,9 @@ const METRICS: &[Metric] = &[
     metric("kvtarget_reactor_kv_asks_served_total", Counter, "KV index steps a reactor carried out for other reactors' queues.", |s, o| {
         s.per_reactor(o, |r| ld(&r.shared.kv_asks_served))
     }),
+    metric("kvtarget_reactor_kv_indexes_owned", Gauge, "KV namespaces' key indexes a reactor owns.", |s, o| {
+        s.per_reactor(o, |r| ld(&r.shared.kv_indexes_owned))
+    }),
     // Reactor stalls (reactor::stall): gaps between two polls, passes over
     // `reactors.stall_warn_us`, the reactor thread's own faults and switches.
     metric("kvtarget_reactor_poll_gap_seconds", Histogram, "Time between two polls of a reactor (one pass of its loop; sleep in epoll left out).", |s, o| {

@@ -491,6 +491,7 @@ fn sigkill_mid_kv_load_keeps_every_flushed_key() {
 /// A KV namespace made over JSON-RPC: a KV volume (`bdev_lvol_create` with
 /// kind "kv"), served with on_full "fail", its counters from
 /// `kvtarget_get_kv_namespaces`; bad parameters are refused naming the field.
+/// Deleted again, its index's state is let go by the reactor that owned it.
 #[test]
 fn kv_namespaces_over_rpc_with_their_counters() {
     use serde_json::json;
@@ -637,7 +638,32 @@ extent_size = "1MiB"
     assert!(toml.contains("kind = \"kv\""), "{toml}");
     assert!(toml.contains("on_full = \"fail\""), "{toml}");
     assert!(toml.contains("trim = false"), "{toml}");
+    // The reactor that ran the commands owns the index; once the volume is
+    // deleted it lets go of the index's state.
+    let owned = |c: &mut kvtarget::rpc::RpcClient| -> u64 {
+        let r = c.call("framework_get_reactors", json!({})).unwrap();
+        let rs = r["reactors"].as_array().unwrap();
+        rs.iter()
+            .map(|x| x["kv_indexes_owned"].as_u64().unwrap())
+            .sum()
+    };
+    assert_eq!(owned(&mut c), 1);
     drop(qs);
+    drop(_h);
+    c.call("nvmf_subsystem_remove_ns", json!({"nqn": NQN, "nsid": 1}))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.call("bdev_lvol_delete", json!({"name": "p/c"})).is_err() {
+        assert!(Instant::now() < deadline, "the KV volume stayed busy");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    while owned(&mut c) != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the deleted volume's index is still owned"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     server.shutdown();
 }
 

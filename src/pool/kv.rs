@@ -20,10 +20,10 @@
 //! reactor takes it (and in tools and tests without reactors) the state waits
 //! in a mutex, which only those cold paths touch; the metadata thread's calls
 //! run on the owner and wait for it. The map and bitmap are sized at
-//! creation so the command path does not allocate. The keys are also kept in byte order (a treap threaded
-//! through the entries: O(log n) under the lock per Store and Delete, no
-//! allocation), so List walks from its start key instead of sorting a copy
-//! of every key under the lock.
+//! creation so the command path does not allocate. The keys are also kept in
+//! byte order (a treap threaded through the entries: O(log n) per Store and
+//! Delete, no allocation), so List walks from its start key instead of
+//! sorting a copy of every key.
 //!
 //! Space back to the pool: an extent of the volume whose blocks have all been
 //! free for `trim_after` (and durably so) is handed to the metadata thread
@@ -62,7 +62,7 @@ const FIT_LOOK_BLOCKS: u64 = 65536;
 const WINDOW_CANDIDATES: usize = 8;
 
 /// Extents one `trim_step` hands over at most (the rest wait a tick), so the
-/// index lock is never held for a scan of a whole large volume.
+/// owner never spends one call scanning a whole large volume.
 const TRIM_BATCH: usize = 256;
 
 /// What a full KV namespace does with a Store of a new value.
@@ -182,7 +182,7 @@ impl Entry {
     }
 }
 
-/// Slots a checkpoint copies per hold of the index's lock (`drain_snapshot`):
+/// Slots a checkpoint copies per call on the index's state (`drain_snapshot`):
 /// tens of microseconds of copying, so a command waits about that long at most.
 const SNAPSHOT_CHUNK: usize = 4096;
 
@@ -650,6 +650,9 @@ pub struct KvIndex {
     used_blocks: AtomicU64,
     /// Times `home` was locked (see `home_locks`).
     home_locks: AtomicU64,
+    /// Keys changed or blocks given up since the last drain, as the holder
+    /// of the state last saw them: the metadata thread's every step asks.
+    changes: AtomicBool,
     pub counters: KvCounters,
     /// Blocks per extent of the volume; 0: nothing is trimmed.
     extent_blocks: u64,
@@ -702,6 +705,7 @@ impl KvIndex {
             me: Weak::new(),
             used_blocks: AtomicU64::new(0),
             home_locks: AtomicU64::new(0),
+            changes: AtomicBool::new(false),
             counters: KvCounters::default(),
             extent_blocks: 0,
             trim_after_ms: AtomicU64::new(TRIM_AFTER.as_millis() as u64),
@@ -790,17 +794,25 @@ impl KvIndex {
         match home.as_deref_mut() {
             Some(st) => {
                 let r = f(self, st);
-                self.note_used(st);
+                self.publish(st);
                 Ok(r)
             }
             None => Err(f),
         }
     }
 
-    /// Keeps `used_blocks` current: Identify reads it without the state.
-    pub(super) fn note_used(&self, st: &State) {
+    /// Keeps what others read without the state current: `used_blocks`
+    /// (Identify) and `has_changes` (the metadata thread). Stored only when
+    /// they move, so readers' copies of the line stay valid.
+    pub(super) fn publish(&self, st: &State) {
         let used = st.blocks.total - st.blocks.free;
-        self.used_blocks.store(used, Ordering::Relaxed);
+        if self.used_blocks.load(Ordering::Relaxed) != used {
+            self.used_blocks.store(used, Ordering::Relaxed);
+        }
+        let changes = !st.dirty.is_empty() || !st.pending_free.is_empty();
+        if self.changes.load(Ordering::Relaxed) != changes {
+            self.changes.store(changes, Ordering::Release);
+        }
     }
 
     /// Times the home mutex was taken: it stays still while a reactor owns
@@ -842,7 +854,7 @@ impl KvIndex {
                 KvAnswer::List(self.list_in(st, &start, max as usize, now))
             }
         };
-        self.note_used(st);
+        self.publish(st);
         a
     }
 
@@ -1300,8 +1312,9 @@ impl KvIndex {
     }
 
     /// Keys changed, or blocks given up, since the last commit took them.
+    /// Read without the state: the holder keeps it current (`publish`).
     pub fn has_changes(&self) -> bool {
-        self.with_state(|_, st| !st.dirty.is_empty() || !st.pending_free.is_empty())
+        self.changes.load(Ordering::Acquire)
     }
 
     /// Every key and its location, changing nothing.
@@ -1362,7 +1375,7 @@ impl KvIndex {
         })
     }
 
-    /// `restore` of every key of `keys`, in one hold of the lock. Keys in
+    /// `restore` of every key of `keys`, in one hold of the home lock (recovery, before any owner). Keys in
     /// ascending order (a B-tree's, as recovery has them) join the key order
     /// at its end in constant time instead of a split and a merge from the
     /// root each: those were a quarter of a recovery of 10^6 keys.
@@ -1393,7 +1406,7 @@ impl KvIndex {
                 spine = st.right_spine();
             }
         }
-        self.note_used(st);
+        self.publish(st);
         Ok(())
     }
 
@@ -1495,7 +1508,7 @@ impl KvIndex {
         problems
     }
 
-    // --- internals, under the state lock ---
+    // --- internals, on the state its holder passes ---
 
     /// Blocks no key holds any more, durably: free for Stores, and their
     /// extents are candidates to go back to the pool.

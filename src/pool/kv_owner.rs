@@ -29,6 +29,8 @@ pub const KV_LOCAL: u64 = 0x4b56_4f57_4e45_4400;
 const KV_POLLER: u64 = 0x4b56_504f_5354_0000;
 /// Asks, and answers, a post holds before senders keep theirs for later.
 const POST_DEPTH: usize = 4096;
+/// How often an owner looks for indexes nobody else holds.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// How long the metadata thread waits for an owner before it looks whether
 /// the owner has ended.
 const CALL_PATIENCE: Duration = Duration::from_millis(50);
@@ -107,11 +109,35 @@ impl KvOwned {
             return false;
         };
         self.states.push((me, st));
+        self.count_owned();
         // Set under the home lock: whoever finds home empty finds an owner.
         let set = ix.owner.set(self.post.clone());
         assert!(set.is_ok(), "two owners of one KV index");
         tracing::debug!(index = ix.id, "reactor took a KV index");
         true
+    }
+
+    /// Lets go of the states of indexes only this reactor still holds (their
+    /// volume was deleted and no command or namespace holds them): nothing
+    /// can reach them again.
+    fn sweep(&mut self) {
+        let before = self.states.len();
+        self.states.retain(|(ix, _)| Arc::strong_count(ix) > 1);
+        self.count_owned();
+        if self.states.len() < before {
+            tracing::debug!(
+                released = before - self.states.len(),
+                "KV index states of deleted volumes released"
+            );
+        }
+    }
+
+    fn count_owned(&self) {
+        let n = self.states.len() as u64;
+        self.post
+            .reactor
+            .kv_indexes_owned
+            .store(n, Ordering::Relaxed);
     }
 
     /// Sends `mail`, or keeps it (behind earlier kept mail: order holds).
@@ -200,6 +226,8 @@ fn refused(ask: KvAsk) -> KvAnswer {
 /// and routes answers to its queue pairs.
 struct KvPoller {
     post: Arc<KvPost>,
+    /// When to look next (`KvOwned::sweep`).
+    next_sweep: Option<Instant>,
 }
 
 impl SharedPoller for KvPoller {
@@ -214,12 +242,19 @@ impl SharedPoller for KvPoller {
     fn delivers_to_conns(&self) -> bool {
         true
     }
-    fn serve(&mut self, locals: &mut Locals, _now: Instant) -> usize {
+    fn serve(&mut self, locals: &mut Locals, now: Instant) -> usize {
         let Some(owned) = locals.get_mut::<KvOwned>(KV_LOCAL) else {
             return 0;
         };
         if !owned.unsent.is_empty() {
             owned.resend();
+        }
+        match self.next_sweep {
+            Some(t) if now < t => {}
+            _ => {
+                self.next_sweep = Some(now + SWEEP_EVERY);
+                owned.sweep();
+            }
         }
         let mut n = 0;
         while let Some(a) = self.post.asks.pop() {
@@ -272,7 +307,10 @@ pub fn install(r: &mut crate::reactor::Reactor) {
         unsent: VecDeque::with_capacity(POST_DEPTH),
     };
     r.insert_local(KV_LOCAL, Box::new(owned));
-    r.add_poller(Box::new(KvPoller { post }));
+    r.add_poller(Box::new(KvPoller {
+        post,
+        next_sweep: None,
+    }));
 }
 
 /// `KeyIndex::ask` for a KV command on the reactor `ctx` runs: in place when
@@ -371,7 +409,7 @@ fn call<R: Send + 'static, F: FnOnce(&KvIndex, &mut State) -> R + Send + 'static
         let f = on_owner.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(f) = f {
             let r = f(ix, st);
-            ix.note_used(st);
+            ix.publish(st);
             let _ = tx.send(r);
         }
     }));

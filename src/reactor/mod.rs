@@ -434,6 +434,8 @@ pub struct ReactorShared {
     /// index, and asks it served for other reactors (`pool::kv_owner`).
     pub kv_asks_posted: AtomicU64,
     pub kv_asks_served: AtomicU64,
+    /// KV indexes whose state this reactor owns.
+    pub kv_indexes_owned: AtomicU64,
     /// Poll gaps, page faults and context switches (see `stall`).
     pub stall: StallStats,
 }
@@ -548,6 +550,7 @@ impl Reactor {
             queue_pairs: AtomicU64::new(0),
             kv_asks_posted: AtomicU64::new(0),
             kv_asks_served: AtomicU64::new(0),
+            kv_indexes_owned: AtomicU64::new(0),
             stall: StallStats::default(),
         });
         let epoll = Epoll::new()?;

@@ -60,6 +60,7 @@ pub(super) fn reactors(_p: &mut Params) -> Parsed {
                     "max_poll_gap": st.max_gap_ns,
                     "kv_asks_posted": r.kv_asks_posted.load(Ordering::Relaxed),
                     "kv_asks_served": r.kv_asks_served.load(Ordering::Relaxed),
+                    "kv_indexes_owned": r.kv_indexes_owned.load(Ordering::Relaxed),
                 })
             })
             .collect();
