@@ -107,7 +107,8 @@ start_target() {
     if [ -n "$tgt_pid" ]; then kill "$tgt_pid" 2>/dev/null; wait "$tgt_pid" 2>/dev/null || true; fi
     "$bin" --config "$work/exist.toml" >> "$work/target.log" 2>&1 &
     tgt_pid=$!
-    for _ in $(seq 100); do
+    # Up to 60 s: a RAM pool is made resident before the target listens.
+    for _ in $(seq 600); do
         (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
         sleep 0.1
     done

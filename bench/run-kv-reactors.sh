@@ -103,7 +103,8 @@ start_target() { # BIN CONFIG LOG
     if [ -n "$tgt_pid" ]; then kill "$tgt_pid" 2>/dev/null; wait "$tgt_pid" 2>/dev/null || true; fi
     "$1" --config "$2" >> "$3" 2>&1 &
     tgt_pid=$!
-    for _ in $(seq 100); do
+    # Up to 60 s: the RAM pool is made resident before the target listens.
+    for _ in $(seq 600); do
         (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
         sleep 0.1
     done

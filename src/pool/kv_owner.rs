@@ -68,12 +68,12 @@ pub struct KvPost {
 }
 
 impl KvPost {
+    /// Puts `mail` down; the sender wakes the reactor (`KvOwned::wake_all`).
     fn put(&self, mail: Mail) -> Result<(), Mail> {
         match mail {
             Mail::Ask(a) => self.asks.push(a).map_err(Mail::Ask)?,
             Mail::Answer(a) => self.answers.push(a).map_err(Mail::Answer)?,
         }
-        self.reactor.notify();
         Ok(())
     }
 }
@@ -84,6 +84,9 @@ pub struct KvOwned {
     states: Vec<(Arc<KvIndex>, Box<State>)>,
     /// Mail a full post refused, in the order it was sent.
     unsent: VecDeque<(Arc<KvPost>, Mail)>,
+    /// Posts that got mail since they were last woken: woken once for all
+    /// of it (a sleeping reactor's wake-up is a system call on the sender).
+    to_wake: Vec<Arc<KvPost>>,
 }
 
 impl KvOwned {
@@ -146,8 +149,22 @@ impl KvOwned {
             self.keep(to, mail);
             return;
         }
-        if let Err(mail) = to.put(mail) {
-            self.keep(to, mail);
+        match to.put(mail) {
+            Ok(()) => self.will_wake(to),
+            Err(mail) => self.keep(to, mail),
+        }
+    }
+
+    fn will_wake(&mut self, to: &Arc<KvPost>) {
+        if !self.to_wake.iter().any(|p| Arc::ptr_eq(p, to)) {
+            self.to_wake.push(to.clone());
+        }
+    }
+
+    /// Wakes the reactors mail went to (those that sleep).
+    fn wake_all(&mut self) {
+        for p in self.to_wake.drain(..) {
+            p.reactor.notify();
         }
     }
 
@@ -163,6 +180,7 @@ impl KvOwned {
                 self.unsent.push_front((to, mail));
                 break;
             }
+            self.will_wake(&to);
         }
         self.post.unsent.store(self.unsent.len(), Ordering::Relaxed);
     }
@@ -200,6 +218,7 @@ impl Drop for KvOwned {
             self.serve(a);
         }
         self.resend();
+        self.wake_all();
         for (ix, st) in self.states.drain(..) {
             *ix.home() = Some(st);
         }
@@ -261,6 +280,8 @@ impl SharedPoller for KvPoller {
             owned.serve(a);
             n += 1;
         }
+        // One wake-up per asking reactor for all the answers of this pass.
+        owned.wake_all();
         if n > 0 {
             let served = &self.post.reactor.kv_asks_served;
             served.fetch_add(n as u64, Ordering::Relaxed);
@@ -305,6 +326,7 @@ pub fn install(r: &mut crate::reactor::Reactor) {
         post: post.clone(),
         states: Vec::new(),
         unsent: VecDeque::with_capacity(POST_DEPTH),
+        to_wake: Vec::with_capacity(64),
     };
     r.insert_local(KV_LOCAL, Box::new(owned));
     r.add_poller(Box::new(KvPoller {
@@ -350,6 +372,7 @@ pub(super) fn ask(ix: &KvIndex, ask: KvAsk, slot: u16, ctx: &mut IoCtx) -> Optio
                 reply,
             });
             owned.send(&to, mail);
+            owned.wake_all();
             let posted = &owned.post.reactor.kv_asks_posted;
             posted.fetch_add(1, Ordering::Relaxed);
             None

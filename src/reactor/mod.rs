@@ -452,7 +452,10 @@ impl ReactorShared {
     /// shared pollers finds it (`SharedPoller::arm` keeps it awake while
     /// that work waits).
     pub fn notify(&self) {
-        if self.sleeping.load(Ordering::Acquire) {
+        // The other half of the reactor's fence before it sleeps: either it
+        // sees the work just put down, or this sees it sleeping.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::SeqCst) {
             self.wake.signal();
         }
     }
@@ -629,9 +632,7 @@ impl Reactor {
         let shared = self.shared.clone();
         let schedule = move |r: Runnable| {
             q.push(r);
-            if shared.sleeping.load(Ordering::Acquire) {
-                shared.wake.signal();
-            }
+            shared.notify();
         };
         let (runnable, task) = async_task::spawn_local(fut, schedule);
         task.detach();
@@ -978,7 +979,12 @@ impl Reactor {
 
             let mut timeout = 0;
             if self.idle == IdleMode::Adaptive && empty_polls >= SPIN_BEFORE_SLEEP {
-                self.shared.sleeping.store(true, Ordering::Release);
+                self.shared.sleeping.store(true, Ordering::SeqCst);
+                // Announced before looking for work: a store then a load may
+                // pass each other (the CPU's store buffer), so a sender that
+                // put work down after the look could miss the announcement
+                // and not wake us (`notify` fences too).
+                std::sync::atomic::fence(Ordering::SeqCst);
                 // Re-check after announcing sleep so a racing sender's wake-up is
                 // not lost.
                 if self.shared.inbox.is_empty()
