@@ -34,7 +34,6 @@
 //! and a fresh mapping for space it takes back at once.
 
 use super::key_slots::KeySlots;
-use super::kv_owner::KvPost;
 pub use crate::meta::journal::KvLoc;
 use crate::meta::superblock::NO_EXTENT;
 pub use crate::meta::superblock::{KV_BYTES_PER_KEY, KV_CKPT_ENTRY_BYTES};
@@ -43,6 +42,7 @@ use crate::nvmf::kv_index::{KvAnswer, KvAsk};
 use crate::wire::nvme::{KvKey, Status, StoreOptions};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -624,6 +624,24 @@ impl State {
     }
 }
 
+/// A job on a KV index's state, run where the state is: with it, or with
+/// `None` when its holder no longer has it.
+pub(super) type StateJob = Box<dyn FnOnce(Option<(&KvIndex, &mut State)>) + Send>;
+
+/// What holds a KV index's state once it left home (a reactor:
+/// `kv_owner::KvPost`): runs jobs on it for other threads.
+pub(super) trait StateHolder: Send + Sync {
+    /// Runs `job` on the state of index `index` on the holder's thread,
+    /// later; gives the job back if it cannot take it now.
+    fn post_job(&self, index: u64, job: StateJob) -> Result<(), StateJob>;
+    /// The holder as what it is (the command path reaches the reactor's post).
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
+}
+
+/// How long a caller waits for the state's holder before it looks whether
+/// the holder has ended.
+const HOLDER_PATIENCE: Duration = Duration::from_millis(50);
+
 /// The key index of one KV volume.
 pub struct KvIndex {
     block_size: u32,
@@ -639,7 +657,7 @@ pub struct KvIndex {
     /// tools and tests, and after the owner ended. Only cold paths lock it.
     home: Mutex<Option<Box<State>>>,
     /// The reactor that took the state (set once; `kv_owner`).
-    pub(super) owner: OnceLock<Arc<KvPost>>,
+    pub(super) owner: OnceLock<Arc<dyn StateHolder>>,
     /// The owner ended and handed the state back home.
     pub(super) owner_gone: AtomicBool,
     /// Process-unique: how an owner finds this index's state among its own.
@@ -784,7 +802,75 @@ impl KvIndex {
         &self,
         f: impl FnOnce(&KvIndex, &mut State) -> R + Send + 'static,
     ) -> R {
-        super::kv_owner::run_on_owner(self, f)
+        let mut f = f;
+        loop {
+            // The owner first: while one serves, the home mutex is never taken.
+            let holder = self
+                .owner
+                .get()
+                .filter(|_| !self.owner_gone.load(Ordering::Acquire));
+            if let Some(h) = holder {
+                match self.call_holder(&**h, f) {
+                    Ok(r) => return r,
+                    Err(back) => f = back,
+                }
+                continue;
+            }
+            match self.at_home(f) {
+                Ok(r) => return r,
+                // An owner is taking the state, or one ended and is handing
+                // it back: in one place or the other in a moment.
+                Err(back) => f = back,
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Runs `f` on the state on its holder's thread and waits; gives `f`
+    /// back if the holder no longer has the state.
+    fn call_holder<R, F>(&self, holder: &dyn StateHolder, f: F) -> Result<R, F>
+    where
+        R: Send + 'static,
+        F: FnOnce(&KvIndex, &mut State) -> R + Send + 'static,
+    {
+        let cell = Arc::new(Mutex::new(Some(f)));
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let on_holder = cell.clone();
+        let job: StateJob = Box::new(move |found| {
+            let Some((ix, st)) = found else {
+                return;
+            };
+            let f = on_holder.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(f) = f {
+                let r = f(ix, st);
+                ix.publish(st);
+                let _ = tx.send(r);
+            }
+        });
+        let mut job = Some(job);
+        loop {
+            if let Some(j) = job.take() {
+                job = holder.post_job(self.id, j).err();
+            }
+            match rx.recv_timeout(HOLDER_PATIENCE) {
+                Ok(r) => return Ok(r),
+                // The holder ended with the job unread: the state is home.
+                Err(RecvTimeoutError::Timeout) if self.owner_gone.load(Ordering::Acquire) => break,
+                Err(RecvTimeoutError::Timeout) => {}
+                // The job ran without the state (or was dropped): `f` is back.
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        let f = cell.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match f {
+            Some(f) => Err(f),
+            // Taken at the last moment: its result is on the way (a job that
+            // takes its closure sends what it returns).
+            None => match rx.recv() {
+                Ok(r) => Ok(r),
+                Err(_) => panic!("a KV index call on its owner failed"),
+            },
+        }
     }
 
     /// Runs `f` on the state at home, where it is unless a reactor owns it.
@@ -2006,24 +2092,6 @@ pub fn max_keys_of(size_bytes: u64) -> u64 {
 const _: () = assert!(NO_EXTENT == u32::MAX);
 
 /// The KV command set reaches the index through `nvmf::kv_index::KeyIndex`.
-impl crate::nvmf::kv_index::KeyIndex for KvIndex {
-    fn block_size(&self) -> u32 {
-        KvIndex::block_size(self)
-    }
-    fn max_keys(&self) -> u64 {
-        KvIndex::max_keys(self)
-    }
-    fn used_blocks(&self) -> u64 {
-        KvIndex::used_blocks(self)
-    }
-    fn ask(&self, ask: KvAsk, slot: u16, ctx: &mut crate::reactor::IoCtx) -> Option<KvAnswer> {
-        super::kv_owner::ask(self, ask, slot, ctx)
-    }
-    fn delete_all(&self, now: Instant) -> u64 {
-        KvIndex::delete_all(self, now)
-    }
-}
-
 static NEXT_INDEX_ID: AtomicU64 = AtomicU64::new(1);
 
 #[cfg(test)]

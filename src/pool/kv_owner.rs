@@ -11,7 +11,8 @@
 //! (its `Locals` drop) the states go back home, so the last checkpoint still
 //! finds them.
 
-use super::kv::{KvIndex, State};
+use super::kv::{KvIndex, State, StateHolder, StateJob};
+use crate::nvmf::kv_index::KeyIndex;
 use crate::nvmf::kv_index::{KvAnswer, KvAnswered, KvAsk};
 use crate::reactor::{IoCtx, Locals, Message, ReactorShared, SharedPoller};
 use crate::wire::nvme::Status;
@@ -20,7 +21,7 @@ use std::any::Any;
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The key of a reactor's `KvOwned` among its `Locals`.
@@ -31,9 +32,6 @@ const KV_POLLER: u64 = 0x4b56_504f_5354_0000;
 const POST_DEPTH: usize = 4096;
 /// How often an owner looks for indexes nobody else holds.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
-/// How long the metadata thread waits for an owner before it looks whether
-/// the owner has ended.
-const CALL_PATIENCE: Duration = Duration::from_millis(50);
 
 /// An ask from another reactor's queue pair.
 struct PostedAsk {
@@ -114,7 +112,7 @@ impl KvOwned {
         self.states.push((me, st));
         self.count_owned();
         // Set under the home lock: whoever finds home empty finds an owner.
-        let set = ix.owner.set(self.post.clone());
+        let set = ix.owner.set(self.post.clone() as Arc<dyn StateHolder>);
         assert!(set.is_ok(), "two owners of one KV index");
         tracing::debug!(index = ix.id, "reactor took a KV index");
         true
@@ -335,10 +333,28 @@ pub fn install(r: &mut crate::reactor::Reactor) {
     }));
 }
 
+impl KeyIndex for KvIndex {
+    fn block_size(&self) -> u32 {
+        KvIndex::block_size(self)
+    }
+    fn max_keys(&self) -> u64 {
+        KvIndex::max_keys(self)
+    }
+    fn used_blocks(&self) -> u64 {
+        KvIndex::used_blocks(self)
+    }
+    fn ask(&self, a: KvAsk, slot: u16, ctx: &mut IoCtx) -> Option<KvAnswer> {
+        ask(self, a, slot, ctx)
+    }
+    fn delete_all(&self, now: Instant) -> u64 {
+        KvIndex::delete_all(self, now)
+    }
+}
+
 /// `KeyIndex::ask` for a KV command on the reactor `ctx` runs: in place when
 /// this reactor owns the state (taking it if nobody does), else posted to
 /// the owner.
-pub(super) fn ask(ix: &KvIndex, ask: KvAsk, slot: u16, ctx: &mut IoCtx) -> Option<KvAnswer> {
+fn ask(ix: &KvIndex, ask: KvAsk, slot: u16, ctx: &mut IoCtx) -> Option<KvAnswer> {
     let now = ctx.now;
     let Some(owned) = ctx.locals.get_mut::<KvOwned>(KV_LOCAL) else {
         // A reactor without a post (tools, tests): wherever the state is.
@@ -349,8 +365,10 @@ pub(super) fn ask(ix: &KvIndex, ask: KvAsk, slot: u16, ctx: &mut IoCtx) -> Optio
         return Some(ix.with_state(move |ix, st| ix.run(st, ask, now)));
     }
     let gone = ix.owner_gone.load(Ordering::Acquire);
+    let mine =
+        |p: &Arc<dyn StateHolder>| std::ptr::addr_eq(Arc::as_ptr(p), Arc::as_ptr(&owned.post));
     match ix.owner.get() {
-        Some(p) if Arc::ptr_eq(p, &owned.post) && !gone => match owned.state_of(ix.id) {
+        Some(p) if mine(p) && !gone => match owned.state_of(ix.id) {
             Some((ix, st)) => Some(ix.run(st, ask, now)),
             None => {
                 tracing::error!(
@@ -361,10 +379,13 @@ pub(super) fn ask(ix: &KvIndex, ask: KvAsk, slot: u16, ctx: &mut IoCtx) -> Optio
             }
         },
         Some(p) if !gone => {
+            let Ok(to) = p.clone().into_any().downcast::<KvPost>() else {
+                tracing::error!(index = ix.id, "a KV index owned by something not a reactor");
+                return Some(refused(ask));
+            };
             let reply = ask
                 .wants_answer()
                 .then(|| (owned.post.clone(), ctx.conn_id, slot));
-            let to = p.clone();
             let mail = Mail::Ask(PostedAsk {
                 index: ix.id,
                 ask,
@@ -381,85 +402,31 @@ pub(super) fn ask(ix: &KvIndex, ask: KvAsk, slot: u16, ctx: &mut IoCtx) -> Optio
     }
 }
 
-/// `KvIndex::with_state`: `f` on the state at home, or on the owner while
-/// this thread waits.
-pub(super) fn run_on_owner<R: Send + 'static>(
-    ix: &KvIndex,
-    f: impl FnOnce(&KvIndex, &mut State) -> R + Send + 'static,
-) -> R {
-    let mut f = f;
-    loop {
-        // The owner first: while one serves, the home mutex is never taken.
-        let owner = ix
-            .owner
-            .get()
-            .filter(|_| !ix.owner_gone.load(Ordering::Acquire));
-        if let Some(post) = owner {
-            match call(ix, post, f) {
-                Ok(r) => return r,
-                Err(back) => f = back,
-            }
-            continue;
-        }
-        match ix.at_home(f) {
-            Ok(r) => return r,
-            // An owner is taking the state, or one ended and is handing it
-            // back: in one place or the other in a moment.
-            Err(back) => f = back,
-        }
-        std::thread::yield_now();
-    }
-}
-
-/// Runs `f` on the state of index `id` on `post`'s reactor and waits; gives
-/// `f` back if that reactor no longer serves it.
-fn call<R: Send + 'static, F: FnOnce(&KvIndex, &mut State) -> R + Send + 'static>(
-    ix: &KvIndex,
-    post: &KvPost,
-    f: F,
-) -> Result<R, F> {
-    let id = ix.id;
-    let cell = Arc::new(Mutex::new(Some(f)));
-    let (tx, rx) = mpsc::sync_channel(1);
-    let on_owner = cell.clone();
-    let msg = Message::Call(Box::new(move |r| {
-        let Some(owned) = r.locals_mut().get_mut::<KvOwned>(KV_LOCAL) else {
-            return;
-        };
-        let Some((ix, st)) = owned.state_of(id) else {
-            return;
-        };
-        let f = on_owner.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(f) = f {
-            let r = f(ix, st);
-            ix.publish(st);
-            let _ = tx.send(r);
-        }
-    }));
-    let mut msg = Some(msg);
-    loop {
-        if let Some(m) = msg.take() {
-            if let Err(m) = post.reactor.send(m) {
-                msg = Some(m);
+impl StateHolder for KvPost {
+    fn post_job(&self, index: u64, job: StateJob) -> Result<(), StateJob> {
+        // The job travels inside the message; a full inbox gives the message
+        // back, and the job is taken out of it again.
+        let job = Arc::new(Mutex::new(Some(job)));
+        let on_owner = job.clone();
+        let msg = Message::Call(Box::new(move |r| {
+            let job = on_owner.lock().unwrap_or_else(|p| p.into_inner()).take();
+            let Some(job) = job else { return };
+            let owned = r.locals_mut().get_mut::<KvOwned>(KV_LOCAL);
+            job(owned.and_then(|o| o.state_of(index)));
+        }));
+        match self.reactor.send(msg) {
+            Ok(()) => Ok(()),
+            Err(_) => {
+                // Refused, so never run: the job is still in it.
+                let back = job.lock().unwrap_or_else(|p| p.into_inner()).take();
+                match back {
+                    Some(job) => Err(job),
+                    None => Ok(()),
+                }
             }
         }
-        match rx.recv_timeout(CALL_PATIENCE) {
-            Ok(r) => return Ok(r),
-            // The owner ended with the call unread: the state is home.
-            Err(mpsc::RecvTimeoutError::Timeout) if ix.owner_gone.load(Ordering::Acquire) => break,
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            // The call ran without the state (or was dropped): `f` is back.
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
-        }
     }
-    let f = cell.lock().unwrap_or_else(|p| p.into_inner()).take();
-    match f {
-        Some(f) => Err(f),
-        // Taken at the last moment: its answer is on the way (a call that
-        // takes its closure sends what it returns).
-        None => match rx.recv() {
-            Ok(r) => Ok(r),
-            Err(_) => panic!("a KV index call on its owner failed"),
-        },
+    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
+        self
     }
 }
