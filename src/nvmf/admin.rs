@@ -3,7 +3,7 @@
 //! against shared target state; the transport moves the data.
 
 use super::controller::{
-    cap_register, Controller, ERROR_LOG_ENTRIES, IO_COMMAND_SET_COMBINATIONS, MAX_AERS, VERSION,
+    Controller, ERROR_LOG_ENTRIES, IO_COMMAND_SET_COMBINATIONS, MAX_AERS, VERSION,
 };
 use super::{CommandSet, Namespace, Target, IEEE_OUI};
 use crate::wire::nvme::{
@@ -53,8 +53,7 @@ impl AdminOutcome {
     }
 }
 
-/// Maximum namespaces per subsystem (NN, MNAN).
-pub const MAX_NAMESPACES: u32 = 1024;
+pub use super::MAX_NAMESPACES;
 /// Keep-alive granularity reported in KAS, in 100 ms units.
 const KAS_100MS: u16 = 10;
 
@@ -682,15 +681,6 @@ fn feature_answer(a: super::reservation::FeatureAnswer) -> AdminOutcome {
             data,
         },
         Err(s) => AdminOutcome::status(s),
-    }
-}
-
-/// The CAP register value this target reports.
-pub fn cap(target: &Target, ctrl: &Controller) -> u64 {
-    if ctrl.is_discovery() {
-        cap_register(target.limits.max_admin_queue_depth)
-    } else {
-        cap_register(target.limits.max_queue_depth)
     }
 }
 

@@ -120,9 +120,9 @@ pub struct Controller {
     /// Error Information entries made so far (the next entry's error count).
     error_seq: AtomicU64,
     /// Reservation Notification log and mask (`nvmf::reservation`).
-    pub reservation_log: Mutex<super::reservation::NoticeLog>,
+    pub reservation_log: Mutex<super::resv_notice::NoticeLog>,
     /// The path (listener) it came in through and its ANA event mask.
-    pub ana: super::ana::ControllerAna,
+    pub ana: super::ana_state::ControllerAna,
 }
 
 /// One attachment of an I/O queue ID: only the queue that attached it can
@@ -187,7 +187,7 @@ impl Controller {
             retired: Mutex::new(Retired::default()),
             error_seq: AtomicU64::new(0),
             reservation_log: Mutex::new(Default::default()),
-            ana: super::ana::ControllerAna::default(),
+            ana: super::ana_state::ControllerAna::default(),
         }
     }
 
@@ -270,14 +270,14 @@ impl Controller {
 
     /// A reservation notice for this controller's host: logged, and the
     /// Reservation Log Page Available event raised when it is not out yet.
-    pub fn reservation_notice(&self, nsid: u32, notice: super::reservation::Notice) {
+    pub fn reservation_notice(&self, nsid: u32, notice: super::resv_notice::Notice) {
         let raise = self
             .reservation_log
             .lock()
             .is_ok_and(|mut l| l.post(nsid, notice));
         if let (true, Ok(mut regs)) = (raise, self.regs.lock()) {
             regs.pending_events
-                .push_back(super::reservation::AEN_RESERVATION_LOG);
+                .push_back(super::resv_notice::AEN_RESERVATION_LOG);
         }
     }
 
@@ -547,6 +547,15 @@ pub fn enabled_command_sets(cc_value: u32, profile: u16) -> u64 {
 /// CAP.CRMS says so and then treats NSTAT as authoritative), and per-CSI
 /// Commands Supported and Effects for every CSI it advertises.
 pub const VERSION: u32 = 0x0001_0400;
+
+/// The CAP register value this target reports to `ctrl`.
+pub fn cap(target: &super::Target, ctrl: &Controller) -> u64 {
+    if ctrl.is_discovery() {
+        cap_register(target.limits.max_admin_queue_depth)
+    } else {
+        cap_register(target.limits.max_queue_depth)
+    }
+}
 
 /// The CAP register for a queue depth limit.
 pub fn cap_register(max_queue_depth: u16) -> u64 {

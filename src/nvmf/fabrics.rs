@@ -184,7 +184,7 @@ pub fn property(
     let p = PropertyCommand::parse(sqe);
     ctrl.keep_alive(now);
     if sqe.fctype() == fctype::PROPERTY_GET {
-        ctrl.get_property(p.offset, super::admin::cap(target, ctrl))
+        ctrl.get_property(p.offset, super::controller::cap(target, ctrl))
     } else {
         ctrl.set_property(p.offset, p.value)?;
         Ok(0)

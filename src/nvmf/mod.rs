@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod ana;
+pub mod ana_state;
 pub mod auth;
 mod authenticate;
 pub mod command;
@@ -21,11 +22,15 @@ pub mod plan;
 pub mod queue;
 pub mod request;
 pub mod reservation;
+pub mod resv_notice;
 
 use crate::bdev::SharedDevice;
 use crate::pool::channel::VolumeDevice;
 use crate::wire::nvme::{self, DiscoveryEntry};
 pub use controller::Controller;
+
+/// Maximum namespaces per subsystem (NN, MNAN).
+pub const MAX_NAMESPACES: u32 = 1024;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
