@@ -25,6 +25,9 @@ cargo fmt --version >/dev/null && cargo clippy --version >/dev/null
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "no import circle inside src/nvmf or src/pool (ci/import-circles.py)"
+python3 ci/import-circles.py
+
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
 
