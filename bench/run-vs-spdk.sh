@@ -57,6 +57,11 @@
 # (`--poll sleep`): both initiators share core 1, and two busy-polling processes on one
 # core take turns by scheduler slices, which put milliseconds into the measured reads'
 # tail on either target (session 22's 4.3-5.1 ms P99.9) whatever the target did.
+# The row "4KiB randread QD8 ns2 + a busy loop on core 1 (host control)" measures that
+# share alone: the reads by themselves, with a shell busy loop on core 1 that does no
+# I/O. For the reads' rows kvtarget's own view is tabled too, from its /metrics (a free
+# port each start): the reads' latency from capsule in to response out, the reactor's
+# pass lengths, its preemptions; host minus target is the initiators' side.
 #
 # Nothing else may run on the machine during a real measurement (2 cores: the
 # targets own core 0, perf core 1); the script warns when the 1-minute load
@@ -102,11 +107,13 @@ die() { failed=1; log "error: $*"; exit 1; }
 . "$repo/bench/lib/machine.sh"
 warn_if_busy
 
-# Packages: python3 (parsing, rpc.py), procps (uptime), coreutils (taskset is in
-# util-linux, not needed: perf pins itself with -c). ci/spdk.sh installs SPDK's own.
+# Packages: python3 (parsing, rpc.py, /metrics), procps (uptime), util-linux (taskset,
+# for the host control row's busy loop; perf pins itself with -c). ci/spdk.sh installs
+# SPDK's own.
 missing=()
 command -v python3 >/dev/null || missing+=(python3)
 command -v uptime >/dev/null || missing+=(procps)
+command -v taskset >/dev/null || missing+=(util-linux)
 if [ ${#missing[@]} -gt 0 ]; then
     if ! { apt-get update -q && apt-get install -y -q --no-install-recommends "${missing[@]}"; } >&2; then
         die "cannot install ${missing[*]}"
@@ -152,7 +159,7 @@ kv_nqn=$(kv_nqn_of "$kv_config") || die "cannot read the subsystem NQN from $kv_
 # --- the targets: SPDK nvmf_tgt, kvtarget (and its baseline build) ---
 targets=(spdk kvtarget)
 [ -z "${KVTARGET_BASE_BIN:-}" ] || targets=(spdk base kvtarget)
-declare -A pid_of sock_of trid_of addr_of nqn_of
+declare -A pid_of sock_of trid_of addr_of nqn_of metrics_of
 declare -A port_of=([spdk]=$spdk_port [kvtarget]=$kv_port [base]=$base_port)
 base_version=
 if [ -n "${KVTARGET_BASE_BIN:-}" ]; then
@@ -174,12 +181,14 @@ start_target() { # TARGET: (re)start it, configured and stopped (SIGSTOP), as at
             [ -z "$kv_pid" ] || stop_proc "$kv_pid"
             start_kv kvtarget "$kvbin" "$port" "$kv_config"
             kv_pid=$started_pid kv_version=$started_version
-            pid_of[kvtarget]=$kv_pid sock_of[kvtarget]=$started_sock nqn_of[kvtarget]=$kv_nqn ;;
+            pid_of[kvtarget]=$kv_pid sock_of[kvtarget]=$started_sock nqn_of[kvtarget]=$kv_nqn
+            metrics_of[kvtarget]=$started_metrics ;;
         base)
             [ -z "$base_pid" ] || stop_proc "$base_pid"
             start_kv base "$KVTARGET_BASE_BIN" "$port" "$base_config"
             base_pid=$started_pid base_version=$started_version
-            pid_of[base]=$base_pid sock_of[base]=$started_sock nqn_of[base]=$kv_nqn ;;
+            pid_of[base]=$base_pid sock_of[base]=$started_sock nqn_of[base]=$kv_nqn
+            metrics_of[base]=$started_metrics ;;
     esac
     trid_of[$t]="trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:${nqn_of[$t]}"
     addr_of[$t]=127.0.0.1:$port
@@ -221,6 +230,7 @@ kv_profiles=(
     "LMCache retrieve 32MiB QD2|kvperf:--workload lmcache-retrieve --bs 32MiB --qd 2"
     "LMCache retrieve 32MiB QD4|kvperf:--workload lmcache-retrieve --bs 32MiB --qd 4"
     "4KiB randread QD8 ns2 alone|ns2:-w randread -o 4096 -q 8"
+    "4KiB randread QD8 ns2 + a busy loop on core 1 (host control)|hog:-w randread -o 4096 -q 8"
     "LMCache store 32MiB QD4 + 4KiB randread QD8 ns2|kvperf:--workload lmcache-store --bs 32MiB --qd 4 --poll sleep|bg:-w randread -o 4096 -q 8"
     "LMCache retrieve 32MiB QD4 + 4KiB randread QD8 ns2|kvperf:--workload lmcache-retrieve --bs 32MiB --qd 4 --poll sleep|bg:-w randread -o 4096 -q 8"
 )
@@ -241,13 +251,29 @@ n=0
 # (-d: a number of I/Os; -t only bounds it), measured like any run.
 prefill_name="prefill 1MiB seq write QD8, first I/O after start"
 prefill_args="prefill:-w write -o 1048576 -q 8 -d 1024 -t 120"
+scrape() { # TARGET FILE: kvtarget's /metrics into FILE (nothing for SPDK)
+    [ -n "${metrics_of[$1]:-}" ] || return 0
+    python3 -c 'import sys, urllib.request
+open(sys.argv[2], "wb").write(urllib.request.urlopen("http://" + sys.argv[1] + "/metrics", timeout=5).read())' \
+        "${metrics_of[$1]}" "$2" 2>/dev/null || rm -f "$2"
+}
 measure() { # ROUND PROFILE-NAME TARGET RUN-SPEC [BG-ARGS]: one run, one line in $runs
     local r=$1 name=$2 t=$3 rest=$4 bg=${5:-} out bgout before after bg_pid= rc run_secs=$secs
+    local hog_pid= mid_pid= m0 m1 m2
     n=$((n + 1))
     out=$work/run-$n.out
     bgout=$work/run-$n.bg.out
+    m0=$work/run-$n.m0 m1=$work/run-$n.m1 m2=$work/run-$n.m2
     activate "$t"
     before=$(reactors "$t") || before=
+    # The 4 KiB reads' rows: kvtarget's own view of them, scraped before, while the
+    # reads' connection is still open (its series go with it), and after.
+    case "$bg$rest" in
+        *randread*-q\ 8*)
+            scrape "$t" "$m0"
+            { sleep "$((secs - 1)).5"; scrape "$t" "$m1"; } &
+            mid_pid=$! ;;
+    esac
     if [ -n "$bg" ]; then
         read -ra bargs <<< "$bg"
         # Namespace 2, for the run's length and a little more.
@@ -264,6 +290,15 @@ measure() { # ROUND PROFILE-NAME TARGET RUN-SPEC [BG-ARGS]: one run, one line in
             read -ra args <<< "${rest#ns2:}"
             perf_nsid=2 run_perf "$out" "$t" "${args[@]}" -t "$secs" -L
             rc=$? ;;
+        hog:*)
+            # The same reads alone, with a busy loop sharing the initiator's core (a
+            # neighbour that does no I/O): what the host's scheduler alone adds.
+            read -ra args <<< "${rest#hog:}"
+            taskset -c 1 sh -c 'while :; do :; done' &
+            hog_pid=$!
+            perf_nsid=2 run_perf "$out" "$t" "${args[@]}" -t "$secs" -L
+            rc=$?
+            kill "$hog_pid"; wait "$hog_pid" 2>/dev/null ;;
         prefill:*)
             read -ra args <<< "${rest#prefill:}"
             run_secs=0 # its length is its I/O count: no busy-per-I/O from a nominal time
@@ -278,15 +313,65 @@ measure() { # ROUND PROFILE-NAME TARGET RUN-SPEC [BG-ARGS]: one run, one line in
         wait "$bg_pid"; rm -rf "/var/run/dpdk/spdk_pid$bg_pid"
     fi
     after=$(reactors "$t") || after=
+    if [ -n "$mid_pid" ]; then wait "$mid_pid"; scrape "$t" "$m2"; fi
     log "round $r/$rounds $t: $name"
-    python3 "$work/record.py" "$out" "$t" "$name" "$r" "$run_secs" "$rc" "$before" "$after" "$bgout" "${rest%%:*}" >> "$runs"
+    python3 "$work/record.py" "$out" "$t" "$name" "$r" "$run_secs" "$rc" "$before" "$after" "$bgout" "${rest%%:*}" \
+        "$m0" "$m1" "$m2" >> "$runs"
     tail -n 1 "$runs" | grep -q '"error": null' || failed=1
 }
 cat > "$work/record.py" <<'PY'
 import json, os, re, sys
-out, target, name, rnd, secs, rc, before, after, bgout, initiator = sys.argv[1:11]
+out, target, name, rnd, secs, rc, before, after, bgout, initiator, m0, m1, m2 = sys.argv[1:14]
 text = open(out, errors="replace").read().replace("\r", "\n")
 run = {"target": target, "profile": name, "round": int(rnd), "error": None}
+
+def metrics(path):
+    """Prometheus text: {name: [(labels, value)]}, or None when not scraped."""
+    if not os.path.exists(path):
+        return None
+    d = {}
+    for line in open(path):
+        m = re.match(r"(\w+)\{(.*)\} (\S+)$", line.strip())
+        if m:
+            d.setdefault(m.group(1), []).append((dict(re.findall(r'(\w+)="([^"]*)"', m.group(2))), float(m.group(3))))
+    return d
+
+def buckets(d, name, keep):
+    """Cumulative histogram buckets summed over the series keep() accepts: [(le, n)]."""
+    acc = {}
+    for l, v in d.get(name + "_bucket", []):
+        if keep(l):
+            le = float("inf") if l["le"] == "+Inf" else float(l["le"])
+            acc[le] = acc.get(le, 0) + v
+    return sorted(acc.items())
+
+def upper_bound_us(b, q):
+    """The bucket bound (us) under which a fraction q of the histogram's counts lie."""
+    if not b or b[-1][1] <= 0:
+        return None
+    return next(le for le, c in b if c >= q * b[-1][1]) * 1e6
+
+def target_side(d0, d1, d2):
+    """kvtarget's view of the run's 4 KiB reads: their latency from capsule in to
+    response out (queue pairs whose reads were all 4096 bytes, scraped while open),
+    and the reactor's passes (poll gaps) and preemptions over the whole run."""
+    got = {}
+    if d1 is not None:
+        reads = {(l["cntlid"], l["qid"]): v for l, v in d1.get("kvtarget_qpair_commands_total", []) if l["op"] == "read"}
+        nbytes = {(l["cntlid"], l["qid"]): v for l, v in d1.get("kvtarget_qpair_bytes_total", []) if l["op"] == "read"}
+        small = {k for k, v in reads.items() if v > 0 and nbytes.get(k) == 4096 * v}
+        b = buckets(d1, "kvtarget_qpair_latency_seconds",
+                    lambda l: l["op"] == "read" and (l["cntlid"], l["qid"]) in small)
+        got["tgt_p99_le_us"], got["tgt_p999_le_us"] = upper_bound_us(b, 0.99), upper_bound_us(b, 0.999)
+    if d0 is not None and d2 is not None:
+        g0 = dict(buckets(d0, "kvtarget_reactor_poll_gap_seconds", lambda l: True))
+        g = [(le, c - g0.get(le, 0)) for le, c in buckets(d2, "kvtarget_reactor_poll_gap_seconds", lambda l: True)]
+        got["gap_p999_le_us"], got["gap_p9999_le_us"] = upper_bound_us(g, 0.999), upper_bound_us(g, 0.9999)
+        sw = lambda d: sum(v for _, v in d.get("kvtarget_reactor_involuntary_context_switches_total", []))
+        got["preempted"] = sw(d2) - sw(d0)
+    return got
+
+run.update(target_side(metrics(m0), metrics(m1), metrics(m2)))
 
 def spdk_perf(text):
     """spdk_nvme_perf's Total row (IOPS, MiB/s, avg, min, max) and -L percentiles."""
@@ -441,6 +526,28 @@ if any(r["target"] == "base" for r in runs):
               f"| {ratio(k['p999_us'], b['p999_us'])} | {ratio(k['max_us'], b['max_us'])} "
               f"| {ratio(k['busy_us_per_io'], b['busy_us_per_io'])} "
               f"| {ratio(b['iops'], s['iops'])} | {ratio(b['p99_us'], s['p99_us'])} |")
+if any("tgt_p99_le_us" in r or "gap_p999_le_us" in r for r in runs):
+    print()
+    print("Where the 4 KiB reads on namespace 2 wait (kvtarget, medians): the host's P99 and P99.9 "
+          "beside kvtarget's own view, read from its /metrics. Target-side: latency from the "
+          "capsule read off the socket to the response queued, as the bucket bound (16 us "
+          "doubling) under which 99 % / 99.9 % of the reads lie. Passes: the bound for the "
+          "reactor's loop passes (poll gaps, 1 us doubling) over the run, which a capsule may "
+          "wait for before it is read and a response before it is written. Preempted: the "
+          "reactor's involuntary context switches in the run.")
+    print()
+    print("| profile | host P99 us | host P99.9 us | target P99 <= us | target P99.9 <= us "
+          "| pass P99.9 <= us | pass P99.99 <= us | preempted |")
+    print("|---|---|---|---|---|---|---|---|")
+    for p in profiles:
+        if not any(r["profile"] == p and r["target"] == "kvtarget" and "tgt_p99_le_us" in r for r in runs):
+            continue
+        bg = any(r["profile"] == p and "bg_iops" in r for r in runs)
+        h99, h999 = (med(p, "kvtarget", "bg_p99_us"), med(p, "kvtarget", "bg_p999_us")) if bg else \
+            (med(p, "kvtarget", "p99_us"), med(p, "kvtarget", "p999_us"))
+        print(f"| {p} | {fmt(h99)} | {fmt(h999)} | {fmt(med(p, 'kvtarget', 'tgt_p99_le_us'), 0)} "
+              f"| {fmt(med(p, 'kvtarget', 'tgt_p999_le_us'), 0)} | {fmt(med(p, 'kvtarget', 'gap_p999_le_us'), 0)} "
+              f"| {fmt(med(p, 'kvtarget', 'gap_p9999_le_us'), 0)} | {fmt(med(p, 'kvtarget', 'preempted'), 0)} |")
 print()
 print("Every run, in the order run:")
 print()

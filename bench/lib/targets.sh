@@ -62,14 +62,23 @@ kv_nqn_of() {
     python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["subsystems"][0]["nqn"])' "$1"
 }
 
-# start_kv NAME BIN PORT CONFIG -> started_pid, started_sock, started_version (stopped
-# afterwards). CONFIG (config/bench-ram.toml or one serving the same namespaces) with
-# its port replaced and 4096-byte blocks.
+# start_kv NAME BIN PORT CONFIG -> started_pid, started_sock, started_version,
+# started_metrics (host:port of its /metrics; stopped afterwards). CONFIG
+# (config/bench-ram.toml or one serving the same namespaces) with its port replaced
+# and 4096-byte blocks.
 start_kv() {
     local name=$1 bin=$2 port=$3 cfg=$4 nqn
     nqn=$(kv_nqn_of "$cfg") || die "cannot read the subsystem NQN from $cfg"
     sed -e "s/^port = [0-9]*/port = $port/" -e 's/^block_size = [0-9]*/block_size = 4096/' \
         "$cfg" > "$work/$name.toml"
+    # Prometheus metrics on a free port: the target-side figures (latency from capsule
+    # in to response out, reactor pass lengths) are read there.
+    started_metrics=127.0.0.1:$(free_port)
+    if grep -q '^\[metrics\]' "$work/$name.toml"; then
+        sed -i "/^\[metrics\]/,/^\[/ s/^address = .*/address = \"$started_metrics\"/" "$work/$name.toml"
+    else
+        printf '\n[metrics]\naddress = "%s"\n' "$started_metrics" >> "$work/$name.toml"
+    fi
     started_sock=$work/$name.sock
     "$bin" --config "$work/$name.toml" -r "$started_sock" > "$work/$name.log" 2>&1 &
     started_pid=$!
