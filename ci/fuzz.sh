@@ -36,35 +36,49 @@ echo "==> cargo afl build --release --features afl (fuzz/)"
 
 export AFL_SKIP_CPUFREQ=1 AFL_NO_UI=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1
 export AFL_NO_AFFINITY=${AFL_NO_AFFINITY:-1}   # shared cores: do not pin
-failed=()
-summary=()
-for t in "${targets[@]}"; do
-    out=$repo/fuzz/out/$t
+# One target per core at a time: each still gets its full time, on a core of
+# its own, and the stage takes half as long on two cores.
+jobs=${FUZZ_JOBS:-$(nproc)}
+fuzz_one() { # TARGET: fuzz it; $out/summary gets its line, $out/failed its problems
+    local t=$1 out=$repo/fuzz/out/$1 stats kind f
     rm -rf "$out"
     mkdir -p "$out"
-    echo "==> fuzzing $t for ${secs}s"
     # -V stops after that many seconds; -t the per-input timeout in ms (a
     # slower input is a hang: the parsers have nothing to wait for).
     if ! cargo afl fuzz -V "$secs" -t "${FUZZ_TIMEOUT_MS:-1000}" -i "fuzz/corpus/$t" -o "$out" \
         "fuzz/target/release/$t" > "$out/afl.log" 2>&1; then
         tail -n 20 "$out/afl.log"
-        failed+=("$t: afl-fuzz failed (log $out/afl.log)")
-        continue
+        echo "$t: afl-fuzz failed (log $out/afl.log)" > "$out/failed"
+        return
     fi
     stats=$out/default/fuzzer_stats
     field() { sed -n "s/^$1 *: *//p" "$stats"; }
-    line="$t: $(field execs_done) execs, $(field execs_per_sec) exec/s, corpus $(field corpus_count), edges $(field edges_found)/$(field total_edges) ($(field bitmap_cvg)), crashes $(field saved_crashes), hangs $(field saved_hangs)"
-    summary+=("$line")
-    echo "$line"
+    echo "$t: $(field execs_done) execs, $(field execs_per_sec) exec/s, corpus $(field corpus_count), edges $(field edges_found)/$(field total_edges) ($(field bitmap_cvg)), crashes $(field saved_crashes), hangs $(field saved_hangs)" > "$out/summary"
+    : > "$out/failed"
     for kind in crashes hangs; do
         for f in "$out"/default/$kind/id:*; do
             [ -e "$f" ] || continue
-            failed+=("$t: $kind/$(basename "$f")")
+            echo "$t: $kind/$(basename "$f")" >> "$out/failed"
             echo "FUZZ FAILURE ($kind) in $t: $f"
             echo "  replay:  fuzz/target/release/$t < '$f'"
             echo "  keep it: cp '$f' fuzz/regressions/$t/<name> && (cd fuzz && cargo test)"
         done
     done
+}
+running=0
+for t in "${targets[@]}"; do
+    echo "==> fuzzing $t for ${secs}s"
+    fuzz_one "$t" &
+    running=$((running + 1))
+    if [ "$running" -ge "$jobs" ]; then wait -n; running=$((running - 1)); fi
+done
+wait
+failed=()
+summary=()
+for t in "${targets[@]}"; do
+    out=$repo/fuzz/out/$t
+    [ -s "$out/summary" ] && { summary+=("$(cat "$out/summary")"); cat "$out/summary"; }
+    while IFS= read -r line; do failed+=("$line"); done < <(cat "$out/failed" 2>/dev/null || echo "$t: no result")
 done
 echo
 echo "==> fuzzing summary (${secs}s per target)"

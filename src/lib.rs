@@ -38,6 +38,8 @@ pub mod pool;
 pub mod reactor;
 pub mod rpc;
 pub mod server;
+#[cfg(test)]
+pub(crate) mod sim_seeds;
 pub mod stats;
 pub mod transport;
 pub mod wire;

@@ -1193,8 +1193,8 @@ fn target_simulation_over_many_seeds() {
     let seeds = env_u64("KVT_TARGET_SIM_SEEDS", 50);
     let first = env_u64("KVT_TARGET_SIM_FIRST_SEED", 0);
     let mut total = Cover::default();
-    for seed in first..first + seeds {
-        total.add(&run_seed(seed, steps));
+    for c in crate::sim_seeds::run_seeds(first, seeds, |seed| run_seed(seed, steps)) {
+        total.add(&c);
     }
     eprintln!(
         "target simulation: seeds {first}..{}: {total:?}",
