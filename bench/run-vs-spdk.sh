@@ -59,9 +59,11 @@
 # tail on either target (session 22's 4.3-5.1 ms P99.9) whatever the target did.
 # The row "4KiB randread QD8 ns2 + a busy loop on core 1 (host control)" measures that
 # share alone: the reads by themselves, with a shell busy loop on core 1 that does no
-# I/O. For the reads' rows kvtarget's own view is tabled too, from its /metrics (a free
-# port each start): the reads' latency from capsule in to response out, the reactor's
-# pass lengths, its preemptions; host minus target is the initiators' side.
+# I/O. For every 4 KiB row (the block set's and these reads') kvtarget's own view is
+# tabled too, from its /metrics (a free port each start): the I/Os' latency from
+# capsule in to response out (P99, P99.9, worst), the reactor's pass lengths and
+# longest pass, its preemptions; host minus target is the initiators' side, so a
+# host max far above the target's own worst was spent outside kvtarget.
 #
 # Nothing else may run on the machine during a real measurement (2 cores: the
 # targets own core 0, perf core 1); the script warns when the 1-minute load
@@ -266,12 +268,20 @@ measure() { # ROUND PROFILE-NAME TARGET RUN-SPEC [BG-ARGS]: one run, one line in
     m0=$work/run-$n.m0 m1=$work/run-$n.m1 m2=$work/run-$n.m2
     activate "$t"
     before=$(reactors "$t") || before=
-    # The 4 KiB reads' rows: kvtarget's own view of them, scraped before, while the
-    # reads' connection is still open (its series go with it), and after.
+    # The 4 KiB rows (spdk_nvme_perf's, in front or beside): kvtarget's own view of
+    # them, scraped before, while the run's connections are still open (their
+    # series go with them), and after.
+    # SPDK's nvmf_tgt has no /metrics: it answers an RPC (framework_get_reactors) at
+    # the same moment instead, so both targets' runs carry a probe of the same kind
+    # (a Python process started, a request answered) at the same time.
     case "$bg$rest" in
-        *randread*-q\ 8*)
+        *-o\ 4096*)
             scrape "$t" "$m0"
-            { sleep "$((secs - 1)).5"; scrape "$t" "$m1"; } &
+            if [ -n "${metrics_of[$t]:-}" ]; then
+                { sleep "$((secs - 1)).5"; scrape "$t" "$m1"; } &
+            else
+                { sleep "$((secs - 1)).5"; reactors "$t" > /dev/null 2>&1; } &
+            fi
             mid_pid=$! ;;
     esac
     if [ -n "$bg" ]; then
@@ -352,21 +362,35 @@ def upper_bound_us(b, q):
     return next(le for le, c in b if c >= q * b[-1][1]) * 1e6
 
 def target_side(d0, d1, d2):
-    """kvtarget's view of the run's 4 KiB reads: their latency from capsule in to
-    response out (queue pairs whose reads were all 4096 bytes, scraped while open),
-    and the reactor's passes (poll gaps) and preemptions over the whole run."""
+    """kvtarget's view of the run's 4 KiB I/Os: their latency from capsule in to
+    response out (reads and writes of queue pairs whose reads and writes were all
+    4096 bytes, scraped while open, so the run's last half second is not in it),
+    and the reactor's passes (poll gaps), longest pass and preemptions over the
+    whole run (each scrape resets the longest-pass gauge: m0 starts it, m1 and m2
+    cover the run)."""
     got = {}
+    ops = ("read", "write")
     if d1 is not None:
-        reads = {(l["cntlid"], l["qid"]): v for l, v in d1.get("kvtarget_qpair_commands_total", []) if l["op"] == "read"}
-        nbytes = {(l["cntlid"], l["qid"]): v for l, v in d1.get("kvtarget_qpair_bytes_total", []) if l["op"] == "read"}
-        small = {k for k, v in reads.items() if v > 0 and nbytes.get(k) == 4096 * v}
+        def per_qpair(name):
+            acc = {}
+            for l, v in d1.get(name, []):
+                if l["op"] in ops:
+                    k = (l["cntlid"], l["qid"])
+                    acc[k] = acc.get(k, 0) + v
+            return acc
+        cmds, nbytes = per_qpair("kvtarget_qpair_commands_total"), per_qpair("kvtarget_qpair_bytes_total")
+        small = {k for k, v in cmds.items() if v > 0 and nbytes.get(k) == 4096 * v}
         b = buckets(d1, "kvtarget_qpair_latency_seconds",
-                    lambda l: l["op"] == "read" and (l["cntlid"], l["qid"]) in small)
+                    lambda l: l["op"] in ops and (l["cntlid"], l["qid"]) in small)
         got["tgt_p99_le_us"], got["tgt_p999_le_us"] = upper_bound_us(b, 0.99), upper_bound_us(b, 0.999)
+        got["tgt_max_le_us"] = upper_bound_us(b, 1.0)
     if d0 is not None and d2 is not None:
         g0 = dict(buckets(d0, "kvtarget_reactor_poll_gap_seconds", lambda l: True))
         g = [(le, c - g0.get(le, 0)) for le, c in buckets(d2, "kvtarget_reactor_poll_gap_seconds", lambda l: True)]
         got["gap_p999_le_us"], got["gap_p9999_le_us"] = upper_bound_us(g, 0.999), upper_bound_us(g, 0.9999)
+        longest = [v for d in (d1 or {}, d2) for _, v in d.get("kvtarget_reactor_max_poll_gap_seconds", [])]
+        if longest:
+            got["gap_max_us"] = max(longest) * 1e6
         sw = lambda d: sum(v for _, v in d.get("kvtarget_reactor_involuntary_context_switches_total", []))
         got["preempted"] = sw(d2) - sw(d0)
     return got
@@ -528,26 +552,32 @@ if any(r["target"] == "base" for r in runs):
               f"| {ratio(b['iops'], s['iops'])} | {ratio(b['p99_us'], s['p99_us'])} |")
 if any("tgt_p99_le_us" in r or "gap_p999_le_us" in r for r in runs):
     print()
-    print("Where the 4 KiB reads on namespace 2 wait (kvtarget, medians): the host's P99 and P99.9 "
-          "beside kvtarget's own view, read from its /metrics. Target-side: latency from the "
-          "capsule read off the socket to the response queued, as the bucket bound (16 us "
-          "doubling) under which 99 % / 99.9 % of the reads lie. Passes: the bound for the "
-          "reactor's loop passes (poll gaps, 1 us doubling) over the run, which a capsule may "
-          "wait for before it is read and a response before it is written. Preempted: the "
-          "reactor's involuntary context switches in the run.")
+    print("Where the 4 KiB I/Os wait (kvtarget; medians, max columns the worst run): the "
+          "host's P99, P99.9 and max (of the reads on namespace 2 in the rows beside an LMCache "
+          "load) beside kvtarget's own view, read from its /metrics. Target-side: latency from "
+          "the capsule read off the socket to the response queued, as the bucket bound (16 us "
+          "doubling) under which 99 % / 99.9 % / all of the 4 KiB I/Os lie (scraped half a "
+          "second before the end). Passes: the bound for the reactor's loop passes (poll gaps, "
+          "1 us doubling) over the run, which a capsule may wait for before it is read and a "
+          "response before it is written, and the longest one. Preempted: the reactor's "
+          "involuntary context switches in the run. A host max far above both target maxima "
+          "was spent outside kvtarget's process.")
     print()
-    print("| profile | host P99 us | host P99.9 us | target P99 <= us | target P99.9 <= us "
-          "| pass P99.9 <= us | pass P99.99 <= us | preempted |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| profile | host P99 us | host P99.9 us | host max us | target P99 <= us | target P99.9 <= us "
+          "| target max <= us | pass P99.9 <= us | pass P99.99 <= us | longest pass us | preempted |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for p in profiles:
         if not any(r["profile"] == p and r["target"] == "kvtarget" and "tgt_p99_le_us" in r for r in runs):
             continue
         bg = any(r["profile"] == p and "bg_iops" in r for r in runs)
-        h99, h999 = (med(p, "kvtarget", "bg_p99_us"), med(p, "kvtarget", "bg_p999_us")) if bg else \
-            (med(p, "kvtarget", "p99_us"), med(p, "kvtarget", "p999_us"))
-        print(f"| {p} | {fmt(h99)} | {fmt(h999)} | {fmt(med(p, 'kvtarget', 'tgt_p99_le_us'), 0)} "
-              f"| {fmt(med(p, 'kvtarget', 'tgt_p999_le_us'), 0)} | {fmt(med(p, 'kvtarget', 'gap_p999_le_us'), 0)} "
-              f"| {fmt(med(p, 'kvtarget', 'gap_p9999_le_us'), 0)} | {fmt(med(p, 'kvtarget', 'preempted'), 0)} |")
+        h99, h999, hmax = (med(p, "kvtarget", "bg_p99_us"), med(p, "kvtarget", "bg_p999_us"),
+                           worst(p, "kvtarget", "bg_max_us")) if bg else \
+            (med(p, "kvtarget", "p99_us"), med(p, "kvtarget", "p999_us"), worst(p, "kvtarget", "max_us"))
+        print(f"| {p} | {fmt(h99)} | {fmt(h999)} | {fmt(hmax)} | {fmt(med(p, 'kvtarget', 'tgt_p99_le_us'), 0)} "
+              f"| {fmt(med(p, 'kvtarget', 'tgt_p999_le_us'), 0)} | {fmt(worst(p, 'kvtarget', 'tgt_max_le_us'), 0)} "
+              f"| {fmt(med(p, 'kvtarget', 'gap_p999_le_us'), 0)} "
+              f"| {fmt(med(p, 'kvtarget', 'gap_p9999_le_us'), 0)} | {fmt(worst(p, 'kvtarget', 'gap_max_us'), 0)} "
+              f"| {fmt(med(p, 'kvtarget', 'preempted'), 0)} |")
 print()
 print("Every run, in the order run:")
 print()

@@ -861,6 +861,9 @@ impl Server {
     /// state (one `apply` per configuration operation), the listeners, then the
     /// reactors and service threads. Errors are one line.
     pub fn start(cfg: &Config) -> Result<Server, StartError> {
+        if let Some(cores) = crate::reactor::keep_control_plane_off(&cfg.reactor_cores()) {
+            tracing::info!(?cores, "control-plane threads kept off the reactors' cores");
+        }
         set_spdk_env(cfg);
         let target = Arc::new(Target::new(transport_limits(&cfg.tcp)));
         let policy = cfg.auth.policy();

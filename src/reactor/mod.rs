@@ -41,6 +41,43 @@ pub enum IdleMode {
     Adaptive,
 }
 
+/// Keeps the control plane (the calling thread and every thread it starts
+/// from now on: RPC, metrics, the acceptor, the cluster, pool workers) off
+/// the cores the reactors are pinned to, when the process may run on another
+/// core: a busy-polling reactor that its own process's housekeeping preempts
+/// stalls every queue it owns. Returns the cores the control plane keeps to;
+/// `None` when nothing changed (no reactor pinned, or no core left over).
+pub fn keep_control_plane_off(reactor_cores: &[Option<usize>]) -> Option<Vec<usize>> {
+    let pinned: Vec<usize> = reactor_cores.iter().flatten().copied().collect();
+    if pinned.is_empty() {
+        return None;
+    }
+    let allowed = match sys::allowed_cores() {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!("cannot read the process's cores ({e}): control plane not moved");
+            return None;
+        }
+    };
+    let rest = control_plane_cores(&allowed, &pinned)?;
+    if let Err(e) = sys::set_allowed_cores(&rest) {
+        tracing::warn!("cannot move the control plane off the reactors' cores: {e}");
+        return None;
+    }
+    Some(rest)
+}
+
+/// The allowed cores no reactor is pinned to, when that leaves some and
+/// excludes some.
+fn control_plane_cores(allowed: &[usize], pinned: &[usize]) -> Option<Vec<usize>> {
+    let rest: Vec<usize> = allowed
+        .iter()
+        .copied()
+        .filter(|c| !pinned.contains(c))
+        .collect();
+    (!rest.is_empty() && rest.len() < allowed.len()).then_some(rest)
+}
+
 /// Empty polls before an adaptive reactor goes to sleep.
 const SPIN_BEFORE_SLEEP: u32 = 2000;
 /// Longest sleep, so housekeeping still runs on an idle reactor.
@@ -1123,6 +1160,55 @@ impl Reactor {
 mod tests {
     use super::*;
     use std::sync::mpsc;
+
+    #[test]
+    fn the_control_plane_gets_the_cores_no_reactor_is_pinned_to() {
+        assert_eq!(control_plane_cores(&[0, 1], &[0]), Some(vec![1]));
+        assert_eq!(
+            control_plane_cores(&[0, 1, 2, 3], &[1, 3]),
+            Some(vec![0, 2])
+        );
+        // Every allowed core has a reactor: the control plane shares them.
+        assert_eq!(control_plane_cores(&[0, 1], &[0, 1]), None);
+        // Reactors pinned outside the allowed cores take none of them.
+        assert_eq!(control_plane_cores(&[2, 3], &[0]), None);
+        assert_eq!(keep_control_plane_off(&[None, None]), None);
+    }
+
+    #[test]
+    fn a_control_plane_thread_and_the_threads_it_starts_keep_off_a_reactor_core() {
+        // On a thread of its own: the mask it sets is the test's, not the harness's.
+        std::thread::spawn(|| {
+            let allowed = sys::allowed_cores().unwrap();
+            let Some(&first) = allowed.first() else {
+                panic!("no core allowed");
+            };
+            if allowed.len() < 2 {
+                // One core: nothing can be kept off it.
+                assert_eq!(keep_control_plane_off(&[Some(first)]), None);
+                return;
+            }
+            let rest = keep_control_plane_off(&[Some(first)]).unwrap();
+            assert_eq!(rest, allowed[1..].to_vec());
+            assert_eq!(sys::allowed_cores().unwrap(), rest);
+            let child = std::thread::spawn(|| sys::allowed_cores().unwrap());
+            assert_eq!(child.join().unwrap(), rest);
+            // A reactor may still pin itself to the core the control plane left.
+            let (shared, h) = Reactor::spawn(0, IdleMode::Adaptive, Some(first)).unwrap();
+            let (tx, rx) = mpsc::channel();
+            assert!(shared
+                .send(Message::Call(Box::new(move |_: &mut Reactor| {
+                    tx.send(sys::allowed_cores().unwrap()).unwrap();
+                })))
+                .is_ok());
+            let on = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert_eq!(on, vec![first]);
+            assert!(shared.send(Message::Shutdown).is_ok());
+            h.join().unwrap();
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn messages_tasks_and_timers_run_on_the_reactor() {

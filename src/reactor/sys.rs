@@ -166,6 +166,38 @@ pub fn set_quickack(fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
+/// The cores the calling thread may run on (its affinity mask).
+pub fn allowed_cores() -> io::Result<Vec<usize>> {
+    // SAFETY: an all-zero cpu_set_t is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is writable and its size is passed; the kernel fills it.
+    cvt(unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) })?;
+    let max = libc::CPU_SETSIZE as usize;
+    // SAFETY: every index is below CPU_SETSIZE, the set's capacity.
+    Ok((0..max)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect())
+}
+
+/// Restricts the calling thread, and every thread it starts afterwards, to
+/// `cores` (each below CPU_SETSIZE). A thread may pin itself elsewhere later:
+/// the mask is inherited, not a limit.
+pub fn set_allowed_cores(cores: &[usize]) -> io::Result<()> {
+    // SAFETY: an all-zero cpu_set_t is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cores {
+        assert!(
+            c < libc::CPU_SETSIZE as usize,
+            "core {c} is beyond CPU_SETSIZE"
+        );
+        // SAFETY: `c` is below CPU_SETSIZE (asserted), within the set.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; the kernel only reads it.
+    cvt(unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) })
+        .map(drop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
