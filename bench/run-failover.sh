@@ -15,7 +15,8 @@
 # ports, all on core 0, each with the same config but its name and port: one shared
 # uring pool file (320 MiB, a 128 MiB write-through block volume) served as NSID 1 of
 # one cluster-wide subsystem with ANA reporting. The guest (ci/guest/run.sh, Debian 12's
-# Linux 6.1, 2 vCPUs, QEMU/TCG pinned to core 1) connects one path to each node with
+# Linux 6.1, 2 vCPUs, QEMU/TCG pinned to core 1, slirp networking unless GUEST_NET=tap)
+# connects one path to each node with
 # nvme-cli's default options and runs fio on the multipath head: 4 KiB random writes at
 # iodepth 1 (libaio, O_DIRECT), every completion logged with its Unix time in ms
 # (write_lat_log, log_unix_epoch). Per kill the guest asks this script over the 9p
@@ -199,7 +200,7 @@ EOF
 
 budget=$(( kills * (settle + 4 * ttl + 40) + 600 ))
 GUEST_DIR=$guest_dir taskset -c 1 "$repo/ci/guest/run.sh" --share "$share" --script failover.sh \
-    --smp 2 --mem 2G --timeout "$budget" --log "$work/console.log" > "$work/guest-run.log" 2>&1 &
+    --net "${GUEST_NET:-user}" --smp 2 --mem 2G --timeout "$budget" --log "$work/console.log" > "$work/guest-run.log" 2>&1 &
 guest_pid=$!
 log "guest booting (console: $work/console.log); $kills kills"
 

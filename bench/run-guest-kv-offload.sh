@@ -17,8 +17,8 @@
 # on core 0 each, two RAM namespaces (1 GiB and 256 MiB, 4096-byte blocks), NVMe/TCP
 # on 127.0.0.1, the one not measured stopped (SIGSTOP). The guest (ci/guest/run.sh,
 # Debian 12's Linux 6.1, 2 vCPUs, QEMU/TCG pinned to core 1) reaches them at 10.0.2.2
-# through QEMU's user-mode network (slirp): the slow link between an inference host
-# and its KV store. It connects with nvme-cli's default options before each run and
+# through QEMU's user-mode network (slirp; GUEST_NET=tap for ci/guest/run.sh's
+# faster tap link): the slow link between an inference host and its KV store. It connects with nvme-cli's default options before each run and
 # disconnects after it (a stopped target would otherwise fail the kernel's
 # keep-alive), asking this script over the 9p share to switch targets.
 #
@@ -179,7 +179,7 @@ EOF
 # buffers: iodepth x 32 MiB), QEMU pinned to core 1, off the targets' core 0.
 runs_budget=$(( (secs + 25) * rounds * ${#selected[@]} * 2 + 600 ))
 GUEST_DIR=$guest_dir taskset -c 1 "$repo/ci/guest/run.sh" --share "$share" --script kv-offload.sh \
-    --smp 2 --mem 3G --timeout "$runs_budget" --log "$work/console.log" > "$work/guest-run.log" 2>&1 &
+    --net "${GUEST_NET:-user}" --smp 2 --mem 3G --timeout "$runs_budget" --log "$work/console.log" > "$work/guest-run.log" 2>&1 &
 guest_pid=$!
 log "guest booting (console: $work/console.log); ${#selected[@]} profile(s) x ${#targets[@]} targets x $rounds round(s)"
 

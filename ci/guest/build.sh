@@ -26,12 +26,13 @@ source "$here/../lib/debian.sh"
 
 # --- host packages ----------------------------------------------------------------
 # Tools copied into the guest come from the host's installed packages (same glibc),
-# so they must be installed here; qemu is needed by run.sh.
+# so they must be installed here; qemu and nftables (its tap networking) are needed
+# by run.sh.
 # libibverbs1, librdmacm1, ibverbs-providers: rdma-core for kvtarget's NVMe/RDMA
 # listener inside the guest (soft-RoCE provider librxe), copied in below.
 host_pkgs=(qemu-system-x86 busybox-static nvme-cli fio jq kmod cpio util-linux
            coreutils iproute2 dpkg libibverbs1 librdmacm1 ibverbs-providers
-           python3.11-minimal libpython3.11-stdlib)
+           python3.11-minimal libpython3.11-stdlib nftables)
 install_debs "${host_pkgs[@]}"
 
 # The kernel: the version linux-image-amd64 points at in the apt lists (downloaded,

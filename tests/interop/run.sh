@@ -4,8 +4,8 @@
 # For each target:
 #   kvtarget  starts $KVTARGET_BIN on the host (127.0.0.1:4420, discovery 8009; its
 #             namespaces are thin volumes of one pool file in a temp dir, see VOLUMES),
-#             boots the guest running tcp-suite.sh against 10.0.2.2 (slirp's alias of
-#             the host's 127.0.0.1), serves the suite's restart requests over the 9p
+#             boots the guest running tcp-suite.sh against 10.0.2.2 (the host's
+#             127.0.0.1 as ci/guest/run.sh's tap link or slirp presents it), serves the suite's restart requests over the 9p
 #             share, stops kvtarget at the end and checks the pool offline
 #             (kvtarget check).
 #   kernel    boots the guest, sets up the guest kernel's nvmet as a control target

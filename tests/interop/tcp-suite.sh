@@ -12,7 +12,7 @@
 # scenario is neither a pass nor a failure.
 #
 # Usage: tcp-suite.sh --addr A --port P --nqn NQN --hostnqn HOSTNQN [options]
-#   --addr A            address the guest connects to (10.0.2.2 = the host via slirp)
+#   --addr A            address the guest connects to (10.0.2.2 = the host's 127.0.0.1)
 #   --port P            NVMe/TCP I/O port (4420)
 #   --disc-port P       discovery port (8009)
 #   --disc-port-svc P   trsvcid the subsystem's entry must carry in the log served on
