@@ -1031,7 +1031,7 @@ t_bench_fio_profiles() {
     local f name out rc err bytes n=0 dir=/mnt/share/fio
     [ -d "$dir" ] || { fail "no job files in $dir"; return 1; }
     connect || return 1
-    export KVT_DEV=$DEV KVT_RUNTIME=2 KVT_SIZE=16m KVT_WRITE_IOPS=20 KVT_TRIM_IOPS=20
+    export KVT_DEV=$DEV KVT_RUNTIME=1 KVT_SIZE=16m KVT_WRITE_IOPS=20 KVT_TRIM_IOPS=20
     for f in "$dir"/*.fio; do
         name=$(basename "$f" .fio)
         if [ "$name" = kv-steady ] && [ "$(cat "/sys/block/${DEV#/dev/}/queue/discard_max_bytes")" = 0 ]; then
