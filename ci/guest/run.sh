@@ -71,6 +71,14 @@ tap_down() {
 }
 tap_setup() {
     [ -c /dev/net/tun ] && command -v nft >/dev/null && command -v ip >/dev/null || return 1
+    # A run killed before its cleanup leaves its tap and table: remove those whose
+    # run.sh is gone.
+    local old
+    for old in $(ip -o link show | sed -n 's/^[0-9]*: \(kvtg[0-9]*\)[:@].*/\1/p'); do
+        kill -0 "${old#kvtg}" 2>/dev/null && continue
+        nft delete table ip "$old" 2>/dev/null || true
+        ip link del "$old" 2>/dev/null || true
+    done
     if ip -4 addr show | grep -q ' 10\.0\.2\.2/'; then
         echo "guest-run: 10.0.2.2 is already on an interface (another guest on tap?)" >&2
         return 1
@@ -78,7 +86,7 @@ tap_setup() {
     ip tuntap add dev "$tap" mode tap || return 1
     tap_up=1
     ip addr add 10.0.2.2/24 dev "$tap" && ip link set "$tap" up \
-        && sysctl -qw "net.ipv4.conf.$tap.route_localnet=1" \
+        && echo 1 > "/proc/sys/net/ipv4/conf/$tap/route_localnet" \
         && nft -f - <<NFT || { tap_down; return 1; }
 table ip $tap {
     chain prerouting {
