@@ -5,6 +5,7 @@
 #
 #   ci/fuzz.sh                      every target, FUZZ_SECONDS (20) each
 #   FUZZ_SECONDS=600 ci/fuzz.sh pdu one target, longer
+#   ci/fuzz.sh --build-only         install cargo-afl, build the targets, fuzz nothing
 #
 # cargo-afl and AFL++ (built by `cargo afl config --build`) are cached in
 # .cache/fuzz; findings go to fuzz/out/<target>/ (ignored by git).
@@ -12,6 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 secs=${FUZZ_SECONDS:-20}
+build_only=
+[ "${1:-}" = --build-only ] && { build_only=1; shift; }
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(pdu nvme_command rdma pool_format pool_check config auth etcd_answer)
 
@@ -33,6 +36,7 @@ fi
 
 echo "==> cargo afl build --release --features afl (fuzz/)"
 (cd fuzz && cargo afl build --release --features afl --bins)
+[ -z "$build_only" ] || exit 0
 
 export AFL_SKIP_CPUFREQ=1 AFL_NO_UI=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1
 export AFL_NO_AFFINITY=${AFL_NO_AFFINITY:-1}   # shared cores: do not pin
