@@ -63,7 +63,11 @@
 # tabled too, from its /metrics (a free port each start): the I/Os' latency from
 # capsule in to response out (P99, P99.9, worst), the reactor's pass lengths and
 # longest pass, its preemptions; host minus target is the initiators' side, so a
-# host max far above the target's own worst was spent outside kvtarget.
+# host max far above the target's own worst was spent outside kvtarget. In the
+# rows with reads beside the LMCache load, the reader's own share of core 1 is
+# tabled from its threads' /proc/PID/task/*/schedstat (time run, time waited
+# runnable, times switched in), so a P99 set by the reader waiting for the core
+# shows as such on either target.
 #
 # Nothing else may run on the machine during a real measurement (2 cores: the
 # targets own core 0, perf core 1); the script warns when the 1-minute load
@@ -261,7 +265,7 @@ open(sys.argv[2], "wb").write(urllib.request.urlopen("http://" + sys.argv[1] + "
 }
 measure() { # ROUND PROFILE-NAME TARGET RUN-SPEC [BG-ARGS]: one run, one line in $runs
     local r=$1 name=$2 t=$3 rest=$4 bg=${5:-} out bgout before after bg_pid= rc run_secs=$secs
-    local hog_pid= mid_pid= m0 m1 m2
+    local hog_pid= mid_pid= sched_pid= m0 m1 m2
     n=$((n + 1))
     out=$work/run-$n.out
     bgout=$work/run-$n.bg.out
@@ -289,6 +293,13 @@ measure() { # ROUND PROFILE-NAME TARGET RUN-SPEC [BG-ARGS]: one run, one line in
         # Namespace 2, for the run's length and a little more.
         "$perf" "${bargs[@]}" -c 0x2 -t $((secs + 1)) -L -r "${trid_of[$t]} ns:2" > "$bgout" 2>&1 &
         bg_pid=$!
+        # How the reader fared on core 1, which the row's LMCache initiator shares: its
+        # threads' schedstat (ns run, ns waited runnable, times switched in) from 1 s in
+        # to half a second before the end.
+        { sleep 1; cat /proc/"$bg_pid"/task/*/schedstat > "$work/run-$n.s0" 2>/dev/null
+          sleep "$((secs - 2)).5"; cat /proc/"$bg_pid"/task/*/schedstat > "$work/run-$n.s1" 2>/dev/null
+        } &
+        sched_pid=$!
     fi
     case $rest in
         kvperf:*)
@@ -320,18 +331,19 @@ measure() { # ROUND PROFILE-NAME TARGET RUN-SPEC [BG-ARGS]: one run, one line in
             rc=$? ;;
     esac
     if [ -n "$bg_pid" ]; then
+        wait "$sched_pid"
         wait "$bg_pid"; rm -rf "/var/run/dpdk/spdk_pid$bg_pid"
     fi
     after=$(reactors "$t") || after=
     if [ -n "$mid_pid" ]; then wait "$mid_pid"; scrape "$t" "$m2"; fi
     log "round $r/$rounds $t: $name"
     python3 "$work/record.py" "$out" "$t" "$name" "$r" "$run_secs" "$rc" "$before" "$after" "$bgout" "${rest%%:*}" \
-        "$m0" "$m1" "$m2" >> "$runs"
+        "$m0" "$m1" "$m2" "$work/run-$n.s0" "$work/run-$n.s1" "$((secs - 2)).5" >> "$runs"
     tail -n 1 "$runs" | grep -q '"error": null' || failed=1
 }
 cat > "$work/record.py" <<'PY'
 import json, os, re, sys
-out, target, name, rnd, secs, rc, before, after, bgout, initiator, m0, m1, m2 = sys.argv[1:14]
+out, target, name, rnd, secs, rc, before, after, bgout, initiator, m0, m1, m2, s0, s1, s_secs = sys.argv[1:17]
 text = open(out, errors="replace").read().replace("\r", "\n")
 run = {"target": target, "profile": name, "round": int(rnd), "error": None}
 
@@ -419,6 +431,21 @@ if os.path.exists(bgout):
     if bt is not None:
         run["bg_iops"], run["bg_max_us"] = bt[0], bt[4]
     run["bg_p99_us"], run["bg_p999_us"] = bp.get(99.0), bp.get(99.9)
+def schedstat(path):
+    """A process's threads' /proc schedstat summed: (ns run, ns waited runnable, slices)."""
+    try:
+        rows = [[int(x) for x in l.split()] for l in open(path) if l.strip()]
+    except (OSError, ValueError):
+        return None
+    return tuple(sum(r[i] for r in rows) for i in range(3)) if rows else None
+
+a0, a1 = schedstat(s0), schedstat(s1)
+if a0 and a1 and float(s_secs) > 0:
+    ran, waited, slices = (y - x for x, y in zip(a0, a1))
+    run["bg_core_share"] = ran / (float(s_secs) * 1e9)
+    run["bg_wait_ms_per_s"] = waited / 1e6 / float(s_secs)
+    run["bg_slices_per_s"] = slices / float(s_secs)
+    run["bg_wait_per_slice_us"] = waited / 1e3 / slices if slices else None
 if initiator == "kvperf":
     # kvtarget perf --json: the same fields from its report.
     try:
@@ -530,6 +557,23 @@ if any("bg_iops" in r for r in runs):
               f"| {fmt(s['bg_p99_us'])} | {fmt(k['bg_p99_us'])} | {ratio(k['bg_p99_us'], s['bg_p99_us'])} "
               f"| {fmt(s['bg_p999_us'])} | {fmt(k['bg_p999_us'])} | {ratio(k['bg_p999_us'], s['bg_p999_us'])} "
               f"| {fmt(worst(p, 'spdk', 'bg_max_us'))} | {fmt(worst(p, 'kvtarget', 'bg_max_us'))} |")
+if any("bg_core_share" in r for r in runs):
+    print()
+    print("The reader on core 1 beside the LMCache initiator (spdk_nvme_perf's threads' "
+          "/proc schedstat from 1 s in to half a second before the end; medians): the share of "
+          "the core it ran, the time it waited runnable per second, how often it was switched "
+          "in, and the mean wait per switch. A read in flight while the reader waits completes "
+          "only when it runs again, so long waits here reach the reads' P99 on either target.")
+    print()
+    print("| profile | SPDK core share | kvt core share | SPDK wait ms/s | kvt wait ms/s "
+          "| SPDK switches/s | kvt switches/s | SPDK wait/switch us | kvt wait/switch us |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for p in profiles:
+        if not any(r["profile"] == p and "bg_core_share" in r for r in runs):
+            continue
+        cols = [fmt(med(p, t, k), d) for k, d in (("bg_core_share", 2), ("bg_wait_ms_per_s", 0),
+                ("bg_slices_per_s", 0), ("bg_wait_per_slice_us", 0)) for t in ("spdk", "kvtarget")]
+        print(f"| {p} | " + " | ".join(cols) + " |")
 if any(r["target"] == "base" for r in runs):
     print()
     print("The same rounds, kvtarget against its baseline build (`KVTARGET_BASE_BIN`): "
