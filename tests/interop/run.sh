@@ -22,7 +22,7 @@
 #          scenarios took 609 s in one cold CI run and over 900 s in another, on a
 #          machine with hypervisor steal; the bound is there to catch a hang)
 #        INTEROP_BACKEND (kvtarget pool backend: uring (default), ram, or spdk-tcp: the
-#          pool lives on a Malloc bdev of SPDK's own nvmf_tgt, started here on
+#          pool lives on an AIO bdev of SPDK's own nvmf_tgt, started here on
 #          127.0.0.1:4430, reached through kvtarget's `spdk` backend, i.e. SPDK's
 #          NVMe/TCP host; needs KVTARGET_BIN built with --features spdk and SPDK_DIR)
 #          Another backend than uring runs only the scenarios that reach the pool
@@ -105,7 +105,7 @@ case "$restart_signal" in TERM|KILL) ;; *) echo "interop: INTEROP_RESTART_SIGNAL
 SPDK_TGT_PORT=4430
 SPDK_TGT_NQN=nqn.2016-06.io.spdk:interop-pool
 # The reservation scenarios' control target (kvtarget boot only): SPDK's nvmf_tgt on the
-# host, one 64 MiB Malloc namespace with a fixed UUID (its PTPL file names the namespace
+# host, one 64 MiB AIO namespace (a file) with a fixed UUID (its PTPL file names the namespace
 # by it, so a restart finds its registrations), both reservation hosts allowed, two
 # listeners (the second host connects through the second one, as with kvtarget).
 CTL_RESV_NQN=nqn.2016-06.io.spdk:interop-resv
@@ -307,25 +307,30 @@ host_check() { # NAME OK? REASON
     if [ "$2" = 1 ]; then host_checks+=("ok - $1"); else host_checks+=("FAIL - $1: $3"); fi
 }
 
-# SPDK's nvmf_tgt with a Malloc bdev of the pool's size on 127.0.0.1:$SPDK_TGT_PORT:
+# SPDK's nvmf_tgt with an AIO bdev of the pool's size on 127.0.0.1:$SPDK_TGT_PORT:
 # the device under kvtarget's pool for INTEROP_BACKEND=spdk-tcp. It outlives
-# kvtarget's restarts, as a remote NVMe-oF namespace would.
+# kvtarget's restarts, as a remote NVMe-oF namespace would. In interrupt mode, on a
+# file: a polling nvmf_tgt (or a Malloc bdev, whose completion poller never sleeps)
+# took most of a core for the whole boot, away from the TCG guest on this 2-core host.
 spdk_tgt_start() {
     local dir=${SPDK_DIR:-} sock=$out/kvtarget/spdk-tgt.sock rpc i
     [ -x "$dir/build/bin/nvmf_tgt" ] || { log "SPDK_DIR=$dir has no build/bin/nvmf_tgt (eval \"\$(ci/spdk.sh)\")"; return 1; }
-    "$repo/ci/hugepages.sh" --free $((POOL_MIB / 2 + 256)) >&2 || return 1
+    "$repo/ci/hugepages.sh" --free 256 >&2 || return 1
     if listening "$SPDK_TGT_PORT"; then log "port $SPDK_TGT_PORT already in use"; return 1; fi
-    "$dir/build/bin/nvmf_tgt" -m 0x1 --no-pci --disable-cpumask-locks -r "$sock" > "$out/kvtarget/spdk-tgt.log" 2>&1 &
+    rm -f "$out/kvtarget/spdk-pool.img"
+    truncate -s "${POOL_MIB}M" "$out/kvtarget/spdk-pool.img" || return 1
+    "$dir/build/bin/nvmf_tgt" -m 0x1 --no-pci --disable-cpumask-locks --interrupt-mode -r "$sock" \
+        > "$out/kvtarget/spdk-tgt.log" 2>&1 &
     spdk_tgt_pid=$!
     for i in $(seq 1 150); do [ -S "$sock" ] && break; sleep 0.2; done
     rpc() { python3 "$dir/scripts/rpc.py" -s "$sock" "$@" >> "$out/kvtarget/spdk-tgt.log" 2>&1; }
     rpc framework_wait_init && rpc nvmf_create_transport -t TCP \
-        && rpc bdev_malloc_create -b Pool0 "$POOL_MIB" 4096 \
+        && rpc bdev_aio_create "$out/kvtarget/spdk-pool.img" Pool0 4096 \
         && rpc nvmf_create_subsystem "$SPDK_TGT_NQN" -a -s SPDKINTEROP01 \
         && rpc nvmf_subsystem_add_ns "$SPDK_TGT_NQN" Pool0 \
         && rpc nvmf_subsystem_add_listener "$SPDK_TGT_NQN" -t tcp -a 127.0.0.1 -s "$SPDK_TGT_PORT" \
         || { log "nvmf_tgt set-up failed; log tail:"; tail -n 20 "$out/kvtarget/spdk-tgt.log" >&2; return 1; }
-    log "SPDK nvmf_tgt (pid $spdk_tgt_pid) serves a ${POOL_MIB} MiB Malloc bdev on 127.0.0.1:$SPDK_TGT_PORT"
+    log "SPDK nvmf_tgt (pid $spdk_tgt_pid, interrupt mode) serves a ${POOL_MIB} MiB AIO bdev on 127.0.0.1:$SPDK_TGT_PORT"
 }
 
 # ---- SPDK's nvmf_tgt: the reservation scenarios' control target ----------------------
@@ -350,14 +355,19 @@ ctl_rpc() {
     python3 "$spdk_dir/scripts/rpc.py" -s "$out/kvtarget/spdk-resv-control.sock" "$@" >> "$(ctl_log)" 2>&1
 }
 # ctl_start: nvmf_tgt on core 0 without hugepages (512 MiB of ordinary memory; it
-# serves TCP only) and its set-up RPCs, replayed as they are after a restart.
+# serves TCP only) and its set-up RPCs, replayed as they are after a restart. In
+# interrupt mode, its namespace an AIO bdev on a file (kept across restarts, as a disk
+# is): polling, it took most of a core for the whole kvtarget boot, which the TCG guest
+# needs (the boot took 603 s with it polling).
 ctl_start() {
     local sock=$out/kvtarget/spdk-resv-control.sock lib=$spdk_dir/build/lib i
+    local img=$out/kvtarget/spdk-resv-control.img
     rm -f "$sock"
+    [ -e "$img" ] || truncate -s 64M "$img" || return 1
     echo "---- interop: starting nvmf_tgt ----" >> "$(ctl_log)"
     LD_LIBRARY_PATH=$lib:$spdk_dir/isa-l/.libs:$spdk_dir/isa-l-crypto/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
         "$spdk_dir/build/bin/nvmf_tgt" -m 0x1 --no-pci --no-huge -s 512 --disable-cpumask-locks \
-        -r "$sock" >> "$(ctl_log)" 2>&1 &
+        --interrupt-mode -r "$sock" >> "$(ctl_log)" 2>&1 &
     ctl_pid=$!
     for i in $(seq 1 150); do
         [ -S "$sock" ] && break
@@ -366,7 +376,7 @@ ctl_start() {
     done
     local a=(-t tcp -a 127.0.0.1 -f ipv4)
     ctl_rpc framework_wait_init && ctl_rpc nvmf_create_transport -t TCP \
-        && ctl_rpc bdev_malloc_create -b Resv0 -u "$CTL_RESV_UUID" 64 4096 \
+        && ctl_rpc bdev_aio_create -u "$CTL_RESV_UUID" "$img" Resv0 4096 \
         && ctl_rpc nvmf_create_subsystem "$CTL_RESV_NQN" -s SPDKINTEROPRESV -m 1 \
         && ctl_rpc nvmf_subsystem_add_host "$CTL_RESV_NQN" "$HOSTNQN" \
         && ctl_rpc nvmf_subsystem_add_host "$CTL_RESV_NQN" "$RESV_HOSTNQN" \
@@ -374,7 +384,7 @@ ctl_start() {
         && ctl_rpc nvmf_subsystem_add_listener "$CTL_RESV_NQN" "${a[@]}" -s "$CTL_RESV_PORT" \
         && ctl_rpc nvmf_subsystem_add_listener "$CTL_RESV_NQN" "${a[@]}" -s "$CTL_RESV_PORT2" \
         || { log "SPDK nvmf_tgt (reservation control) set-up failed; log tail:"; tail -n 20 "$(ctl_log)" >&2; return 1; }
-    log "SPDK nvmf_tgt (pid $ctl_pid) serves $CTL_RESV_NQN on 127.0.0.1:$CTL_RESV_PORT and :$CTL_RESV_PORT2"
+    log "SPDK nvmf_tgt (pid $ctl_pid, interrupt mode) serves $CTL_RESV_NQN on 127.0.0.1:$CTL_RESV_PORT and :$CTL_RESV_PORT2"
 }
 # ctl_stop [SIGNAL]: TERM (default) or KILL; true if it was running.
 ctl_stop() {
