@@ -6,6 +6,9 @@
 #
 #   ci/spdk26.sh               build if needed; print `export ...` lines on stdout
 #   ci/spdk26.sh --dir         build if needed; print the SPDK tree on stdout
+#   ci/spdk26.sh --deps        install the Debian packages the build needs, and stop
+#                              (ci/test.sh, before it builds in the background: two
+#                              apt-get runs at once fail on dpkg's lock)
 #
 # Env: SPDK26_CACHE (default <repo>/.cache/spdk26), SPDK26_VENDOR (default
 #      <repo>/../shared/vendor/spdk-26.05), SPDK26_FORCE_REBUILD=1.
@@ -20,7 +23,12 @@ repo=$(cd "$here/.." && pwd)
 vendor=${SPDK26_VENDOR:-$repo/../shared/vendor/spdk-26.05}
 cache=${SPDK26_CACHE:-$repo/.cache/spdk26}
 mode=env
-[ "${1:-}" = "--dir" ] && mode=dir
+case "${1:-}" in
+    --dir) mode=dir ;;
+    --deps) mode=deps ;;
+    "") ;;
+    *) echo "spdk26-build: unknown option '$1' (--dir, --deps)" >&2; exit 2 ;;
+esac
 
 log() { echo "spdk26-build: $*" >&2; }
 source "$here/lib/debian.sh"
@@ -43,6 +51,10 @@ pkgs=(build-essential pkgconf python3 libnuma-dev libaio-dev uuid-dev libssl-dev
       libkeyutils-dev libbsd-dev libarchive-dev nasm autoconf automake libtool help2man
       xz-utils meson ninja-build python3-pyelftools python3-jinja2 python3-tabulate)
 install_pkgs() { install_debs "${pkgs[@]}"; }
+if [ "$mode" = deps ]; then
+    install_pkgs
+    exit 0
+fi
 
 [ -f "$vendor/spdk-v26.05.tar.xz" ] || die "no SPDK 26.05 sources at $vendor"
 (cd "$vendor" && sha256sum --quiet -c SHA256SUMS >&2) || die "checksums in $vendor/SHA256SUMS do not match"

@@ -70,14 +70,20 @@ cargo test --all-targets
 step "cargo test --features spdk --lib bdev::spdk config:: (the tests the spdk feature changes, SPDK linked)"
 cargo test --features spdk --lib -- bdev::spdk config::
 
-step "pool simulation: ${KVT_SIM_SEEDS:=5000} seeds (sim profile: optimised, overflow checks on)"
-KVT_SIM_SEEDS=$KVT_SIM_SEEDS cargo test --profile sim --lib pool::sim -- --nocapture
-
 # Both simulations run their seeds on one thread per core (src/sim_seeds.rs): on
 # this 2-core machine 600 pool seeds took 35.5 s on one thread and 19.7 s on two,
-# 600 target seeds 7.3 s and 3.8 s.
-step "target simulation: ${KVT_TARGET_SIM_SEEDS:=5000} seeds (queues on a fake link over pools on the fault device)"
-KVT_TARGET_SIM_SEEDS=$KVT_TARGET_SIM_SEEDS cargo test --profile sim --lib nvmf::tests::target_sim -- --nocapture
+# 600 target seeds 7.3 s and 3.8 s. The full run starts them in the background
+# beside the guest stages (below); --quick runs them here.
+: "${KVT_SIM_SEEDS:=5000}" "${KVT_TARGET_SIM_SEEDS:=5000}"
+sims_title="pool simulation: $KVT_SIM_SEEDS seeds (sim profile: optimised, overflow checks on), then target simulation: $KVT_TARGET_SIM_SEEDS seeds (queues on a fake link over pools on the fault device)"
+run_sims() {
+    KVT_SIM_SEEDS=$KVT_SIM_SEEDS cargo test --profile sim --lib pool::sim -- --nocapture \
+        && KVT_TARGET_SIM_SEEDS=$KVT_TARGET_SIM_SEEDS cargo test --profile sim --lib nvmf::tests::target_sim -- --nocapture
+}
+if [[ $quick == 1 ]]; then
+    step "$sims_title"
+    run_sims
+fi
 
 step "interop suite's kernel-log filter (tests/interop/klog-filter-test.sh)"
 tests/interop/klog-filter-test.sh
@@ -119,6 +125,42 @@ ci/fuzz.sh
 step "cargo build --release"
 cargo build --release
 
+# Work no stage until the last needs, started here in the background at SCHED_IDLE
+# (it runs only on a core nothing else wants): the TCG guest of the guest stages
+# keeps about one core of two busy, and the simulations (about 390 s alone) and SPDK
+# v26.05's build (about 250 s alone from cold) fit in the other. Nothing after this
+# point runs cargo in target/ or apt-get while they run (v26.05's packages are
+# installed first, in the foreground: two apt-gets at once fail on dpkg's lock).
+bg_dir=$PWD/target/ci-background
+bg_pids=() bg_names=() bg_t0=()
+bg_start() { # NAME COMMAND...: the command's output goes to $bg_dir/NAME.log
+    local name=$1; shift
+    mkdir -p "$bg_dir"
+    # A session of its own, so that a stopped run can end the job's whole group.
+    setsid --wait chrt --idle 0 "$@" > "$bg_dir/$name.log" 2>&1 < /dev/null &
+    bg_pids+=($!) bg_names+=("$name") bg_t0+=("$SECONDS")
+    echo "test.sh: started in the background: $name (pid $!, log $bg_dir/$name.log)"
+}
+bg_wait() { # NAME: waits for it, shows its log's tail, fails the run if it failed
+    local name=$1 i rc
+    for i in "${!bg_names[@]}"; do
+        [ "${bg_names[$i]}" = "$name" ] || continue
+        rc=0; wait "${bg_pids[$i]}" || rc=$?
+        echo "test.sh: $name ran $((SECONDS - bg_t0[i])) s in the background, exit status $rc"
+        if [ "$rc" != 0 ]; then tail -n 60 "$bg_dir/$name.log"; die "$name failed (log $bg_dir/$name.log)"; fi
+        tail -n 12 "$bg_dir/$name.log"
+        return 0
+    done
+    die "bg_wait: no background job $name"
+}
+# A run that fails or is stopped early leaves no background job behind.
+trap 'rc=$?; stage_done; for p in "${bg_pids[@]}"; do kill -- "-$p" 2>/dev/null || true; done; exit $rc' EXIT
+
+step "start in the background (SCHED_IDLE): the simulations, and SPDK v26.05 + DPDK v25.11 (ci/spdk26.sh: cached build)"
+ci/spdk26.sh --deps
+bg_start simulations bash -c "$(declare -f run_sims); KVT_SIM_SEEDS=$KVT_SIM_SEEDS KVT_TARGET_SIM_SEEDS=$KVT_TARGET_SIM_SEEDS run_sims"
+bg_start spdk26 ci/spdk26.sh
+
 step "promtool check metrics on a live target's /metrics (ci/promtool.sh)"
 KVTARGET_BIN="$PWD/target/release/kvtarget" ci/promtool.sh
 
@@ -137,15 +179,6 @@ KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-tools/tls.sh
 step "ANA multipath with SPDK v25.09's host (bdev_nvme, two paths, bdevperf verify while listener states flip and a listener goes and comes back), SPDK nvmf_tgt as the control"
 KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-tools/multipath.sh
 
-# SPDK v26.05 with DPDK v25.11 from ../shared/vendor/spdk-26.05 (Debian's DPDK is too
-# old for it), built once into .cache/spdk26 (about 9 minutes the first time): the
-# NVMe host that speaks the Key Value command set.
-step "SPDK v26.05 + DPDK v25.11 (ci/spdk26.sh: cached build)"
-ci/spdk26.sh > /dev/null
-
-step "SPDK v26.05's stock NVMe-KV host (tests/spdk-kv: a C client on nvme_kv.h) against kvtarget's KV namespaces, SIGKILL cycles"
-KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-kv/run.sh
-
 step "spdk backend: its SPDK controller killed under load (I/O fails with a status, the target and its other namespaces carry on)"
 KVTARGET_BIN="$spdk_bin" tests/spdk-tools/backend-failure.sh
 
@@ -158,9 +191,21 @@ KVTARGET_BIN="$PWD/target/release/kvtarget" ci/rdma.sh
 step "nvme backend: kvtarget's user-space NVMe driver over VFIO in a QEMU guest"
 KVTARGET_BIN="$PWD/target/release/kvtarget" ci/vfio.sh
 
-step "spdk backend: SPDK's NVMe/TCP host under a pool (SPDK nvmf_tgt Malloc bdev), the Linux host in the guest, restarts by SIGKILL"
+step "spdk backend: SPDK's NVMe/TCP host under a pool (SPDK nvmf_tgt, an AIO bdev, interrupt mode), the Linux host in the guest, restarts by SIGKILL"
 INTEROP_BACKEND=spdk-tcp INTEROP_RESTART_SIGNAL=KILL KVTARGET_BIN="$spdk_bin" \
     ci/interop.sh --target kvtarget
 
 step "spdk backend: SPDK's PCIe NVMe driver over VFIO in a QEMU guest"
 VFIO_BACKEND=spdk KVTARGET_BIN="$spdk_bin" ci/vfio.sh
+
+step "$sims_title (waiting for the background run)"
+bg_wait simulations
+
+# SPDK v26.05 with DPDK v25.11 from ../shared/vendor/spdk-26.05 (Debian's DPDK is too
+# old for it), built once into .cache/spdk26 (about 9 minutes the first time): the
+# NVMe host that speaks the Key Value command set.
+step "SPDK v26.05 + DPDK v25.11 (ci/spdk26.sh: cached build; waiting for the background run)"
+bg_wait spdk26
+
+step "SPDK v26.05's stock NVMe-KV host (tests/spdk-kv: a C client on nvme_kv.h) against kvtarget's KV namespaces, SIGKILL cycles"
+KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-kv/run.sh
