@@ -84,9 +84,10 @@ start_spdk_tgt
         configure "$work/spdk.sock" "$spdk_port"
 } > "$work/spdk-rpc.log" 2>&1 || die spdk-configure "$(tail -n 3 "$work/spdk-rpc.log" | tr '\n' ' ')"
 
-# A TLS run on kvtarget spanning every refusal below.
+# A TLS run on kvtarget spanning every refusal below: stopped by SIGINT once they are
+# done (perf then reports over the time it ran); -t bounds a hang.
 bg_shm=$((shm_id + 1))
-"$perf" -i "$bg_shm" -c "$host_core" -q 8 -o 4096 -w randrw -M 50 -t 25 -r "$(trid "$kv_port" "$h256")" \
+"$perf" -i "$bg_shm" -c "$host_core" -q 8 -o 4096 -w randrw -M 50 -t 600 -r "$(trid "$kv_port" "$h256")" \
     -S ssl --psk-path "$work/k256.key" > "$work/kv-background.out" 2>&1 &
 bg_pid=$!
 pids+=("$bg_pid")
@@ -126,8 +127,15 @@ grep -q "TLS secure channel open.*cipher=\"\?TLS_AES_256_GCM_SHA384" "$work/kv.l
 key_b64=$(cut -d: -f3 "$work/k256.key")
 if grep -qF "$key_b64" "$work/kv.log"; then bad kv-secret "key text in kvtarget's log"; else ok "kv-keys-stay-secret"; fi
 
+spanned=0
+kill -0 "$bg_pid" 2>/dev/null && spanned=1
+kill -INT "$bg_pid" 2>/dev/null
 wait "$bg_pid"
-if positive "$(total_iops "$work/kv-background.out")" && ! grep -q 'completed with error' "$work/kv-background.out"; then
+bg_rc=$?
+if [ "$spanned" != 1 ]; then
+    bad kv-others-carry-on "the TLS run ended before the refusals did: exit $bg_rc: $(excerpt "$work/kv-background.out")"
+elif [ "$bg_rc" = 0 ] && positive "$(total_iops "$work/kv-background.out")" \
+    && ! grep -q 'completed with error' "$work/kv-background.out"; then
     ok "kv-others-carry-on (TLS run across every refusal, error free)"
 else
     bad kv-others-carry-on "$(excerpt "$work/kv-background.out")"
