@@ -125,12 +125,12 @@ ci/fuzz.sh
 step "cargo build --release"
 cargo build --release
 
-# Work no stage until the last needs, started here in the background at SCHED_IDLE
-# (it runs only on a core nothing else wants): the TCG guest of the guest stages
-# keeps about one core of two busy, and the simulations (about 390 s alone) and SPDK
-# v26.05's build (about 250 s alone from cold) fit in the other. Nothing after this
-# point runs cargo in target/ or apt-get while they run (v26.05's packages are
-# installed first, in the foreground: two apt-gets at once fail on dpkg's lock).
+# Work no stage until the last needs runs in the background at SCHED_IDLE (only on a
+# core nothing else wants) beside the guest stages: their TCG guest keeps about one
+# core of two busy, and the simulations (about 390 s alone) and SPDK v26.05's build
+# (about 250 s alone from cold) fit in the other. Nothing after this point runs
+# cargo in target/ or apt-get while they run (v26.05's packages are installed first,
+# in the foreground: two apt-gets at once fail on dpkg's lock).
 bg_dir=$PWD/target/ci-background
 bg_pids=() bg_names=() bg_t0=()
 bg_start() { # NAME COMMAND...: the command's output goes to $bg_dir/NAME.log
@@ -156,11 +156,6 @@ bg_wait() { # NAME: waits for it, shows its log's tail, fails the run if it fail
 # A run that fails or is stopped early leaves no background job behind.
 trap 'rc=$?; stage_done; for p in "${bg_pids[@]}"; do kill -- "-$p" 2>/dev/null || true; done; exit $rc' EXIT
 
-step "start in the background (SCHED_IDLE): the simulations, and SPDK v26.05 + DPDK v25.11 (ci/spdk26.sh: cached build)"
-ci/spdk26.sh --deps
-bg_start simulations bash -c "$(declare -f run_sims); KVT_SIM_SEEDS=$KVT_SIM_SEEDS KVT_TARGET_SIM_SEEDS=$KVT_TARGET_SIM_SEEDS run_sims"
-bg_start spdk26 ci/spdk26.sh
-
 step "promtool check metrics on a live target's /metrics (ci/promtool.sh)"
 KVTARGET_BIN="$PWD/target/release/kvtarget" ci/promtool.sh
 
@@ -181,6 +176,13 @@ KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-tools/multipath.sh
 
 step "spdk backend: its SPDK controller killed under load (I/O fails with a status, the target and its other namespaces carry on)"
 KVTARGET_BIN="$spdk_bin" tests/spdk-tools/backend-failure.sh
+
+# Started only now: the SPDK tool stages above keep both cores busy polling, and
+# their timings are theirs alone.
+step "start in the background (SCHED_IDLE): the simulations, and SPDK v26.05 + DPDK v25.11 (ci/spdk26.sh: cached build)"
+ci/spdk26.sh --deps
+bg_start simulations bash -c "$(declare -f run_sims); KVT_SIM_SEEDS=$KVT_SIM_SEEDS KVT_TARGET_SIM_SEEDS=$KVT_TARGET_SIM_SEEDS run_sims"
+bg_start spdk26 ci/spdk26.sh
 
 step "interop: Linux kernel NVMe/TCP host in a QEMU guest"
 KVTARGET_BIN="$PWD/target/release/kvtarget" ci/interop.sh
