@@ -125,12 +125,14 @@ ci/fuzz.sh
 step "cargo build --release"
 cargo build --release
 
-# Work no stage until the last needs runs in the background at SCHED_IDLE (only on a
-# core nothing else wants) beside the guest stages: their TCG guest keeps about one
-# core of two busy, and the simulations (about 390 s alone) and SPDK v26.05's build
-# (about 250 s alone from cold) fit in the other. Nothing after this point runs
-# cargo in target/ or apt-get while they run (v26.05's packages are installed first,
-# in the foreground: two apt-gets at once fail on dpkg's lock).
+# Work no stage needs until later runs in the background at SCHED_IDLE (only on a
+# core nothing else wants) beside the next two guest stages: their TCG guest keeps
+# about one core of two busy (kvtarget runs on the host), and the simulations (about
+# 390 s alone) and SPDK v26.05's build (about 250 s alone from cold) use the other.
+# They are waited for before the RDMA stage, whose guest runs kvtarget itself and
+# wants both cores: with them beside it, it ran past its guest's timeout in one run.
+# Nothing runs cargo in target/ or apt-get while they run (v26.05's packages are
+# installed first, in the foreground: two apt-gets at once fail on dpkg's lock).
 bg_dir=$PWD/target/ci-background
 bg_pids=() bg_names=() bg_t0=()
 bg_start() { # NAME COMMAND...: the command's output goes to $bg_dir/NAME.log
@@ -187,18 +189,9 @@ bg_start spdk26 ci/spdk26.sh
 step "interop: Linux kernel NVMe/TCP host in a QEMU guest"
 KVTARGET_BIN="$PWD/target/release/kvtarget" ci/interop.sh
 
-step "interop: Linux kernel NVMe/RDMA host (and SPDK's NVMe/RDMA host tools) over soft-RoCE, kvtarget in the QEMU guest"
-KVTARGET_BIN="$PWD/target/release/kvtarget" ci/rdma.sh
-
-step "nvme backend: kvtarget's user-space NVMe driver over VFIO in a QEMU guest"
-KVTARGET_BIN="$PWD/target/release/kvtarget" ci/vfio.sh
-
 step "spdk backend: SPDK's NVMe/TCP host under a pool (SPDK nvmf_tgt, an AIO bdev, interrupt mode), the Linux host in the guest, restarts by SIGKILL"
 INTEROP_BACKEND=spdk-tcp INTEROP_RESTART_SIGNAL=KILL KVTARGET_BIN="$spdk_bin" \
     ci/interop.sh --target kvtarget
-
-step "spdk backend: SPDK's PCIe NVMe driver over VFIO in a QEMU guest"
-VFIO_BACKEND=spdk KVTARGET_BIN="$spdk_bin" ci/vfio.sh
 
 step "$sims_title (waiting for the background run)"
 bg_wait simulations
@@ -211,3 +204,12 @@ bg_wait spdk26
 
 step "SPDK v26.05's stock NVMe-KV host (tests/spdk-kv: a C client on nvme_kv.h) against kvtarget's KV namespaces, SIGKILL cycles"
 KVTARGET_BIN="$PWD/target/release/kvtarget" tests/spdk-kv/run.sh
+
+step "interop: Linux kernel NVMe/RDMA host (and SPDK's NVMe/RDMA host tools) over soft-RoCE, kvtarget in the QEMU guest"
+KVTARGET_BIN="$PWD/target/release/kvtarget" ci/rdma.sh
+
+step "nvme backend: kvtarget's user-space NVMe driver over VFIO in a QEMU guest"
+KVTARGET_BIN="$PWD/target/release/kvtarget" ci/vfio.sh
+
+step "spdk backend: SPDK's PCIe NVMe driver over VFIO in a QEMU guest"
+VFIO_BACKEND=spdk KVTARGET_BIN="$spdk_bin" ci/vfio.sh

@@ -7,7 +7,7 @@
 #
 # Usage: tests/interop/rdma-run.sh [--only REGEX] [--verbose]
 # Env:   KVTARGET_BIN (default <repo>/target/release/kvtarget)
-#        INTEROP_OUT (default <repo>/.cache/interop/rdma-<time>), INTEROP_TIMEOUT (900)
+#        INTEROP_OUT (default <repo>/.cache/interop/rdma-<time>), INTEROP_TIMEOUT (1500)
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -55,10 +55,12 @@ guest=$("$repo/ci/guest/build.sh") || { echo "rdma-interop: guest build failed" 
 export GUEST_DIR=$guest
 echo "rdma-interop: logs in $out" >&2
 # A QEMU that dies of a signal (exit 126 from run.sh: the emulator, not a verdict) gets
-# one more boot; the guest starts everything afresh, kvtarget included.
+# one more boot; the guest starts everything afresh, kvtarget included. The timeout
+# (INTEROP_TIMEOUT, 1500 s as for the TCP boot) catches a hang: the boot took 640 s
+# in one CI run and ran past 900 s in a slower hour with other work beside it.
 for attempt in 1 2; do
     rm -f "$share/guest-output.log" "$share/kvtarget.log"
-    "$repo/ci/guest/run.sh" --share "$share" --script run-rdma.sh --timeout "${INTEROP_TIMEOUT:-900}" \
+    "$repo/ci/guest/run.sh" --share "$share" --script run-rdma.sh --timeout "${INTEROP_TIMEOUT:-1500}" \
         --mem 3G --pidfile "$out/qemu.pid" $verbose 2> "$out/guest-run.log"
     rc=$?
     cat "$out/guest-run.log" >&2
