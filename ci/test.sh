@@ -138,8 +138,11 @@ bg_pids=() bg_names=() bg_t0=()
 bg_start() { # NAME COMMAND...: the command's output goes to $bg_dir/NAME.log
     local name=$1; shift
     mkdir -p "$bg_dir"
-    # A session of its own, so that a stopped run can end the job's whole group.
-    setsid --wait chrt --idle 0 "$@" > "$bg_dir/$name.log" 2>&1 < /dev/null &
+    # A session of its own, so that a stopped run can end the job's whole group;
+    # its log's last line says how long it ran.
+    setsid --wait chrt --idle 0 bash -c 's=$SECONDS; "$@"; rc=$?
+        echo "background job: exit status $rc after $((SECONDS - s)) s"; exit $rc' bg "$@" \
+        > "$bg_dir/$name.log" 2>&1 < /dev/null &
     bg_pids+=($!) bg_names+=("$name") bg_t0+=("$SECONDS")
     echo "test.sh: started in the background: $name (pid $!, log $bg_dir/$name.log)"
 }
@@ -148,7 +151,7 @@ bg_wait() { # NAME: waits for it, shows its log's tail, fails the run if it fail
     for i in "${!bg_names[@]}"; do
         [ "${bg_names[$i]}" = "$name" ] || continue
         rc=0; wait "${bg_pids[$i]}" || rc=$?
-        echo "test.sh: $name ran $((SECONDS - bg_t0[i])) s in the background, exit status $rc"
+        echo "test.sh: $name started $((SECONDS - bg_t0[i])) s ago, exit status $rc (its own time: the log's last line)"
         if [ "$rc" != 0 ]; then tail -n 60 "$bg_dir/$name.log"; die "$name failed (log $bg_dir/$name.log)"; fi
         tail -n 12 "$bg_dir/$name.log"
         return 0
