@@ -72,8 +72,8 @@ cargo test --features spdk --lib -- bdev::spdk config::
 
 # Both simulations run their seeds on one thread per core (src/sim_seeds.rs): on
 # this 2-core machine 600 pool seeds took 35.5 s on one thread and 19.7 s on two,
-# 600 target seeds 7.3 s and 3.8 s. The full run starts them in the background
-# beside the guest stages (below); --quick runs them here.
+# 600 target seeds 7.3 s and 3.8 s. The full run runs them in the background beside
+# the TCP interop and spdk-backend boots (below); --quick runs them here.
 : "${KVT_SIM_SEEDS:=5000}" "${KVT_TARGET_SIM_SEEDS:=5000}"
 sims_title="pool simulation: $KVT_SIM_SEEDS seeds (sim profile: optimised, overflow checks on), then target simulation: $KVT_TARGET_SIM_SEEDS seeds (queues on a fake link over pools on the fault device)"
 run_sims() {
