@@ -166,6 +166,8 @@ cleanup() {
         sleep 1
         kill -KILL "$spdk_tgt_pid" 2>/dev/null
     fi
+    # The AIO bdevs' backing files are devices, not logs (the pool's is its full size).
+    rm -f "$out/kvtarget/spdk-pool.img" "$out/kvtarget/spdk-resv-control.img"
     [ -z "$ctl_pid" ] || kill -KILL "$ctl_pid" 2>/dev/null
     if [ -n "$run_pid" ] && kill -0 "$run_pid" 2>/dev/null; then
         kill -TERM "$run_pid" 2>/dev/null
