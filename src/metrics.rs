@@ -20,6 +20,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::reactor::sys::{wait_readable, EventFd};
+use std::os::fd::AsRawFd;
+
 fn esc(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
@@ -665,6 +668,8 @@ pub enum MetricsError {
 pub struct MetricsServer {
     pub addr: SocketAddr,
     stop: Arc<AtomicBool>,
+    /// Signalled at stop: the thread sleeps on it beside the listener.
+    wake: Arc<EventFd>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -675,28 +680,24 @@ impl MetricsServer {
         l.set_nonblocking(true).map_err(listen)?;
         let addr = l.local_addr().map_err(listen)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let st = stop.clone();
+        let wake = Arc::new(EventFd::new().map_err(MetricsError::Thread)?);
+        let (st, wk) = (stop.clone(), wake.clone());
         let thread = std::thread::Builder::new()
             .name("metrics".into())
-            .spawn(move || {
-                while !st.load(Ordering::Acquire) {
-                    match l.accept() {
-                        Ok((sock, _)) => serve(sock, &ctl),
-                        Err(_) => std::thread::sleep(Duration::from_millis(20)),
-                    }
-                }
-            })
+            .spawn(move || accept_loop(&l, &ctl, &st, &wk))
             .map_err(MetricsError::Thread)?;
         tracing::info!("metrics on http://{addr}/metrics");
         Ok(MetricsServer {
             addr,
             stop,
+            wake,
             thread: Some(thread),
         })
     }
 
     pub fn stop(&mut self) {
         self.stop.store(true, Ordering::Release);
+        self.wake.signal();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -706,6 +707,31 @@ impl MetricsServer {
 impl Drop for MetricsServer {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Serves scrapes one at a time, sleeping until one comes or the server stops.
+fn accept_loop(l: &TcpListener, ctl: &Control, stop: &AtomicBool, wake: &EventFd) {
+    let mut ready = Vec::new();
+    while !stop.load(Ordering::Acquire) {
+        match wait_readable(&[l.as_raw_fd()], wake, &mut ready) {
+            Ok(true) => continue,
+            Ok(false) if ready[0] => {}
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::warn!("metrics: poll: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        }
+        match l.accept() {
+            Ok((sock, _)) => serve(sock, ctl),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => {
+                tracing::warn!("metrics: accept: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
     }
 }
 

@@ -933,7 +933,8 @@ impl Server {
         let shared: Vec<_> = reactors.iter().map(|(s, _)| s.clone()).collect();
         let shared_reactors = shared.clone();
         let (tgt, st) = (target.clone(), stop.clone());
-        let listener_set = Arc::new(transport::ListenerSet::new(bound.tcp));
+        let listener_set =
+            Arc::new(transport::ListenerSet::new(bound.tcp).map_err(SetupError::Acceptor)?);
         let set = listener_set.clone();
         let acceptor = std::thread::Builder::new()
             .name("acceptor".into())
@@ -976,6 +977,7 @@ impl Server {
             Ok(x) => x,
             Err(e) => {
                 stop.store(true, Ordering::Release);
+                listener_set.wake();
                 let _ = acceptor.join();
                 rdma.join();
                 for (r, _) in &reactors {
@@ -1034,6 +1036,7 @@ impl Server {
             m.stop();
         }
         self.stop.store(true, Ordering::Release);
+        self.listener_set.wake();
         if let Some(a) = self.acceptor.take() {
             let _ = a.join();
         }

@@ -126,6 +126,39 @@ impl EventFd {
     }
 }
 
+/// Blocks, without a timeout, until one of `fds` is readable or `wake` is
+/// signalled; returns whether `wake` was (the caller drains it, or leaves it
+/// signalled for every waiter, as a stop is). `ready[i]` says whether
+/// `fds[i]` was readable: all false after a signal (EINTR). The control
+/// threads (acceptor, RPC, metrics) wait here rather than poll on a timer: an
+/// idle one never wakes, so it never takes a core from a reactor or an
+/// initiator beside it.
+pub fn wait_readable(fds: &[RawFd], wake: &EventFd, ready: &mut Vec<bool>) -> io::Result<bool> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .copied()
+        .chain(std::iter::once(wake.raw()))
+        .map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    ready.clear();
+    // SAFETY: pfds is a valid array of pollfd, exclusively borrowed for the call.
+    let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, -1) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        ready.resize(fds.len(), false);
+        return match e.kind() {
+            io::ErrorKind::Interrupted => Ok(false),
+            _ => Err(e),
+        };
+    }
+    ready.extend(pfds[..fds.len()].iter().map(|p| p.revents != 0));
+    Ok(pfds[fds.len()].revents != 0)
+}
+
 /// Sets a socket's kernel receive and send buffer sizes (SO_RCVBUF, SO_SNDBUF;
 /// the kernel doubles them for its bookkeeping). Setting one fixes it: the
 /// kernel no longer auto-tunes that buffer. `None` leaves it auto-tuned.
@@ -236,5 +269,29 @@ mod tests {
         assert_eq!(buffer(fd, libc::SO_RCVBUF), 128 << 10);
         assert_eq!(buffer(fd, libc::SO_SNDBUF), 192 << 10);
         assert!(set_socket_buffers(-1, Some(4096), None).is_err());
+    }
+
+    #[test]
+    fn wait_readable_returns_on_a_connection_or_a_wake_and_not_before() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let wake = std::sync::Arc::new(EventFd::new().unwrap());
+        let mut ready = Vec::new();
+        // A wake from another thread ends the wait with nothing readable.
+        let w = wake.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            w.signal();
+        });
+        let start = std::time::Instant::now();
+        assert!(wait_readable(&[l.as_raw_fd()], &wake, &mut ready).unwrap());
+        assert!(start.elapsed() >= std::time::Duration::from_millis(40));
+        assert_eq!(ready, [false]);
+        t.join().unwrap();
+        // Left signalled, it ends every wait; drained, a connection does.
+        assert!(wait_readable(&[l.as_raw_fd()], &wake, &mut ready).unwrap());
+        wake.drain();
+        let _c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        assert!(!wait_readable(&[l.as_raw_fd()], &wake, &mut ready).unwrap());
+        assert_eq!(ready, [true]);
     }
 }

@@ -19,6 +19,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::reactor::sys::{wait_readable, EventFd};
+use std::os::fd::AsRawFd;
+
+/// How long the accept thread rests after a failed accept or poll.
+const ERROR_PAUSE: Duration = Duration::from_millis(100);
+
 /// Default socket path (like SPDK's /var/tmp/spdk.sock); `[rpc] socket`'s default.
 pub use crate::config::DEFAULT_SOCKET;
 /// Largest request accepted (SPDK's default limit is also in the MiB range).
@@ -140,6 +146,9 @@ fn handle_request(ctl: &methods::Control, req: Value) -> Option<Value> {
 pub struct RpcServer {
     path: PathBuf,
     stop: Arc<AtomicBool>,
+    /// Signalled once, at stop, and never drained: the accept thread and
+    /// every client thread sleep on it beside their socket.
+    wake: Arc<EventFd>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -163,15 +172,17 @@ impl RpcServer {
         let listener = UnixListener::bind(path).map_err(at)?;
         listener.set_nonblocking(true).map_err(at)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let st = stop.clone();
+        let wake = Arc::new(EventFd::new().map_err(SocketError::Thread)?);
+        let (st, wk) = (stop.clone(), wake.clone());
         let thread = std::thread::Builder::new()
             .name("rpc".into())
-            .spawn(move || accept_loop(listener, ctl, st))
+            .spawn(move || accept_loop(listener, ctl, st, wk))
             .map_err(SocketError::Thread)?;
         tracing::info!("JSON-RPC listening on {}", path.display());
         Ok(RpcServer {
             path: path.to_path_buf(),
             stop,
+            wake,
             thread: Some(thread),
         })
     }
@@ -182,6 +193,7 @@ impl RpcServer {
 
     pub fn stop(&mut self) {
         self.stop.store(true, Ordering::Release);
+        self.wake.signal();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -195,9 +207,26 @@ impl Drop for RpcServer {
     }
 }
 
-fn accept_loop(listener: UnixListener, ctl: Arc<methods::Control>, stop: Arc<AtomicBool>) {
+fn accept_loop(
+    listener: UnixListener,
+    ctl: Arc<methods::Control>,
+    stop: Arc<AtomicBool>,
+    wake: Arc<EventFd>,
+) {
     let clients = Arc::new(AtomicUsize::new(0));
+    let mut ready = Vec::new();
     while !stop.load(Ordering::Acquire) {
+        match wait_readable(&[listener.as_raw_fd()], &wake, &mut ready) {
+            // Only a stop signals it: the loop's condition ends the thread.
+            Ok(true) => continue,
+            Ok(false) if ready[0] => {}
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::warn!("rpc: poll: {e}");
+                std::thread::sleep(ERROR_PAUSE);
+                continue;
+            }
+        }
         match listener.accept() {
             Ok((sock, _)) => {
                 if clients.load(Ordering::Acquire) >= MAX_CLIENTS {
@@ -205,38 +234,34 @@ fn accept_loop(listener: UnixListener, ctl: Arc<methods::Control>, stop: Arc<Ato
                     continue;
                 }
                 clients.fetch_add(1, Ordering::AcqRel);
-                let (ctl, clients, stop) = (ctl.clone(), clients.clone(), stop.clone());
+                let (ctl, clients) = (ctl.clone(), clients.clone());
+                let (stop, wake) = (stop.clone(), wake.clone());
                 let spawned =
                     std::thread::Builder::new()
                         .name("rpc-client".into())
                         .spawn(move || {
-                            serve_client(sock, &ctl, &stop);
+                            serve_client(sock, &ctl, &stop, &wake);
                             clients.fetch_sub(1, Ordering::AcqRel);
                         });
                 if spawned.is_err() {
                     tracing::warn!("rpc: cannot start a client thread");
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) => {
                 tracing::warn!("rpc accept: {e}");
-                std::thread::sleep(Duration::from_millis(100));
+                std::thread::sleep(ERROR_PAUSE);
             }
         }
     }
 }
 
 /// Serves one client until it closes, sends garbage, or the server stops.
-fn serve_client(mut sock: UnixStream, ctl: &methods::Control, stop: &AtomicBool) {
-    if sock.set_nonblocking(false).is_err()
-        || sock
-            .set_read_timeout(Some(Duration::from_millis(200)))
-            .is_err()
-    {
+fn serve_client(mut sock: UnixStream, ctl: &methods::Control, stop: &AtomicBool, wake: &EventFd) {
+    if sock.set_nonblocking(false).is_err() {
         return;
     }
+    let mut ready = Vec::new();
     let mut buf: Vec<u8> = Vec::new();
     let mut chunk = [0u8; 16 << 10];
     loop {
@@ -283,21 +308,20 @@ fn serve_client(mut sock: UnixStream, ctl: &methods::Control, stop: &AtomicBool)
             let _ = sock.write_all(resp.to_string().as_bytes());
             return;
         }
+        // Sleeps until the client sends or the server stops: an idle
+        // connection costs no wake-ups.
+        match wait_readable(&[sock.as_raw_fd()], wake, &mut ready) {
+            Ok(false) if ready[0] => {}
+            Ok(false) => continue,
+            Ok(true) | Err(_) => return,
+        }
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
         match sock.read(&mut chunk) {
             Ok(0) => return,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock
-                        | std::io::ErrorKind::TimedOut
-                        | std::io::ErrorKind::Interrupted
-                ) =>
-            {
-                if stop.load(Ordering::Acquire) {
-                    return;
-                }
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(_) => return,
         }
     }

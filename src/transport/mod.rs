@@ -7,12 +7,17 @@ pub mod tcp;
 pub mod tls;
 
 use crate::nvmf::Target;
+use crate::reactor::sys::{wait_readable, EventFd};
 use crate::reactor::{Message, ReactorShared};
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How long the acceptor rests after a failed accept or poll (EMFILE, say).
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 /// A bound TCP listener and what it serves.
 pub struct TcpListenerSpec {
@@ -61,19 +66,33 @@ pub fn bind(
 
 /// The listening sockets the acceptor polls; RPC adds and removes them at run
 /// time (existing connections are not affected by a removal).
-#[derive(Default)]
 pub struct ListenerSet {
     specs: Mutex<Vec<Arc<TcpListenerSpec>>>,
     gen: AtomicU64,
+    /// Wakes the acceptor, which otherwise sleeps until a connection comes:
+    /// signalled on every change of the set and at shutdown.
+    wake: EventFd,
 }
 
 impl ListenerSet {
-    pub fn new(specs: Vec<TcpListenerSpec>) -> ListenerSet {
-        ListenerSet {
+    pub fn new(specs: Vec<TcpListenerSpec>) -> io::Result<ListenerSet> {
+        Ok(ListenerSet {
             specs: Mutex::new(specs.into_iter().map(Arc::new).collect()),
             gen: AtomicU64::new(0),
-        }
+            wake: EventFd::new()?,
+        })
     }
+
+    /// Makes the acceptor look at the set and at its stop flag again.
+    pub fn wake(&self) {
+        self.wake.signal();
+    }
+
+    fn changed(&self) {
+        self.gen.fetch_add(1, Ordering::AcqRel);
+        self.wake();
+    }
+
     pub fn snapshot(&self) -> Vec<Arc<TcpListenerSpec>> {
         self.specs.lock().map(|s| s.clone()).unwrap_or_default()
     }
@@ -84,14 +103,14 @@ impl ListenerSet {
         if let Ok(mut s) = self.specs.lock() {
             s.push(Arc::new(spec));
         }
-        self.gen.fetch_add(1, Ordering::AcqRel);
+        self.changed();
     }
     /// Closes every listening socket (target shutdown).
     pub fn clear(&self) {
         if let Ok(mut s) = self.specs.lock() {
             s.clear();
         }
-        self.gen.fetch_add(1, Ordering::AcqRel);
+        self.changed();
     }
 
     /// Stops listening on `addr`; returns whether it was listening.
@@ -105,7 +124,7 @@ impl ListenerSet {
                 n != s.len()
             })
             .unwrap_or(false);
-        self.gen.fetch_add(1, Ordering::AcqRel);
+        self.changed();
         removed
     }
 }
@@ -123,28 +142,29 @@ pub fn accept_loop(
     // Made on the first secure connection, shared by every secure listener.
     let mut tls: Option<Arc<tls::TlsServer>> = None;
     let mut listeners: Vec<Arc<TcpListenerSpec>> = Vec::new();
-    let mut pfds: Vec<libc::pollfd> = Vec::new();
+    let mut fds: Vec<std::os::fd::RawFd> = Vec::new();
+    let mut ready = Vec::new();
     while !stop.load(Ordering::Acquire) {
         let g = set.gen.load(Ordering::Acquire);
         if g != gen {
             gen = g;
             listeners = set.snapshot();
-            pfds = listeners
-                .iter()
-                .map(|l| libc::pollfd {
-                    fd: l.listener.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                })
-                .collect();
+            fds = listeners.iter().map(|l| l.listener.as_raw_fd()).collect();
         }
-        // SAFETY: pfds is a valid array of pollfd for the duration of the call.
-        let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 200) };
-        if n <= 0 {
-            continue;
+        match wait_readable(&fds, &set.wake, &mut ready) {
+            Ok(true) => {
+                set.wake.drain();
+                continue;
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!("acceptor: poll: {e}");
+                std::thread::sleep(ACCEPT_ERROR_PAUSE);
+                continue;
+            }
         }
         for (i, l) in listeners.iter().enumerate() {
-            if pfds[i].revents == 0 {
+            if !ready[i] {
                 continue;
             }
             loop {
@@ -177,7 +197,10 @@ pub fn accept_loop(
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => {
+                        // Out of descriptors, say: the listener stays readable,
+                        // so pause rather than spin on it.
                         tracing::warn!(listener = %l.addr, "accept: {e}");
+                        std::thread::sleep(ACCEPT_ERROR_PAUSE);
                         break;
                     }
                 }

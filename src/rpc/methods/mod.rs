@@ -478,7 +478,7 @@ mod tests {
             target,
             Vec::new(),
             Vec::new(),
-            Arc::new(ListenerSet::new(Vec::new())),
+            Arc::new(ListenerSet::new(Vec::new()).expect("an eventfd")),
             rdma,
             config,
         )
