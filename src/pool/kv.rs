@@ -1403,6 +1403,12 @@ impl KvIndex {
         self.changes.load(Ordering::Acquire)
     }
 
+    /// Freed extents wait to be trimmed (now or at a time already set).
+    pub fn trim_pending(&self) -> bool {
+        self.trim_fresh.load(Ordering::Acquire)
+            || self.trim_due_ms.load(Ordering::Acquire) != u64::MAX
+    }
+
     /// Every key and its location, changing nothing.
     pub fn locations(&self) -> Vec<(KvKey, KvLoc)> {
         self.with_state(|_, st| Self::all_locations(st))

@@ -367,20 +367,64 @@ pub(super) fn md_round(pool: &Weak<Pool>, now: Instant) -> bool {
     true
 }
 
+/// The longest the metadata thread sleeps when the pool has nothing pending.
+/// A change that calls no `wake_md` (a write's new extent mapping, a KV
+/// Delete) is seen this late at most, so its periodic commit is too.
+const QUIET_PARK: Duration = Duration::from_millis(250);
+
 impl Pool {
     /// The metadata thread has nothing to do: it sleeps until `wake_md` or
-    /// the GC tick, whichever comes first (unless a wake is already pending).
+    /// the GC tick, whichever comes first (unless a wake is already pending);
+    /// with nothing pending at all, up to `quiet_park` instead, so an idle
+    /// pool does not take a core 100 times a second from a reactor.
     /// Only the metadata thread calls it: the first call registers it.
     fn md_idle(&self) {
         self.md_parker.get_or_init(std::thread::current);
+        let park = if self.md_quiescent() {
+            self.quiet_park()
+        } else {
+            self.opts.gc.tick
+        };
         // Taken before sleeping: a wake after this swap unparks the thread
         // (or leaves its token, so `park_timeout` returns at once).
         if !self.md_wake.swap(false, Ordering::AcqRel) {
-            std::thread::park_timeout(self.opts.gc.tick);
+            std::thread::park_timeout(park);
             // Woken, timed out or spurious: a round follows either way, and
             // taking the wake acquires what its waker published before it.
             self.md_wake.swap(false, Ordering::AcqRel);
         }
+    }
+
+    /// `QUIET_PARK`, shortened to a quarter of the commit interval (a change
+    /// seen late still commits about on time) and never under the GC tick.
+    pub(super) fn quiet_park(&self) -> Duration {
+        let cap = self
+            .opts
+            .commit_interval
+            .map_or(QUIET_PARK, |every| QUIET_PARK.min(every / 4));
+        cap.max(self.opts.gc.tick)
+    }
+
+    /// Nothing for the metadata thread to do until asked: no extent to scrub,
+    /// record clean, free or trim, no record or mapping to commit.
+    pub(super) fn md_quiescent(&self) -> bool {
+        if !self.freed.is_empty() || !self.retry_free.is_empty() {
+            return false;
+        }
+        {
+            let m = lock(&self.meta);
+            if !m.dirty.is_empty() || !m.scrubbed.is_empty() || !m.pending.is_empty() {
+                return false;
+            }
+        }
+        let mut pending = false;
+        self.for_each_volume(|v| {
+            pending |= v.has_dirty()
+                || v.kv
+                    .as_ref()
+                    .is_some_and(|kv| kv.has_changes() || kv.trim_pending());
+        });
+        !pending
     }
 }
 
