@@ -7,12 +7,13 @@ use super::qpair::{RdmaQueuePair, State};
 use super::verbs::{self, rdma_cm_id, rdma_event_channel, Verbs};
 use super::{RdmaSettings, EXTRA_RESPONSES};
 use crate::nvmf::Target;
+use crate::reactor::sys::{wait_readable, EventFd};
 use crate::reactor::{Message, ReactorShared};
 use crate::wire::rdma::{self as rwire, cm_status, CmRequest};
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// A listening RDMA CM id.
 pub struct RdmaListener {
@@ -113,6 +114,9 @@ pub fn listen(addr: SocketAddr, discovery_only: bool) -> Result<RdmaListener, Rd
 pub struct RdmaListenerSet {
     list: Mutex<Vec<Arc<RdmaListener>>>,
     gen: std::sync::atomic::AtomicU64,
+    /// Wakes the CM thread (made when it starts), which otherwise sleeps
+    /// until a CM event comes: signalled on every change and at stop.
+    wake: OnceLock<Arc<EventFd>>,
 }
 
 impl RdmaListenerSet {
@@ -120,8 +124,21 @@ impl RdmaListenerSet {
         if let Ok(mut v) = self.list.lock() {
             v.push(Arc::new(l));
         }
-        self.gen.fetch_add(1, Ordering::AcqRel);
+        self.changed();
     }
+
+    fn changed(&self) {
+        self.gen.fetch_add(1, Ordering::AcqRel);
+        self.wake();
+    }
+
+    /// Makes the CM thread look at the set and its stop flag again.
+    fn wake(&self) {
+        if let Some(w) = self.wake.get() {
+            w.signal();
+        }
+    }
+
     pub fn contains(&self, addr: SocketAddr) -> bool {
         self.snapshot().iter().any(|l| l.addr == addr)
     }
@@ -135,14 +152,14 @@ impl RdmaListenerSet {
                 n != v.len()
             })
             .unwrap_or(false);
-        self.gen.fetch_add(1, Ordering::AcqRel);
+        self.changed();
         removed
     }
     pub fn clear(&self) {
         if let Ok(mut v) = self.list.lock() {
             v.clear();
         }
-        self.gen.fetch_add(1, Ordering::AcqRel);
+        self.changed();
     }
     fn snapshot(&self) -> Vec<Arc<RdmaListener>> {
         self.list.lock().map(|v| v.clone()).unwrap_or_default()
@@ -187,6 +204,13 @@ impl RdmaTransport {
             .lock()
             .map_err(|_| RdmaError::Poisoned("RDMA transport state"))?;
         if cm.is_none() {
+            let wake = match self.listeners.wake.get() {
+                Some(w) => w.clone(),
+                None => {
+                    let w = Arc::new(EventFd::new().map_err(RdmaError::CmThread)?);
+                    self.listeners.wake.get_or_init(|| w).clone()
+                }
+            };
             let (set, rs, tgt, st, settings) = (
                 self.listeners.clone(),
                 self.reactors.clone(),
@@ -197,7 +221,7 @@ impl RdmaTransport {
             *cm = Some(
                 std::thread::Builder::new()
                     .name("rdma-cm".into())
-                    .spawn(move || cm_loop(set, rs, tgt, settings, st))
+                    .spawn(move || cm_loop(set, rs, tgt, settings, st, wake))
                     .map_err(RdmaError::CmThread)?,
             );
         }
@@ -210,6 +234,7 @@ impl RdmaTransport {
 
     /// Waits for the CM thread (after `stop` is set) and closes the listeners.
     pub fn join(&self) {
+        self.listeners.wake();
         let h = self.cm.lock().ok().and_then(|mut c| c.take());
         if let Some(h) = h {
             let _ = h.join();
@@ -226,6 +251,7 @@ pub fn cm_loop(
     target: Arc<Target>,
     settings: RdmaSettings,
     stop: Arc<AtomicBool>,
+    wake: Arc<EventFd>,
 ) {
     let Ok(v) = verbs::load() else {
         return;
@@ -233,28 +259,29 @@ pub fn cm_loop(
     let mut next = 0usize;
     let mut gen = u64::MAX;
     let mut listeners: Vec<Arc<RdmaListener>> = Vec::new();
-    let mut pfds: Vec<libc::pollfd> = Vec::new();
+    let mut fds: Vec<RawFd> = Vec::new();
+    let mut ready = Vec::new();
     while !stop.load(Ordering::Acquire) {
         let g = set.gen.load(Ordering::Acquire);
         if g != gen {
             gen = g;
             listeners = set.snapshot();
-            pfds = listeners
-                .iter()
-                .map(|l| libc::pollfd {
-                    fd: l.fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                })
-                .collect();
+            fds = listeners.iter().map(|l| l.fd()).collect();
         }
-        // SAFETY: pfds is a valid pollfd array for the call.
-        let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 200) };
-        if n <= 0 {
-            continue;
+        match wait_readable(&fds, &wake, &mut ready) {
+            Ok(true) => {
+                wake.drain();
+                continue;
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!("RDMA CM: poll: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                continue;
+            }
         }
         for (i, l) in listeners.iter().enumerate() {
-            if pfds[i].revents == 0 {
+            if !ready[i] {
                 continue;
             }
             loop {
