@@ -18,6 +18,66 @@ pub const IO_BUF_ALIGN: usize = 4096;
 /// the libc crate yet). Same value on every architecture.
 const MADV_POPULATE_WRITE: libc::c_int = 23;
 
+/// Copies `src` to `dst` with non-temporal (streaming) stores where it can,
+/// then fences, so the copy is visible to other threads before the caller
+/// publishes it. For data written now and read much later (a RAM namespace
+/// receiving a long write): ordinary stores first read every destination line
+/// into the cache (a copy into memory not in cache ran at 6.6 GB/s here
+/// against 10.3 GB/s streamed, 32 KiB pieces into 1 GiB) and evict the
+/// reactor's hot buffers to make room.
+///
+/// # Safety
+/// `dst..dst+src.len()` is valid for writes and does not overlap `src` (the
+/// same contract as `copy_nonoverlapping`).
+pub unsafe fn copy_streaming(dst: *mut u8, src: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { copy_streaming_x86(dst, src) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        // SAFETY: the caller's contract: valid, not overlapping.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) }
+    }
+}
+
+/// SSE2 (every x86-64): ordinary stores up to the first 16-byte aligned
+/// destination byte and for a tail under 64 bytes, streamed 64 at a time
+/// in between.
+#[cfg(target_arch = "x86_64")]
+unsafe fn copy_streaming_x86(dst: *mut u8, src: &[u8]) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    let len = src.len();
+    let head = dst.align_offset(16).min(len);
+    let body = (len - head) & !63;
+    let s = src.as_ptr();
+    // SAFETY: head <= len: inside both ranges (the caller's contract).
+    unsafe { std::ptr::copy_nonoverlapping(s, dst, head) };
+    let mut i = head;
+    while i < head + body {
+        // SAFETY: i + 64 <= len; dst + i is 16-byte aligned (head aligned
+        // it, i advances by 64); the loads are unaligned ones.
+        unsafe {
+            let v0 = _mm_loadu_si128(s.add(i) as *const __m128i);
+            let v1 = _mm_loadu_si128(s.add(i + 16) as *const __m128i);
+            let v2 = _mm_loadu_si128(s.add(i + 32) as *const __m128i);
+            let v3 = _mm_loadu_si128(s.add(i + 48) as *const __m128i);
+            _mm_stream_si128(dst.add(i) as *mut __m128i, v0);
+            _mm_stream_si128(dst.add(i + 16) as *mut __m128i, v1);
+            _mm_stream_si128(dst.add(i + 32) as *mut __m128i, v2);
+            _mm_stream_si128(dst.add(i + 48) as *mut __m128i, v3);
+        }
+        i += 64;
+    }
+    // SAFETY: the tail lies inside both ranges; the fence orders the streamed
+    // stores before whatever the caller stores next (the completion).
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.add(i), dst.add(i), len - i);
+        _mm_sfence();
+    }
+}
+
 /// Faults in `len` bytes at `p` for writing, on the calling thread, so that no
 /// reactor takes those page faults later on its I/O path.
 ///
@@ -725,6 +785,26 @@ pub mod dma {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// The streamed copy writes exactly `src` at any alignment and length
+        /// (head, streamed body and tail), and nothing around it.
+        #[test]
+        fn a_streaming_copy_is_a_copy(
+            dst_at in 0usize..80,
+            src_at in 0usize..80,
+            len in 0usize..1200,
+            seed in proptest::prelude::any::<u8>(),
+        ) {
+            let src: Vec<u8> = (0..src_at + len).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect();
+            let mut dst = vec![0xA5u8; dst_at + len + 64];
+            // SAFETY: dst has room for len bytes at dst_at; the vectors differ.
+            unsafe { copy_streaming(dst.as_mut_ptr().add(dst_at), &src[src_at..]) };
+            proptest::prop_assert!(dst[..dst_at].iter().all(|&b| b == 0xA5));
+            proptest::prop_assert_eq!(&dst[dst_at..dst_at + len], &src[src_at..]);
+            proptest::prop_assert!(dst[dst_at + len..].iter().all(|&b| b == 0xA5));
+        }
+    }
 
     #[test]
     fn buffers_are_aligned_and_recycled() {

@@ -254,8 +254,10 @@ impl RamChannel {
         };
         let dst = region.check(*offset + at as u64, len as u64)?;
         let src = &buf[at..at + len];
+        // Streamed: a long write's data is read back much later, if at all,
+        // and ordinary stores would read each line of it in first.
         // SAFETY: dst..dst+len is inside the region (checked); src is ours.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, len) };
+        unsafe { crate::mem::copy_streaming(dst, src) };
         Ok(())
     }
 
