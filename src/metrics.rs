@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::reactor::sys::{wait_readable, EventFd};
+use crate::reactor::sys::{wait_readable, EventFd, CONTROL_ERROR_PAUSE};
 use std::os::fd::AsRawFd;
 
 fn esc(v: &str) -> String {
@@ -720,7 +720,7 @@ fn accept_loop(l: &TcpListener, ctl: &Control, stop: &AtomicBool, wake: &EventFd
             Ok(false) => continue,
             Err(e) => {
                 tracing::warn!("metrics: poll: {e}");
-                std::thread::sleep(Duration::from_millis(100));
+                std::thread::sleep(CONTROL_ERROR_PAUSE);
                 continue;
             }
         }
@@ -729,7 +729,7 @@ fn accept_loop(l: &TcpListener, ctl: &Control, stop: &AtomicBool, wake: &EventFd
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) => {
                 tracing::warn!("metrics: accept: {e}");
-                std::thread::sleep(Duration::from_millis(100));
+                std::thread::sleep(CONTROL_ERROR_PAUSE);
             }
         }
     }

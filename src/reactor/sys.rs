@@ -126,6 +126,10 @@ impl EventFd {
     }
 }
 
+/// How long a control thread rests after a failed poll or accept (EMFILE,
+/// say), rather than spin on a listener that stays readable.
+pub const CONTROL_ERROR_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Blocks, without a timeout, until one of `fds` is readable or `wake` is
 /// signalled; returns whether `wake` was (the caller drains it, or leaves it
 /// signalled for every waiter, as a stop is). `ready[i]` says whether

@@ -19,11 +19,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::reactor::sys::{wait_readable, EventFd};
+use crate::reactor::sys::{wait_readable, EventFd, CONTROL_ERROR_PAUSE};
 use std::os::fd::AsRawFd;
-
-/// How long the accept thread rests after a failed accept or poll.
-const ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 /// Default socket path (like SPDK's /var/tmp/spdk.sock); `[rpc] socket`'s default.
 pub use crate::config::DEFAULT_SOCKET;
@@ -223,7 +220,7 @@ fn accept_loop(
             Ok(false) => continue,
             Err(e) => {
                 tracing::warn!("rpc: poll: {e}");
-                std::thread::sleep(ERROR_PAUSE);
+                std::thread::sleep(CONTROL_ERROR_PAUSE);
                 continue;
             }
         }
@@ -250,7 +247,7 @@ fn accept_loop(
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) => {
                 tracing::warn!("rpc accept: {e}");
-                std::thread::sleep(ERROR_PAUSE);
+                std::thread::sleep(CONTROL_ERROR_PAUSE);
             }
         }
     }

@@ -7,17 +7,13 @@ pub mod tcp;
 pub mod tls;
 
 use crate::nvmf::Target;
-use crate::reactor::sys::{wait_readable, EventFd};
+use crate::reactor::sys::{wait_readable, EventFd, CONTROL_ERROR_PAUSE};
 use crate::reactor::{Message, ReactorShared};
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-/// How long the acceptor rests after a failed accept or poll (EMFILE, say).
-const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 /// A bound TCP listener and what it serves.
 pub struct TcpListenerSpec {
@@ -159,7 +155,7 @@ pub fn accept_loop(
             Ok(false) => {}
             Err(e) => {
                 tracing::warn!("acceptor: poll: {e}");
-                std::thread::sleep(ACCEPT_ERROR_PAUSE);
+                std::thread::sleep(CONTROL_ERROR_PAUSE);
                 continue;
             }
         }
@@ -197,10 +193,8 @@ pub fn accept_loop(
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => {
-                        // Out of descriptors, say: the listener stays readable,
-                        // so pause rather than spin on it.
                         tracing::warn!(listener = %l.addr, "accept: {e}");
-                        std::thread::sleep(ACCEPT_ERROR_PAUSE);
+                        std::thread::sleep(CONTROL_ERROR_PAUSE);
                         break;
                     }
                 }

@@ -7,7 +7,7 @@ use super::qpair::{RdmaQueuePair, State};
 use super::verbs::{self, rdma_cm_id, rdma_event_channel, Verbs};
 use super::{RdmaSettings, EXTRA_RESPONSES};
 use crate::nvmf::Target;
-use crate::reactor::sys::{wait_readable, EventFd};
+use crate::reactor::sys::{wait_readable, EventFd, CONTROL_ERROR_PAUSE};
 use crate::reactor::{Message, ReactorShared};
 use crate::wire::rdma::{self as rwire, cm_status, CmRequest};
 use std::net::SocketAddr;
@@ -276,7 +276,7 @@ pub fn cm_loop(
             Ok(false) => {}
             Err(e) => {
                 tracing::warn!("RDMA CM: poll: {e}");
-                std::thread::sleep(std::time::Duration::from_millis(100));
+                std::thread::sleep(CONTROL_ERROR_PAUSE);
                 continue;
             }
         }
