@@ -9,19 +9,17 @@
 #   KVTARGET_BIN=path ci/promtool.sh    another build
 #   METRICS_OUT=file ci/promtool.sh     also keep the scrape in file
 #
-# Installs Debian's `prometheus` package (which ships promtool) if promtool is
-# missing.
+# Needs Debian's `prometheus` package (promtool; ci/lib/debian.sh's group tools).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bin=${KVTARGET_BIN:-$PWD/target/release/kvtarget}
 [[ -x $bin ]] || { echo "promtool.sh: no kvtarget binary at $bin" >&2; exit 1; }
 
-if ! command -v promtool >/dev/null; then
-    echo "promtool.sh: installing Debian's prometheus package for promtool"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
-fi
+log() { echo "promtool.sh: $*" >&2; }
+die() { echo "promtool.sh: error: $*" >&2; exit 1; }
+source ci/lib/debian.sh
+install_debs tools   # promtool: Debian's prometheus package
 
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'

@@ -30,16 +30,14 @@ source "$here/../lib/debian.sh"
 # by run.sh.
 # libibverbs1, librdmacm1, ibverbs-providers: rdma-core for kvtarget's NVMe/RDMA
 # listener inside the guest (soft-RoCE provider librxe), copied in below.
-host_pkgs=(qemu-system-x86 busybox-static nvme-cli fio jq kmod cpio util-linux
-           coreutils iproute2 dpkg libibverbs1 librdmacm1 ibverbs-providers
-           python3.11-minimal libpython3.11-stdlib nftables)
-install_debs "${host_pkgs[@]}"
+# (ci/lib/debian.sh's group guest.)
+install_debs guest
 
 # The kernel: the version linux-image-amd64 points at in the apt lists (downloaded,
 # never installed on the host).
 kpkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
 if [ -z "$kpkg" ]; then
-    apt-get update -q >&2
+    apt_get update >&2
     kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
 fi
 [ -n "$kpkg" ] || die "cannot resolve linux-image-amd64 to a kernel package"
@@ -87,7 +85,7 @@ if [ ! -s "$deb" ]; then
         # over, since the kernel version and so the cache key may change.
         [ -z "${GUEST_BUILD_RETRIED:-}" ] || die "cannot download $kpkg=$kver_pkg"
         log "download failed; apt-get update and retry"
-        apt-get update -q >&2
+        apt_get update >&2
         rm -rf "$work"
         GUEST_BUILD_RETRIED=1 exec "$0" "$@"
     fi
@@ -98,12 +96,7 @@ if [ ! -s "$wheel" ] || ! echo "$LMCACHE_WHEEL_SHA256  $wheel" | sha256sum -c --
     log "downloading $LMCACHE_WHEEL from PyPI"
     rm -f "$wheel"
     pip=(python3 -m pip)
-    if ! "${pip[@]}" --version > /dev/null 2>&1; then
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -q >&2
-        apt-get install -y -q --no-install-recommends python3-pip >&2
-        pip=(/usr/bin/python3 -m pip)
-    fi
+    "${pip[@]}" --version > /dev/null 2>&1 || pip=(/usr/bin/python3 -m pip)
     "${pip[@]}" download -q --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 \
         --python-version 3.11 --implementation cp --dest "$work/wheel" \
         lmcache-rust-raw-block-io==0.5.7rc2 >&2 || die "cannot download $LMCACHE_WHEEL"

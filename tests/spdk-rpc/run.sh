@@ -26,9 +26,10 @@ trap cleanup EXIT
 [ -x "$bin" ] || { echo "spdk-rpc: $bin not built (cargo build --release)"; echo "0 passed, 1 failed"; exit 1; }
 
 # The client: SPDK's Python package in a virtualenv (pip from PyPI).
-if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
-    apt-get update -q && apt-get install -y -q --no-install-recommends python3-venv python3-pip >&2
-fi
+log() { echo "spdk-rpc: $*" >&2; }
+die() { echo "spdk-rpc: error: $*"; echo "0 passed, 1 failed"; exit 1; }
+source "$repo/ci/lib/debian.sh"
+install_debs tools   # python3-venv
 if [ ! -x "$venv/bin/spdk-rpc" ]; then
     rm -rf "$venv"
     python3 -m venv "$venv" && "$venv/bin/pip" install -q "spdk==$ver" "prometheus-client==0.21.1" || {

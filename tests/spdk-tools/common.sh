@@ -25,9 +25,9 @@ trap 'exit 130' INT TERM
 die() { bad "$1" "$2"; summary; exit 1; }
 
 [ -x "$bin" ] || die setup "$bin not built (cargo build --release)"
-if ! command -v python3 >/dev/null || ! command -v timeout >/dev/null || ! command -v nvme >/dev/null; then
-    apt-get update -q >&2 && apt-get install -y -q --no-install-recommends python3 coreutils nvme-cli >&2
-fi
+log() { echo "spdk-tools: $*" >&2; }
+source "$repo/ci/lib/debian.sh"
+install_debs tools   # nvme-cli (gen-tls-key, DHHC-1 keys)
 spdk_env=$("$repo/ci/spdk.sh") || die setup "ci/spdk.sh could not provide SPDK"
 eval "$spdk_env"
 perf=$SPDK_DIR/build/bin/spdk_nvme_perf

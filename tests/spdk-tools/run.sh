@@ -47,10 +47,10 @@ trap 'exit 130' INT TERM
 die() { bad "$1" "$2"; summary; exit 1; }
 
 [ -x "$bin" ] || die setup "$bin not built (cargo build --release)"
-# python3 picks free ports; ci/spdk.sh installs SPDK's own packages.
-if ! command -v python3 >/dev/null || ! command -v timeout >/dev/null; then
-    apt-get update -q >&2 && apt-get install -y -q --no-install-recommends python3 coreutils >&2
-fi
+# python3 picks free ports; ci/spdk.sh checks (or installs) SPDK's own packages.
+log() { echo "spdk-tools: $*" >&2; }
+source "$repo/ci/lib/debian.sh"
+install_debs tools
 spdk_env=$("$repo/ci/spdk.sh") || die setup "ci/spdk.sh could not provide SPDK"
 eval "$spdk_env"
 identify=$SPDK_DIR/build/bin/spdk_nvme_identify
