@@ -6,6 +6,7 @@
 #   ci/fuzz.sh                      every target, FUZZ_SECONDS (20) each
 #   FUZZ_SECONDS=600 ci/fuzz.sh pdu one target, longer
 #   ci/fuzz.sh --build-only         install cargo-afl, build the targets, fuzz nothing
+#   ci/fuzz.sh --run-only           fuzz the targets built before (no cargo build)
 #
 # cargo-afl and AFL++ (built by `cargo afl config --build`) are cached in
 # .cache/fuzz; findings go to fuzz/out/<target>/ (ignored by git).
@@ -13,30 +14,38 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 secs=${FUZZ_SECONDS:-20}
-build_only=
-[ "${1:-}" = --build-only ] && { build_only=1; shift; }
+build_only= run_only=
+case "${1:-}" in
+    --build-only) build_only=1; shift ;;
+    --run-only) run_only=1; shift ;;
+esac
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(pdu nvme_command rdma pool_format pool_check config auth etcd_answer)
 
 cache=$repo/.cache/fuzz
 export XDG_DATA_HOME=$cache/xdg
 export PATH=$cache/cargo/bin:$PATH
-# AFL++'s build needs make and a C compiler; on a fresh Debian 12 they may be missing.
-if ! command -v make >/dev/null || ! command -v cc >/dev/null; then
-    apt-get update -qq && apt-get install -y -qq build-essential >/dev/null
+if [ -z "$run_only" ]; then
+    # AFL++'s build needs make and a C compiler (ci/lib/debian.sh's group fuzz).
+    log() { echo "fuzz: $*" >&2; }
+    die() { echo "fuzz: error: $*" >&2; exit 1; }
+    source ci/lib/debian.sh
+    install_debs fuzz
+    if ! command -v cargo-afl >/dev/null; then
+        echo "==> installing cargo-afl into $cache/cargo"
+        CARGO_TARGET_DIR=$cache/cargo-build cargo install cargo-afl --version '^0.18' --locked --root "$cache/cargo"
+    fi
+    if ! ls "$XDG_DATA_HOME"/afl.rs/*/*/afl/bin/afl-fuzz >/dev/null 2>&1; then
+        echo "==> building AFL++ (cargo afl config --build)"
+        cargo afl config --build
+    fi
+    echo "==> cargo afl build --release --features afl (fuzz/)"
+    (cd fuzz && cargo afl build --release --features afl --bins)
 fi
-if ! command -v cargo-afl >/dev/null; then
-    echo "==> installing cargo-afl into $cache/cargo"
-    CARGO_TARGET_DIR=$cache/cargo-build cargo install cargo-afl --version '^0.18' --locked --root "$cache/cargo"
-fi
-if ! ls "$XDG_DATA_HOME"/afl.rs/*/*/afl/bin/afl-fuzz >/dev/null 2>&1; then
-    echo "==> building AFL++ (cargo afl config --build)"
-    cargo afl config --build
-fi
-
-echo "==> cargo afl build --release --features afl (fuzz/)"
-(cd fuzz && cargo afl build --release --features afl --bins)
 [ -z "$build_only" ] || exit 0
+for t in "${targets[@]}"; do
+    [ -x "fuzz/target/release/$t" ] || { echo "fuzz: no fuzz/target/release/$t (ci/fuzz.sh --build-only)" >&2; exit 1; }
+done
 
 export AFL_SKIP_CPUFREQ=1 AFL_NO_UI=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1
 export AFL_NO_AFFINITY=${AFL_NO_AFFINITY:-1}   # shared cores: do not pin
