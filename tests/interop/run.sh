@@ -142,6 +142,40 @@ case "$bin" in /*) ;; *) bin=$PWD/$bin ;; esac
 log() { echo "interop: $*" >&2; }
 t_start=$SECONDS
 
+listening() { # PORT
+    ss -Hltn "sport = :$1" 2>/dev/null | grep -q .
+}
+# pick_port VAR: VAR keeps its port when nothing on the host listens there and this run
+# has not taken it yet; otherwise it gets a free one from the kernel. No scenario is
+# skipped because a port was taken (CI machines run other things).
+TAKEN_PORTS=" "
+pick_port() {
+    local -n var=$1
+    local p=$var
+    while listening "$p" || [[ $TAKEN_PORTS == *" $p "* ]]; do
+        p=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    done
+    [ "$p" = "$var" ] || log "port $var is taken on the host: $1=$p"
+    var=$p
+    TAKEN_PORTS="$TAKEN_PORTS$p "
+}
+for v in PORT DISC_PORT TLS_PORT MP_PORT SPDK_TGT_PORT CTL_RESV_PORT CTL_RESV_PORT2 \
+         CL_B_PORT CL_B_DISC CL_C_PORT CL_C_DISC; do
+    pick_port "$v"
+done
+# etcd's members: a client and a peer port each; cluster-failover's three nodes.
+fo_ports= etcd_ports= CL_ETCD_PEER=()
+for p in $CL_FO_PORTS; do pick_port p; fo_ports="$fo_ports $p"; done
+CL_FO_PORTS=${fo_ports# }
+for p in $CL_ETCD_PORTS; do
+    pick_port p; etcd_ports="$etcd_ports $p"
+    q=$((p + 1)); pick_port q; CL_ETCD_PEER+=("$q")
+done
+CL_ETCD_PORTS=${etcd_ports# }
+CL_ETCD_PORT=${CL_ETCD_PORTS%% *}
+CL_ETCD_ENDPOINTS=$(for p in $CL_ETCD_PORTS; do printf '"http://127.0.0.1:%s",' "$p"; done)
+CL_ETCD_ENDPOINTS=${CL_ETCD_ENDPOINTS%,}
+
 if [ "$target" != kernel ] && [ ! -x "$bin" ]; then
     log "kvtarget binary not found at $bin (build it with 'cargo build --release', or set KVTARGET_BIN)"
     echo "0 passed, 1 failed, 0 skipped"
@@ -255,9 +289,6 @@ suite_args() { # ADDR RESTART_MODE SERIAL MODEL [extra...]
 
 # ---- kvtarget on the host ---------------------------------------------------------
 kv_cfg=
-listening() { # PORT
-    ss -Hltn "sport = :$1" 2>/dev/null | grep -q .
-}
 kv_start() {
     NO_COLOR=1 "$bin" --config "$kv_cfg" -r "$out/kvtarget/rpc.sock" >> "$out/kvtarget/kvtarget.log" 2>&1 &
     kv_pid=$!
@@ -488,12 +519,16 @@ declare -A cl_etcd_pid=() cl_fo_pid=()
 # cl_etcd_start: three members on 127.0.0.1 (client port P, peer port P+1); true once a
 # write goes through (a leader is elected).
 cl_etcd_start() {
-    local dir=$out/cluster p initial= i
-    for p in $CL_ETCD_PORTS; do initial="${initial:+$initial,}etcd-$p=http://127.0.0.1:$((p + 1))"; done
+    local dir=$out/cluster p initial= i=0 peer
     for p in $CL_ETCD_PORTS; do
+        initial="${initial:+$initial,}etcd-$p=http://127.0.0.1:${CL_ETCD_PEER[$i]}"; i=$((i + 1))
+    done
+    i=0
+    for p in $CL_ETCD_PORTS; do
+        peer=${CL_ETCD_PEER[$i]}; i=$((i + 1))
         etcd --name="etcd-$p" --data-dir="$dir/etcd-$p" \
             --listen-client-urls="http://127.0.0.1:$p" --advertise-client-urls="http://127.0.0.1:$p" \
-            --listen-peer-urls="http://127.0.0.1:$((p + 1))" --initial-advertise-peer-urls="http://127.0.0.1:$((p + 1))" \
+            --listen-peer-urls="http://127.0.0.1:$peer" --initial-advertise-peer-urls="http://127.0.0.1:$peer" \
             --initial-cluster="$initial" --initial-cluster-state=new > "$dir/etcd-$p.log" 2>&1 &
         cl_etcd_pid[$p]=$!
         cl_pids="$cl_pids $!"
@@ -550,12 +585,6 @@ cl_start() {
     if ! command -v etcd >/dev/null; then
         CL_SKIP="no etcd on the host (Debian: apt-get install etcd-server)"; return
     fi
-    for p in $CL_ETCD_PORTS; do
-        if listening "$p" || listening $((p + 1)); then CL_SKIP="port $p or $((p + 1)) was in use on the host"; return; fi
-    done
-    for p in $CL_B_PORT $CL_B_DISC $CL_C_PORT $CL_C_DISC $CL_FO_PORTS; do
-        if listening "$p"; then CL_SKIP="port $p was in use on the host"; return; fi
-    done
     if ! cl_etcd_start; then
         CL_SKIP="etcd's three members did not elect a leader (see $dir/etcd-*.log)"
         host_check cluster-nodes-start 0 "$CL_SKIP"
