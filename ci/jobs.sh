@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# The jobs of ci/test.sh, one function each: `ci/jobs.sh NAME` runs one (ci/pipeline.py
+# runs them in stages, with caps; `ci/test.sh --list` shows which and in what order).
+# Run by hand, a job assumes the jobs it needs have run (ci/test.sh --stage NAME runs
+# them too). Every status counts: `set -e` and pipefail, no `eval "$(cmd)"`.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+repo=$PWD
+log() { echo "jobs: $*" >&2; }
+die() { echo "jobs: error: $*" >&2; exit 1; }
+source ci/lib/debian.sh
+
+ci_dir=$repo/target/ci
+bin_dir=$ci_dir/bin
+# The release binaries the later jobs run, copied out of target/release: the default
+# build and the SPDK-linked one leave their binary at the same path.
+KVT_BIN=$bin_dir/kvtarget
+KVT_SPDK_BIN=$bin_dir/kvtarget-spdk
+mkdir -p "$bin_dir"
+
+# SPDK v25.09's environment (SPDK_DIR, PKG_CONFIG_PATH, LD_LIBRARY_PATH) for every job,
+# before that build exists too: build scripts that use pkg-config (openssl-sys's, and
+# so everything above it) rebuild whenever PKG_CONFIG_PATH changes, so every cargo
+# command of the run sees the same one.
+if [ "${1:-}" != deps ]; then
+    planned=$(ci/spdk.sh --planned-env) || die "ci/spdk.sh --planned-env failed"
+    eval "$planned"
+fi
+# spdk_env: fails (naming the spdk job) unless SPDK's cached build is there.
+spdk_env() {
+    [ -s "$ci_dir/spdk.env" ] && [ -f "$SPDK_DIR/build/lib/pkgconfig/spdk_nvme.pc" ] \
+        || die "no SPDK build in $SPDK_DIR: the spdk job has not run (ci/test.sh --stage spdk)"
+}
+need_bin() { [ -x "$1" ] || die "no $1: the ${2} job has not run (ci/test.sh --stage ${2})"; }
+
+# ---- deps ------------------------------------------------------------------------
+job_deps() { ci/deps.sh; }
+
+# ---- build -----------------------------------------------------------------------
+job_lint() {
+    log "cargo fmt --check (the workspace, fuzz/, tests/interop/kv-uring)"
+    cargo fmt --all -- --check
+    (cd fuzz && cargo fmt -- --check)
+    (cd tests/interop/kv-uring && cargo fmt -- --check)
+    log "no import circle (ci/import-circles.py)"
+    python3 ci/import-circles.py
+    log "the interop suite's kernel-log filter (tests/interop/klog-filter-test.sh)"
+    tests/interop/klog-filter-test.sh
+    log "cargo clippy --all-targets -- -D warnings"
+    cargo clippy --all-targets -- -D warnings
+    log "clippy of the interop's io_uring KV client (tests/interop/kv-uring)"
+    (cd tests/interop/kv-uring && CARGO_TARGET_DIR=$repo/.cache/kv-uring \
+        cargo clippy --release -- -D warnings)
+}
+
+job_spdk() {
+    # The environment goes to a file the later jobs read: its status is the build's.
+    ci/spdk.sh > "$ci_dir/spdk.env.tmp"
+    mv "$ci_dir/spdk.env.tmp" "$ci_dir/spdk.env"
+    cat "$ci_dir/spdk.env"
+}
+
+job_guest_image() { ci/guest/build.sh; }
+
+job_release() {
+    cargo build --release
+    cp target/release/kvtarget "$KVT_BIN"
+    "$KVT_BIN" --version
+}
+
+job_clippy_spdk() {
+    spdk_env
+    cargo clippy --all-targets --features spdk -- -D warnings
+}
+
+job_release_spdk() {
+    spdk_env
+    cargo build --release --features spdk
+    cp target/release/kvtarget "$KVT_SPDK_BIN"
+    "$KVT_SPDK_BIN" --version
+}
+
+# ---- tests -----------------------------------------------------------------------
+job_cargo_test() { cargo test --all-targets; }
+
+# Only the tests the feature changes: the spdk backend's own and config's (which
+# accepts an spdk device only in an SPDK-linked build); the rest ran in cargo-test.
+job_test_spdk() {
+    spdk_env
+    cargo test --features spdk --lib -- bdev::spdk config::
+}
+
+# The fuzz crate (its own workspace): clippy and the replay of fuzz/corpus and
+# fuzz/regressions under cargo test.
+job_fuzz_crate() {
+    (cd fuzz && cargo clippy --all-targets -- -D warnings && cargo test)
+}
+
+job_nvmet_control() { ci/nvmet-control.sh; }
+
+job_promtool() { KVTARGET_BIN=$KVT_BIN ci/promtool.sh; }
+
+job_spdk_rpc() { need_bin "$KVT_BIN" release; KVTARGET_BIN=$KVT_BIN tests/spdk-rpc/run.sh; }
+
+job_spdk_tools() {
+    need_bin "$KVT_BIN" release
+    need_bin "$KVT_SPDK_BIN" release-spdk
+    local t
+    for t in run auth tls multipath; do
+        log "tests/spdk-tools/$t.sh"
+        KVTARGET_BIN=$KVT_BIN "tests/spdk-tools/$t.sh"
+    done
+    log "tests/spdk-tools/backend-failure.sh (the SPDK-linked binary)"
+    KVTARGET_BIN=$KVT_SPDK_BIN tests/spdk-tools/backend-failure.sh
+}
+
+# Both simulations run their seeds on one thread per core (src/sim_seeds.rs), in the
+# sim profile (optimised, overflow checks and debug assertions on). sims-build builds
+# the test binary (cargo, in the foreground); sims runs it without cargo, so that it
+# can run at SCHED_IDLE beside a guest without holding cargo's lock.
+sims_bin=$ci_dir/sims.bin
+job_sims_build() {
+    cargo test --profile sim --lib --no-run --message-format=json-render-diagnostics \
+        | python3 -c 'import json, sys
+exe = [m["executable"] for m in map(json.loads, sys.stdin)
+       if m.get("reason") == "compiler-artifact" and m.get("executable")]
+print(exe[-1])' > "$sims_bin.tmp"
+    mv "$sims_bin.tmp" "$sims_bin"
+    echo "sims: $(cat "$sims_bin")"
+}
+
+job_sims() {
+    local b
+    b=$(cat "$sims_bin" 2>/dev/null) && [ -x "$b" ] || die "no sims binary: the sims-build job has not run"
+    : "${KVT_SIM_SEEDS:=5000}" "${KVT_TARGET_SIM_SEEDS:=5000}"
+    export KVT_SIM_SEEDS KVT_TARGET_SIM_SEEDS
+    log "pool simulation: $KVT_SIM_SEEDS seeds"
+    "$b" pool::sim --nocapture
+    log "target simulation: $KVT_TARGET_SIM_SEEDS seeds (queues on a fake link over pools on the fault device)"
+    "$b" nvmf::tests::target_sim --nocapture
+}
+
+# The fuzz targets: cargo-afl (cached in .cache/fuzz) builds them in fuzz/target;
+# fuzz runs each for FUZZ_SECONDS (20) without cargo building anything.
+job_fuzz_build() { ci/fuzz.sh --build-only; }
+job_fuzz() { ci/fuzz.sh --run-only; }
+
+# ---- guests ----------------------------------------------------------------------
+job_interop_tcp() {
+    need_bin "$KVT_BIN" release
+    spdk_env
+    KVTARGET_BIN=$KVT_BIN ci/interop.sh --target kvtarget
+}
+
+job_interop_spdk_backend() {
+    need_bin "$KVT_SPDK_BIN" release-spdk
+    spdk_env
+    INTEROP_BACKEND=spdk-tcp INTEROP_RESTART_SIGNAL=KILL KVTARGET_BIN=$KVT_SPDK_BIN \
+        ci/interop.sh --target kvtarget
+}
+
+job_spdk26() {
+    ci/spdk26.sh > "$ci_dir/spdk26.env.tmp"
+    mv "$ci_dir/spdk26.env.tmp" "$ci_dir/spdk26.env"
+    cat "$ci_dir/spdk26.env"
+}
+
+job_spdk_kv() { need_bin "$KVT_BIN" release; KVTARGET_BIN=$KVT_BIN tests/spdk-kv/run.sh; }
+
+job_interop_rdma() {
+    need_bin "$KVT_BIN" release
+    spdk_env
+    KVTARGET_BIN=$KVT_BIN ci/rdma.sh
+}
+
+job_vfio() {
+    need_bin "$KVT_BIN" release
+    need_bin "$KVT_SPDK_BIN" release-spdk
+    spdk_env
+    KVTARGET_BIN=$KVT_BIN KVTARGET_SPDK_BIN=$KVT_SPDK_BIN VFIO_BACKENDS="nvme spdk" ci/vfio.sh
+}
+
+[ $# = 1 ] || die "usage: ci/jobs.sh JOB (ci/test.sh --list names them)"
+fn=job_${1//-/_}
+declare -F "$fn" > /dev/null || die "no job '$1' (ci/test.sh --list names them)"
+echo "jobs: $1 started $(date -u +%H:%M:%S)"
+"$fn"
+echo "jobs: $1 done $(date -u +%H:%M:%S)"
