@@ -19,6 +19,7 @@ key=$(
         # The guest's own key names its kernel and every package copied into it.
         cat "$guest/manifest.txt"
         qemu-system-x86_64 --version | head -n 1
+        echo "expected skips: ${INTEROP_EXPECTED_SKIPS_kernel-unset}"
         find tests/interop/run.sh tests/interop/tcp-suite.sh tests/interop/nvmet-control.sh \
             tests/interop/klog-filter.sh tests/interop/lmcache_scenario.py tests/interop/kv-uring \
             bench/fio ci/guest ci/interop.sh ci/nvmet-control.sh \

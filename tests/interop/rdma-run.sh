@@ -8,6 +8,8 @@
 # Usage: tests/interop/rdma-run.sh [--only REGEX] [--verbose]
 # Env:   KVTARGET_BIN (default <repo>/target/release/kvtarget)
 #        INTEROP_OUT (default <repo>/.cache/interop/rdma-<time>), INTEROP_TIMEOUT (1500)
+#        INTEROP_EXPECTED_SKIPS_rdma (when set: the scenarios this run may skip; any
+#          other skip is a failure)
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -80,5 +82,20 @@ if [ -z "$last" ]; then
     echo "0 passed, 1 failed, 0 skipped"
     exit 1
 fi
+# No silent skip: where the caller lists the scenarios this run may skip
+# (INTEROP_EXPECTED_SKIPS_rdma, ci/jobs.sh does), any other skip fails.
+unexpected=0
+if [ -n "${INTEROP_EXPECTED_SKIPS_rdma+set}" ]; then
+    while read -r name; do
+        [ -n "$name" ] || continue
+        case " $INTEROP_EXPECTED_SKIPS_rdma " in *" $name "*) continue ;; esac
+        echo "FAIL - $name: skipped, and this run is expected to run it (INTEROP_EXPECTED_SKIPS_rdma)"
+        unexpected=$((unexpected + 1))
+    done < <(grep '^skip - ' "$share/guest-output.log" 2>/dev/null | sed 's/^skip - \([^:]*\):.*/\1/')
+fi
+if [ "$unexpected" != 0 ]; then
+    read -r sp _ sf _ ss _ <<< "$last"
+    last="$sp passed, $((sf + unexpected)) failed, $((ss - unexpected)) skipped"
+fi
 echo "$last"
-[ "$rc" = 0 ]
+[ "$rc" = 0 ] && [ "$unexpected" = 0 ]

@@ -30,6 +30,8 @@
 #        INTEROP_RESTART_SIGNAL (TERM (default) or KILL: how the suite's restarts stop
 #          kvtarget; with KILL only what was flushed may survive, which the restart
 #          scenarios check)
+#        INTEROP_EXPECTED_SKIPS_kvtarget, INTEROP_EXPECTED_SKIPS_kernel (when set: the
+#          scenarios that target may skip; any other skip is a failure)
 #        SPDK_DIR (an SPDK v25.09 build, as `eval "$(ci/spdk.sh)"` exports; else the
 #          finished cached build in SPDK_CACHE, default <repo>/.cache/spdk, if any; never
 #          built here): its nvmf_tgt runs beside kvtarget as the control target of the
@@ -241,6 +243,18 @@ collect() {
     while read -r name; do
         failed_names+=("$label/$name")
     done < <(grep '^FAIL - ' "$outlog" 2>/dev/null | sed 's/^FAIL - \([^:]*\):.*/\1/')
+    # No silent skip: where the caller lists the scenarios this target is expected to
+    # skip (INTEROP_EXPECTED_SKIPS_<label>, ci/jobs.sh does), any other skip fails.
+    local expected_var=INTEROP_EXPECTED_SKIPS_$label name
+    if [ -n "${!expected_var+set}" ]; then
+        while read -r name; do
+            [ -n "$name" ] || continue
+            case " ${!expected_var} " in *" $name "*) continue ;; esac
+            f=$((f + 1)) k=$((k - 1))
+            failed_names+=("$label/$name(unexpected-skip)")
+            echo "FAIL - $name: skipped, and this target is expected to run it ($expected_var)"
+        done < <(grep '^skip - ' "$outlog" 2>/dev/null | sed 's/^skip - \([^:]*\):.*/\1/')
+    fi
     if ! grep -qE '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$outlog" 2>/dev/null; then
         f=$((f + 1))
         failed_names+=("$label/suite-did-not-finish(rc=$rc)")
