@@ -23,13 +23,13 @@
 //! index is a trait owned by its user, `nvmf::kv_index::KeyIndex`, which
 //! `pool::kv` implements, so `nvmf` needs nothing from `pool`.
 
-pub mod auth;
+pub use kvt_auth as auth;
 pub mod bdev;
 pub mod cluster;
 pub mod config;
-pub mod ident;
+pub use kvt_wire::ident;
 pub mod initiator;
-pub mod mem;
+pub use kvt_mem as mem;
 pub mod meta;
 pub mod metrics;
 pub mod nvmf;
@@ -40,9 +40,9 @@ pub mod rpc;
 pub mod server;
 #[cfg(test)]
 pub(crate) mod sim_seeds;
-pub mod stats;
+pub use kvt_mem::stats;
 pub mod transport;
-pub mod wire;
+pub use kvt_wire as wire;
 
 /// Version string: crate version plus git commit when known.
 pub fn version() -> String {

@@ -190,6 +190,28 @@ impl StallWarner {
 mod tests {
     use super::*;
 
+    /// The DMA arena (`mem::dma`) hands out resident memory: a test of `mem`
+    /// that lives here because it reads this module's fault counters.
+    #[test]
+    fn committed_chunks_are_resident_free_blocks() {
+        use crate::mem::{dma, IoBuf};
+        dma::commit_at_least(4 * dma::CHUNK_BYTES);
+        assert!(dma::committed_bytes() >= 4 * dma::CHUNK_BYTES);
+        let before = dma::committed_bytes();
+        let b = IoBuf::new(1 << 20);
+        assert!(b.iter().all(|&x| x == 0));
+        // Arena memory is resident when handed out: writing it faults nothing.
+        let mut c = IoBuf::new(64 << 10);
+        let t = thread_rusage().unwrap();
+        c.fill(7);
+        let u = thread_rusage().unwrap();
+        assert_eq!(
+            u.minor_faults + u.major_faults,
+            t.minor_faults + t.major_faults
+        );
+        assert!(dma::committed_bytes() >= before);
+    }
+
     fn by_definition(ns: u64) -> usize {
         let us = ns.div_ceil(1000);
         (0..POLL_GAP_BUCKETS)

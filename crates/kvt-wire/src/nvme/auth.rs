@@ -5,7 +5,7 @@
 //! are a handful of fixed little-endian headers with length-checked tails.
 
 use super::{admin_opc, Sqe};
-use crate::wire::le::*;
+use crate::le::*;
 
 /// SECP: the NVMe security protocol.
 pub const SECP_NVME: u8 = 0xE9;
@@ -425,7 +425,7 @@ impl ControllerMessage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::nvme::fctype;
+    use crate::nvme::fctype;
     use proptest::prelude::*;
 
     #[test]

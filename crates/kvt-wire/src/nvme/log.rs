@@ -3,7 +3,7 @@
 //! builds the firmware slot, changed namespace list and commands supported pages).
 
 use super::{admin_opc, Sqe, NQN_FIELD_LEN};
-use crate::wire::le::*;
+use crate::le::*;
 
 /// Log page identifiers.
 pub mod lid {

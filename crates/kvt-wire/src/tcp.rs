@@ -698,7 +698,7 @@ pub fn encode_term_req(out: &mut Vec<u8>, from_host: bool, fes: u16, fei: u32, o
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::nvme::{io_opc, Status};
+    use crate::nvme::{io_opc, Status};
     use proptest::prelude::*;
 
     const LIM: ParseLimits = ParseLimits { max_data: 1 << 20 };

@@ -1,7 +1,7 @@
 //! NVMe over Fabrics commands: Connect (command and data) and Property Get/Set.
 
 use super::{admin_opc, fctype, Sqe, NQN_FIELD_LEN};
-use crate::wire::le::*;
+use crate::le::*;
 
 /// Fabrics Connect command fields (SQE) and data (1024 bytes).
 #[derive(Debug, Clone, PartialEq, Eq)]

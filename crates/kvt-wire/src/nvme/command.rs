@@ -3,7 +3,7 @@
 //! CQE that answers it, and the Dataset Management range list.
 
 use super::{Status, CQE_LEN, SQE_LEN};
-use crate::wire::le::*;
+use crate::le::*;
 
 /// Admin command opcodes.
 pub mod admin_opc {

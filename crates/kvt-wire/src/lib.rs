@@ -4,6 +4,7 @@
 //! offsets the specifications give, decoding reads them back and never panics on short
 //! or hostile input (property tests in each module prove it).
 
+pub mod ident;
 pub mod nqn;
 pub mod nvme;
 pub mod rdma;

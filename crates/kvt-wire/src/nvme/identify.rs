@@ -2,7 +2,7 @@
 //! descriptors and the active namespace list.
 
 use super::{IDENTIFY_LEN, NQN_FIELD_LEN};
-use crate::wire::le::*;
+use crate::le::*;
 
 /// Identify CNS values.
 pub mod cns {

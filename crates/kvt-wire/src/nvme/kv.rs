@@ -17,7 +17,7 @@
 //!   command-specific (SCT 1).
 
 use super::{Sqe, Status};
-use crate::wire::le::*;
+use crate::le::*;
 
 /// KV command set I/O opcodes.
 pub mod kv_opc {
