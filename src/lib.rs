@@ -24,7 +24,7 @@
 //! `pool::kv` implements, so `nvmf` needs nothing from `pool`.
 
 pub use kvt_auth as auth;
-pub mod bdev;
+pub use kvt_bdev as bdev;
 pub mod cluster;
 pub mod config;
 pub use kvt_wire::ident;
@@ -35,7 +35,7 @@ pub mod metrics;
 pub mod nvmf;
 pub mod perf;
 pub mod pool;
-pub mod reactor;
+pub use kvt_reactor as reactor;
 pub mod rpc;
 pub mod server;
 #[cfg(test)]

@@ -342,7 +342,7 @@ impl IoChannel for DetachedChannel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bdev::tests::run;
+    use kvt_bdev::testing::run;
 
     #[test]
     fn a_detached_device_fails_every_operation_with_a_path_errno() {

@@ -23,8 +23,8 @@ pub mod spec;
 mod vfio;
 
 use super::{BlockDevice, IoChannel, IoCompletion, IoOp};
-use crate::mem::{dma, IoBuf};
 use controller::Controller;
+use kvt_mem::{dma, IoBuf};
 use queue::HwQueue;
 use spec::{io, NamespaceInfo, Sqe, PAGE_BYTES, PRP_PER_PAGE};
 use std::collections::VecDeque;

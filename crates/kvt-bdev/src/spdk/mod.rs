@@ -16,7 +16,7 @@
 #[cfg(feature = "spdk")]
 mod ffi;
 
-use crate::wire::nqn::{validate_nqn, NqnError};
+use kvt_wire::nqn::{validate_nqn, NqnError};
 use std::fmt;
 use std::str::FromStr;
 
@@ -32,7 +32,7 @@ pub enum SpdkError {
     #[error("SPDK environment: spdk_env_init failed ({}); SPDK's lines above say why ({hint})", std::io::Error::from_raw_os_error(*.errno))]
     EnvInit { errno: i32, hint: &'static str },
     #[error("SPDK environment: {0}")]
-    Dma(#[from] crate::mem::dma::DmaError),
+    Dma(#[from] kvt_mem::dma::DmaError),
     #[error(
         "SPDK cannot attach the controller at `{0}` (is it there? SPDK's log line above says why)"
     )]
@@ -69,7 +69,7 @@ pub enum TridError {
     PciAddress {
         traddr: String,
         #[source]
-        source: crate::bdev::nvme::NvmeError,
+        source: crate::nvme::NvmeError,
     },
     #[error("PCIe takes only traddr (a PCI address)")]
     PcieExtra,
@@ -200,11 +200,9 @@ impl FromStr for TransportId {
         };
         match trtype {
             TrType::Pcie => {
-                crate::bdev::nvme::pci::parse_bdf(&traddr).map_err(|source| {
-                    TridError::PciAddress {
-                        traddr: traddr.clone(),
-                        source,
-                    }
+                crate::nvme::pci::parse_bdf(&traddr).map_err(|source| TridError::PciAddress {
+                    traddr: traddr.clone(),
+                    source,
                 })?;
                 if trsvcid.is_some() || subnqn.is_some() || adrfam.is_some() {
                     return Err(TridError::PcieExtra);
@@ -271,7 +269,7 @@ pub fn open(
     _trid: &TransportId,
     _nsid: u32,
     _env: &EnvSettings,
-) -> Result<crate::bdev::SharedDevice, SpdkError> {
+) -> Result<crate::SharedDevice, SpdkError> {
     Err(SpdkError::NotBuilt)
 }
 
@@ -281,16 +279,16 @@ pub fn open(
     trid: &TransportId,
     nsid: u32,
     env: &EnvSettings,
-) -> Result<crate::bdev::SharedDevice, SpdkError> {
-    Ok(SpdkDevice::open(trid, nsid, env)? as crate::bdev::SharedDevice)
+) -> Result<crate::SharedDevice, SpdkError> {
+    Ok(SpdkDevice::open(trid, nsid, env)? as crate::SharedDevice)
 }
 
 #[cfg(feature = "spdk")]
 mod device {
     use super::ffi::{self, Command, Controller, IoQpair, NamespaceInfo, SubmitError};
     use super::{EnvSettings, SpdkError, TransportId};
-    use crate::bdev::{errno_for_nvme_status, BlockDevice, IoChannel, IoCompletion, IoOp};
-    use crate::mem::IoBuf;
+    use crate::{errno_for_nvme_status, BlockDevice, IoChannel, IoCompletion, IoOp};
+    use kvt_mem::IoBuf;
     use std::collections::VecDeque;
     use std::os::fd::RawFd;
     use std::sync::{Arc, Mutex};

@@ -97,7 +97,7 @@ impl RamRegion {
     /// Faults in all `len` bytes of the mapping, writable, on this thread.
     fn populate(&self, len: usize) {
         // SAFETY: the range is exactly the mapping, not shared with anyone yet.
-        unsafe { crate::mem::fault_in(self.base.as_ptr(), len) };
+        unsafe { kvt_mem::fault_in(self.base.as_ptr(), len) };
     }
     fn check(&self, offset: u64, len: u64) -> Result<*mut u8, i32> {
         match offset.checked_add(len) {
@@ -257,7 +257,7 @@ impl RamChannel {
         // Streamed: a long write's data is read back much later, if at all,
         // and ordinary stores would read each line of it in first.
         // SAFETY: dst..dst+len is inside the region (checked); src is ours.
-        unsafe { crate::mem::copy_streaming(dst, src) };
+        unsafe { kvt_mem::copy_streaming(dst, src) };
         Ok(())
     }
 
@@ -343,7 +343,7 @@ mod tests {
     #[test]
     fn ram_device_behaves() {
         let dev = RamDevice::new("t", 1 << 20).unwrap();
-        crate::bdev::tests::exercise(dev.as_ref());
+        crate::testing::exercise(dev.as_ref());
     }
 
     fn resident_bytes() -> u64 {
@@ -358,7 +358,7 @@ mod tests {
         let mut ch = dev.open_channel().unwrap();
         let now = Instant::now();
         let len = 3 * WRITE_PIECE + 512;
-        let mut w = crate::mem::IoBuf::new(len);
+        let mut w = kvt_mem::IoBuf::new(len);
         for (i, b) in w.iter_mut().enumerate() {
             *b = (i % 251) as u8;
         }
@@ -371,7 +371,7 @@ mod tests {
         // A short read queued behind it completes at the first poll.
         let read = IoOp::Read {
             offset: 1 << 20,
-            buf: crate::mem::IoBuf::new(4096),
+            buf: kvt_mem::IoBuf::new(4096),
         };
         assert!(ch.submit(2, read, now).is_ok());
         let mut out = Vec::new();
@@ -392,11 +392,11 @@ mod tests {
             "one piece per poll, the short read first"
         );
         assert_eq!(ch.in_flight(), 0);
-        let back = crate::bdev::tests::run(
+        let back = crate::testing::run(
             ch.as_mut(),
             IoOp::Read {
                 offset: 4096,
-                buf: crate::mem::IoBuf::new(len),
+                buf: kvt_mem::IoBuf::new(len),
             },
         );
         let back = back.buf.unwrap();
@@ -407,11 +407,11 @@ mod tests {
     fn a_long_write_past_the_end_fails_at_its_first_poll() {
         let dev = RamDevice::new("short", 1 << 20).unwrap();
         let mut ch = dev.open_channel().unwrap();
-        let c = crate::bdev::tests::run(
+        let c = crate::testing::run(
             ch.as_mut(),
             IoOp::Write {
                 offset: (1 << 20) - 4096,
-                buf: crate::mem::IoBuf::new(2 * WRITE_PIECE),
+                buf: kvt_mem::IoBuf::new(2 * WRITE_PIECE),
                 fua: false,
             },
         );
@@ -429,11 +429,11 @@ mod tests {
             "{before} -> {after}"
         );
         let mut ch = dev.open_channel().unwrap();
-        let c = crate::bdev::tests::run(
+        let c = crate::testing::run(
             ch.as_mut(),
             IoOp::Read {
                 offset: (4 << 30) - 4096,
-                buf: crate::mem::IoBuf::new(4096),
+                buf: kvt_mem::IoBuf::new(4096),
             },
         );
         assert!(c.buf.unwrap().iter().all(|&b| b == 0));
@@ -443,9 +443,9 @@ mod tests {
     fn deallocating_a_large_range_releases_memory_instead_of_touching_it() {
         let dev = RamDevice::lazy("scrub", 4 << 30).unwrap();
         let mut ch = dev.open_channel().unwrap();
-        let mut w = crate::mem::IoBuf::new(1 << 20);
+        let mut w = kvt_mem::IoBuf::new(1 << 20);
         w.fill(0xAB);
-        let c = crate::bdev::tests::run(
+        let c = crate::testing::run(
             ch.as_mut(),
             IoOp::Write {
                 offset: 1 << 30,
@@ -456,7 +456,7 @@ mod tests {
         assert_eq!(c.result, Ok(()));
         let before = resident_bytes();
         // The whole device, unaligned at both ends (a pool format does this).
-        let c = crate::bdev::tests::run(
+        let c = crate::testing::run(
             ch.as_mut(),
             IoOp::Deallocate {
                 offset: 512,
@@ -466,11 +466,11 @@ mod tests {
         assert_eq!(c.result, Ok(()));
         let after = resident_bytes();
         assert!(after < before + (1 << 30), "{before} -> {after}");
-        let r = crate::bdev::tests::run(
+        let r = crate::testing::run(
             ch.as_mut(),
             IoOp::Read {
                 offset: (1 << 30) - 4096,
-                buf: crate::mem::IoBuf::new(8192),
+                buf: kvt_mem::IoBuf::new(8192),
             },
         );
         assert!(r.buf.unwrap().iter().all(|&b| b == 0));
@@ -501,9 +501,9 @@ mod tests {
             0
         );
         let mut ch = dev.open_channel().unwrap();
-        let mut w = crate::mem::IoBuf::new(1 << 20);
+        let mut w = kvt_mem::IoBuf::new(1 << 20);
         w.fill(0xCD);
-        let c = crate::bdev::tests::run(
+        let c = crate::testing::run(
             ch.as_mut(),
             IoOp::Write {
                 offset: 4 << 20,
@@ -513,7 +513,7 @@ mod tests {
         );
         assert_eq!(c.result, Ok(()));
         // Deallocating zeroes in place: nothing given back, nothing to fault.
-        let c = crate::bdev::tests::run(
+        let c = crate::testing::run(
             ch.as_mut(),
             IoOp::Deallocate {
                 offset: 512,
@@ -522,11 +522,11 @@ mod tests {
         );
         assert_eq!(c.result, Ok(()));
         assert_eq!(resident_pages(&dev), (64 << 20) / PAGE_BYTES);
-        let r = crate::bdev::tests::run(
+        let r = crate::testing::run(
             ch.as_mut(),
             IoOp::Read {
                 offset: 4 << 20,
-                buf: crate::mem::IoBuf::new(1 << 20),
+                buf: kvt_mem::IoBuf::new(1 << 20),
             },
         );
         assert!(r.buf.unwrap().iter().all(|&b| b == 0));
@@ -536,11 +536,11 @@ mod tests {
     fn out_of_range_fails_cleanly() {
         let dev = RamDevice::new("t", 8192).unwrap();
         let mut ch = dev.open_channel().unwrap();
-        let c = crate::bdev::tests::run(
+        let c = crate::testing::run(
             ch.as_mut(),
             IoOp::Read {
                 offset: 8192,
-                buf: crate::mem::IoBuf::new(4096),
+                buf: kvt_mem::IoBuf::new(4096),
             },
         );
         assert_eq!(c.result, Err(libc::EINVAL));

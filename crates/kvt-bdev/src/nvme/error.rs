@@ -3,7 +3,7 @@
 //! tool print them as one line naming the PCI address.
 
 use super::spec::IdentifyError;
-use crate::mem::dma::DmaError;
+use kvt_mem::dma::DmaError;
 use std::io;
 
 #[derive(Debug, thiserror::Error)]

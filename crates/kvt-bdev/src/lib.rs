@@ -13,7 +13,7 @@ pub mod spdk;
 pub mod sync_io;
 pub mod uring;
 
-use crate::mem::IoBuf;
+use kvt_mem::IoBuf;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Instant;
@@ -188,10 +188,13 @@ pub trait BlockDevice: Send + Sync {
 
 pub type SharedDevice = Arc<dyn BlockDevice>;
 
-#[cfg(test)]
-pub(crate) mod tests {
+/// What a test of any device needs, here or in a crate above (the `test-support`
+/// feature, for dev-dependencies): one operation run to completion, and the
+/// behaviour every backend must have.
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing {
     use super::*;
-    use crate::mem::IoBuf;
+    use kvt_mem::IoBuf;
 
     /// Runs one op to completion on a channel (test helper).
     pub fn run(ch: &mut dyn IoChannel, op: IoOp) -> IoCompletion {

@@ -6,8 +6,8 @@
 //! system lacks those fallocate modes the range is overwritten with zeros instead.
 
 use super::{BlockDevice, IoChannel, IoCompletion, IoOp};
-use crate::mem::IoBuf;
 use io_uring::{opcode, types, IoUring};
+use kvt_mem::IoBuf;
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom};
 use std::os::fd::{AsRawFd, RawFd};
@@ -398,7 +398,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let dev = UringDevice::open(&dir.path().join("ns.img"), Some(1 << 20), 512).unwrap();
         assert_eq!(dev.size_bytes(), 1 << 20);
-        crate::bdev::tests::exercise(dev.as_ref());
+        crate::testing::exercise(dev.as_ref());
     }
 
     #[test]
@@ -408,7 +408,7 @@ mod tests {
             return;
         };
         let dev = UringDevice::open(&dir.path().join("ns.img"), Some(1 << 20), 4096).unwrap();
-        crate::bdev::tests::exercise(dev.as_ref());
+        crate::testing::exercise(dev.as_ref());
     }
 
     #[test]

@@ -5,12 +5,12 @@
 //! Memory ownership: BAR0 is an `mmap` of the device fd owned by `Vfio` and unmapped
 //! in its `Drop`; `Bar` copies are only used while the `Vfio` (held by the
 //! `Controller`, which every channel keeps alive through an `Arc`) exists. DMA
-//! memory belongs to `crate::mem::dma`, which never unmaps it; the container maps it
+//! memory belongs to `kvt_mem::dma`, which never unmaps it; the container maps it
 //! through the mapper registered here, and closing the container fd drops those
 //! mappings.
 
 use super::error::NvmeError;
-use crate::mem::dma;
+use kvt_mem::dma;
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::FileExt;

@@ -8,7 +8,7 @@
 //! and none of them depends on the time they are given.
 
 use super::{IoChannel, IoCompletion, IoOp, SharedDevice};
-use crate::mem::IoBuf;
+use kvt_mem::IoBuf;
 use std::os::fd::RawFd;
 use std::time::Instant;
 

@@ -17,9 +17,9 @@ pub mod signals;
 pub mod stall;
 pub mod sys;
 
-use crate::bdev::{IoChannel, IoCompletion, IoOp};
-use crate::mem::{BufPool, IoBuf};
 use crossbeam_queue::{ArrayQueue, SegQueue};
+use kvt_bdev::{IoChannel, IoCompletion, IoOp};
+use kvt_mem::{BufPool, IoBuf};
 use stall::{StallStats, StallWarner};
 use std::any::Any;
 use std::cmp::Reverse;
@@ -630,7 +630,7 @@ impl Reactor {
     ) -> std::io::Result<(Arc<ReactorShared>, std::thread::JoinHandle<()>)> {
         // Its first I/O buffers are resident before it serves, faulted in on
         // this (the starting) thread.
-        crate::mem::dma::commit_at_least((id + 1) * REACTOR_BUFFER_BYTES);
+        kvt_mem::dma::commit_at_least((id + 1) * REACTOR_BUFFER_BYTES);
         // The reactor is built on its own thread: device channels it will own
         // (io_uring instances) never cross threads.
         let (tx, rx) = std::sync::mpsc::channel();

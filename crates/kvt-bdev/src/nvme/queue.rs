@@ -10,7 +10,7 @@
 use super::error::NvmeError;
 use super::spec::{Cap, Cqe, Ring, Sqe, CQE_BYTES, SQE_BYTES};
 use super::vfio::Bar;
-use crate::mem::{dma, IoBuf};
+use kvt_mem::{dma, IoBuf};
 use std::sync::atomic::{fence, Ordering};
 
 pub struct HwQueue {

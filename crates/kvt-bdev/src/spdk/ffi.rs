@@ -16,7 +16,7 @@
 //!   array freed only after the queue pair is.
 
 use super::{SpdkError, TransportId};
-use crate::mem::IoBuf;
+use kvt_mem::IoBuf;
 use spdk_sys::ffi;
 use std::ffi::{c_void, CString};
 use std::ptr::NonNull;
@@ -40,7 +40,7 @@ pub struct EnvOptions {
 
 static ENV: OnceLock<Result<(), SpdkError>> = OnceLock::new();
 static CONTROLLERS: Mutex<Vec<Weak<Controller>>> = Mutex::new(Vec::new());
-static DMA_MAPPER: OnceLock<Result<(), crate::mem::dma::DmaError>> = OnceLock::new();
+static DMA_MAPPER: OnceLock<Result<(), kvt_mem::dma::DmaError>> = OnceLock::new();
 
 fn cstr(what: &str, s: &str) -> Result<CString, SpdkError> {
     CString::new(s).map_err(|_| SpdkError::Invalid(format!("{what} contains a NUL byte")))
@@ -141,7 +141,7 @@ fn errno_text(e: i32) -> String {
 fn register_dma_arena() -> Result<(), SpdkError> {
     DMA_MAPPER
         .get_or_init(|| {
-            crate::mem::dma::register_mapper(|r| {
+            kvt_mem::dma::register_mapper(|r| {
                 // SAFETY: the range is arena memory, committed, 2 MiB aligned in
                 // address and length, and never unmapped for the process lifetime
                 // (the arena never returns chunks), as spdk_mem_register requires.
@@ -149,7 +149,7 @@ fn register_dma_arena() -> Result<(), SpdkError> {
                 if rc == 0 {
                     Ok(())
                 } else {
-                    Err(crate::mem::dma::DmaError::Map {
+                    Err(kvt_mem::dma::DmaError::Map {
                         call: "spdk_mem_register",
                         errno: -rc,
                     })

@@ -194,7 +194,7 @@ mod tests {
     /// that lives here because it reads this module's fault counters.
     #[test]
     fn committed_chunks_are_resident_free_blocks() {
-        use crate::mem::{dma, IoBuf};
+        use kvt_mem::{dma, IoBuf};
         dma::commit_at_least(4 * dma::CHUNK_BYTES);
         assert!(dma::committed_bytes() >= 4 * dma::CHUNK_BYTES);
         let before = dma::committed_bytes();

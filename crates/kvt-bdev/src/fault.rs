@@ -365,11 +365,11 @@ mod tests {
     #[test]
     fn behaves_like_a_device_and_loses_only_unflushed_data() {
         let dev = FaultDevice::new(1 << 20);
-        crate::bdev::tests::exercise(&FaultHandle(dev.clone()));
+        crate::testing::exercise(&FaultHandle(dev.clone()));
         let mut ch = FaultHandle(dev.clone()).open_channel().unwrap();
-        let mut b = crate::mem::IoBuf::new(4096);
+        let mut b = kvt_mem::IoBuf::new(4096);
         b.fill(7);
-        let c = crate::bdev::tests::run(
+        let c = crate::testing::run(
             ch.as_mut(),
             IoOp::Write {
                 offset: 65536,
@@ -380,11 +380,11 @@ mod tests {
         assert_eq!(c.result, Ok(()));
         let mut rng = SimRng(1);
         dev.crash(&mut rng);
-        let r = crate::bdev::tests::run(
+        let r = crate::testing::run(
             ch.as_mut(),
             IoOp::Read {
                 offset: 65536,
-                buf: crate::mem::IoBuf::new(4096),
+                buf: kvt_mem::IoBuf::new(4096),
             },
         );
         let data = r.buf.unwrap();
@@ -393,11 +393,11 @@ mod tests {
             assert!(s.iter().all(|&x| x == 0) || s.iter().all(|&x| x == 7));
         }
         dev.arm_fuse(0);
-        let c = crate::bdev::tests::run(
+        let c = crate::testing::run(
             ch.as_mut(),
             IoOp::Write {
                 offset: 0,
-                buf: crate::mem::IoBuf::new(4096),
+                buf: kvt_mem::IoBuf::new(4096),
                 fua: false,
             },
         );

@@ -7,7 +7,7 @@ use super::error::NvmeError;
 use super::queue::HwQueue;
 use super::spec::{admin, reg, Cap, ControllerInfo, Cqe, NamespaceInfo, Sqe};
 use super::vfio::{Bar, Vfio};
-use crate::mem::{dma, IoBuf};
+use kvt_mem::{dma, IoBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
