@@ -30,17 +30,17 @@ pub mod config;
 pub use kvt_wire::ident;
 pub mod initiator;
 pub use kvt_mem as mem;
-pub mod meta;
+pub use kvt_meta as meta;
 pub mod metrics;
 pub mod nvmf;
 pub mod perf;
-pub mod pool;
+pub use kvt_pool as pool;
 pub use kvt_reactor as reactor;
 pub mod rpc;
 pub mod server;
-#[cfg(test)]
-pub(crate) mod sim_seeds;
 pub use kvt_mem::stats;
+#[cfg(test)]
+use kvt_seeds as sim_seeds;
 pub mod transport;
 pub use kvt_wire as wire;
 

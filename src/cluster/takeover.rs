@@ -18,8 +18,8 @@
 //! file namespace is each node's own (docs/cluster.md).
 
 use super::ownership::GroupId;
-use crate::nvmf::kv_index::KeyIndex;
 use crate::nvmf::Target;
+use crate::pool::kv_index::KeyIndex;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 

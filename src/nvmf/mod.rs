@@ -16,7 +16,6 @@ pub mod controller;
 pub mod errlog;
 pub mod fabrics;
 pub mod io;
-pub mod kv_index;
 pub mod ns_table;
 pub mod plan;
 pub mod queue;
@@ -150,7 +149,7 @@ pub struct Namespace {
     /// namespaces are like this.
     pub write_through: bool,
     /// The key index of a KV namespace (a KV volume's).
-    pub kv: Option<Arc<dyn kv_index::KeyIndex>>,
+    pub kv: Option<Arc<dyn crate::pool::kv_index::KeyIndex>>,
     /// Registrants and reservation (NVMe reservations).
     pub reservation: reservation::NsReservation,
     /// Its ANA group (ANAGRPID; its NSID unless configured), read per I/O
@@ -200,7 +199,7 @@ impl Namespace {
     }
     /// The namespace as a KV namespace (Key Value command set) over `index`,
     /// which lives with the volume `dev` is.
-    pub fn with_kv(mut self, index: Arc<dyn kv_index::KeyIndex>) -> Namespace {
+    pub fn with_kv(mut self, index: Arc<dyn crate::pool::kv_index::KeyIndex>) -> Namespace {
         self.command_set = CommandSet::KeyValue;
         self.kv = Some(index);
         self

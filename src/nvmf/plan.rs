@@ -3,7 +3,7 @@
 //! do, and where a KV command is in its steps.
 
 use super::command::Transfer;
-use super::kv_index::KvLoc;
+use crate::pool::kv_index::KvLoc;
 use crate::wire::nvme::{KvKey, StoreOptions};
 
 /// Where a KV command is in its steps (each step's device operation

@@ -950,7 +950,7 @@ impl<X> Queue<X> {
     pub fn kv_answer<L: Link<X>>(
         &mut self,
         slot: u16,
-        answer: Option<crate::nvmf::kv_index::KvAnswer>,
+        answer: Option<crate::pool::kv_index::KvAnswer>,
         link: &mut L,
         ctx: &mut IoCtx,
     ) {

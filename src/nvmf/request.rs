@@ -56,7 +56,7 @@ pub struct Request<X> {
     pub(in crate::nvmf) arrived_ns: u64,
     /// The key index a KV command holds reserved blocks or a read pin in:
     /// its steps finish there even if the namespace is removed meanwhile.
-    pub(in crate::nvmf) kv: Option<Arc<dyn super::kv_index::KeyIndex>>,
+    pub(in crate::nvmf) kv: Option<Arc<dyn crate::pool::kv_index::KeyIndex>>,
     /// The transport's state for this request.
     pub x: X,
 }

@@ -1017,7 +1017,7 @@ impl<W: Wire> QueuePair for TcpConnection<W> {
     }
 
     fn on_polled(&mut self, event: &dyn std::any::Any, ctx: &mut IoCtx) {
-        if let Some(a) = event.downcast_ref::<crate::nvmf::kv_index::KvAnswered>() {
+        if let Some(a) = event.downcast_ref::<crate::pool::kv_index::KvAnswered>() {
             self.q.kv_answer(a.slot, a.answer.take(), &mut self.l, ctx);
             self.sync_closed();
         }

@@ -11,10 +11,10 @@ use crate::bdev::IoOp;
 use crate::mem::IoBuf;
 use crate::nvmf::command;
 use crate::nvmf::command::Submitted;
-use crate::nvmf::kv_index::{KeyIndex, KvAnswer, KvAsk, KvLoc, Reserve};
 use crate::nvmf::ns_table::NsTable;
 use crate::nvmf::request::Request;
 use crate::nvmf::Namespace;
+use crate::pool::kv_index::{KeyIndex, KvAnswer, KvAsk, KvLoc, Reserve};
 use crate::reactor::IoCtx;
 use crate::wire::nvme::{
     encode_list_response, list_entry_len, KvCommand, Sqe, Status, KV_LIST_MIN_BUFFER,

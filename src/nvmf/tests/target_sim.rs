@@ -29,10 +29,10 @@
 
 use super::*;
 use crate::bdev::fault::{FaultDevice, FaultHandle, SimRng};
-use crate::nvmf::kv_index::{KeyIndex, KvAnswer, KvAsk};
 use crate::pool::channel::VolumeDevice;
 use crate::pool::gc::GcSettings;
 use crate::pool::kv::{KvIndex, KvSettings, OnFull};
+use crate::pool::kv_index::{KeyIndex, KvAnswer, KvAsk};
 use crate::pool::{format as format_pool, FormatOptions, Pool, PoolOptions};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -1,13 +1,13 @@
 //! What the KV command set needs from a KV namespace's key index: space for
 //! a Store, the value's blocks for a Retrieve, Delete, Exist and List. The
-//! pool's index implements it (`pool::kv`); `nvmf` knows only this. A step
+//! pool's index implements it (`kv`); `nvmf` knows only this. A step
 //! is an ask with an answer, so the index may live on another reactor.
 
 /// Where a value lives (blocks of the volume, and the value's length): the
 /// journal's record of it, so one type runs from the command to the disk.
-pub use crate::meta::journal::KvLoc;
-use crate::reactor::IoCtx;
-use crate::wire::nvme::{KvKey, Status, StoreOptions};
+pub use kvt_meta::journal::KvLoc;
+use kvt_reactor::IoCtx;
+use kvt_wire::nvme::{KvKey, Status, StoreOptions};
 
 /// The answer to a Store's request for space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

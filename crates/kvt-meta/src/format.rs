@@ -7,9 +7,9 @@ use super::checkpoint::CheckpointData;
 use super::error::PoolError;
 use super::recovery::pool_tag;
 use super::superblock::{Superblock, MAX_VOLUMES};
-use crate::bdev::sync_io::SyncIo;
-use crate::bdev::{IoOp, SharedDevice};
-use crate::ident::stable_uuid;
+use kvt_bdev::sync_io::SyncIo;
+use kvt_bdev::{IoOp, SharedDevice};
+use kvt_wire::ident::stable_uuid;
 
 /// Options for formatting a pool.
 #[derive(Debug, Clone)]

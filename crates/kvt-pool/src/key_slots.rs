@@ -7,9 +7,9 @@
 //! Every slot in the table must name an entry holding that key while it is
 //! there: lookups compare with it and growing the table hashes it again.
 
-use crate::wire::nvme::KvKey;
 use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
+use kvt_wire::nvme::KvKey;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 

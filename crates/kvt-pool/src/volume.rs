@@ -9,8 +9,8 @@
 //! one physical extent wins.
 
 use super::format::{VolumeDesc, NO_EXTENT, VOL_UNWRITTEN_ERROR};
-use crate::meta::checkpoint::ExtentMapping;
 use crossbeam_queue::ArrayQueue;
+use kvt_meta::checkpoint::ExtentMapping;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 const PHYS_BITS: u32 = 28;
@@ -103,7 +103,7 @@ pub struct ChannelStats {
     pub write_hist: [AtomicU64; LATENCY_BUCKETS],
 }
 
-pub use crate::stats::{latency_bucket, latency_bucket_le_us, LATENCY_BUCKETS};
+pub use kvt_mem::stats::{latency_bucket, latency_bucket_le_us, LATENCY_BUCKETS};
 
 /// Summed counters of a volume.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -1,9 +1,9 @@
 //! Journal commits and checkpoints: what the metadata thread writes through
-//! `crate::meta`, and the orderings that make it crash-safe (data before the
+//! `kvt_meta`, and the orderings that make it crash-safe (data before the
 //! records that name it, a checkpoint before journal space is reused).
 
 use super::*;
-use crate::meta::checkpoint::ExtentMapping;
+use kvt_meta::checkpoint::ExtentMapping;
 
 /// Largest journal entry.
 const MAX_ENTRY: usize = 256 << 10;

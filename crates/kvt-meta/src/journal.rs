@@ -9,7 +9,7 @@ use super::superblock::{
     bitmap_bytes_max, FORMAT_2_MAX_VOLUMES, MAX_EXTENTS, MAX_EXTENT_SIZE, MAX_NAME_LEN,
     VOLUME_CKPT_BYTES,
 };
-use crate::wire::nvme::{KvKey, KV_KEY_MAX_LEN};
+use kvt_wire::nvme::{KvKey, KV_KEY_MAX_LEN};
 
 /// Volume option: reads of unwritten or deallocated blocks fail with the NVMe
 /// "deallocated or unwritten logical block" status instead of returning zeros.

@@ -575,7 +575,7 @@ mod plan_tests {
 #[cfg(test)]
 mod wake_tests {
     use super::*;
-    use crate::bdev::ram::RamDevice;
+    use kvt_bdev::ram::RamDevice;
 
     /// A Flush is answered at once although the metadata thread sleeps a
     /// GC tick of an hour between rounds: `wake_md` reaches it, lock-free,
@@ -583,7 +583,7 @@ mod wake_tests {
     #[test]
     fn a_commit_request_wakes_the_sleeping_metadata_thread() {
         let dev: SharedDevice = RamDevice::new("wake", 64 << 20).unwrap();
-        crate::pool::format(&dev, &crate::pool::FormatOptions::default()).unwrap();
+        crate::format(&dev, &crate::FormatOptions::default()).unwrap();
         let mut opts = PoolOptions::default();
         opts.gc.tick = Duration::from_secs(3600);
         opts.commit_interval = None;

@@ -9,7 +9,7 @@ use super::journal::{
     VolumeResv,
 };
 use super::superblock::{bitmap_bytes_max, MAX_EXTENTS, MAX_EXTENT_SIZE, MAX_VOLUMES};
-use crate::wire::nvme::KvKey;
+use kvt_wire::nvme::KvKey;
 
 /// One mapped logical extent: the state an `Extent` journal record carries,
 /// and what a checkpoint holds for each mapped extent.

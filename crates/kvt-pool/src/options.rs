@@ -34,11 +34,12 @@ impl Default for PoolOptions {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "test-support"))]
 impl PoolOptions {
     /// The defaults without a metadata thread: the test runs each step
-    /// (`Pool::md_step`), so nothing moves behind its back.
-    pub(crate) fn stepped() -> PoolOptions {
+    /// (`Pool::md_step`), so nothing moves behind its back. For tests here
+    /// and, with the `test-support` feature, in the crates above.
+    pub fn stepped() -> PoolOptions {
         PoolOptions {
             md_thread: false,
             ..PoolOptions::default()

@@ -2,8 +2,8 @@
 //! its Flush/FUA tags, clean extents available again, over an eventfd the
 //! reactor polls.
 
-use crate::reactor::sys::EventFd;
 use crossbeam_queue::SegQueue;
+use kvt_reactor::sys::EventFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 

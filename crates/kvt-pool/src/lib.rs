@@ -19,7 +19,7 @@
 //! - journal space is reused only after a newer checkpoint is durable.
 //!
 //! The on-disk side (superblock, journal records, checkpoints, recovery, the
-//! offline check) is `crate::meta`, below this layer. Here: the `Pool` and its
+//! offline check) is `kvt_meta`, below this layer. Here: the `Pool` and its
 //! open/close (this file), the extent allocator (`alloc`), the volume registry
 //! (`registry`), the metadata thread's step (`md`) and its commits and
 //! checkpoints (`commit`), volumes and their channels (`volume`, `channel`),
@@ -33,6 +33,7 @@ pub mod format;
 pub mod gc;
 mod key_slots;
 pub mod kv;
+pub mod kv_index;
 pub mod kv_owner;
 mod lock;
 mod md;
@@ -46,24 +47,24 @@ pub mod volume;
 #[cfg(test)]
 mod sim;
 
-use crate::bdev::{IoOp, SharedDevice};
-use crate::ident::stable_uuid;
-pub use crate::meta::format::format;
-pub use crate::meta::image;
-use crate::meta::image::Image;
-use crate::meta::pool_tag;
-pub use crate::meta::{check, load_image, CheckReport, FormatOptions, RecoveryReport};
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use format::*;
 use gc::{Admission, GcMode, GcSettings};
+use kvt_bdev::{IoOp, SharedDevice};
+pub use kvt_meta::format::format;
+pub use kvt_meta::image;
+use kvt_meta::image::Image;
+use kvt_meta::pool_tag;
+pub use kvt_meta::{check, load_image, CheckReport, FormatOptions, RecoveryReport};
+use kvt_wire::ident::stable_uuid;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 use volume::Volume;
 
-pub use crate::bdev::sync_io::{SyncIo, SyncIoError};
-pub use crate::meta::error::{self, PoolError};
+pub use kvt_bdev::sync_io::{SyncIo, SyncIoError};
+pub use kvt_meta::error::{self, PoolError};
 pub use lock::{lock_pool, PoolLock};
 use md::md_round;
 pub use md::{plan_md_step, MdInputs, MdPlan};
@@ -74,7 +75,7 @@ pub use resv::ResvDone;
 use resv::ResvReq;
 
 fn io_err(errno: i32) -> String {
-    crate::bdev::sync_io::errno_text(errno)
+    kvt_bdev::sync_io::errno_text(errno)
 }
 
 /// Metadata-thread state: owned by whoever holds the lock (the md thread, a
@@ -326,7 +327,7 @@ impl Pool {
         if pool.opts.md_thread {
             let weak = Arc::downgrade(&pool);
             let h =
-                crate::reactor::spawn_worker(format!("md-{name}"), move |now| md_round(&weak, now))
+                kvt_reactor::spawn_worker(format!("md-{name}"), move |now| md_round(&weak, now))
                     .map_err(|e| PoolError::Thread {
                         reason: e.to_string(),
                     })?;

@@ -12,7 +12,7 @@ use super::error::PoolError;
 use super::image::Image;
 use super::journal::Record;
 use super::superblock::Superblock;
-use crate::bdev::sync_io::SyncIo;
+use kvt_bdev::sync_io::SyncIo;
 
 /// Ties checkpoint and journal blocks to one formatting of the pool: the
 /// first eight bytes of its UUID.

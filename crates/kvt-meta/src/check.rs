@@ -6,8 +6,8 @@
 use super::image::VolumeImage;
 use super::journal::VOL_KV;
 use super::recovery::load_image;
-use crate::bdev::sync_io::SyncIo;
-use crate::bdev::SharedDevice;
+use kvt_bdev::sync_io::SyncIo;
+use kvt_bdev::SharedDevice;
 
 /// What `kvtarget check` found.
 #[derive(Debug, Default)]

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 /// seed order. When a seed panics the others stop taking new seeds and this
 /// panics naming it (the seed's own message is printed above by the panic
 /// hook).
-pub(crate) fn run_seeds<C: Send>(first: u64, count: u64, run: impl Fn(u64) -> C + Sync) -> Vec<C> {
+pub fn run_seeds<C: Send>(first: u64, count: u64, run: impl Fn(u64) -> C + Sync) -> Vec<C> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
     let threads = std::env::var("KVT_SIM_THREADS")
         .ok()

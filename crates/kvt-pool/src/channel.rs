@@ -11,10 +11,10 @@
 
 use super::volume::{AllocError, BlockRun, Piece, Volume};
 use super::{Notifier, Pool};
-use crate::bdev::{
+use kvt_bdev::{
     BlockDevice, IoChannel, IoCompletion, IoOp, ThinInfo, ERRNO_NO_SPACE, ERRNO_UNWRITTEN,
 };
-use crate::mem::IoBuf;
+use kvt_mem::IoBuf;
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
@@ -193,7 +193,7 @@ const STALL_RETRY: Duration = Duration::from_millis(20);
 /// One volume as this channel sees it.
 struct Lane {
     vol: Arc<Volume>,
-    stats: Arc<crate::pool::volume::ChannelStats>,
+    stats: Arc<crate::volume::ChannelStats>,
     /// Requests of this lane not yet completed (a lane is released only idle).
     active: std::cell::Cell<u32>,
 }
@@ -257,7 +257,7 @@ impl PoolChannel {
             by_id: Vec::new(),
             default_lane: None,
             io: Engine {
-                reactor: crate::reactor::current_reactor(),
+                reactor: kvt_reactor::current_reactor(),
                 pool,
                 base,
                 notify,
@@ -470,7 +470,7 @@ impl Engine {
             } else if r.kind == Kind::Flush {
                 st.flushes.fetch_add(1, Ordering::Relaxed);
             } else {
-                let b = crate::stats::latency_bucket(ns);
+                let b = kvt_mem::stats::latency_bucket(ns);
                 let (ops, bytes, time) = match r.kind {
                     Kind::Read => {
                         st.read_hist[b].fetch_add(1, Ordering::Relaxed);

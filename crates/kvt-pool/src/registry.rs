@@ -192,8 +192,8 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bdev::ram::RamDevice;
-    use crate::meta::{SUPERBLOCK_VERSION_EPOCH, SUPERBLOCK_VERSION_VOLUMES};
+    use kvt_bdev::ram::RamDevice;
+    use kvt_meta::{SUPERBLOCK_VERSION_EPOCH, SUPERBLOCK_VERSION_VOLUMES};
 
     fn opts() -> PoolOptions {
         PoolOptions::stepped()
@@ -210,7 +210,7 @@ mod tests {
             (SUPERBLOCK_VERSION_VOLUMES, 4096),
         ] {
             let dev: SharedDevice = RamDevice::new("vols", 256 << 20).unwrap();
-            let sb = crate::pool::format(&dev, &FormatOptions::default()).unwrap();
+            let sb = crate::format(&dev, &FormatOptions::default()).unwrap();
             assert_eq!(sb.max_volumes, 4096);
             let sb = Superblock { version, ..sb };
             SyncIo::new(&dev).unwrap().write(0, &sb.encode()).unwrap();

@@ -5,7 +5,7 @@
 use super::checkpoint::{CheckpointData, ExtentMapping};
 use super::journal::{KvLoc, Record, VolumeDesc, VolumeResv, RESV_CKPT_ROOM, VOL_KV};
 use super::superblock::{bitmap_bytes_max, NO_EXTENT};
-use crate::wire::nvme::KvKey;
+use kvt_wire::nvme::KvKey;
 use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Debug, Clone, Default)]

@@ -12,11 +12,11 @@
 //! finds them.
 
 use super::kv::{KvIndex, State, StateHolder, StateJob};
-use crate::nvmf::kv_index::KeyIndex;
-use crate::nvmf::kv_index::{KvAnswer, KvAnswered, KvAsk};
-use crate::reactor::{IoCtx, Locals, Message, ReactorShared, SharedPoller};
-use crate::wire::nvme::Status;
+use crate::kv_index::KeyIndex;
+use crate::kv_index::{KvAnswer, KvAnswered, KvAsk};
 use crossbeam_queue::ArrayQueue;
+use kvt_reactor::{IoCtx, Locals, Message, ReactorShared, SharedPoller};
+use kvt_wire::nvme::Status;
 use std::any::Any;
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
@@ -313,7 +313,7 @@ impl SharedPoller for KvPoller {
 }
 
 /// Gives a reactor its KV post: call on the reactor, before it serves.
-pub fn install(r: &mut crate::reactor::Reactor) {
+pub fn install(r: &mut kvt_reactor::Reactor) {
     let post = Arc::new(KvPost {
         reactor: r.shared.clone(),
         asks: ArrayQueue::new(POST_DEPTH),

@@ -34,12 +34,12 @@
 //! and a fresh mapping for space it takes back at once.
 
 use super::key_slots::KeySlots;
-pub use crate::meta::journal::KvLoc;
-use crate::meta::superblock::NO_EXTENT;
-pub use crate::meta::superblock::{KV_BYTES_PER_KEY, KV_CKPT_ENTRY_BYTES};
-pub use crate::nvmf::kv_index::Reserve;
-use crate::nvmf::kv_index::{KvAnswer, KvAsk};
-use crate::wire::nvme::{KvKey, Status, StoreOptions};
+pub use crate::kv_index::Reserve;
+use crate::kv_index::{KvAnswer, KvAsk};
+pub use kvt_meta::journal::KvLoc;
+use kvt_meta::superblock::NO_EXTENT;
+pub use kvt_meta::superblock::{KV_BYTES_PER_KEY, KV_CKPT_ENTRY_BYTES};
+use kvt_wire::nvme::{KvKey, Status, StoreOptions};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
@@ -2097,7 +2097,7 @@ pub fn max_keys_of(size_bytes: u64) -> u64 {
 // Keys are recorded with their blocks; NO_EXTENT is never a block count.
 const _: () = assert!(NO_EXTENT == u32::MAX);
 
-/// The KV command set reaches the index through `nvmf::kv_index::KeyIndex`.
+/// The KV command set reaches the index through `kv_index::KeyIndex`.
 static NEXT_INDEX_ID: AtomicU64 = AtomicU64::new(1);
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! A pool's metadata on its device, below the volume layer (`crate::pool`),
+//! A pool's metadata on its device, below the volume layer (`kvt_pool`),
 //! which calls in here and is never called back:
 //!
 //! - `block`: the sealed 4 KiB block every metadata write is made of;

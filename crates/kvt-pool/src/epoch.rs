@@ -14,8 +14,8 @@
 //! window with an NVMe reservation (preempt and abort); not done.
 
 use super::*;
-use crate::meta::epoch::{newest_epoch, put_epoch, EpochRecord};
-use crate::meta::SUPERBLOCK_VERSION_EPOCH;
+use kvt_meta::epoch::{newest_epoch, put_epoch, EpochRecord};
+use kvt_meta::SUPERBLOCK_VERSION_EPOCH;
 
 impl Pool {
     /// Opens a shared pool as its owner with epoch `epoch` (the election's,
@@ -126,7 +126,7 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bdev::ram::RamDevice;
+    use kvt_bdev::ram::RamDevice;
 
     fn opts() -> PoolOptions {
         PoolOptions::stepped()
@@ -144,7 +144,7 @@ mod tests {
     #[test]
     fn the_older_owner_is_refused_after_a_takeover() {
         let dev: SharedDevice = RamDevice::new("shared", 64 << 20).unwrap();
-        crate::pool::format(&dev, &FormatOptions::default()).unwrap();
+        crate::format(&dev, &FormatOptions::default()).unwrap();
         let a = Pool::open_owned("p", dev.clone(), opts(), 5, "node-a").unwrap();
         a.create_volume("before", 1 << 20, 4096, 0).unwrap();
         let b = Pool::open_owned("p", dev.clone(), opts(), 7, "node-b").unwrap();
@@ -183,9 +183,9 @@ mod tests {
     #[test]
     fn a_format_1_pool_cannot_be_owned_but_still_opens() {
         let dev: SharedDevice = RamDevice::new("old", 64 << 20).unwrap();
-        let sb = crate::pool::format(&dev, &FormatOptions::default()).unwrap();
+        let sb = crate::format(&dev, &FormatOptions::default()).unwrap();
         let old = Superblock {
-            version: crate::meta::FORMAT_VERSION,
+            version: kvt_meta::FORMAT_VERSION,
             ..sb
         };
         SyncIo::new(&dev).unwrap().write(0, &old.encode()).unwrap();
@@ -202,7 +202,7 @@ mod tests {
     #[test]
     fn a_released_pool_writes_nothing() {
         let dev: SharedDevice = RamDevice::new("rel", 64 << 20).unwrap();
-        crate::pool::format(&dev, &FormatOptions::default()).unwrap();
+        crate::format(&dev, &FormatOptions::default()).unwrap();
         let a = Pool::open_owned("p", dev.clone(), opts(), 4, "a").unwrap();
         let meta_len = a.sb.data_offset as usize;
         let before = SyncIo::new(&dev).unwrap().read(0, meta_len).unwrap();

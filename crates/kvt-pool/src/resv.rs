@@ -82,7 +82,7 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bdev::ram::RamDevice;
+    use kvt_bdev::ram::RamDevice;
     use std::sync::atomic::AtomicU8;
 
     fn resv(n: usize) -> VolumeResv {
@@ -124,7 +124,7 @@ mod tests {
 
     fn setup() -> (SharedDevice, Arc<Pool>, u32) {
         let dev: SharedDevice = RamDevice::new("resv", 64 << 20).unwrap();
-        crate::pool::format(&dev, &FormatOptions::default()).unwrap();
+        crate::format(&dev, &FormatOptions::default()).unwrap();
         let pool = Pool::open("resv", dev.clone(), opts()).unwrap();
         let id = pool.create_volume("v", 8 << 20, 4096, 0).unwrap().desc.id;
         (dev, pool, id)
@@ -173,7 +173,7 @@ mod tests {
         assert_eq!(pool.volume("w").unwrap().reservation(), Some(resv(4)));
         // The offline check reads and describes it.
         pool.close().unwrap();
-        let rep = crate::pool::check(&dev);
+        let rep = crate::check(&dev);
         assert!(rep.damage.is_empty(), "{:?}", rep.damage);
         assert!(
             rep.lines.iter().any(|l| l.contains("4 registrants")),

@@ -48,11 +48,11 @@ use super::format::{VOL_KV, VOL_UNWRITTEN_ERROR};
 use super::gc::GcSettings;
 use super::kv::{KvIndex, Reserve};
 use super::{check, format, FormatOptions, Pool, PoolOptions};
-use crate::bdev::fault::{FaultDevice, FaultHandle, SimRng};
-use crate::bdev::fault::{ReadFault, ReadFaultKind};
-use crate::bdev::{IoChannel, IoCompletion, IoOp, SharedDevice, ERRNO_NO_SPACE, ERRNO_UNWRITTEN};
-use crate::mem::IoBuf;
-use crate::wire::nvme::{KvKey, Status, StoreOptions};
+use kvt_bdev::fault::{FaultDevice, FaultHandle, SimRng};
+use kvt_bdev::fault::{ReadFault, ReadFaultKind};
+use kvt_bdev::{IoChannel, IoCompletion, IoOp, SharedDevice, ERRNO_NO_SPACE, ERRNO_UNWRITTEN};
+use kvt_mem::IoBuf;
+use kvt_wire::nvme::{KvKey, Status, StoreOptions};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -1753,7 +1753,7 @@ fn simulation_over_many_seeds() {
     let first = env("KVT_SIM_FIRST_SEED", 0);
     let mut total = Cover::default();
     let steps = steps();
-    for c in crate::sim_seeds::run_seeds(first, seeds, |seed| run_seed(seed, steps)) {
+    for c in kvt_seeds::run_seeds(first, seeds, |seed| run_seed(seed, steps)) {
         total.add(c);
     }
     // The run must actually exercise what it is for.

@@ -441,7 +441,7 @@ mod tests {
                 }
                 let mut b = sb.encode();
                 b[pos] ^= 1 << bit;
-                if v1 || pos < crate::meta::epoch::EPOCH_SLOTS[0] {
+                if v1 || pos < crate::epoch::EPOCH_SLOTS[0] {
                     // A single flipped bit is always caught (CRC32C detects all 1-bit errors).
                     prop_assert!(Superblock::decode(&b).is_err());
                 } else {

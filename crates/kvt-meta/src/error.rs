@@ -1,11 +1,11 @@
 //! What can go wrong with a pool, as values: the control path (RPC, config,
 //! tools) turns them into one-line messages or JSON-RPC errors. It lives here,
 //! below the volume layer, because recovery, format and check return it too;
-//! `crate::pool::PoolError` names the same type.
+//! `kvt_pool::PoolError` names the same type.
 
 use super::block::FormatError;
 use super::superblock::MAX_NAME_LEN;
-use crate::bdev::sync_io::{errno_text, SyncIoError};
+use kvt_bdev::sync_io::{errno_text, SyncIoError};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PoolError {
