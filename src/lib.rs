@@ -32,22 +32,14 @@ pub mod initiator;
 pub use kvt_mem as mem;
 pub use kvt_meta as meta;
 pub mod metrics;
-pub mod nvmf;
+pub use kvt_nvmf as nvmf;
 pub mod perf;
 pub use kvt_pool as pool;
 pub use kvt_reactor as reactor;
 pub mod rpc;
 pub mod server;
 pub use kvt_mem::stats;
-#[cfg(test)]
-use kvt_seeds as sim_seeds;
 pub mod transport;
 pub use kvt_wire as wire;
 
-/// Version string: crate version plus git commit when known.
-pub fn version() -> String {
-    match option_env!("KVTARGET_GIT_REV") {
-        Some(r) if !r.is_empty() => format!("{} ({r})", env!("CARGO_PKG_VERSION")),
-        _ => env!("CARGO_PKG_VERSION").to_string(),
-    }
-}
+pub use kvt_nvmf::version;

@@ -188,7 +188,7 @@ impl Control {
                 namespace,
             }));
         }
-        ops.extend(crate::nvmf::ana::saved_states(s));
+        ops.extend(saved_ana_states(s));
         Ok(ops)
     }
 
@@ -454,4 +454,32 @@ pub(super) fn get_cluster(_p: &mut Params) -> Parsed {
         serde_json::to_value(view.snapshot())
             .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))
     })
+}
+
+/// The `nvmf_subsystem_listener_set_ana_state` operations that restore
+/// `subsys`'s listener states (none for optimized groups): one for every
+/// group when a listener has them all in one state, else one per group.
+fn saved_ana_states(subsys: &Subsystem) -> Vec<Op> {
+    use crate::config::ops::SetAnaState;
+    use crate::nvmf::ana::{AnaState, MAX_ANA_GROUPS};
+    let mut ops = Vec::new();
+    for p in subsys.ana.paths() {
+        let changed = p.changed_groups();
+        let op = |ana_state: AnaState, anagrpid: Option<u32>| {
+            Op::SetAnaState(SetAnaState {
+                nqn: subsys.nqn.clone(),
+                listen_address: ListenAddress::tcp(p.listener),
+                ana_state: ana_state.name().into(),
+                anagrpid,
+            })
+        };
+        let uniform = changed.len() == MAX_ANA_GROUPS as usize
+            && changed.iter().all(|(_, s)| *s == changed[0].1);
+        if uniform {
+            ops.push(op(changed[0].1, None));
+        } else {
+            ops.extend(changed.iter().map(|&(g, s)| op(s, Some(g))));
+        }
+    }
+    ops
 }
