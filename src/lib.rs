@@ -39,7 +39,7 @@ pub use kvt_reactor as reactor;
 pub mod rpc;
 pub mod server;
 pub use kvt_mem::stats;
-pub mod transport;
+pub use kvt_transport as transport;
 pub use kvt_wire as wire;
 
 pub use kvt_nvmf::version;

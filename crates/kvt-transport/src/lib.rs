@@ -6,9 +6,9 @@ pub mod rdma;
 pub mod tcp;
 pub mod tls;
 
-use crate::nvmf::Target;
-use crate::reactor::sys::{wait_readable, EventFd, CONTROL_ERROR_PAUSE};
-use crate::reactor::{Message, ReactorShared};
+use kvt_nvmf::Target;
+use kvt_reactor::sys::{wait_readable, EventFd, CONTROL_ERROR_PAUSE};
+use kvt_reactor::{Message, ReactorShared};
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
@@ -170,7 +170,7 @@ pub fn accept_loop(
                             secure_connection(&mut tls, sock, &target, l.discovery_only)
                         } else {
                             tcp::TcpConnection::new(sock, target.clone(), l.discovery_only)
-                                .map(|c| Box::new(c) as Box<dyn crate::reactor::QueuePair>)
+                                .map(|c| Box::new(c) as Box<dyn kvt_reactor::QueuePair>)
                                 .map_err(|e| e.to_string())
                         };
                         let qp = match qp {
@@ -209,7 +209,7 @@ fn secure_connection(
     sock: std::net::TcpStream,
     target: &Arc<Target>,
     discovery_only: bool,
-) -> Result<Box<dyn crate::reactor::QueuePair>, String> {
+) -> Result<Box<dyn kvt_reactor::QueuePair>, String> {
     let server = match tls {
         Some(s) => s.clone(),
         None => {

@@ -5,7 +5,7 @@
 use super::device::DEVICES;
 use super::error::RdmaError;
 use super::verbs::{self, ibv_comp_channel, ibv_cq, Verbs};
-use crate::reactor::SharedPoller;
+use kvt_reactor::SharedPoller;
 use std::any::Any;
 use std::collections::VecDeque;
 use std::os::fd::RawFd;

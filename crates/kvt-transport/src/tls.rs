@@ -11,9 +11,9 @@
 //! crate's safe API. Only connections that arrive on a `secure_channel` listener
 //! get a `TlsWire`; plaintext listeners keep `TcpStream` and never touch this file.
 
-use crate::auth::psk::{parse_identity, CipherSuite, TlsPsk};
-pub use crate::nvmf::fabrics::SecurePeer;
-use crate::nvmf::{SubsystemKind, Target};
+use kvt_auth::psk::{parse_identity, CipherSuite, TlsPsk};
+pub use kvt_nvmf::fabrics::SecurePeer;
+use kvt_nvmf::{SubsystemKind, Target};
 use openssl::ssl::{
     HandshakeError, MidHandshakeSslStream, Ssl, SslContext, SslContextBuilder, SslMethod, SslMode,
     SslStream, SslVersion,

@@ -8,7 +8,7 @@
 //! so that responses queued after it go out after at most the piece being
 //! sent, not after the whole transfer.
 
-use crate::mem::{BufPool, IoBuf};
+use kvt_mem::{BufPool, IoBuf};
 use std::collections::VecDeque;
 use std::io::{IoSlice, Write};
 
@@ -71,7 +71,7 @@ impl OutQueue {
             // Written once now, at queue creation: no page fault on the
             // reactor when a burst first reaches deep into it.
             bytes: {
-                let mut b = crate::mem::prefaulted_vec(n);
+                let mut b = kvt_mem::prefaulted_vec(n);
                 b.clear();
                 b
             },

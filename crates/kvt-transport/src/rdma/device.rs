@@ -7,7 +7,7 @@ use super::mr::{self, BufferBudget, MemoryKeys, BUDGET_KEY};
 use super::poller::{create_poll_group, PollGroup, RdmaPoller};
 use super::verbs::{self, Verbs};
 use super::RdmaSettings;
-use crate::reactor::{Message, ReactorShared};
+use kvt_reactor::{Message, ReactorShared};
 use std::sync::{Arc, Mutex, Weak};
 
 /// One RDMA device context as seen by kvtarget: its PD, the keys of the
@@ -109,7 +109,7 @@ pub(super) fn device_for(
         // order). A new reactor (a restarted target) gets its own.
         let budget = BufferBudget::new(settings.buffer_pool_bytes);
         let p = RdmaPoller::new(v, group.clone());
-        let install = move |r: &mut crate::reactor::Reactor| {
+        let install = move |r: &mut kvt_reactor::Reactor| {
             r.insert_local(budget_key, Box::new(budget));
             r.add_poller(Box::new(p));
         };

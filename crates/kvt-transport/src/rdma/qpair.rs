@@ -8,15 +8,15 @@ use super::mr::{BufferBudget, MemoryKeys};
 use super::poller::PollGroup;
 use super::verbs::{self, ibv_mr, ibv_qp, rdma_cm_id, rdma_event_channel, Verbs};
 use super::EXTRA_RESPONSES;
-use crate::mem::IoBuf;
-use crate::nvmf::queue::{
+use kvt_mem::IoBuf;
+use kvt_nvmf::queue::{
     C2h, Capsule, DataDesc, Link, Queue, QueueConfig, Received, Release, Request, Response,
     TransportKind,
 };
-use crate::nvmf::{Target, ADMIN_IN_CAPSULE_DATA};
-use crate::reactor::{IoCtx, QueuePair};
-use crate::wire::nvme::{Cqe, DataDirection, Sqe, Status, CQE_LEN, SQE_LEN};
-use crate::wire::rdma::{cm_status, DataDescriptor};
+use kvt_nvmf::{Target, ADMIN_IN_CAPSULE_DATA};
+use kvt_reactor::{IoCtx, QueuePair};
+use kvt_wire::nvme::{Cqe, DataDirection, Sqe, Status, CQE_LEN, SQE_LEN};
+use kvt_wire::rdma::{cm_status, DataDescriptor};
 use std::any::Any;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -870,7 +870,7 @@ impl QueuePair for RdmaQueuePair {
     }
 
     fn on_polled(&mut self, event: &dyn Any, ctx: &mut IoCtx) {
-        if let Some(a) = event.downcast_ref::<crate::pool::kv_index::KvAnswered>() {
+        if let Some(a) = event.downcast_ref::<kvt_pool::kv_index::KvAnswered>() {
             self.q.kv_answer(a.slot, a.answer.take(), &mut self.l, ctx);
             self.sync_closed();
             return;
@@ -903,7 +903,7 @@ impl QueuePair for RdmaQueuePair {
         self.sync_closed();
     }
 
-    fn flush(&mut self, _bufs: &mut crate::mem::BufPool) -> bool {
+    fn flush(&mut self, _bufs: &mut kvt_mem::BufPool) -> bool {
         // Work requests are posted as they are made: nothing is buffered.
         false
     }

@@ -134,7 +134,7 @@ pub enum RdmaError {
     RegisterArena {
         device: String,
         #[source]
-        source: crate::mem::dma::DmaError,
+        source: kvt_mem::dma::DmaError,
     },
 
     // Building a queue pair (qpair.rs).

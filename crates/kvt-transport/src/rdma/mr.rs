@@ -11,7 +11,7 @@
 
 use super::error::RdmaError;
 use super::verbs::{self, Verbs};
-use crate::mem::dma::{self, DmaError, DmaRange};
+use kvt_mem::dma::{self, DmaError, DmaRange};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -122,7 +122,7 @@ impl BufferBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mem::IoBuf;
+    use kvt_mem::IoBuf;
 
     #[test]
     fn keys_cover_buffers_and_refuse_a_straddle() {
