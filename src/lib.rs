@@ -26,7 +26,7 @@
 pub use kvt_auth as auth;
 pub use kvt_bdev as bdev;
 pub mod cluster;
-pub mod config;
+pub use kvt_config as config;
 pub use kvt_wire::ident;
 pub mod initiator;
 pub use kvt_mem as mem;

@@ -1,20 +1,18 @@
 //! Assembles a running target from a configuration: devices, namespaces,
 //! subsystems, reactors, listeners; and takes it down cleanly.
 
-use crate::bdev::nvme::NvmeDevice;
-use crate::bdev::ram::RamDevice;
-use crate::bdev::uring::UringDevice;
 use crate::bdev::SharedDevice;
+use crate::config::apply::ApplyError;
 use crate::config::ops::{AddHost, AddNamespace};
-use crate::config::{Backend, Config, DeviceSpec, NamespaceConfig, Op, OpError, PoolConfig};
-use crate::config::{TcpConfig, VolumeConfig, VolumeKind};
-use crate::nvmf::{Listener, Namespace, Subsystem, Target, TransportLimits};
+use crate::config::setup::{
+    build_namespace, ensure_volume, open_device, open_pool, pool_options, set_spdk_env, SetupError,
+};
+use crate::config::{Config, NamespaceConfig, Op, OpError};
+use crate::config::{TcpConfig, VolumeKind};
+use crate::nvmf::{Listener, Subsystem, Target, TransportLimits};
 use crate::pool::channel::VolumeDevice;
-use crate::pool::format::{VOL_KV, VOL_UNWRITTEN_ERROR};
-use crate::pool::gc::GcSettings;
-use crate::pool::{DualPath, FormatOptions, Pool, PoolOptions};
+use crate::pool::Pool;
 use crate::reactor::{Message, Reactor, ReactorShared};
-use crate::rpc::apply::ApplyError;
 use crate::transport;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -59,339 +57,6 @@ pub enum StartError {
     Setup(#[from] SetupError),
     #[error(transparent)]
     Cluster(#[from] crate::cluster::ClusterError),
-}
-
-/// Why a configured device, pool, volume, namespace or thread could not be set
-/// up; each names the configuration field (`pools[0].path`, ...) it comes from.
-#[derive(Debug, thiserror::Error)]
-pub enum SetupError {
-    #[error("{field}: required")]
-    Required { field: String },
-    #[error("{field}: {}: {source}", source.field())]
-    Ana {
-        field: String,
-        #[source]
-        source: crate::nvmf::ana::AnaError,
-    },
-    #[error("{field}: {source}")]
-    Ram {
-        field: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{field}: {source}")]
-    Uring {
-        field: String,
-        #[source]
-        source: crate::bdev::uring::OpenError,
-    },
-    #[error("{field}: {source}")]
-    Nvme {
-        field: String,
-        #[source]
-        source: crate::bdev::nvme::NvmeError,
-    },
-    #[error("{field}.trid: {source}")]
-    Trid {
-        field: String,
-        #[source]
-        source: crate::bdev::spdk::TridError,
-    },
-    #[error("{field}: {source}")]
-    Spdk {
-        field: String,
-        #[source]
-        source: crate::bdev::spdk::SpdkError,
-    },
-    #[error("{field}: {source}")]
-    Pool {
-        field: String,
-        #[source]
-        source: crate::pool::PoolError,
-    },
-    #[error("{field}: {source}")]
-    SyncIo {
-        field: String,
-        #[source]
-        source: crate::bdev::sync_io::SyncIoError,
-    },
-    #[error("{field}: {device} holds no pool and create = false")]
-    NoPool { field: String, device: String },
-    #[error("{field}.block_size: the volume has {have} (block size cannot change)")]
-    BlockSizeChanged { field: String, have: u32 },
-    #[error("{field}.unwritten: the volume was created with unwritten = \"{created}\"")]
-    UnwrittenChanged {
-        field: String,
-        created: &'static str,
-    },
-    #[error("{field}.size: the volume holds {have} bytes; shrinking loses data, use `kvtarget volume resize`")]
-    Shrink { field: String, have: u64 },
-    #[error("{field}.volume: `{volume}` does not exist")]
-    NoVolume { field: String, volume: String },
-    #[error("{field}.kind: the volume was created with kind = \"{created}\"")]
-    KindChanged {
-        field: String,
-        created: &'static str,
-    },
-    #[error("{field}.kind: `{want}`, but volume {volume} is a {have} volume")]
-    KindMismatch {
-        field: String,
-        want: &'static str,
-        volume: String,
-        have: &'static str,
-    },
-    #[error("{field}.kind: KV namespaces live on pool volumes of kind = \"kv\" (set volume)")]
-    KvNeedsVolume { field: String },
-    #[error("{field}: on_full, ttl_secs and trim apply only to KV namespaces")]
-    KvOptionsOnBlock { field: String },
-    #[error("{field}: needs a volume or a backend")]
-    NoBackend { field: String },
-    #[error("{field}: device is smaller than one block")]
-    TooSmall { field: String },
-    #[error("{field}.ptpl_file: {source}")]
-    Ptpl {
-        field: String,
-        source: crate::nvmf::reservation::ptpl::PtplError,
-    },
-    #[error("metrics.address: `{0}` is not ADDRESS:PORT")]
-    MetricsAddress(String),
-    #[error("reactor {reactor}: {source}")]
-    Reactor {
-        reactor: usize,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("acceptor thread: {0}")]
-    Acceptor(#[source] std::io::Error),
-    #[error("{field}: {source}")]
-    Key {
-        field: String,
-        #[source]
-        source: crate::auth::KeyError,
-    },
-    #[error("{field}: {source}")]
-    Op {
-        field: String,
-        #[source]
-        source: OpError,
-    },
-    #[error("{field}: {source}")]
-    Apply {
-        field: String,
-        #[source]
-        source: ApplyError,
-    },
-    #[error("{field}.{source}")]
-    HostKey {
-        field: String,
-        #[source]
-        source: crate::nvmf::auth::HostKeyError,
-    },
-}
-
-fn required(field: &str, key: &str) -> SetupError {
-    SetupError::Required {
-        field: format!("{field}.{key}"),
-    }
-}
-
-/// Opens the device a pool or a plain namespace describes; `name` names a RAM
-/// device, `block_size` a file's blocks.
-fn open_device(
-    dev: &DeviceSpec<'_>,
-    name: &str,
-    block_size: u32,
-    field: &str,
-) -> Result<SharedDevice, SetupError> {
-    Ok(match dev.backend {
-        Backend::Ram => {
-            RamDevice::new(name, dev.size.unwrap_or(0)).map_err(|source| SetupError::Ram {
-                field: field.into(),
-                source,
-            })?
-        }
-        Backend::Uring => {
-            let path = dev.path.ok_or_else(|| required(field, "path"))?;
-            UringDevice::open(path, dev.size, block_size).map_err(|source| SetupError::Uring {
-                field: field.into(),
-                source,
-            })?
-        }
-        Backend::Nvme => {
-            let pci = dev.pci.ok_or_else(|| required(field, "pci"))?;
-            NvmeDevice::open(pci, dev.nsid()).map_err(|source| SetupError::Nvme {
-                field: field.into(),
-                source,
-            })?
-        }
-        Backend::Spdk => open_spdk(dev.trid, dev.nvme_nsid, field)?,
-    })
-}
-
-/// Opens (formatting if allowed and needed) the device of a configured pool.
-pub fn open_pool_device(p: &PoolConfig, field: &str) -> Result<SharedDevice, SetupError> {
-    open_device(&p.device(), &format!("pool/{}", p.name), 512, field)
-}
-
-/// SPDK environment settings, set once from the configuration before the first
-/// `spdk` device opens (DPDK's EAL starts once per process).
-static SPDK_ENV: std::sync::OnceLock<crate::bdev::spdk::EnvSettings> = std::sync::OnceLock::new();
-
-/// Records the `[spdk]` settings `spdk` devices will start SPDK with.
-pub fn set_spdk_env(cfg: &Config) {
-    let _ = SPDK_ENV.set(cfg.spdk_env());
-}
-
-fn open_spdk(
-    trid: Option<&str>,
-    nsid: Option<u32>,
-    field: &str,
-) -> Result<SharedDevice, SetupError> {
-    let trid = trid
-        .ok_or_else(|| required(field, "trid"))?
-        .parse::<crate::bdev::spdk::TransportId>()
-        .map_err(|source| SetupError::Trid {
-            field: field.into(),
-            source,
-        })?;
-    let env = SPDK_ENV
-        .get()
-        .cloned()
-        .unwrap_or_else(|| crate::bdev::spdk::EnvSettings {
-            pci: !trid.is_fabrics(),
-            ..Default::default()
-        });
-    crate::bdev::spdk::open(&trid, nsid.unwrap_or(1), &env).map_err(|source| SetupError::Spdk {
-        field: field.into(),
-        source,
-    })
-}
-
-/// Opens a configured pool, formatting its device when it holds none and
-/// `create` allows it.
-fn open_pool(
-    p: &PoolConfig,
-    field: &str,
-    reactors: usize,
-    locks: &mut Vec<crate::pool::PoolLock>,
-) -> Result<Arc<Pool>, SetupError> {
-    let pool_err = |source| SetupError::Pool {
-        field: field.into(),
-        source,
-    };
-    let dev = open_pool_device(p, field)?;
-    if let Some(path) = &p.path {
-        locks.push(crate::pool::lock_pool(path, true).map_err(pool_err)?);
-    }
-    format_if_empty(p, &dev, field)?;
-    let pool = Pool::open(&p.name, dev, pool_options(p, reactors)).map_err(pool_err)?;
-    if pool.sb.extent_size != p.extent_size {
-        tracing::warn!(pool = %p.name, "the pool was formatted with {}-byte extents; extent_size = {} applies only to new pools", pool.sb.extent_size, p.extent_size);
-    }
-    Ok(pool)
-}
-
-/// Formats a configured pool's device `dev` when it holds no pool and
-/// `create` allows it.
-pub(crate) fn format_if_empty(
-    p: &PoolConfig,
-    dev: &SharedDevice,
-    field: &str,
-) -> Result<(), SetupError> {
-    let pool_err = |source| SetupError::Pool {
-        field: field.into(),
-        source,
-    };
-    let io_err = |source| SetupError::SyncIo {
-        field: field.into(),
-        source,
-    };
-    let mut io = crate::pool::SyncIo::new(dev).map_err(io_err)?;
-    let has_pool = io
-        .read(0, 4096)
-        .map(|b| &b[..8] == crate::pool::format::SUPERBLOCK_MAGIC)
-        .map_err(io_err)?;
-    drop(io);
-    if !has_pool {
-        if !p.create {
-            return Err(SetupError::NoPool {
-                field: field.into(),
-                device: dev.describe(),
-            });
-        }
-        let sb = crate::pool::format(
-            dev,
-            &FormatOptions {
-                extent_size: p.extent_size,
-                ..FormatOptions::default()
-            },
-        )
-        .map_err(pool_err)?;
-        tracing::info!(pool = %p.name, dev = %dev.describe(), extents = sb.extent_count, extent_size = sb.extent_size, "pool created");
-    }
-    Ok(())
-}
-
-/// What a configured pool is opened with on a target of `reactors` reactors.
-fn pool_options(p: &PoolConfig, reactors: usize) -> PoolOptions {
-    PoolOptions {
-        md_thread: true,
-        reactors,
-        gc: GcSettings {
-            low_watermark_pct: p.gc.low_watermark_pct,
-            high_watermark_pct: p.gc.high_watermark_pct,
-            max_rate: p.gc.max_rate,
-            max_foreground_qd: p.gc.max_foreground_qd,
-            fixed_batch: (!p.gc.admission).then_some(GcSettings::default().batch),
-            ..GcSettings::default()
-        },
-        dual_path: DualPath::from(&p.dual_path),
-        commit_interval: Some(std::time::Duration::from_millis(p.commit_interval_ms)),
-    }
-}
-
-/// Makes sure a configured volume exists: created, or grown; a volume whose
-/// block size, kind or unwritten policy differs, or that would shrink, is an
-/// error naming `f`.
-pub(crate) fn ensure_volume(pool: &Pool, v: &VolumeConfig, f: &str) -> Result<(), SetupError> {
-    let pool_err = |source| SetupError::Pool {
-        field: f.into(),
-        source,
-    };
-    let kv_flag = crate::rpc::apply::volume_flags(v) & VOL_KV;
-    let flags = crate::rpc::apply::volume_flags(v) & VOL_UNWRITTEN_ERROR;
-    let Some(existing) = pool.volume(&v.name) else {
-        crate::rpc::apply::create_volume(pool, v).map_err(pool_err)?;
-        tracing::info!(pool = %pool.name, volume = %v.name, size = v.size, "volume created");
-        return Ok(());
-    };
-    let d = &existing.desc;
-    let field = f.to_string();
-    if d.block_size != v.block_size {
-        let have = d.block_size;
-        return Err(SetupError::BlockSizeChanged { field, have });
-    }
-    if d.flags & VOL_KV != kv_flag {
-        let created = if d.flags & VOL_KV != 0 { "kv" } else { "block" };
-        return Err(SetupError::KindChanged { field, created });
-    }
-    if d.flags & VOL_UNWRITTEN_ERROR != flags {
-        let created = match d.flags & VOL_UNWRITTEN_ERROR {
-            0 => "zeroes",
-            _ => "error",
-        };
-        return Err(SetupError::UnwrittenChanged { field, created });
-    }
-    let have = d.size_bytes;
-    if v.size < have {
-        return Err(SetupError::Shrink { field, have });
-    }
-    if v.size > have {
-        drop(existing);
-        pool.resize_volume(&v.name, v.size).map_err(pool_err)?;
-        tracing::info!(pool = %pool.name, volume = %v.name, size = v.size, "volume grown");
-    }
-    Ok(())
 }
 
 /// The controller limits `[tcp]` sets (for every transport).
@@ -448,7 +113,7 @@ impl Assembly {
             source,
         };
         match op {
-            Op::AddKey(k) => crate::rpc::apply::add_key(&self.target, k).map_err(|e| match e {
+            Op::AddKey(k) => crate::config::apply::add_key(&self.target, k).map_err(|e| match e {
                 ApplyError::LoadKey(source) | ApplyError::AddKey(source) => SetupError::Key {
                     field: field.into(),
                     source,
@@ -480,7 +145,7 @@ impl Assembly {
                 ensure_volume(pool, &v.volume, field)
             }
             Op::CreateSubsystem(s) => {
-                crate::rpc::apply::create_subsystem(&self.target, s).map_err(apply_err)
+                crate::config::apply::create_subsystem(&self.target, s).map_err(apply_err)
             }
             Op::AddHost(h) => self.add_host(field, h),
             Op::AddListener(l) => {
@@ -521,7 +186,7 @@ impl Assembly {
             field: field.into(),
             source,
         })?;
-        crate::rpc::apply::add_host(&self.target, &subsys, h).map_err(|e| match e {
+        crate::config::apply::add_host(&self.target, &subsys, h).map_err(|e| match e {
             ApplyError::HostKey(source) | ApplyError::Psk(source) => SetupError::HostKey {
                 field: field.into(),
                 source,
@@ -639,61 +304,6 @@ impl Assembly {
             kv: v.kind == VolumeKind::Kv,
         })
     }
-}
-
-/// Builds namespace `n` of `nqn` (configuration entry `field`) on `dev`,
-/// with `kv` as its key index when it is a KV namespace; `cluster_wide`: its
-/// identity derives from NQN and NSID on every node.
-pub(crate) fn build_namespace(
-    field: &str,
-    nqn: &str,
-    n: &NamespaceConfig,
-    dev: SharedDevice,
-    kv: Option<Arc<crate::pool::kv::KvIndex>>,
-    cluster_wide: bool,
-) -> Result<Namespace, SetupError> {
-    let block_size = dev.block_size().unwrap_or(n.block_size());
-    if dev.size_bytes() < block_size as u64 {
-        return Err(SetupError::TooSmall {
-            field: field.into(),
-        });
-    }
-    tracing::info!(subnqn = %nqn, nsid = n.nsid, dev = %dev.describe(), bytes = dev.size_bytes(), block_size, "namespace");
-    let mut ns = Namespace::new(nqn, n.nsid, dev, block_size)
-        .with_write_cache(n.write_cache.unwrap_or(true));
-    if cluster_wide {
-        // Every node serves the same identity, derived from NQN and NSID,
-        // not a node-local volume's own (each node's differs), or a host
-        // would not see one namespace behind the nodes' paths.
-        let id = crate::ident::stable_uuid(&format!("{nqn}/ns/{}", n.nsid));
-        (ns.uuid, ns.nguid) = (id, id);
-        ns.eui64.copy_from_slice(&id[8..16]);
-    }
-    if let Some(p) = &n.ptpl_file {
-        ns = ns
-            .with_ptpl_file(p.clone())
-            .map_err(|source| SetupError::Ptpl {
-                field: field.into(),
-                source,
-            })?;
-    }
-    if let Some(g) = n.ana_group {
-        ns = ns.with_ana_group(g);
-    }
-    match kv {
-        Some(kv) => {
-            kv.set_settings(n.kv_settings());
-            tracing::info!(subnqn = %nqn, nsid = n.nsid, keys = kv.snapshot().keys, max_keys = kv.max_keys(), on_full = kv.settings().on_full.name(), "KV namespace");
-            ns = ns.with_kv(kv);
-        }
-        None if n.has_kv_options() => {
-            return Err(SetupError::KvOptionsOnBlock {
-                field: field.into(),
-            })
-        }
-        None => {}
-    }
-    Ok(ns)
 }
 
 /// Bound NVMe/TCP and NVMe/RDMA listeners, not yet served.

@@ -28,11 +28,11 @@
 
 use super::ownership::GroupId;
 use crate::bdev::{BlockDevice, IoChannel, IoCompletion, IoOp, SharedDevice};
+use crate::config::setup::SetupError;
 use crate::config::{NamespaceConfig, PoolConfig};
 use crate::nvmf::{Namespace, Target};
 use crate::pool::channel::VolumeDevice;
 use crate::pool::{Pool, PoolLock, PoolOptions};
-use crate::server::SetupError;
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -196,16 +196,17 @@ fn open_owned(
         source,
     };
     // The device first: it creates a missing file.
-    let dev = crate::server::open_pool_device(&p.config, f)?;
+    let dev = crate::config::setup::open_pool_device(&p.config, f)?;
     let lock = match &p.config.path {
         Some(path) => Some(crate::pool::lock_pool(path, false).map_err(pool_err)?),
         None => None,
     };
-    crate::server::format_if_empty(&p.config, &dev, f)?;
+    crate::config::setup::format_if_empty(&p.config, &dev, f)?;
     let pool =
         Pool::open_owned(&p.config.name, dev, p.options.clone(), epoch, node).map_err(pool_err)?;
     for (j, v) in p.config.volumes.iter().enumerate() {
-        if let Err(e) = crate::server::ensure_volume(&pool, v, &format!("{f}.volumes[{j}]")) {
+        if let Err(e) = crate::config::setup::ensure_volume(&pool, v, &format!("{f}.volumes[{j}]"))
+        {
             pool.release();
             return Err(e.into());
         }
@@ -224,7 +225,7 @@ fn attach_namespaces(target: &Target, p: &SharedPool, pool: &Arc<Pool>) -> Resul
         let vol = pool.volume(&n.volume).ok_or_else(no_volume)?;
         let kv = vol.kv.clone();
         let dev: SharedDevice = VolumeDevice::new(pool.clone(), vol);
-        let ns = crate::server::build_namespace(&n.field, &n.nqn, &n.config, dev, kv, true)?;
+        let ns = crate::config::setup::build_namespace(&n.field, &n.nqn, &n.config, dev, kv, true)?;
         replace(target, n, ns)?;
     }
     Ok(())
@@ -278,7 +279,7 @@ pub fn detached_namespace(n: &SharedNamespace) -> Result<Namespace, SetupError> 
         block_size: n.block_size,
     });
     let kv = (n.kv).then(|| crate::pool::kv::KvIndex::new(n.size, n.block_size).into_shared());
-    crate::server::build_namespace(&n.field, &n.nqn, &n.config, dev, kv, true)
+    crate::config::setup::build_namespace(&n.field, &n.nqn, &n.config, dev, kv, true)
 }
 
 /// The device of a detached namespace: its size, and every operation fails
@@ -425,7 +426,7 @@ mod tests {
         assert!(pools.superseded().is_empty());
         // A newer owner (epoch 7) opens the same file: the first one's next
         // commit is refused and the group shows superseded.
-        let dev = crate::server::open_pool_device(&config, "pools[0]").unwrap();
+        let dev = crate::config::setup::open_pool_device(&config, "pools[0]").unwrap();
         let newer = Pool::open_owned("p", dev, PoolOptions::default(), 7, "b").unwrap();
         let first = pools.lock()[0].open.as_ref().unwrap().0.clone();
         assert!(first.sync().is_err());

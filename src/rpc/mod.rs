@@ -8,7 +8,6 @@
 //! client sends can panic or block the daemon (each connection has its own
 //! thread, reads time out, and at most `MAX_CLIENTS` are served at once).
 
-pub mod apply;
 pub mod methods;
 
 use serde_json::{json, Value};

@@ -410,7 +410,7 @@ pub(super) fn lvol_create(p: &mut Params) -> Parsed {
     let volume = volume_config(c)?;
     act(move |ctl| {
         let pool = ctl.pool(lvs_name, lvs_uuid)?;
-        let v = crate::rpc::apply::create_volume(&pool, &volume).map_err(|e| {
+        let v = crate::config::apply::create_volume(&pool, &volume).map_err(|e| {
             if matches!(e, crate::pool::PoolError::VolumeExists { .. }) {
                 RpcError::new(code::EEXIST, e.to_string())
             } else {

@@ -10,7 +10,8 @@ use std::sync::Arc;
 pub(super) fn file_add_key(p: &mut Params) -> Parsed {
     let op: KeyConfig = p.typed(&["name", "path"])?;
     act(move |ctl| {
-        crate::rpc::apply::add_key(&ctl.target, &op).map_err(super::nvmf_subsystem::apply_error)?;
+        crate::config::apply::add_key(&ctl.target, &op)
+            .map_err(super::nvmf_subsystem::apply_error)?;
         tracing::info!(name = %op.name, path = %op.path, "rpc: key added");
         Ok(Value::Bool(true))
     })
@@ -19,7 +20,7 @@ pub(super) fn file_add_key(p: &mut Params) -> Parsed {
 pub(super) fn file_remove_key(p: &mut Params) -> Parsed {
     let super::Name { name } = p.parse()?;
     act(move |ctl| {
-        crate::rpc::apply::remove_key(&ctl.target, &name)
+        crate::config::apply::remove_key(&ctl.target, &name)
             .map_err(super::nvmf_subsystem::apply_error)?;
         tracing::info!(name = %name, "rpc: key removed (hosts using it keep it until removed)");
         Ok(Value::Bool(true))

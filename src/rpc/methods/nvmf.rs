@@ -316,7 +316,7 @@ pub(super) fn create_subsystem(p: &mut Params) -> Parsed {
         cluster_wide: false,
     };
     act(move |ctl| {
-        crate::rpc::apply::create_subsystem(&ctl.target, &op)
+        crate::config::apply::create_subsystem(&ctl.target, &op)
             .map_err(super::nvmf_subsystem::apply_error)?;
         tracing::info!(nqn = %op.nqn, "rpc: subsystem created");
         Ok(Value::Bool(true))
@@ -327,7 +327,7 @@ pub(super) fn delete_subsystem(p: &mut Params) -> Parsed {
     let Nqn { nqn, .. } = p.parse()?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
-        crate::rpc::apply::delete_subsystem(&ctl.target, &s);
+        crate::config::apply::delete_subsystem(&ctl.target, &s);
         tracing::info!(nqn = %nqn, "rpc: subsystem deleted");
         Ok(Value::Bool(true))
     })

@@ -176,7 +176,7 @@ pub(super) fn remove_ns(p: &mut Params) -> Parsed {
         .map_err(|_| RpcError::params(format!("nsid: {nsid} is not a namespace ID")))?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
-        crate::rpc::apply::remove_namespace(&s, nsid).map_err(apply_error)?;
+        crate::config::apply::remove_namespace(&s, nsid).map_err(apply_error)?;
         tracing::info!(nqn = %nqn, nsid, "rpc: namespace removed");
         Ok(Value::Bool(true))
     })
@@ -429,7 +429,7 @@ pub(super) fn add_host(p: &mut Params) -> Parsed {
     };
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&op.nqn)?;
-        crate::rpc::apply::add_host(&ctl.target, &s, &op).map_err(apply_error)?;
+        crate::config::apply::add_host(&ctl.target, &s, &op).map_err(apply_error)?;
         let key = |k: &Option<String>| k.clone().unwrap_or_default();
         tracing::info!(nqn = %op.nqn, host = %op.host, dhchap_key = key(&op.dhchap_key), psk = key(&op.psk), "rpc: host allowed");
         Ok(Value::Bool(true))
@@ -438,10 +438,10 @@ pub(super) fn add_host(p: &mut Params) -> Parsed {
 
 /// A refused change as an RPC error: what does not exist is not found, what
 /// exists already EEXIST, a key of the wrong kind a bad parameter.
-pub(super) fn apply_error(e: crate::rpc::apply::ApplyError) -> RpcError {
+pub(super) fn apply_error(e: crate::config::apply::ApplyError) -> RpcError {
     use crate::auth::KeyError;
+    use crate::config::apply::ApplyError;
     use crate::nvmf::auth::HostKeyError;
-    use crate::rpc::apply::ApplyError;
     match e {
         ApplyError::SubsystemExists(_) | ApplyError::HostExists { .. } => {
             RpcError::new(code::EEXIST, e.to_string())
@@ -513,7 +513,8 @@ pub(super) fn set_keys(p: &mut Params) -> Parsed {
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
         let (key, ctrlr_key) = (dhchap_key.as_deref(), dhchap_ctrlr_key.as_deref());
-        crate::rpc::apply::set_keys(&ctl.target, &s, &host, key, ctrlr_key).map_err(apply_error)?;
+        crate::config::apply::set_keys(&ctl.target, &s, &host, key, ctrlr_key)
+            .map_err(apply_error)?;
         tracing::info!(nqn = %nqn, host = %host, dhchap_key = dhchap_key.as_deref().unwrap_or(""), dhchap_ctrlr_key = dhchap_ctrlr_key.as_deref().unwrap_or(""), "rpc: host keys set");
         Ok(Value::Bool(true))
     })
@@ -523,7 +524,7 @@ pub(super) fn remove_host(p: &mut Params) -> Parsed {
     let RemoveHost { nqn, host, .. } = p.parse()?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
-        let n = crate::rpc::apply::remove_host(&ctl.target, &s, &host).map_err(apply_error)?;
+        let n = crate::config::apply::remove_host(&ctl.target, &s, &host).map_err(apply_error)?;
         tracing::info!(nqn = %nqn, host = %host, disconnected = n, "rpc: host removed");
         Ok(Value::Bool(true))
     })
@@ -537,7 +538,7 @@ pub(super) fn allow_any_host(p: &mut Params) -> Parsed {
     } = p.parse()?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
-        crate::rpc::apply::allow_any_host(&ctl.target, &s, any);
+        crate::config::apply::allow_any_host(&ctl.target, &s, any);
         Ok(Value::Bool(true))
     })
 }

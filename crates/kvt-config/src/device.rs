@@ -131,7 +131,7 @@ impl DeviceSpec<'_> {
         let Some(pci) = self.pci else {
             return Err(invalid!("{f}.pci", "required for the nvme backend"));
         };
-        crate::bdev::nvme::pci::parse_bdf(pci).map_err(|e| invalid!("{f}.pci", "{e}"))?;
+        kvt_bdev::nvme::pci::parse_bdf(pci).map_err(|e| invalid!("{f}.pci", "{e}"))?;
         Ok(())
     }
 
@@ -150,13 +150,13 @@ impl DeviceSpec<'_> {
                 "required for the spdk backend (e.g. \"trtype:PCIe traddr:0000:00:04.0\")"
             ));
         };
-        trid.parse::<crate::bdev::spdk::TransportId>()
+        trid.parse::<kvt_bdev::spdk::TransportId>()
             .map_err(|e| invalid!("{f}.trid", "{e}"))?;
-        if !crate::bdev::spdk::AVAILABLE {
+        if !kvt_bdev::spdk::AVAILABLE {
             return Err(invalid!(
                 "{f}.backend",
                 "{}",
-                crate::bdev::spdk::SpdkError::NotBuilt
+                kvt_bdev::spdk::SpdkError::NotBuilt
             ));
         }
         Ok(())
@@ -165,7 +165,7 @@ impl DeviceSpec<'_> {
     /// The controller namespace an `spdk` device names, comparable across
     /// spellings of the same transport ID.
     pub(super) fn spdk_key(&self) -> Option<(String, u32)> {
-        let t = self.trid?.parse::<crate::bdev::spdk::TransportId>().ok()?;
+        let t = self.trid?.parse::<kvt_bdev::spdk::TransportId>().ok()?;
         Some((t.spdk_string(), self.nsid()))
     }
 }

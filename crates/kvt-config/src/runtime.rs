@@ -2,7 +2,7 @@
 
 use super::size::opt_size;
 use super::ConfigError;
-use crate::reactor::IdleMode;
+use kvt_reactor::IdleMode;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
@@ -40,7 +40,7 @@ impl Default for ReactorConfig {
             count: 1,
             cores: Vec::new(),
             idle: IdleMode::Adaptive,
-            stall_warn_us: crate::reactor::stall::DEFAULT_STALL_WARN_US,
+            stall_warn_us: kvt_reactor::stall::DEFAULT_STALL_WARN_US,
         }
     }
 }
@@ -155,8 +155,8 @@ impl SpdkConfig {
     }
 
     /// SPDK's environment settings; `pci`: whether a PCIe controller is used.
-    pub(super) fn env(&self, pci: bool) -> crate::bdev::spdk::EnvSettings {
-        crate::bdev::spdk::EnvSettings {
+    pub(super) fn env(&self, pci: bool) -> kvt_bdev::spdk::EnvSettings {
+        kvt_bdev::spdk::EnvSettings {
             no_huge: self.no_huge,
             mem_size_mib: self.mem_size.map(|b| (b >> 20) as u32),
             hugedir: self.hugedir.as_ref().map(|p| p.display().to_string()),

@@ -1,5 +1,5 @@
 //! `[cluster]`: this node's membership in a kvtarget cluster coordinated by
-//! etcd (see `crate::cluster` and docs/cluster.md). Absent: the node runs alone
+//! etcd (see `kvt_cluster` and docs/cluster.md). Absent: the node runs alone
 //! and never talks to etcd.
 
 use super::ConfigError;
@@ -155,7 +155,7 @@ impl ClusterConfig {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::Config;
+    use crate::Config;
 
     const BASE: &str = "[[listeners]]\naddress = \"127.0.0.1\"\nport = 4420\n";
 

@@ -3,8 +3,8 @@
 use super::device::{Backend, DeviceSpec, Holder};
 use super::size::opt_size;
 use super::{ConfigError, KeyConfig, PoolConfig, VolumeKind};
-use crate::pool::kv::OnFull;
-use crate::wire::nqn::validate_nqn;
+use kvt_pool::kv::OnFull;
+use kvt_wire::nqn::validate_nqn;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -88,10 +88,9 @@ impl AnaStateConfig {
             ));
         }
         if let Some(g) = self.ana_group {
-            crate::nvmf::ana::check_group(g as u64)
-                .map_err(|e| invalid!("{f}.ana_group", "{e}"))?;
+            kvt_nvmf::ana::check_group(g as u64).map_err(|e| invalid!("{f}.ana_group", "{e}"))?;
         }
-        crate::nvmf::ana::AnaState::parse(&self.state).map_err(|e| invalid!("{f}.state", "{e}"))?;
+        kvt_nvmf::ana::AnaState::parse(&self.state).map_err(|e| invalid!("{f}.state", "{e}"))?;
         Ok(())
     }
 }
@@ -278,8 +277,8 @@ impl KvOptions {
         }
     }
     /// The policy: evict when full, no TTL and trimming unless told otherwise.
-    pub fn settings(&self) -> crate::pool::kv::KvSettings {
-        crate::pool::kv::KvSettings {
+    pub fn settings(&self) -> kvt_pool::kv::KvSettings {
+        kvt_pool::kv::KvSettings {
             on_full: self.on_full.unwrap_or_default(),
             ttl: self
                 .ttl_secs
@@ -303,7 +302,7 @@ impl NamespaceConfig {
         }
     }
     /// The KV cache policy this namespace asks for.
-    pub fn kv_settings(&self) -> crate::pool::kv::KvSettings {
+    pub fn kv_settings(&self) -> kvt_pool::kv::KvSettings {
         self.kv_options().settings()
     }
     /// Whether a KV-only option is set (refused on a block namespace).
@@ -392,7 +391,7 @@ impl SubsystemConfig {
         served: &mut Vec<&'a str>,
     ) -> Result<(), ConfigError> {
         validate_nqn(&self.nqn).map_err(|e| invalid!("{f}.nqn", "{e}"))?;
-        if self.nqn == crate::wire::nvme::DISCOVERY_NQN {
+        if self.nqn == kvt_wire::nvme::DISCOVERY_NQN {
             return Err(invalid!("{f}.nqn", "the discovery NQN is reserved"));
         }
         if earlier.iter().any(|o| o.nqn == self.nqn) {
@@ -457,7 +456,7 @@ impl SubsystemConfig {
         served: &mut Vec<&'a str>,
     ) -> Result<(), ConfigError> {
         let n = &self.namespaces[j];
-        let max = crate::nvmf::admin::MAX_NAMESPACES;
+        let max = kvt_nvmf::admin::MAX_NAMESPACES;
         if n.nsid == 0 || n.nsid > max {
             return Err(invalid!("{f}.nsid", "must be 1..={max} (got {})", n.nsid));
         }
@@ -470,8 +469,7 @@ impl SubsystemConfig {
             ));
         }
         if let Some(g) = n.ana_group {
-            crate::nvmf::ana::check_group(g as u64)
-                .map_err(|e| invalid!("{f}.ana_group", "{e}"))?;
+            kvt_nvmf::ana::check_group(g as u64).map_err(|e| invalid!("{f}.ana_group", "{e}"))?;
         }
         n.kv_options().validate(f)?;
         let Some(v) = &n.volume else {
@@ -503,7 +501,7 @@ impl SubsystemConfig {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::Config;
+    use crate::Config;
 
     const BASE: &str = "[[listeners]]\naddress = \"127.0.0.1\"\nport = 4420\n";
     const CLUSTER: &str = "[cluster]\nendpoints = [\"http://127.0.0.1:2379\"]\nnode = \"a\"\n";

@@ -26,7 +26,7 @@ block_size = 4096
 
 #[test]
 fn default_config_file_parses() {
-    let text = include_str!("../../config/default.toml");
+    let text = include_str!("../../../config/default.toml");
     let c = Config::parse(text).unwrap();
     assert_eq!(c.listeners[0].port, 4420);
     assert_eq!(c.discovery.port, Some(8009));
@@ -34,14 +34,14 @@ fn default_config_file_parses() {
 
 #[test]
 fn every_example_config_parses() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/config");
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../config");
     for e in std::fs::read_dir(dir).unwrap() {
         let p = e.unwrap().path();
         if p.extension().is_some_and(|x| x == "toml") {
             match Config::load(&p) {
                 Ok(_) => {}
                 // The spdk examples need an SPDK build; without one they say so.
-                Err(e) if !crate::bdev::spdk::AVAILABLE && e.to_string().contains(".backend: the spdk backend needs kvtarget built with `--features spdk`") => {}
+                Err(e) if !kvt_bdev::spdk::AVAILABLE && e.to_string().contains(".backend: the spdk backend needs kvtarget built with `--features spdk`") => {}
                 Err(e) => panic!("{e}"),
             }
         }
@@ -57,11 +57,11 @@ fn good_config() {
 
 #[test]
 fn tls_example_and_secure_channel_rules() {
-    let c = Config::parse(include_str!("../../config/tls.toml")).unwrap();
+    let c = Config::parse(include_str!("../../../config/tls.toml")).unwrap();
     assert!(c.listeners[0].secure_channel && !c.listeners[1].secure_channel);
     assert_eq!(c.secure_listen_addrs().unwrap().len(), 1);
     assert_eq!(c.subsystems[0].hosts[0].psk(), Some("host-a-psk"));
-    let t = include_str!("../../config/tls.toml");
+    let t = include_str!("../../../config/tls.toml");
     let e = err(&t.replace("psk = \"host-a-psk\"", "psk = \"nope\""));
     assert!(
         e.contains("subsystems[0].hosts[0].psk: no key `nope`"),
@@ -126,7 +126,7 @@ fn spdk_backend_fields() {
         "backend = \"uring\"\npath = \"/tmp/x.img\"\nsize = \"1GiB\"\nblock_size = 4096\n",
         &format!("backend = \"spdk\"\ntrid = \"{tcp}\"\nnvme_nsid = 1\n"),
     );
-    if crate::bdev::spdk::AVAILABLE {
+    if kvt_bdev::spdk::AVAILABLE {
         Config::parse(&spdk).unwrap();
     } else {
         // Configured on a build without SPDK: one line naming the field.
@@ -162,7 +162,7 @@ fn spdk_backend_fields() {
     // Two pools on one SPDK namespace would overwrite each other.
     let pool = format!("[[pools]]\nname = \"a\"\nbackend = \"spdk\"\ntrid = \"{tcp}\"\n\n");
     let e = err(&format!("{pool}{}{GOOD}", pool.replace("\"a\"", "\"b\"")));
-    if crate::bdev::spdk::AVAILABLE {
+    if kvt_bdev::spdk::AVAILABLE {
         assert!(
             e.contains("pools[1].trid: also the namespace of pool `a`"),
             "{e}"
@@ -308,7 +308,7 @@ fn commit_interval_is_bounded_and_named() {
 
 #[test]
 fn pool_sizes_follow_the_pool_layout() {
-    use crate::pool::format::{min_device_size, Superblock};
+    use kvt_pool::format::{min_device_size, Superblock};
     for extent in [64u64 << 10, 1 << 20, 64 << 20] {
         let min = min_device_size(extent).unwrap();
         // The smallest size the format accepts, and nothing below it.
@@ -398,7 +398,7 @@ fn sizes() {
 
 mod ops {
     use super::*;
-    use crate::config::ops::Op;
+    use crate::ops::Op;
     use proptest::prelude::*;
 
     /// Loaded, turned into operations, rebuilt from them, saved and loaded
@@ -418,7 +418,7 @@ mod ops {
     /// restart from a saved config would serve the subsystem alone.
     #[test]
     fn a_cluster_wide_subsystem_stays_cluster_wide_through_ops() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/config/cluster.toml");
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../config/cluster.toml");
         let c = Config::load(std::path::Path::new(dir)).unwrap();
         assert!(c.subsystems.iter().any(|s| s.cluster_wide));
         round_trip(&c);
@@ -430,7 +430,7 @@ mod ops {
 
     #[test]
     fn example_configs_round_trip_through_ops() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/config");
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../config");
         for e in std::fs::read_dir(dir).unwrap() {
             let p = e.unwrap().path();
             if p.extension().is_some_and(|x| x == "toml") {

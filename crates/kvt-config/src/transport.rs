@@ -8,7 +8,7 @@ use std::ops::RangeInclusive;
 
 /// Which NVMe-oF transport a listener speaks: the queue's own type, named
 /// "tcp" or "rdma" in configuration files.
-pub use crate::nvmf::queue::TransportKind;
+pub use kvt_nvmf::queue::TransportKind;
 
 /// Entries per queue: NVMe's smallest queue has 2 (CAP.MQES is 0's based and
 /// at least 1); 1024 bounds the request slots each queue allocates.

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-pub use crate::wire::nqn::{validate_nqn, NqnError};
+pub use kvt_wire::nqn::{validate_nqn, NqnError};
 
 /// A configuration that cannot be used. Each displays as one line; a value
 /// error starts with the field path (`pools[0].size: ...`).
@@ -53,13 +53,14 @@ impl ConfigError {
 /// `invalid!("{f}.size", "must be ... (got {})", x)`: a value error naming the field.
 macro_rules! invalid {
     ($field:literal, $($reason:tt)+) => {
-        $crate::config::ConfigError::Invalid {
+        $crate::ConfigError::Invalid {
             field: format!($field),
             reason: format!($($reason)+),
         }
     };
 }
 
+pub mod apply;
 mod auth;
 mod cluster;
 mod device;
@@ -67,6 +68,7 @@ mod keypath;
 pub mod ops;
 mod pool;
 mod runtime;
+pub mod setup;
 mod size;
 mod subsystem;
 mod transport;
@@ -75,7 +77,7 @@ pub use auth::{AuthConfig, KeyConfig};
 pub use cluster::{ClusterConfig, OnUnreachable};
 pub use device::{Backend, DeviceSpec};
 pub use ops::{Op, OpError};
-pub(crate) use pool::d_commit_interval_ms;
+pub use pool::d_commit_interval_ms;
 pub use pool::{DualPathConfig, GcConfig, PoolConfig, Unwritten, VolumeConfig, VolumeKind};
 pub use runtime::{MetricsConfig, ReactorConfig, RpcConfig, SpdkConfig, DEFAULT_SOCKET};
 pub use size::{parse_size, SizeError};
@@ -86,7 +88,7 @@ pub use transport::{DiscoveryConfig, ListenerConfig, RdmaConfig, TcpConfig, Tran
 
 /// A full-KV-namespace policy: the domain type, named in configuration files
 /// as "evict" or "fail".
-pub use crate::pool::kv::OnFull;
+pub use kvt_pool::kv::OnFull;
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -197,7 +199,7 @@ impl Config {
     }
 
     /// SPDK environment settings for this configuration's `spdk` devices.
-    pub fn spdk_env(&self) -> crate::bdev::spdk::EnvSettings {
+    pub fn spdk_env(&self) -> kvt_bdev::spdk::EnvSettings {
         let pci = self
             .pools
             .iter()
@@ -209,7 +211,7 @@ impl Config {
             )
             .flatten()
             .any(|t| {
-                t.parse::<crate::bdev::spdk::TransportId>()
+                t.parse::<kvt_bdev::spdk::TransportId>()
                     .is_ok_and(|t| !t.is_fabrics())
             });
         self.spdk.env(pci)

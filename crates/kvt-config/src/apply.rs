@@ -1,13 +1,13 @@
 //! The running target's side of the configuration's operations
-//! (`crate::config::ops`): one function per change, used by `Server::start`
+//! (`crate::ops`): one function per change, used by `Server::start`
 //! for each operation of the configuration and by the RPC method of the same
 //! name. Callers word the errors (a field path at start, an RPC code here).
 
-use crate::auth::{Key, KeyError};
-use crate::config::ops::{AddHost, CreateSubsystem};
-use crate::config::{KeyConfig, Unwritten, VolumeConfig, VolumeKind};
-use crate::nvmf::auth::{resolve_psk, HostKeyError, HostKeys};
-use crate::nvmf::{Subsystem, SubsystemKind, Target};
+use crate::ops::{AddHost, CreateSubsystem};
+use crate::{KeyConfig, Unwritten, VolumeConfig, VolumeKind};
+use kvt_auth::{Key, KeyError};
+use kvt_nvmf::auth::{resolve_psk, HostKeyError, HostKeys};
+use kvt_nvmf::{Subsystem, SubsystemKind, Target};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -110,7 +110,7 @@ pub fn add_host(target: &Target, subsys: &Subsystem, h: &AddHost) -> Result<(), 
 /// A volume's format flags (`VOL_KV`, `VOL_UNWRITTEN_ERROR`) as its
 /// configuration gives them.
 pub fn volume_flags(v: &VolumeConfig) -> u32 {
-    use crate::pool::format::{VOL_KV, VOL_UNWRITTEN_ERROR};
+    use kvt_pool::format::{VOL_KV, VOL_UNWRITTEN_ERROR};
     let kind = match v.kind {
         VolumeKind::Block => 0,
         VolumeKind::Kv => VOL_KV,
@@ -124,9 +124,9 @@ pub fn volume_flags(v: &VolumeConfig) -> u32 {
 
 /// `kvtarget_create_volume` (`bdev_lvol_create`): a new volume in `pool`.
 pub fn create_volume(
-    pool: &crate::pool::Pool,
+    pool: &kvt_pool::Pool,
     v: &VolumeConfig,
-) -> Result<Arc<crate::pool::volume::Volume>, crate::pool::PoolError> {
+) -> Result<Arc<kvt_pool::volume::Volume>, kvt_pool::PoolError> {
     pool.create_volume(&v.name, v.size, v.block_size, volume_flags(v))
 }
 

@@ -3,7 +3,7 @@
 use super::device::{Backend, DeviceSpec, Holder};
 use super::size::{opt_size, size};
 use super::ConfigError;
-use crate::pool::format::{
+use kvt_pool::format::{
     min_device_size, Superblock, MAX_EXTENT_SIZE, MAX_NAME_LEN, MAX_VOLUMES, MIN_EXTENT_SIZE,
 };
 use serde::{Deserialize, Serialize};
@@ -90,8 +90,8 @@ fn d_extent() -> u64 {
 fn d_true() -> bool {
     true
 }
-pub(crate) fn d_commit_interval_ms() -> u64 {
-    crate::pool::DEFAULT_COMMIT_INTERVAL.as_millis() as u64
+pub fn d_commit_interval_ms() -> u64 {
+    kvt_pool::DEFAULT_COMMIT_INTERVAL.as_millis() as u64
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
@@ -198,7 +198,7 @@ impl GcConfig {
     }
 }
 
-/// The configuration form of [`crate::pool::DualPath`] (sizes may carry
+/// The configuration form of [`kvt_pool::DualPath`] (sizes may carry
 /// units); its defaults are the domain type's.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -216,7 +216,7 @@ pub struct DualPathConfig {
 
 impl Default for DualPathConfig {
     fn default() -> Self {
-        let d = crate::pool::DualPath::default();
+        let d = kvt_pool::DualPath::default();
         DualPathConfig {
             enabled: d.enabled,
             large_threshold: d.large_threshold,
@@ -226,9 +226,9 @@ impl Default for DualPathConfig {
     }
 }
 
-impl From<&DualPathConfig> for crate::pool::DualPath {
+impl From<&DualPathConfig> for kvt_pool::DualPath {
     fn from(d: &DualPathConfig) -> Self {
-        crate::pool::DualPath {
+        kvt_pool::DualPath {
             enabled: d.enabled,
             large_threshold: d.large_threshold,
             piece: d.piece,

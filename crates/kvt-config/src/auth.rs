@@ -1,7 +1,7 @@
 //! `[[keys]]` and `[auth]`: named key files and what DH-HMAC-CHAP may negotiate.
 
 use super::ConfigError;
-use crate::auth::{AuthPolicy, DhGroup, Digest};
+use kvt_auth::{AuthPolicy, DhGroup, Digest};
 use serde::{Deserialize, Serialize};
 
 /// Longest key name, in characters (SPDK's keyring names are short labels).
