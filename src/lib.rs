@@ -25,7 +25,7 @@
 
 pub use kvt_auth as auth;
 pub use kvt_bdev as bdev;
-pub mod cluster;
+pub use kvt_cluster as cluster;
 pub use kvt_config as config;
 pub use kvt_wire::ident;
 pub mod initiator;

@@ -12,8 +12,8 @@ use super::etcd::{
 use super::member::{self, MemberRecord, RECORD_FORMAT};
 use super::ownership::Input;
 use super::referral;
-use crate::config::{ClusterConfig, OnUnreachable};
-use crate::nvmf::Target;
+use kvt_config::{ClusterConfig, OnUnreachable};
+use kvt_nvmf::Target;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -344,7 +344,7 @@ impl Node {
             listeners: served.listeners,
             subsystems: served.subsystems,
             metrics_url: self.metrics_url.clone(),
-            version: crate::version().to_string(),
+            version: kvt_nvmf::version().to_string(),
             started_at: self.started_at,
         };
         serde_json::to_vec(&r).expect("a member record serialises")

@@ -18,8 +18,8 @@
 //! file namespace is each node's own (docs/cluster.md).
 
 use super::ownership::GroupId;
-use crate::nvmf::Target;
-use crate::pool::kv_index::KeyIndex;
+use kvt_nvmf::Target;
+use kvt_pool::kv_index::KeyIndex;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -58,8 +58,8 @@ fn empty_index(kv: &dyn KeyIndex) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::kv::KvIndex;
-    use crate::wire::nvme::KvKey;
+    use kvt_pool::kv::KvIndex;
+    use kvt_wire::nvme::KvKey;
 
     #[test]
     fn empty_index_deletes_every_key_across_batches() {
@@ -68,7 +68,7 @@ mod tests {
         let mut stored = 0;
         for i in 0..n {
             let key = KvKey::new(&i.to_be_bytes()).unwrap();
-            let loc = crate::pool::format::KvLoc {
+            let loc = kvt_pool::format::KvLoc {
                 block: i,
                 nblocks: 1,
                 len: 100,

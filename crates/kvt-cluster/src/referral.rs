@@ -9,7 +9,7 @@
 //! 256- and 32-byte fields).
 
 use super::member::{MemberListener, MemberRecord};
-use crate::nvmf::Listener;
+use kvt_nvmf::Listener;
 use std::net::{IpAddr, SocketAddr};
 
 /// Longest piece of a peer's text quoted in an error (a record may hold
@@ -110,9 +110,9 @@ pub fn referrals(members: &[MemberRecord], me: &str) -> Vec<Listener> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::member::RECORD_FORMAT;
-    use crate::nvmf::{Target, TransportLimits};
-    use crate::wire::nvme;
+    use crate::member::RECORD_FORMAT;
+    use kvt_nvmf::{Target, TransportLimits};
+    use kvt_wire::nvme;
     use proptest::prelude::*;
 
     fn listener(trtype: &str, adrfam: &str, traddr: &str, trsvcid: &str) -> MemberListener {

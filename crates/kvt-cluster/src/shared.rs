@@ -27,12 +27,12 @@
 //! that writes) is refused.
 
 use super::ownership::GroupId;
-use crate::bdev::{BlockDevice, IoChannel, IoCompletion, IoOp, SharedDevice};
-use crate::config::setup::SetupError;
-use crate::config::{NamespaceConfig, PoolConfig};
-use crate::nvmf::{Namespace, Target};
-use crate::pool::channel::VolumeDevice;
-use crate::pool::{Pool, PoolLock, PoolOptions};
+use kvt_bdev::{BlockDevice, IoChannel, IoCompletion, IoOp, SharedDevice};
+use kvt_config::setup::SetupError;
+use kvt_config::{NamespaceConfig, PoolConfig};
+use kvt_nvmf::{Namespace, Target};
+use kvt_pool::channel::VolumeDevice;
+use kvt_pool::{Pool, PoolLock, PoolOptions};
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -196,17 +196,16 @@ fn open_owned(
         source,
     };
     // The device first: it creates a missing file.
-    let dev = crate::config::setup::open_pool_device(&p.config, f)?;
+    let dev = kvt_config::setup::open_pool_device(&p.config, f)?;
     let lock = match &p.config.path {
-        Some(path) => Some(crate::pool::lock_pool(path, false).map_err(pool_err)?),
+        Some(path) => Some(kvt_pool::lock_pool(path, false).map_err(pool_err)?),
         None => None,
     };
-    crate::config::setup::format_if_empty(&p.config, &dev, f)?;
+    kvt_config::setup::format_if_empty(&p.config, &dev, f)?;
     let pool =
         Pool::open_owned(&p.config.name, dev, p.options.clone(), epoch, node).map_err(pool_err)?;
     for (j, v) in p.config.volumes.iter().enumerate() {
-        if let Err(e) = crate::config::setup::ensure_volume(&pool, v, &format!("{f}.volumes[{j}]"))
-        {
+        if let Err(e) = kvt_config::setup::ensure_volume(&pool, v, &format!("{f}.volumes[{j}]")) {
             pool.release();
             return Err(e.into());
         }
@@ -225,7 +224,7 @@ fn attach_namespaces(target: &Target, p: &SharedPool, pool: &Arc<Pool>) -> Resul
         let vol = pool.volume(&n.volume).ok_or_else(no_volume)?;
         let kv = vol.kv.clone();
         let dev: SharedDevice = VolumeDevice::new(pool.clone(), vol);
-        let ns = crate::config::setup::build_namespace(&n.field, &n.nqn, &n.config, dev, kv, true)?;
+        let ns = kvt_config::setup::build_namespace(&n.field, &n.nqn, &n.config, dev, kv, true)?;
         replace(target, n, ns)?;
     }
     Ok(())
@@ -278,8 +277,8 @@ pub fn detached_namespace(n: &SharedNamespace) -> Result<Namespace, SetupError> 
         size: n.size,
         block_size: n.block_size,
     });
-    let kv = (n.kv).then(|| crate::pool::kv::KvIndex::new(n.size, n.block_size).into_shared());
-    crate::config::setup::build_namespace(&n.field, &n.nqn, &n.config, dev, kv, true)
+    let kv = (n.kv).then(|| kvt_pool::kv::KvIndex::new(n.size, n.block_size).into_shared());
+    kvt_config::setup::build_namespace(&n.field, &n.nqn, &n.config, dev, kv, true)
 }
 
 /// The device of a detached namespace: its size, and every operation fails
@@ -321,7 +320,7 @@ impl IoChannel for DetachedChannel {
     fn submit(&mut self, tag: u64, op: IoOp, _now: Instant) -> Result<(), (IoOp, i32)> {
         self.done.push(IoCompletion {
             tag,
-            result: Err(crate::bdev::ERRNO_DETACHED),
+            result: Err(kvt_bdev::ERRNO_DETACHED),
             buf: op.into_buf(),
         });
         Ok(())
@@ -355,7 +354,7 @@ mod tests {
         assert_eq!((d.size_bytes(), d.block_size()), (1 << 20, Some(4096)));
         let mut ch = d.open_channel().unwrap();
         let c = run(ch.as_mut(), IoOp::Flush);
-        assert_eq!(c.result, Err(crate::bdev::ERRNO_DETACHED));
+        assert_eq!(c.result, Err(kvt_bdev::ERRNO_DETACHED));
         assert_eq!(ch.in_flight(), 0);
     }
 
@@ -380,15 +379,8 @@ mod tests {
             block_size: 4096,
             kv: false,
         };
-        let target = Target::new(crate::nvmf::TransportLimits::default());
-        let s = crate::nvmf::Subsystem::new(
-            NQN,
-            crate::nvmf::SubsystemKind::Nvm,
-            "s",
-            "m",
-            true,
-            vec![],
-        );
+        let target = Target::new(kvt_nvmf::TransportLimits::default());
+        let s = kvt_nvmf::Subsystem::new(NQN, kvt_nvmf::SubsystemKind::Nvm, "s", "m", true, vec![]);
         s.namespaces
             .write()
             .unwrap()
@@ -426,7 +418,7 @@ mod tests {
         assert!(pools.superseded().is_empty());
         // A newer owner (epoch 7) opens the same file: the first one's next
         // commit is refused and the group shows superseded.
-        let dev = crate::config::setup::open_pool_device(&config, "pools[0]").unwrap();
+        let dev = kvt_config::setup::open_pool_device(&config, "pools[0]").unwrap();
         let newer = Pool::open_owned("p", dev, PoolOptions::default(), 7, "b").unwrap();
         let first = pools.lock()[0].open.as_ref().unwrap().0.clone();
         assert!(first.sync().is_err());

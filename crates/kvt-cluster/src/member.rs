@@ -2,8 +2,8 @@
 //! `/kvtarget/<cluster>/members/<node>` (JSON, bound to its lease), so a host
 //! library or a KV-cache manager can find every node and what it serves.
 
-use crate::ident::{hex, uuid_text};
-use crate::nvmf::{CommandSet, SubsystemKind, Target};
+use kvt_nvmf::{CommandSet, SubsystemKind, Target};
+use kvt_wire::ident::{hex, uuid_text};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
 

@@ -22,7 +22,7 @@
 //! runs one. A failure names its seed.
 
 use super::{GroupId, Holder, Input, Ownership, Role};
-use crate::bdev::fault::SimRng;
+use kvt_bdev::fault::SimRng;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 

@@ -88,7 +88,7 @@ fn groups_table(out: &mut String, s: &ClusterStatus) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::{GroupStatus, NodeState};
+    use crate::{GroupStatus, NodeState};
 
     #[test]
     fn elected_groups_get_a_table_of_their_own() {

@@ -10,8 +10,8 @@ use super::etcd::{Compare, PutRequest, RangeRequest, RequestOp, ResponseOp, TxnR
 use super::ownership::{GroupId, Holder, Input, Ownership, Role};
 use super::shared::{SharedPool, SharedPools};
 use super::ClusterStatus;
-use crate::nvmf::ana::{self, AnaState};
-use crate::nvmf::{SubsystemKind, Target};
+use kvt_nvmf::ana::{self, AnaState};
+use kvt_nvmf::{SubsystemKind, Target};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -504,7 +504,7 @@ fn apply_role(target: &Target, g: &GroupId, role: Role) {
 }
 
 /// The listeners `s` is reachable on: its `listen` list, else every NVM one.
-fn listeners_of(target: &Target, s: &crate::nvmf::Subsystem) -> Vec<SocketAddr> {
+fn listeners_of(target: &Target, s: &kvt_nvmf::Subsystem) -> Vec<SocketAddr> {
     if let Some(Some(l)) = s.listen.read().ok().as_deref() {
         return l.clone();
     }
@@ -513,13 +513,13 @@ fn listeners_of(target: &Target, s: &crate::nvmf::Subsystem) -> Vec<SocketAddr> 
 
 #[cfg(test)]
 mod tests {
-    use crate::nvmf::ana::{mono_ns, SubsystemAna};
+    use kvt_nvmf::ana::{mono_ns, SubsystemAna};
 
     #[test]
     fn a_lease_deadline_lapses_io_only_when_set_and_passed() {
         let a = SubsystemAna::default();
         // After the origin of `mono_ns`, as every reactor's clock is.
-        let now = crate::nvmf::ana::mono_origin() + std::time::Duration::from_millis(1);
+        let now = kvt_nvmf::ana::mono_origin() + std::time::Duration::from_millis(1);
         assert!(!a.lease_lapsed(now), "no deadline: never lapsed");
         a.set_lease_deadline(mono_ns() + 60_000_000_000);
         assert!(!a.lease_lapsed(now));
