@@ -18,11 +18,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::reactor::sys::{wait_readable, EventFd, CONTROL_ERROR_PAUSE};
+use kvt_reactor::sys::{wait_readable, EventFd, CONTROL_ERROR_PAUSE};
 use std::os::fd::AsRawFd;
 
 /// Default socket path (like SPDK's /var/tmp/spdk.sock); `[rpc] socket`'s default.
-pub use crate::config::DEFAULT_SOCKET;
+pub use kvt_config::DEFAULT_SOCKET;
 /// Largest request accepted (SPDK's default limit is also in the MiB range).
 pub const MAX_REQUEST: usize = 1 << 20;
 const MAX_CLIENTS: usize = 64;

@@ -2,9 +2,9 @@
 //! per-subsystem ones (listeners, namespaces, hosts) are in `nvmf_subsystem`.
 
 use super::{act, not_found, unsupported, Control, Nqn, Params, Parsed, TgtName};
-use crate::config::ops::CreateSubsystem;
-use crate::nvmf::{Subsystem, SubsystemKind};
 use crate::rpc::{code, RpcError};
+use kvt_config::ops::CreateSubsystem;
+use kvt_nvmf::{Subsystem, SubsystemKind};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
@@ -113,15 +113,15 @@ impl Control {
                         "nsid": n.nsid,
                         "bdev_name": self.bdev_name_of(n),
                         "name": self.bdev_name_of(n),
-                        "nguid": crate::ident::hex(&n.nguid).to_uppercase(),
-                        "eui64": crate::ident::hex(&n.eui64).to_uppercase(),
-                        "uuid": crate::ident::uuid_text(&n.uuid),
+                        "nguid": kvt_wire::ident::hex(&n.nguid).to_uppercase(),
+                        "eui64": kvt_wire::ident::hex(&n.eui64).to_uppercase(),
+                        "uuid": kvt_wire::ident::uuid_text(&n.uuid),
                     })
                 })
                 .collect();
             v["serial_number"] = json!(s.serial);
             v["model_number"] = json!(s.model);
-            v["max_namespaces"] = json!(crate::nvmf::admin::MAX_NAMESPACES);
+            v["max_namespaces"] = json!(kvt_nvmf::admin::MAX_NAMESPACES);
             let (min_cntlid, max_cntlid) = s.cntlid_range();
             v["min_cntlid"] = json!(min_cntlid);
             v["max_cntlid"] = json!(max_cntlid);
@@ -284,18 +284,18 @@ pub(super) fn create_subsystem(p: &mut Params) -> Parsed {
     } = p.typed(&fields)?;
     let spdk: SubsystemOptions = p.parse()?;
     if let Some(m) = spdk.max_namespaces {
-        if m > crate::nvmf::admin::MAX_NAMESPACES as u64 {
+        if m > kvt_nvmf::admin::MAX_NAMESPACES as u64 {
             return Err(RpcError::params(format!(
                 "max_namespaces: at most {}",
-                crate::nvmf::admin::MAX_NAMESPACES
+                kvt_nvmf::admin::MAX_NAMESPACES
             )));
         }
     }
     unsupported("passthrough", &spdk.passthrough)?;
     unsupported("enable_nssr", &spdk.enable_nssr)?;
     unsupported("admin_label", &spdk.admin_label)?;
-    crate::wire::nqn::validate_nqn(&nqn).map_err(|e| RpcError::params(format!("nqn: {e}")))?;
-    if nqn == crate::wire::nvme::DISCOVERY_NQN {
+    kvt_wire::nqn::validate_nqn(&nqn).map_err(|e| RpcError::params(format!("nqn: {e}")))?;
+    if nqn == kvt_wire::nvme::DISCOVERY_NQN {
         return Err(RpcError::params("nqn: the discovery NQN is reserved"));
     }
     if serial.is_empty() || serial.len() > 20 || !serial.is_ascii() {
@@ -316,7 +316,7 @@ pub(super) fn create_subsystem(p: &mut Params) -> Parsed {
         cluster_wide: false,
     };
     act(move |ctl| {
-        crate::config::apply::create_subsystem(&ctl.target, &op)
+        kvt_config::apply::create_subsystem(&ctl.target, &op)
             .map_err(super::nvmf_subsystem::apply_error)?;
         tracing::info!(nqn = %op.nqn, "rpc: subsystem created");
         Ok(Value::Bool(true))
@@ -327,7 +327,7 @@ pub(super) fn delete_subsystem(p: &mut Params) -> Parsed {
     let Nqn { nqn, .. } = p.parse()?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
-        crate::config::apply::delete_subsystem(&ctl.target, &s);
+        kvt_config::apply::delete_subsystem(&ctl.target, &s);
         tracing::info!(nqn = %nqn, "rpc: subsystem deleted");
         Ok(Value::Bool(true))
     })
@@ -370,7 +370,7 @@ pub(super) fn get_subsystems(p: &mut Params) -> Parsed {
 pub(super) fn get_stats(p: &mut Params) -> Parsed {
     let _: TgtName = p.parse()?;
     act(|ctl| {
-        let groups = crate::transport::rdma::poll_group_stats();
+        let groups = kvt_transport::rdma::poll_group_stats();
         let rdma_started = ctl.rdma.is_started();
         let pgs: Vec<Value> = ctl
             .reactors

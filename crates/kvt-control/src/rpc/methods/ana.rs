@@ -1,13 +1,13 @@
 //! Asymmetric Namespace Access methods, SPDK's names and shapes:
 //! `nvmf_subsystem_listener_set_ana_state`, `nvmf_subsystem_get_listeners`
 //! (with `ana_states`), `nvmf_subsystem_set_ns_ana_group`. The model is
-//! `crate::nvmf::ana`.
+//! `kvt_nvmf::ana`.
 
 use super::nvmf_subsystem::{listen_address, ListenAddressParams};
 use super::{act, not_found, Control, Params, Parsed};
-use crate::nvmf::ana::{self, AnaError};
-use crate::nvmf::{Subsystem, SubsystemKind};
 use crate::rpc::RpcError;
+use kvt_nvmf::ana::{self, AnaError};
+use kvt_nvmf::{Subsystem, SubsystemKind};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;

@@ -3,15 +3,14 @@
 //! and paths only.
 
 use super::{act, Params, Parsed};
-use crate::config::KeyConfig;
+use kvt_config::KeyConfig;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
 pub(super) fn file_add_key(p: &mut Params) -> Parsed {
     let op: KeyConfig = p.typed(&["name", "path"])?;
     act(move |ctl| {
-        crate::config::apply::add_key(&ctl.target, &op)
-            .map_err(super::nvmf_subsystem::apply_error)?;
+        kvt_config::apply::add_key(&ctl.target, &op).map_err(super::nvmf_subsystem::apply_error)?;
         tracing::info!(name = %op.name, path = %op.path, "rpc: key added");
         Ok(Value::Bool(true))
     })
@@ -20,7 +19,7 @@ pub(super) fn file_add_key(p: &mut Params) -> Parsed {
 pub(super) fn file_remove_key(p: &mut Params) -> Parsed {
     let super::Name { name } = p.parse()?;
     act(move |ctl| {
-        crate::config::apply::remove_key(&ctl.target, &name)
+        kvt_config::apply::remove_key(&ctl.target, &name)
             .map_err(super::nvmf_subsystem::apply_error)?;
         tracing::info!(name = %name, "rpc: key removed (hosts using it keep it until removed)");
         Ok(Value::Bool(true))

@@ -2,10 +2,10 @@
 //! stores.
 
 use super::{act, not_found, Control, Params, Parsed};
-use crate::config::{PoolConfig, Unwritten, VolumeConfig, VolumeKind};
-use crate::pool::format::VOL_UNWRITTEN_ERROR;
-use crate::pool::Pool;
 use crate::rpc::{code, RpcError};
+use kvt_config::{PoolConfig, Unwritten, VolumeConfig, VolumeKind};
+use kvt_pool::format::VOL_UNWRITTEN_ERROR;
+use kvt_pool::Pool;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -17,7 +17,7 @@ impl Control {
             (Some(n), _) => pools.iter().find(|p| &p.name == n),
             (None, Some(u)) => pools
                 .iter()
-                .find(|p| &crate::ident::uuid_text(&p.sb.uuid) == u),
+                .find(|p| &kvt_wire::ident::uuid_text(&p.sb.uuid) == u),
             (None, None) if pools.len() == 1 => pools.first(),
             (None, None) => {
                 return Err(RpcError::params(
@@ -54,7 +54,7 @@ pub(super) fn get_bdevs(p: &mut Params) -> Parsed {
         for pool in &ctl.pools() {
             for v in pool.volumes() {
                 let alias = format!("{}/{}", pool.name, v.desc.name);
-                let uuid = crate::ident::uuid_text(&v.desc.uuid);
+                let uuid = kvt_wire::ident::uuid_text(&v.desc.uuid);
                 if let Some(n) = &name {
                     if n != &alias && n != &uuid {
                         continue;
@@ -75,7 +75,7 @@ pub(super) fn get_bdevs(p: &mut Params) -> Parsed {
                     },
                     "driver_specific": {
                         "lvol": {
-                            "lvol_store_uuid": crate::ident::uuid_text(&pool.sb.uuid),
+                            "lvol_store_uuid": kvt_wire::ident::uuid_text(&pool.sb.uuid),
                             "base_bdev": pool.device().describe(),
                             "thin_provision": true,
                             "num_allocated_clusters": v.mapped().len(),
@@ -123,7 +123,7 @@ pub(super) fn get_iostat(p: &mut Params) -> Parsed {
         for pool in &ctl.pools() {
             for v in pool.volumes() {
                 let alias = format!("{}/{}", pool.name, v.desc.name);
-                let uuid = crate::ident::uuid_text(&v.desc.uuid);
+                let uuid = kvt_wire::ident::uuid_text(&v.desc.uuid);
                 if !names.is_empty() && !names.iter().any(|n| n == &alias || n == &uuid) {
                     continue;
                 }
@@ -222,7 +222,7 @@ struct LvolResize {
 /// pool (the configuration's `[[pools]]` entry): a file or block device
 /// with `io_uring`, formatted here, run with the default settings.
 fn pool_config(c: CreateLvstore) -> Result<PoolConfig, RpcError> {
-    use crate::config::{Backend, DualPathConfig, GcConfig};
+    use kvt_config::{Backend, DualPathConfig, GcConfig};
     if let Some(m) = c.clear_method {
         if !matches!(m.as_str(), "none" | "unmap" | "write_zeroes") {
             return Err(RpcError::params(format!(
@@ -245,7 +245,7 @@ fn pool_config(c: CreateLvstore) -> Result<PoolConfig, RpcError> {
         extent_size: c.cluster_sz.unwrap_or(1 << 20),
         create: false,
         // What PoolOptions::default() runs with.
-        commit_interval_ms: crate::config::d_commit_interval_ms(),
+        commit_interval_ms: kvt_config::d_commit_interval_ms(),
         gc: GcConfig::default(),
         dual_path: DualPathConfig::default(),
         volumes: Vec::new(),
@@ -273,10 +273,10 @@ pub(super) fn create_lvstore(p: &mut Params) -> Parsed {
                 "bdev_name: {path} does not exist (give the path of a file or block device; create a file with `truncate -s SIZE {path}`)"
             )));
         }
-        let lock = crate::pool::lock_pool(&pb, true)
+        let lock = kvt_pool::lock_pool(&pb, true)
             .map_err(|e| RpcError::new(code::EBUSY, e.to_string()))?;
         let opened = format_and_open(ctl, &pool, &pb)?;
-        let uuid = crate::ident::uuid_text(&opened.sb.uuid);
+        let uuid = kvt_wire::ident::uuid_text(&opened.sb.uuid);
         if let Ok(mut v) = ctl.pools.write() {
             v.push(opened);
         }
@@ -294,11 +294,11 @@ fn format_and_open(
     pool: &PoolConfig,
     path: &std::path::Path,
 ) -> Result<Arc<Pool>, RpcError> {
-    let dev: crate::bdev::SharedDevice = crate::bdev::uring::UringDevice::open(path, None, 512)
+    let dev: kvt_bdev::SharedDevice = kvt_bdev::uring::UringDevice::open(path, None, 512)
         .map_err(|e| RpcError::params(format!("bdev_name: {}: {e}", path.display())))?;
-    crate::pool::format(
+    kvt_pool::format(
         &dev,
-        &crate::pool::FormatOptions {
+        &kvt_pool::FormatOptions {
             extent_size: pool.extent_size,
             force: false,
             journal_len: None,
@@ -306,13 +306,13 @@ fn format_and_open(
         },
     )
     .map_err(|e| {
-        if matches!(e, crate::pool::PoolError::Occupied { .. }) {
+        if matches!(e, kvt_pool::PoolError::Occupied { .. }) {
             RpcError::new(code::EEXIST, e.to_string())
         } else {
             RpcError::params(e.to_string())
         }
     })?;
-    let opts = crate::pool::PoolOptions {
+    let opts = kvt_pool::PoolOptions {
         reactors: ctl.reactors.len().max(1),
         ..Default::default()
     };
@@ -337,7 +337,7 @@ pub(super) fn get_lvstores(p: &mut Params) -> Parsed {
                 .map(|pool| {
                     let s = pool.snapshot();
                     json!({
-                        "uuid": crate::ident::uuid_text(&pool.sb.uuid),
+                        "uuid": kvt_wire::ident::uuid_text(&pool.sb.uuid),
                         "name": pool.name,
                         "base_bdev": pool.device().describe(),
                         "total_data_clusters": s.extents,
@@ -410,14 +410,14 @@ pub(super) fn lvol_create(p: &mut Params) -> Parsed {
     let volume = volume_config(c)?;
     act(move |ctl| {
         let pool = ctl.pool(lvs_name, lvs_uuid)?;
-        let v = crate::config::apply::create_volume(&pool, &volume).map_err(|e| {
-            if matches!(e, crate::pool::PoolError::VolumeExists { .. }) {
+        let v = kvt_config::apply::create_volume(&pool, &volume).map_err(|e| {
+            if matches!(e, kvt_pool::PoolError::VolumeExists { .. }) {
                 RpcError::new(code::EEXIST, e.to_string())
             } else {
                 RpcError::params(e.to_string())
             }
         })?;
-        Ok(json!(crate::ident::uuid_text(&v.desc.uuid)))
+        Ok(json!(kvt_wire::ident::uuid_text(&v.desc.uuid)))
     })
 }
 

@@ -9,7 +9,7 @@
 //!
 //! A bad call changes nothing: every handler is split in two by its type. The
 //! handler proper reads its parameters with serde into one typed struct
-//! (`Params::parse`; the configuration's operations, `crate::config::ops`,
+//! (`Params::parse`; the configuration's operations, `kvt_config::ops`,
 //! where one exists) and checks them without access to the target, and
 //! returns the action; `call` refuses unknown parameters, and only
 //! then runs the action, which cannot read parameters any more.
@@ -28,9 +28,9 @@ mod nvmf_subsystem;
 mod reservation;
 
 use super::{code, RpcError, RpcResult};
-use crate::nvmf::{Namespace, Target};
-use crate::pool::Pool;
-use crate::reactor::ReactorShared;
+use kvt_nvmf::{Namespace, Target};
+use kvt_pool::Pool;
+use kvt_reactor::ReactorShared;
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -40,19 +40,19 @@ pub struct Control {
     pub target: Arc<Target>,
     pools: std::sync::RwLock<Vec<Arc<Pool>>>,
     /// Pools created over RPC: their configuration (for save) and lock.
-    runtime_pools: Mutex<Vec<(crate::config::PoolConfig, crate::pool::PoolLock)>>,
+    runtime_pools: Mutex<Vec<(kvt_config::PoolConfig, kvt_pool::PoolLock)>>,
     pub reactors: Vec<Arc<ReactorShared>>,
-    pub listeners: Arc<crate::transport::ListenerSet>,
+    pub listeners: Arc<kvt_transport::ListenerSet>,
     /// The NVMe/RDMA transport (started by configuration or nvmf_create_transport).
-    pub rdma: Arc<crate::transport::rdma::RdmaTransport>,
+    pub rdma: Arc<kvt_transport::rdma::RdmaTransport>,
     /// The configuration the target started from (for `kvtarget_save_config`).
-    pub config: crate::config::Config,
+    pub config: kvt_config::Config,
     /// Serialises changes so two clients cannot interleave half-done edits.
     edit: Mutex<()>,
     /// When the control path started (bdev_get_iostat's tick count).
     pub started: std::time::Instant,
     /// This node's cluster membership, set once when `[cluster]` started.
-    pub cluster: std::sync::OnceLock<crate::cluster::ClusterView>,
+    pub cluster: std::sync::OnceLock<kvt_cluster::ClusterView>,
 }
 
 /// What a method does once its parameters are read and checked. `'static`, so
@@ -171,7 +171,7 @@ impl Params {
     }
     /// The keys `fields` deserialised with serde into `T`, one of the
     /// parameter structs the configuration's operations use
-    /// (`crate::config::ops`). The keys count as read; a missing one is
+    /// (`kvt_config::ops`). The keys count as read; a missing one is
     /// "required", a value of the wrong type names its key.
     fn typed<T: serde::de::DeserializeOwned>(&mut self, fields: &[&str]) -> Result<T, RpcError> {
         let mut obj = Map::new();
@@ -352,9 +352,9 @@ impl Control {
         target: Arc<Target>,
         pools: Vec<Arc<Pool>>,
         reactors: Vec<Arc<ReactorShared>>,
-        listeners: Arc<crate::transport::ListenerSet>,
-        rdma: Arc<crate::transport::rdma::RdmaTransport>,
-        config: crate::config::Config,
+        listeners: Arc<kvt_transport::ListenerSet>,
+        rdma: Arc<kvt_transport::rdma::RdmaTransport>,
+        config: kvt_config::Config,
     ) -> Control {
         Control {
             target,
@@ -418,10 +418,7 @@ impl Control {
     }
 
     /// Finds a volume by "pool/volume" alias or by UUID.
-    fn volume(
-        &self,
-        name: &str,
-    ) -> Result<(Arc<Pool>, Arc<crate::pool::volume::Volume>), RpcError> {
+    fn volume(&self, name: &str) -> Result<(Arc<Pool>, Arc<kvt_pool::volume::Volume>), RpcError> {
         if let Some((pn, vn)) = name.split_once('/') {
             if let Some(p) = self.pools().iter().find(|p| p.name == pn) {
                 if let Some(v) = p.volume(vn) {
@@ -433,7 +430,7 @@ impl Control {
             if let Some(v) = p
                 .volumes()
                 .into_iter()
-                .find(|v| crate::ident::uuid_text(&v.desc.uuid) == name)
+                .find(|v| kvt_wire::ident::uuid_text(&v.desc.uuid) == name)
             {
                 return Ok((p.clone(), v));
             }
@@ -457,8 +454,8 @@ impl Control {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::rdma::{RdmaSettings, RdmaTransport};
-    use crate::transport::ListenerSet;
+    use kvt_transport::rdma::{RdmaSettings, RdmaTransport};
+    use kvt_transport::ListenerSet;
     use serde_json::json;
     use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -472,7 +469,7 @@ mod tests {
             RdmaSettings::default(),
             Arc::new(AtomicBool::new(false)),
         ));
-        let config = crate::config::Config::parse(include_str!("../../../config/default.toml"))
+        let config = kvt_config::Config::parse(include_str!("../../../../../config/default.toml"))
             .expect("config/default.toml parses");
         Control::new(
             target,
@@ -536,11 +533,11 @@ mod tests {
     /// `kv/served` as namespace 1: something for every mutating method to
     /// change.
     fn populated() -> (Control, std::net::SocketAddr) {
-        use crate::pool::{FormatOptions, PoolOptions};
+        use kvt_pool::{FormatOptions, PoolOptions};
         let ctl = control();
-        let dev: crate::bdev::SharedDevice =
-            crate::bdev::ram::RamDevice::new("unit", 64 << 20).expect("ram device");
-        crate::pool::format(
+        let dev: kvt_bdev::SharedDevice =
+            kvt_bdev::ram::RamDevice::new("unit", 64 << 20).expect("ram device");
+        kvt_pool::format(
             &dev,
             &FormatOptions {
                 extent_size: 1 << 20,
@@ -687,7 +684,7 @@ mod tests {
     /// Every method with otherwise valid parameters for `populated()` (whose
     /// listener is `bound`).
     fn refusal_cases(bound: std::net::SocketAddr) -> Vec<(&'static str, Value)> {
-        let disc = crate::wire::nvme::DISCOVERY_NQN;
+        let disc = kvt_wire::nvme::DISCOVERY_NQN;
         vec![
             ("spdk_get_version", json!({})),
             ("rpc_get_methods", json!({"current": true})),
@@ -892,7 +889,7 @@ mod tests {
     #[test]
     fn refused_add_listener_binds_nothing() {
         let (ctl, _) = populated();
-        for nqn in [NQN, crate::wire::nvme::DISCOVERY_NQN] {
+        for nqn in [NQN, kvt_wire::nvme::DISCOVERY_NQN] {
             let addr = free_port();
             refused(
                 &ctl,
@@ -931,7 +928,7 @@ mod tests {
         let e = ctl
             .call(
                 "nvmf_subsystem_add_listener",
-                json!({"nqn": crate::wire::nvme::DISCOVERY_NQN, "listen_address": listen_address(addr), "secure_channel": false}),
+                json!({"nqn": kvt_wire::nvme::DISCOVERY_NQN, "listen_address": listen_address(addr), "secure_channel": false}),
             )
             .err()
             .map(|e| e.message)
@@ -1008,7 +1005,7 @@ mod tests {
         assert_eq!(ctl.pools().len(), 1);
         let head = std::fs::read(&path).expect("read");
         assert!(head.iter().all(|&b| b == 0), "the file was written");
-        crate::pool::lock_pool(&path, true).expect("the file is not locked");
+        kvt_pool::lock_pool(&path, true).expect("the file is not locked");
     }
 
     /// A refused kvtarget_save_config writes no file.
@@ -1091,7 +1088,7 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let (ctl, _) = populated();
         let dir = tempfile::tempdir().expect("tempdir");
-        let secret = crate::auth::DhchapSecret::new(&[7; 32], None).expect("secret");
+        let secret = kvt_auth::DhchapSecret::new(&[7; 32], None).expect("secret");
         let text = secret.encode();
         let path = dir.path().join("k0");
         std::fs::write(&path, text.as_str()).expect("write key");
@@ -1269,7 +1266,7 @@ mod tests {
     /// nvmf_ns_get_reservation and survives kvtarget_save_config.
     #[test]
     fn ptpl_file_and_get_reservation() {
-        use crate::nvmf::reservation::{ptpl, HostId, Registrant, ResvState};
+        use kvt_nvmf::reservation::{ptpl, HostId, Registrant, ResvState};
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("ns2.json");
         let state = ResvState {
@@ -1299,7 +1296,7 @@ mod tests {
         assert_eq!(r["ptpl_file"], file.display().to_string());
         let saved = ok(&ctl, "kvtarget_save_config", json!({}));
         let text = saved["toml"].as_str().expect("toml");
-        let cfg = crate::config::Config::parse(text).expect("loads");
+        let cfg = kvt_config::Config::parse(text).expect("loads");
         let ns = cfg
             .subsystems
             .iter()

@@ -2,11 +2,11 @@
 //! controllers and queue pairs.
 
 use super::{act, not_found, unsupported, Control, Params, Parsed, TgtName};
-use crate::config::ops::AddHost;
-use crate::config::KvOptions;
-use crate::nvmf::{Namespace, SubsystemKind};
-use crate::pool::channel::VolumeDevice;
 use crate::rpc::{code, RpcError};
+use kvt_config::ops::AddHost;
+use kvt_config::KvOptions;
+use kvt_nvmf::{Namespace, SubsystemKind};
+use kvt_pool::channel::VolumeDevice;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
@@ -24,7 +24,7 @@ impl Control {
     ) {
         if let Ok(mut l) = self.target.listeners.write() {
             let portid = l.iter().map(|x| x.portid).max().unwrap_or(0) + 1;
-            l.push(crate::nvmf::Listener {
+            l.push(kvt_nvmf::Listener {
                 addr,
                 discovery_only,
                 portid,
@@ -57,7 +57,7 @@ struct NsParams {
     eui64: Option<String>,
     uuid: Option<String>,
     write_cache: Option<bool>,
-    on_full: Option<crate::config::OnFull>,
+    on_full: Option<kvt_config::OnFull>,
     ttl_secs: Option<u64>,
     trim: Option<bool>,
     ptpl_file: Option<std::path::PathBuf>,
@@ -75,10 +75,10 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
     // None: the lowest free NSID (SPDK: absent or 0).
     let nsid = match ns.nsid {
         Some(0) | None => None,
-        Some(n) if n > crate::nvmf::admin::MAX_NAMESPACES as u64 => {
+        Some(n) if n > kvt_nvmf::admin::MAX_NAMESPACES as u64 => {
             return Err(RpcError::params(format!(
                 "namespace.nsid: must be 1..={}",
-                crate::nvmf::admin::MAX_NAMESPACES
+                kvt_nvmf::admin::MAX_NAMESPACES
             )))
         }
         Some(n) => Some(n as u32),
@@ -119,7 +119,7 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
         }
         let existing: Vec<u32> = s.namespace_snapshot().iter().map(|n| n.nsid).collect();
         let nsid = match nsid {
-            None => (1..=crate::nvmf::admin::MAX_NAMESPACES)
+            None => (1..=kvt_nvmf::admin::MAX_NAMESPACES)
                 .find(|i| !existing.contains(i))
                 .ok_or_else(|| RpcError::new(code::ENOSPC, format!("{nqn} has no free NSID")))?,
             Some(n) => n,
@@ -176,7 +176,7 @@ pub(super) fn remove_ns(p: &mut Params) -> Parsed {
         .map_err(|_| RpcError::params(format!("nsid: {nsid} is not a namespace ID")))?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
-        crate::config::apply::remove_namespace(&s, nsid).map_err(apply_error)?;
+        kvt_config::apply::remove_namespace(&s, nsid).map_err(apply_error)?;
         tracing::info!(nqn = %nqn, nsid, "rpc: namespace removed");
         Ok(Value::Bool(true))
     })
@@ -263,7 +263,7 @@ pub(super) fn add_listener(p: &mut Params) -> Parsed {
     let secure = l.secure_channel.unwrap_or(false);
     let ana_state = l.ana_state;
     if let Some(st) = &ana_state {
-        crate::nvmf::ana::AnaState::parse(st).map_err(super::ana::ana_error)?;
+        kvt_nvmf::ana::AnaState::parse(st).map_err(super::ana::ana_error)?;
     }
     if secure && rdma {
         return Err(RpcError::params(
@@ -292,7 +292,7 @@ pub(super) fn add_listener(p: &mut Params) -> Parsed {
                 ));
             }
             if !ctl.rdma.listeners.contains(addr) {
-                let l = crate::transport::rdma::listen(addr, false)
+                let l = kvt_transport::rdma::listen(addr, false)
                     .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))?;
                 let bound = l.addr;
                 ctl.rdma.listeners.add(l);
@@ -307,7 +307,7 @@ pub(super) fn add_listener(p: &mut Params) -> Parsed {
                 )));
             }
         } else {
-            let spec = crate::transport::bind(addr, discovery, secure)
+            let spec = kvt_transport::bind(addr, discovery, secure)
                 .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))?;
             let bound = spec.addr;
             ctl.listeners.add(spec);
@@ -419,7 +419,7 @@ pub(super) fn add_host(p: &mut Params) -> Parsed {
             "dhchap_ctrlr_key: needs dhchap_key (the host authenticates first)",
         ));
     }
-    crate::wire::nqn::validate_nqn(&host).map_err(|e| RpcError::params(format!("host: {e}")))?;
+    kvt_wire::nqn::validate_nqn(&host).map_err(|e| RpcError::params(format!("host: {e}")))?;
     let op = AddHost {
         nqn,
         host,
@@ -429,7 +429,7 @@ pub(super) fn add_host(p: &mut Params) -> Parsed {
     };
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&op.nqn)?;
-        crate::config::apply::add_host(&ctl.target, &s, &op).map_err(apply_error)?;
+        kvt_config::apply::add_host(&ctl.target, &s, &op).map_err(apply_error)?;
         let key = |k: &Option<String>| k.clone().unwrap_or_default();
         tracing::info!(nqn = %op.nqn, host = %op.host, dhchap_key = key(&op.dhchap_key), psk = key(&op.psk), "rpc: host allowed");
         Ok(Value::Bool(true))
@@ -438,10 +438,10 @@ pub(super) fn add_host(p: &mut Params) -> Parsed {
 
 /// A refused change as an RPC error: what does not exist is not found, what
 /// exists already EEXIST, a key of the wrong kind a bad parameter.
-pub(super) fn apply_error(e: crate::config::apply::ApplyError) -> RpcError {
-    use crate::auth::KeyError;
-    use crate::config::apply::ApplyError;
-    use crate::nvmf::auth::HostKeyError;
+pub(super) fn apply_error(e: kvt_config::apply::ApplyError) -> RpcError {
+    use kvt_auth::KeyError;
+    use kvt_config::apply::ApplyError;
+    use kvt_nvmf::auth::HostKeyError;
     match e {
         ApplyError::SubsystemExists(_) | ApplyError::HostExists { .. } => {
             RpcError::new(code::EEXIST, e.to_string())
@@ -513,8 +513,7 @@ pub(super) fn set_keys(p: &mut Params) -> Parsed {
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
         let (key, ctrlr_key) = (dhchap_key.as_deref(), dhchap_ctrlr_key.as_deref());
-        crate::config::apply::set_keys(&ctl.target, &s, &host, key, ctrlr_key)
-            .map_err(apply_error)?;
+        kvt_config::apply::set_keys(&ctl.target, &s, &host, key, ctrlr_key).map_err(apply_error)?;
         tracing::info!(nqn = %nqn, host = %host, dhchap_key = dhchap_key.as_deref().unwrap_or(""), dhchap_ctrlr_key = dhchap_ctrlr_key.as_deref().unwrap_or(""), "rpc: host keys set");
         Ok(Value::Bool(true))
     })
@@ -524,7 +523,7 @@ pub(super) fn remove_host(p: &mut Params) -> Parsed {
     let RemoveHost { nqn, host, .. } = p.parse()?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
-        let n = crate::config::apply::remove_host(&ctl.target, &s, &host).map_err(apply_error)?;
+        let n = kvt_config::apply::remove_host(&ctl.target, &s, &host).map_err(apply_error)?;
         tracing::info!(nqn = %nqn, host = %host, disconnected = n, "rpc: host removed");
         Ok(Value::Bool(true))
     })
@@ -538,7 +537,7 @@ pub(super) fn allow_any_host(p: &mut Params) -> Parsed {
     } = p.parse()?;
     act(move |ctl| {
         let s = ctl.nvm_subsystem(&nqn)?;
-        crate::config::apply::allow_any_host(&ctl.target, &s, any);
+        kvt_config::apply::allow_any_host(&ctl.target, &s, any);
         Ok(Value::Bool(true))
     })
 }
@@ -558,7 +557,7 @@ pub(super) fn get_controllers(p: &mut Params) -> Parsed {
                         json!({
                             "cntlid": c.cntlid,
                             "hostnqn": c.hostnqn,
-                            "hostid": crate::ident::uuid_text(&c.hostid),
+                            "hostid": kvt_wire::ident::uuid_text(&c.hostid),
                             "num_io_qpairs": c.connected_io_queues(),
                             "peer": c.peer,
                         })
@@ -579,7 +578,7 @@ pub(super) fn get_qpairs(p: &mut Params) -> Parsed {
             .lock()
             .map(|c| c.values().cloned().collect())
             .unwrap_or_default();
-        ctrls.sort_by_key(|c: &Arc<crate::nvmf::Controller>| c.cntlid);
+        ctrls.sort_by_key(|c: &Arc<kvt_nvmf::Controller>| c.cntlid);
         let mut out = Vec::new();
         for c in ctrls {
             let stats = c.queue_stats();

@@ -2,7 +2,7 @@
 //! (the Reservation Report a host would read, for operators).
 
 use super::{act, not_found, Control, Params, Parsed};
-use crate::nvmf::reservation::ResvState;
+use kvt_nvmf::reservation::ResvState;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -22,9 +22,9 @@ pub fn reservation_json(s: &ResvState) -> Value {
         "generation": s.generation,
         "rtype": s.held.map_or(0, |h| h.rtype.raw()),
         "ptpl": s.ptpl,
-        "holder_hostid": holder.map(|h| crate::ident::hex(&h.bytes)),
+        "holder_hostid": holder.map(|h| kvt_wire::ident::hex(&h.bytes)),
         "registrants": s.registrants.iter().map(|r| json!({
-            "hostid": crate::ident::hex(&r.host.bytes),
+            "hostid": kvt_wire::ident::hex(&r.host.bytes),
             "rkey": r.key,
             "cntlid": r.cntlid,
             "holder": s.is_holder(&r.host),

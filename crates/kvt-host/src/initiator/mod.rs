@@ -2,12 +2,12 @@
 //! tests and by `kvtarget perf`; interoperability is proven against the Linux host,
 //! not this.
 
-use crate::wire::nvme::{
+use kvt_wire::nvme::{
     self, admin_opc, cns, fctype, io_opc, ConnectCommand, ConnectData, Cqe, DataDirection,
     GetLogPage, IdentifyController, IdentifyNamespace, KvCommand, KvKey, PropertyCommand,
     SglDescriptor, Sqe, Status, StoreOptions,
 };
-use crate::wire::tcp::{self as pdu, DataHeader, Digests, ICReq, ParseLimits, Pdu};
+use kvt_wire::tcp::{self as pdu, DataHeader, Digests, ICReq, ParseLimits, Pdu};
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -103,7 +103,7 @@ impl Write for HostSock {
 /// A secure channel to open before ICReq: the PSK and the identity's NQNs.
 #[derive(Debug, Clone)]
 pub struct HostTls {
-    pub psk: crate::auth::TlsPsk,
+    pub psk: kvt_auth::TlsPsk,
     pub hostnqn: String,
     pub subnqn: String,
 }
@@ -152,7 +152,7 @@ impl QueueConn {
             None => HostSock::Plain(tcp),
             Some(t) => {
                 tcp.set_read_timeout(Some(timeout))?;
-                let s = crate::transport::tls::connect(tcp, &t.psk, &t.hostnqn, &t.subnqn)
+                let s = kvt_transport::tls::connect(tcp, &t.psk, &t.hostnqn, &t.subnqn)
                     .map_err(|e| Error::Tls(e.to_string()))?;
                 HostSock::Tls(Box::new(s))
             }
@@ -619,24 +619,24 @@ impl QueueConn {
 /// A host's DH-HMAC-CHAP keys and what it offers.
 #[derive(Debug, Clone)]
 pub struct HostDhchap {
-    pub key: crate::auth::DhchapSecret,
+    pub key: kvt_auth::DhchapSecret,
     /// Set: ask the controller to authenticate too.
-    pub ctrlr_key: Option<crate::auth::DhchapSecret>,
-    pub digests: Vec<crate::auth::Digest>,
-    pub dhgroups: Vec<crate::auth::DhGroup>,
+    pub ctrlr_key: Option<kvt_auth::DhchapSecret>,
+    pub digests: Vec<kvt_auth::Digest>,
+    pub dhgroups: Vec<kvt_auth::DhGroup>,
 }
 
 impl HostDhchap {
     /// Offers every hash and group, as SPDK's and Linux's hosts do.
     pub fn new(
-        key: crate::auth::DhchapSecret,
-        ctrlr_key: Option<crate::auth::DhchapSecret>,
+        key: kvt_auth::DhchapSecret,
+        ctrlr_key: Option<kvt_auth::DhchapSecret>,
     ) -> HostDhchap {
         HostDhchap {
             key,
             ctrlr_key,
-            digests: crate::auth::Digest::ALL.to_vec(),
-            dhgroups: crate::auth::DhGroup::ALL.to_vec(),
+            digests: kvt_auth::Digest::ALL.to_vec(),
+            dhgroups: kvt_auth::DhGroup::ALL.to_vec(),
         }
     }
 
@@ -648,7 +648,7 @@ impl HostDhchap {
         subnqn: &str,
         qid: u16,
     ) -> Result<()> {
-        use crate::auth::{self as a, DhGroup, Digest, ResponseInput, Role};
+        use kvt_auth::{self as a, DhGroup, Digest, ResponseInput, Role};
         use nvme::{ControllerMessage, HostMessage};
         let t_id = 0x4B56 ^ qid;
         q.auth_send(
@@ -780,7 +780,7 @@ pub struct HostOptions {
     /// Keys for DH-HMAC-CHAP, used when the controller asks for authentication.
     pub dhchap: Option<HostDhchap>,
     /// A TLS PSK: every queue runs inside a TLS 1.3 channel keyed by it.
-    pub tls: Option<crate::auth::TlsPsk>,
+    pub tls: Option<kvt_auth::TlsPsk>,
 }
 
 impl HostOptions {
@@ -1298,7 +1298,7 @@ mod tests {
         let both = nvme::cap::CSS_NVM | nvme::cap::CSS_IOCS;
         assert_eq!(cc_enable(both), 0x46_0061);
         assert_eq!(
-            cc_enable(crate::nvmf::controller::cap_register(128)),
+            cc_enable(kvt_nvmf::controller::cap_register(128)),
             0x46_0061
         );
     }

@@ -13,8 +13,8 @@ pub use error::PerfError;
 pub use queue::{check_pattern, fill_pattern};
 
 use crate::initiator::{HostController, HostOptions};
-use crate::wire::nvme::{list_entry_len, KV_KEY_MAX_LEN, KV_LIST_MIN_BUFFER};
-use crate::wire::tcp::Digests;
+use kvt_wire::nvme::{list_entry_len, KV_KEY_MAX_LEN, KV_LIST_MIN_BUFFER};
+use kvt_wire::tcp::Digests;
 use queue::{Layout, LiveCounters, PerfQueue, Popularity, QueuePlan};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -644,7 +644,7 @@ fn connect_controller(o: &PerfOptions) -> Result<(HostController, usize, usize),
         source,
     })?;
     let cap = ctrl
-        .property_get(crate::wire::nvme::prop::CAP, true)
+        .property_get(kvt_wire::nvme::prop::CAP, true)
         .map_err(PerfError::ReadCap)?;
     let mqes = (cap & 0xFFFF) as usize + 1;
     if o.qd + 1 > mqes {

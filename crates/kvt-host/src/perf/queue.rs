@@ -15,11 +15,11 @@
 
 use super::{Histogram, PerfError, Workload};
 use crate::initiator::QueueParts;
-use crate::wire::nvme::{
+use kvt_wire::nvme::{
     io_opc, DsmRange, KvCommand, KvKey, SglDescriptor, Sqe, Status, StoreOptions,
     DSM_ATTR_DEALLOCATE, DSM_RANGE_LEN,
 };
-use crate::wire::tcp::{self as pdu, DataHeader, Digests, ParseLimits, Pdu};
+use kvt_wire::tcp::{self as pdu, DataHeader, Digests, ParseLimits, Pdu};
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
@@ -1036,7 +1036,7 @@ mod tests {
                 let cid = cid % 12;
                 let hdr = DataHeader { cccid: cid, ttag: 1, offset: off, length: len as u32 };
                 match kind {
-                    0 => pdu::encode_capsule_resp(&mut bytes, &crate::wire::nvme::Cqe::new(cid, crate::wire::nvme::Status::SUCCESS), Digests::default()),
+                    0 => pdu::encode_capsule_resp(&mut bytes, &kvt_wire::nvme::Cqe::new(cid, kvt_wire::nvme::Status::SUCCESS), Digests::default()),
                     1 => pdu::encode_data_pdu(&mut bytes, false, &hdr, &vec![7u8; len], pdu::flags::LAST_PDU | pdu::flags::SUCCESS, Digests::default(), 0),
                     2 => pdu::encode_data_pdu(&mut bytes, false, &hdr, &vec![7u8; len], 0, Digests::default(), 0),
                     3 => pdu::encode_r2t(&mut bytes, &hdr, Digests::default()),

@@ -4,15 +4,15 @@
 //! one reactor (per-channel volume counters, reactor busy/idle time); a scrape
 //! sums them here.
 
-use crate::cluster::{ClusterStatus, NodeState};
-use crate::nvmf::{QpairStats, Subsystem};
-use crate::pool::kv::KvSnapshot;
-use crate::pool::volume::{IoTotals, Volume};
-use crate::pool::{Pool, PoolSnapshot};
-use crate::reactor::stall::{poll_gap_bucket_le_us, StallSnapshot};
 use crate::rpc::methods::Control;
-use crate::stats::latency_bucket_le_us;
-use crate::transport::rdma::PollGroupStats;
+use kvt_cluster::{ClusterStatus, NodeState};
+use kvt_mem::stats::latency_bucket_le_us;
+use kvt_nvmf::{QpairStats, Subsystem};
+use kvt_pool::kv::KvSnapshot;
+use kvt_pool::volume::{IoTotals, Volume};
+use kvt_pool::{Pool, PoolSnapshot};
+use kvt_reactor::stall::{poll_gap_bucket_le_us, StallSnapshot};
+use kvt_transport::rdma::PollGroupStats;
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::reactor::sys::{wait_readable, EventFd, CONTROL_ERROR_PAUSE};
+use kvt_reactor::sys::{wait_readable, EventFd, CONTROL_ERROR_PAUSE};
 use std::os::fd::AsRawFd;
 
 fn esc(v: &str) -> String {
@@ -172,7 +172,7 @@ impl<'a> Scrape<'a> {
                 .iter()
                 .map(|r| (r.stall.snapshot(), r.stall.take_max_gap_ns()))
                 .collect(),
-            rdma: crate::transport::rdma::poll_group_stats(),
+            rdma: kvt_transport::rdma::poll_group_stats(),
             subs: ctl
                 .target
                 .subsystems
@@ -274,7 +274,7 @@ impl<'a> Scrape<'a> {
 
 /// What a reactor reader sees.
 struct ReactorRow<'a> {
-    shared: &'a crate::reactor::ReactorShared,
+    shared: &'a kvt_reactor::ReactorShared,
     stall: &'a StallSnapshot,
     max_gap_ns: u64,
 }
@@ -433,8 +433,8 @@ const METRICS: &[Metric] = &[
     }),
     metric("kvtarget_ana_groups", Gauge, "ANA groups holding a namespace, per subsystem that reports ANA, listener and state.", |s, o| {
         for sub in s.subs.iter().filter(|x| x.ana.is_reporting()) {
-            for (l, counts) in crate::nvmf::ana::listener_state_counts(sub) {
-                for (st, n) in crate::nvmf::ana::ANA_STATES.iter().zip(counts) {
+            for (l, counts) in kvt_nvmf::ana::listener_state_counts(sub) {
+                for (st, n) in kvt_nvmf::ana::ANA_STATES.iter().zip(counts) {
                     let labels = vec![("subsystem", sub.nqn.clone()), ("listener", l.to_string()), ("state", st.name().into())];
                     o.push(labels, n);
                 }
@@ -465,7 +465,7 @@ const METRICS: &[Metric] = &[
     }),
     metric("kvtarget_qpair_errors_total", Counter, "Commands completed with an error status, by kind.", |s, o| {
         s.per_qpair(o, "status", |q| {
-            let kinds = crate::nvmf::ERROR_KINDS.iter();
+            let kinds = kvt_nvmf::ERROR_KINDS.iter();
             kinds.zip(&q.errors_by).map(|(k, n)| (k.to_string(), ld(n))).collect()
         })
     }),

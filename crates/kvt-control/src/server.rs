@@ -1,19 +1,19 @@
 //! Assembles a running target from a configuration: devices, namespaces,
 //! subsystems, reactors, listeners; and takes it down cleanly.
 
-use crate::bdev::SharedDevice;
-use crate::config::apply::ApplyError;
-use crate::config::ops::{AddHost, AddNamespace};
-use crate::config::setup::{
+use kvt_bdev::SharedDevice;
+use kvt_config::apply::ApplyError;
+use kvt_config::ops::{AddHost, AddNamespace};
+use kvt_config::setup::{
     build_namespace, ensure_volume, open_device, open_pool, pool_options, set_spdk_env, SetupError,
 };
-use crate::config::{Config, NamespaceConfig, Op, OpError};
-use crate::config::{TcpConfig, VolumeKind};
-use crate::nvmf::{Listener, Subsystem, Target, TransportLimits};
-use crate::pool::channel::VolumeDevice;
-use crate::pool::Pool;
-use crate::reactor::{Message, Reactor, ReactorShared};
-use crate::transport;
+use kvt_config::{Config, NamespaceConfig, Op, OpError};
+use kvt_config::{TcpConfig, VolumeKind};
+use kvt_nvmf::{Listener, Subsystem, Target, TransportLimits};
+use kvt_pool::channel::VolumeDevice;
+use kvt_pool::Pool;
+use kvt_reactor::{Message, Reactor, ReactorShared};
+use kvt_transport as transport;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -27,7 +27,7 @@ pub struct Server {
     devices: Vec<SharedDevice>,
     pools: Vec<Arc<Pool>>,
     /// Held for as long as the pools are open.
-    _pool_locks: Vec<crate::pool::PoolLock>,
+    _pool_locks: Vec<kvt_pool::PoolLock>,
     rpc: Option<crate::rpc::RpcServer>,
     metrics: Option<crate::metrics::MetricsServer>,
     listener_set: Arc<transport::ListenerSet>,
@@ -36,7 +36,7 @@ pub struct Server {
     ctl: Arc<crate::rpc::methods::Control>,
     listen: Vec<(SocketAddr, bool)>,
     /// Membership in the `[cluster]`, when configured.
-    cluster: Option<crate::cluster::Cluster>,
+    cluster: Option<kvt_cluster::Cluster>,
 }
 
 /// Why the target did not start; one line, naming the configured object
@@ -44,7 +44,7 @@ pub struct Server {
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] kvt_config::ConfigError),
     #[error(transparent)]
     Rpc(#[from] crate::rpc::SocketError),
     #[error(transparent)]
@@ -56,7 +56,7 @@ pub enum StartError {
     #[error(transparent)]
     Setup(#[from] SetupError),
     #[error(transparent)]
-    Cluster(#[from] crate::cluster::ClusterError),
+    Cluster(#[from] kvt_cluster::ClusterError),
 }
 
 /// The controller limits `[tcp]` sets (for every transport).
@@ -92,13 +92,13 @@ struct Assembly {
     reactors: usize,
     pools: Vec<Arc<Pool>>,
     /// Held for as long as the pools are open.
-    pool_locks: Vec<crate::pool::PoolLock>,
+    pool_locks: Vec<kvt_pool::PoolLock>,
     /// The whole devices plain namespaces are.
     devices: Vec<SharedDevice>,
     /// The NQNs of the cluster-wide subsystems.
     cluster_wide: Vec<String>,
     /// Pools opened only by the owner of their ANA group.
-    shared: Vec<crate::cluster::SharedPool>,
+    shared: Vec<kvt_cluster::SharedPool>,
 }
 
 impl Assembly {
@@ -113,7 +113,7 @@ impl Assembly {
             source,
         };
         match op {
-            Op::AddKey(k) => crate::config::apply::add_key(&self.target, k).map_err(|e| match e {
+            Op::AddKey(k) => kvt_config::apply::add_key(&self.target, k).map_err(|e| match e {
                 ApplyError::LoadKey(source) | ApplyError::AddKey(source) => SetupError::Key {
                     field: field.into(),
                     source,
@@ -122,7 +122,7 @@ impl Assembly {
             }),
             Op::CreatePool(p) if p.shared => {
                 let options = pool_options(p, self.reactors);
-                let sp = crate::cluster::SharedPool::new(p.clone(), field.into(), options);
+                let sp = kvt_cluster::SharedPool::new(p.clone(), field.into(), options);
                 self.shared.push(sp);
                 Ok(())
             }
@@ -145,7 +145,7 @@ impl Assembly {
                 ensure_volume(pool, &v.volume, field)
             }
             Op::CreateSubsystem(s) => {
-                crate::config::apply::create_subsystem(&self.target, s).map_err(apply_err)
+                kvt_config::apply::create_subsystem(&self.target, s).map_err(apply_err)
             }
             Op::AddHost(h) => self.add_host(field, h),
             Op::AddListener(l) => {
@@ -165,12 +165,12 @@ impl Assembly {
                 let l =
                     l.ok_or_else(|| op_err(OpError::Address(a.listen_address.traddr.clone())))?;
                 let grp = a.anagrpid.map(u64::from);
-                crate::nvmf::ana::set_listener_state(&subsys, l, &a.ana_state, grp).map_err(
-                    |source| SetupError::Ana {
+                kvt_nvmf::ana::set_listener_state(&subsys, l, &a.ana_state, grp).map_err(|source| {
+                    SetupError::Ana {
                         field: field.into(),
                         source,
-                    },
-                )
+                    }
+                })
             }
         }
     }
@@ -186,7 +186,7 @@ impl Assembly {
             field: field.into(),
             source,
         })?;
-        crate::config::apply::add_host(&self.target, &subsys, h).map_err(|e| match e {
+        kvt_config::apply::add_host(&self.target, &subsys, h).map_err(|e| match e {
             ApplyError::HostKey(source) | ApplyError::Psk(source) => SetupError::HostKey {
                 field: field.into(),
                 source,
@@ -205,7 +205,7 @@ impl Assembly {
         field: &str,
         nqn: &str,
         n: &NamespaceConfig,
-    ) -> Result<(SharedDevice, Option<Arc<crate::pool::kv::KvIndex>>), SetupError> {
+    ) -> Result<(SharedDevice, Option<Arc<kvt_pool::kv::KvIndex>>), SetupError> {
         let Some(v) = &n.volume else {
             if n.kind == Some(VolumeKind::Kv) {
                 return Err(SetupError::KvNeedsVolume {
@@ -253,7 +253,7 @@ impl Assembly {
         })?;
         let ns = match self.shared_namespace(field, nqn, n) {
             Some(sn) => {
-                let ns = crate::cluster::detached_namespace(&sn)?;
+                let ns = kvt_cluster::detached_namespace(&sn)?;
                 tracing::info!(subnqn = %nqn, nsid = n.nsid, volume = %sn.volume, "namespace on a shared pool: detached until this node owns its ANA group");
                 if let Some(p) = self.shared.iter_mut().find(|p| {
                     Some(p.config.name.as_str())
@@ -290,11 +290,11 @@ impl Assembly {
         field: &str,
         nqn: &str,
         n: &NamespaceConfig,
-    ) -> Option<crate::cluster::SharedNamespace> {
+    ) -> Option<kvt_cluster::SharedNamespace> {
         let (pname, vname) = n.volume.as_deref()?.split_once('/')?;
         let p = self.shared.iter().find(|p| p.config.name == pname)?;
         let v = p.config.volumes.iter().find(|v| v.name == vname)?;
-        Some(crate::cluster::SharedNamespace {
+        Some(kvt_cluster::SharedNamespace {
             nqn: nqn.into(),
             field: field.into(),
             config: n.clone(),
@@ -422,13 +422,13 @@ fn start_cluster(
     cfg: &Config,
     ctl: &Arc<crate::rpc::methods::Control>,
     metrics: Option<&crate::metrics::MetricsServer>,
-    shared: Vec<crate::cluster::SharedPool>,
-) -> Result<Option<crate::cluster::Cluster>, StartError> {
+    shared: Vec<kvt_cluster::SharedPool>,
+) -> Result<Option<kvt_cluster::Cluster>, StartError> {
     let Some(c) = &cfg.cluster else {
         return Ok(None);
     };
     let url = metrics.map(|m| format!("http://{}/metrics", m.addr));
-    let cluster = crate::cluster::Cluster::start(
+    let cluster = kvt_cluster::Cluster::start(
         c,
         ctl.target.clone(),
         url,
@@ -471,7 +471,7 @@ impl Server {
     /// state (one `apply` per configuration operation), the listeners, then the
     /// reactors and service threads. Errors are one line.
     pub fn start(cfg: &Config) -> Result<Server, StartError> {
-        if let Some(cores) = crate::reactor::keep_control_plane_off(&cfg.reactor_cores()) {
+        if let Some(cores) = kvt_reactor::keep_control_plane_off(&cfg.reactor_cores()) {
             tracing::info!(?cores, "control-plane threads kept off the reactors' cores");
         }
         set_spdk_env(cfg);
@@ -500,7 +500,7 @@ impl Server {
         }
         match bind_listeners(cfg, &built.target) {
             Ok(bound) => {
-                crate::cluster::inaccessible_until_elected(&built.target, &cluster_wide(cfg));
+                kvt_cluster::inaccessible_until_elected(&built.target, &cluster_wide(cfg));
                 Server::run(cfg, built, bound)
             }
             Err(e) => {
@@ -522,9 +522,7 @@ impl Server {
             ..
         } = built;
         let mut reactors = Vec::new();
-        crate::reactor::set_stall_warn(std::time::Duration::from_micros(
-            cfg.reactors.stall_warn_us,
-        ));
+        kvt_reactor::set_stall_warn(std::time::Duration::from_micros(cfg.reactors.stall_warn_us));
         for (i, core) in cfg.reactor_cores().into_iter().enumerate() {
             let r = Reactor::spawn(i, cfg.reactors.idle, core)
                 .map_err(|source| SetupError::Reactor { reactor: i, source })?;
@@ -534,7 +532,7 @@ impl Server {
             // Each reactor's post for the KV indexes it will own (the first
             // to run a KV command of a namespace takes its index). The inbox
             // is empty yet: this cannot be refused.
-            let install = crate::reactor::Message::Call(Box::new(crate::pool::kv_owner::install));
+            let install = kvt_reactor::Message::Call(Box::new(kvt_pool::kv_owner::install));
             if r.send(install).is_err() {
                 tracing::error!(reactor = r.id, "cannot give a reactor its KV post");
             }

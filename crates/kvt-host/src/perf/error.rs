@@ -4,7 +4,7 @@
 //! line naming the option, queue, namespace or command ID.
 
 use crate::initiator;
-use crate::wire::tcp::PduError;
+use kvt_wire::tcp::PduError;
 use std::io;
 use std::net::SocketAddr;
 

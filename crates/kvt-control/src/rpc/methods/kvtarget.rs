@@ -2,13 +2,13 @@
 //! configuration.
 
 use super::{act, not_found, Control, Params, Parsed};
-use crate::config::ops::{AddHost, AddListener, AddNamespace, CreateSubsystem, ListenAddress};
-use crate::config::{Config, KeyConfig, ListenerConfig, NamespaceConfig, Op, OpError};
-use crate::config::{TransportKind, Unwritten, VolumeConfig, VolumeKind};
-use crate::nvmf::{Namespace, Subsystem};
-use crate::pool::format::VOL_UNWRITTEN_ERROR;
-use crate::pool::Pool;
 use crate::rpc::{code, RpcError};
+use kvt_config::ops::{AddHost, AddListener, AddNamespace, CreateSubsystem, ListenAddress};
+use kvt_config::{Config, KeyConfig, ListenerConfig, NamespaceConfig, Op, OpError};
+use kvt_config::{TransportKind, Unwritten, VolumeConfig, VolumeKind};
+use kvt_nvmf::{Namespace, Subsystem};
+use kvt_pool::format::VOL_UNWRITTEN_ERROR;
+use kvt_pool::Pool;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -26,7 +26,7 @@ pub enum SaveConfigError {
 }
 
 /// A volume as it is now, as a configuration entry.
-fn volume_config(v: &crate::pool::volume::Volume) -> VolumeConfig {
+fn volume_config(v: &kvt_pool::volume::Volume) -> VolumeConfig {
     VolumeConfig {
         name: v.desc.name.clone(),
         size: v.desc.size_bytes,
@@ -182,7 +182,7 @@ impl Control {
         }));
         for n in s.namespace_snapshot() {
             let mut namespace = self.namespace_config(s, &n)?;
-            namespace.ana_group = crate::nvmf::ana::saved_group(&n);
+            namespace.ana_group = kvt_nvmf::ana::saved_group(&n);
             ops.push(Op::AddNamespace(AddNamespace {
                 nqn: nqn(),
                 namespace,
@@ -256,7 +256,7 @@ pub(super) fn get_pools(p: &mut Params) -> Parsed {
             let s = pool.snapshot();
             out.push(json!({
                 "name": pool.name,
-                "uuid": crate::ident::uuid_text(&pool.sb.uuid),
+                "uuid": kvt_wire::ident::uuid_text(&pool.sb.uuid),
                 "device": pool.device().describe(),
                 "extent_size": s.extent_size,
                 "extents": s.extents,
@@ -306,7 +306,7 @@ pub(super) fn save_config(p: &mut Params) -> Parsed {
             .map_err(|e| RpcError::new(code::INTERNAL_ERROR, e.to_string()))?;
         let text = format!("# Written by kvtarget_save_config from the running target.\n{text}");
         // What we write must load: check it before it replaces anything.
-        crate::config::Config::parse(&text).map_err(|e| {
+        kvt_config::Config::parse(&text).map_err(|e| {
             RpcError::new(
                 code::INTERNAL_ERROR,
                 format!("saved configuration does not load: {e}"),
@@ -342,7 +342,7 @@ pub(super) fn get_kv_namespaces(p: &mut Params) -> Parsed {
                 let served = ctl.served_by(&v.desc.uuid);
                 out.push(json!({
                     "name": alias,
-                    "uuid": crate::ident::uuid_text(&v.desc.uuid),
+                    "uuid": kvt_wire::ident::uuid_text(&v.desc.uuid),
                     "subsystem": served.as_ref().map(|(n, _)| n.clone()),
                     "nsid": served.as_ref().map(|(_, i)| *i),
                     "on_full": set.on_full.name(),
@@ -460,8 +460,8 @@ pub(super) fn get_cluster(_p: &mut Params) -> Parsed {
 /// `subsys`'s listener states (none for optimized groups): one for every
 /// group when a listener has them all in one state, else one per group.
 fn saved_ana_states(subsys: &Subsystem) -> Vec<Op> {
-    use crate::config::ops::SetAnaState;
-    use crate::nvmf::ana::{AnaState, MAX_ANA_GROUPS};
+    use kvt_config::ops::SetAnaState;
+    use kvt_nvmf::ana::{AnaState, MAX_ANA_GROUPS};
     let mut ops = Vec::new();
     for p in subsys.ana.paths() {
         let changed = p.changed_groups();
