@@ -3,7 +3,7 @@
 
 use super::device::{device_for, DeviceShare};
 use super::error::RdmaError;
-use super::qpair::{RdmaQueuePair, State};
+use super::qpair::{reject, RdmaQueuePair, State};
 use super::verbs::{self, rdma_cm_id, rdma_event_channel, Verbs};
 use super::{RdmaSettings, EXTRA_RESPONSES};
 use kvt_nvmf::Target;
@@ -350,13 +350,6 @@ pub fn cm_loop(
 enum Refused {
     Before(u16, RdmaError),
     After(RdmaError),
-}
-
-pub(super) fn reject(v: &Verbs, id: *mut rdma_cm_id, sts: u16) {
-    let rej = rwire::encode_reject(sts);
-    // SAFETY: id is a live, not yet accepted cm_id; the private data outlives
-    // the call.
-    unsafe { (v.rdma_reject)(id, rej.as_ptr() as *const _, rej.len() as u8) };
 }
 
 /// Builds and accepts the QP for one connection request.

@@ -4,7 +4,7 @@
 
 use super::error::RdmaError;
 use super::mr::{self, BufferBudget, MemoryKeys, BUDGET_KEY};
-use super::poller::{create_poll_group, PollGroup, RdmaPoller};
+use super::poller::{create_poll_group, PollGroup, PollGroupStats, RdmaPoller};
 use super::verbs::{self, Verbs};
 use super::RdmaSettings;
 use kvt_reactor::{Message, ReactorShared};
@@ -18,13 +18,27 @@ pub(super) struct Device {
     pd: usize,
     limits: verbs::DeviceLimits,
     keys: Arc<MemoryKeys>,
-    pub(super) groups: Vec<Option<Arc<PollGroup>>>,
+    groups: Vec<Option<Arc<PollGroup>>>,
     /// The reactor each group's poller was handed to (a restarted target in
     /// the same process has new reactors: the poller is handed over again).
     pollers: Vec<Weak<ReactorShared>>,
 }
 
-pub(super) static DEVICES: Mutex<Vec<Device>> = Mutex::new(Vec::new());
+static DEVICES: Mutex<Vec<Device>> = Mutex::new(Vec::new());
+
+/// Every poll group (one completion queue each) of this process.
+pub fn poll_group_stats() -> Vec<PollGroupStats> {
+    let Ok(devs) = DEVICES.lock() else {
+        return Vec::new();
+    };
+    let mut out: Vec<PollGroupStats> = devs
+        .iter()
+        .flat_map(|d| d.groups.iter().flatten())
+        .map(|g| g.stats())
+        .collect();
+    out.sort_by(|a, b| (a.reactor, &a.device).cmp(&(b.reactor, &b.device)));
+    out
+}
 
 /// What `device_for` gives a new QP.
 pub(super) struct DeviceShare {

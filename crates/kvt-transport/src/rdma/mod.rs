@@ -39,8 +39,9 @@ mod qpair;
 
 // Every item stays reachable as `transport::rdma::X`, as before the split.
 pub use self::cm::{cm_loop, listen, RdmaListener, RdmaListenerSet, RdmaTransport};
+pub use self::device::poll_group_stats;
 pub use self::error::{LoadError, RdmaError};
-pub use self::poller::{poll_group_stats, PollGroup, PollGroupStats};
+pub use self::poller::{PollGroup, PollGroupStats};
 pub use self::qpair::{RdmaQueuePair, RdmaReq};
 
 /// RDMA sizing, from the `[rdma]` configuration section.

@@ -2,7 +2,6 @@
 //! its QPs, its counters, and the reactor's shared poller that routes every
 //! work completion to its QP.
 
-use super::device::DEVICES;
 use super::error::RdmaError;
 use super::verbs::{self, ibv_comp_channel, ibv_cq, Verbs};
 use kvt_reactor::SharedPoller;
@@ -56,6 +55,23 @@ unsafe impl Send for PollGroup {}
 unsafe impl Sync for PollGroup {}
 
 impl PollGroup {
+    /// This group's counters now.
+    pub(super) fn stats(&self) -> PollGroupStats {
+        PollGroupStats {
+            reactor: self.reactor,
+            device: self.device.clone(),
+            polls: self.polls.load(Ordering::Relaxed),
+            idle_polls: self.idle_polls.load(Ordering::Relaxed),
+            completions: self.completions.load(Ordering::Relaxed),
+            requests: self.requests.load(Ordering::Relaxed),
+            send_wrs: self.send_wrs.load(Ordering::Relaxed),
+            recv_wrs: self.recv_wrs.load(Ordering::Relaxed),
+            dropped_completions: self.dropped.load(Ordering::Relaxed),
+            qpairs: self.qpairs.load(Ordering::Relaxed),
+            cq_entries: self.cq_entries,
+            cq_entries_reserved: self.cq_reserved.load(Ordering::Relaxed),
+        }
+    }
     /// Reserves CQ entries for one QP; refuses (the CQ would overflow, which
     /// is fatal on a real HCA) when the reactor's CQ has too few left.
     pub(super) fn reserve(&self, entries: u32) -> Result<(), RdmaError> {
@@ -175,33 +191,6 @@ pub struct PollGroupStats {
     pub qpairs: u32,
     pub cq_entries: u32,
     pub cq_entries_reserved: u32,
-}
-
-/// Every poll group (one completion queue each) of this process.
-pub fn poll_group_stats() -> Vec<PollGroupStats> {
-    let Ok(devs) = DEVICES.lock() else {
-        return Vec::new();
-    };
-    let mut out: Vec<PollGroupStats> = devs
-        .iter()
-        .flat_map(|d| d.groups.iter().flatten())
-        .map(|g| PollGroupStats {
-            reactor: g.reactor,
-            device: g.device.clone(),
-            polls: g.polls.load(Ordering::Relaxed),
-            idle_polls: g.idle_polls.load(Ordering::Relaxed),
-            completions: g.completions.load(Ordering::Relaxed),
-            requests: g.requests.load(Ordering::Relaxed),
-            send_wrs: g.send_wrs.load(Ordering::Relaxed),
-            recv_wrs: g.recv_wrs.load(Ordering::Relaxed),
-            dropped_completions: g.dropped.load(Ordering::Relaxed),
-            qpairs: g.qpairs.load(Ordering::Relaxed),
-            cq_entries: g.cq_entries,
-            cq_entries_reserved: g.cq_reserved.load(Ordering::Relaxed),
-        })
-        .collect();
-    out.sort_by(|a, b| (a.reactor, &a.device).cmp(&(b.reactor, &b.device)));
-    out
 }
 
 /// The reactor side of a poll group: polls its CQ once per pass and routes

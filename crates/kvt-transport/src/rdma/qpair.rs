@@ -2,7 +2,6 @@
 //! transport's part of each request (`RdmaReq`), posting work requests and
 //! handling their completions, under the transport-neutral queue core.
 
-use super::cm::reject;
 use super::error::RdmaError;
 use super::mr::{BufferBudget, MemoryKeys};
 use super::poller::PollGroup;
@@ -16,7 +15,7 @@ use kvt_nvmf::queue::{
 use kvt_nvmf::{Target, ADMIN_IN_CAPSULE_DATA};
 use kvt_reactor::{IoCtx, QueuePair};
 use kvt_wire::nvme::{Cqe, DataDirection, Sqe, Status, CQE_LEN, SQE_LEN};
-use kvt_wire::rdma::{cm_status, DataDescriptor};
+use kvt_wire::rdma::{self as rwire, cm_status, DataDescriptor};
 use std::any::Any;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -965,6 +964,16 @@ impl QueuePair for RdmaQueuePair {
             }
         }
     }
+}
+
+/// Rejects the connection request on `id` with the NVMe/RDMA status `sts`
+/// (in the REJ's private data): by the CM thread before a QP takes the cm_id,
+/// by the QP's Drop after.
+pub(super) fn reject(v: &Verbs, id: *mut rdma_cm_id, sts: u16) {
+    let rej = rwire::encode_reject(sts);
+    // SAFETY: id is a live, not yet accepted cm_id; the private data outlives
+    // the call.
+    unsafe { (v.rdma_reject)(id, rej.as_ptr() as *const _, rej.len() as u8) };
 }
 
 impl Drop for RdmaQueuePair {

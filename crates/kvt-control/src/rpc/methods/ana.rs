@@ -3,7 +3,7 @@
 //! (with `ana_states`), `nvmf_subsystem_set_ns_ana_group`. The model is
 //! `kvt_nvmf::ana`.
 
-use super::nvmf_subsystem::{listen_address, ListenAddressParams};
+use super::listen_address::{listen_address, ListenAddressParams};
 use super::{act, not_found, Control, Params, Parsed};
 use crate::rpc::RpcError;
 use kvt_nvmf::ana::{self, AnaError};

@@ -23,6 +23,7 @@ mod bdev;
 mod framework;
 mod keyring;
 mod kvtarget;
+mod listen_address;
 mod nvmf;
 mod nvmf_subsystem;
 mod reservation;

@@ -1,6 +1,7 @@
 //! `nvmf_subsystem_*` methods: a subsystem's listeners, namespaces, hosts,
 //! controllers and queue pairs.
 
+use super::listen_address::{listen_address, ListenAddressParams};
 use super::{act, not_found, unsupported, Control, Params, Parsed, TgtName};
 use crate::rpc::{code, RpcError};
 use kvt_config::ops::AddHost;
@@ -182,17 +183,6 @@ pub(super) fn remove_ns(p: &mut Params) -> Parsed {
     })
 }
 
-/// SPDK's `listen_address` object as its client sends it: the port as a
-/// string or a number, `adrfam` optional.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct ListenAddressParams {
-    trtype: String,
-    traddr: String,
-    trsvcid: Option<Value>,
-    adrfam: Option<String>,
-}
-
 /// `nvmf_subsystem_add_listener`'s and `_remove_listener`'s parameters.
 #[derive(Deserialize)]
 struct ListenerParams {
@@ -206,54 +196,6 @@ struct ListenerParams {
     #[allow(dead_code)]
     numa_id: Option<Value>,
     secure_channel: Option<bool>,
-}
-
-/// A listen address checked: the address and whether it is NVMe/RDMA.
-pub(super) fn listen_address(
-    la: ListenAddressParams,
-) -> Result<(std::net::SocketAddr, bool), RpcError> {
-    let ListenAddressParams {
-        trtype,
-        traddr,
-        trsvcid,
-        adrfam,
-    } = la;
-    let rdma = if trtype.eq_ignore_ascii_case("rdma") {
-        true
-    } else if trtype.eq_ignore_ascii_case("tcp") {
-        false
-    } else {
-        return Err(RpcError::params(format!(
-            "listen_address.trtype: {trtype} is not available (TCP and RDMA are)"
-        )));
-    };
-    let ip: std::net::IpAddr = traddr.parse().map_err(|_| {
-        RpcError::params(format!(
-            "listen_address.traddr: `{traddr}` is not an IP address"
-        ))
-    })?;
-    if let Some(f) = adrfam {
-        let ok = match f.to_ascii_lowercase().as_str() {
-            "ipv4" => ip.is_ipv4(),
-            "ipv6" => ip.is_ipv6(),
-            _ => false,
-        };
-        if !ok {
-            return Err(RpcError::params(format!(
-                "listen_address.adrfam: {f} does not match {traddr}"
-            )));
-        }
-    }
-    // SPDK sends the port as a string; accept a number too.
-    let port = match trsvcid {
-        None | Some(Value::Null) => Some(4420),
-        Some(Value::String(p)) => p.parse().ok(),
-        Some(Value::Number(n)) => n.as_u64().and_then(|n| u16::try_from(n).ok()),
-        Some(_) => None,
-    };
-    let port =
-        port.ok_or_else(|| RpcError::params("listen_address.trsvcid: must be a port number"))?;
-    Ok((std::net::SocketAddr::new(ip, port), rdma))
 }
 
 pub(super) fn add_listener(p: &mut Params) -> Parsed {
