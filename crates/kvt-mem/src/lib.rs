@@ -7,6 +7,9 @@
 //! returned to the OS, so a chunk an IOMMU maps stays valid for the process lifetime
 //! and no freed-and-reused range can leave a stale mapping. An `IoBuf` owns its block
 //! until dropped, when the block goes back to the arena's free lists.
+//!
+//! `stats` beside it: the latency histogram buckets of queue pairs and volume
+//! channels. A leaf of the workspace, as kvt-wire is.
 
 pub mod stats;
 

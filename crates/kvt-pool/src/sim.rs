@@ -334,7 +334,7 @@ impl Sim {
     fn fail(&self, msg: String) -> ! {
         let tail: Vec<_> = self.log.iter().rev().take(400).rev().cloned().collect();
         panic!(
-            "seed {}: {msg}\nlast operations:\n  {}\nreproduce: KVT_SIM_SEED={} cargo test --profile sim --lib pool::sim -- --nocapture",
+            "seed {}: {msg}\nlast operations:\n  {}\nreproduce: KVT_SIM_SEED={} cargo test --profile sim -p kvt-pool --lib sim:: -- --nocapture",
             self.seed,
             tail.join("\n  "),
             self.seed

@@ -2,7 +2,9 @@
 //!
 //! Everything here is plain byte layout: encoding writes little-endian fields at the
 //! offsets the specifications give, decoding reads them back and never panics on short
-//! or hostile input (property tests in each module prove it).
+//! or hostile input (property tests in each module prove it). Beside them, the
+//! NQN rules (`nqn`) and name-based identifiers (`ident`). The lowest layer of the
+//! workspace: it depends on no other crate of it.
 
 pub mod ident;
 pub mod nqn;

@@ -422,7 +422,7 @@ impl Sim {
     fn fail(&self, msg: String) -> ! {
         let tail: Vec<_> = self.log.iter().rev().take(300).rev().cloned().collect();
         panic!(
-            "seed {}: {msg}\nlast operations:\n  {}\nreproduce: KVT_TARGET_SIM_SEED={} cargo test --profile sim --lib nvmf::tests::target_sim -- --nocapture",
+            "seed {}: {msg}\nlast operations:\n  {}\nreproduce: KVT_TARGET_SIM_SEED={} cargo test --profile sim -p kvt-nvmf --lib tests::target_sim -- --nocapture",
             self.seed,
             tail.join("\n  "),
             self.seed
