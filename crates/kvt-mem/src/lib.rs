@@ -166,26 +166,37 @@ impl IoBuf {
             owned: false,
         })
     }
+    // The accessors are #[inline]: every command calls them from other crates
+    // (the core, the transports, the devices), which cannot inline a function
+    // of this one otherwise.
+
     /// True for a buffer that owns its memory (not a view).
+    #[inline]
     pub fn is_owned(&self) -> bool {
         self.owned
     }
+    #[inline]
     pub fn capacity(&self) -> usize {
         self.cap
     }
+    #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
     /// Sets the length; it never exceeds the capacity.
+    #[inline]
     pub fn set_len(&mut self, len: usize) {
         self.len = len.min(self.cap);
     }
+    #[inline]
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
         self.ptr.as_ptr()
     }
+    #[inline]
     pub fn as_ptr(&self) -> *const u8 {
         self.ptr.as_ptr()
     }
@@ -193,6 +204,7 @@ impl IoBuf {
 
 impl std::ops::Deref for IoBuf {
     type Target = [u8];
+    #[inline]
     fn deref(&self) -> &[u8] {
         // SAFETY: ptr is valid for cap >= len initialised bytes, owned by self.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
@@ -200,6 +212,7 @@ impl std::ops::Deref for IoBuf {
 }
 
 impl std::ops::DerefMut for IoBuf {
+    #[inline]
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: as above, and &mut self guarantees exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }

@@ -56,6 +56,7 @@ pub fn mono_ns() -> u64 {
 }
 
 impl SubsystemAna {
+    #[inline]
     pub fn is_reporting(&self) -> bool {
         self.reporting.load(Ordering::Acquire)
     }

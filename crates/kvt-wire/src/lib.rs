@@ -14,19 +14,23 @@ pub mod tcp;
 
 /// Little-endian field accessors over byte slices. Reads past the end yield zero
 /// rather than panicking: callers validate lengths first, this is the backstop.
+/// `#[inline]`, as the `Sqe` accessors built on them, which other crates inline.
 pub(crate) mod le {
+    #[inline]
     pub fn u16_at(b: &[u8], off: usize) -> u16 {
         match b.get(off..off + 2) {
             Some(s) => u16::from_le_bytes([s[0], s[1]]),
             None => 0,
         }
     }
+    #[inline]
     pub fn u32_at(b: &[u8], off: usize) -> u32 {
         match b.get(off..off + 4) {
             Some(s) => u32::from_le_bytes([s[0], s[1], s[2], s[3]]),
             None => 0,
         }
     }
+    #[inline]
     pub fn u64_at(b: &[u8], off: usize) -> u64 {
         match b.get(off..off + 8) {
             Some(s) => {
@@ -37,12 +41,15 @@ pub(crate) mod le {
             None => 0,
         }
     }
+    #[inline]
     pub fn put_u16(b: &mut [u8], off: usize, v: u16) {
         b[off..off + 2].copy_from_slice(&v.to_le_bytes());
     }
+    #[inline]
     pub fn put_u32(b: &mut [u8], off: usize, v: u32) {
         b[off..off + 4].copy_from_slice(&v.to_le_bytes());
     }
+    #[inline]
     pub fn put_u64(b: &mut [u8], off: usize, v: u64) {
         b[off..off + 8].copy_from_slice(&v.to_le_bytes());
     }

@@ -13,7 +13,9 @@ use kvt_reactor::IoCtx;
 use kvt_wire::nvme::{io_opc, DsmRange, Sqe, Status, DSM_ATTR_DEALLOCATE, DSM_RANGE_LEN};
 
 /// Decodes and checks an NVM command set I/O command against its namespace
-/// (`None` when the NSID names no active one).
+/// (`None` when the NSID names no active one). `#[inline]`: once per I/O
+/// command, from `io::plan` only.
+#[inline]
 pub(super) fn plan(ns: Option<&Namespace>, sqe: &Sqe, max_io_size: u32) -> Result<IoPlan, Status> {
     let opc = sqe.opcode();
     if !matches!(

@@ -677,6 +677,8 @@ impl RdmaLink {
 impl Link<RdmaReq> for RdmaLink {
     /// RDMA WRITE of the data (reads and admin replies, on success), then the
     /// response capsule by SEND. The slot is released when the SEND completes.
+    /// `#[inline]` for the reason TCP's is.
+    #[inline]
     fn respond(
         &mut self,
         slot: u16,

@@ -93,7 +93,11 @@ impl Default for Sqe {
     }
 }
 
+// The accessors are #[inline]: the core and the transports read every command
+// through them from other crates, which cannot inline a function of this one
+// otherwise (callgrind: about 80 instructions a 4 KiB read without it).
 impl Sqe {
+    #[inline]
     pub fn from_slice(b: &[u8]) -> Option<Sqe> {
         let a: [u8; SQE_LEN] = b.get(..SQE_LEN)?.try_into().ok()?;
         Some(Sqe(a))
@@ -107,36 +111,46 @@ impl Sqe {
         put_u32(&mut s.0, 4, nsid);
         s
     }
+    #[inline]
     pub fn opcode(&self) -> u8 {
         self.0[0]
     }
+    #[inline]
     pub fn flags(&self) -> u8 {
         self.0[1]
     }
     /// Fused operation bits (FUSE); non-zero values are unsupported here.
+    #[inline]
     pub fn fuse(&self) -> u8 {
         self.0[1] & 0x3
     }
+    #[inline]
     pub fn cid(&self) -> u16 {
         u16_at(&self.0, 2)
     }
+    #[inline]
     pub fn set_cid(&mut self, cid: u16) {
         put_u16(&mut self.0, 2, cid);
     }
+    #[inline]
     pub fn nsid(&self) -> u32 {
         u32_at(&self.0, 4)
     }
     /// Fabrics command type (meaningful when opcode is 0x7F).
+    #[inline]
     pub fn fctype(&self) -> u8 {
         self.0[4]
     }
     /// Command dword N (0..=15).
+    #[inline]
     pub fn cdw(&self, n: usize) -> u32 {
         u32_at(&self.0, n * 4)
     }
+    #[inline]
     pub fn set_cdw(&mut self, n: usize, v: u32) {
         put_u32(&mut self.0, n * 4, v);
     }
+    #[inline]
     pub fn sgl(&self) -> SglDescriptor {
         let type_byte = self.0[39];
         // A Keyed SGL Data Block (NVMe/RDMA) has a 24-bit length: byte 35
@@ -152,6 +166,7 @@ impl Sqe {
             type_byte,
         }
     }
+    #[inline]
     pub fn set_sgl(&mut self, sgl: SglDescriptor) {
         put_u64(&mut self.0, 24, sgl.address);
         put_u32(&mut self.0, 32, sgl.length);
@@ -159,14 +174,17 @@ impl Sqe {
         self.0[39] = sgl.type_byte;
     }
     /// Starting LBA of a read/write/write-zeroes command (CDW10-11).
+    #[inline]
     pub fn slba(&self) -> u64 {
         u64_at(&self.0, 40)
     }
     /// Number of logical blocks, 1-based (CDW12 bits 15:0 are 0-based).
+    #[inline]
     pub fn nlb(&self) -> u32 {
         (self.cdw(12) & 0xFFFF) + 1
     }
     /// Force Unit Access (CDW12 bit 30).
+    #[inline]
     pub fn fua(&self) -> bool {
         self.cdw(12) & (1 << 30) != 0
     }
