@@ -1,53 +1,47 @@
 //! kvtarget: a user-space NVMe-over-Fabrics target for KV-cache volumes and
 //! NVMe-KV namespaces, over NVMe/TCP and NVMe/RDMA.
 //!
-//! Modules in dependency order, each using only those before it:
-//! - leaves: `wire` (NVMe, NVMe/TCP and NVMe/RDMA formats, NQN rules), `mem` (I/O
-//!   buffers in the DMA arena), `stats` (latency histograms), `ident` (name-based
-//!   UUIDs), `auth` (DH-HMAC-CHAP and TLS PSK keys);
-//! - `bdev` (block device backends: ram, uring, nvme over VFIO, spdk, fault);
-//! - `reactor` (polling threads, per-reactor device channels, worker loops);
-//! - `meta` (a pool's on-disk metadata: superblock, journal, checkpoint,
-//!   recovery, offline check);
-//! - `pool` (pools, thin volumes, the extent allocator, channels, GC, KV
-//!   indexes, the simulation);
+//! The code is a workspace whose crates are its layers, each depending only on
+//! those below it, so an import that climbs back up does not compile
+//! (docs/architecture.md, "Crates"). This crate is the top: the `kvtarget`
+//! binary, and the layers under the module names the tests, benchmarks, fuzz
+//! targets and documentation use, bottom first:
+//! - `wire` (NVMe, NVMe/TCP and NVMe/RDMA formats, NQN rules) with `ident`
+//!   (name-based UUIDs): kvt-wire; `mem` (I/O buffers in the DMA arena) with
+//!   `stats` (latency histograms): kvt-mem; `auth` (DH-HMAC-CHAP and TLS PSK
+//!   keys): kvt-auth;
+//! - `bdev` (block device backends: ram, uring, nvme over VFIO, spdk, fault):
+//!   kvt-bdev;
+//! - `reactor` (polling threads, per-reactor device channels, worker loops):
+//!   kvt-reactor;
+//! - `meta` (a pool's on-disk metadata): kvt-meta; `pool` (pools, thin volumes,
+//!   the extent allocator, channels, GC, KV indexes and the `KeyIndex` trait the
+//!   KV command set reaches them through): kvt-pool;
 //! - `nvmf` (the NVMe-oF core: queues, dispatch by command set, controllers,
-//!   subsystems, namespaces, discovery);
-//! - `transport` (NVMe/TCP, TLS and NVMe/RDMA queue pairs, the acceptor);
-//! - `initiator` (our own NVMe/TCP host) and `perf` (the load generator on it);
-//! - the control plane: `config` (the TOML file and its typed operations), `rpc`
-//!   (JSON-RPC server, client and methods, one `apply` with the loader),
-//!   `metrics` (Prometheus endpoint) and `server` (assembly).
-//!
-//! One reference points upwards on purpose: the KV command set's view of a key
-//! index is a trait owned by its user, `nvmf::kv_index::KeyIndex`, which
-//! `pool::kv` implements, so `nvmf` needs nothing from `pool`.
+//!   subsystems, namespaces, discovery): kvt-nvmf;
+//! - `transport` (NVMe/TCP, TLS and NVMe/RDMA queue pairs, the acceptor):
+//!   kvt-transport;
+//! - `config` (the TOML file, its typed operations, their `apply`, and the
+//!   setup of devices, pools and namespaces): kvt-config;
+//! - `cluster` (membership and ANA group ownership through etcd): kvt-cluster;
+//! - `rpc` (JSON-RPC server, client and methods), `metrics` (Prometheus
+//!   endpoint) and `server` (assembly): kvt-control;
+//! - `initiator` (our own NVMe/TCP host) and `perf` (the load generator on it):
+//!   kvt-host.
 
-pub mod auth;
-pub mod bdev;
-pub mod cluster;
-pub mod config;
-pub mod ident;
-pub mod initiator;
-pub mod mem;
-pub mod meta;
-pub mod metrics;
-pub mod nvmf;
-pub mod perf;
-pub mod pool;
-pub mod reactor;
-pub mod rpc;
-pub mod server;
-#[cfg(test)]
-pub(crate) mod sim_seeds;
-pub mod stats;
-pub mod transport;
-pub mod wire;
-
-/// Version string: crate version plus git commit when known.
-pub fn version() -> String {
-    match option_env!("KVTARGET_GIT_REV") {
-        Some(r) if !r.is_empty() => format!("{} ({r})", env!("CARGO_PKG_VERSION")),
-        _ => env!("CARGO_PKG_VERSION").to_string(),
-    }
-}
+pub use kvt_auth as auth;
+pub use kvt_bdev as bdev;
+pub use kvt_cluster as cluster;
+pub use kvt_config as config;
+pub use kvt_control::{metrics, rpc, server};
+pub use kvt_host::{initiator, perf};
+pub use kvt_mem as mem;
+pub use kvt_mem::stats;
+pub use kvt_meta as meta;
+pub use kvt_nvmf as nvmf;
+pub use kvt_nvmf::version;
+pub use kvt_pool as pool;
+pub use kvt_reactor as reactor;
+pub use kvt_transport as transport;
+pub use kvt_wire as wire;
+pub use kvt_wire::ident;

@@ -138,7 +138,7 @@ fn thin_volumes_report_use_and_free_space_on_deallocate() {
     drop(qs);
     drop(c);
     server.shutdown();
-    let rep = kvtarget::pool::check(&kvtarget::server::open_pool_device(
+    let rep = kvtarget::pool::check(&kvtarget::config::setup::open_pool_device(
         &Config::parse(&format!(
             "[[listeners]]\naddress = \"127.0.0.1\"\n[[pools]]\nname = \"p\"\nbackend = \"uring\"\npath = \"{}/pool.img\"\n",
             dir.path().display()

@@ -14,13 +14,13 @@
 //! so mutations reach the checks behind the checksums (geometry, records,
 //! replay) instead of stopping at "checksum mismatch".
 
-use kvtarget::bdev::ram::RamDevice;
-use kvtarget::bdev::SharedDevice;
-use kvtarget::pool::format::{
+use kvt_bdev::ram::RamDevice;
+use kvt_bdev::SharedDevice;
+use kvt_pool::format::{
     CheckpointData, Superblock, CHECKPOINT_MAGIC, HEADER_LEN, JOURNAL_MAGIC, META_BLOCK,
 };
-use kvtarget::pool::image::Image;
-use kvtarget::pool::{self, SyncIo};
+use kvt_pool::image::Image;
+use kvt_pool::{self as pool, SyncIo};
 
 /// Largest device an input may describe (64 MiB): RAM pages are only touched
 /// where segments land, but `check` walks every extent.
@@ -62,7 +62,7 @@ pub fn build(data: &[u8]) -> Option<SharedDevice> {
 }
 
 fn crc(b: &[u8]) -> u32 {
-    kvtarget::wire::tcp::crc32c(b)
+    kvt_wire::tcp::crc32c(b)
 }
 
 fn u64_at(b: &[u8], at: usize) -> u64 {

@@ -8,20 +8,20 @@
 
 pub mod image;
 
-use kvtarget::config::{validate_nqn, Config};
-use kvtarget::nvmf::{Controller, Target};
-use kvtarget::pool::format::{
+use kvt_config::{validate_nqn, Config};
+use kvt_nvmf::{Controller, Target};
+use kvt_pool::format::{
     self, BlockHeader, CheckpointData, Record, Superblock, Writer, CHECKPOINT_MAGIC, HEADER_LEN,
     JOURNAL_MAGIC,
 };
-use kvtarget::pool::image::Image;
-use kvtarget::wire::nvme::{
+use kvt_pool::image::Image;
+use kvt_wire::nvme::{
     admin_opc, decode_list_response, encode_list_response, ConnectCommand, ConnectData, Cqe,
     DataDirection, DsmRange, GetLogPage, KvCommand, KvIdentifyNamespace, PropertyCommand, Sqe,
     CONNECT_DATA_LEN, CQE_LEN, DSM_RANGE_LEN, KV_KEY_MAX_LEN, SQE_LEN,
 };
-use kvtarget::wire::rdma::{self, CmRequest, DataDescriptor, KEYED_MAX_LEN};
-use kvtarget::wire::tcp::{self, Digests, ParseLimits, Pdu};
+use kvt_wire::rdma::{self, CmRequest, DataDescriptor, KEYED_MAX_LEN};
+use kvt_wire::tcp::{self, Digests, ParseLimits, Pdu};
 
 /// A fuzz harness: one input in, a panic on a bug.
 pub type Harness = fn(&[u8]);
@@ -295,7 +295,7 @@ fn check_kv(sqe: &Sqe, data: &[u8]) {
 /// data: never a panic, a refused command changes nothing, and the
 /// Reservation Status data (both formats) decodes to what was encoded.
 fn check_reservation(sqe: &Sqe, data: &[u8]) {
-    use kvtarget::nvmf::reservation::{
+    use kvt_nvmf::reservation::{
         decode_report, Acquire, HostId, Register, Registrant, Release, ResvState,
     };
     let host = HostId::extended([sqe.cid() as u8; 16]);
@@ -338,8 +338,8 @@ fn check_reservation(sqe: &Sqe, data: &[u8]) {
 /// A controller of a subsystem that reports ANA: namespaces 1 and 2 in
 /// group 1, 3 in group 5; its path has group 5 inaccessible. Built once.
 fn ana_controller() -> &'static (Target, std::sync::Arc<Controller>) {
-    use kvtarget::nvmf::ana::AnaState;
-    use kvtarget::nvmf::{Namespace, Subsystem, SubsystemKind, TransportLimits};
+    use kvt_nvmf::ana::AnaState;
+    use kvt_nvmf::{Namespace, Subsystem, SubsystemKind, TransportLimits};
     use std::sync::{Arc, OnceLock};
     static C: OnceLock<(Target, Arc<Controller>)> = OnceLock::new();
     C.get_or_init(|| {
@@ -356,7 +356,7 @@ fn ana_controller() -> &'static (Target, std::sync::Arc<Controller>) {
             .reporting
             .store(true, std::sync::atomic::Ordering::Release);
         for (nsid, grp) in [(1, 1), (2, 1), (3, 5)] {
-            let dev = kvtarget::bdev::ram::RamDevice::new("f", 4096).expect("ram");
+            let dev = kvt_bdev::ram::RamDevice::new("f", 4096).expect("ram");
             let ns = Namespace::new("nqn.f:ana", nsid, dev, 512).with_ana_group(grp);
             s.add_namespace(Arc::new(ns)).expect("namespace");
         }
@@ -383,8 +383,8 @@ fn ana_controller() -> &'static (Target, std::sync::Arc<Controller>) {
 /// bytes at that offset, never a panic; the capsule data read as an ANA log
 /// page (what a host parses) must survive a re-encode.
 fn check_ana_log(sqe: &Sqe, glp: &GetLogPage, data: &[u8]) {
-    use kvtarget::nvmf::admin::{execute, AdminOutcome};
-    use kvtarget::nvmf::ana::{self, AnaLog};
+    use kvt_nvmf::admin::{execute, AdminOutcome};
+    use kvt_nvmf::ana::{self, AnaLog};
     if let Some(log) = AnaLog::decode(data) {
         assert_eq!(AnaLog::decode(&log.encode()), Some(log));
     }
@@ -492,10 +492,8 @@ pub fn pool_format(data: &[u8]) {
                 let _ = sb.extent_offset(sb.extent_count.saturating_sub(1));
             }
             // The epoch records of the block's second half (format 2).
-            for off in kvtarget::meta::epoch::EPOCH_SLOTS {
-                if let Some(Ok(Some(r))) =
-                    b.get(off..).map(kvtarget::meta::epoch::EpochRecord::decode)
-                {
+            for off in kvt_meta::epoch::EPOCH_SLOTS {
+                if let Some(Ok(Some(r))) = b.get(off..).map(kvt_meta::epoch::EpochRecord::decode) {
                     let enc = r.encode();
                     assert_eq!(
                         &enc[..],
@@ -578,7 +576,7 @@ fn image_invariants(img: &Image) {
     // KV keys are kept only for KV volumes; judging them never panics.
     for v in img.volumes.values() {
         assert!(
-            v.kv.is_empty() || v.desc.flags & kvtarget::pool::format::VOL_KV != 0,
+            v.kv.is_empty() || v.desc.flags & kvt_pool::format::VOL_KV != 0,
             "KV keys on a block volume"
         );
     }
@@ -627,9 +625,9 @@ const AUTH_MAX_MESSAGE: usize = 16 + 2 * 64 + 1024;
 ///   ffdhe2048, so an execution stays cheap). No step may panic, and a finished
 ///   transaction stays finished.
 pub fn auth(data: &[u8]) {
-    use kvtarget::auth::{AuthPolicy, DhGroup, DhchapSecret, Digest, Key};
-    use kvtarget::nvmf::auth::{HostKeys, QueueAuth, DEFAULT_TIMEOUT};
-    use kvtarget::wire::nvme::{AuthCommand, ControllerMessage, HostMessage};
+    use kvt_auth::{AuthPolicy, DhGroup, DhchapSecret, Digest, Key};
+    use kvt_nvmf::auth::{HostKeys, QueueAuth, DEFAULT_TIMEOUT};
+    use kvt_wire::nvme::{AuthCommand, ControllerMessage, HostMessage};
     use std::sync::Arc;
     let Some((&mode, rest)) = data.split_first() else {
         return;
@@ -659,7 +657,7 @@ pub fn auth(data: &[u8]) {
         }
         // NVMe/TCP TLS PSKs (key files) and PSK identities (from the ClientHello).
         0x80 => {
-            use kvtarget::auth::TlsPsk;
+            use kvt_auth::TlsPsk;
             let text = String::from_utf8_lossy(rest);
             if let Ok(k) = TlsPsk::parse(&text) {
                 assert_eq!(TlsPsk::parse(&k.encode()), Ok(k.clone()), "PSK round trip");
@@ -676,7 +674,7 @@ pub fn auth(data: &[u8]) {
             }
         }
         0x81 => {
-            if let Some((_, host, sub)) = kvtarget::auth::psk::parse_identity(rest) {
+            if let Some((_, host, sub)) = kvt_auth::psk::parse_identity(rest) {
                 assert!(!host.is_empty() && !sub.is_empty() && !sub.contains(' '));
             }
         }
@@ -750,12 +748,12 @@ pub fn auth(data: &[u8]) {
 /// every response the node decodes, and as a member record (another node's
 /// JSON, a value in etcd).
 pub fn etcd_answer(data: &[u8]) {
-    use kvtarget::cluster::etcd::{
+    use kvt_cluster::etcd::{
         decode, HeaderOnly, LeaseGrantResponse, LeaseKeepAliveResponse, RangeResponse,
         StreamResult, TxnResponse,
     };
-    use kvtarget::cluster::http::{parse_answer, Answer};
-    use kvtarget::cluster::member::MemberRecord;
+    use kvt_cluster::http::{parse_answer, Answer};
+    use kvt_cluster::member::MemberRecord;
     let Ok(a) = parse_answer(data) else {
         return;
     };

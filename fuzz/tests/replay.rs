@@ -107,7 +107,7 @@ fn pool_check_seeds_are_consistent_pools() {
         }
         let data = std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
         let dev = kvtarget_fuzz::image::build(&data).expect("seed builds a device");
-        let rep = kvtarget::pool::check(&dev);
+        let rep = kvt_pool::check(&dev);
         assert!(rep.damage.is_empty(), "{}: {:?}", p.display(), rep.damage);
         eprintln!("{name}: {}", rep.lines.join(" | "));
         seeds += 1;
@@ -123,7 +123,7 @@ fn check_refuses_a_superblock_larger_than_the_device() {
     let p = root().join("regressions/pool_check/superblock-claims-huge-device");
     let data = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     let dev = kvtarget_fuzz::image::build(&data).expect("the input builds a device");
-    let rep = kvtarget::pool::check(&dev);
+    let rep = kvt_pool::check(&dev);
     assert!(
         rep.damage.iter().any(|d| d.contains("the device has")),
         "{:?}",
@@ -136,7 +136,7 @@ fn check_refuses_a_superblock_larger_than_the_device() {
 /// decoder rather than at a refused prefix.
 #[test]
 fn reservation_seeds_decode() {
-    use kvtarget::pool::format::{CheckpointData, Record};
+    use kvt_pool::format::{CheckpointData, Record};
     let mut seen = 0;
     for p in inputs(&root().join("corpus/pool_format")) {
         if !p
@@ -170,9 +170,9 @@ fn reservation_seeds_decode() {
 /// reaches every decoder it feeds.
 #[test]
 fn etcd_seeds_are_real_gateway_answers() {
-    use kvtarget::cluster::etcd::{decode, RangeResponse};
-    use kvtarget::cluster::http::parse_answer;
-    use kvtarget::cluster::member::MemberRecord;
+    use kvt_cluster::etcd::{decode, RangeResponse};
+    use kvt_cluster::http::parse_answer;
+    use kvt_cluster::member::MemberRecord;
     let dir = root().join("corpus/etcd_answer");
     let mut seeds = 0;
     for p in inputs(&dir) {

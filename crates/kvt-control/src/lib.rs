@@ -1,0 +1,8 @@
+//! The control plane above the target's layers: the JSON-RPC server, client
+//! and SPDK-compatible methods (`rpc`), the Prometheus endpoint (`metrics`),
+//! and `server`, which builds devices and reactors, applies the
+//! configuration's operations, binds the listeners and starts the cluster.
+
+pub mod metrics;
+pub mod rpc;
+pub mod server;

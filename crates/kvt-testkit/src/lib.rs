@@ -1,0 +1,110 @@
+//! What the integration tests share (dev-only): a target started in process
+//! from a configuration text, the daemon binary started as a process on a
+//! written configuration, free ports, an initiator connected with its I/O
+//! queues, and the RPC client. Each test binary uses part of it; the daemon
+//! binary's path is known only to the tests of the package that builds it
+//! (`tests/support`).
+
+use kvt_config::Config;
+use kvt_control::rpc::RpcClient;
+use kvt_control::server::Server;
+use kvt_host::initiator::{Error, HostController, HostOptions, IoQueue};
+use kvt_wire::nvme::Status;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a daemon may take to answer after it was started.
+pub const DAEMON_START: Duration = Duration::from_secs(20);
+
+/// A TCP port free on the loopback address (free when asked: the daemon
+/// binds it a moment later).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The loopback address at `port`.
+pub fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// A target started in process from a TOML configuration.
+pub fn server(toml: &str) -> Server {
+    Server::start(&Config::parse(toml).expect("config")).expect("start")
+}
+
+/// `server`, and the address of its first listener.
+pub fn start_server(toml: &str) -> (Server, SocketAddr) {
+    let server = server(toml);
+    let addr = server.listen_addrs()[0].0;
+    (server, addr)
+}
+
+/// A client of the in-process target's RPC socket.
+pub fn rpc_client(s: &Server) -> RpcClient {
+    RpcClient::connect(s.rpc_path().expect("rpc socket")).expect("connect")
+}
+
+/// Connects a host to `nqn` at `addr` with `queues` I/O queues (IDs 1 on).
+pub fn connect(addr: SocketAddr, nqn: &str, queues: u16) -> (HostController, Vec<IoQueue>) {
+    let mut c = HostController::connect(&HostOptions::new(addr, nqn)).expect("connect");
+    c.set_queue_count(queues).expect("queues");
+    let qs = (1..=queues)
+        .map(|q| c.io_queue(q).expect("io queue"))
+        .collect();
+    (c, qs)
+}
+
+/// Connects a host to `nqn` at `addr`, trying again while a daemon starts.
+pub fn connect_retry(addr: SocketAddr, nqn: &str) -> HostController {
+    let opts = HostOptions::new(addr, nqn);
+    let t0 = Instant::now();
+    loop {
+        match HostController::connect(&opts) {
+            Ok(c) => return c,
+            Err(_) if t0.elapsed() < DAEMON_START => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("daemon never answered: {e}"),
+        }
+    }
+}
+
+/// Writes a configuration file `name` into `dir`.
+pub fn write_config(dir: &Path, name: &str, toml: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
+/// The daemon binary `bin` as a process on the configuration `cfg`, its RPC
+/// socket at `sock`, its log discarded.
+pub fn spawn_daemon(bin: &str, cfg: &Path, sock: &Path) -> Child {
+    Command::new(bin)
+        .arg("--config")
+        .arg(cfg)
+        .arg("-r")
+        .arg(sock)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits until `path` exists (a daemon's RPC socket), at most `DAEMON_START`.
+pub fn wait_for_path(path: &Path) {
+    let t0 = Instant::now();
+    while !path.exists() && t0.elapsed() < DAEMON_START {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The NVMe status a command failed with.
+pub fn status_of(e: Error) -> Status {
+    match e {
+        Error::Status(s, _) => s,
+        other => panic!("expected an NVMe status, got {other:?}"),
+    }
+}
