@@ -71,8 +71,8 @@ for c in "${cases[@]}"; do
             runs[$name::$tname]=$(( ${runs[$name::$tname]:-0} + 1 ))
             [ "$verdict" = ok ] && pass[$name::$tname]=$(( ${pass[$name::$tname]:-0} + 1 ))
         done < <(sed -n 's/^test \(.*\) \.\.\. \(ok\|FAILED\)$/\1 \2/p' "$log")
+        echo "flake-hunt: $name round $r/$rounds: $(grep -c '\.\.\. ok$' "$log") ok, $(grep -c '\.\.\. FAILED$' "$log") failed"
         grep -q '^test result: ok' "$log" && rm -f "$log"
-        echo "flake-hunt: $name round $r/$rounds: $(grep -c '\.\.\. ok$' "$log" 2>/dev/null || echo all) ok"
     done
 done
 if [ -n "$guest" ] && { [ -z "$only" ] || echo cluster-failover | grep -qE "$only"; }; then

@@ -23,6 +23,8 @@ targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(pdu nvme_command rdma pool_format pool_check config auth etcd_answer)
 
 cache=$repo/.cache/fuzz
+afl_target=$repo/target/afl
+bins=$afl_target/fuzz
 export XDG_DATA_HOME=$cache/xdg
 export PATH=$cache/cargo/bin:$PATH
 if [ -z "$run_only" ]; then
@@ -39,12 +41,14 @@ if [ -z "$run_only" ]; then
         echo "==> building AFL++ (cargo afl config --build)"
         cargo afl config --build
     fi
-    echo "==> cargo afl build --release --features afl (fuzz/)"
-    (cd fuzz && cargo afl build --release --features afl --bins)
+    # Its own target folder: cargo-afl's RUSTFLAGS (instrumentation) would otherwise
+    # rebuild the workspace's release artifacts, and back.
+    echo "==> cargo afl build --profile fuzz -p kvtarget-fuzz --features afl (target/afl)"
+    CARGO_TARGET_DIR=$afl_target cargo afl build --profile fuzz -p kvtarget-fuzz --features afl --bins
 fi
 [ -z "$build_only" ] || exit 0
 for t in "${targets[@]}"; do
-    [ -x "fuzz/target/release/$t" ] || { echo "fuzz: no fuzz/target/release/$t (ci/fuzz.sh --build-only)" >&2; exit 1; }
+    [ -x "$bins/$t" ] || { echo "fuzz: no $bins/$t (ci/fuzz.sh --build-only)" >&2; exit 1; }
 done
 
 export AFL_SKIP_CPUFREQ=1 AFL_NO_UI=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1
@@ -59,7 +63,7 @@ fuzz_one() { # TARGET: fuzz it; $out/summary gets its line, $out/failed its prob
     # -V stops after that many seconds; -t the per-input timeout in ms (a
     # slower input is a hang: the parsers have nothing to wait for).
     if ! cargo afl fuzz -V "$secs" -t "${FUZZ_TIMEOUT_MS:-1000}" -i "fuzz/corpus/$t" -o "$out" \
-        "fuzz/target/release/$t" > "$out/afl.log" 2>&1; then
+        "$bins/$t" > "$out/afl.log" 2>&1; then
         tail -n 20 "$out/afl.log"
         echo "$t: afl-fuzz failed (log $out/afl.log)" > "$out/failed"
         return
@@ -73,8 +77,8 @@ fuzz_one() { # TARGET: fuzz it; $out/summary gets its line, $out/failed its prob
             [ -e "$f" ] || continue
             echo "$t: $kind/$(basename "$f")" >> "$out/failed"
             echo "FUZZ FAILURE ($kind) in $t: $f"
-            echo "  replay:  fuzz/target/release/$t < '$f'"
-            echo "  keep it: cp '$f' fuzz/regressions/$t/<name> && (cd fuzz && cargo test)"
+            echo "  replay:  target/afl/fuzz/$t < '$f'"
+            echo "  keep it: cp '$f' fuzz/regressions/$t/<name> && cargo test -p kvtarget-fuzz"
         done
     done
 }

@@ -38,16 +38,15 @@ job_deps() { ci/deps.sh; }
 
 # ---- build -----------------------------------------------------------------------
 job_lint() {
-    log "cargo fmt --check (the workspace, fuzz/, tests/interop/kv-uring)"
+    log "cargo fmt --check (the workspace with fuzz/, tests/interop/kv-uring)"
     cargo fmt --all -- --check
-    (cd fuzz && cargo fmt -- --check)
     (cd tests/interop/kv-uring && cargo fmt -- --check)
-    log "no import circle (ci/import-circles.py)"
+    log "no import circle between the crates or inside any crate's folders (ci/import-circles.py)"
     python3 ci/import-circles.py
     log "the interop suite's kernel-log filter (tests/interop/klog-filter-test.sh)"
     tests/interop/klog-filter-test.sh
-    log "cargo clippy --all-targets -- -D warnings"
-    cargo clippy --all-targets -- -D warnings
+    log "cargo clippy --workspace --all-targets -- -D warnings"
+    cargo clippy --workspace --all-targets -- -D warnings
     log "clippy of the interop's io_uring KV client (tests/interop/kv-uring)"
     (cd tests/interop/kv-uring && CARGO_TARGET_DIR=$repo/.cache/kv-uring \
         cargo clippy --release -- -D warnings)
@@ -70,7 +69,7 @@ job_release() {
 
 job_clippy_spdk() {
     spdk_env
-    cargo clippy --all-targets --features spdk -- -D warnings
+    cargo clippy --workspace --all-targets --features spdk -- -D warnings
 }
 
 job_release_spdk() {
@@ -81,19 +80,17 @@ job_release_spdk() {
 }
 
 # ---- tests -----------------------------------------------------------------------
-job_cargo_test() { cargo test --all-targets; }
+# Every crate's unit, property and integration tests, and the fuzz crate's replay
+# of fuzz/corpus and fuzz/regressions; --no-fail-fast: one failing test binary
+# does not hide the others' verdicts.
+job_cargo_test() { cargo test --workspace --all-targets --no-fail-fast; }
 
-# Only the tests the feature changes: the spdk backend's own and config's (which
-# accepts an spdk device only in an SPDK-linked build); the rest ran in cargo-test.
+# Only the crates the feature changes, SPDK linked: the spdk backend's (kvt-bdev)
+# and config's (which accepts an spdk device only in an SPDK-linked build); the
+# rest ran in cargo-test.
 job_test_spdk() {
     spdk_env
-    cargo test --features spdk --lib -- bdev::spdk config::
-}
-
-# The fuzz crate (its own workspace): clippy and the replay of fuzz/corpus and
-# fuzz/regressions under cargo test.
-job_fuzz_crate() {
-    (cd fuzz && cargo clippy --all-targets -- -D warnings && cargo test)
+    cargo test -p kvt-bdev -p kvt-config --features spdk --lib
 }
 
 job_nvmet_control() { ci/nvmet-control.sh; }
@@ -114,30 +111,39 @@ job_spdk_tools() {
     KVTARGET_BIN=$KVT_SPDK_BIN tests/spdk-tools/backend-failure.sh
 }
 
-# Both simulations run their seeds on one thread per core (src/sim_seeds.rs), in the
-# sim profile (optimised, overflow checks and debug assertions on). sims-build builds
-# the test binary (cargo, in the foreground); sims runs it without cargo, so that it
-# can run at SCHED_IDLE beside a guest without holding cargo's lock.
-sims_bin=$ci_dir/sims.bin
+# Both simulations run their seeds on one thread per core (crates/kvt-seeds), in the
+# sim profile (optimised, overflow checks and debug assertions on): the pool's in
+# kvt-pool, the whole target's in kvt-nvmf. sims-build builds their test binaries
+# (cargo, in the foreground); sims runs them without cargo, so that it can run at
+# SCHED_IDLE beside a guest without holding cargo's lock.
+sims_bins=$ci_dir/sims.bins
 job_sims_build() {
-    cargo test --profile sim --lib --no-run --message-format=json-render-diagnostics \
+    cargo test --profile sim -p kvt-pool -p kvt-nvmf --lib --no-run \
+        --message-format=json-render-diagnostics \
         | python3 -c 'import json, sys
-exe = [m["executable"] for m in map(json.loads, sys.stdin)
-       if m.get("reason") == "compiler-artifact" and m.get("executable")]
-print(exe[-1])' > "$sims_bin.tmp"
-    mv "$sims_bin.tmp" "$sims_bin"
-    echo "sims: $(cat "$sims_bin")"
+for m in map(json.loads, sys.stdin):
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        print(m["target"]["name"], m["executable"])' > "$sims_bins.tmp"
+    mv "$sims_bins.tmp" "$sims_bins"
+    cat "$sims_bins"
+}
+
+sim_bin() { # CRATE: its sim-profile test binary
+    local b
+    b=$(awk -v c="$1" '$1 == c {print $2}' "$sims_bins" 2>/dev/null)
+    [ -x "$b" ] || die "no sim-profile test binary of $1: the sims-build job has not run"
+    echo "$b"
 }
 
 job_sims() {
-    local b
-    b=$(cat "$sims_bin" 2>/dev/null) && [ -x "$b" ] || die "no sims binary: the sims-build job has not run"
+    local pool nvmf
+    pool=$(sim_bin kvt_pool) nvmf=$(sim_bin kvt_nvmf)
     : "${KVT_SIM_SEEDS:=5000}" "${KVT_TARGET_SIM_SEEDS:=5000}"
     export KVT_SIM_SEEDS KVT_TARGET_SIM_SEEDS
     log "pool simulation: $KVT_SIM_SEEDS seeds"
-    "$b" pool::sim --nocapture
+    "$pool" sim:: --nocapture
     log "target simulation: $KVT_TARGET_SIM_SEEDS seeds (queues on a fake link over pools on the fault device)"
-    "$b" nvmf::tests::target_sim --nocapture
+    "$nvmf" tests::target_sim --nocapture
 }
 
 # The fuzz targets: cargo-afl (cached in .cache/fuzz) builds them in fuzz/target;

@@ -91,12 +91,11 @@ STAGES = [
            Job("release", cpu=BUILD, needs=["lint"], cargo=True),
            Job("clippy-spdk", cpu=BUILD, needs=["lint", "spdk"], cargo=True, quick=True),
            Job("release-spdk", cpu=BUILD, needs=["release", "spdk"], cargo=True)]),
-    Stage("test", 780, "cargo test, the SPDK-linked tests, the fuzz crate, the kernel nvmet "
-          "control boot (its verdict cached), SPDK's tools against kvtarget",
+    Stage("test", 780, "cargo test, the SPDK-linked tests, the kernel nvmet control boot (its "
+          "verdict cached), SPDK's tools against kvtarget",
           [Job("nvmet-control", cpu=1, needs=["guest-image"], early="build"),
            Job("cargo-test", cargo=True, quick=True),
            Job("test-spdk", needs=["cargo-test", "spdk"], cargo=True, quick=True),
-           Job("fuzz-crate", needs=["cargo-test"], quick=True),
            Job("promtool", cpu=1, needs=["release"]),
            Job("spdk-rpc", cpu=1, needs=["release"]),
            Job("spdk-tools", needs=["release", "release-spdk", "promtool", "spdk-rpc"])]),
