@@ -6,7 +6,8 @@
 #   ci/flake-hunt.sh [ROUNDS] [--only REGEX] [--no-hog] [--guest]
 #
 # The tests: tests/cluster.rs (every test), tests/reactor_faults.rs,
-# tests/idle_wakeups.rs, the KV perf tests (tests/kv.rs perf_*), and with --guest the
+# tests/idle_wakeups.rs, the perf tests (tests/kv.rs and tests/tcp_target.rs perf_*:
+# short timed runs of `kvtarget perf`), and with --guest the
 # interop suite's cluster-failover scenario in the QEMU guest (one boot per round;
 # needs target/ci/bin/kvtarget and SPDK as ci/test.sh builds them).
 # The hog: one busy loop per core at the tests' own priority. Logs of failed rounds
@@ -41,7 +42,7 @@ start_hog() {
 
 # The test binaries, built once (outside the hog).
 declare -A bin_of=()
-for t in cluster reactor_faults idle_wakeups kv; do
+for t in cluster reactor_faults idle_wakeups kv tcp_target; do
     bin_of[$t]=$(cargo test --no-run --test "$t" --message-format=json 2>/dev/null \
         | python3 -c 'import json,sys
 for l in sys.stdin:
@@ -56,6 +57,7 @@ cases=(
     "reactor_faults reactor_faults ''"
     "idle_wakeups idle_wakeups ''"
     "kv_perf kv perf_"
+    "tcp_perf tcp_target perf_"
 )
 declare -A pass=() runs=()
 start_hog

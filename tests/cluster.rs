@@ -23,8 +23,22 @@ const ETCD_START: Duration = Duration::from_secs(20);
 /// one member read, scheduling on a loaded 2-core machine.
 const SLACK: Duration = Duration::from_secs(4);
 
-/// The etcd binary, or `None` with the reason printed.
-fn etcd_binary() -> Option<PathBuf> {
+/// One cluster test at a time: each starts etcd and up to three nodes whose
+/// leases must be renewed every TTL/3; two such tests at once on a 2-core CI
+/// machine starved each other's keep-alives into fences the tests did not expect.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The etcd binary (and the guard that keeps other cluster tests waiting while
+/// this one runs), or `None` with the reason printed.
+fn etcd_binary() -> Option<(PathBuf, std::sync::MutexGuard<'static, ()>)> {
+    // A test that failed while holding it poisons nothing the next one uses.
+    let serial = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    etcd_path().map(|p| (p, serial))
+}
+
+fn etcd_path() -> Option<PathBuf> {
     let found = std::env::var_os("PATH").and_then(|p| {
         std::env::split_paths(&p)
             .map(|d| d.join("etcd"))
@@ -85,6 +99,10 @@ impl Etcd {
             .arg(format!("--listen-peer-urls={peer}"))
             .arg(format!("--initial-advertise-peer-urls={peer}"))
             .arg(format!("--initial-cluster=kvt={peer}"))
+            // The tests are about kvtarget, not etcd's durability: a WAL fsync
+            // behind a busy disk (CI builds beside them) delayed elections by
+            // seconds. A killed etcd keeps what the page cache holds.
+            .arg("--unsafe-no-fsync")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -275,7 +293,9 @@ fn ttl() -> Duration {
 
 #[test]
 fn two_nodes_see_each_other_and_a_killed_one_leaves() {
-    let Some(bin) = etcd_binary() else { return };
+    let Some((bin, _serial)) = etcd_binary() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(bin, dir.path());
     let a = Node::start(dir.path(), "a", &etcd.url(), "");
@@ -339,7 +359,9 @@ fn two_nodes_see_each_other_and_a_killed_one_leaves() {
 
 #[test]
 fn a_taken_name_is_refused_naming_the_node() {
-    let Some(bin) = etcd_binary() else { return };
+    let Some((bin, _serial)) = etcd_binary() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(bin, dir.path());
     let a = Node::start(dir.path(), "a", &etcd.url(), "");
@@ -360,7 +382,9 @@ fn a_taken_name_is_refused_naming_the_node() {
 
 #[test]
 fn a_cluster_wide_subsystem_with_other_namespaces_is_refused_naming_node_and_field() {
-    let Some(bin) = etcd_binary() else { return };
+    let Some((bin, _serial)) = etcd_binary() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(bin, dir.path());
     let a = Node::start(dir.path(), "a", &etcd.url(), &wide_subsystem());
@@ -427,7 +451,9 @@ fn the_node_answers_joining_while_its_first_join_waits_for_etcd() {
 
 #[test]
 fn alone_serves_io_and_joins_when_etcd_appears() {
-    let Some(bin) = etcd_binary() else { return };
+    let Some((bin, _serial)) = etcd_binary() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let mut etcd = Etcd::at(bin, dir.path());
     let a = Node::start(dir.path(), "a", &etcd.url(), "on_unreachable = \"alone\"");
@@ -453,7 +479,9 @@ fn alone_serves_io_and_joins_when_etcd_appears() {
 
 #[test]
 fn etcd_restart_makes_the_node_lost_then_rejoined() {
-    let Some(bin) = etcd_binary() else { return };
+    let Some((bin, _serial)) = etcd_binary() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let mut etcd = Etcd::start(bin, dir.path());
     let a = Node::start(dir.path(), "a", &etcd.url(), "");
@@ -504,7 +532,9 @@ fn referral_ports(entries: &[nvme::DiscoveryEntry]) -> Vec<String> {
 
 #[test]
 fn discovery_at_a_node_refers_to_every_live_peer() {
-    let Some(bin) = etcd_binary() else { return };
+    let Some((bin, _serial)) = etcd_binary() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(bin, dir.path());
     let (disc_a, disc_b) = (free_port(), free_port());
@@ -714,7 +744,9 @@ fn signal(n: &Node, sig: &str) {
 
 #[test]
 fn one_owner_per_group_and_a_killed_owner_is_replaced_with_a_larger_epoch() {
-    let Some(bin) = etcd_binary() else { return };
+    let Some((bin, _serial)) = etcd_binary() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(bin, dir.path());
     let (mut owner, other) = elected(dir.path(), &etcd);
@@ -738,7 +770,9 @@ fn one_owner_per_group_and_a_killed_owner_is_replaced_with_a_larger_epoch() {
 
 #[test]
 fn a_stopped_owner_fences_and_rejoins_as_a_follower() {
-    let Some(bin) = etcd_binary() else { return };
+    let Some((bin, _serial)) = etcd_binary() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(bin, dir.path());
     let (owner, other) = elected(dir.path(), &etcd);
@@ -785,7 +819,9 @@ fn a_stopped_owner_fences_and_rejoins_as_a_follower() {
 
 #[test]
 fn an_unelected_node_reports_inaccessible_until_it_wins() {
-    let Some(bin) = etcd_binary() else { return };
+    let Some((bin, _serial)) = etcd_binary() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let mut etcd = Etcd::at(bin, dir.path());
     let extra = format!("on_unreachable = \"alone\"\n{}", wide_subsystem());
@@ -847,9 +883,32 @@ fn kv_key(i: usize) -> nvme::KvKey {
     nvme::KvKey::new(format!("key-{i}").as_bytes()).unwrap()
 }
 
-/// Key `i` as `n` serves it: its value, or None for Key Does Not Exist.
-fn kv_read(q: &mut kvtarget::initiator::IoQueue, i: usize) -> Option<Vec<u8>> {
-    match q.kv_retrieve(1, kv_key(i), 4096) {
+/// `op` on node `n`'s path as a multipath host runs it: a path status (the
+/// node lost its group, e.g. fenced by a keep-alive a loaded machine delayed)
+/// waits for `n` to own the group again and retries; any other result is the
+/// command's.
+fn on_owner<T>(
+    n: &Node,
+    mut op: impl FnMut() -> Result<T, kvtarget::initiator::Error>,
+) -> Result<T, kvtarget::initiator::Error> {
+    for _ in 0..3 {
+        match op() {
+            Err(kvtarget::initiator::Error::Status(s, _)) if s.sct == 3 => {
+                assert!(
+                    eventually(ttl() + SLACK, || group(n).0 == "owner"),
+                    "a path status ({s:?}) and the node did not own its group again: {}",
+                    n.cluster()
+                );
+            }
+            other => return other,
+        }
+    }
+    op()
+}
+
+/// Key `i` as owner `n` serves it: its value, or None for Key Does Not Exist.
+fn kv_read(n: &Node, q: &mut kvtarget::initiator::IoQueue, i: usize) -> Option<Vec<u8>> {
+    match on_owner(n, || q.kv_retrieve(1, kv_key(i), 4096)) {
         Ok((v, _)) => Some(v),
         Err(e) => {
             let s = support::status_of(e);
@@ -866,7 +925,9 @@ fn kv_read(q: &mut kvtarget::initiator::IoQueue, i: usize) -> Option<Vec<u8>> {
 /// succeed on A.
 #[test]
 fn node_local_kv_is_taken_over_cold() {
-    let Some(bin) = etcd_binary() else { return };
+    let Some((bin, _serial)) = etcd_binary() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(bin, dir.path());
     let (first, mut second) = elected_serving(dir.path(), &etcd, &wide_kv_subsystem());
@@ -876,7 +937,7 @@ fn node_local_kv_is_taken_over_cold() {
     {
         let (_h, mut q) = support::connect(loopback(first.port), WIDE_NQN, 1);
         for i in 0..KEYS {
-            q[0].kv_store(1, kv_key(i), old(i), PLAIN).unwrap();
+            on_owner(&first, || q[0].kv_store(1, kv_key(i), old(i), PLAIN)).unwrap();
         }
     }
     signal(&first, "STOP");
@@ -889,9 +950,9 @@ fn node_local_kv_is_taken_over_cold() {
     {
         let (_h, mut q) = support::connect(loopback(second.port), WIDE_NQN, 1);
         // Cold: nothing of the first owner's keys here.
-        assert_eq!(kv_read(&mut q[0], 0), None);
+        assert_eq!(kv_read(&second, &mut q[0], 0), None);
         for i in 0..KEYS / 2 {
-            q[0].kv_store(1, kv_key(i), new(i), PLAIN).unwrap();
+            on_owner(&second, || q[0].kv_store(1, kv_key(i), new(i), PLAIN)).unwrap();
         }
     }
     std::thread::sleep((2 * ttl()).saturating_sub(stopped.elapsed()));
@@ -912,16 +973,16 @@ fn node_local_kv_is_taken_over_cold() {
     let (_h, mut q) = support::connect(loopback(first.port), WIDE_NQN, 1);
     for i in 0..KEYS {
         let latest = if i < KEYS / 2 { new(i) } else { old(i) };
-        match kv_read(&mut q[0], i) {
+        match kv_read(&first, &mut q[0], i) {
             None => {}
             Some(v) => assert_eq!(v, latest, "key-{i}: other bytes than its value"),
         }
     }
     // Taken over cold: A's index was emptied when it won again.
-    assert_eq!(kv_read(&mut q[0], 0), None);
+    assert_eq!(kv_read(&first, &mut q[0], 0), None);
     for i in 0..KEYS {
-        q[0].kv_store(1, kv_key(i), new(i), PLAIN).unwrap();
-        assert_eq!(kv_read(&mut q[0], i), Some(new(i)));
+        on_owner(&first, || q[0].kv_store(1, kv_key(i), new(i), PLAIN)).unwrap();
+        assert_eq!(kv_read(&first, &mut q[0], i), Some(new(i)));
     }
 }
 
@@ -1018,7 +1079,9 @@ fn new_owner(nodes: &[Node], epoch: i64) -> usize {
 
 #[test]
 fn a_shared_pool_serves_every_flushed_block_after_its_owner_is_killed() {
-    let Some(bin) = etcd_binary() else { return };
+    let Some((bin, _serial)) = etcd_binary() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(bin, dir.path());
     let (mut owner, others) = three_sharing(dir.path(), &etcd);
@@ -1063,7 +1126,9 @@ fn a_shared_pool_serves_every_flushed_block_after_its_owner_is_killed() {
 
 #[test]
 fn a_stopped_shared_pool_owner_writes_nothing_after_the_new_epoch() {
-    let Some(bin) = etcd_binary() else { return };
+    let Some((bin, _serial)) = etcd_binary() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(bin, dir.path());
     let (owner, others) = three_sharing(dir.path(), &etcd);
@@ -1113,7 +1178,9 @@ fn a_stopped_shared_pool_owner_writes_nothing_after_the_new_epoch() {
 
 #[test]
 fn a_won_group_stays_inaccessible_until_its_shared_pool_can_be_opened() {
-    let Some(bin) = etcd_binary() else { return };
+    let Some((bin, _serial)) = etcd_binary() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(bin, dir.path());
     // An exclusive user holds the pool file (a writing tool, or a node whose
@@ -1150,7 +1217,9 @@ fn a_won_group_stays_inaccessible_until_its_shared_pool_can_be_opened() {
 
 #[test]
 fn a_winner_that_cannot_open_its_shared_pool_resigns_for_a_node_that_can() {
-    let Some(bin) = etcd_binary() else { return };
+    let Some((bin, _serial)) = etcd_binary() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(bin, dir.path());
     // Node a's view of the shared device is held exclusively by someone
