@@ -177,10 +177,13 @@ class Run:
         if job.idle:
             cmd = ["chrt", "--idle", "0"] + cmd
         env = dict(os.environ, KVT_CI="1", KVT_CI_JOB=job.name)
-        # A session of its own: a stopped job's whole process group (QEMU,
-        # kvtarget, SPDK's targets) goes with it.
+        # A process group of its own, so that a stopped job's whole group (QEMU,
+        # kvtarget, SPDK's targets) goes with it; but the run's session: with the
+        # kernel's autogroup scheduling (on here), each session shares the CPU
+        # equally whatever its processes' nice values, so a job in a session of its
+        # own would take as much as a guest however idle it was meant to be.
         job.proc = subprocess.Popen(cmd, cwd=REPO, stdout=logf, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, env=env, process_group=0)
         logf.close()
         job.t0 = time.monotonic()
         job.verdict = "running"
