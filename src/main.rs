@@ -435,6 +435,8 @@ fn run(config: Option<PathBuf>, log: Option<String>, rpc_socket: Option<PathBuf>
         kvtarget::version(),
         path.display()
     );
+    let mut service = kvtarget::systemd::Service::from_env();
+    service.status("starting: recovering pools, binding listeners");
     let server = match Server::start(&cfg) {
         Ok(s) => s,
         // etcd unreachable or the node's name taken: the configuration
@@ -448,8 +450,11 @@ fn run(config: Option<PathBuf>, log: Option<String>, rpc_socket: Option<PathBuf>
             return ExitCode::FAILURE;
         }
     };
+    // Listeners bound, pools recovered: a host's first connect succeeds now.
+    service.ready(&server);
     let sig = signals.wait();
     tracing::info!("received {sig}; shutting down (completing in-flight I/O, syncing)");
+    service.stopping();
     server.shutdown();
     // Controllers of the nvme backend get a normal shutdown even if a reference
     // outlived the server, so the kernel driver can take them back.
