@@ -98,7 +98,7 @@ pub struct GcSample {
     pub mode: String,
     #[serde(default)]
     pub paused: bool,
-    pub rate_extents_per_s: u64,
+    pub rate_extents_per_s: f64,
     pub scrubbed: u64,
 }
 

@@ -274,7 +274,7 @@ fn pools(out: &mut Vec<String>, iv: &Interval, cur: &Sample) {
             mode,
             p.dirty,
             rate_text(scrub, one_decimal),
-            p.gc.rate_extents_per_s
+            format!("{:.0}", p.gc.rate_extents_per_s)
         ));
     }
     if cur.pools.is_empty() {
@@ -418,7 +418,7 @@ mod tests {
                 gc: GcSample {
                     mode: "running".into(),
                     paused: false,
-                    rate_extents_per_s: 2000,
+                    rate_extents_per_s: 2000.0,
                     scrubbed: 10 * scale,
                 },
             }],
