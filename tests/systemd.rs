@@ -30,6 +30,9 @@ fn pool_config(dir: &Path, port: u16) -> std::path::PathBuf {
 [reactors]
 count = 2
 idle = "adaptive"
+# A loaded CI machine may stall a reactor past the default 10 ms: that warning
+# is not what these tests read the log for.
+stall_warn_us = 10000000
 
 [[listeners]]
 address = "127.0.0.1"
@@ -326,7 +329,9 @@ port = 0
     }
     let quiet_after = last_ping.duration_since(stuck_at);
     assert!(
-        quiet_after < settings.stuck_after + settings.ping_every * 3,
+        // Found stuck within a check of the bound; the rest is slack for a
+        // loaded machine delivering the last ping late.
+        quiet_after < settings.stuck_after + Duration::from_millis(300),
         "pinged {quiet_after:?} into the stall"
     );
     assert!(
