@@ -25,7 +25,8 @@
 //!   setup of devices, pools and namespaces): kvt-config;
 //! - `cluster` (membership and ANA group ownership through etcd): kvt-cluster;
 //! - `rpc` (JSON-RPC server, client and methods), `metrics` (Prometheus
-//!   endpoint) and `server` (assembly): kvt-control;
+//!   endpoint), `server` (assembly) and `systemd` (readiness, watchdog and
+//!   stop notifications to the service manager): kvt-control;
 //! - `initiator` (our own NVMe/TCP host) and `perf` (the load generator on it):
 //!   kvt-host.
 
@@ -33,7 +34,7 @@ pub use kvt_auth as auth;
 pub use kvt_bdev as bdev;
 pub use kvt_cluster as cluster;
 pub use kvt_config as config;
-pub use kvt_control::{metrics, rpc, server};
+pub use kvt_control::{metrics, rpc, server, systemd};
 pub use kvt_host::{initiator, perf};
 pub use kvt_mem as mem;
 pub use kvt_mem::stats;

@@ -1,7 +1,8 @@
 //! The kvtarget daemon and its command line: the target itself (`--config`),
-//! configuration and pool checks, the JSON-RPC client, the load generator, and
-//! offline pool, volume and PCI tools. Parsing is clap's; each subcommand keeps
-//! the exit codes scripts rely on (see `usage_exit_code`).
+//! configuration and pool checks, the JSON-RPC client, the live view (`top`),
+//! the load generator, and offline pool, volume and PCI tools. Parsing is
+//! clap's; each subcommand keeps the exit codes scripts rely on (see
+//! `usage_exit_code`).
 
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
@@ -12,6 +13,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+
+mod top;
 
 /// Exit code of a configuration error (scripts and tests check it).
 const EXIT_CONFIG: u8 = 2;
@@ -69,6 +72,29 @@ enum Command {
     /// A running target's cluster membership (etcd; see docs/cluster.md)
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Live view of a running target: reactors, namespaces, pools, cluster
+    /// roles (q quits)
+    Top(TopArgs),
+    /// Write the man pages (kvtarget.1 and one per subcommand) into a directory
+    #[command(hide = true)]
+    Man {
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct TopArgs {
+    /// The target's JSON-RPC socket
+    #[arg(short = 'r', long = "rpc-socket", value_name = "SOCKET",
+          default_value = kvtarget::rpc::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Seconds between refreshes (fractions allowed)
+    #[arg(short = 'd', long, value_name = "S", value_parser = positive_seconds, default_value = "1")]
+    delay: Duration,
+    /// Print one plain snapshot (rates over one --delay) and exit
+    #[arg(long)]
+    once: bool,
 }
 
 #[derive(Subcommand)]
@@ -350,8 +376,10 @@ fn main() -> ExitCode {
         Some(Command::Pool(c)) => report(tools::pool(c)),
         Some(Command::Volume(c)) => report(tools::volume(c)),
         Some(Command::Cluster(ClusterCommand::Status { socket, json })) => {
-            cluster_status(&socket, json)
+            cluster_status(&kvtarget::systemd::client_socket(&socket), json)
         }
+        Some(Command::Top(a)) => top(a),
+        Some(Command::Man { out }) => man_pages(&out),
     }
 }
 
@@ -435,6 +463,8 @@ fn run(config: Option<PathBuf>, log: Option<String>, rpc_socket: Option<PathBuf>
         kvtarget::version(),
         path.display()
     );
+    let mut service = kvtarget::systemd::Service::from_env();
+    service.status("starting: recovering pools, binding listeners");
     let server = match Server::start(&cfg) {
         Ok(s) => s,
         // etcd unreachable or the node's name taken: the configuration
@@ -448,8 +478,11 @@ fn run(config: Option<PathBuf>, log: Option<String>, rpc_socket: Option<PathBuf>
             return ExitCode::FAILURE;
         }
     };
+    // Listeners bound, pools recovered: a host's first connect succeeds now.
+    service.ready(&server);
     let sig = signals.wait();
     tracing::info!("received {sig}; shutting down (completing in-flight I/O, syncing)");
+    service.stopping();
     server.shutdown();
     // Controllers of the nvme backend get a normal shutdown even if a reference
     // outlived the server, so the kernel driver can take them back.
@@ -500,7 +533,7 @@ fn rpc_cli(a: RpcArgs) -> ExitCode {
             Value::Object(m)
         }
     };
-    let mut client = match RpcClient::connect(&socket) {
+    let mut client = match RpcClient::connect(&kvtarget::systemd::client_socket(&socket)) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("kvtarget rpc: {e} (is the target running? -r sets the socket)");
@@ -518,6 +551,53 @@ fn rpc_cli(a: RpcArgs) -> ExitCode {
         }
         Err(e) => {
             eprintln!("kvtarget rpc: {method}: error {}: {}", e.code, e.message);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `kvtarget top`: exit 2 when the target cannot be reached (as `rpc`), 1 on
+/// any other error.
+fn top(a: TopArgs) -> ExitCode {
+    let opts = top::TopOptions {
+        socket: kvtarget::systemd::client_socket(&a.socket),
+        interval: a.delay,
+        once: a.once,
+    };
+    match top::run(&opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ top::TopError::Connect(_)) => {
+            eprintln!("kvtarget top: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("kvtarget top: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `kvtarget man --out DIR`: kvtarget.1 and kvtarget-SUBCOMMAND.1 (nested
+/// subcommands too, e.g. kvtarget-pool-create.1), from the same clap
+/// definitions as --help.
+fn man_pages(dir: &std::path::Path) -> ExitCode {
+    fn write_page(dir: &std::path::Path, cmd: clap::Command, name: String) -> std::io::Result<()> {
+        let cmd = cmd.name(name.clone());
+        let mut page = Vec::new();
+        clap_mangen::Man::new(cmd.clone()).render(&mut page)?;
+        std::fs::write(dir.join(format!("{name}.1")), page)?;
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            write_page(dir, sub.clone(), format!("{name}-{}", sub.get_name()))?;
+        }
+        Ok(())
+    }
+    let cmd = Cli::command().version(kvtarget::version());
+    let written =
+        std::fs::create_dir_all(dir).and_then(|()| write_page(dir, cmd, "kvtarget".into()));
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kvtarget man: {}: {e}", dir.display());
             ExitCode::FAILURE
         }
     }

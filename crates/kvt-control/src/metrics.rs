@@ -595,6 +595,12 @@ const METRICS: &[Metric] = &[
     }),
 ];
 
+/// Every family the endpoint exports, as (name, Prometheus type), in order:
+/// what the alert rules and the dashboard may name (tests/deploy.rs).
+pub fn families() -> impl Iterator<Item = (&'static str, &'static str)> {
+    METRICS.iter().map(|m| (m.name, m.kind.name()))
+}
+
 /// Renders every metric of the table, in its order.
 pub fn render(ctl: &Control) -> String {
     let scrape = Scrape::gather(ctl);

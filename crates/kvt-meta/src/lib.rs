@@ -33,7 +33,7 @@ pub use checkpoint::{CheckpointData, ExtentMapping};
 pub use error::PoolError;
 pub use format::{format, FormatOptions};
 pub use journal::*;
-pub use recovery::{load_image, pool_tag, RecoveryReport};
+pub use recovery::{load_image, pool_tag, JournalEnd, RecoveryReport};
 pub use superblock::*;
 
 #[cfg(test)]

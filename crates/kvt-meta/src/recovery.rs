@@ -30,10 +30,94 @@ pub struct RecoveryReport {
     pub other_slot: Option<String>,
     pub journal_entries: u64,
     pub journal_records: u64,
-    pub journal_end: String,
+    pub journal_end: JournalEnd,
     pub end_seq: u64,
     pub end_pos: u64,
     pub replayed_bytes: u64,
+}
+
+/// Where journal replay stopped. Every replay stops at a slot that holds no
+/// entry of the next sequence; only some of those reasons say anything went
+/// wrong, and the log level follows (`is_clean`), so a healthy start reads as
+/// one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum JournalEnd {
+    /// Nothing replayed yet (a report not filled in).
+    #[default]
+    NotReplayed,
+    /// Every byte of the ring was replayed.
+    Full,
+    /// The next slot holds no journal entry: never written since format (a
+    /// fresh pool) or past the last entry written. The usual end.
+    NoEntry { seq: u64 },
+    /// The next slot holds an older entry (an earlier lap of the ring, or an
+    /// earlier formatting's). The usual end once the ring has wrapped.
+    OlderEntry { seq: u64 },
+    /// The next slot holds an entry of this pool that fails verification: a
+    /// write cut short by a crash or power loss (never acknowledged, so
+    /// nothing acknowledged is lost), or damage.
+    Torn { seq: u64, detail: String },
+    /// The next slot could not be read.
+    Unreadable { seq: u64, detail: String },
+}
+
+impl JournalEnd {
+    /// Why replay stopped before sequence `seq`, from the error reading it.
+    fn at(seq: u64, e: &PoolError) -> JournalEnd {
+        use super::block::FormatError;
+        match e {
+            PoolError::Format(FormatError::BadMagic { .. }) | PoolError::EndOfRing => {
+                JournalEnd::NoEntry { seq }
+            }
+            PoolError::JournalSequence { .. } => JournalEnd::OlderEntry { seq },
+            PoolError::Io(_) => JournalEnd::Unreadable {
+                seq,
+                detail: e.to_string(),
+            },
+            _ => JournalEnd::Torn {
+                seq,
+                detail: e.to_string(),
+            },
+        }
+    }
+
+    /// True for the ends a healthy pool has (nothing to look into).
+    pub fn is_clean(&self) -> bool {
+        matches!(
+            self,
+            JournalEnd::Full | JournalEnd::NoEntry { .. } | JournalEnd::OlderEntry { .. }
+        )
+    }
+}
+
+impl std::fmt::Display for JournalEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JournalEnd::NotReplayed => write!(f, "journal not replayed"),
+            JournalEnd::Full => write!(f, "journal fully replayed"),
+            JournalEnd::NoEntry { seq } => {
+                write!(
+                    f,
+                    "journal ends before sequence {seq} (no entry written there yet)"
+                )
+            }
+            JournalEnd::OlderEntry { seq } => write!(
+                f,
+                "journal ends before sequence {seq} (the ring's next slot holds an older entry)"
+            ),
+            JournalEnd::Torn { seq, detail } => write!(
+                f,
+                "journal ends before sequence {seq}: that entry fails verification ({detail}); \
+                 a write cut short by a crash or power loss, never acknowledged, or damage"
+            ),
+            JournalEnd::Unreadable { seq, detail } => {
+                write!(
+                    f,
+                    "journal ends before sequence {seq}: that slot could not be read ({detail})"
+                )
+            }
+        }
+    }
 }
 
 /// Reads a pool's metadata without changing anything: superblock, the newest
@@ -190,11 +274,18 @@ fn replay_journal(
     rep: &mut RecoveryReport,
 ) {
     let (mut seq, mut pos) = (ch.journal_seq, ch.journal_pos);
-    // Position and byte count before trying the ring's start, to undo the try.
-    let mut before_wrap: Option<(u64, u64)> = None;
+    // Position, byte count and error before trying the ring's start, to undo
+    // the try; the end is then told by the first slot's error, not the start's.
+    let mut before_wrap: Option<(u64, u64, PoolError)> = None;
     rep.journal_end = loop {
         if rep.replayed_bytes >= sb.journal_len {
-            break "journal fully replayed".into();
+            // Jumping to the ring's start came back to where replay began
+            // (position and count stay as they were, as ever): the end is
+            // told by the slot before the jump.
+            break match before_wrap.take() {
+                Some((_, _, first)) => JournalEnd::at(seq, &first),
+                None => JournalEnd::Full,
+            };
         }
         match verified("journal entry", || read_entry(io, sb, tag, pos, seq)) {
             Ok((records, total)) => {
@@ -211,19 +302,76 @@ fn replay_journal(
             Err(e) => {
                 // An entry that did not fit at the end of the ring was written at 0.
                 if pos != 0 && before_wrap.is_none() {
-                    before_wrap = Some((pos, rep.replayed_bytes));
+                    before_wrap = Some((pos, rep.replayed_bytes, e));
                     rep.replayed_bytes += sb.journal_len - pos;
                     pos = 0;
                     continue;
                 }
-                if let Some((p, b)) = before_wrap.take() {
-                    pos = p;
-                    rep.replayed_bytes = b;
-                }
-                break format!("replayed up to sequence {seq} (next slot: {e})");
+                let e = match before_wrap.take() {
+                    Some((p, b, first)) => {
+                        pos = p;
+                        rep.replayed_bytes = b;
+                        first
+                    }
+                    None => e,
+                };
+                break JournalEnd::at(seq, &e);
             }
         }
     };
     rep.end_seq = seq;
     rep.end_pos = pos;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvt_bdev::ram::RamDevice;
+    use kvt_bdev::SharedDevice;
+
+    /// Words that read as damage to an operator; a clean end says none of
+    /// them (kvt-pool's recovery tests check the same on ends it writes).
+    const ALARMING: [&str; 7] = [
+        "bad", "magic", "error", "fail", "damage", "corrupt", "mismatch",
+    ];
+
+    /// A fresh pool's first recovery ends where nothing was written yet, and
+    /// says so without a word that reads as damage.
+    #[test]
+    fn a_fresh_pools_journal_end_is_clean() {
+        let dev: SharedDevice = RamDevice::new("fresh", 64 << 20).unwrap();
+        crate::format(&dev, &crate::FormatOptions::default()).unwrap();
+        let mut io = SyncIo::new(&dev).unwrap();
+        let (_, _, rep) = load_image(&mut io, dev.size_bytes()).unwrap();
+        assert_eq!(rep.journal_end, JournalEnd::NoEntry { seq: 1 });
+        assert!(rep.journal_end.is_clean());
+    }
+
+    /// Every end a healthy pool can have reads as healthy; the others say
+    /// what to look into.
+    #[test]
+    fn clean_ends_say_nothing_alarming() {
+        let clean = [
+            JournalEnd::Full,
+            JournalEnd::NoEntry { seq: 1 },
+            JournalEnd::OlderEntry { seq: 9 },
+        ];
+        for end in &clean {
+            assert!(end.is_clean(), "{end}");
+            let text = end.to_string().to_lowercase();
+            for word in ALARMING {
+                assert!(!text.contains(word), "`{text}` reads as damage");
+            }
+        }
+        let detail = "journal entry: checksum mismatch".to_string();
+        for end in [
+            JournalEnd::Torn {
+                seq: 3,
+                detail: detail.clone(),
+            },
+            JournalEnd::Unreadable { seq: 3, detail },
+        ] {
+            assert!(!end.is_clean(), "{end}");
+        }
+    }
 }

@@ -45,6 +45,8 @@ mod verify;
 pub mod volume;
 
 #[cfg(test)]
+mod journal_end;
+#[cfg(test)]
 mod sim;
 
 use crossbeam_queue::{ArrayQueue, SegQueue};
@@ -268,7 +270,11 @@ impl Pool {
         }
         let (sb, img, rep) =
             load_image(&mut io, dev.size_bytes()).map_err(|e| e.on(dev.describe()))?;
-        tracing::info!(pool = name, dev = %dev.describe(), checkpoint = rep.checkpoint_gen, entries = rep.journal_entries, records = rep.journal_records, end = %rep.journal_end, "pool recovered");
+        if rep.journal_end.is_clean() {
+            tracing::info!(pool = name, dev = %dev.describe(), checkpoint = rep.checkpoint_gen, entries = rep.journal_entries, records = rep.journal_records, end = %rep.journal_end, "pool recovered");
+        } else {
+            tracing::warn!(pool = name, dev = %dev.describe(), checkpoint = rep.checkpoint_gen, entries = rep.journal_entries, records = rep.journal_records, end = %rep.journal_end, "pool recovered");
+        }
         let volumes = restore_volumes(&img, sb.extent_size, &dev)?;
         let dirty = img.dirty();
         let reactors = opts.reactors.max(1);

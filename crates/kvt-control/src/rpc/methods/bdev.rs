@@ -143,6 +143,11 @@ pub(super) fn get_iostat(p: &mut Params) -> Parsed {
                     "unmap_latency_ticks": t.unmap_ns,
                     "num_flush_ops": t.flushes,
                     "io_error": {"total": t.errors},
+                    // kvtarget's own: latency per bucket (not cumulative),
+                    // bounds in `latency_bucket_bounds_us` (for percentiles,
+                    // e.g. `kvtarget top`'s P99).
+                    "read_latency_buckets": t.read_hist,
+                    "write_latency_buckets": t.write_hist,
                 }));
             }
         }
@@ -152,9 +157,14 @@ pub(super) fn get_iostat(p: &mut Params) -> Parsed {
                 names.join(",")
             )));
         }
+        // Upper bounds of the latency buckets; the last is unbounded (null).
+        let bounds: Vec<Option<u64>> = (0..kvt_mem::stats::LATENCY_BUCKETS)
+            .map(kvt_mem::stats::latency_bucket_le_us)
+            .collect();
         Ok(json!({
             "tick_rate": 1_000_000_000u64,
             "ticks": ctl.started.elapsed().as_nanos() as u64,
+            "latency_bucket_bounds_us": bounds,
             "bdevs": out,
         }))
     })
