@@ -98,6 +98,15 @@ job_nvmet_control() { ci/nvmet-control.sh; }
 
 job_promtool() { KVTARGET_BIN=$KVT_BIN ci/promtool.sh; }
 
+# The operator's kit (docs/operations.md): the alert rules' promtool checks and
+# unit tests and the dashboard's queries; `kvtarget top` driven in tmux against a
+# target under load; the Debian package installed into a clean Debian 12 root
+# (debootstrap, cached in .cache/debian12-root), its unit verified, the daemon's
+# system calls within its filter.
+job_alerts() { ci/alerts.sh; }
+job_top() { need_bin "$KVT_BIN" release; KVTARGET_BIN=$KVT_BIN ci/top.sh; }
+job_deploy() { need_bin "$KVT_BIN" release; KVTARGET_BIN=$KVT_BIN ci/deploy.sh; }
+
 job_spdk_rpc() { need_bin "$KVT_BIN" release; KVTARGET_BIN=$KVT_BIN tests/spdk-rpc/run.sh; }
 
 job_spdk_tools() {

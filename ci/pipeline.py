@@ -109,11 +109,14 @@ STAGES = [
            Job("clippy-spdk", cpu=BUILD, needs=["lint", "spdk"], cargo=True, quick=True),
            Job("release-spdk", cpu=BUILD, needs=["release", "spdk"], cargo=True)]),
     Stage("test", 780, "cargo test, the SPDK-linked tests, the kernel nvmet control boot (its "
-          "verdict cached), SPDK's tools against kvtarget",
+          "verdict cached), the operator's kit, SPDK's tools against kvtarget",
           [Job("nvmet-control", cpu=1, needs=["guest-image"], early="build"),
-           Job("cargo-test", cargo=True, quick=True),
-           Job("test-spdk", needs=["cargo-test", "spdk"], cargo=True, quick=True),
+           Job("cargo-test", cpu=BUILD, cargo=True, quick=True),
+           Job("test-spdk", cpu=BUILD, needs=["cargo-test", "spdk"], cargo=True, quick=True),
            Job("promtool", cpu=1, needs=["release"]),
+           Job("alerts", cpu=0.5, quick=True),
+           Job("top", cpu=1, needs=["release"]),
+           Job("deploy", cpu=1, needs=["release"]),
            Job("spdk-rpc", cpu=1, needs=["release"]),
            Job("spdk-tools", needs=["release", "release-spdk", "promtool", "spdk-rpc"])]),
     Stage("guest-tcp", 1080, "the Linux kernel NVMe/TCP host in a QEMU guest against kvtarget; "
@@ -264,9 +267,18 @@ class Run:
         say(self.t0, f"stage {stage.name} (cap {stage.cap_s}s): {stage.desc}")
         t_stage = time.monotonic()
         while not self.failed and any(j.verdict in ("pending", "running") for j in own):
+            waiting = False  # a ready job of this stage that found no room
             for job in self.startable(k):
-                if self.ready(job, jobs) and self.room(job):
+                if not self.ready(job, jobs):
+                    continue
+                # Background work never overtakes this stage's own jobs: it
+                # starts only while none of them is waiting for room.
+                if job.stage is not stage and waiting:
+                    continue
+                if self.room(job):
                     self.start(job)
+                elif job.stage is stage:
+                    waiting = True
             stuck = [j for j in own if j.verdict == "pending" and any(
                 jobs[n].verdict.startswith(("failed", "not run", "stopped")) for n in j.needs)]
             if stuck:
