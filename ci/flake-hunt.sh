@@ -5,9 +5,11 @@
 #
 #   ci/flake-hunt.sh [ROUNDS] [--only REGEX] [--no-hog] [--guest]
 #
-# The tests: tests/cluster.rs (every test), tests/reactor_faults.rs,
-# tests/idle_wakeups.rs, the perf tests (tests/kv.rs and tests/tcp_target.rs perf_*:
-# short timed runs of `kvtarget perf`), and with --guest the
+# The tests: tests/cluster.rs, tests/reactor_faults.rs, tests/idle_wakeups.rs,
+# tests/kv.rs (its perf tests are short timed runs of `kvtarget perf`, one SIGKILLs
+# the daemon under load), tests/tcp_target.rs's perf tests, tests/pool_no_alloc.rs
+# (no allocation on a warm reactor), tests/systemd.rs (watchdog pings), and with
+# --guest the
 # interop suite's cluster-failover scenario in the QEMU guest (one boot per round;
 # needs target/ci/bin/kvtarget and SPDK as ci/test.sh builds them).
 # The hog: one busy loop per core at the tests' own priority. Logs of failed rounds
@@ -42,7 +44,7 @@ start_hog() {
 
 # The test binaries, built once (outside the hog).
 declare -A bin_of=()
-for t in cluster reactor_faults idle_wakeups kv tcp_target; do
+for t in cluster reactor_faults idle_wakeups kv tcp_target pool_no_alloc systemd; do
     bin_of[$t]=$(cargo test --no-run --test "$t" --message-format=json 2>/dev/null \
         | python3 -c 'import json,sys
 for l in sys.stdin:
@@ -56,8 +58,10 @@ cases=(
     "cluster cluster ''"
     "reactor_faults reactor_faults ''"
     "idle_wakeups idle_wakeups ''"
-    "kv_perf kv perf_"
+    "kv kv ''"
     "tcp_perf tcp_target perf_"
+    "pool_no_alloc pool_no_alloc ''"
+    "systemd systemd ''"
 )
 declare -A pass=() runs=()
 start_hog

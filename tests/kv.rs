@@ -363,10 +363,14 @@ fn sigkill_mid_kv_load_keeps_every_flushed_key() {
     // Per key: the versions a Retrieve may find after the crash (0: none).
     let allowed: Arc<Mutex<HashMap<u64, Vec<u64>>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
+    // Operations done by both workers: the kill comes once the load has run a
+    // while (a fixed sleep saw 68 operations on a busy machine, not the 200 the
+    // test needs to mean anything).
+    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut workers = Vec::new();
     for w in 0..2u64 {
         let mut q = c.io_queue(w as u16 + 1).unwrap();
-        let (allowed, stop) = (allowed.clone(), stop.clone());
+        let (allowed, stop, done) = (allowed.clone(), stop.clone(), done.clone());
         workers.push(std::thread::spawn(move || {
             let mut rng = 0x2545_F491u64 + w;
             let mut version = w << 40;
@@ -426,11 +430,19 @@ fn sigkill_mid_kv_load_keeps_every_flushed_key() {
                     since_flush.push(k);
                 }
                 ops += 1;
+                done.fetch_add(1, Ordering::Relaxed);
             }
             ops
         }));
     }
+    // At least 3 s of load, and at least KILL_AFTER_OPS operations (at most a
+    // minute): what an idle machine does in 3 s, a loaded one may take longer to.
+    const KILL_AFTER_OPS: u64 = 400;
+    let t0 = Instant::now();
     std::thread::sleep(Duration::from_millis(3000));
+    while done.load(Ordering::Relaxed) < KILL_AFTER_OPS && t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let st = Command::new("kill")
         .arg("-KILL")
         .arg(child.id().to_string())

@@ -33,13 +33,42 @@ thread_local! {
     static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
 }
 
-fn note_allocation() {
+/// Where the first counted allocations came from (size and backtrace): a failure
+/// that shows up only on a busy machine must say what allocated.
+static FIRST_ALLOCATIONS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn note_allocation(size: usize) {
     // try_with: the allocator also runs while thread locals are torn down.
     let _ = ARMED.try_with(|armed| {
         if armed.get() {
-            ALLOCATIONS.with(|n| n.set(n.get() + 1));
+            let n = ALLOCATIONS.with(|n| {
+                n.set(n.get() + 1);
+                n.get()
+            });
+            if n <= 2 {
+                // Disarmed while the report itself allocates.
+                armed.set(false);
+                let bt = std::backtrace::Backtrace::force_capture();
+                let thread = std::thread::current();
+                let line = format!(
+                    "{size} bytes on thread {:?}:\n{bt}",
+                    thread.name().unwrap_or("?")
+                );
+                if let Ok(mut v) = FIRST_ALLOCATIONS.lock() {
+                    v.push(line);
+                }
+                armed.set(true);
+            }
         }
     });
+}
+
+/// The reports `note_allocation` kept.
+fn first_allocations() -> String {
+    FIRST_ALLOCATIONS
+        .lock()
+        .map(|v| v.join("\n"))
+        .unwrap_or_default()
 }
 
 // SAFETY: every call forwards to the system allocator with the caller's own
@@ -47,17 +76,17 @@ fn note_allocation() {
 // never allocate.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
+        note_allocation(layout.size());
         // SAFETY: forwarded unchanged; the caller upholds `alloc`'s contract.
         unsafe { System.alloc(layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
+        note_allocation(layout.size());
         // SAFETY: as in `alloc`.
         unsafe { System.alloc_zeroed(layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note_allocation();
+        note_allocation(new_size);
         // SAFETY: `ptr` came from this allocator, so from `System`.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -220,9 +249,11 @@ fn volume_io_on_mapped_extents_allocates_nothing() {
         (small, large) = h.mix(i, small, large);
     }
     assert_eq!(
-        h.allocations, 0,
-        "{} allocations on the reactor's side over {ROUNDS} rounds of 8 commands",
-        h.allocations
+        h.allocations,
+        0,
+        "{} allocations on the reactor's side over {ROUNDS} rounds of 8 commands; the first:\n{}",
+        h.allocations,
+        first_allocations()
     );
     // The window saw the commands: a write's bytes read back.
     small.fill(9);
@@ -290,8 +321,9 @@ fn kv_index_commands_allocate_nothing() {
     assert_eq!(
         allocations,
         0,
-        "{allocations} allocations in {ROUNDS} rounds of {} keys",
-        keys.len()
+        "{allocations} allocations in {ROUNDS} rounds of {} keys; the first:\n{}",
+        keys.len(),
+        first_allocations()
     );
     assert!(ix.verify().is_empty(), "{:?}", ix.verify());
 }
@@ -391,7 +423,12 @@ volume = "p/cache"
         round(&mut qs, r);
     }
     let per_reactor = on_reactors(&server, disarm);
-    assert_eq!(per_reactor, vec![0, 0], "allocations on each reactor");
+    assert_eq!(
+        per_reactor,
+        vec![0, 0],
+        "allocations on each reactor; the first ones:\n{}",
+        first_allocations()
+    );
     // Nor a lock: with a reactor owning the index, its mutex is not taken
     // (by the commands, nor by the metadata thread's commits).
     assert_eq!(index.home_locks(), locks, "the index's mutex was taken");
