@@ -33,7 +33,9 @@
 //! reuses freed blocks as soon as next fit comes round, from paying a scrub
 //! and a fresh mapping for space it takes back at once.
 
-use super::key_slots::KeySlots;
+mod key_slots;
+
+use key_slots::KeySlots;
 pub use crate::kv_index::Reserve;
 use crate::kv_index::{KvAnswer, KvAsk};
 pub use kvt_meta::journal::KvLoc;
