@@ -8,11 +8,14 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 impl KvIndex {
+    /// Milliseconds from the index's base (`KvIndex::base`) to `now`.
     pub(super) fn ms(&self, now: Instant) -> u64 {
         let base = *self.base.get_or_init(|| now);
         now.saturating_duration_since(base).as_millis() as u64
     }
 
+    /// Gives `key` up if it is older than `ttl`, counted as an expiration:
+    /// the command that meets it finds no key.
     pub(super) fn expire_if_old(
         &self,
         st: &mut State,
