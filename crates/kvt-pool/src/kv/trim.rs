@@ -96,9 +96,15 @@ impl KvIndex {
         {
             return None;
         }
+        // Made here, on the caller's thread, with room for a whole batch: the
+        // owning reactor fills it without allocating (a `Vec::new` there grew
+        // five times for a 64-extent volume's first batch, and
+        // `pool_no_alloc` failed whenever its run crossed `trim_after`).
+        let out = Vec::with_capacity(TRIM_BATCH);
         Some(self.with_state(move |ix, st| {
-            let mut out = Vec::new();
+            let mut out = out;
             ix.trim_due_in(st, now, &mut out);
+            assert!(out.len() <= TRIM_BATCH, "a trim batch past TRIM_BATCH");
             out
         }))
     }
