@@ -7,9 +7,8 @@ use super::controller::{
 };
 use super::{CommandSet, Namespace, Target, IEEE_OUI};
 use kvt_wire::nvme::{
-    self, admin_opc, cns, csi_bit, fid, io_opc, kv_opc, lid, CsIndependentNamespace, GetLogPage,
-    IdentifyController, IdentifyNamespace, KvFormat, KvIdentifyNamespace, SmartLog, Sqe, Status,
-    ERROR_LOG_ENTRY_LEN,
+    self, admin_opc, cns, csi_bit, fid, CsIndependentNamespace, GetLogPage, IdentifyController,
+    IdentifyNamespace, KvFormat, KvIdentifyNamespace, Sqe, Status,
 };
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -306,8 +305,9 @@ pub fn identify_controller(target: &Target, ctrl: &Controller) -> IdentifyContro
         } else {
             super::controller::AEC_NS_ATTR
         },
-        // Extended data for Get Log Page (offsets, 32-bit NUMD).
-        lpa: 0x04,
+        // Extended data for Get Log Page (offsets, 32-bit NUMD), and a bit
+        // per page served that has one.
+        lpa: super::log_page::lpa(discovery),
         elpe: (ERROR_LOG_ENTRIES - 1) as u8,
         kas: KAS_100MS,
         sqes: 0x66,
@@ -340,8 +340,6 @@ pub fn identify_controller(target: &Target, ctrl: &Controller) -> IdentifyContro
         id.cmic = 0x02;
         // Firmware slot 1, read-only.
         id.frmw = 0x03;
-        // Commands Supported and Effects log, and extended Get Log Page data.
-        id.lpa = 0x06;
         id.nn = MAX_NAMESPACES;
         id.mnan = MAX_NAMESPACES;
         // Dataset Management, Write Zeroes, Reservations.
@@ -395,149 +393,12 @@ pub fn identify_namespace(ns: &super::Namespace) -> IdentifyNamespace {
 }
 
 fn get_log_page(target: &Target, ctrl: &Controller, sqe: &Sqe, now: Instant) -> AdminOutcome {
-    let g = GetLogPage::parse(sqe);
-    let page = match (g.lid, ctrl.is_discovery()) {
-        (lid::DISCOVERY, true) => {
-            let genctr = target.genctr.load(Ordering::Relaxed);
-            let entries = target.discovery_entries(&ctrl.hostnqn);
-            ctrl.discovery_log_read(genctr, g.rae);
-            nvme::encode_discovery_log(genctr, &entries)
-        }
-        (lid::ERROR_INFO, _) => {
-            let mut b = vec![0u8; ERROR_LOG_ENTRIES * ERROR_LOG_ENTRY_LEN];
-            for (i, e) in ctrl.error_entries().iter().enumerate() {
-                e.encode(&mut b[i * ERROR_LOG_ENTRY_LEN..(i + 1) * ERROR_LOG_ENTRY_LEN]);
-            }
-            b
-        }
-        (lid::SMART_HEALTH, false) => smart_log(ctrl, now).encode(),
-        (lid::FIRMWARE_SLOT, false) => {
-            let mut b = vec![0u8; 512];
-            b[0] = 1; // active slot 1
-            let fw = target.firmware.as_bytes();
-            let n = fw.len().min(8);
-            b[8..16].fill(b' ');
-            b[8..8 + n].copy_from_slice(&fw[..n]);
-            b
-        }
-        (lid::CHANGED_NS_LIST, false) => {
-            let mut b = vec![0u8; 4096];
-            if let Ok(mut regs) = ctrl.regs.lock() {
-                if regs.changed_ns.len() > 1024 {
-                    // More than 1024 changed: the first entry is FFFFFFFFh.
-                    b[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
-                } else {
-                    for (i, n) in regs.changed_ns.iter().enumerate() {
-                        b[i * 4..i * 4 + 4].copy_from_slice(&n.to_le_bytes());
-                    }
-                }
-                if !g.rae {
-                    regs.changed_ns.clear();
-                    regs.ns_event_masked = false;
-                }
-            }
-            b
-        }
-        // Per command set: Linux 6.1 reads it with the namespace's CSI when it
-        // sets up a namespace of a CSI other than NVM (`nvme_alloc_ns_head`)
-        // and drops the namespace if that fails.
-        (lid::COMMANDS_SUPPORTED, false) => match CommandSet::from_csi(g.csi) {
-            Some(set) => commands_supported_log(set),
-            None => return AdminOutcome::status(Status::INVALID_FIELD),
-        },
-        (super::reservation::LID_RESERVATION_NOTIFICATION, false) => {
-            super::reservation::notice_log_page(ctrl, g.rae)
-        }
-        (super::ana::LID_ANA, false) => match super::ana::read_log_page(ctrl, g.lsp, g.rae) {
-            Some(page) => page,
-            None => return AdminOutcome::status(Status::INVALID_LOG_PAGE),
-        },
-        _ => return AdminOutcome::status(Status::INVALID_LOG_PAGE),
-    };
-    if g.offset % 4 != 0 || g.offset > page.len() as u64 {
-        return AdminOutcome::status(Status::INVALID_FIELD);
+    let cmd = GetLogPage::parse(sqe);
+    let max_len = target.limits.max_io_size as usize;
+    match super::log_page::read(target, ctrl, &cmd, now, max_len) {
+        Ok(data) => AdminOutcome::data(data),
+        Err(status) => AdminOutcome::status(status),
     }
-    let start = g.offset as usize;
-    // NUMD asks for up to 16 GiB; no command's data is longer than MDTS
-    // (the queue refuses a longer SGL), so nothing past it is allocated.
-    let mut out = vec![0u8; g.len.min(target.limits.max_io_size as usize)];
-    let n = (page.len() - start).min(g.len);
-    out[..n].copy_from_slice(&page[start..start + n]);
-    AdminOutcome::data(out)
-}
-
-/// SMART / health for this controller's traffic. A virtual device has no media wear
-/// and no temperature sensor of its own; we report the host's first thermal zone
-/// where one exists, so the value is real, and 0 (not reported) otherwise.
-fn smart_log(ctrl: &Controller, now: Instant) -> SmartLog {
-    let c = ctrl.io_totals();
-    // Data units are thousands of 512-byte units, rounded up.
-    let units = |bytes: u64| (bytes / 512).div_ceil(1000) as u128;
-    SmartLog {
-        critical_warning: 0,
-        temperature: host_temperature_kelvin().unwrap_or(0),
-        available_spare: 100,
-        spare_threshold: 10,
-        percent_used: 0,
-        data_units_read: units(c.read_bytes),
-        data_units_written: units(c.write_bytes),
-        host_reads: c.read_cmds as u128,
-        host_writes: c.write_cmds as u128,
-        power_cycles: 1,
-        power_on_hours: ctrl.uptime_hours(now) as u128,
-        unsafe_shutdowns: 0,
-        media_errors: c.media_errors as u128,
-        error_log_entries: ctrl.error_count() as u128,
-    }
-}
-
-fn host_temperature_kelvin() -> Option<u16> {
-    let s = std::fs::read_to_string("/sys/class/thermal/thermal_zone0/temp").ok()?;
-    let milli_c: i64 = s.trim().parse().ok()?;
-    u16::try_from(milli_c / 1000 + 273).ok()
-}
-
-/// Commands Supported and Effects for one command set: the admin commands,
-/// then that set's I/O commands (CSUPP, and LBCC for those that change what
-/// the namespace holds).
-fn commands_supported_log(set: CommandSet) -> Vec<u8> {
-    let mut b = vec![0u8; 4096];
-    let csupp = 1u32;
-    let lbcc = 1u32 << 1; // logical block (for KV: namespace) content change
-    for opc in [
-        admin_opc::GET_LOG_PAGE,
-        admin_opc::IDENTIFY,
-        admin_opc::ABORT,
-        admin_opc::SET_FEATURES,
-        admin_opc::GET_FEATURES,
-        admin_opc::ASYNC_EVENT_REQUEST,
-        admin_opc::KEEP_ALIVE,
-    ] {
-        b[opc as usize * 4..opc as usize * 4 + 4].copy_from_slice(&csupp.to_le_bytes());
-    }
-    let io: &[(u8, u32)] = match set {
-        CommandSet::Nvm => &[
-            (io_opc::FLUSH, csupp),
-            (io_opc::WRITE, csupp | lbcc),
-            (io_opc::READ, csupp),
-            (io_opc::WRITE_ZEROES, csupp | lbcc),
-            (io_opc::DATASET_MANAGEMENT, csupp | lbcc),
-        ],
-        CommandSet::KeyValue => &[
-            (kv_opc::FLUSH, csupp),
-            (kv_opc::STORE, csupp | lbcc),
-            (kv_opc::RETRIEVE, csupp),
-            (kv_opc::LIST, csupp),
-            (kv_opc::DELETE, csupp | lbcc),
-            (kv_opc::EXIST, csupp),
-        ],
-    };
-    let resv = super::io::reservation::OPCODES.map(|o| (o, csupp));
-    for &(opc, eff) in io.iter().chain(&resv) {
-        let off = 1024 + opc as usize * 4;
-        b[off..off + 4].copy_from_slice(&eff.to_le_bytes());
-    }
-    b
 }
 
 fn set_features(target: &Target, ctrl: &Controller, sqe: &Sqe, now: Instant) -> AdminOutcome {
@@ -706,6 +567,7 @@ mod tests {
     use super::*;
     use crate::{Namespace, Subsystem, SubsystemKind, TransportLimits};
     use kvt_bdev::ram::RamDevice;
+    use kvt_wire::nvme::lid;
     use std::sync::Arc;
 
     fn setup() -> (Target, Arc<Controller>) {

@@ -24,7 +24,7 @@ pub const ANACAP: u8 = 0x1F;
 /// reporting (3).
 pub const CMIC_ANA: u8 = 0x01 | 0x02 | 0x08;
 /// Log page identifier of the ANA log page.
-pub const LID_ANA: u8 = 0x0C;
+pub const LID_ANA: u8 = kvt_wire::nvme::lid::ANA;
 /// Get Log Page LSP bit 0 for LID 0Ch: Return Groups Only (no NSID lists).
 pub const LSP_RGO: u8 = 0x01;
 /// Asynchronous Event Configuration bit enabling ANA change notices (also

@@ -16,6 +16,7 @@ pub mod controller;
 pub mod errlog;
 pub mod fabrics;
 pub mod io;
+pub mod log_page;
 pub mod ns_table;
 pub mod plan;
 pub mod queue;

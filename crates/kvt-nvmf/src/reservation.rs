@@ -34,7 +34,7 @@ pub mod resv_fid {
 pub const RESV_DATA_MAX: usize = 64 * 1024;
 
 /// Log page identifier of the Reservation Notification log page.
-pub const LID_RESERVATION_NOTIFICATION: u8 = 0x80;
+pub const LID_RESERVATION_NOTIFICATION: u8 = kvt_wire::nvme::lid::RESERVATION_NOTIFICATION;
 
 /// Host Identifier Inconsistent Format (command specific 18h): a Report
 /// without the extended data structure while a registrant has a 128-bit

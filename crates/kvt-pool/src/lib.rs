@@ -31,7 +31,6 @@ mod commit;
 mod epoch;
 pub mod format;
 pub mod gc;
-mod key_slots;
 pub mod kv;
 pub mod kv_index;
 pub mod kv_owner;

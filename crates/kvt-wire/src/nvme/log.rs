@@ -1,6 +1,6 @@
 //! Get Log Page, the identifiers of the log pages kvtarget serves, and the layouts of
-//! Error Information, SMART / Health Information and the discovery log (`nvmf::admin`
-//! builds the firmware slot, changed namespace list and commands supported pages).
+//! Error Information, SMART / Health Information and the discovery log (`nvmf::log_page`
+//! is the table of pages served, and builds the others).
 
 use super::{admin_opc, Sqe, NQN_FIELD_LEN};
 use crate::le::*;
@@ -12,7 +12,11 @@ pub mod lid {
     pub const FIRMWARE_SLOT: u8 = 0x03;
     pub const CHANGED_NS_LIST: u8 = 0x04;
     pub const COMMANDS_SUPPORTED: u8 = 0x05;
+    /// Asymmetric Namespace Access.
+    pub const ANA: u8 = 0x0C;
     pub const DISCOVERY: u8 = 0x70;
+    /// Reservation Notification.
+    pub const RESERVATION_NOTIFICATION: u8 = 0x80;
 }
 
 /// Get Log Page fields.
