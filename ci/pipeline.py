@@ -21,6 +21,7 @@ fail, one table: stage, cap, time, verdict (and the same for each job).
 """
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -160,6 +161,34 @@ def tail(path, n=TAIL_LINES):
         return [f"(no log: {e})"]
 
 
+# What a failing log says about its failure, wherever it sits in the log: TAP-style
+# verdicts of the guest suites, cargo's failed tests, panics, shell errors.
+FAILURE_LINE = re.compile(r"(^|[|#] *)(FAIL - |not ok |test .* \.\.\. FAILED|---- .* stdout ----|"
+                          r"thread '.*' panicked|error(\[E\d+\])?: |Error: |FAILED|TIMEOUT)")
+
+
+def failure_lines(path, n=30):
+    """The first n lines of a job's log that name a failure (the tail may not)."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    hits = [line for line in text.splitlines() if FAILURE_LINE.search(line)]
+    return hits[:n]
+
+
+def print_failure(path):
+    hits = failure_lines(path)
+    if hits:
+        print(f"    lines that name the failure ({len(hits)} shown):")
+        for line in hits:
+            print(f"    ! {line[:400]}")
+    print(f"    last lines ({path}):")
+    for line in tail(path):
+        print(f"    | {line}")
+
+
 def say(t0, msg):
     print(f"==> [{int(time.monotonic() - t0):5d}s] {msg}", flush=True)
 
@@ -233,9 +262,8 @@ class Run:
             else:
                 job.verdict = f"failed ({rc})"
                 say(self.t0, f"FAILED {job.name} (exit status {rc}) after {job.elapsed:.0f}s "
-                    f"(stage {job.stage.name}); its last lines ({job.log}):")
-                for line in tail(job.log):
-                    print(f"    | {line}")
+                    f"(stage {job.stage.name}):")
+                print_failure(job.log)
                 self.failed = (job.stage.name, job.name, f"job {job.name} exited with status {rc}")
                 return
 
@@ -298,9 +326,8 @@ class Run:
                 say(self.t0, f"TIMEOUT: stage {stage.name} ran past its cap of {stage.cap_s}s; "
                     f"stopping {', '.join(j.name for j in late)}")
                 for job in late:
-                    print(f"    last lines of {job.name} ({job.log}):")
-                    for line in tail(job.log):
-                        print(f"    | {line}")
+                    print(f"    {job.name}:")
+                    print_failure(job.log)
                     self.stop(job, "stopped at the stage's cap")
                 self.failed = (stage.name, None, f"stage {stage.name} ran past its cap of "
                                f"{stage.cap_s}s ({', '.join(j.name for j in late)} unfinished)")

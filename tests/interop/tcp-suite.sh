@@ -1027,30 +1027,44 @@ t_volume_data_survives_restart() {
 
 # bench/fio's KV-cache job files (from the share), each run briefly on namespace 1.
 # It runs last: the profiles write across the whole namespace.
+# One job file through fio with its JSON in $WORK/NAME.json; FIO_BYTES is the least data
+# any of its jobs moved in the measured window. Fails on an fio error.
+fio_profile() {
+    local f=$1 name=$2 out=$WORK/$2.json rc err
+    timeout 300 fio --output-format=json --output="$out.raw" "$f" > "$WORK/$name.stderr" 2>&1
+    rc=$?
+    sed -n '/^{/,$p' "$out.raw" > "$out"
+    err=$(jq -r '[.jobs[].error] | max' "$out" 2>/dev/null)
+    FIO_BYTES=$(jq -r '[.jobs[] | (.read.io_bytes + .write.io_bytes + .trim.io_bytes)] | min' "$out" 2>/dev/null)
+    if [ $rc != 0 ] || [ "$err" != 0 ]; then
+        fail "$name.fio exited $rc, job error '$err': $(grep -h -m3 -iE 'verify|error|fio:' "$WORK/$name.stderr" "$out.raw" | tr '\n' ' ')"
+        return 1
+    fi
+    case "$FIO_BYTES" in ''|null|*[!0-9]*) FIO_BYTES=0 ;; esac
+}
+
+# bench/fio's job files with short windows: each runs clean and each of its jobs moves
+# data. A window of 1 s after the ramp can pass with no completion of a rate-limited
+# 1 MiB job when the emulated guest is starved of CPU, so a file whose window saw a job
+# idle runs again with a 10 s window before that counts as a failure.
 t_bench_fio_profiles() {
-    local f name out rc err bytes n=0 dir=/mnt/share/fio
+    local f name n=0 dir=/mnt/share/fio
     [ -d "$dir" ] || { fail "no job files in $dir"; return 1; }
     connect || return 1
-    export KVT_DEV=$DEV KVT_RUNTIME=1 KVT_SIZE=16m KVT_WRITE_IOPS=20 KVT_TRIM_IOPS=20
+    export KVT_DEV=$DEV KVT_SIZE=16m KVT_WRITE_IOPS=20 KVT_TRIM_IOPS=20
     for f in "$dir"/*.fio; do
         name=$(basename "$f" .fio)
         if [ "$name" = kv-steady ] && [ "$(cat "/sys/block/${DEV#/dev/}/queue/discard_max_bytes")" = 0 ]; then
             echo "#   $name: not run, this target's namespace takes no discards"
             continue
         fi
-        out=$WORK/$name.json
-        timeout 300 fio --output-format=json --output="$out.raw" "$f" > "$WORK/$name.stderr" 2>&1
-        rc=$?
-        sed -n '/^{/,$p' "$out.raw" > "$out"
-        err=$(jq -r '[.jobs[].error] | max' "$out" 2>/dev/null)
-        bytes=$(jq -r '[.jobs[] | (.read.io_bytes + .write.io_bytes + .trim.io_bytes)] | min' "$out" 2>/dev/null)
-        if [ $rc != 0 ] || [ "$err" != 0 ]; then
-            fail "$name.fio exited $rc, job error '$err': $(grep -h -m3 -iE 'verify|error|fio:' "$WORK/$name.stderr" "$out.raw" | tr '\n' ' ')"
-            return 1
+        KVT_RUNTIME=1 fio_profile "$f" "$name" || return 1
+        if [ "$FIO_BYTES" -eq 0 ]; then
+            echo "#   $name.fio: a job moved no data in a 1 s window; again with 10 s"
+            KVT_RUNTIME=10 fio_profile "$f" "$name" || return 1
         fi
-        [ -n "$bytes" ] && [ "$bytes" != null ] && [ "$bytes" -gt 0 ] \
-            || { fail "$name.fio: a job moved no data ($bytes bytes)"; return 1; }
-        echo "#   $name.fio: $(jq -r '[.jobs[] | "\(.jobname) r \(.read.iops|floor) w \(.write.iops|floor) trim \(.trim.iops|floor) IOPS"] | join(", ")' "$out")"
+        [ "$FIO_BYTES" -gt 0 ] || { fail "$name.fio: a job moved no data in a 10 s window"; return 1; }
+        echo "#   $name.fio: $(jq -r '[.jobs[] | "\(.jobname) r \(.read.iops|floor) w \(.write.iops|floor) trim \(.trim.iops|floor) IOPS"] | join(", ")' "$WORK/$name.json")"
         n=$((n + 1))
     done
     [ $n -ge 6 ] || { fail "only $n job files ran"; return 1; }
