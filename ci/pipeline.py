@@ -163,8 +163,8 @@ def tail(path, n=TAIL_LINES):
 
 # What a failing log says about its failure, wherever it sits in the log: TAP-style
 # verdicts of the guest suites, cargo's failed tests, panics, shell errors.
-FAILURE_LINE = re.compile(r"(^|[|#] *)(FAIL - |not ok |test .* \.\.\. FAILED|---- .* stdout ----|"
-                          r"thread '.*' panicked|error(\[E\d+\])?: |Error: |FAILED|TIMEOUT)")
+FAILURE_LINE = re.compile(r"FAIL - |not ok |---- .* stdout ----|thread '.*' panicked|"
+                          r"\berror(\[E\d+\])?: |\bError: |FAILED|TIMEOUT")
 
 
 def failure_lines(path, n=30):

@@ -23,6 +23,8 @@
 #          segments with checksum offload; slirp (user) takes 1500-byte frames, each a
 #          pass of QEMU's main loop, and that one thread at 100 % capped the guest's
 #          NVMe/TCP at 7-27 MB/s. user: slirp, which needs nothing from the host.
+# GUEST_QEMU_ARGS: more QEMU arguments, split at spaces (ci/selftest/hang-guest.sh
+# passes -S, which holds the vCPUs stopped: a guest that hangs).
 # The console log (kernel + script output) goes to --log (default <share>/console.log);
 # its path is printed at the end, and its tail too when the run failed.
 set -euo pipefail
@@ -142,6 +144,7 @@ if [ "$net" != user ]; then
         echo "guest-run: no tap device (needs /dev/net/tun, ip, nft); slirp networking, slower" >&2
     fi
 fi
+read -r -a user_args <<< "${GUEST_QEMU_ARGS:-}"
 qemu-system-x86_64 \
     -nodefaults -no-user-config -no-reboot \
     -machine "$machine" -accel tcg,thread=multi -cpu max -smp "$smp" -m "$mem" \
@@ -152,6 +155,7 @@ qemu-system-x86_64 \
     -fsdev local,id=fs0,path="$share",security_model=none \
     -device virtio-9p-pci,fsdev=fs0,mount_tag=share \
     -device virtio-rng-pci \
+    ${user_args[@]+"${user_args[@]}"} \
     </dev/null >>"$log" 2>&1 &
 qemu_pid=$!
 [ -z "$pidfile" ] || echo "$qemu_pid" > "$pidfile"
