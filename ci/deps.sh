@@ -13,6 +13,15 @@ log() { echo "deps: $*" >&2; }
 die() { echo "deps: error: $*" >&2; exit 1; }
 source "$here/lib/debian.sh"
 
+# Disk first: a full run writes about 12 GiB (target/, .cache/, the guests' pools and
+# SPDK's AIO bdev); short of that, a guest stage fails 30 minutes in with ENOSPC from
+# SPDK's bdev, far from the cause.
+need_gib=${KVT_CI_DISK_GIB:-15}
+free_gib=$(( $(df --output=avail -k "$here/.." | tail -n 1) / 1048576 ))
+[ "$free_gib" -ge "$need_gib" ] \
+    || die "$free_gib GiB free on the file system of $(cd "$here/.." && pwd); a run needs about $need_gib GiB (KVT_CI_DISK_GIB)"
+log "$free_gib GiB free on the repository's file system (a run needs about $need_gib)"
+
 mapfile -t all < <(debs_of "${DEB_GROUPS[@]}" | sort -u)
 mapfile -t missing < <(missing_debs "${all[@]}")
 if [ "${1:-}" = --check ]; then
