@@ -18,6 +18,19 @@ use std::time::{Duration, Instant};
 /// How long a daemon may take to answer after it was started.
 pub const DAEMON_START: Duration = Duration::from_secs(20);
 
+/// How long the tests' host waits for one command: a bound that catches a
+/// hang, not a speed test. The initiator's own 10 s ran out on a loaded CI
+/// machine (a KV Store on a full namespace waits for a commit, whose fsync
+/// queued behind a build's writes: tests/kv.rs, two Stores past 10 s).
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The tests' host options for `nqn` at `addr` (`COMMAND_TIMEOUT`).
+pub fn host_options(addr: SocketAddr, nqn: &str) -> HostOptions {
+    let mut opts = HostOptions::new(addr, nqn);
+    opts.timeout = COMMAND_TIMEOUT;
+    opts
+}
+
 /// A TCP port free on the loopback address (free when asked: the daemon
 /// binds it a moment later).
 pub fn free_port() -> u16 {
@@ -52,7 +65,7 @@ pub fn rpc_client(s: &Server) -> RpcClient {
 
 /// Connects a host to `nqn` at `addr` with `queues` I/O queues (IDs 1 on).
 pub fn connect(addr: SocketAddr, nqn: &str, queues: u16) -> (HostController, Vec<IoQueue>) {
-    let mut c = HostController::connect(&HostOptions::new(addr, nqn)).expect("connect");
+    let mut c = HostController::connect(&host_options(addr, nqn)).expect("connect");
     c.set_queue_count(queues).expect("queues");
     let qs = (1..=queues)
         .map(|q| c.io_queue(q).expect("io queue"))
@@ -62,7 +75,7 @@ pub fn connect(addr: SocketAddr, nqn: &str, queues: u16) -> (HostController, Vec
 
 /// Connects a host to `nqn` at `addr`, trying again while a daemon starts.
 pub fn connect_retry(addr: SocketAddr, nqn: &str) -> HostController {
-    let opts = HostOptions::new(addr, nqn);
+    let opts = host_options(addr, nqn);
     let t0 = Instant::now();
     loop {
         match HostController::connect(&opts) {
