@@ -707,30 +707,22 @@ impl RdmaLink {
     }
 }
 
-impl Link<RdmaReq> for RdmaLink {
-    /// RDMA WRITE of the data (reads and admin replies, on success), then the
-    /// response capsule by SEND. The slot is released when the SEND completes.
-    /// `#[inline]` for the reason TCP's is.
+impl RdmaLink {
+    /// Where the response's controller-to-host data comes from: (address,
+    /// length, lkey) of registered memory, admin replies copied to a buffer
+    /// first (they are small and not charged to the budget). None without
+    /// data; an unregistered buffer sets Internal Error in `cqe`.
     #[inline]
-    fn respond(
+    fn c2h_source(
         &mut self,
-        slot: u16,
         r: &mut Request<RdmaReq>,
         rsp: &Response,
         ctx: &mut IoCtx,
-    ) -> Release {
-        match r.x.state {
-            XState::AwaitRead => self.read_waiting.retain(|&s| s != slot),
-            XState::AwaitBuffer => self.buf_waiting.retain(|&s| s != slot),
-            _ => {}
-        }
-        if self.state == State::Closed {
-            return Release::Now;
-        }
+        cqe: &mut Cqe,
+    ) -> Option<(u64, u32, u32)> {
         // Controller-to-host data: admin replies go to a registered buffer
         // first (they are small and not charged to the budget).
-        let mut cqe = rsp.cqe;
-        let mut write: Option<(u64, u32, u32)> = None;
+        let mut write = None;
         match rsp.c2h {
             C2h::Reply => {
                 let reply = r.reply.take().unwrap_or_default();
@@ -761,20 +753,21 @@ impl Link<RdmaReq> for RdmaLink {
             }
             C2h::None => {}
         }
-        let (key_inv, remote) = match r.x.desc {
-            DataDescriptor::Keyed {
-                addr,
-                key,
-                invalidate,
-                len,
-            } => (invalidate.then_some(key), Some((addr, key, len))),
-            _ => (None, None),
-        };
-        let rsp_addr = self.write_response(slot as usize, &cqe);
-        r.x.state = XState::Responding;
-        if rsp.close_after {
-            self.disconnect_after = Some(slot);
-        }
+        write
+    }
+
+    /// Posts the response capsule (`rsp_addr`) by SEND, invalidating
+    /// `key_inv` if set, after an RDMA WRITE of `data` ((address, length,
+    /// lkey) here, (address, rkey, length) at the host) if there is data.
+    /// Returns ibv_post_send's errno and how many WRs it posted.
+    #[inline]
+    fn post_response(
+        &mut self,
+        slot: u16,
+        rsp_addr: u64,
+        key_inv: Option<u32>,
+        data: Option<((u64, u32, u32), (u64, u32, u32))>,
+    ) -> (i32, u32) {
         let mut rsp_sge = verbs::ibv_sge {
             addr: rsp_addr,
             length: CQE_LEN as u32,
@@ -794,9 +787,8 @@ impl Link<RdmaReq> for RdmaLink {
         }
         let mut data_sge = verbs::ibv_sge::default();
         let mut wwr = verbs::ibv_send_wr::default();
-        let ok = cqe.status == Status::SUCCESS.to_field();
-        let first: *mut verbs::ibv_send_wr = match (write, remote) {
-            (Some((local, len, lkey)), Some((raddr, rkey, rlen))) if ok => {
+        let first: *mut verbs::ibv_send_wr = match data {
+            Some(((local, len, lkey), (raddr, rkey, rlen))) => {
                 data_sge = verbs::ibv_sge {
                     addr: local,
                     length: len.min(rlen),
@@ -821,14 +813,56 @@ impl Link<RdmaReq> for RdmaLink {
         // SAFETY: qp is live; every sge points into registered memory (`mem`
         // or the slot's buffer) held by this slot until the SEND completes; the WR
         // chain lives on this stack frame for the call.
-        let (e, posted) = unsafe { verbs::post_send(self.qp, first) };
+        unsafe { verbs::post_send(self.qp, first) }
+    }
+}
+
+impl Link<RdmaReq> for RdmaLink {
+    /// RDMA WRITE of the data (reads and admin replies, on success), then the
+    /// response capsule by SEND. The slot is released when the SEND completes.
+    /// `#[inline]` for the reason TCP's is.
+    #[inline]
+    fn respond(
+        &mut self,
+        slot: u16,
+        r: &mut Request<RdmaReq>,
+        rsp: &Response,
+        ctx: &mut IoCtx,
+    ) -> Release {
+        match r.x.state {
+            XState::AwaitRead => self.read_waiting.retain(|&s| s != slot),
+            XState::AwaitBuffer => self.buf_waiting.retain(|&s| s != slot),
+            _ => {}
+        }
+        if self.state == State::Closed {
+            return Release::Now;
+        }
+        let mut cqe = rsp.cqe;
+        let write = self.c2h_source(r, rsp, ctx, &mut cqe);
+        let (key_inv, remote) = match r.x.desc {
+            DataDescriptor::Keyed {
+                addr,
+                key,
+                invalidate,
+                len,
+            } => (invalidate.then_some(key), Some((addr, key, len))),
+            _ => (None, None),
+        };
+        let rsp_addr = self.write_response(slot as usize, &cqe);
+        r.x.state = XState::Responding;
+        if rsp.close_after {
+            self.disconnect_after = Some(slot);
+        }
+        let ok = cqe.status == Status::SUCCESS.to_field();
+        let data = write.zip(remote).filter(|_| ok);
+        let (e, posted) = self.post_response(slot, rsp_addr, key_inv, data);
         self.count_sends(posted);
         if e == 0 {
             return Release::Later;
         }
         tracing::warn!(peer = %self.peer, "ibv_post_send: errno {e}");
         self.close("cannot post a send");
-        let chained = !std::ptr::eq(first, &send);
+        let chained = data.is_some();
         match slot_after_failed_post(chained, posted) {
             SlotAfterFailedPost::AwaitWrite => {
                 r.x.state = XState::WriteOrphaned;
