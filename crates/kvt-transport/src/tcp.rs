@@ -320,6 +320,61 @@ impl<W: Wire> TcpLink<W> {
     }
 }
 
+impl<W: Wire> TcpLink<W> {
+    /// Sends a command's controller-to-host data (`c2h_len` bytes, from the
+    /// device buffer `read_buf` or the admin `reply`) in one C2HData PDU.
+    /// Returns true if the PDU carried SUCCESS, standing for the response.
+    #[inline]
+    fn send_c2h(
+        &mut self,
+        cqe: &Cqe,
+        read_buf: Option<(IoBuf, usize)>,
+        reply: Option<Vec<u8>>,
+        c2h_len: usize,
+    ) -> bool {
+        // SUCCESS skips the CapsuleResp and its SQ head update; hosts over
+        // TCP do not use SQ head (SPDK sends SUCCESS the same way). The
+        // host then assumes a zero DW0/DW1, so a result (a KV Retrieve's
+        // value size) needs the CapsuleResp.
+        let success = self.c2h_success && cqe.result == 0;
+        let mut flags = pdu::flags::LAST_PDU;
+        if success {
+            flags |= pdu::flags::SUCCESS;
+        }
+        let hdr = DataHeader {
+            cccid: cqe.cid,
+            ttag: 0,
+            offset: 0,
+            length: c2h_len as u32,
+        };
+        pdu::encode_data_pdu_header(
+            &mut self.out.bytes,
+            false,
+            &hdr,
+            c2h_len,
+            flags,
+            self.digests,
+            self.hpda_align,
+        );
+        let digest = match (read_buf, reply) {
+            (Some((b, n)), _) => {
+                let d = self.digests.data.then(|| pdu::crc32c(&b[..n]));
+                self.out.push_buf(b, n);
+                d
+            }
+            (None, Some(d)) => {
+                self.out.bytes.extend_from_slice(&d);
+                self.digests.data.then(|| pdu::crc32c(&d))
+            }
+            (None, None) => None,
+        };
+        if let Some(d) = digest {
+            self.out.bytes.extend_from_slice(&d.to_le_bytes());
+        }
+        success
+    }
+}
+
 impl<W: Wire> Link<TcpReq> for TcpLink<W> {
     // #[inline]: the core's `Queue::respond` calls it once per command, in this
     // crate's instance of it; kept apart it cost a 4 KiB read about 30
@@ -366,49 +421,7 @@ impl<W: Wire> Link<TcpReq> for TcpLink<W> {
             (None, Some(d)) => d.len(),
             (None, None) => 0,
         };
-        let mut sent_success = false;
-        if c2h_len > 0 {
-            // SUCCESS skips the CapsuleResp and its SQ head update; hosts over
-            // TCP do not use SQ head (SPDK sends SUCCESS the same way). The
-            // host then assumes a zero DW0/DW1, so a result (a KV Retrieve's
-            // value size) needs the CapsuleResp.
-            let success = self.c2h_success && rsp.cqe.result == 0;
-            let mut flags = pdu::flags::LAST_PDU;
-            if success {
-                flags |= pdu::flags::SUCCESS;
-            }
-            let hdr = DataHeader {
-                cccid: cid,
-                ttag: 0,
-                offset: 0,
-                length: c2h_len as u32,
-            };
-            pdu::encode_data_pdu_header(
-                &mut self.out.bytes,
-                false,
-                &hdr,
-                c2h_len,
-                flags,
-                self.digests,
-                self.hpda_align,
-            );
-            let digest = match (read_buf, reply) {
-                (Some((b, n)), _) => {
-                    let d = self.digests.data.then(|| pdu::crc32c(&b[..n]));
-                    self.out.push_buf(b, n);
-                    d
-                }
-                (None, Some(d)) => {
-                    self.out.bytes.extend_from_slice(&d);
-                    self.digests.data.then(|| pdu::crc32c(&d))
-                }
-                (None, None) => None,
-            };
-            if let Some(d) = digest {
-                self.out.bytes.extend_from_slice(&d.to_le_bytes());
-            }
-            sent_success = success;
-        }
+        let sent_success = c2h_len > 0 && self.send_c2h(&rsp.cqe, read_buf, reply, c2h_len);
         if !sent_success && !held {
             pdu::encode_capsule_resp(&mut self.out.bytes, &rsp.cqe, self.digests);
         }
