@@ -631,6 +631,49 @@ impl<W: Wire> TcpConnection<W> {
         }
     }
 
+    /// The host's ICReq: answered with ICResp, and the connection is ready.
+    fn on_icreq(&mut self, req: pdu::ICReq, raw: &[u8]) {
+        if req.pfv != 0 {
+            return self.terminate(
+                PduError {
+                    fes: fes::INVALID_HEADER_FIELD,
+                    fei: 8,
+                    reason: "unsupported PDU format version",
+                },
+                raw,
+            );
+        }
+        if req.hpda > 31 {
+            return self.terminate(
+                PduError {
+                    fes: fes::INVALID_HEADER_FIELD,
+                    fei: 10,
+                    reason: "HPDA out of range",
+                },
+                raw,
+            );
+        }
+        self.l.hpda_align = if req.hpda == 0 {
+            0
+        } else {
+            (req.hpda as usize + 1) * 4
+        };
+        // Tell the host our limit before switching digests on for us.
+        pdu::encode_icresp(
+            &mut self.l.out.bytes,
+            &ICResp {
+                pfv: 0,
+                cpda: 0,
+                digests: req.digests,
+                maxh2cdata: self.l.maxh2cdata,
+            },
+        );
+        self.l.digests = req.digests;
+        self.l.set_state(ConnState::Ready);
+        // Connect checks the host and subsystem against the PSK identity.
+        self.q.set_secure_peer(self.l.sock.secure_peer().cloned());
+    }
+
     fn handle_pdu(&mut self, p: Pdu, raw: &[u8], ctx: &mut IoCtx) {
         let seq_err = |reason| PduError {
             fes: fes::PDU_SEQUENCE_ERROR,
@@ -638,47 +681,7 @@ impl<W: Wire> TcpConnection<W> {
             reason,
         };
         match (self.l.state, p) {
-            (ConnState::AwaitIcReq, Pdu::ICReq(req)) => {
-                if req.pfv != 0 {
-                    return self.terminate(
-                        PduError {
-                            fes: fes::INVALID_HEADER_FIELD,
-                            fei: 8,
-                            reason: "unsupported PDU format version",
-                        },
-                        raw,
-                    );
-                }
-                if req.hpda > 31 {
-                    return self.terminate(
-                        PduError {
-                            fes: fes::INVALID_HEADER_FIELD,
-                            fei: 10,
-                            reason: "HPDA out of range",
-                        },
-                        raw,
-                    );
-                }
-                self.l.hpda_align = if req.hpda == 0 {
-                    0
-                } else {
-                    (req.hpda as usize + 1) * 4
-                };
-                // Tell the host our limit before switching digests on for us.
-                pdu::encode_icresp(
-                    &mut self.l.out.bytes,
-                    &ICResp {
-                        pfv: 0,
-                        cpda: 0,
-                        digests: req.digests,
-                        maxh2cdata: self.l.maxh2cdata,
-                    },
-                );
-                self.l.digests = req.digests;
-                self.l.set_state(ConnState::Ready);
-                // Connect checks the host and subsystem against the PSK identity.
-                self.q.set_secure_peer(self.l.sock.secure_peer().cloned());
-            }
+            (ConnState::AwaitIcReq, Pdu::ICReq(req)) => self.on_icreq(req, raw),
             (ConnState::AwaitIcReq, _) => self.terminate(seq_err("expected ICReq first"), raw),
             (_, Pdu::ICReq(_)) => self.terminate(seq_err("second ICReq"), raw),
             (_, Pdu::TermReq { fes, fei, .. }) => {
