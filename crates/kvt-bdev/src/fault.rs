@@ -193,13 +193,13 @@ impl FaultDevice {
             _ => None,
         };
         match hit {
-            None => Self::read_into(&s, off, buf),
+            None => Self::read_into(s, off, buf),
             Some(kind) => {
                 s.read_fault = None;
                 s.read_faults += 1;
                 match kind {
                     ReadFaultKind::Corrupt { at } => {
-                        Self::read_into(&s, off, buf);
+                        Self::read_into(s, off, buf);
                         if let Some(b) = buf.get_mut((at % len.max(1)) as usize) {
                             *b ^= 0x5A;
                         }
@@ -207,7 +207,7 @@ impl FaultDevice {
                     ReadFaultKind::Misdirect { by } => {
                         let span = self.size.saturating_sub(len).max(1);
                         let from = (off + by) % span;
-                        Self::read_into(&s, from, buf);
+                        Self::read_into(s, from, buf);
                     }
                 }
             }
