@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 
 pub struct Server {
     pub target: Arc<Target>,
-    reactors: Vec<(Arc<ReactorShared>, JoinHandle<()>)>,
+    reactors: ReactorThreads,
     acceptor: Option<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
     devices: Vec<SharedDevice>,
@@ -59,9 +59,12 @@ pub enum StartError {
     Cluster(#[from] kvt_cluster::ClusterError),
 }
 
+/// The reactors' shared halves and their threads.
+type ReactorThreads = Vec<(Arc<ReactorShared>, JoinHandle<()>)>;
+
 /// Spawns the reactors on their cores, each given its post for the KV
 /// indexes it will own.
-fn spawn_reactors(cfg: &Config) -> Result<Vec<(Arc<ReactorShared>, JoinHandle<()>)>, SetupError> {
+fn spawn_reactors(cfg: &Config) -> Result<ReactorThreads, SetupError> {
     let mut reactors = Vec::new();
     kvt_reactor::set_stall_warn(std::time::Duration::from_micros(cfg.reactors.stall_warn_us));
     for (i, core) in cfg.reactor_cores().into_iter().enumerate() {
@@ -113,7 +116,7 @@ fn stop_started(
     listener_set: &transport::ListenerSet,
     acceptor: JoinHandle<()>,
     rdma: &transport::rdma::RdmaTransport,
-    reactors: Vec<(Arc<ReactorShared>, JoinHandle<()>)>,
+    reactors: ReactorThreads,
 ) {
     stop.store(true, Ordering::Release);
     listener_set.wake();

@@ -707,6 +707,11 @@ impl RdmaLink {
     }
 }
 
+/// Data in registered memory here: (address, length, lkey).
+type LocalData = (u64, u32, u32);
+/// A host buffer: (address, rkey, length).
+type RemoteData = (u64, u32, u32);
+
 impl RdmaLink {
     /// Where the response's controller-to-host data comes from: (address,
     /// length, lkey) of registered memory, admin replies copied to a buffer
@@ -719,7 +724,7 @@ impl RdmaLink {
         rsp: &Response,
         ctx: &mut IoCtx,
         cqe: &mut Cqe,
-    ) -> Option<(u64, u32, u32)> {
+    ) -> Option<LocalData> {
         // Controller-to-host data: admin replies go to a registered buffer
         // first (they are small and not charged to the budget).
         let mut write = None;
@@ -766,7 +771,7 @@ impl RdmaLink {
         slot: u16,
         rsp_addr: u64,
         key_inv: Option<u32>,
-        data: Option<((u64, u32, u32), (u64, u32, u32))>,
+        data: Option<(LocalData, RemoteData)>,
     ) -> (i32, u32) {
         let mut rsp_sge = verbs::ibv_sge {
             addr: rsp_addr,
