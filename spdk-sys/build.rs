@@ -142,6 +142,19 @@ mod generate {
         let libs: Vec<pkg_config::Library> = MODULES.iter().map(|m| probe(m, statik)).collect();
         let sys = probe("spdk_syslibs", true);
 
+        let includes: Vec<PathBuf> = nvme
+            .include_paths
+            .iter()
+            .chain(libs.iter().flat_map(|l| &l.include_paths))
+            .cloned()
+            .collect();
+        bindings(&out, &includes);
+        link(&libs, &sys, statik);
+    }
+
+    /// Generates the bindings and compiles the wrappers of SPDK's `static
+    /// inline` functions, with SPDK's headers in `includes`.
+    fn bindings(out: &std::path::Path, includes: &[PathBuf]) {
         // --- bindings + wrappers for static inline functions -------------------
         let wrap = out.join("spdk_static_fns");
         let mut b = bindgen::Builder::default()
@@ -170,11 +183,7 @@ mod generate {
         for t in OPAQUE {
             b = b.opaque_type(t);
         }
-        for p in nvme
-            .include_paths
-            .iter()
-            .chain(libs.iter().flat_map(|l| &l.include_paths))
-        {
+        for p in includes {
             b = b.clang_arg(format!("-I{}", p.display()));
         }
         let bindings = match b.generate() {
@@ -197,15 +206,15 @@ mod generate {
         }
         let mut c = cc::Build::new();
         c.file(wrappers).include(".");
-        for p in nvme
-            .include_paths
-            .iter()
-            .chain(libs.iter().flat_map(|l| &l.include_paths))
-        {
+        for p in includes {
             c.include(p);
         }
         c.compile("spdk_sys_static_fns");
+    }
 
+    /// Tells cargo (and, through `links` metadata, kvtarget's build.rs) how
+    /// to link SPDK's `libs` and the system libraries `sys` they need.
+    fn link(libs: &[pkg_config::Library], sys: &pkg_config::Library, statik: bool) {
         // --- linking ---------------------------------------------------------------
         // `rustc-link-arg` reaches only this package's own targets, so the full
         // argument list also goes to dependents as `links` metadata
@@ -213,7 +222,7 @@ mod generate {
         // hands to its binaries and tests.
         let mut args: Vec<String> = Vec::new();
         let mut search: Vec<String> = Vec::new();
-        for l in libs.iter().chain(std::iter::once(&sys)) {
+        for l in libs.iter().chain(std::iter::once(sys)) {
             for p in &l.link_paths {
                 let p = p.display().to_string();
                 if !search.contains(&p) {
@@ -234,7 +243,7 @@ mod generate {
             }
         }
         let mut spdk_libs: Vec<&str> = Vec::new();
-        for l in &libs {
+        for l in libs {
             for name in &l.libs {
                 if !spdk_libs.contains(&name.as_str()) && !sys.libs.contains(name) {
                     spdk_libs.push(name);

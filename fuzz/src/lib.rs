@@ -625,10 +625,8 @@ const AUTH_MAX_MESSAGE: usize = 16 + 2 * 64 + 1024;
 ///   ffdhe2048, so an execution stays cheap). No step may panic, and a finished
 ///   transaction stays finished.
 pub fn auth(data: &[u8]) {
-    use kvt_auth::{AuthPolicy, DhGroup, DhchapSecret, Digest, Key};
-    use kvt_nvmf::auth::{HostKeys, QueueAuth, DEFAULT_TIMEOUT};
-    use kvt_wire::nvme::{AuthCommand, ControllerMessage, HostMessage};
-    use std::sync::Arc;
+    use kvt_auth::DhchapSecret;
+    use kvt_wire::nvme::{ControllerMessage, HostMessage};
     let Some((&mode, rest)) = data.split_first() else {
         return;
     };
@@ -656,90 +654,103 @@ pub fn auth(data: &[u8]) {
             }
         }
         // NVMe/TCP TLS PSKs (key files) and PSK identities (from the ClientHello).
-        0x80 => {
-            use kvt_auth::TlsPsk;
-            let text = String::from_utf8_lossy(rest);
-            if let Ok(k) = TlsPsk::parse(&text) {
-                assert_eq!(TlsPsk::parse(&k.encode()), Ok(k.clone()), "PSK round trip");
-                if let Ok(id) = k.identity("nqn.h", "nqn.s") {
-                    assert_eq!(
-                        k.tls_psk("nqn.h", &id).len(),
-                        if k.cipher_suite().name().ends_with("384") {
-                            48
-                        } else {
-                            32
-                        }
-                    );
-                }
-            }
+        0x80 | 0x81 => tls_psk(mode, rest),
+        _ => auth_transaction(mode, rest),
+    }
+}
+
+/// NVMe/TCP TLS PSKs (key files, mode 0x80) and PSK identities (from the
+/// ClientHello, 0x81).
+fn tls_psk(mode: u8, rest: &[u8]) {
+    use kvt_auth::TlsPsk;
+    if mode == 0x81 {
+        if let Some((_, host, sub)) = kvt_auth::psk::parse_identity(rest) {
+            assert!(!host.is_empty() && !sub.is_empty() && !sub.contains(' '));
         }
-        0x81 => {
-            if let Some((_, host, sub)) = kvt_auth::psk::parse_identity(rest) {
-                assert!(!host.is_empty() && !sub.is_empty() && !sub.contains(' '));
-            }
-        }
-        _ => {
-            let secret = |b: u8, t| {
-                DhchapSecret::new(&[b; 32], t)
-                    .map(|s| Arc::new(Key::from_text("k", &s.encode())))
-                    .ok()
-            };
-            let (Some(host), ctrl) = (secret(1, Some(Digest::Sha256)), secret(2, None)) else {
-                return;
-            };
-            let group = if mode & 2 != 0 {
-                DhGroup::Ffdhe2048
-            } else {
-                DhGroup::Null
-            };
-            let policy = AuthPolicy {
-                dhgroups: 1 << group.id(),
-                ..AuthPolicy::default()
-            };
-            let now = std::time::Instant::now();
-            let mut a = QueueAuth::new(
-                Some(HostKeys {
-                    dhchap_key: host,
-                    dhchap_ctrlr_key: ctrl,
-                }),
-                "nqn.2014-08.org.nvmexpress:uuid:fuzz",
-                "nqn.2026-12.io.kvtarget:fuzz",
-                0,
-                policy,
-                DEFAULT_TIMEOUT,
-                now,
-            );
-            let mut input = rest;
-            let mut steps = 0;
-            while input.len() >= 3 && steps < 16 {
-                let (op, len) = (input[0], u16::from_le_bytes([input[1], input[2]]) as usize);
-                input = &input[3..];
-                let had_failed = a.failed();
-                if op & 1 == 0 {
-                    let n = len.min(input.len()).min(AUTH_MAX_MESSAGE);
-                    let (msg, tail) = input.split_at(n);
-                    a.send(&AuthCommand::dhchap(msg.len() as u32), msg, now);
-                    input = tail;
+        return;
+    }
+    let text = String::from_utf8_lossy(rest);
+    if let Ok(k) = TlsPsk::parse(&text) {
+        assert_eq!(TlsPsk::parse(&k.encode()), Ok(k.clone()), "PSK round trip");
+        if let Ok(id) = k.identity("nqn.h", "nqn.s") {
+            assert_eq!(
+                k.tls_psk("nqn.h", &id).len(),
+                if k.cipher_suite().name().ends_with("384") {
+                    48
                 } else {
-                    let step = a.receive(&AuthCommand::dhchap(len as u32), now);
-                    if let Some(d) = &step.data {
-                        assert!(d.len() <= len, "a reply longer than the allocation length");
-                        assert!(
-                            ControllerMessage::parse(d).is_ok(),
-                            "the controller sent what it cannot read"
-                        );
-                    }
+                    32
                 }
+            );
+        }
+    }
+}
+
+/// A DH-HMAC-CHAP transaction on one queue, the controller's side (mode 3
+/// and up; see `auth`).
+fn auth_transaction(mode: u8, rest: &[u8]) {
+    use kvt_auth::{AuthPolicy, DhGroup, DhchapSecret, Digest, Key};
+    use kvt_nvmf::auth::{HostKeys, QueueAuth, DEFAULT_TIMEOUT};
+    use kvt_wire::nvme::{AuthCommand, ControllerMessage};
+    use std::sync::Arc;
+    let secret = |b: u8, t| {
+        DhchapSecret::new(&[b; 32], t)
+            .map(|s| Arc::new(Key::from_text("k", &s.encode())))
+            .ok()
+    };
+    let (Some(host), ctrl) = (secret(1, Some(Digest::Sha256)), secret(2, None)) else {
+        return;
+    };
+    let group = if mode & 2 != 0 {
+        DhGroup::Ffdhe2048
+    } else {
+        DhGroup::Null
+    };
+    let policy = AuthPolicy {
+        dhgroups: 1 << group.id(),
+        ..AuthPolicy::default()
+    };
+    let now = std::time::Instant::now();
+    let mut a = QueueAuth::new(
+        Some(HostKeys {
+            dhchap_key: host,
+            dhchap_ctrlr_key: ctrl,
+        }),
+        "nqn.2014-08.org.nvmexpress:uuid:fuzz",
+        "nqn.2026-12.io.kvtarget:fuzz",
+        0,
+        policy,
+        DEFAULT_TIMEOUT,
+        now,
+    );
+    let mut input = rest;
+    let mut steps = 0;
+    while input.len() >= 3 && steps < 16 {
+        let (op, len) = (input[0], u16::from_le_bytes([input[1], input[2]]) as usize);
+        input = &input[3..];
+        let had_failed = a.failed();
+        if op & 1 == 0 {
+            let n = len.min(input.len()).min(AUTH_MAX_MESSAGE);
+            let (msg, tail) = input.split_at(n);
+            a.send(&AuthCommand::dhchap(msg.len() as u32), msg, now);
+            input = tail;
+        } else {
+            let step = a.receive(&AuthCommand::dhchap(len as u32), now);
+            if let Some(d) = &step.data {
+                assert!(d.len() <= len, "a reply longer than the allocation length");
                 assert!(
-                    !(had_failed && a.succeeded()),
-                    "a failed transaction succeeded"
+                    ControllerMessage::parse(d).is_ok(),
+                    "the controller sent what it cannot read"
                 );
-                if had_failed {
-                    assert!(a.failed(), "a failed transaction came back to life");
-                }
-                steps += 1;
             }
         }
+        assert!(
+            !(had_failed && a.succeeded()),
+            "a failed transaction succeeded"
+        );
+        if had_failed {
+            assert!(a.failed(), "a failed transaction came back to life");
+        }
+        steps += 1;
     }
 }
 

@@ -177,6 +177,43 @@ impl FaultDevice {
         }
     }
 
+    /// A read of `buf.len()` bytes at `off`, with the armed read fault if it
+    /// is due.
+    fn read(&self, s: &mut State, off: u64, buf: &mut [u8]) {
+        let len = buf.len() as u64;
+        let hit = match &mut s.read_fault {
+            Some((left, f)) if off < f.range.end && f.range.start < off + len => {
+                if *left == 0 {
+                    Some(f.kind)
+                } else {
+                    *left -= 1;
+                    None
+                }
+            }
+            _ => None,
+        };
+        match hit {
+            None => Self::read_into(s, off, buf),
+            Some(kind) => {
+                s.read_fault = None;
+                s.read_faults += 1;
+                match kind {
+                    ReadFaultKind::Corrupt { at } => {
+                        Self::read_into(s, off, buf);
+                        if let Some(b) = buf.get_mut((at % len.max(1)) as usize) {
+                            *b ^= 0x5A;
+                        }
+                    }
+                    ReadFaultKind::Misdirect { by } => {
+                        let span = self.size.saturating_sub(len).max(1);
+                        let from = (off + by) % span;
+                        Self::read_into(s, from, buf);
+                    }
+                }
+            }
+        }
+    }
+
     fn execute(&self, op: &mut IoOp) -> Result<(), i32> {
         let mut s = self.lock();
         if s.tripped {
@@ -188,38 +225,7 @@ impl FaultDevice {
                 if !in_range(*offset, buf.len() as u64) {
                     return Err(libc::EINVAL);
                 }
-                let (off, len) = (*offset, buf.len() as u64);
-                let hit = match &mut s.read_fault {
-                    Some((left, f)) if off < f.range.end && f.range.start < off + len => {
-                        if *left == 0 {
-                            Some(f.kind)
-                        } else {
-                            *left -= 1;
-                            None
-                        }
-                    }
-                    _ => None,
-                };
-                match hit {
-                    None => Self::read_into(&s, off, buf),
-                    Some(kind) => {
-                        s.read_fault = None;
-                        s.read_faults += 1;
-                        match kind {
-                            ReadFaultKind::Corrupt { at } => {
-                                Self::read_into(&s, off, buf);
-                                if let Some(b) = buf.get_mut((at % len.max(1)) as usize) {
-                                    *b ^= 0x5A;
-                                }
-                            }
-                            ReadFaultKind::Misdirect { by } => {
-                                let span = self.size.saturating_sub(len).max(1);
-                                let from = (off + by) % span;
-                                Self::read_into(&s, from, buf);
-                            }
-                        }
-                    }
-                }
+                self.read(&mut s, *offset, buf);
                 Ok(())
             }
             IoOp::Write { .. } | IoOp::WriteZeroes { .. } | IoOp::Deallocate { .. } => {

@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 
 pub struct Server {
     pub target: Arc<Target>,
-    reactors: Vec<(Arc<ReactorShared>, JoinHandle<()>)>,
+    reactors: ReactorThreads,
     acceptor: Option<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
     devices: Vec<SharedDevice>,
@@ -57,6 +57,79 @@ pub enum StartError {
     Setup(#[from] SetupError),
     #[error(transparent)]
     Cluster(#[from] kvt_cluster::ClusterError),
+}
+
+/// The reactors' shared halves and their threads.
+type ReactorThreads = Vec<(Arc<ReactorShared>, JoinHandle<()>)>;
+
+/// Spawns the reactors on their cores, each given its post for the KV
+/// indexes it will own.
+fn spawn_reactors(cfg: &Config) -> Result<ReactorThreads, SetupError> {
+    let mut reactors = Vec::new();
+    kvt_reactor::set_stall_warn(std::time::Duration::from_micros(cfg.reactors.stall_warn_us));
+    for (i, core) in cfg.reactor_cores().into_iter().enumerate() {
+        let r = Reactor::spawn(i, cfg.reactors.idle, core)
+            .map_err(|source| SetupError::Reactor { reactor: i, source })?;
+        reactors.push(r);
+    }
+    for (r, _) in &reactors {
+        // Each reactor's post for the KV indexes it will own (the first
+        // to run a KV command of a namespace takes its index). The inbox
+        // is empty yet: this cannot be refused.
+        let install = kvt_reactor::Message::Call(Box::new(kvt_pool::kv_owner::install));
+        if r.send(install).is_err() {
+            tracing::error!(reactor = r.id, "cannot give a reactor its KV post");
+        }
+    }
+    Ok(reactors)
+}
+
+/// The RDMA transport over `reactors`, holding the RDMA `listeners` bound at
+/// start-up (its CM thread is not started yet).
+fn rdma_transport(
+    cfg: &Config,
+    reactors: Vec<Arc<ReactorShared>>,
+    target: &Arc<Target>,
+    stop: &Arc<AtomicBool>,
+    listeners: Vec<transport::rdma::RdmaListener>,
+) -> Arc<transport::rdma::RdmaTransport> {
+    let rdma = Arc::new(transport::rdma::RdmaTransport::new(
+        reactors,
+        target.clone(),
+        transport::rdma::RdmaSettings {
+            buffer_pool_bytes: cfg.rdma.buffer_pool_size as usize,
+            max_outstanding_reads: cfg.rdma.max_outstanding_reads,
+            max_qpairs_per_reactor: cfg.rdma.max_qpairs_per_reactor,
+        },
+        stop.clone(),
+    ));
+    for l in listeners {
+        rdma.listeners.add(l);
+    }
+    rdma
+}
+
+/// Stops what `Server::run` started before a later step failed: the
+/// acceptor, the RDMA transport and the reactors.
+fn stop_started(
+    stop: &AtomicBool,
+    listener_set: &transport::ListenerSet,
+    acceptor: JoinHandle<()>,
+    rdma: &transport::rdma::RdmaTransport,
+    reactors: ReactorThreads,
+) {
+    stop.store(true, Ordering::Release);
+    listener_set.wake();
+    let _ = acceptor.join();
+    rdma.join();
+    for (r, _) in &reactors {
+        while r.send(Message::Shutdown).is_err() {
+            std::thread::yield_now();
+        }
+    }
+    for (_, h) in reactors {
+        let _ = h.join();
+    }
 }
 
 /// The controller limits `[tcp]` sets (for every transport).
@@ -521,22 +594,7 @@ impl Server {
             shared: shared_pools,
             ..
         } = built;
-        let mut reactors = Vec::new();
-        kvt_reactor::set_stall_warn(std::time::Duration::from_micros(cfg.reactors.stall_warn_us));
-        for (i, core) in cfg.reactor_cores().into_iter().enumerate() {
-            let r = Reactor::spawn(i, cfg.reactors.idle, core)
-                .map_err(|source| SetupError::Reactor { reactor: i, source })?;
-            reactors.push(r);
-        }
-        for (r, _) in &reactors {
-            // Each reactor's post for the KV indexes it will own (the first
-            // to run a KV command of a namespace takes its index). The inbox
-            // is empty yet: this cannot be refused.
-            let install = kvt_reactor::Message::Call(Box::new(kvt_pool::kv_owner::install));
-            if r.send(install).is_err() {
-                tracing::error!(reactor = r.id, "cannot give a reactor its KV post");
-            }
-        }
+        let reactors = spawn_reactors(cfg)?;
         let stop = Arc::new(AtomicBool::new(false));
         let shared: Vec<_> = reactors.iter().map(|(s, _)| s.clone()).collect();
         let shared_reactors = shared.clone();
@@ -548,19 +606,7 @@ impl Server {
             .name("acceptor".into())
             .spawn(move || transport::accept_loop(set, shared, tgt, st))
             .map_err(SetupError::Acceptor)?;
-        let rdma = Arc::new(transport::rdma::RdmaTransport::new(
-            shared_reactors.clone(),
-            target.clone(),
-            transport::rdma::RdmaSettings {
-                buffer_pool_bytes: cfg.rdma.buffer_pool_size as usize,
-                max_outstanding_reads: cfg.rdma.max_outstanding_reads,
-                max_qpairs_per_reactor: cfg.rdma.max_qpairs_per_reactor,
-            },
-            stop.clone(),
-        ));
-        for l in bound.rdma {
-            rdma.listeners.add(l);
-        }
+        let rdma = rdma_transport(cfg, shared_reactors.clone(), &target, &stop, bound.rdma);
         let rdma_started = if bound.rdma_addrs.is_empty() {
             Ok(())
         } else {
@@ -584,18 +630,7 @@ impl Server {
         let (rpc, metrics, cluster) = match started {
             Ok(x) => x,
             Err(e) => {
-                stop.store(true, Ordering::Release);
-                listener_set.wake();
-                let _ = acceptor.join();
-                rdma.join();
-                for (r, _) in &reactors {
-                    while r.send(Message::Shutdown).is_err() {
-                        std::thread::yield_now();
-                    }
-                }
-                for (_, h) in reactors {
-                    let _ = h.join();
-                }
+                stop_started(&stop, &listener_set, acceptor, &rdma, reactors);
                 close_pools(&pools);
                 return Err(e);
             }

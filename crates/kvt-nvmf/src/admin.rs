@@ -96,39 +96,13 @@ fn identify(target: &Target, ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
         return AdminOutcome::status(Status::INVALID_FIELD);
     }
     let enabled = ctrl.enabled_command_sets();
-    // The namespace an NSID-taking CNS names: Err for an NSID that can name
-    // no namespace, Ok(None) for one that is inactive (none there, or of a
-    // command set this controller has not enabled).
-    let active = || -> Result<Option<Arc<Namespace>>, Status> {
-        if nsid == 0 || nsid == 0xFFFF_FFFF || nsid > MAX_NAMESPACES {
-            return Err(Status::INVALID_NAMESPACE);
-        }
-        Ok(ctrl
-            .subsys
-            .namespace(nsid)
-            .filter(|ns| enabled & csi_bit(ns.command_set.csi()) != 0))
-    };
+    let active = || active_namespace(ctrl, nsid, enabled);
     let zeroed = || AdminOutcome::data(vec![0; nvme::IDENTIFY_LEN]);
     let result = match cns_v {
         cns::CONTROLLER => Ok(AdminOutcome::data(
             identify_controller(target, ctrl).encode(),
         )),
-        // NVM Identify Namespace; an inactive NSID in range returns a zeroed
-        // structure. A namespace of another command set has no such
-        // structure: Invalid I/O Command Set, unless the subsystem answers
-        // hosts that ask every namespace for it (`nvm_identify_for_kv`).
-        cns::NAMESPACE => active().and_then(|ns| match ns {
-            Some(ns) if ns.command_set == CommandSet::Nvm => {
-                let mut id = identify_namespace(&ns);
-                id.anagrpid = super::ana::anagrpid(&ctrl.subsys, &ns);
-                Ok(AdminOutcome::data(id.encode()))
-            }
-            Some(ns) if ctrl.subsys.nvm_identify_for_kv.load(Ordering::Acquire) => {
-                Ok(AdminOutcome::data(identify_namespace(&ns).encode()))
-            }
-            Some(_) => Err(Status::INVALID_IOCS),
-            None => Ok(zeroed()),
-        }),
+        cns::NAMESPACE => active().and_then(|ns| nvm_identify_namespace(ctrl, ns)),
         cns::ACTIVE_NS_LIST => active_ns_list(ctrl, nsid, |ns| {
             enabled & csi_bit(ns.command_set.csi()) != 0
         }),
@@ -150,25 +124,10 @@ fn identify(target: &Target, ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
             None => Err(Status::INVALID_NAMESPACE),
         }),
         // I/O command set specific Identify Namespace: for a CSI we do not
-        // support, or one the namespace is not of, Invalid Field in Command.
+        // support, Invalid Field in Command.
         cns::CSI_NAMESPACE => match CommandSet::from_csi(csi_v) {
             None => Err(Status::INVALID_FIELD),
-            Some(set) => active().and_then(|ns| match ns {
-                // The NVM command set specific structure: all fields zero is
-                // correct for a namespace without protection information or
-                // extended LBA formats.
-                Some(ns) if ns.command_set == set && set == CommandSet::Nvm => Ok(zeroed()),
-                Some(ns) if ns.command_set == set => {
-                    let mut id = kv_identify_namespace(target, &ns);
-                    id.anagrpid = super::ana::anagrpid(&ctrl.subsys, &ns);
-                    Ok(AdminOutcome::data(id.encode()))
-                }
-                Some(_) => Err(Status::INVALID_FIELD),
-                // Unlike CNS 00h, no zeroed structure for an inactive NSID:
-                // Linux nvmet answers Invalid Namespace here, and hosts only
-                // ask for namespaces they found active.
-                None => Err(Status::INVALID_NAMESPACE),
-            }),
+            Some(set) => active().and_then(|ns| csi_identify_namespace(target, ctrl, set, ns)),
         },
         // I/O command set specific Identify Controller. NVM: no fields we set
         // (no DMRL/WZSL limits beyond MDTS). KV 1.0 defines no field a host we
@@ -190,19 +149,90 @@ fn identify(target: &Target, ctrl: &Controller, sqe: &Sqe) -> AdminOutcome {
         }),
         // CDW10 bits 31:16 name the controller; this one (or 0, which a host
         // that leaves the field clear sends) is the only one we describe.
-        cns::IO_COMMAND_SET => {
-            let cntid = (sqe.cdw(10) >> 16) as u16;
-            if cntid == 0 || cntid == ctrl.cntlid {
-                Ok(AdminOutcome::data(nvme::encode_io_command_set_vectors(
-                    &IO_COMMAND_SET_COMBINATIONS,
-                )))
-            } else {
-                Err(Status::INVALID_FIELD)
-            }
-        }
+        cns::IO_COMMAND_SET => io_command_set(ctrl, sqe),
         _ => Err(Status::INVALID_FIELD),
     };
     result.unwrap_or_else(AdminOutcome::status)
+}
+
+/// The namespace an NSID-taking CNS names: Err for an NSID that can name no
+/// namespace, Ok(None) for one that is inactive (none there, or of a command
+/// set this controller has not enabled).
+fn active_namespace(
+    ctrl: &Controller,
+    nsid: u32,
+    enabled: u64,
+) -> Result<Option<Arc<Namespace>>, Status> {
+    if nsid == 0 || nsid == 0xFFFF_FFFF || nsid > MAX_NAMESPACES {
+        return Err(Status::INVALID_NAMESPACE);
+    }
+    Ok(ctrl
+        .subsys
+        .namespace(nsid)
+        .filter(|ns| enabled & csi_bit(ns.command_set.csi()) != 0))
+}
+
+/// NVM Identify Namespace (CNS 00h); an inactive NSID in range returns a
+/// zeroed structure. A namespace of another command set has no such
+/// structure: Invalid I/O Command Set, unless the subsystem answers hosts
+/// that ask every namespace for it (`nvm_identify_for_kv`).
+fn nvm_identify_namespace(
+    ctrl: &Controller,
+    ns: Option<Arc<Namespace>>,
+) -> Result<AdminOutcome, Status> {
+    match ns {
+        Some(ns) if ns.command_set == CommandSet::Nvm => {
+            let mut id = identify_namespace(&ns);
+            id.anagrpid = super::ana::anagrpid(&ctrl.subsys, &ns);
+            Ok(AdminOutcome::data(id.encode()))
+        }
+        Some(ns) if ctrl.subsys.nvm_identify_for_kv.load(Ordering::Acquire) => {
+            Ok(AdminOutcome::data(identify_namespace(&ns).encode()))
+        }
+        Some(_) => Err(Status::INVALID_IOCS),
+        None => Ok(AdminOutcome::data(vec![0; nvme::IDENTIFY_LEN])),
+    }
+}
+
+/// I/O command set specific Identify Namespace (CNS 05h) for command set
+/// `set`: Invalid Field in Command for a namespace of another set.
+fn csi_identify_namespace(
+    target: &Target,
+    ctrl: &Controller,
+    set: CommandSet,
+    ns: Option<Arc<Namespace>>,
+) -> Result<AdminOutcome, Status> {
+    match ns {
+        // The NVM command set specific structure: all fields zero is
+        // correct for a namespace without protection information or
+        // extended LBA formats.
+        Some(ns) if ns.command_set == set && set == CommandSet::Nvm => {
+            Ok(AdminOutcome::data(vec![0; nvme::IDENTIFY_LEN]))
+        }
+        Some(ns) if ns.command_set == set => {
+            let mut id = kv_identify_namespace(target, &ns);
+            id.anagrpid = super::ana::anagrpid(&ctrl.subsys, &ns);
+            Ok(AdminOutcome::data(id.encode()))
+        }
+        Some(_) => Err(Status::INVALID_FIELD),
+        // Unlike CNS 00h, no zeroed structure for an inactive NSID:
+        // Linux nvmet answers Invalid Namespace here, and hosts only
+        // ask for namespaces they found active.
+        None => Err(Status::INVALID_NAMESPACE),
+    }
+}
+
+/// The I/O Command Set data structure (CNS 1Ch) of the controller CDW10
+/// names.
+fn io_command_set(ctrl: &Controller, sqe: &Sqe) -> Result<AdminOutcome, Status> {
+    let cntid = (sqe.cdw(10) >> 16) as u16;
+    if cntid == 0 || cntid == ctrl.cntlid {
+        Ok(AdminOutcome::data(nvme::encode_io_command_set_vectors(
+            &IO_COMMAND_SET_COMBINATIONS,
+        )))
+    } else {
+        Err(Status::INVALID_FIELD)
+    }
 }
 
 /// An active namespace ID list: NSIDs above `nsid` whose namespace passes
@@ -335,31 +365,36 @@ pub fn identify_controller(target: &Target, ctrl: &Controller) -> IdentifyContro
         id.serial = target.discovery_serial.clone();
         id.maxcmd = lim.max_admin_queue_depth;
     } else {
-        // May contain more than one controller: lets the host share namespaces
-        // across paths (native multipath).
-        id.cmic = 0x02;
-        // Firmware slot 1, read-only.
-        id.frmw = 0x03;
-        id.nn = MAX_NAMESPACES;
-        id.mnan = MAX_NAMESPACES;
-        // Dataset Management, Write Zeroes, Reservations.
-        id.oncs = 0x04 | 0x08 | super::reservation::ONCS_RESERVATIONS;
-        // Volatile write cache present; Flush with NSID FFFFFFFFh supported.
-        // A subsystem whose namespaces all write through has none (hosts then
-        // send no flushes; the field is all zeros without a cache).
-        let namespaces = ctrl.subsys.namespace_snapshot();
-        let cached = namespaces.is_empty() || namespaces.iter().any(|n| !n.write_through);
-        id.vwc = if cached { 0x01 | 0x06 } else { 0 };
-        if ctrl.subsys.ana.is_reporting() {
-            id.cmic = super::ana::CMIC_ANA;
-            id.oaes |= super::ana::AEC_ANA_CHANGE;
-            id.anatt = super::ana::ANATT_SECS;
-            id.anacap = super::ana::ANACAP;
-            id.anagrpmax = super::ana::MAX_ANA_GROUPS;
-            id.nanagrpid = super::ana::MAX_ANA_GROUPS;
-        }
+        io_controller_fields(ctrl, &mut id);
     }
     id
+}
+
+/// The Identify Controller fields of an I/O (not discovery) controller.
+fn io_controller_fields(ctrl: &Controller, id: &mut IdentifyController) {
+    // May contain more than one controller: lets the host share namespaces
+    // across paths (native multipath).
+    id.cmic = 0x02;
+    // Firmware slot 1, read-only.
+    id.frmw = 0x03;
+    id.nn = MAX_NAMESPACES;
+    id.mnan = MAX_NAMESPACES;
+    // Dataset Management, Write Zeroes, Reservations.
+    id.oncs = 0x04 | 0x08 | super::reservation::ONCS_RESERVATIONS;
+    // Volatile write cache present; Flush with NSID FFFFFFFFh supported.
+    // A subsystem whose namespaces all write through has none (hosts then
+    // send no flushes; the field is all zeros without a cache).
+    let namespaces = ctrl.subsys.namespace_snapshot();
+    let cached = namespaces.is_empty() || namespaces.iter().any(|n| !n.write_through);
+    id.vwc = if cached { 0x01 | 0x06 } else { 0 };
+    if ctrl.subsys.ana.is_reporting() {
+        id.cmic = super::ana::CMIC_ANA;
+        id.oaes |= super::ana::AEC_ANA_CHANGE;
+        id.anatt = super::ana::ANATT_SECS;
+        id.anacap = super::ana::ANACAP;
+        id.anagrpmax = super::ana::MAX_ANA_GROUPS;
+        id.nanagrpid = super::ana::MAX_ANA_GROUPS;
+    }
 }
 
 /// Identify Namespace for an active namespace.

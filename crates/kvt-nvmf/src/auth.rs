@@ -291,53 +291,7 @@ impl QueueAuth {
         };
         self.deadline = now + self.timeout;
         match msg {
-            HostMessage::Negotiate(n) => {
-                if self.state != State::Negotiate {
-                    return self.fail(
-                        FailureReason::IncorrectProtocolMessage,
-                        format!("Negotiate in state {:?}", self.state),
-                    );
-                }
-                self.tid = n.t_id;
-                if n.sc_c != 0 {
-                    return self.fail(
-                        FailureReason::ScMismatch,
-                        format!(
-                            "secure channel concatenation {} asked, none offered",
-                            n.sc_c
-                        ),
-                    );
-                }
-                let Some(p) = n.protocols.iter().find(|p| p.auth_id == AUTHID_DHCHAP) else {
-                    return self.fail(
-                        FailureReason::ProtocolUnusable,
-                        "the host offers no DH-HMAC-CHAP".to_string(),
-                    );
-                };
-                let Some(d) = Digest::ALL
-                    .into_iter()
-                    .find(|d| self.policy.allows_digest(*d) && p.hashes.contains(&d.id()))
-                else {
-                    return self.fail(
-                        FailureReason::HashUnusable,
-                        format!("no hash both allow (host offers {:?})", p.hashes),
-                    );
-                };
-                let Some(g) = DhGroup::ALL
-                    .into_iter()
-                    .find(|g| self.policy.allows_dhgroup(*g) && p.dhgroups.contains(&g.id()))
-                else {
-                    return self.fail(
-                        FailureReason::DhGroupUnusable,
-                        format!("no DH group both allow (host offers {:?})", p.dhgroups),
-                    );
-                };
-                self.digest = d;
-                self.dhgroup = g;
-                self.negotiated = true;
-                self.state = State::Challenge;
-                Step::status(Status::SUCCESS)
-            }
+            HostMessage::Negotiate(n) => self.on_negotiate(&n),
             HostMessage::Reply(r) => {
                 if self.state != State::Reply {
                     return self.fail(
@@ -353,39 +307,94 @@ impl QueueAuth {
                     Err((reason, why)) => self.fail(reason, why),
                 }
             }
-            HostMessage::Success2 { t_id } => {
-                if self.state != State::Success2 {
-                    return self.fail(
-                        FailureReason::IncorrectProtocolMessage,
-                        format!("Success2 in state {:?}", self.state),
-                    );
-                }
-                if t_id != self.tid {
-                    return self.fail(
-                        FailureReason::IncorrectPayload,
-                        format!("Success2 for transaction {t_id}, not {}", self.tid),
-                    );
-                }
-                self.finish("host and controller");
-                Step::status(Status::SUCCESS)
-            }
-            HostMessage::Failure2 { t_id, reason } => {
-                if self.state != State::Success2 || t_id != self.tid {
-                    return self.fail(
-                        FailureReason::IncorrectProtocolMessage,
-                        format!("Failure2 in state {:?}", self.state),
-                    );
-                }
-                tracing::warn!(host = %self.hostnqn, subnqn = %self.subnqn, qid = self.qid,
-                    reason = FailureReason::from_code(reason).map_or("unknown", |r| r.describe()),
-                    "DH-HMAC-CHAP: the host refused the controller's response (a wrong dhchap_ctrlr_key?)");
-                self.state = State::Failed;
-                Step {
-                    status: Status::SUCCESS,
-                    data: None,
-                    close_after: true,
-                }
-            }
+            HostMessage::Success2 { t_id } => self.on_success2(t_id),
+            HostMessage::Failure2 { t_id, reason } => self.on_failure2(t_id, reason),
+        }
+    }
+
+    /// Negotiate: picks the hash and DH group, first of each both allow.
+    fn on_negotiate(&mut self, n: &kvt_wire::nvme::Negotiate) -> Step {
+        if self.state != State::Negotiate {
+            return self.fail(
+                FailureReason::IncorrectProtocolMessage,
+                format!("Negotiate in state {:?}", self.state),
+            );
+        }
+        self.tid = n.t_id;
+        if n.sc_c != 0 {
+            return self.fail(
+                FailureReason::ScMismatch,
+                format!(
+                    "secure channel concatenation {} asked, none offered",
+                    n.sc_c
+                ),
+            );
+        }
+        let Some(p) = n.protocols.iter().find(|p| p.auth_id == AUTHID_DHCHAP) else {
+            return self.fail(
+                FailureReason::ProtocolUnusable,
+                "the host offers no DH-HMAC-CHAP".to_string(),
+            );
+        };
+        let Some(d) = Digest::ALL
+            .into_iter()
+            .find(|d| self.policy.allows_digest(*d) && p.hashes.contains(&d.id()))
+        else {
+            return self.fail(
+                FailureReason::HashUnusable,
+                format!("no hash both allow (host offers {:?})", p.hashes),
+            );
+        };
+        let Some(g) = DhGroup::ALL
+            .into_iter()
+            .find(|g| self.policy.allows_dhgroup(*g) && p.dhgroups.contains(&g.id()))
+        else {
+            return self.fail(
+                FailureReason::DhGroupUnusable,
+                format!("no DH group both allow (host offers {:?})", p.dhgroups),
+            );
+        };
+        self.digest = d;
+        self.dhgroup = g;
+        self.negotiated = true;
+        self.state = State::Challenge;
+        Step::status(Status::SUCCESS)
+    }
+
+    /// Success2: the host accepted the controller's response.
+    fn on_success2(&mut self, t_id: u16) -> Step {
+        if self.state != State::Success2 {
+            return self.fail(
+                FailureReason::IncorrectProtocolMessage,
+                format!("Success2 in state {:?}", self.state),
+            );
+        }
+        if t_id != self.tid {
+            return self.fail(
+                FailureReason::IncorrectPayload,
+                format!("Success2 for transaction {t_id}, not {}", self.tid),
+            );
+        }
+        self.finish("host and controller");
+        Step::status(Status::SUCCESS)
+    }
+
+    /// Failure2: the host refused the controller's response.
+    fn on_failure2(&mut self, t_id: u16, reason: u8) -> Step {
+        if self.state != State::Success2 || t_id != self.tid {
+            return self.fail(
+                FailureReason::IncorrectProtocolMessage,
+                format!("Failure2 in state {:?}", self.state),
+            );
+        }
+        tracing::warn!(host = %self.hostnqn, subnqn = %self.subnqn, qid = self.qid,
+            reason = FailureReason::from_code(reason).map_or("unknown", |r| r.describe()),
+            "DH-HMAC-CHAP: the host refused the controller's response (a wrong dhchap_ctrlr_key?)");
+        self.state = State::Failed;
+        Step {
+            status: Status::SUCCESS,
+            data: None,
+            close_after: true,
         }
     }
 
@@ -402,7 +411,8 @@ impl QueueAuth {
         );
     }
 
-    fn check_reply(&mut self, r: &Reply<'_>) -> Result<(), (FailureReason, String)> {
+    /// The Reply's fields against the transaction, hash and DH group.
+    fn check_reply_fields(&self, r: &Reply<'_>) -> Result<(), (FailureReason, String)> {
         let payload = |why: String| (FailureReason::IncorrectPayload, why);
         if r.t_id != self.tid {
             return Err(payload(format!(
@@ -430,6 +440,13 @@ impl QueueAuth {
                 self.dhgroup.name()
             )));
         }
+        Ok(())
+    }
+
+    /// Checks the host's Reply: its fields, then its response against the
+    /// host's key; computes the controller's response if the host asks for one.
+    fn check_reply(&mut self, r: &Reply<'_>) -> Result<(), (FailureReason, String)> {
+        self.check_reply_fields(r)?;
         let failed = |why: String| (FailureReason::Failed, why);
         let keys = self
             .keys

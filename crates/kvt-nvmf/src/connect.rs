@@ -100,26 +100,7 @@ impl<X> Queue<X> {
         let c = match accepted {
             Ok(c) => c,
             Err(refusal) => {
-                if refusal.qid_held {
-                    let give_up = self
-                        .held_connect
-                        .get_or_insert((slot, ctx.now + QID_RELEASE_WAIT))
-                        .1;
-                    if ctx.now < give_up {
-                        tracing::debug!(peer = %self.cfg.peer, qid = cmd.qid, "Connect waits for its queue ID to be let go");
-                        return;
-                    }
-                    fabrics::note_refusal(
-                        &self.target,
-                        &refusal,
-                        &self.cfg.peer,
-                        data,
-                        cmd.qid,
-                        self.cfg.kind.name(),
-                    );
-                }
-                self.held_connect = None;
-                self.finish(slot, refusal.status, refusal.result as u64, link, ctx);
+                self.refuse_connect(slot, cmd, data, &refusal, link, ctx);
                 return;
             }
         };
@@ -144,27 +125,75 @@ impl<X> Queue<X> {
         let qid = c.binding.qid();
         self.binding = Some(c.binding);
         let mut dw0 = ctrl.cntlid as u64;
-        if let Some(keys) = ctrl.subsys.host_keys(&data.hostnqn) {
+        if self.require_auth(&ctrl, data, qid, ctx.now) {
             // AUTHREQ.ATR (DW0 bit 17): the host must run
             // DH-HMAC-CHAP on this queue before anything else.
-            self.auth = Some(QueueAuth::new(
-                Some(keys),
-                &data.hostnqn,
-                &ctrl.subsys.nqn,
-                qid,
-                self.target.auth_policy(),
-                self.auth_timeout(&ctrl),
-                ctx.now,
-            ));
-            self.authenticated = false;
             dw0 |= 1 << 17;
-            if let (Some(st), Some(a)) = (self.stats.as_ref(), self.auth.as_ref()) {
-                if let Ok(mut s) = st.auth.lock() {
-                    *s = Some(a.status());
-                }
-            }
         }
         self.finish(slot, Status::SUCCESS, dw0, link, ctx);
+    }
+
+    /// A refused Connect: one whose queue ID is still held waits (until
+    /// `QID_RELEASE_WAIT` runs out), any other is answered with its status.
+    fn refuse_connect<L: Link<X>>(
+        &mut self,
+        slot: u16,
+        cmd: &ConnectCommand,
+        data: &ConnectData,
+        refusal: &fabrics::ConnectRefusal,
+        link: &mut L,
+        ctx: &mut IoCtx,
+    ) {
+        if refusal.qid_held {
+            let give_up = self
+                .held_connect
+                .get_or_insert((slot, ctx.now + QID_RELEASE_WAIT))
+                .1;
+            if ctx.now < give_up {
+                tracing::debug!(peer = %self.cfg.peer, qid = cmd.qid, "Connect waits for its queue ID to be let go");
+                return;
+            }
+            fabrics::note_refusal(
+                &self.target,
+                refusal,
+                &self.cfg.peer,
+                data,
+                cmd.qid,
+                self.cfg.kind.name(),
+            );
+        }
+        self.held_connect = None;
+        self.finish(slot, refusal.status, refusal.result as u64, link, ctx);
+    }
+
+    /// Whether the host must authenticate on this queue (it has keys on the
+    /// subsystem): if so, the queue's DH-HMAC-CHAP transaction is set up.
+    fn require_auth(
+        &mut self,
+        ctrl: &std::sync::Arc<super::Controller>,
+        data: &ConnectData,
+        qid: u16,
+        now: std::time::Instant,
+    ) -> bool {
+        let Some(keys) = ctrl.subsys.host_keys(&data.hostnqn) else {
+            return false;
+        };
+        self.auth = Some(QueueAuth::new(
+            Some(keys),
+            &data.hostnqn,
+            &ctrl.subsys.nqn,
+            qid,
+            self.target.auth_policy(),
+            self.auth_timeout(ctrl),
+            now,
+        ));
+        self.authenticated = false;
+        if let (Some(st), Some(a)) = (self.stats.as_ref(), self.auth.as_ref()) {
+            if let Ok(mut s) = st.auth.lock() {
+                *s = Some(a.status());
+            }
+        }
+        true
     }
 
     /// Tries a waiting Connect again.

@@ -1027,15 +1027,7 @@ impl<X> Queue<X> {
             status,
             ctx.now_ns.saturating_sub(r.arrived_ns),
         );
-        let c2h = match (status.is_success(), r.plan.and_then(|p| p.c2h_len())) {
-            (false, _) => {
-                r.reply = None;
-                C2h::None
-            }
-            (true, Some(n)) if r.buf.is_some() => C2h::Data(n),
-            _ if r.reply.as_ref().is_some_and(|d| !d.is_empty()) => C2h::Reply,
-            _ => C2h::None,
-        };
+        let c2h = c2h_for(r, status);
         r.phase = Phase::Responding;
         let rsp = Response {
             cqe: Cqe {
@@ -1179,5 +1171,20 @@ impl<X> Drop for Queue<X> {
             }
             fabrics::disconnect(&b);
         }
+    }
+}
+
+/// What a command answered with `status` sends to the host: its data (a
+/// read's buffer), its reply, or nothing (a failed command's reply is dropped).
+#[inline]
+fn c2h_for<X>(r: &mut Request<X>, status: Status) -> C2h {
+    match (status.is_success(), r.plan.and_then(|p| p.c2h_len())) {
+        (false, _) => {
+            r.reply = None;
+            C2h::None
+        }
+        (true, Some(n)) if r.buf.is_some() => C2h::Data(n),
+        _ if r.reply.as_ref().is_some_and(|d| !d.is_empty()) => C2h::Reply,
+        _ => C2h::None,
     }
 }

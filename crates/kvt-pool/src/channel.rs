@@ -848,6 +848,18 @@ impl Engine {
         self.settle(lanes, ri, now);
     }
 
+    /// Plans the device writes of a Write Zeroes whose blocks become valid
+    /// (`lists.valid_after`, mapped by `map_write`).
+    fn plan_written_zeroes(&self, lists: &ReqLists, plan: &mut Vec<DeviceOp>) {
+        for m in &lists.valid_after {
+            plan.push(DeviceOp {
+                phys_offset: self.pool.sb.extent_offset(m.phys) + m.offset_bytes,
+                buf_offset: 0,
+                len: m.len_bytes,
+            });
+        }
+    }
+
     /// Pins the mapped extents of a Deallocate, or of a Write Zeroes where
     /// unwritten blocks already read as zeros (only they need device work),
     /// and plans their device operations.
@@ -929,13 +941,7 @@ impl Engine {
                     AllocError::Failed => self.complete_now(tag, Err(libc::EIO), None),
                 };
             }
-            for m in &lists.valid_after {
-                plan.push(DeviceOp {
-                    phys_offset: self.pool.sb.extent_offset(m.phys) + m.offset_bytes,
-                    buf_offset: 0,
-                    len: m.len_bytes,
-                });
-            }
+            self.plan_written_zeroes(&lists, &mut plan);
         }
         let ri = self.new_req(lanes, lane, tag, Kind::Zeroes, None, lists, now);
         if let Some(r) = self.reqs.get_mut(ri as usize).and_then(|r| r.as_mut()) {

@@ -244,6 +244,40 @@ fn next_channel_key() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) | 1 << 48
 }
 
+impl Meta {
+    /// The metadata state of a pool recovered as `img` and `rep` say, writing
+    /// through `io`.
+    fn recovered(io: SyncIo, img: &Image, rep: &RecoveryReport, gc: GcSettings) -> Meta {
+        Meta {
+            io,
+            clean: img.clean.iter().copied().collect(),
+            dirty: img.dirty(),
+            seq: rep.end_seq,
+            head: rep.end_pos,
+            used: 0,
+            ckpt_gen: rep.checkpoint_gen,
+            next_volume_id: img.next_volume_id.max(1),
+            pending: Vec::new(),
+            last_commit: None,
+            failed: None,
+            admission: Admission::new(gc),
+            scrubbed: Vec::new(),
+            scrubbed_since: None,
+            fg_seen: (0, 0),
+        }
+    }
+}
+
+/// Logs what recovering pool `name` found (a warning if the journal did not
+/// end cleanly).
+fn log_recovery(name: &str, dev: &SharedDevice, rep: &RecoveryReport) {
+    if rep.journal_end.is_clean() {
+        tracing::info!(pool = name, dev = %dev.describe(), checkpoint = rep.checkpoint_gen, entries = rep.journal_entries, records = rep.journal_records, end = %rep.journal_end, "pool recovered");
+    } else {
+        tracing::warn!(pool = name, dev = %dev.describe(), checkpoint = rep.checkpoint_gen, entries = rep.journal_entries, records = rep.journal_records, end = %rep.journal_end, "pool recovered");
+    }
+}
+
 impl Pool {
     /// Opens a pool: loads the newest checkpoint, replays the journal, writes a
     /// fresh checkpoint, and starts the metadata thread.
@@ -269,13 +303,8 @@ impl Pool {
         }
         let (sb, img, rep) =
             load_image(&mut io, dev.size_bytes()).map_err(|e| e.on(dev.describe()))?;
-        if rep.journal_end.is_clean() {
-            tracing::info!(pool = name, dev = %dev.describe(), checkpoint = rep.checkpoint_gen, entries = rep.journal_entries, records = rep.journal_records, end = %rep.journal_end, "pool recovered");
-        } else {
-            tracing::warn!(pool = name, dev = %dev.describe(), checkpoint = rep.checkpoint_gen, entries = rep.journal_entries, records = rep.journal_records, end = %rep.journal_end, "pool recovered");
-        }
+        log_recovery(name, &dev, &rep);
         let volumes = restore_volumes(&img, sb.extent_size, &dev)?;
-        let dirty = img.dirty();
         let reactors = opts.reactors.max(1);
         let gc = opts.gc.clone();
         let pool = Arc::new(Pool {
@@ -283,23 +312,7 @@ impl Pool {
             name: name.to_string(),
             pool_tag: pool_tag(&sb.uuid),
             volumes: RwLock::new(volumes),
-            meta: Mutex::new(Meta {
-                io,
-                clean: img.clean.iter().copied().collect(),
-                dirty,
-                seq: rep.end_seq,
-                head: rep.end_pos,
-                used: 0,
-                ckpt_gen: rep.checkpoint_gen,
-                next_volume_id: img.next_volume_id.max(1),
-                pending: Vec::new(),
-                last_commit: None,
-                failed: None,
-                admission: Admission::new(gc),
-                scrubbed: Vec::new(),
-                scrubbed_since: None,
-                fg_seen: (0, 0),
-            }),
+            meta: Mutex::new(Meta::recovered(io, &img, &rep, gc)),
             ready: ArrayQueue::new(READY_TARGET * 2),
             caches: (0..reactors).map(|_| ArrayQueue::new(CACHE_CAP)).collect(),
             freed: SegQueue::new(),
@@ -330,15 +343,21 @@ impl Pool {
             pool.update_stats(&m);
         }
         if pool.opts.md_thread {
-            let weak = Arc::downgrade(&pool);
-            let h =
-                kvt_reactor::spawn_worker(format!("md-{name}"), move |now| md_round(&weak, now))
-                    .map_err(|e| PoolError::Thread {
-                        reason: e.to_string(),
-                    })?;
-            *lock(&pool.md_thread) = Some(h);
+            pool.start_md_thread()?;
         }
         Ok(pool)
+    }
+
+    /// Starts the pool's metadata thread (commits, checkpoints, GC rounds).
+    fn start_md_thread(self: &Arc<Pool>) -> Result<(), PoolError> {
+        let weak = Arc::downgrade(self);
+        let h =
+            kvt_reactor::spawn_worker(format!("md-{}", self.name), move |now| md_round(&weak, now))
+                .map_err(|e| PoolError::Thread {
+                    reason: e.to_string(),
+                })?;
+        *lock(&self.md_thread) = Some(h);
+        Ok(())
     }
 
     pub fn device(&self) -> &SharedDevice {

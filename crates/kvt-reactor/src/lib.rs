@@ -1005,48 +1005,19 @@ impl Reactor {
         let mut completions: Vec<IoCompletion> = Vec::with_capacity(256);
         let mut empty_polls = 0u32;
         self.read_clock();
-        let mut last_ns = self.now_ns;
-        // Whether the last pass found work after its wait.
-        let mut prev_busy = false;
-        // Start of the current pass (after its epoll wait), for its gap.
-        let mut pass_start_ns = self.now_ns;
+        let mut clock = PassClock {
+            last_ns: self.now_ns,
+            prev_busy: false,
+            pass_start_ns: self.now_ns,
+        };
         while !self.exit {
             let inbox_busy = self.drain_inbox();
             let mut busy = inbox_busy;
-
-            let mut timeout = 0;
-            if self.idle == IdleMode::Adaptive && empty_polls >= SPIN_BEFORE_SLEEP {
-                self.shared.sleeping.store(true, Ordering::SeqCst);
-                // Announced before looking for work: a store then a load may
-                // pass each other (the CPU's store buffer), so a sender that
-                // put work down after the look could miss the announcement
-                // and not wake us (`notify` fences too).
-                std::sync::atomic::fence(Ordering::SeqCst);
-                // Re-check after announcing sleep so a racing sender's wake-up is
-                // not lost.
-                if self.shared.inbox.is_empty()
-                    && self.tasks.is_empty()
-                    && self.channels.in_flight() == 0
-                {
-                    timeout = self.next_timer_ms();
-                } else if self.shared.inbox.is_empty()
-                    && self.tasks.is_empty()
-                    && !self.channels.polled_in_flight()
-                {
-                    // Device I/O outstanding: its completion fd wakes us (RAM
-                    // completes inline, so never sleeps here long). A polled
-                    // device (nvme) has no fd: keep spinning while it has I/O.
-                    timeout = 1;
-                }
-                // Every shared poller must notify before the reactor sleeps.
-                let mut armed_now = false;
-                for p in self.pollers.iter_mut() {
-                    armed_now |= p.arm();
-                }
-                if armed_now {
-                    timeout = 0;
-                }
-            }
+            let timeout = if self.idle == IdleMode::Adaptive && empty_polls >= SPIN_BEFORE_SLEEP {
+                self.sleep_timeout()
+            } else {
+                0
+            };
             // A pass that sleeps ends where the sleep starts: sleeping is
             // idleness, not a stall (one more clock read, only before a sleep).
             let sleep_from_ns = (timeout != 0).then(|| self.clock_ns());
@@ -1056,44 +1027,12 @@ impl Reactor {
             // One clock read per pass (and one more per batch of device
             // completions below): every command in the pass shares it.
             self.read_clock();
-            let pass_end_ns = sleep_from_ns.unwrap_or(self.now_ns);
-            self.note_pass(pass_end_ns.saturating_sub(pass_start_ns), self.now_ns);
-            pass_start_ns = self.now_ns;
-            // Busy/idle accounting between the passes' clock reads: the time
-            // since the last one is the last pass's work after its wait, then
-            // this pass's inbox and wait; busy when either found work. (Charging
-            // it to this pass's own work put every busy pass's time under
-            // idle when the pass after it found nothing.)
-            let spent = self.now_ns.saturating_sub(last_ns);
-            last_ns = self.now_ns;
-            let counter = if prev_busy || inbox_busy {
-                &self.shared.busy_ns
-            } else {
-                &self.shared.idle_ns
-            };
-            counter.fetch_add(spent, Ordering::Relaxed);
+            self.account_pass(&mut clock, sleep_from_ns, inbox_busy);
             self.shared.sleeping.store(false, Ordering::Release);
-            for &(token, _ev) in &events {
-                if token == TOKEN_WAKE {
-                    self.shared.wake.drain();
-                } else if token & TOKEN_CHANNEL != 0 {
-                    // Completions are reaped below for every channel.
-                } else if token & TOKEN_POLLER != 0 {
-                    // Polled below with the others; only the notification is
-                    // consumed here.
-                    if let Some(p) = self.pollers.get_mut((token & !TOKEN_POLLER) as usize) {
-                        p.on_wake();
-                    }
-                } else {
-                    busy = true;
-                    self.with_conn(token as u32, |c, ctx| c.on_readable(ctx));
-                }
-            }
-
+            busy |= self.handle_events(&events);
             if self.poll_shared() > 0 {
                 busy = true;
             }
-
             self.channels.flush_submissions();
             completions.clear();
             // The completions' own time (channels time their commands from the
@@ -1104,56 +1043,158 @@ impl Reactor {
             }
             if self.channels.poll(&mut completions, self.now) > 0 {
                 busy = true;
-                for c in completions.drain(..) {
-                    let conn = (c.tag >> 32) as u32;
-                    let slot = c.tag as u16;
-                    let (result, buf) = (c.result, c.buf);
-                    let mut buf = buf;
-                    let mut handled = false;
-                    self.with_conn(conn, |qp, ctx| {
-                        handled = true;
-                        qp.on_io_complete(slot, result, buf.take(), ctx)
-                    });
-                    if let Some(b) = buf {
-                        self.bufs.put(b);
-                    }
-                    if !handled {
-                        tracing::warn!(conn, slot, "completion for a queue pair that is gone");
-                    }
-                }
+                self.deliver_completions(&mut completions);
             }
             self.channels.flush_submissions();
             self.register_channel_fds();
-
             while let Some(r) = self.tasks.pop() {
                 r.run();
                 busy = true;
             }
             busy |= self.fire_timers();
             busy |= self.flush_and_reap();
-
-            prev_busy = busy;
+            clock.prev_busy = busy;
             if busy {
                 empty_polls = 0;
             } else {
                 empty_polls = empty_polls.saturating_add(1);
             }
+            self.check_shutdown();
+        }
+    }
 
-            if let Some(since) = self.shutting_down {
-                let drained = self.queue_pair_count() == 0 && self.channels.in_flight() == 0;
-                if drained || since.elapsed() > SHUTDOWN_GRACE {
-                    if !drained {
-                        tracing::warn!(
-                            reactor = self.shared.id,
-                            "shutdown grace period over with {} queue pairs open",
-                            self.queue_pair_count()
-                        );
-                    }
-                    self.exit = true;
+    /// Announces sleep and returns how long the next wait may sleep (ms; 0:
+    /// not at all, work or an armed poller turned up).
+    fn sleep_timeout(&mut self) -> i32 {
+        let mut timeout = 0;
+        self.shared.sleeping.store(true, Ordering::SeqCst);
+        // Announced before looking for work: a store then a load may
+        // pass each other (the CPU's store buffer), so a sender that
+        // put work down after the look could miss the announcement
+        // and not wake us (`notify` fences too).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        // Re-check after announcing sleep so a racing sender's wake-up is
+        // not lost.
+        if self.shared.inbox.is_empty() && self.tasks.is_empty() && self.channels.in_flight() == 0 {
+            timeout = self.next_timer_ms();
+        } else if self.shared.inbox.is_empty()
+            && self.tasks.is_empty()
+            && !self.channels.polled_in_flight()
+        {
+            // Device I/O outstanding: its completion fd wakes us (RAM
+            // completes inline, so never sleeps here long). A polled
+            // device (nvme) has no fd: keep spinning while it has I/O.
+            timeout = 1;
+        }
+        // Every shared poller must notify before the reactor sleeps.
+        let mut armed_now = false;
+        for p in self.pollers.iter_mut() {
+            armed_now |= p.arm();
+        }
+        if armed_now {
+            timeout = 0;
+        }
+        timeout
+    }
+
+    /// Charges the time since the last pass to busy or idle and notes the
+    /// pass's length (the stall detector's input). `sleep_from_ns`: when the
+    /// pass's sleep began, if it slept.
+    fn account_pass(
+        &mut self,
+        clock: &mut PassClock,
+        sleep_from_ns: Option<u64>,
+        inbox_busy: bool,
+    ) {
+        let pass_end_ns = sleep_from_ns.unwrap_or(self.now_ns);
+        self.note_pass(pass_end_ns.saturating_sub(clock.pass_start_ns), self.now_ns);
+        clock.pass_start_ns = self.now_ns;
+        // Busy/idle accounting between the passes' clock reads: the time
+        // since the last one is the last pass's work after its wait, then
+        // this pass's inbox and wait; busy when either found work. (Charging
+        // it to this pass's own work put every busy pass's time under
+        // idle when the pass after it found nothing.)
+        let spent = self.now_ns.saturating_sub(clock.last_ns);
+        clock.last_ns = self.now_ns;
+        let counter = if clock.prev_busy || inbox_busy {
+            &self.shared.busy_ns
+        } else {
+            &self.shared.idle_ns
+        };
+        counter.fetch_add(spent, Ordering::Relaxed);
+    }
+
+    /// Handles the events of the last wait; true if a connection had work.
+    fn handle_events(&mut self, events: &[(u64, u32)]) -> bool {
+        let mut busy = false;
+        for &(token, _ev) in events {
+            if token == TOKEN_WAKE {
+                self.shared.wake.drain();
+            } else if token & TOKEN_CHANNEL != 0 {
+                // Completions are reaped below for every channel.
+            } else if token & TOKEN_POLLER != 0 {
+                // Polled below with the others; only the notification is
+                // consumed here.
+                if let Some(p) = self.pollers.get_mut((token & !TOKEN_POLLER) as usize) {
+                    p.on_wake();
                 }
+            } else {
+                busy = true;
+                self.with_conn(token as u32, |c, ctx| c.on_readable(ctx));
+            }
+        }
+        busy
+    }
+
+    /// Hands device completions to their queue pairs (a completion whose queue
+    /// pair is gone returns its buffer to the pool).
+    fn deliver_completions(&mut self, completions: &mut Vec<IoCompletion>) {
+        for c in completions.drain(..) {
+            let conn = (c.tag >> 32) as u32;
+            let slot = c.tag as u16;
+            let (result, buf) = (c.result, c.buf);
+            let mut buf = buf;
+            let mut handled = false;
+            self.with_conn(conn, |qp, ctx| {
+                handled = true;
+                qp.on_io_complete(slot, result, buf.take(), ctx)
+            });
+            if let Some(b) = buf {
+                self.bufs.put(b);
+            }
+            if !handled {
+                tracing::warn!(conn, slot, "completion for a queue pair that is gone");
             }
         }
     }
+
+    /// During shutdown: exits once every queue pair and device I/O drained,
+    /// or the grace period ran out.
+    fn check_shutdown(&mut self) {
+        if let Some(since) = self.shutting_down {
+            let drained = self.queue_pair_count() == 0 && self.channels.in_flight() == 0;
+            if drained || since.elapsed() > SHUTDOWN_GRACE {
+                if !drained {
+                    tracing::warn!(
+                        reactor = self.shared.id,
+                        "shutdown grace period over with {} queue pairs open",
+                        self.queue_pair_count()
+                    );
+                }
+                self.exit = true;
+            }
+        }
+    }
+}
+
+/// The clock readings the poll loop carries from one pass to the next.
+struct PassClock {
+    /// The last pass's clock read (busy/idle accounting).
+    last_ns: u64,
+    /// Whether the last pass found work after its wait.
+    prev_busy: bool,
+    /// Start of the current pass (after its epoll wait), for its gap.
+    pass_start_ns: u64,
 }
 
 #[cfg(test)]

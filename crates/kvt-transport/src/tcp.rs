@@ -320,6 +320,61 @@ impl<W: Wire> TcpLink<W> {
     }
 }
 
+impl<W: Wire> TcpLink<W> {
+    /// Sends a command's controller-to-host data (`c2h_len` bytes, from the
+    /// device buffer `read_buf` or the admin `reply`) in one C2HData PDU.
+    /// Returns true if the PDU carried SUCCESS, standing for the response.
+    #[inline]
+    fn send_c2h(
+        &mut self,
+        cqe: &Cqe,
+        read_buf: Option<(IoBuf, usize)>,
+        reply: Option<Vec<u8>>,
+        c2h_len: usize,
+    ) -> bool {
+        // SUCCESS skips the CapsuleResp and its SQ head update; hosts over
+        // TCP do not use SQ head (SPDK sends SUCCESS the same way). The
+        // host then assumes a zero DW0/DW1, so a result (a KV Retrieve's
+        // value size) needs the CapsuleResp.
+        let success = self.c2h_success && cqe.result == 0;
+        let mut flags = pdu::flags::LAST_PDU;
+        if success {
+            flags |= pdu::flags::SUCCESS;
+        }
+        let hdr = DataHeader {
+            cccid: cqe.cid,
+            ttag: 0,
+            offset: 0,
+            length: c2h_len as u32,
+        };
+        pdu::encode_data_pdu_header(
+            &mut self.out.bytes,
+            false,
+            &hdr,
+            c2h_len,
+            flags,
+            self.digests,
+            self.hpda_align,
+        );
+        let digest = match (read_buf, reply) {
+            (Some((b, n)), _) => {
+                let d = self.digests.data.then(|| pdu::crc32c(&b[..n]));
+                self.out.push_buf(b, n);
+                d
+            }
+            (None, Some(d)) => {
+                self.out.bytes.extend_from_slice(&d);
+                self.digests.data.then(|| pdu::crc32c(&d))
+            }
+            (None, None) => None,
+        };
+        if let Some(d) = digest {
+            self.out.bytes.extend_from_slice(&d.to_le_bytes());
+        }
+        success
+    }
+}
+
 impl<W: Wire> Link<TcpReq> for TcpLink<W> {
     // #[inline]: the core's `Queue::respond` calls it once per command, in this
     // crate's instance of it; kept apart it cost a 4 KiB read about 30
@@ -366,49 +421,7 @@ impl<W: Wire> Link<TcpReq> for TcpLink<W> {
             (None, Some(d)) => d.len(),
             (None, None) => 0,
         };
-        let mut sent_success = false;
-        if c2h_len > 0 {
-            // SUCCESS skips the CapsuleResp and its SQ head update; hosts over
-            // TCP do not use SQ head (SPDK sends SUCCESS the same way). The
-            // host then assumes a zero DW0/DW1, so a result (a KV Retrieve's
-            // value size) needs the CapsuleResp.
-            let success = self.c2h_success && rsp.cqe.result == 0;
-            let mut flags = pdu::flags::LAST_PDU;
-            if success {
-                flags |= pdu::flags::SUCCESS;
-            }
-            let hdr = DataHeader {
-                cccid: cid,
-                ttag: 0,
-                offset: 0,
-                length: c2h_len as u32,
-            };
-            pdu::encode_data_pdu_header(
-                &mut self.out.bytes,
-                false,
-                &hdr,
-                c2h_len,
-                flags,
-                self.digests,
-                self.hpda_align,
-            );
-            let digest = match (read_buf, reply) {
-                (Some((b, n)), _) => {
-                    let d = self.digests.data.then(|| pdu::crc32c(&b[..n]));
-                    self.out.push_buf(b, n);
-                    d
-                }
-                (None, Some(d)) => {
-                    self.out.bytes.extend_from_slice(&d);
-                    self.digests.data.then(|| pdu::crc32c(&d))
-                }
-                (None, None) => None,
-            };
-            if let Some(d) = digest {
-                self.out.bytes.extend_from_slice(&d.to_le_bytes());
-            }
-            sent_success = success;
-        }
+        let sent_success = c2h_len > 0 && self.send_c2h(&rsp.cqe, read_buf, reply, c2h_len);
         if !sent_success && !held {
             pdu::encode_capsule_resp(&mut self.out.bytes, &rsp.cqe, self.digests);
         }
@@ -618,6 +631,49 @@ impl<W: Wire> TcpConnection<W> {
         }
     }
 
+    /// The host's ICReq: answered with ICResp, and the connection is ready.
+    fn on_icreq(&mut self, req: pdu::ICReq, raw: &[u8]) {
+        if req.pfv != 0 {
+            return self.terminate(
+                PduError {
+                    fes: fes::INVALID_HEADER_FIELD,
+                    fei: 8,
+                    reason: "unsupported PDU format version",
+                },
+                raw,
+            );
+        }
+        if req.hpda > 31 {
+            return self.terminate(
+                PduError {
+                    fes: fes::INVALID_HEADER_FIELD,
+                    fei: 10,
+                    reason: "HPDA out of range",
+                },
+                raw,
+            );
+        }
+        self.l.hpda_align = if req.hpda == 0 {
+            0
+        } else {
+            (req.hpda as usize + 1) * 4
+        };
+        // Tell the host our limit before switching digests on for us.
+        pdu::encode_icresp(
+            &mut self.l.out.bytes,
+            &ICResp {
+                pfv: 0,
+                cpda: 0,
+                digests: req.digests,
+                maxh2cdata: self.l.maxh2cdata,
+            },
+        );
+        self.l.digests = req.digests;
+        self.l.set_state(ConnState::Ready);
+        // Connect checks the host and subsystem against the PSK identity.
+        self.q.set_secure_peer(self.l.sock.secure_peer().cloned());
+    }
+
     fn handle_pdu(&mut self, p: Pdu, raw: &[u8], ctx: &mut IoCtx) {
         let seq_err = |reason| PduError {
             fes: fes::PDU_SEQUENCE_ERROR,
@@ -625,47 +681,7 @@ impl<W: Wire> TcpConnection<W> {
             reason,
         };
         match (self.l.state, p) {
-            (ConnState::AwaitIcReq, Pdu::ICReq(req)) => {
-                if req.pfv != 0 {
-                    return self.terminate(
-                        PduError {
-                            fes: fes::INVALID_HEADER_FIELD,
-                            fei: 8,
-                            reason: "unsupported PDU format version",
-                        },
-                        raw,
-                    );
-                }
-                if req.hpda > 31 {
-                    return self.terminate(
-                        PduError {
-                            fes: fes::INVALID_HEADER_FIELD,
-                            fei: 10,
-                            reason: "HPDA out of range",
-                        },
-                        raw,
-                    );
-                }
-                self.l.hpda_align = if req.hpda == 0 {
-                    0
-                } else {
-                    (req.hpda as usize + 1) * 4
-                };
-                // Tell the host our limit before switching digests on for us.
-                pdu::encode_icresp(
-                    &mut self.l.out.bytes,
-                    &ICResp {
-                        pfv: 0,
-                        cpda: 0,
-                        digests: req.digests,
-                        maxh2cdata: self.l.maxh2cdata,
-                    },
-                );
-                self.l.digests = req.digests;
-                self.l.set_state(ConnState::Ready);
-                // Connect checks the host and subsystem against the PSK identity.
-                self.q.set_secure_peer(self.l.sock.secure_peer().cloned());
-            }
+            (ConnState::AwaitIcReq, Pdu::ICReq(req)) => self.on_icreq(req, raw),
             (ConnState::AwaitIcReq, _) => self.terminate(seq_err("expected ICReq first"), raw),
             (_, Pdu::ICReq(_)) => self.terminate(seq_err("second ICReq"), raw),
             (_, Pdu::TermReq { fes, fei, .. }) => {

@@ -251,30 +251,7 @@ fn frame(buf: &[u8], digests: Digests, limits: ParseLimits) -> Result<Option<Fra
             "header digest flag differs from what was negotiated",
         ));
     }
-    let max_plen = match ch.pdu_type {
-        pdu_type::IC_REQ | pdu_type::IC_RESP => IC_PDU_LEN,
-        pdu_type::H2C_TERM_REQ | pdu_type::C2H_TERM_REQ => TERM_REQ_HLEN + TERM_REQ_MAX_DATA,
-        _ => hlen + hdgst + 255 + limits.max_data + DIGEST_LEN,
-    };
-    if plen < hlen + hdgst {
-        return Err(PduError::new(
-            fes::INVALID_HEADER_FIELD,
-            4,
-            "PDU length shorter than its header",
-        ));
-    }
-    if plen > max_plen {
-        let f = if is_ic_or_term {
-            fes::INVALID_HEADER_FIELD
-        } else {
-            fes::DATA_LIMIT_EXCEEDED
-        };
-        return Err(PduError::new(
-            f,
-            4,
-            "PDU length exceeds the negotiated limit",
-        ));
-    }
+    check_plen(&ch, hlen + hdgst, is_ic_or_term, limits)?;
     if buf.len() < hlen + hdgst {
         return Ok(None);
     }
@@ -293,41 +270,91 @@ fn frame(buf: &[u8], digests: Digests, limits: ParseLimits) -> Result<Option<Fra
         ch.pdu_type,
         pdu_type::CAPSULE_CMD | pdu_type::H2C_DATA | pdu_type::C2H_DATA
     );
-    let mut data = None;
-    if has_data_part && plen > hlen + hdgst {
-        let ddgst = digests.ddgst_len();
-        if ((ch.flags & flags::DDGSTF) != 0) != digests.data {
-            return Err(PduError::new(
-                fes::INVALID_HEADER_FIELD,
-                1,
-                "data digest flag differs from what was negotiated",
-            ));
-        }
-        let pdo = ch.pdo as usize;
-        if pdo < hlen + hdgst || pdo + ddgst > plen {
-            return Err(PduError::new(
-                fes::INVALID_HEADER_FIELD,
-                3,
-                "PDU data offset outside the PDU",
-            ));
-        }
-        let len = plen - ddgst - pdo;
-        if len > limits.max_data {
-            return Err(PduError::new(
-                fes::DATA_LIMIT_EXCEEDED,
-                4,
-                "PDU data exceeds the negotiated limit",
-            ));
-        }
-        data = Some((pdo, len, ddgst));
+    let data = if has_data_part && plen > hlen + hdgst {
+        Some(data_part(&ch, hlen + hdgst, digests, limits)?)
     } else if !has_data_part && !is_ic_or_term && plen != hlen + hdgst {
         return Err(PduError::new(
             fes::INVALID_HEADER_FIELD,
             4,
             "PDU length wrong for a PDU without data",
         ));
-    }
+    } else {
+        None
+    };
     Ok(Some(Frame { ch, plen, data }))
+}
+
+/// Checks the PDU length against its header (`head` bytes with the header
+/// digest) and the limit for its type.
+fn check_plen(
+    ch: &CommonHeader,
+    head: usize,
+    is_ic_or_term: bool,
+    limits: ParseLimits,
+) -> Result<(), PduError> {
+    let plen = ch.plen as usize;
+    let max_plen = match ch.pdu_type {
+        pdu_type::IC_REQ | pdu_type::IC_RESP => IC_PDU_LEN,
+        pdu_type::H2C_TERM_REQ | pdu_type::C2H_TERM_REQ => TERM_REQ_HLEN + TERM_REQ_MAX_DATA,
+        _ => head + 255 + limits.max_data + DIGEST_LEN,
+    };
+    if plen < head {
+        return Err(PduError::new(
+            fes::INVALID_HEADER_FIELD,
+            4,
+            "PDU length shorter than its header",
+        ));
+    }
+    if plen > max_plen {
+        let f = if is_ic_or_term {
+            fes::INVALID_HEADER_FIELD
+        } else {
+            fes::DATA_LIMIT_EXCEEDED
+        };
+        return Err(PduError::new(
+            f,
+            4,
+            "PDU length exceeds the negotiated limit",
+        ));
+    }
+    Ok(())
+}
+
+/// Where a PDU's data part is (offset, length, data digest length), checked
+/// against its header (`head` bytes with the header digest), the negotiated
+/// digests and the data limit.
+fn data_part(
+    ch: &CommonHeader,
+    head: usize,
+    digests: Digests,
+    limits: ParseLimits,
+) -> Result<(usize, usize, usize), PduError> {
+    let plen = ch.plen as usize;
+    let ddgst = digests.ddgst_len();
+    if ((ch.flags & flags::DDGSTF) != 0) != digests.data {
+        return Err(PduError::new(
+            fes::INVALID_HEADER_FIELD,
+            1,
+            "data digest flag differs from what was negotiated",
+        ));
+    }
+    let pdo = ch.pdo as usize;
+    if pdo < head || pdo + ddgst > plen {
+        return Err(PduError::new(
+            fes::INVALID_HEADER_FIELD,
+            3,
+            "PDU data offset outside the PDU",
+        ));
+    }
+    let len = plen - ddgst - pdo;
+    if len > limits.max_data {
+        return Err(PduError::new(
+            fes::DATA_LIMIT_EXCEEDED,
+            4,
+            "PDU data exceeds the negotiated limit",
+        ));
+    }
+    Ok((pdo, len, ddgst))
 }
 
 /// The header of a data PDU (H2CData or C2HData), known before its data.
@@ -418,37 +445,7 @@ pub fn parse<'a>(
     }
 
     let parsed = match ch.pdu_type {
-        pdu_type::IC_REQ | pdu_type::IC_RESP => {
-            if plen != IC_PDU_LEN {
-                return Err(PduError::new(
-                    fes::INVALID_HEADER_FIELD,
-                    4,
-                    "ICReq/ICResp length",
-                ));
-            }
-            // Same layout both ways: pfv, pda (HPDA/CPDA), digest bits, a u32
-            // (MAXR2T in ICReq, MAXH2CDATA in ICResp).
-            let (pfv, pda, value) = (u16_at(pdu, 8), pdu[10], u32_at(pdu, 12));
-            let digests = Digests {
-                header: pdu[11] & 1 != 0,
-                data: pdu[11] & 2 != 0,
-            };
-            if ch.pdu_type == pdu_type::IC_REQ {
-                Pdu::ICReq(ICReq {
-                    pfv,
-                    hpda: pda,
-                    digests,
-                    maxr2t: value,
-                })
-            } else {
-                Pdu::ICResp(ICResp {
-                    pfv,
-                    cpda: pda,
-                    digests,
-                    maxh2cdata: value,
-                })
-            }
-        }
+        pdu_type::IC_REQ | pdu_type::IC_RESP => parse_ic(ch.pdu_type, pdu)?,
         pdu_type::H2C_TERM_REQ | pdu_type::C2H_TERM_REQ => Pdu::TermReq {
             from_host: ch.pdu_type == pdu_type::H2C_TERM_REQ,
             fes: u16_at(pdu, 8),
@@ -476,36 +473,7 @@ pub fn parse<'a>(
             Pdu::CapsuleResp(cqe)
         }
         pdu_type::H2C_DATA | pdu_type::C2H_DATA | pdu_type::R2T => {
-            let hdr = DataHeader {
-                cccid: u16_at(pdu, 8),
-                ttag: u16_at(pdu, 10),
-                offset: u32_at(pdu, 12),
-                length: u32_at(pdu, 16),
-            };
-            if ch.pdu_type != pdu_type::R2T && hdr.length as usize != data.len() {
-                return Err(PduError::new(
-                    fes::INVALID_HEADER_FIELD,
-                    16,
-                    "data length field differs from the PDU's data",
-                ));
-            }
-            let last = ch.flags & flags::LAST_PDU != 0;
-            match ch.pdu_type {
-                pdu_type::H2C_DATA => Pdu::H2CData {
-                    hdr,
-                    last,
-                    data,
-                    data_digest_error,
-                },
-                pdu_type::C2H_DATA => Pdu::C2HData {
-                    hdr,
-                    last,
-                    success: ch.flags & flags::SUCCESS != 0,
-                    data,
-                    data_digest_error,
-                },
-                _ => Pdu::R2T(hdr),
-            }
+            parse_data(&ch, pdu, data, data_digest_error)?
         }
         _ => {
             return Err(PduError::new(
@@ -516,6 +484,79 @@ pub fn parse<'a>(
         }
     };
     Ok(Some((parsed, plen)))
+}
+
+/// An ICReq or ICResp (`pdu_type`) from its whole PDU.
+fn parse_ic(pdu_type: u8, pdu: &[u8]) -> Result<Pdu<'_>, PduError> {
+    if pdu.len() != IC_PDU_LEN {
+        return Err(PduError::new(
+            fes::INVALID_HEADER_FIELD,
+            4,
+            "ICReq/ICResp length",
+        ));
+    }
+    // Same layout both ways: pfv, pda (HPDA/CPDA), digest bits, a u32
+    // (MAXR2T in ICReq, MAXH2CDATA in ICResp).
+    let (pfv, pda, value) = (u16_at(pdu, 8), pdu[10], u32_at(pdu, 12));
+    let digests = Digests {
+        header: pdu[11] & 1 != 0,
+        data: pdu[11] & 2 != 0,
+    };
+    Ok(if pdu_type == pdu_type::IC_REQ {
+        Pdu::ICReq(ICReq {
+            pfv,
+            hpda: pda,
+            digests,
+            maxr2t: value,
+        })
+    } else {
+        Pdu::ICResp(ICResp {
+            pfv,
+            cpda: pda,
+            digests,
+            maxh2cdata: value,
+        })
+    })
+}
+
+/// An H2CData, C2HData or R2T from its whole PDU and its located `data`.
+#[inline]
+fn parse_data<'a>(
+    ch: &CommonHeader,
+    pdu: &'a [u8],
+    data: &'a [u8],
+    data_digest_error: bool,
+) -> Result<Pdu<'a>, PduError> {
+    let hdr = DataHeader {
+        cccid: u16_at(pdu, 8),
+        ttag: u16_at(pdu, 10),
+        offset: u32_at(pdu, 12),
+        length: u32_at(pdu, 16),
+    };
+    if ch.pdu_type != pdu_type::R2T && hdr.length as usize != data.len() {
+        return Err(PduError::new(
+            fes::INVALID_HEADER_FIELD,
+            16,
+            "data length field differs from the PDU's data",
+        ));
+    }
+    let last = ch.flags & flags::LAST_PDU != 0;
+    Ok(match ch.pdu_type {
+        pdu_type::H2C_DATA => Pdu::H2CData {
+            hdr,
+            last,
+            data,
+            data_digest_error,
+        },
+        pdu_type::C2H_DATA => Pdu::C2HData {
+            hdr,
+            last,
+            success: ch.flags & flags::SUCCESS != 0,
+            data,
+            data_digest_error,
+        },
+        _ => Pdu::R2T(hdr),
+    })
 }
 
 fn put_common(out: &mut Vec<u8>, t: u8, fl: u8, hlen: usize, pdo: usize, plen: usize) -> usize {

@@ -135,73 +135,11 @@ pub struct Vfio {
 
 impl Vfio {
     pub fn open(bdf: &str) -> Result<Vfio, NvmeError> {
-        let sys = format!("/sys/bus/pci/devices/{bdf}");
-        let driver = std::fs::read_link(format!("{sys}/driver"))
-            .ok()
-            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
-        if driver.as_deref() != Some("vfio-pci") {
-            return Err(NvmeError::NotVfio {
-                bdf: bdf.to_string(),
-                driver: driver.unwrap_or_else(|| "no driver".into()),
-            });
-        }
-        let group = std::fs::read_link(format!("{sys}/iommu_group")).map_err(|source| {
-            NvmeError::NoIommuGroup {
-                bdf: bdf.to_string(),
-                source,
-            }
-        })?;
-        let group_no = group
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let rw = |p: &str| OpenOptions::new().read(true).write(true).open(p);
-        let open = |p: &str| {
-            rw(p).map_err(|source| NvmeError::Open {
-                path: p.to_string(),
-                source,
-            })
-        };
-        let container = open("/dev/vfio/vfio")?;
+        let group_no = iommu_group(bdf)?;
+        let (container, iommu) = open_container()?;
         let cfd = container.as_raw_fd();
-        let v = ioctl(
-            cfd,
-            VFIO_GET_API_VERSION,
-            std::ptr::null_mut(),
-            "VFIO_GET_API_VERSION",
-        )?;
-        if v != VFIO_API_VERSION {
-            return Err(NvmeError::ApiVersion {
-                got: v,
-                expected: VFIO_API_VERSION,
-            });
-        }
-        let iommu = if ioctl(cfd, VFIO_CHECK_EXTENSION, VFIO_TYPE1V2_IOMMU as _, "check")? > 0 {
-            VFIO_TYPE1V2_IOMMU
-        } else if ioctl(cfd, VFIO_CHECK_EXTENSION, VFIO_TYPE1_IOMMU as _, "check")? > 0 {
-            VFIO_TYPE1_IOMMU
-        } else {
-            return Err(NvmeError::NoType1Iommu);
-        };
-        let gpath = format!("/dev/vfio/{group_no}");
-        let group = open(&gpath)?;
+        let group = open_group(&group_no, bdf)?;
         let gfd = group.as_raw_fd();
-        let mut st = GroupStatus {
-            argsz: std::mem::size_of::<GroupStatus>() as u32,
-            flags: 0,
-        };
-        ioctl(
-            gfd,
-            VFIO_GROUP_GET_STATUS,
-            &mut st as *mut _ as _,
-            "VFIO_GROUP_GET_STATUS",
-        )?;
-        if st.flags & VFIO_GROUP_FLAGS_VIABLE == 0 {
-            return Err(NvmeError::GroupNotViable {
-                group: group_no,
-                bdf: bdf.to_string(),
-            });
-        }
         let mut c = cfd;
         ioctl(
             gfd,
@@ -220,36 +158,7 @@ impl Vfio {
         )?;
         // SAFETY: the ioctl returned a new fd that nothing else owns.
         let device = unsafe { File::from_raw_fd(dfd) };
-
-        let bar0 = region_info(&device, VFIO_PCI_BAR0_REGION_INDEX)?;
-        if bar0.flags & VFIO_REGION_INFO_FLAG_MMAP == 0 || bar0.size < 0x2000 {
-            return Err(NvmeError::Bar0 {
-                bdf: bdf.to_string(),
-                size: bar0.size,
-            });
-        }
-        // SAFETY: maps the device's BAR0 region as VFIO describes it; the mapping
-        // is owned by the returned `Vfio` and unmapped in Drop.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bar0.size as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                device.as_raw_fd(),
-                bar0.offset as libc::off_t,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(NvmeError::MapBar0 {
-                bdf: bdf.to_string(),
-                source: std::io::Error::last_os_error(),
-            });
-        }
-        let bar = Bar {
-            base: p as *mut u8,
-            len: bar0.size as usize,
-        };
+        let bar = map_bar0(&device, bdf)?;
         let mut me = Vfio {
             bdf: bdf.to_string(),
             _container: container,
@@ -334,6 +243,126 @@ fn map_dma(container: &File, r: &dma::DmaRange) -> Result<(), dma::DmaError> {
         call: "VFIO_IOMMU_MAP_DMA",
         // last_os_error always carries an errno.
         errno: e.raw_os_error().unwrap_or(libc::EIO),
+    })
+}
+
+/// Opens `p` for reading and writing.
+fn open_rw(p: &str) -> Result<File, NvmeError> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(p)
+        .map_err(|source| NvmeError::Open {
+            path: p.to_string(),
+            source,
+        })
+}
+
+/// The IOMMU group of device `bdf`, which must be bound to vfio-pci.
+fn iommu_group(bdf: &str) -> Result<String, NvmeError> {
+    let sys = format!("/sys/bus/pci/devices/{bdf}");
+    let driver = std::fs::read_link(format!("{sys}/driver"))
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+    if driver.as_deref() != Some("vfio-pci") {
+        return Err(NvmeError::NotVfio {
+            bdf: bdf.to_string(),
+            driver: driver.unwrap_or_else(|| "no driver".into()),
+        });
+    }
+    let group = std::fs::read_link(format!("{sys}/iommu_group")).map_err(|source| {
+        NvmeError::NoIommuGroup {
+            bdf: bdf.to_string(),
+            source,
+        }
+    })?;
+    let group_no = group
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Ok(group_no)
+}
+
+/// A new VFIO container and the type-1 IOMMU it offers (v2 if it can).
+fn open_container() -> Result<(File, u64), NvmeError> {
+    let container = open_rw("/dev/vfio/vfio")?;
+    let cfd = container.as_raw_fd();
+    let v = ioctl(
+        cfd,
+        VFIO_GET_API_VERSION,
+        std::ptr::null_mut(),
+        "VFIO_GET_API_VERSION",
+    )?;
+    if v != VFIO_API_VERSION {
+        return Err(NvmeError::ApiVersion {
+            got: v,
+            expected: VFIO_API_VERSION,
+        });
+    }
+    let iommu = if ioctl(cfd, VFIO_CHECK_EXTENSION, VFIO_TYPE1V2_IOMMU as _, "check")? > 0 {
+        VFIO_TYPE1V2_IOMMU
+    } else if ioctl(cfd, VFIO_CHECK_EXTENSION, VFIO_TYPE1_IOMMU as _, "check")? > 0 {
+        VFIO_TYPE1_IOMMU
+    } else {
+        return Err(NvmeError::NoType1Iommu);
+    };
+    Ok((container, iommu))
+}
+
+/// Opens VFIO group `group_no` (of device `bdf`), which must be viable.
+fn open_group(group_no: &str, bdf: &str) -> Result<File, NvmeError> {
+    let gpath = format!("/dev/vfio/{group_no}");
+    let group = open_rw(&gpath)?;
+    let gfd = group.as_raw_fd();
+    let mut st = GroupStatus {
+        argsz: std::mem::size_of::<GroupStatus>() as u32,
+        flags: 0,
+    };
+    ioctl(
+        gfd,
+        VFIO_GROUP_GET_STATUS,
+        &mut st as *mut _ as _,
+        "VFIO_GROUP_GET_STATUS",
+    )?;
+    if st.flags & VFIO_GROUP_FLAGS_VIABLE == 0 {
+        return Err(NvmeError::GroupNotViable {
+            group: group_no.to_string(),
+            bdf: bdf.to_string(),
+        });
+    }
+    Ok(group)
+}
+
+/// Maps the device's BAR0 (the controller's registers).
+fn map_bar0(device: &File, bdf: &str) -> Result<Bar, NvmeError> {
+    let bar0 = region_info(device, VFIO_PCI_BAR0_REGION_INDEX)?;
+    if bar0.flags & VFIO_REGION_INFO_FLAG_MMAP == 0 || bar0.size < 0x2000 {
+        return Err(NvmeError::Bar0 {
+            bdf: bdf.to_string(),
+            size: bar0.size,
+        });
+    }
+    // SAFETY: maps the device's BAR0 region as VFIO describes it; the mapping
+    // is owned by the returned `Vfio` and unmapped in Drop.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bar0.size as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            device.as_raw_fd(),
+            bar0.offset as libc::off_t,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(NvmeError::MapBar0 {
+            bdf: bdf.to_string(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(Bar {
+        base: p as *mut u8,
+        len: bar0.size as usize,
     })
 }
 

@@ -440,6 +440,14 @@ pub enum Command {
     },
 }
 
+/// The buffer a command carries, handed back when it is refused.
+fn buf_of(c: Command) -> Option<IoBuf> {
+    match c {
+        Command::Read { buf, .. } | Command::Write { buf, .. } => Some(buf),
+        _ => None,
+    }
+}
+
 /// Size of a queue pair's zeroed buffer (`Command::WriteFromZeroBuffer`).
 pub const ZERO_BUFFER_BYTES: usize = 1 << 20;
 
@@ -567,27 +575,57 @@ impl IoQpair {
     /// queue pair until `process` hands it back with the completion.
     pub fn submit(&mut self, cell: u32, cmd: Command) -> Result<(), SubmitError> {
         let i = cell as usize;
-        let buf_of = |c: Command| match c {
-            Command::Read { buf, .. } | Command::Write { buf, .. } => Some(buf),
-            _ => None,
-        };
-        if i >= self.busy.len() || self.busy[i] {
-            return Err(SubmitError::Failed(buf_of(cmd), libc::EINVAL));
+        if let Err(errno) = self.check(i, &cmd) {
+            return Err(SubmitError::Failed(buf_of(cmd), errno));
         }
-        if self.is_failed() {
-            return Err(SubmitError::Failed(buf_of(cmd), libc::ENXIO));
-        }
-        // The buffer must cover the blocks SPDK will move (it trusts the count).
-        if let Command::Read { blocks, buf, .. } | Command::Write { blocks, buf, .. } = &cmd {
-            if (buf.len() as u64) < *blocks as u64 * self.block_bytes as u64 || *blocks == 0 {
-                return Err(SubmitError::Failed(buf_of(cmd), libc::EINVAL));
+        // SAFETY: `cells` is the live boxed slice this queue pair owns; i < len
+        // (checked above).
+        let arg: *mut c_void = unsafe { std::ptr::addr_of_mut!((*self.cells.as_ptr())[i]) }.cast();
+        let (rc, buf) = self.issue(arg, cmd)?;
+        match rc {
+            0 => {
+                self.busy[i] = true;
+                self.bufs[i] = buf;
+                self.outstanding += 1;
+                Ok(())
+            }
+            e if e == -libc::ENOMEM => Err(SubmitError::Busy(buf)),
+            e => {
+                if e == -libc::ENXIO {
+                    self.failed = true;
+                }
+                Err(SubmitError::Failed(buf, -e))
             }
         }
-        // SAFETY: `cells` is the live boxed slice this queue pair owns; i < len.
-        let arg: *mut c_void = unsafe { std::ptr::addr_of_mut!((*self.cells.as_ptr())[i]) }.cast();
+    }
+
+    /// Whether `cmd` may be submitted under slot `i`: the errno if not.
+    fn check(&self, i: usize, cmd: &Command) -> Result<(), i32> {
+        if i >= self.busy.len() || self.busy[i] {
+            return Err(libc::EINVAL);
+        }
+        if self.is_failed() {
+            return Err(libc::ENXIO);
+        }
+        // The buffer must cover the blocks SPDK will move (it trusts the count).
+        if let Command::Read { blocks, buf, .. } | Command::Write { blocks, buf, .. } = cmd {
+            if (buf.len() as u64) < *blocks as u64 * self.block_bytes as u64 || *blocks == 0 {
+                return Err(libc::EINVAL);
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands `cmd` to SPDK with `arg` (its cell) for the callback. Returns
+    /// SPDK's return code and the buffer the queue pair keeps until completion.
+    fn issue(
+        &mut self,
+        arg: *mut c_void,
+        cmd: Command,
+    ) -> Result<(i32, Option<IoBuf>), SubmitError> {
         let (ns, qp) = (self.ns.as_ptr(), self.raw.as_ptr());
         let cb: ffi::spdk_nvme_cmd_cb = Some(on_complete);
-        let (rc, buf) = match cmd {
+        Ok(match cmd {
             Command::Read {
                 lba,
                 blocks,
@@ -615,51 +653,9 @@ impl IoQpair {
                 blocks,
                 mut buf,
                 fua,
-            } => {
-                let flags = if fua {
-                    ffi::SPDK_NVME_IO_FLAGS_FORCE_UNIT_ACCESS
-                } else {
-                    0
-                };
-                // SAFETY: as for Read.
-                let rc = unsafe {
-                    ffi::spdk_nvme_ns_cmd_write(
-                        ns,
-                        qp,
-                        buf.as_mut_ptr().cast(),
-                        lba,
-                        blocks,
-                        cb,
-                        arg,
-                        flags,
-                    )
-                };
-                (rc, Some(buf))
-            }
+            } => (self.write(arg, lba, blocks, &mut buf, fua), Some(buf)),
             Command::WriteFromZeroBuffer { lba, blocks } => {
-                let bytes = blocks as usize * self.block_bytes as usize;
-                if blocks == 0 || bytes > ZERO_BUFFER_BYTES {
-                    return Err(SubmitError::Failed(None, libc::EINVAL));
-                }
-                let zeros = self
-                    .zeros
-                    .get_or_insert_with(|| IoBuf::new(ZERO_BUFFER_BYTES));
-                // SAFETY: the zero buffer is owned by this queue pair and dropped
-                // only after the queue pair is freed; devices only read from it, so
-                // several commands may use it at once. ns/qp/arg as for Read.
-                let rc = unsafe {
-                    ffi::spdk_nvme_ns_cmd_write(
-                        ns,
-                        qp,
-                        zeros.as_mut_ptr().cast(),
-                        lba,
-                        blocks,
-                        cb,
-                        arg,
-                        0,
-                    )
-                };
-                (rc, None)
+                (self.write_zero_buffer(arg, lba, blocks)?, None)
             }
             Command::Flush => {
                 // SAFETY: ns/qp live; `arg` is this cell.
@@ -675,54 +671,95 @@ impl IoQpair {
                     None,
                 )
             }
-            Command::Deallocate { lba, blocks } => {
-                if blocks == 0 || blocks > MAX_DSM_BLOCKS {
-                    return Err(SubmitError::Failed(None, libc::EINVAL));
-                }
-                let mut list = [DsmRange::default(); MAX_DSM_RANGES];
-                let (mut n, mut done) = (0, 0);
-                while done < blocks {
-                    let length = (blocks - done).min(u32::MAX as u64);
-                    list[n] = DsmRange {
-                        attributes: 0,
-                        length: length as u32,
-                        slba: lba + done,
-                    };
-                    done += length;
-                    n += 1;
-                }
-                // SAFETY: SPDK copies the range list into its own request before
-                // returning (nvme_allocate_request_user_copy), so a stack array is
-                // fine; DsmRange has the spec layout (size asserted above).
-                let rc = unsafe {
-                    ffi::spdk_nvme_ns_cmd_dataset_management(
-                        ns,
-                        qp,
-                        ffi::SPDK_NVME_DSM_ATTR_DEALLOCATE,
-                        list.as_ptr().cast(),
-                        n as u16,
-                        cb,
-                        arg,
-                    )
-                };
-                (rc, None)
-            }
+            Command::Deallocate { lba, blocks } => (self.deallocate(arg, lba, blocks)?, None),
+        })
+    }
+
+    /// Writes `blocks` from `buf` at `lba`, with Force Unit Access if `fua`.
+    fn write(&self, arg: *mut c_void, lba: u64, blocks: u32, buf: &mut IoBuf, fua: bool) -> i32 {
+        let (ns, qp) = (self.ns.as_ptr(), self.raw.as_ptr());
+        let cb: ffi::spdk_nvme_cmd_cb = Some(on_complete);
+        let flags = if fua {
+            ffi::SPDK_NVME_IO_FLAGS_FORCE_UNIT_ACCESS
+        } else {
+            0
         };
-        match rc {
-            0 => {
-                self.busy[i] = true;
-                self.bufs[i] = buf;
-                self.outstanding += 1;
-                Ok(())
-            }
-            e if e == -libc::ENOMEM => Err(SubmitError::Busy(buf)),
-            e => {
-                if e == -libc::ENXIO {
-                    self.failed = true;
-                }
-                Err(SubmitError::Failed(buf, -e))
-            }
+        // SAFETY: `buf` (moved into `self.bufs` by `submit`, its memory never
+        // moves) stays alive and unused until on_complete for this cell ran;
+        // `arg` is this cell. ns/qp are live and used by this thread.
+        unsafe {
+            ffi::spdk_nvme_ns_cmd_write(
+                ns,
+                qp,
+                buf.as_mut_ptr().cast(),
+                lba,
+                blocks,
+                cb,
+                arg,
+                flags,
+            )
         }
+    }
+
+    /// Writes `blocks` from the queue pair's zero buffer at `lba`.
+    fn write_zero_buffer(
+        &mut self,
+        arg: *mut c_void,
+        lba: u64,
+        blocks: u32,
+    ) -> Result<i32, SubmitError> {
+        let (ns, qp) = (self.ns.as_ptr(), self.raw.as_ptr());
+        let cb: ffi::spdk_nvme_cmd_cb = Some(on_complete);
+        let bytes = blocks as usize * self.block_bytes as usize;
+        if blocks == 0 || bytes > ZERO_BUFFER_BYTES {
+            return Err(SubmitError::Failed(None, libc::EINVAL));
+        }
+        let zeros = self
+            .zeros
+            .get_or_insert_with(|| IoBuf::new(ZERO_BUFFER_BYTES));
+        // SAFETY: the zero buffer is owned by this queue pair and dropped
+        // only after the queue pair is freed; devices only read from it, so
+        // several commands may use it at once. ns/qp/arg as for Read.
+        let rc = unsafe {
+            ffi::spdk_nvme_ns_cmd_write(ns, qp, zeros.as_mut_ptr().cast(), lba, blocks, cb, arg, 0)
+        };
+        Ok(rc)
+    }
+
+    /// Deallocates `blocks` from `lba` (one Dataset Management command).
+    fn deallocate(&mut self, arg: *mut c_void, lba: u64, blocks: u64) -> Result<i32, SubmitError> {
+        let (ns, qp) = (self.ns.as_ptr(), self.raw.as_ptr());
+        let cb: ffi::spdk_nvme_cmd_cb = Some(on_complete);
+        if blocks == 0 || blocks > MAX_DSM_BLOCKS {
+            return Err(SubmitError::Failed(None, libc::EINVAL));
+        }
+        let mut list = [DsmRange::default(); MAX_DSM_RANGES];
+        let (mut n, mut done) = (0, 0);
+        while done < blocks {
+            let length = (blocks - done).min(u32::MAX as u64);
+            list[n] = DsmRange {
+                attributes: 0,
+                length: length as u32,
+                slba: lba + done,
+            };
+            done += length;
+            n += 1;
+        }
+        // SAFETY: SPDK copies the range list into its own request before
+        // returning (nvme_allocate_request_user_copy), so a stack array is
+        // fine; DsmRange has the spec layout (size asserted above).
+        let rc = unsafe {
+            ffi::spdk_nvme_ns_cmd_dataset_management(
+                ns,
+                qp,
+                ffi::SPDK_NVME_DSM_ATTR_DEALLOCATE,
+                list.as_ptr().cast(),
+                n as u16,
+                cb,
+                arg,
+            )
+        };
+        Ok(rc)
     }
 
     /// Reaps completions into `out` as (cell, NVMe status as SCT << 8 | SC, the

@@ -198,38 +198,7 @@ impl FromStr for TransportId {
         let Some(traddr) = traddr else {
             return Err(TridError::NoTrAddr);
         };
-        match trtype {
-            TrType::Pcie => {
-                crate::nvme::pci::parse_bdf(&traddr).map_err(|source| TridError::PciAddress {
-                    traddr: traddr.clone(),
-                    source,
-                })?;
-                if trsvcid.is_some() || subnqn.is_some() || adrfam.is_some() {
-                    return Err(TridError::PcieExtra);
-                }
-            }
-            TrType::Tcp | TrType::Rdma => {
-                if trsvcid.is_none() {
-                    return Err(TridError::NoTrSvcId);
-                }
-                if let Some(p) = &trsvcid {
-                    if p.parse::<u16>().map_or(true, |p| p == 0) {
-                        return Err(TridError::TrSvcId(p.clone()));
-                    }
-                }
-                let Some(n) = &subnqn else {
-                    return Err(TridError::NoSubNqn);
-                };
-                validate_nqn(n).map_err(TridError::SubNqn)?;
-                if adrfam.is_none() {
-                    adrfam = Some(if traddr.contains(':') { "IPv6" } else { "IPv4" }.into());
-                }
-            }
-        }
-        if let Some(h) = &hostnqn {
-            validate_nqn(h).map_err(TridError::HostNqn)?;
-        }
-        Ok(TransportId {
+        let mut id = TransportId {
             trtype,
             adrfam,
             traddr,
@@ -237,7 +206,58 @@ impl FromStr for TransportId {
             subnqn,
             hostnqn,
             priority,
-        })
+        };
+        id.check()?;
+        Ok(id)
+    }
+}
+
+impl TransportId {
+    /// Checks the keys against the transport type: a PCIe address alone, a
+    /// port and subsystem for the fabrics (whose address family is filled in
+    /// from the address if not given).
+    fn check(&mut self) -> Result<(), TridError> {
+        match self.trtype {
+            TrType::Pcie => {
+                crate::nvme::pci::parse_bdf(&self.traddr).map_err(|source| {
+                    TridError::PciAddress {
+                        traddr: self.traddr.clone(),
+                        source,
+                    }
+                })?;
+                if self.trsvcid.is_some() || self.subnqn.is_some() || self.adrfam.is_some() {
+                    return Err(TridError::PcieExtra);
+                }
+            }
+            TrType::Tcp | TrType::Rdma => {
+                if self.trsvcid.is_none() {
+                    return Err(TridError::NoTrSvcId);
+                }
+                if let Some(p) = &self.trsvcid {
+                    if p.parse::<u16>().map_or(true, |p| p == 0) {
+                        return Err(TridError::TrSvcId(p.clone()));
+                    }
+                }
+                let Some(n) = &self.subnqn else {
+                    return Err(TridError::NoSubNqn);
+                };
+                validate_nqn(n).map_err(TridError::SubNqn)?;
+                if self.adrfam.is_none() {
+                    self.adrfam = Some(
+                        if self.traddr.contains(':') {
+                            "IPv6"
+                        } else {
+                            "IPv4"
+                        }
+                        .into(),
+                    );
+                }
+            }
+        }
+        if let Some(h) = &self.hostnqn {
+            validate_nqn(h).map_err(TridError::HostNqn)?;
+        }
+        Ok(())
     }
 }
 

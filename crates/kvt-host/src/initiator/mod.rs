@@ -13,6 +13,9 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+mod dhchap;
+pub use dhchap::HostDhchap;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("I/O: {0}")]
@@ -181,6 +184,12 @@ impl QueueConn {
             hold_r2ts: false,
             held_r2ts: Vec::new(),
         };
+        q.initialize(digests)?;
+        Ok(q)
+    }
+
+    /// Exchanges ICReq/ICResp asking for `digests`; the queue uses them after.
+    fn initialize(&mut self, digests: Digests) -> Result<()> {
         let mut b = Vec::new();
         pdu::encode_icreq(
             &mut b,
@@ -191,12 +200,12 @@ impl QueueConn {
                 maxr2t: 0,
             },
         );
-        q.sock.write_all(&b)?;
-        let deadline = Instant::now() + timeout;
+        self.sock.write_all(&b)?;
+        let deadline = Instant::now() + self.timeout;
         loop {
-            q.fill(deadline)?;
+            self.fill(deadline)?;
             match pdu::parse(
-                &q.rbuf[..q.rlen],
+                &self.rbuf[..self.rlen],
                 Digests::default(),
                 ParseLimits { max_data: 0 },
             ) {
@@ -209,10 +218,10 @@ impl QueueConn {
                     {
                         return Err(Error::Protocol(format!("bad ICResp {r:?}")));
                     }
-                    q.maxh2cdata = r.maxh2cdata;
-                    q.digests = digests;
-                    q.consume(n);
-                    return Ok(q);
+                    self.maxh2cdata = r.maxh2cdata;
+                    self.digests = digests;
+                    self.consume(n);
+                    return Ok(());
                 }
                 Ok(Some((Pdu::TermReq { fes, fei, .. }, _))) => {
                     return Err(Error::Terminated { fes, fei })
@@ -613,155 +622,6 @@ impl QueueConn {
             d.authenticate(self, &data.hostnqn, &data.subnqn, cmd.qid)?;
         }
         Ok(dw0 as u16)
-    }
-}
-
-/// A host's DH-HMAC-CHAP keys and what it offers.
-#[derive(Debug, Clone)]
-pub struct HostDhchap {
-    pub key: kvt_auth::DhchapSecret,
-    /// Set: ask the controller to authenticate too.
-    pub ctrlr_key: Option<kvt_auth::DhchapSecret>,
-    pub digests: Vec<kvt_auth::Digest>,
-    pub dhgroups: Vec<kvt_auth::DhGroup>,
-}
-
-impl HostDhchap {
-    /// Offers every hash and group, as SPDK's and Linux's hosts do.
-    pub fn new(
-        key: kvt_auth::DhchapSecret,
-        ctrlr_key: Option<kvt_auth::DhchapSecret>,
-    ) -> HostDhchap {
-        HostDhchap {
-            key,
-            ctrlr_key,
-            digests: kvt_auth::Digest::ALL.to_vec(),
-            dhgroups: kvt_auth::DhGroup::ALL.to_vec(),
-        }
-    }
-
-    /// The host's side of one transaction on `q`.
-    pub fn authenticate(
-        &self,
-        q: &mut QueueConn,
-        hostnqn: &str,
-        subnqn: &str,
-        qid: u16,
-    ) -> Result<()> {
-        use kvt_auth::{self as a, DhGroup, Digest, ResponseInput, Role};
-        use nvme::{ControllerMessage, HostMessage};
-        let t_id = 0x4B56 ^ qid;
-        q.auth_send(
-            HostMessage::Negotiate(nvme::Negotiate {
-                t_id,
-                sc_c: 0,
-                protocols: vec![nvme::Protocol {
-                    auth_id: nvme::AUTHID_DHCHAP,
-                    hashes: self.digests.iter().map(|d| d.id()).collect(),
-                    dhgroups: self.dhgroups.iter().map(|g| g.id()).collect(),
-                }],
-            })
-            .encode(),
-        )?
-        .ok()?;
-        let failure = |m: &ControllerMessage| match m {
-            ControllerMessage::Failure1 { reason, .. } => Error::Auth(format!(
-                "the controller refused: {}",
-                nvme::FailureReason::from_code(*reason).map_or("unknown reason", |r| r.describe())
-            )),
-            m => Error::Auth(format!("unexpected message {m:?}")),
-        };
-        let parse = |c: Completion| {
-            ControllerMessage::parse(&c.data).map_err(|e| Error::Auth(e.to_string()))
-        };
-        let ch = parse(q.auth_recv(4096)?.ok()?)?;
-        let ControllerMessage::Challenge {
-            hash_id,
-            dhgroup_id,
-            seqnum,
-            challenge,
-            dh_value,
-            ..
-        } = &ch
-        else {
-            return Err(failure(&ch));
-        };
-        let d = Digest::from_id(*hash_id).ok_or_else(|| Error::Auth(format!("hash {hash_id}")))?;
-        let g = DhGroup::from_id(*dhgroup_id)
-            .ok_or_else(|| Error::Auth(format!("group {dhgroup_id}")))?;
-        let (public, shared) = match g {
-            DhGroup::Null => (Vec::new(), None),
-            g => {
-                let k = a::DhKeyPair::generate(g).map_err(|e| Error::Auth(e.to_string()))?;
-                let s = k
-                    .shared_secret(dh_value)
-                    .map_err(|e| Error::Auth(e.to_string()))?;
-                (k.public().to_vec(), Some(s))
-            }
-        };
-        let respond = |role: Role, key: &[u8], challenge: &[u8], seqnum: u32| {
-            a::response(
-                role,
-                &ResponseInput {
-                    digest: d,
-                    key,
-                    challenge,
-                    dh_secret: shared.as_deref().map(|v| v.as_slice()),
-                    seqnum,
-                    tid: t_id,
-                    scc: 0,
-                    hostnqn,
-                    subnqn,
-                },
-            )
-        };
-        let r1 = respond(
-            Role::Host,
-            &self.key.transformed(hostnqn),
-            challenge,
-            *seqnum,
-        );
-        let mut c2 = vec![0u8; d.hash_len()];
-        let s2 = if self.ctrlr_key.is_some() {
-            a::random_bytes(&mut c2).map_err(|e| Error::Auth(e.to_string()))?;
-            0x5EED
-        } else {
-            0
-        };
-        q.auth_send(
-            HostMessage::Reply(nvme::Reply {
-                t_id,
-                hl: d.hash_len() as u8,
-                cvalid: self.ctrlr_key.is_some() as u8,
-                seqnum: s2,
-                response: &r1,
-                challenge: &c2,
-                dh_value: &public,
-            })
-            .encode(),
-        )?
-        .ok()?;
-        let verdict = parse(q.auth_recv(4096)?.ok()?)?;
-        let ControllerMessage::Success1 { response, .. } = &verdict else {
-            return Err(failure(&verdict));
-        };
-        if let Some(ck) = &self.ctrlr_key {
-            let want = respond(Role::Controller, &ck.transformed(subnqn), &c2, s2);
-            if response.as_deref() != Some(want.as_slice()) {
-                q.auth_send(
-                    HostMessage::Failure2 {
-                        t_id,
-                        reason: nvme::FailureReason::Failed as u8,
-                    }
-                    .encode(),
-                )?;
-                return Err(Error::Auth(
-                    "the controller's response does not match dhchap_ctrlr_key".into(),
-                ));
-            }
-            q.auth_send(HostMessage::Success2 { t_id }.encode())?.ok()?;
-        }
-        Ok(())
     }
 }
 

@@ -161,11 +161,16 @@ fn client(addr: std::net::SocketAddr, o: &EchoOptions) -> Result<PerfReport, Per
             return Err(PerfError::EchoMissingResponses);
         }
     }
+    Ok(echo_report(o, &hist))
+}
+
+/// The report of an echo run from its latencies.
+fn echo_report(o: &EchoOptions, hist: &Histogram) -> PerfReport {
     let secs = o.runtime.as_secs_f64();
     let ios = hist.count();
     let us = |ns: u64| ns as f64 / 1000.0;
     let per = o.request.max(o.response) as u64;
-    Ok(PerfReport {
+    PerfReport {
         ios,
         bytes: ios * per,
         seconds: secs,
@@ -188,7 +193,7 @@ fn client(addr: std::net::SocketAddr, o: &EchoOptions) -> Result<PerfReport, Per
         misses: 0,
         connect_s: 0.0,
         listed: None,
-    })
+    }
 }
 
 #[cfg(test)]

@@ -371,20 +371,7 @@ const VERIFY_MAX_IOS_PER_QUEUE: u64 = 1 << 16;
 
 /// Runs the workload and returns the report. Errors name what failed.
 pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
-    if o.qd == 0 || o.qd > u16::MAX as usize {
-        return Err(PerfError::QueueDepth);
-    }
-    if o.queues == 0 {
-        return Err(PerfError::Queues);
-    }
-    if o.controllers == 0 {
-        return Err(PerfError::Controllers);
-    }
-    match o.workload {
-        Workload::List if !o.kv => return Err(PerfError::NeedsKv("list")),
-        Workload::Exist if !o.kv => return Err(PerfError::NeedsKv("exist")),
-        _ => {}
-    }
+    check_options(o)?;
     let connect_start = Instant::now();
     let mut ctrls = Vec::with_capacity(o.controllers as usize);
     let mut sizing = (0, 0);
@@ -393,7 +380,6 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
         ctrls.push(c);
         sizing = (entries, max_transfer);
     }
-    let (entries, max_transfer) = sizing;
     if o.workload == Workload::List {
         return list_all(o, &ctrls[0], connect_start);
     }
@@ -405,39 +391,106 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
     let (workload, layout, lba, total) = if o.kv {
         kv_layout(o, ctrl, all_queues)?
     } else {
-        let ns = ctrl
-            .identify_namespace(o.nsid)
-            .map_err(|source| PerfError::Identify {
-                nsid: o.nsid,
-                source,
-            })?;
-        if ns.nsze == 0 {
-            return Err(PerfError::InactiveNamespace(o.nsid));
-        }
-        let lba = 1u32 << ns.lbads;
-        if o.block_size == 0 || o.block_size % lba as usize != 0 {
-            return Err(PerfError::BlockSize(lba));
-        }
-        let (workload, layout) = o.workload.layout(o.lmcache_metadata);
-        if o.lmcache_metadata % lba as u64 != 0 {
-            return Err(PerfError::LmcacheMetadata(lba));
-        }
-        let bytes = ns.nsze.saturating_mul(lba as u64);
-        let total = bytes.saturating_sub(layout.base()) / layout.stride(o.block_size);
-        if total < all_queues {
-            return Err(PerfError::NamespaceTooSmall);
-        }
-        (workload, layout, lba, total)
+        block_layout(o, ctrl, all_queues)?
     };
+    let shape = RunShape {
+        workload,
+        layout,
+        lba,
+        total,
+        all_queues,
+        entries: sizing.0,
+        max_transfer: sizing.1,
+    };
+    let plans = queue_plans(o, &shape)?;
+    // A read-only run reads what was written first: verified runs check it, and a
+    // KV Retrieve of a key never stored is a miss.
+    let needs_prefill = (o.verify || o.kv)
+        && matches!(
+            workload,
+            Workload::RandRead | Workload::Read | Workload::Exist
+        );
+    let (results, cpu_used) = run_workers(o, &ctrls, &plans, needs_prefill);
+    report(o, results, cpu_used, connect_start, total)
+}
+
+/// The options' own limits, checked before anything connects.
+fn check_options(o: &PerfOptions) -> Result<(), PerfError> {
+    if o.qd == 0 || o.qd > u16::MAX as usize {
+        return Err(PerfError::QueueDepth);
+    }
+    if o.queues == 0 {
+        return Err(PerfError::Queues);
+    }
+    if o.controllers == 0 {
+        return Err(PerfError::Controllers);
+    }
+    match o.workload {
+        Workload::List if !o.kv => Err(PerfError::NeedsKv("list")),
+        Workload::Exist if !o.kv => Err(PerfError::NeedsKv("exist")),
+        _ => Ok(()),
+    }
+}
+
+/// What a run's queues are planned from: the workload as laid out on the
+/// namespace, its size in I/Os, and the controllers' limits.
+struct RunShape {
+    workload: Workload,
+    layout: Layout,
+    lba: u32,
+    /// I/Os (or keys) the namespace holds.
+    total: u64,
+    /// Queues of the run, over all controllers.
+    all_queues: u64,
+    /// I/O queue entries each controller gave.
+    entries: usize,
+    /// Largest transfer of a controller, in bytes.
+    max_transfer: usize,
+}
+
+/// The block namespace's layout for `o`: (workload, layout, LBA size, I/Os it holds).
+fn block_layout(
+    o: &PerfOptions,
+    ctrl: &mut HostController,
+    all_queues: u64,
+) -> Result<(Workload, Layout, u32, u64), PerfError> {
+    let ns = ctrl
+        .identify_namespace(o.nsid)
+        .map_err(|source| PerfError::Identify {
+            nsid: o.nsid,
+            source,
+        })?;
+    if ns.nsze == 0 {
+        return Err(PerfError::InactiveNamespace(o.nsid));
+    }
+    let lba = 1u32 << ns.lbads;
+    if o.block_size == 0 || o.block_size % lba as usize != 0 {
+        return Err(PerfError::BlockSize(lba));
+    }
+    let (workload, layout) = o.workload.layout(o.lmcache_metadata);
+    if o.lmcache_metadata % lba as u64 != 0 {
+        return Err(PerfError::LmcacheMetadata(lba));
+    }
+    let bytes = ns.nsze.saturating_mul(lba as u64);
+    let total = bytes.saturating_sub(layout.base()) / layout.stride(o.block_size);
+    if total < all_queues {
+        return Err(PerfError::NamespaceTooSmall);
+    }
+    Ok((workload, layout, lba, total))
+}
+
+/// One plan per queue of the run, each with the controller it belongs to:
+/// queue `i` of controller `c` is queue `c * queues + i` of the run.
+fn queue_plans(o: &PerfOptions, s: &RunShape) -> Result<Vec<(usize, QueuePlan)>, PerfError> {
     // Verified runs give each queue its own range (two queues writing one block
     // at once have no defined result); others share the whole namespace, with
     // sequential streams starting apart.
-    let per_queue = total / all_queues;
+    let per_queue = s.total / s.all_queues;
     let counts = |i: u64| {
         if o.verify {
             (per_queue * i, per_queue.min(VERIFY_MAX_IOS_PER_QUEUE))
         } else {
-            (0, total)
+            (0, s.total)
         }
     };
     // Every queue draws from the same range (verified runs: same-sized ones),
@@ -447,30 +500,28 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
         return Err(PerfError::ZipfTooLarge(count0));
     }
     let popularity = Popularity::new(count0, o.zipf);
-    // (controller, plan): queue `i` of controller `c` is queue
-    // `c * queues + i` of the run.
-    let plans: Vec<(usize, QueuePlan)> = (0..o.controllers as usize)
+    Ok((0..o.controllers as usize)
         .flat_map(|c| (0..o.queues).map(move |i| (c, i)))
         .map(|(c, i)| {
             let (first, count) = counts(c as u64 * o.queues as u64 + i as u64);
             let plan = QueuePlan {
                 qid: i + 1,
                 nsid: o.nsid,
-                workload,
+                workload: s.workload,
                 read_pct: o.read_pct,
                 // LMCache never discards: its phases issue no deallocates
                 // (KV runs send Deletes).
-                deallocate_pct: if matches!(layout, Layout::Blocks | Layout::Kv) {
+                deallocate_pct: if matches!(s.layout, Layout::Blocks | Layout::Kv) {
                     o.deallocate_pct
                 } else {
                     0
                 },
                 qd: o.qd,
                 io_size: o.block_size,
-                lba_size: lba,
-                max_transfer,
-                max_commands: entries - 1,
-                layout,
+                lba_size: s.lba,
+                max_transfer: s.max_transfer,
+                max_commands: s.entries - 1,
+                layout: s.layout,
                 first,
                 count,
                 verify: o.verify,
@@ -478,24 +529,38 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
             };
             (c, plan)
         })
-        .collect();
-    // A read-only run reads what was written first: verified runs check it, and a
-    // KV Retrieve of a key never stored is a miss.
-    let needs_prefill = (o.verify || o.kv)
-        && matches!(
-            workload,
-            Workload::RandRead | Workload::Read | Workload::Exist
-        );
+        .collect())
+}
 
+/// What the coordinator and the workers share.
+struct RunSignals {
+    /// Everyone connects and prefills first; the clock starts when all are ready.
+    ready: std::sync::Barrier,
+    /// When the clock started (set once all are ready).
+    start_at: std::sync::Mutex<Option<Instant>>,
+    /// The run is over: drain and stop.
+    stop: AtomicBool,
+    /// A worker failed: the coordinator stops the run early.
+    failed: AtomicBool,
+}
+
+/// Runs the workers, one thread each, with the coordinator on this thread.
+/// Returns each worker's result and the CPU time the measured part used.
+fn run_workers(
+    o: &PerfOptions,
+    ctrls: &[HostController],
+    plans: &[(usize, QueuePlan)],
+    needs_prefill: bool,
+) -> (Vec<Result<WorkerResult, PerfError>>, Duration) {
     let workers = o.cpus.len().max(1);
     let live: Vec<Arc<LiveCounters>> = (0..workers).map(|_| Arc::default()).collect();
-    // Everyone connects and prefills first; the clock starts when all are ready.
-    let ready = std::sync::Barrier::new(workers + 1);
-    let start_at = std::sync::Mutex::new(None::<Instant>);
-    let stop = AtomicBool::new(false);
-    let failed = AtomicBool::new(false);
-    let ctrls = &ctrls;
-    let results: (Vec<Result<WorkerResult, PerfError>>, Duration) = std::thread::scope(|s| {
+    let sig = RunSignals {
+        ready: std::sync::Barrier::new(workers + 1),
+        start_at: std::sync::Mutex::new(None),
+        stop: AtomicBool::new(false),
+        failed: AtomicBool::new(false),
+    };
+    std::thread::scope(|s| {
         let handles: Vec<_> = (0..workers)
             .map(|w| {
                 let my_plans: Vec<(usize, QueuePlan)> = plans
@@ -506,80 +571,85 @@ pub fn run(o: &PerfOptions) -> Result<PerfReport, PerfError> {
                     .collect();
                 let cpu = o.cpus.get(w).copied();
                 let live = live[w].clone();
-                let (ready, start_at, stop, failed) = (&ready, &start_at, &stop, &failed);
+                let sig = &sig;
                 s.spawn(move || {
-                    let r = worker(
-                        o,
-                        ctrls,
-                        my_plans,
-                        cpu,
-                        live,
-                        needs_prefill,
-                        ready,
-                        start_at,
-                        stop,
-                    );
+                    let r = worker(o, ctrls, my_plans, cpu, live, needs_prefill, sig);
                     if r.is_err() {
-                        failed.store(true, Ordering::Relaxed);
+                        sig.failed.store(true, Ordering::Relaxed);
                     }
                     r
                 })
             })
             .collect();
-        // Coordinator: start the clock, report progress, time the run.
-        ready.wait();
-        let begin = Instant::now();
-        if let Ok(mut g) = start_at.lock() {
-            *g = Some(begin);
-        }
-        let start = begin + o.warmup;
-        let end = start + o.runtime;
-        let mut cpu0 = None;
-        let mut last = (begin, 0u64, 0u64);
-        let tty = o.progress && std::io::IsTerminal::is_terminal(&std::io::stderr());
-        loop {
-            let now = Instant::now();
-            if now >= end || failed.load(Ordering::Relaxed) {
-                break;
-            }
-            if cpu0.is_none() && now >= start {
-                cpu0 = Some(cpu_time());
-            }
-            std::thread::sleep(coordinator_sleep(now, last.0, start, end, cpu0.is_some()));
-            let now = Instant::now();
-            // The tick advances whether or not it is printed (a stale tick
-            // would make this loop spin on a zero sleep beside the workers).
-            if tick_due(now, last.0) {
-                let ios: u64 = live.iter().map(|l| l.ios.load(Ordering::Relaxed)).sum();
-                let bytes: u64 = live.iter().map(|l| l.bytes.load(Ordering::Relaxed)).sum();
-                let dt = now.duration_since(last.0).as_secs_f64();
-                let phase = if now < start { "warm-up" } else { "run" };
-                let line = format!(
-                    "[{:>5.1}s {phase}] {:>9.0} IOPS {:>9.1} MiB/s",
-                    now.saturating_duration_since(begin).as_secs_f64(),
-                    (ios - last.1) as f64 / dt,
-                    (bytes - last.2) as f64 / dt / (1 << 20) as f64
-                );
-                if tty {
-                    eprint!("\r{line}   ");
-                } else if o.progress {
-                    eprintln!("{line}");
-                }
-                last = (now, ios, bytes);
-            }
-        }
-        if tty {
-            eprintln!();
-        }
-        let cpu_used = cpu_time().saturating_sub(cpu0.unwrap_or_default());
-        stop.store(true, Ordering::Relaxed);
+        let cpu_used = coordinate(o, &live, &sig);
+        sig.stop.store(true, Ordering::Relaxed);
         let r: Vec<_> = handles
             .into_iter()
             .map(|h| h.join().unwrap_or(Err(PerfError::WorkerPanicked)))
             .collect();
         (r, cpu_used)
-    });
-    let (results, cpu_used) = results;
+    })
+}
+
+/// The coordinator: starts the clock once all are ready, reports progress
+/// once a second, and returns at the end of the run (or when a worker failed)
+/// with the CPU time the measured part used.
+fn coordinate(o: &PerfOptions, live: &[Arc<LiveCounters>], sig: &RunSignals) -> Duration {
+    sig.ready.wait();
+    let begin = Instant::now();
+    if let Ok(mut g) = sig.start_at.lock() {
+        *g = Some(begin);
+    }
+    let start = begin + o.warmup;
+    let end = start + o.runtime;
+    let mut cpu0 = None;
+    let mut last = (begin, 0u64, 0u64);
+    let tty = o.progress && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    loop {
+        let now = Instant::now();
+        if now >= end || sig.failed.load(Ordering::Relaxed) {
+            break;
+        }
+        if cpu0.is_none() && now >= start {
+            cpu0 = Some(cpu_time());
+        }
+        std::thread::sleep(coordinator_sleep(now, last.0, start, end, cpu0.is_some()));
+        let now = Instant::now();
+        // The tick advances whether or not it is printed (a stale tick
+        // would make this loop spin on a zero sleep beside the workers).
+        if tick_due(now, last.0) {
+            let ios: u64 = live.iter().map(|l| l.ios.load(Ordering::Relaxed)).sum();
+            let bytes: u64 = live.iter().map(|l| l.bytes.load(Ordering::Relaxed)).sum();
+            let dt = now.duration_since(last.0).as_secs_f64();
+            let phase = if now < start { "warm-up" } else { "run" };
+            let line = format!(
+                "[{:>5.1}s {phase}] {:>9.0} IOPS {:>9.1} MiB/s",
+                now.saturating_duration_since(begin).as_secs_f64(),
+                (ios - last.1) as f64 / dt,
+                (bytes - last.2) as f64 / dt / (1 << 20) as f64
+            );
+            if tty {
+                eprint!("\r{line}   ");
+            } else if o.progress {
+                eprintln!("{line}");
+            }
+            last = (now, ios, bytes);
+        }
+    }
+    if tty {
+        eprintln!();
+    }
+    cpu_time().saturating_sub(cpu0.unwrap_or_default())
+}
+
+/// The report of a run from its workers' results (the first failure if one failed).
+fn report(
+    o: &PerfOptions,
+    results: Vec<Result<WorkerResult, PerfError>>,
+    cpu_used: Duration,
+    connect_start: Instant,
+    total: u64,
+) -> Result<PerfReport, PerfError> {
     let mut hist = Histogram::default();
     let mut misses = 0;
     let mut errors = 0;
@@ -808,7 +878,6 @@ fn tick_due(now: Instant, tick: Instant) -> bool {
 
 /// One worker thread: connects its queues, optionally prefills them, waits for
 /// the start, then drives them until told to stop and drains what is in flight.
-#[allow(clippy::too_many_arguments)]
 fn worker(
     o: &PerfOptions,
     ctrls: &[HostController],
@@ -816,56 +885,19 @@ fn worker(
     cpu: Option<usize>,
     live: Arc<LiveCounters>,
     prefill: bool,
-    ready: &std::sync::Barrier,
-    start_at: &std::sync::Mutex<Option<Instant>>,
-    stop: &AtomicBool,
+    sig: &RunSignals,
 ) -> Result<WorkerResult, PerfError> {
     if let Some(c) = cpu {
         if !core_affinity::set_for_current(core_affinity::CoreId { id: c }) {
-            ready.wait();
+            sig.ready.wait();
             return Err(PerfError::Cpu(c));
         }
     }
-    let setup = (|| -> Result<(Vec<PerfQueue>, Instant), PerfError> {
-        // The clock is not running yet: far-future bounds record nothing.
-        let far = Instant::now() + Duration::from_secs(365 * 86400);
-        let mut qs = Vec::new();
-        for (c, p) in plans {
-            let qid = p.qid;
-            let parts = ctrls[c]
-                .io_queue(qid)
-                .and_then(|q| q.q.into_parts())
-                .map_err(|source| PerfError::QueueConnect { qid, source })?;
-            let q = PerfQueue::new(parts, p, live.clone(), far, far)?;
-            qs.push(q);
-        }
-        let connected_at = Instant::now();
-        if prefill {
-            for q in qs.iter_mut() {
-                let mut cursor = 0;
-                // Ten million keys take long to store: 1 ms more per I/O.
-                let limit = Duration::from_secs(600) + Duration::from_millis(q.range_len());
-                let deadline = Instant::now() + limit;
-                while !q
-                    .prefill_step(&mut cursor, Instant::now())
-                    .map_err(PerfError::PrefillSend)?
-                {
-                    q.poll().map_err(|e| PerfError::Prefill(Box::new(e)))?;
-                    if Instant::now() > deadline {
-                        return Err(PerfError::PrefillTimeout(limit.as_secs()));
-                    }
-                }
-                if q.unmeasured_errors > 0 {
-                    return Err(PerfError::PrefillFailed);
-                }
-            }
-        }
-        Ok((qs, connected_at))
-    })();
-    ready.wait();
+    let setup = worker_setup(ctrls, plans, live, prefill);
+    sig.ready.wait();
     let (mut qs, connected_at) = setup?;
     let begin = loop {
-        if let Some(b) = start_at.lock().ok().and_then(|g| *g) {
+        if let Some(b) = sig.start_at.lock().ok().and_then(|g| *g) {
             break b;
         }
         std::thread::yield_now();
@@ -875,10 +907,71 @@ fn worker(
     for q in qs.iter_mut() {
         q.set_window(start, end);
     }
-    let drain_deadline = end + Duration::from_secs(30);
-    while o.idle && !stop.load(Ordering::Relaxed) {
+    while o.idle && !sig.stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(5));
     }
+    drive(o, &mut qs, &sig.stop, end + Duration::from_secs(30))?;
+    Ok(worker_result(&qs, connected_at))
+}
+
+/// Connects a worker's queues and, if asked, prefills them. Returns them and
+/// when the last was connected.
+fn worker_setup(
+    ctrls: &[HostController],
+    plans: Vec<(usize, QueuePlan)>,
+    live: Arc<LiveCounters>,
+    prefill: bool,
+) -> Result<(Vec<PerfQueue>, Instant), PerfError> {
+    // The clock is not running yet: far-future bounds record nothing.
+    let far = Instant::now() + Duration::from_secs(365 * 86400);
+    let mut qs = Vec::new();
+    for (c, p) in plans {
+        let qid = p.qid;
+        let parts = ctrls[c]
+            .io_queue(qid)
+            .and_then(|q| q.q.into_parts())
+            .map_err(|source| PerfError::QueueConnect { qid, source })?;
+        let q = PerfQueue::new(parts, p, live.clone(), far, far)?;
+        qs.push(q);
+    }
+    let connected_at = Instant::now();
+    if prefill {
+        for q in qs.iter_mut() {
+            prefill_queue(q)?;
+        }
+    }
+    Ok((qs, connected_at))
+}
+
+/// Writes (stores) what a read-only run of `q` will read.
+fn prefill_queue(q: &mut PerfQueue) -> Result<(), PerfError> {
+    let mut cursor = 0;
+    // Ten million keys take long to store: 1 ms more per I/O.
+    let limit = Duration::from_secs(600) + Duration::from_millis(q.range_len());
+    let deadline = Instant::now() + limit;
+    while !q
+        .prefill_step(&mut cursor, Instant::now())
+        .map_err(PerfError::PrefillSend)?
+    {
+        q.poll().map_err(|e| PerfError::Prefill(Box::new(e)))?;
+        if Instant::now() > deadline {
+            return Err(PerfError::PrefillTimeout(limit.as_secs()));
+        }
+    }
+    if q.unmeasured_errors > 0 {
+        return Err(PerfError::PrefillFailed);
+    }
+    Ok(())
+}
+
+/// Drives the queues until told to stop, then drains what is in flight
+/// (failing if it is not drained by `drain_deadline`).
+fn drive(
+    o: &PerfOptions,
+    qs: &mut [PerfQueue],
+    stop: &AtomicBool,
+    drain_deadline: Instant,
+) -> Result<(), PerfError> {
     loop {
         let stopping = stop.load(Ordering::Relaxed);
         let now = Instant::now();
@@ -890,24 +983,34 @@ fn worker(
             outstanding += q.outstanding();
         }
         if stopping && outstanding == 0 {
-            break;
+            return Ok(());
         }
         if stopping && now > drain_deadline {
             return Err(PerfError::Outstanding(outstanding));
         }
         if progress == 0 && !o.busy_poll {
-            let mut fds: Vec<libc::pollfd> = qs
-                .iter()
-                .map(|q| libc::pollfd {
-                    fd: q.fd(),
-                    events: libc::POLLIN | if q.wants_write() { libc::POLLOUT } else { 0 },
-                    revents: 0,
-                })
-                .collect();
-            // SAFETY: fds is a valid array of pollfd for the duration of the call.
-            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 1) };
+            wait_for_sockets(qs);
         }
     }
+}
+
+/// Sleeps up to 1 ms until a queue's socket can be read (or written, if it
+/// has bytes to send).
+fn wait_for_sockets(qs: &[PerfQueue]) {
+    let mut fds: Vec<libc::pollfd> = qs
+        .iter()
+        .map(|q| libc::pollfd {
+            fd: q.fd(),
+            events: libc::POLLIN | if q.wants_write() { libc::POLLOUT } else { 0 },
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: fds is a valid array of pollfd for the duration of the call.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 1) };
+}
+
+/// A worker's result: its queues' counts merged.
+fn worker_result(qs: &[PerfQueue], connected_at: Instant) -> WorkerResult {
     let mut r = WorkerResult {
         connected_at,
         hist: Histogram::default(),
@@ -918,7 +1021,7 @@ fn worker(
         details: Vec::new(),
         failures: Vec::new(),
     };
-    for q in &qs {
+    for q in qs {
         r.hist.merge(&q.hist);
         r.errors += q.errors;
         r.misses += q.misses;
@@ -932,7 +1035,7 @@ fn worker(
             ));
         }
     }
-    Ok(r)
+    r
 }
 
 #[cfg(test)]

@@ -323,27 +323,7 @@ impl PerfQueue {
         measure_until: Instant,
     ) -> Result<PerfQueue, PerfError> {
         let lba = plan.lba_size as usize;
-        // Pieces are whole blocks: MDTS is a multiple of the memory page size,
-        // which no block size exceeds.
-        let piece = (plan.max_transfer.max(lba) / lba * lba).min(plan.io_size.max(lba));
-        let header = match plan.layout {
-            Layout::Blocks | Layout::Kv => 0,
-            Layout::LmcacheSlots { header, .. } => header,
-        };
-        if header % lba != 0 || header > piece {
-            return Err(PerfError::BlockSize(plan.lba_size));
-        }
-        let pieces = if plan.layout == Layout::Kv {
-            1
-        } else {
-            plan.io_size.div_ceil(piece).max(1) + usize::from(header > 0)
-        };
-        if plan.qd * pieces > u16::MAX as usize || plan.max_commands == 0 {
-            return Err(PerfError::TooManyPieces {
-                qd: plan.qd,
-                pieces,
-            });
-        }
+        let (piece, pieces, header) = piece_sizes(&plan)?;
         let qid = plan.qid;
         parts
             .sock
@@ -353,34 +333,7 @@ impl PerfQueue {
         let mut rbuf = vec![0; rcap];
         let n = parts.unparsed.len().min(rcap);
         rbuf[..n].copy_from_slice(&parts.unparsed[..n]);
-        let writes = !matches!(
-            plan.workload,
-            Workload::RandRead
-                | Workload::Read
-                | Workload::LmcacheRetrieve
-                | Workload::List
-                | Workload::Exist
-        );
-        let slots = (0..plan.qd)
-            .map(|_| Slot {
-                busy: false,
-                op: Op::Read,
-                io_index: 0,
-                stamp: 0,
-                submitted: measure_from,
-                // KV read-only runs store their keys first.
-                data: if writes || plan.verify || plan.layout == Layout::Kv {
-                    vec![0x5A; header + plan.io_size]
-                } else {
-                    Vec::new()
-                },
-                bad: false,
-                pieces: Vec::with_capacity(pieces),
-                sent: 0,
-                pending: 0,
-                ok: true,
-            })
-            .collect();
+        let slots = slots(&plan, header, pieces, measure_from);
         let verify = plan.verify.then(|| VerifyState {
             stamps: vec![0; plan.count as usize],
             inflight: vec![0; (plan.count as usize).div_ceil(64)],
@@ -883,15 +836,7 @@ impl PerfQueue {
         s.pending -= 1;
         s.ok &= ok;
         if !ok && self.failures.len() < MAX_FAILURES_KEPT {
-            let what = match (s.op, self.plan.layout == Layout::Kv) {
-                (Op::Read, true) => "Retrieve",
-                (Op::Write, true) => "Store",
-                (Op::Deallocate, true) => "Delete",
-                (Op::Read, false) => "Read",
-                (Op::Write, false) => "Write",
-                (Op::Deallocate, false) => "Deallocate",
-                (Op::Exist, _) => "Exist",
-            };
+            let what = command_name(s.op, self.plan.layout == Layout::Kv);
             self.failures.push(format!(
                 "{what} failed: {status} (SCT {:#x} SC {:#04x})",
                 status.sct, status.sc
@@ -935,6 +880,79 @@ impl PerfQueue {
             self.unmeasured_errors += 1;
         }
         Ok(1)
+    }
+}
+
+/// A queue's pieces: (bytes a piece carries, pieces an I/O takes at most,
+/// bytes of the LMCache header before the data).
+fn piece_sizes(plan: &QueuePlan) -> Result<(usize, usize, usize), PerfError> {
+    let lba = plan.lba_size as usize;
+    // Pieces are whole blocks: MDTS is a multiple of the memory page size,
+    // which no block size exceeds.
+    let piece = (plan.max_transfer.max(lba) / lba * lba).min(plan.io_size.max(lba));
+    let header = match plan.layout {
+        Layout::Blocks | Layout::Kv => 0,
+        Layout::LmcacheSlots { header, .. } => header,
+    };
+    if header % lba != 0 || header > piece {
+        return Err(PerfError::BlockSize(plan.lba_size));
+    }
+    let pieces = if plan.layout == Layout::Kv {
+        1
+    } else {
+        plan.io_size.div_ceil(piece).max(1) + usize::from(header > 0)
+    };
+    if plan.qd * pieces > u16::MAX as usize || plan.max_commands == 0 {
+        return Err(PerfError::TooManyPieces {
+            qd: plan.qd,
+            pieces,
+        });
+    }
+    Ok((piece, pieces, header))
+}
+
+/// The queue's request slots, each with a buffer if its I/Os carry data.
+fn slots(plan: &QueuePlan, header: usize, pieces: usize, measure_from: Instant) -> Vec<Slot> {
+    let writes = !matches!(
+        plan.workload,
+        Workload::RandRead
+            | Workload::Read
+            | Workload::LmcacheRetrieve
+            | Workload::List
+            | Workload::Exist
+    );
+    (0..plan.qd)
+        .map(|_| Slot {
+            busy: false,
+            op: Op::Read,
+            io_index: 0,
+            stamp: 0,
+            submitted: measure_from,
+            // KV read-only runs store their keys first.
+            data: if writes || plan.verify || plan.layout == Layout::Kv {
+                vec![0x5A; header + plan.io_size]
+            } else {
+                Vec::new()
+            },
+            bad: false,
+            pieces: Vec::with_capacity(pieces),
+            sent: 0,
+            pending: 0,
+            ok: true,
+        })
+        .collect()
+}
+
+/// The NVMe name of an operation's command (KV or NVM command set).
+fn command_name(op: Op, kv: bool) -> &'static str {
+    match (op, kv) {
+        (Op::Read, true) => "Retrieve",
+        (Op::Write, true) => "Store",
+        (Op::Deallocate, true) => "Delete",
+        (Op::Read, false) => "Read",
+        (Op::Write, false) => "Write",
+        (Op::Deallocate, false) => "Deallocate",
+        (Op::Exist, _) => "Exist",
     }
 }
 

@@ -284,63 +284,98 @@ pub fn cm_loop(
             if !ready[i] {
                 continue;
             }
-            loop {
-                let mut ev: *mut verbs::rdma_cm_event = std::ptr::null_mut();
-                // SAFETY: the channel is live (l is held); non-blocking fd.
-                if unsafe { (v.rdma_get_cm_event)(l.chan, &mut ev) } != 0 || ev.is_null() {
-                    break;
-                }
-                // SAFETY: ev is a live event until acked below.
-                let (kind, id, conn) = unsafe {
-                    let e = &*ev;
-                    let pd = if e.conn.private_data.is_null() {
-                        Vec::new()
-                    } else {
-                        std::slice::from_raw_parts(
-                            e.conn.private_data as *const u8,
-                            e.conn.private_data_len as usize,
-                        )
-                        .to_vec()
-                    };
-                    (
-                        e.event,
-                        e.id,
-                        (pd, e.conn.initiator_depth, e.conn.responder_resources),
-                    )
-                };
-                // Ack before anything else: migrating the new id to its own
-                // channel waits for its events to be acknowledged.
-                // SAFETY: ev came from rdma_get_cm_event and is acked once.
-                unsafe { (v.rdma_ack_cm_event)(ev) };
-                if kind != verbs::cm_event::CONNECT_REQUEST {
-                    tracing::debug!(listener = %l.addr, event = kind, "RDMA CM event on a listener");
-                    continue;
-                }
-                let r = &reactors[next % reactors.len()];
-                next = next.wrapping_add(1);
-                match accept(v, id, &conn.0, conn.1, l, &target, r, &settings) {
-                    Ok(qp) => {
-                        tracing::debug!(peer = %qp.l.peer, qid = qp.q.qid(), reactor = r.id, "RDMA queue pair accepted");
-                        if let Err(Message::Adopt(qp)) = r.send(Message::Adopt(Box::new(qp))) {
-                            tracing::warn!(
-                                reactor = r.id,
-                                "reactor inbox full; dropping RDMA connection"
-                            );
-                            drop(qp);
-                        }
-                    }
-                    Err(Refused::Before(sts, why)) => {
-                        tracing::warn!(listener = %l.addr, "RDMA connect refused: {why}");
-                        reject(v, id, sts);
-                        // SAFETY: the rejected id is ours alone; destroyed once.
-                        unsafe { (v.rdma_destroy_id)(id) };
-                    }
-                    Err(Refused::After(why)) => {
-                        // The half-built QP rejected and destroyed the id.
-                        tracing::warn!(listener = %l.addr, "RDMA connect failed: {why}");
-                    }
-                }
+            serve_listener(v, l, &reactors, &mut next, &target, &settings);
+        }
+    }
+}
+
+/// Answers the pending events of listener `l`: a connection request gets a
+/// queue pair on the next reactor (round-robin by `next`), or is refused.
+fn serve_listener(
+    v: &'static Verbs,
+    l: &RdmaListener,
+    reactors: &[Arc<ReactorShared>],
+    next: &mut usize,
+    target: &Arc<Target>,
+    settings: &RdmaSettings,
+) {
+    while let Some((kind, id, conn)) = next_event(v, l) {
+        if kind != verbs::cm_event::CONNECT_REQUEST {
+            tracing::debug!(listener = %l.addr, event = kind, "RDMA CM event on a listener");
+            continue;
+        }
+        let r = &reactors[*next % reactors.len()];
+        *next = next.wrapping_add(1);
+        hand_over(v, id, conn, l, target, r, settings);
+    }
+}
+
+/// A connection request's private data, host IRD and ORD.
+type ConnRequest = (Vec<u8>, u8, u8);
+
+/// The next event on listener `l`'s channel, acknowledged, if there is one.
+fn next_event(v: &'static Verbs, l: &RdmaListener) -> Option<(u32, *mut rdma_cm_id, ConnRequest)> {
+    let mut ev: *mut verbs::rdma_cm_event = std::ptr::null_mut();
+    // SAFETY: the channel is live (l is held); non-blocking fd.
+    if unsafe { (v.rdma_get_cm_event)(l.chan, &mut ev) } != 0 || ev.is_null() {
+        return None;
+    }
+    // SAFETY: ev is a live event until acked below.
+    let (kind, id, conn) = unsafe {
+        let e = &*ev;
+        let pd = if e.conn.private_data.is_null() {
+            Vec::new()
+        } else {
+            std::slice::from_raw_parts(
+                e.conn.private_data as *const u8,
+                e.conn.private_data_len as usize,
+            )
+            .to_vec()
+        };
+        (
+            e.event,
+            e.id,
+            (pd, e.conn.initiator_depth, e.conn.responder_resources),
+        )
+    };
+    // Ack before anything else: migrating the new id to its own
+    // channel waits for its events to be acknowledged.
+    // SAFETY: ev came from rdma_get_cm_event and is acked once.
+    unsafe { (v.rdma_ack_cm_event)(ev) };
+    Some((kind, id, conn))
+}
+
+/// Accepts a connection request and hands its queue pair to reactor `r`, or
+/// refuses it.
+fn hand_over(
+    v: &'static Verbs,
+    id: *mut rdma_cm_id,
+    conn: ConnRequest,
+    l: &RdmaListener,
+    target: &Arc<Target>,
+    r: &Arc<ReactorShared>,
+    settings: &RdmaSettings,
+) {
+    match accept(v, id, &conn.0, conn.1, l, target, r, settings) {
+        Ok(qp) => {
+            tracing::debug!(peer = %qp.l.peer, qid = qp.q.qid(), reactor = r.id, "RDMA queue pair accepted");
+            if let Err(Message::Adopt(qp)) = r.send(Message::Adopt(Box::new(qp))) {
+                tracing::warn!(
+                    reactor = r.id,
+                    "reactor inbox full; dropping RDMA connection"
+                );
+                drop(qp);
             }
+        }
+        Err(Refused::Before(sts, why)) => {
+            tracing::warn!(listener = %l.addr, "RDMA connect refused: {why}");
+            reject(v, id, sts);
+            // SAFETY: the rejected id is ours alone; destroyed once.
+            unsafe { (v.rdma_destroy_id)(id) };
+        }
+        Err(Refused::After(why)) => {
+            // The half-built QP rejected and destroyed the id.
+            tracing::warn!(listener = %l.addr, "RDMA connect failed: {why}");
         }
     }
 }
@@ -364,6 +399,89 @@ fn accept(
     reactor: &Arc<ReactorShared>,
     settings: &RdmaSettings,
 ) -> Result<RdmaQueuePair, Refused> {
+    let (req, depth) = check_request(private_data, &target.limits)?;
+    let DeviceShare {
+        pd,
+        limits: dev,
+        budget_key,
+        keys,
+        group,
+    } = device_of(v, id, reactor, settings, &target.limits)?;
+    let ord = u32::from(host_ird)
+        .min(dev.max_qp_init_rd_atom)
+        .min(settings.max_outstanding_reads)
+        .max(1);
+    let send_wr = 2 * depth + EXTRA_RESPONSES;
+    let cqes = (send_wr + depth) as u32;
+    if send_wr as u32 > dev.max_qp_wr || cqes > dev.max_cqe {
+        return Err(Refused::Before(
+            cm_status::INVALID_HSQSIZE,
+            RdmaError::DepthExceedsDevice { depth },
+        ));
+    }
+    group.reserve(cqes).map_err(|e| {
+        Refused::Before(
+            cm_status::NO_RESOURCES,
+            RdmaError::Reserve {
+                qid: req.qid,
+                source: Box::new(e),
+            },
+        )
+    })?;
+    let (peer, local) = addresses(id, l);
+    let mut qp = RdmaQueuePair::create(
+        v,
+        id,
+        pd as *mut _,
+        group,
+        cqes,
+        depth,
+        send_wr,
+        target.clone(),
+        (budget_key, keys),
+        peer,
+        local,
+        l.discovery_only,
+        req.qid,
+        ord,
+    )
+    .map_err(Refused::After)?;
+    send_accept(v, &mut qp, depth, ord)?;
+    Ok(qp)
+}
+
+/// This reactor's share of the RDMA device a new cm_id arrived on.
+fn device_of(
+    v: &'static Verbs,
+    id: *mut rdma_cm_id,
+    reactor: &Arc<ReactorShared>,
+    settings: &RdmaSettings,
+    lim: &kvt_nvmf::TransportLimits,
+) -> Result<DeviceShare, Refused> {
+    // SAFETY: id is the live new cm_id of the request.
+    let ctx = unsafe { (*id).verbs };
+    if ctx.is_null() {
+        return Err(Refused::Before(
+            cm_status::NO_RESOURCES,
+            RdmaError::RequestWithoutDevice,
+        ));
+    }
+    // A QP's sends (data WRITE + response SEND per slot, plus extra
+    // responses) and receives (one per slot) may all be outstanding at once:
+    // that many entries of the shared CQ are its own.
+    let max_depth = lim.max_queue_depth.max(lim.max_admin_queue_depth) as u32;
+    let cqes_per_qpair = 3 * max_depth + EXTRA_RESPONSES as u32;
+    device_for(v, ctx, reactor, settings, cqes_per_qpair)
+        .map_err(|e| Refused::Before(cm_status::NO_RESOURCES, e))
+}
+
+/// A connection request's private data and the queue depth it asks for, if
+/// the target allows it (its size, receive queue size and queue ID checked
+/// against `lim`).
+fn check_request(
+    private_data: &[u8],
+    lim: &kvt_nvmf::TransportLimits,
+) -> Result<(CmRequest, usize), Refused> {
     let req = CmRequest::parse(private_data).map_err(|s| {
         Refused::Before(
             s,
@@ -372,7 +490,6 @@ fn accept(
             },
         )
     })?;
-    let lim = &target.limits;
     let max_depth = if req.qid == 0 {
         lim.max_admin_queue_depth
     } else {
@@ -404,74 +521,30 @@ fn accept(
             RdmaError::Qid { qid: req.qid },
         ));
     }
-    // SAFETY: id is the live new cm_id of the request.
-    let ctx = unsafe { (*id).verbs };
-    if ctx.is_null() {
-        return Err(Refused::Before(
-            cm_status::NO_RESOURCES,
-            RdmaError::RequestWithoutDevice,
-        ));
-    }
-    // A QP's sends (data WRITE + response SEND per slot, plus extra
-    // responses) and receives (one per slot) may all be outstanding at once:
-    // that many entries of the shared CQ are its own.
-    let max_depth = lim.max_queue_depth.max(lim.max_admin_queue_depth) as u32;
-    let cqes_per_qpair = 3 * max_depth + EXTRA_RESPONSES as u32;
-    let DeviceShare {
-        pd,
-        limits: dev,
-        budget_key,
-        keys,
-        group,
-    } = device_for(v, ctx, reactor, settings, cqes_per_qpair)
-        .map_err(|e| Refused::Before(cm_status::NO_RESOURCES, e))?;
-    let ord = u32::from(host_ird)
-        .min(dev.max_qp_init_rd_atom)
-        .min(settings.max_outstanding_reads)
-        .max(1);
-    let send_wr = 2 * depth + EXTRA_RESPONSES;
-    let cqes = (send_wr + depth) as u32;
-    if send_wr as u32 > dev.max_qp_wr || cqes > dev.max_cqe {
-        return Err(Refused::Before(
-            cm_status::INVALID_HSQSIZE,
-            RdmaError::DepthExceedsDevice { depth },
-        ));
-    }
-    group.reserve(cqes).map_err(|e| {
-        Refused::Before(
-            cm_status::NO_RESOURCES,
-            RdmaError::Reserve {
-                qid: req.qid,
-                source: Box::new(e),
-            },
-        )
-    })?;
-    // SAFETY: id is live (as above).
-    let (peer, local) = unsafe {
+    Ok((req, depth))
+}
+
+/// The peer (as text) and local addresses of a new cm_id.
+fn addresses(id: *mut rdma_cm_id, l: &RdmaListener) -> (String, SocketAddr) {
+    // SAFETY: id is the live new cm_id of a request.
+    unsafe {
         (
             verbs::sockaddr(&(*id).dst_addr)
                 .map(|a| a.to_string())
                 .unwrap_or_else(|| "unknown".into()),
             verbs::sockaddr(&(*id).src_addr).unwrap_or(l.addr),
         )
-    };
-    let mut qp = RdmaQueuePair::create(
-        v,
-        id,
-        pd as *mut _,
-        group,
-        cqes,
-        depth,
-        send_wr,
-        target.clone(),
-        (budget_key, keys),
-        peer,
-        local,
-        l.discovery_only,
-        req.qid,
-        ord,
-    )
-    .map_err(Refused::After)?;
+    }
+}
+
+/// Accepts the connection of `qp`, whose queue holds `depth` entries, with
+/// `ord` RDMA READs outstanding at once.
+fn send_accept(
+    v: &'static Verbs,
+    qp: &mut RdmaQueuePair,
+    depth: usize,
+    ord: u32,
+) -> Result<(), Refused> {
     let accept = rwire::encode_accept(depth as u16);
     let mut param = verbs::rdma_conn_param {
         private_data: accept.as_ptr() as *const _,
@@ -493,7 +566,7 @@ fn accept(
         qp.l.state = State::Closed;
         return Err(Refused::After(RdmaError::Accept(e)));
     }
-    Ok(qp)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -51,6 +51,33 @@ pub(super) struct DeviceShare {
     pub(super) group: Arc<PollGroup>,
 }
 
+/// Opens device context `ctx`: its PD, with every I/O buffer registered.
+fn open_device(v: &'static Verbs, ctx: *mut verbs::ibv_context) -> Result<Device, RdmaError> {
+    // SAFETY: ctx is the live context of a connection request's cm_id.
+    let limits =
+        unsafe { verbs::query_device(v, ctx) }.map_err(|errno| RdmaError::QueryDevice { errno })?;
+    // SAFETY: as above.
+    let name = unsafe { verbs::device_name(v, ctx) };
+    // SAFETY: as above.
+    let pd = unsafe { (v.ibv_alloc_pd)(ctx) };
+    if pd.is_null() {
+        return Err(RdmaError::AllocPd { device: name });
+    }
+    // Every I/O buffer is registered from here on (the arena maps
+    // new memory into this PD before handing it out).
+    let keys = mr::register_arena(v, pd, &name)?;
+    tracing::info!(device = %name, ?limits, "RDMA device opened");
+    Ok(Device {
+        ctx: ctx as usize,
+        name,
+        pd: pd as usize,
+        limits,
+        keys,
+        groups: Vec::new(),
+        pollers: Vec::new(),
+    })
+}
+
 /// PD, limits, memory keys, and the budget and poll group of `reactor` for device context
 /// `ctx`; the group's poller is handed to the reactor the first time.
 pub(super) fn device_for(
@@ -67,29 +94,7 @@ pub(super) fn device_for(
     let i = match devs.iter().position(|d| d.ctx == ctx as usize) {
         Some(i) => i,
         None => {
-            // SAFETY: ctx is the live context of a connection request's cm_id.
-            let limits = unsafe { verbs::query_device(v, ctx) }
-                .map_err(|errno| RdmaError::QueryDevice { errno })?;
-            // SAFETY: as above.
-            let name = unsafe { verbs::device_name(v, ctx) };
-            // SAFETY: as above.
-            let pd = unsafe { (v.ibv_alloc_pd)(ctx) };
-            if pd.is_null() {
-                return Err(RdmaError::AllocPd { device: name });
-            }
-            // Every I/O buffer is registered from here on (the arena maps
-            // new memory into this PD before handing it out).
-            let keys = mr::register_arena(v, pd, &name)?;
-            tracing::info!(device = %name, ?limits, "RDMA device opened");
-            devs.push(Device {
-                ctx: ctx as usize,
-                name,
-                pd: pd as usize,
-                limits,
-                keys,
-                groups: Vec::new(),
-                pollers: Vec::new(),
-            });
+            devs.push(open_device(v, ctx)?);
             devs.len() - 1
         }
     };

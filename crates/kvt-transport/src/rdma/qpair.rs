@@ -181,6 +181,104 @@ fn neutral(desc: DataDescriptor) -> DataDesc {
     }
 }
 
+/// The queue's configuration for an RDMA connection request.
+fn queue_config(
+    peer: String,
+    local: SocketAddr,
+    discovery_only: bool,
+    cm_qid: u16,
+    depth: usize,
+) -> QueueConfig {
+    QueueConfig {
+        kind: TransportKind::Rdma,
+        peer,
+        local: Some(local),
+        discovery_only,
+        expected_qid: Some(cm_qid),
+        // Slot indices name response buffers: at most `depth` of them.
+        max_entries: Some(depth),
+        exact_capsule: false,
+        places_read_buffers: true,
+    }
+}
+
+/// A new queue pair's generation: never 0, so a work request's ID never
+/// matches a queue pair that is not there.
+fn next_gen() -> u32 {
+    NEXT_QP_GEN
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |g| {
+            Some(g.wrapping_add(1).max(1))
+        })
+        .unwrap_or(1)
+}
+
+impl RdmaLink {
+    /// Makes the link's verbs resources on `pd`: its event channel (the cm_id
+    /// migrated to it), its QP on the poll group's `cq` with `send_wr` send
+    /// entries, its registered receive and response memory, and a posted
+    /// receive per slot.
+    fn build(
+        &mut self,
+        pd: *mut std::ffi::c_void,
+        cq: *mut verbs::ibv_cq,
+        send_wr: usize,
+    ) -> Result<(), RdmaError> {
+        let l = self;
+        // SAFETY: every pointer below is checked before use and stored in `l`,
+        // whose owner's Drop destroys each exactly once in reverse order. The
+        // CQ is the poll group's, which lives for the process.
+        unsafe {
+            l.chan = (l.v.rdma_create_event_channel)();
+            if l.chan.is_null() {
+                return Err(RdmaError::QpEventChannel(std::io::Error::last_os_error()));
+            }
+            if (l.v.rdma_migrate_id)(l.id, l.chan) != 0 {
+                return Err(RdmaError::MigrateId(std::io::Error::last_os_error()));
+            }
+            let mut attr = verbs::ibv_qp_init_attr {
+                qp_context: std::ptr::null_mut(),
+                send_cq: cq,
+                recv_cq: cq,
+                srq: std::ptr::null_mut(),
+                cap: verbs::ibv_qp_cap {
+                    max_send_wr: send_wr as u32,
+                    max_recv_wr: l.depth as u32,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                qp_type: verbs::IBV_QPT_RC,
+                sq_sig_all: 0,
+            };
+            if (l.v.rdma_create_qp)(l.id, pd, &mut attr) != 0 {
+                return Err(RdmaError::CreateQp(std::io::Error::last_os_error()));
+            }
+            l.qp = (*l.id).qp;
+            l.qp_num = (*l.qp).qp_num;
+            l.mem_mr = (l.v.ibv_reg_mr)(
+                pd,
+                l.mem.as_mut_ptr() as *mut _,
+                l.mem.capacity(),
+                verbs::IBV_ACCESS_LOCAL_WRITE,
+            );
+            if l.mem_mr.is_null() {
+                return Err(RdmaError::RegRecvBuffers {
+                    bytes: l.mem.capacity(),
+                    source: std::io::Error::last_os_error(),
+                });
+            }
+            l.mem_lkey = (*l.mem_mr).lkey;
+        }
+        for i in 0..l.depth {
+            l.post_recv(i)
+                .map_err(|errno| RdmaError::PostRecv { errno })?;
+        }
+        // SAFETY: chan is live (created above).
+        verbs::set_nonblocking(unsafe { (*l.chan).fd }).map_err(RdmaError::QpNonblocking)?;
+        Ok(())
+    }
+}
+
 impl RdmaQueuePair {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn create(
@@ -205,17 +303,7 @@ impl RdmaQueuePair {
         let rsp_count = depth + EXTRA_RESPONSES;
         let mem = IoBuf::new(depth * recv_size + rsp_count * CQE_LEN);
         let cq = group.cq;
-        let cfg = QueueConfig {
-            kind: TransportKind::Rdma,
-            peer: peer.clone(),
-            local: Some(local),
-            discovery_only,
-            expected_qid: Some(cm_qid),
-            // Slot indices name response buffers: at most `depth` of them.
-            max_entries: Some(depth),
-            exact_capsule: false,
-            places_read_buffers: true,
-        };
+        let cfg = queue_config(peer.clone(), local, discovery_only, cm_qid, depth);
         // From here on `q` owns the id and the CQ reservation: its Drop
         // releases whatever was made.
         let mut q = RdmaQueuePair {
@@ -225,11 +313,7 @@ impl RdmaQueuePair {
                 id,
                 qp: std::ptr::null_mut(),
                 qp_num: 0,
-                gen: NEXT_QP_GEN
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |g| {
-                        Some(g.wrapping_add(1).max(1))
-                    })
-                    .unwrap_or(1),
+                gen: next_gen(),
                 group,
                 cq_reserved,
                 wrs_outstanding: 0,
@@ -256,59 +340,8 @@ impl RdmaQueuePair {
                 building: true,
             },
         };
-        let l = &mut q.l;
-        // SAFETY: every pointer below is checked before use and stored in `l`,
-        // whose owner's Drop destroys each exactly once in reverse order. The
-        // CQ is the poll group's, which lives for the process.
-        unsafe {
-            l.chan = (v.rdma_create_event_channel)();
-            if l.chan.is_null() {
-                return Err(RdmaError::QpEventChannel(std::io::Error::last_os_error()));
-            }
-            if (v.rdma_migrate_id)(id, l.chan) != 0 {
-                return Err(RdmaError::MigrateId(std::io::Error::last_os_error()));
-            }
-            let mut attr = verbs::ibv_qp_init_attr {
-                qp_context: std::ptr::null_mut(),
-                send_cq: cq,
-                recv_cq: cq,
-                srq: std::ptr::null_mut(),
-                cap: verbs::ibv_qp_cap {
-                    max_send_wr: send_wr as u32,
-                    max_recv_wr: depth as u32,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                },
-                qp_type: verbs::IBV_QPT_RC,
-                sq_sig_all: 0,
-            };
-            if (v.rdma_create_qp)(id, pd, &mut attr) != 0 {
-                return Err(RdmaError::CreateQp(std::io::Error::last_os_error()));
-            }
-            l.qp = (*id).qp;
-            l.qp_num = (*l.qp).qp_num;
-            l.mem_mr = (v.ibv_reg_mr)(
-                pd,
-                l.mem.as_mut_ptr() as *mut _,
-                l.mem.capacity(),
-                verbs::IBV_ACCESS_LOCAL_WRITE,
-            );
-            if l.mem_mr.is_null() {
-                return Err(RdmaError::RegRecvBuffers {
-                    bytes: l.mem.capacity(),
-                    source: std::io::Error::last_os_error(),
-                });
-            }
-            l.mem_lkey = (*l.mem_mr).lkey;
-        }
-        for i in 0..depth {
-            l.post_recv(i)
-                .map_err(|errno| RdmaError::PostRecv { errno })?;
-        }
-        // SAFETY: chan is live (created above).
-        verbs::set_nonblocking(unsafe { (*l.chan).fd }).map_err(RdmaError::QpNonblocking)?;
-        l.building = false;
+        q.l.build(pd, cq, send_wr)?;
+        q.l.building = false;
         Ok(q)
     }
 
@@ -674,30 +707,27 @@ impl RdmaLink {
     }
 }
 
-impl Link<RdmaReq> for RdmaLink {
-    /// RDMA WRITE of the data (reads and admin replies, on success), then the
-    /// response capsule by SEND. The slot is released when the SEND completes.
-    /// `#[inline]` for the reason TCP's is.
+/// Data in registered memory here: (address, length, lkey).
+type LocalData = (u64, u32, u32);
+/// A host buffer: (address, rkey, length).
+type RemoteData = (u64, u32, u32);
+
+impl RdmaLink {
+    /// Where the response's controller-to-host data comes from: (address,
+    /// length, lkey) of registered memory, admin replies copied to a buffer
+    /// first (they are small and not charged to the budget). None without
+    /// data; an unregistered buffer sets Internal Error in `cqe`.
     #[inline]
-    fn respond(
+    fn c2h_source(
         &mut self,
-        slot: u16,
         r: &mut Request<RdmaReq>,
         rsp: &Response,
         ctx: &mut IoCtx,
-    ) -> Release {
-        match r.x.state {
-            XState::AwaitRead => self.read_waiting.retain(|&s| s != slot),
-            XState::AwaitBuffer => self.buf_waiting.retain(|&s| s != slot),
-            _ => {}
-        }
-        if self.state == State::Closed {
-            return Release::Now;
-        }
+        cqe: &mut Cqe,
+    ) -> Option<LocalData> {
         // Controller-to-host data: admin replies go to a registered buffer
         // first (they are small and not charged to the budget).
-        let mut cqe = rsp.cqe;
-        let mut write: Option<(u64, u32, u32)> = None;
+        let mut write = None;
         match rsp.c2h {
             C2h::Reply => {
                 let reply = r.reply.take().unwrap_or_default();
@@ -728,20 +758,21 @@ impl Link<RdmaReq> for RdmaLink {
             }
             C2h::None => {}
         }
-        let (key_inv, remote) = match r.x.desc {
-            DataDescriptor::Keyed {
-                addr,
-                key,
-                invalidate,
-                len,
-            } => (invalidate.then_some(key), Some((addr, key, len))),
-            _ => (None, None),
-        };
-        let rsp_addr = self.write_response(slot as usize, &cqe);
-        r.x.state = XState::Responding;
-        if rsp.close_after {
-            self.disconnect_after = Some(slot);
-        }
+        write
+    }
+
+    /// Posts the response capsule (`rsp_addr`) by SEND, invalidating
+    /// `key_inv` if set, after an RDMA WRITE of `data` ((address, length,
+    /// lkey) here, (address, rkey, length) at the host) if there is data.
+    /// Returns ibv_post_send's errno and how many WRs it posted.
+    #[inline]
+    fn post_response(
+        &mut self,
+        slot: u16,
+        rsp_addr: u64,
+        key_inv: Option<u32>,
+        data: Option<(LocalData, RemoteData)>,
+    ) -> (i32, u32) {
         let mut rsp_sge = verbs::ibv_sge {
             addr: rsp_addr,
             length: CQE_LEN as u32,
@@ -761,9 +792,8 @@ impl Link<RdmaReq> for RdmaLink {
         }
         let mut data_sge = verbs::ibv_sge::default();
         let mut wwr = verbs::ibv_send_wr::default();
-        let ok = cqe.status == Status::SUCCESS.to_field();
-        let first: *mut verbs::ibv_send_wr = match (write, remote) {
-            (Some((local, len, lkey)), Some((raddr, rkey, rlen))) if ok => {
+        let first: *mut verbs::ibv_send_wr = match data {
+            Some(((local, len, lkey), (raddr, rkey, rlen))) => {
                 data_sge = verbs::ibv_sge {
                     addr: local,
                     length: len.min(rlen),
@@ -788,14 +818,56 @@ impl Link<RdmaReq> for RdmaLink {
         // SAFETY: qp is live; every sge points into registered memory (`mem`
         // or the slot's buffer) held by this slot until the SEND completes; the WR
         // chain lives on this stack frame for the call.
-        let (e, posted) = unsafe { verbs::post_send(self.qp, first) };
+        unsafe { verbs::post_send(self.qp, first) }
+    }
+}
+
+impl Link<RdmaReq> for RdmaLink {
+    /// RDMA WRITE of the data (reads and admin replies, on success), then the
+    /// response capsule by SEND. The slot is released when the SEND completes.
+    /// `#[inline]` for the reason TCP's is.
+    #[inline]
+    fn respond(
+        &mut self,
+        slot: u16,
+        r: &mut Request<RdmaReq>,
+        rsp: &Response,
+        ctx: &mut IoCtx,
+    ) -> Release {
+        match r.x.state {
+            XState::AwaitRead => self.read_waiting.retain(|&s| s != slot),
+            XState::AwaitBuffer => self.buf_waiting.retain(|&s| s != slot),
+            _ => {}
+        }
+        if self.state == State::Closed {
+            return Release::Now;
+        }
+        let mut cqe = rsp.cqe;
+        let write = self.c2h_source(r, rsp, ctx, &mut cqe);
+        let (key_inv, remote) = match r.x.desc {
+            DataDescriptor::Keyed {
+                addr,
+                key,
+                invalidate,
+                len,
+            } => (invalidate.then_some(key), Some((addr, key, len))),
+            _ => (None, None),
+        };
+        let rsp_addr = self.write_response(slot as usize, &cqe);
+        r.x.state = XState::Responding;
+        if rsp.close_after {
+            self.disconnect_after = Some(slot);
+        }
+        let ok = cqe.status == Status::SUCCESS.to_field();
+        let data = write.zip(remote).filter(|_| ok);
+        let (e, posted) = self.post_response(slot, rsp_addr, key_inv, data);
         self.count_sends(posted);
         if e == 0 {
             return Release::Later;
         }
         tracing::warn!(peer = %self.peer, "ibv_post_send: errno {e}");
         self.close("cannot post a send");
-        let chained = !std::ptr::eq(first, &send);
+        let chained = data.is_some();
         match slot_after_failed_post(chained, posted) {
             SlotAfterFailedPost::AwaitWrite => {
                 r.x.state = XState::WriteOrphaned;

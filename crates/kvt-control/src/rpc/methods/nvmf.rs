@@ -43,14 +43,15 @@ impl Control {
         Ok(s)
     }
 
-    fn subsystem_json(&self, s: &Subsystem) -> Value {
+    /// The listeners subsystem `s` is reachable on, as SPDK lists them.
+    fn listeners_json(&self, s: &Subsystem) -> Vec<Value> {
         let listeners = self
             .target
             .listeners
             .read()
             .map(|l| l.clone())
             .unwrap_or_default();
-        let listen: Vec<Value> = listeners
+        listeners
             .iter()
             .filter(|l| {
                 if s.kind == SubsystemKind::Discovery {
@@ -71,31 +72,12 @@ impl Control {
                 }
                 v
             })
-            .collect();
-        let keys = s.host_keys.read().map(|k| k.clone()).unwrap_or_default();
-        let psks = s.host_psks.read().map(|k| k.clone()).unwrap_or_default();
-        let hosts: Vec<Value> = s
-            .hosts
-            .read()
-            .map(|h| {
-                h.iter()
-                    .map(|n| {
-                        let mut v = json!({"nqn": n});
-                        // Key names as SPDK lists them; never the keys.
-                        if let Some(k) = keys.get(n) {
-                            v["dhchap_key"] = json!(k.dhchap_key.name);
-                            if let Some(c) = &k.dhchap_ctrlr_key {
-                                v["dhchap_ctrlr_key"] = json!(c.name);
-                            }
-                        }
-                        if let Some(k) = psks.get(n) {
-                            v["psk"] = json!(k.name);
-                        }
-                        v
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+            .collect()
+    }
+
+    fn subsystem_json(&self, s: &Subsystem) -> Value {
+        let listen = self.listeners_json(s);
+        let hosts = hosts_json(s);
         let mut v = json!({
             "nqn": s.nqn,
             "subtype": if s.kind == SubsystemKind::Discovery { "Discovery" } else { "NVMe" },
@@ -129,6 +111,34 @@ impl Control {
         }
         v
     }
+}
+
+/// The hosts subsystem `s` allows, with the names of their keys (never the
+/// keys).
+fn hosts_json(s: &Subsystem) -> Vec<Value> {
+    let keys = s.host_keys.read().map(|k| k.clone()).unwrap_or_default();
+    let psks = s.host_psks.read().map(|k| k.clone()).unwrap_or_default();
+    s.hosts
+        .read()
+        .map(|h| {
+            h.iter()
+                .map(|n| {
+                    let mut v = json!({"nqn": n});
+                    // Key names as SPDK lists them; never the keys.
+                    if let Some(k) = keys.get(n) {
+                        v["dhchap_key"] = json!(k.dhchap_key.name);
+                        if let Some(c) = &k.dhchap_ctrlr_key {
+                            v["dhchap_ctrlr_key"] = json!(c.name);
+                        }
+                    }
+                    if let Some(k) = psks.get(n) {
+                        v["psk"] = json!(k.name);
+                    }
+                    v
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// `nvmf_create_transport`'s parameters kvtarget reads; its tuning options

@@ -67,12 +67,9 @@ struct NsParams {
     hide_metadata: Option<Value>,
 }
 
-pub(super) fn add_ns(p: &mut Params) -> Parsed {
-    let AddNs {
-        nqn, namespace: ns, ..
-    } = p.parse()?;
-    let bdev = ns.bdev_name;
-    let ptpl_file = ns.ptpl_file;
+/// The NSID `nvmf_subsystem_add_ns` asks for (None: the lowest free one),
+/// with the identifiers kvtarget does not take from the caller refused.
+fn requested_nsid(ns: &NsParams) -> Result<Option<u32>, RpcError> {
     // None: the lowest free NSID (SPDK: absent or 0).
     let nsid = match ns.nsid {
         Some(0) | None => None,
@@ -95,6 +92,35 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
             )));
         }
     }
+    Ok(nsid)
+}
+
+/// The NSID a new namespace of subsystem `nqn` gets: `nsid` if it is free,
+/// or the lowest free one.
+fn free_nsid(s: &kvt_nvmf::Subsystem, nqn: &str, nsid: Option<u32>) -> Result<u32, RpcError> {
+    let existing: Vec<u32> = s.namespace_snapshot().iter().map(|n| n.nsid).collect();
+    let nsid = match nsid {
+        None => (1..=kvt_nvmf::admin::MAX_NAMESPACES)
+            .find(|i| !existing.contains(i))
+            .ok_or_else(|| RpcError::new(code::ENOSPC, format!("{nqn} has no free NSID")))?,
+        Some(n) => n,
+    };
+    if existing.contains(&nsid) {
+        return Err(RpcError::new(
+            code::EEXIST,
+            format!("NSID {nsid} is already in use in {nqn}"),
+        ));
+    }
+    Ok(nsid)
+}
+
+pub(super) fn add_ns(p: &mut Params) -> Parsed {
+    let AddNs {
+        nqn, namespace: ns, ..
+    } = p.parse()?;
+    let nsid = requested_nsid(&ns)?;
+    let bdev = ns.bdev_name;
+    let ptpl_file = ns.ptpl_file;
     // kvtarget's own: false serves the volume without a volatile write cache.
     let write_cache = ns.write_cache.unwrap_or(true);
     // kvtarget's own, for KV volumes: the cache policy when full, and a TTL.
@@ -118,19 +144,7 @@ pub(super) fn add_ns(p: &mut Params) -> Parsed {
                 format!("bdev {bdev} is already namespace {id} of {other}"),
             ));
         }
-        let existing: Vec<u32> = s.namespace_snapshot().iter().map(|n| n.nsid).collect();
-        let nsid = match nsid {
-            None => (1..=kvt_nvmf::admin::MAX_NAMESPACES)
-                .find(|i| !existing.contains(i))
-                .ok_or_else(|| RpcError::new(code::ENOSPC, format!("{nqn} has no free NSID")))?,
-            Some(n) => n,
-        };
-        if existing.contains(&nsid) {
-            return Err(RpcError::new(
-                code::EEXIST,
-                format!("NSID {nsid} is already in use in {nqn}"),
-            ));
-        }
+        let nsid = free_nsid(&s, &nqn, nsid)?;
         let dev = VolumeDevice::new(pool, vol.clone());
         let mut namespace =
             Namespace::new(&nqn, nsid, dev, vol.desc.block_size).with_write_cache(write_cache);
