@@ -43,6 +43,8 @@ job_lint() {
     (cd tests/interop/kv-uring && cargo fmt -- --check)
     log "no import circle between the crates or inside any crate's folders (ci/import-circles.py)"
     python3 ci/import-circles.py
+    log "function and file sizes (ci/fn-sizes.py: none over 100 lines, at most 15 over 70, no file over 1,200)"
+    python3 ci/fn-sizes.py
     log "the interop suite's kernel-log filter (tests/interop/klog-filter-test.sh)"
     tests/interop/klog-filter-test.sh
     log "cargo clippy --workspace --all-targets -- -D warnings"
