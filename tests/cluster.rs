@@ -964,8 +964,11 @@ fn node_local_kv_is_taken_over_cold() {
     );
     second.child.kill().unwrap();
     let _ = second.child.wait();
+    // Two leases more than a plain takeover: the node just back from SIGSTOP
+    // may lose its fresh lease once more on a busy machine (found "fenced"
+    // 6 s after the kill, 1 run in 20 under a CPU hog) and win after a rejoin.
     assert!(
-        eventually(ttl() + SLACK, || group(&first).0 == "owner"),
+        eventually(3 * ttl() + SLACK, || group(&first).0 == "owner"),
         "{}",
         first.cluster()
     );
