@@ -5,6 +5,14 @@
 use super::*;
 use kvt_meta::checkpoint::ExtentMapping;
 
+#[cfg(test)]
+thread_local! {
+    /// Runs once between a commit's drain of KV keys and its drain of
+    /// extents (tests: a Store that completes right there).
+    pub(super) static BETWEEN_DRAINS: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// Largest journal entry.
 const MAX_ENTRY: usize = 256 << 10;
 
@@ -97,6 +105,10 @@ impl Pool {
             kv_changed.clear();
             if let Some(kv) = &v.kv {
                 kv.drain_changes(&mut kv_changed);
+            }
+            #[cfg(test)]
+            if let Some(f) = BETWEEN_DRAINS.with(|h| h.borrow_mut().take()) {
+                f();
             }
             v.drain_dirty(&mut changed);
             records.extend(changed.drain(..).map(|m| Record::Extent {
